@@ -1,0 +1,1 @@
+"""The DAPPLE planner and its baselines (imports ``sim``; never ``runtime``)."""

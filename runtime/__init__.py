@@ -1,0 +1,1 @@
+"""The real PyTorch runtime (the only torch code; imports ``sim`` core)."""

@@ -1,0 +1,1 @@
+"""The SimPy engine: the only module that imports simpy (arrives with the engine issue)."""
