@@ -1,0 +1,103 @@
+"""Cost model: how long a stage's forward and backward take, and what it keeps in memory.
+
+A model's layers carry per-sample numbers (see ``sim.specs.LayerSpec``). This module turns
+them into what one replica of a stage spends on its slice of one micro-batch:
+
+* time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
+  planner (Fan et al., PPoPP'21, §4.1); a generated layer costs
+  ``FLOPs / (device peak for the dtype × device efficiency)``;
+* memory at rest: parameters, their gradients and the optimizer state
+  (``ModelSpec.optimizer_state_bytes_per_param_byte``);
+* activations: the bytes a forward stashes until its backward; with recompute only the
+  stage input is stashed and the forward runs again before the backward.
+
+A micro-batch of ``m`` samples is split over a stage's ``r`` replicas as evenly as whole
+samples allow (the first ``m mod r`` replicas take one more), like ``torch.tensor_split``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.specs import DeviceSpec, ModelSpec
+
+__all__ = ["StageCost", "split_samples", "stage_cost", "static_bytes"]
+
+
+def split_samples(num_samples: int, num_replicas: int) -> tuple[int, ...]:
+    """Samples each replica gets when ``num_samples`` are split over ``num_replicas``."""
+    base, extra = divmod(num_samples, num_replicas)
+    return tuple(base + (1 if index < extra else 0) for index in range(num_replicas))
+
+
+def static_bytes(model: ModelSpec, start: int, end: int) -> float:
+    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica."""
+    params = model.param_bytes(start, end)
+    return params * (2.0 + model.optimizer_state_bytes_per_param_byte)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCost:
+    """One replica's work on one slice of a micro-batch, for layers ``[start, end)``."""
+
+    samples: int
+    """Samples in the replica's slice of the micro-batch."""
+    fwd_s: float
+    """Forward time of the slice, seconds."""
+    bwd_s: float
+    """Full backward time (input and weight gradients) of the slice, seconds."""
+    wgrad_s: float
+    """Part of ``bwd_s`` that computes weight gradients (the W of zero-bubble schedules)."""
+    param_bytes: float
+    """Parameter bytes held by the replica."""
+    static_bytes: float
+    """Parameters, gradients and optimizer state held by the replica at rest."""
+    stash_bytes: float
+    """Activation bytes the slice keeps from its forward until its backward."""
+    input_bytes: float
+    """Bytes of the slice's stage input (what the previous stage sends)."""
+    output_bytes: float
+    """Bytes of the slice's stage output (what the next stage receives)."""
+
+
+def stage_cost(
+    model: ModelSpec,
+    device: DeviceSpec,
+    start: int,
+    end: int,
+    samples: int,
+    *,
+    recompute: bool = False,
+) -> StageCost:
+    """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``.
+
+    With ``recompute`` the backward includes a second forward and only the stage input is
+    stashed (Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3).
+    """
+    flop_per_s = device.peak_flop_per_s_for(model.dtype) * device.efficiency
+    fwd_s = bwd_s = wgrad_s = stash = 0.0
+    for layer in model.layers[start:end]:
+        if layer.is_measured:
+            layer_fwd, layer_bwd = layer.fwd_s * samples, layer.bwd_s * samples
+        else:
+            layer_fwd = layer.fwd_flop * samples / flop_per_s
+            layer_bwd = layer.bwd_flop * samples / flop_per_s
+        fwd_s += layer_fwd
+        bwd_s += layer_bwd
+        wgrad_s += layer_bwd * layer.wgrad_fraction
+        stash += layer.stash_bytes * samples
+    input_bytes = model.boundary_bytes[start] * samples
+    if recompute:
+        bwd_s += fwd_s
+        stash = input_bytes
+    return StageCost(
+        samples=samples,
+        fwd_s=fwd_s,
+        bwd_s=bwd_s,
+        wgrad_s=wgrad_s,
+        param_bytes=model.param_bytes(start, end),
+        static_bytes=static_bytes(model, start, end),
+        stash_bytes=stash,
+        input_bytes=input_bytes,
+        output_bytes=model.boundary_bytes[end] * samples,
+    )

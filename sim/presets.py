@@ -1,0 +1,99 @@
+"""Presets: named devices and clusters, written the way a scenario file would write them.
+
+A scenario may say ``device: V100-16GB`` or ``cluster: {preset: v100-nvlink-8, nodes: 2}``
+and override any key next to the preset's name. The presets are kept as scenario-file
+mappings (strings with units) so that a preset and a hand-written cluster go through the
+same parser and the same checks.
+
+Numbers are the vendors' dense (no sparsity) peaks:
+V100 SXM2: NVIDIA Tesla V100 datasheet (125 TFLOP/s fp16 tensor, 15.7 fp32, 900 GB/s HBM2);
+A100 SXM 80GB: NVIDIA A100 datasheet (312 bf16, 19.5 fp32, 2039 GB/s);
+H100 SXM: NVIDIA H100 datasheet (989 bf16, 67 fp32, 3.35 TB/s);
+H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
+NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
+NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
+DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
+25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
+DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS"]
+
+DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "V100-16GB": {
+            "memory": "16GiB",
+            "peak_flops": "125TFLOP/s",
+            "peak_fp32_flops": "15.7TFLOP/s",
+            "memory_bandwidth": "900GB/s",
+        },
+        "A100-80GB": {
+            "memory": "80GiB",
+            "peak_flops": "312TFLOP/s",
+            "peak_fp32_flops": "19.5TFLOP/s",
+            "memory_bandwidth": "2039GB/s",
+        },
+        "H100-80GB": {
+            "memory": "80GiB",
+            "peak_flops": "989TFLOP/s",
+            "peak_fp32_flops": "67TFLOP/s",
+            "memory_bandwidth": "3350GB/s",
+        },
+        "H200-141GB": {
+            "memory": "141GB",
+            "peak_flops": "989TFLOP/s",
+            "peak_fp32_flops": "67TFLOP/s",
+            "memory_bandwidth": "4800GB/s",
+        },
+    }
+)
+"""Device name -> scenario mapping of its ``cluster.device`` keys."""
+
+CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "v100-nvlink-8": {
+            "nodes": 2,
+            "devices_per_node": 8,
+            "device": "V100-16GB",
+            "intra_node": {"bandwidth": "150GB/s", "latency": "5us", "name": "NVLink"},
+            "inter_node": {"bandwidth": "25Gb/s", "latency": "25us", "name": "Ethernet"},
+        },
+        "v100-ethernet-1": {
+            "nodes": 16,
+            "devices_per_node": 1,
+            "device": "V100-16GB",
+            "intra_node": {"bandwidth": "16GB/s", "latency": "5us", "name": "PCIe"},
+            "inter_node": {"bandwidth": "25Gb/s", "latency": "25us", "name": "Ethernet"},
+        },
+        "a100-nvlink-8": {
+            "nodes": 2,
+            "devices_per_node": 8,
+            "device": "A100-80GB",
+            "intra_node": {"bandwidth": "300GB/s", "latency": "3us", "name": "NVSwitch"},
+            "inter_node": {"bandwidth": "200Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 8,
+        },
+        "dgx-h100": {
+            "nodes": 4,
+            "devices_per_node": 8,
+            "device": "H100-80GB",
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch"},
+            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 8,
+        },
+        "hgx-h200": {
+            "nodes": 4,
+            "devices_per_node": 8,
+            "device": "H200-141GB",
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch"},
+            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 8,
+        },
+    }
+)
+"""Cluster preset name -> scenario mapping of its ``cluster`` keys (``nodes`` is a default)."""

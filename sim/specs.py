@@ -1,0 +1,440 @@
+"""Specs: what the user's cluster, model, training set-up and plan are, as frozen data.
+
+A simulation has four independent inputs (as in Calculon: system, model, strategy kept apart):
+
+* ``ClusterSpec`` — ``nodes`` servers of ``devices_per_node`` identical ``DeviceSpec`` GPUs.
+  Every GPU has one intra-node port (``intra_node``: NVLink, NVSwitch or PCIe bandwidth per
+  GPU); every server has ``nics_per_node`` network cards (``inter_node``: bandwidth per NIC).
+  Device ids are global: ``node * devices_per_node + local_index``.
+* ``ModelSpec`` — an ordered list of ``LayerSpec`` (profile order or generator order), with the
+  bytes that cross each possible cut between two stages. All per-layer sizes and times are
+  per *sample*; the cost model scales them to a micro-batch.
+* ``TrainingSpec`` — the global batch and the micro-batch that enters the pipeline.
+* ``PlanSpec`` — a list of ``StageSpec`` (a half-open layer range and the devices holding
+  replicas of it) plus the schedule that orders the work.
+
+Specs validate themselves in ``__post_init__`` and raise ``SpecError`` naming the field; they
+do nothing else. Checks that need two specs at once (a plan against a cluster and a model)
+live in ``check_plan``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim.errors import SpecError
+
+if TYPE_CHECKING:
+    from sim.schedule.ir import Schedule
+
+__all__ = [
+    "DTYPE_BYTES",
+    "OPTIMIZER_STATES",
+    "DeviceSpec",
+    "LinkSpec",
+    "ClusterSpec",
+    "LayerSpec",
+    "ModelSpec",
+    "TrainingSpec",
+    "StageSpec",
+    "PlanSpec",
+    "check_plan",
+    "optimizer_state_factor",
+]
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+"""Bytes per element of each supported training dtype."""
+
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+"""fp32 state tensors each optimizer keeps per parameter (Adam: first and second moment)."""
+
+
+def optimizer_state_factor(optimizer: str, dtype: str) -> float:
+    """Optimizer state bytes per parameter byte.
+
+    Each state tensor is fp32 (4 bytes per parameter). Mixed precision (fp16/bf16 parameters)
+    adds an fp32 master copy, as in ZeRO (Rajbhandari et al., SC'20, §3.1: Adam in mixed
+    precision holds 2 + 2 + 12 bytes per parameter, of which 12 are optimizer state).
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise SpecError("optimizer", f"unknown optimizer {optimizer!r}; valid: {_names(OPTIMIZER_STATES)}")
+    if dtype not in DTYPE_BYTES:
+        raise SpecError("dtype", f"unknown dtype {dtype!r}; valid: {_names(DTYPE_BYTES)}")
+    param_bytes = DTYPE_BYTES[dtype]
+    master_copies = 0 if param_bytes == 4 else 1
+    return (OPTIMIZER_STATES[optimizer] + master_copies) * 4.0 / param_bytes
+
+
+def _names(table: dict) -> str:
+    return ", ".join(sorted(table))
+
+
+def _positive(key: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(key, f"must be a positive number, got {value!r}")
+
+
+def _non_negative(key: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise SpecError(key, f"must be a number >= 0, got {value!r}")
+
+
+def _positive_int(key: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(key, f"must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator."""
+
+    name: str
+    """Display name, e.g. ``V100-16GB``."""
+    memory_bytes: float
+    """Usable device memory in bytes; exceeding it is an out-of-memory verdict."""
+    peak_flop_per_s: float
+    """Dense half-precision (fp16/bf16 tensor core) peak, FLOP/s."""
+    peak_fp32_flop_per_s: float
+    """Dense fp32 peak (without TF32), FLOP/s; used for fp32 models."""
+    memory_bandwidth_bytes_per_s: float
+    """Device memory (HBM) bandwidth, bytes/s."""
+    efficiency: float = 0.5
+    """Fraction of peak that layers costed from FLOPs achieve, in (0, 1]."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("name", "must not be empty")
+        _positive("memory", self.memory_bytes)
+        _positive("peak_flops", self.peak_flop_per_s)
+        _positive("peak_fp32_flops", self.peak_fp32_flop_per_s)
+        _positive("memory_bandwidth", self.memory_bandwidth_bytes_per_s)
+        _positive("efficiency", self.efficiency)
+        if self.efficiency > 1:
+            raise SpecError("efficiency", f"must be in (0, 1], got {self.efficiency!r}")
+
+    def peak_flop_per_s_for(self, dtype: str) -> float:
+        """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""
+        return self.peak_fp32_flop_per_s if DTYPE_BYTES.get(dtype) == 4 else self.peak_flop_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """A kind of port: every transfer through it costs ``latency_s + bytes / bandwidth``."""
+
+    bandwidth_bytes_per_s: float
+    """Bandwidth of one port in one direction, bytes/s."""
+    latency_s: float = 0.0
+    """Fixed cost per transfer, seconds."""
+    name: str = ""
+    """What the port is (``NVLink``, ``PCIe``, ``Ethernet``, ``InfiniBand``); display only."""
+
+    def __post_init__(self) -> None:
+        _positive("bandwidth", self.bandwidth_bytes_per_s)
+        _non_negative("latency", self.latency_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """Identical servers of identical GPUs; a GPU port inside a server, NICs between servers."""
+
+    nodes: int
+    """Number of servers, >= 1."""
+    devices_per_node: int
+    """GPUs per server, >= 1."""
+    device: DeviceSpec
+    """Every GPU of the cluster."""
+    intra_node: LinkSpec
+    """Each GPU's port to the other GPUs of its server (bandwidth per GPU)."""
+    inter_node: LinkSpec
+    """Each network card's port to the other servers (bandwidth per NIC)."""
+    nics_per_node: int = 1
+    """Network cards per server; GPU ``j`` of a server uses NIC ``j * nics // devices``."""
+    name: str = ""
+    """Display name, e.g. the preset it came from."""
+
+    def __post_init__(self) -> None:
+        _positive_int("nodes", self.nodes)
+        _positive_int("devices_per_node", self.devices_per_node)
+        _positive_int("nics_per_node", self.nics_per_node)
+        if self.nics_per_node > self.devices_per_node:
+            raise SpecError(
+                "nics_per_node",
+                f"{self.nics_per_node} NICs for {self.devices_per_node} GPUs per node; "
+                "use at most one NIC per GPU",
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device: int) -> int:
+        """The server that holds global device id ``device``."""
+        return device // self.devices_per_node
+
+    def nic_of(self, device: int) -> int:
+        """Global id of the NIC that ``device`` sends and receives inter-node traffic through."""
+        local = device % self.devices_per_node
+        return self.node_of(device) * self.nics_per_node + local * self.nics_per_node // self.devices_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One layer of a model; sizes and times are per sample."""
+
+    name: str
+    """Name from the profile or the generator (``block_3``, ``embedding``)."""
+    param_bytes: float
+    """Bytes of this layer's parameters (gradients take as many)."""
+    output_bytes: float
+    """Bytes of this layer's output for one sample."""
+    stash_bytes: float
+    """Bytes this layer keeps from its forward until its backward, for one sample."""
+    fwd_s: float | None = None
+    """Measured forward time for one sample, seconds (from a profile); None if costed from FLOPs."""
+    bwd_s: float | None = None
+    """Measured backward time for one sample, seconds; None if costed from FLOPs."""
+    fwd_flop: float = 0.0
+    """Forward FLOPs for one sample."""
+    bwd_flop: float = 0.0
+    """Backward FLOPs for one sample (input and weight gradients together)."""
+    wgrad_fraction: float = 0.5
+    """Share of the backward that computes weight gradients (zero-bubble schedules' W), [0, 1]."""
+
+    def __post_init__(self) -> None:
+        for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop"):
+            _non_negative(key, getattr(self, key))
+        if (self.fwd_s is None) != (self.bwd_s is None):
+            raise SpecError("fwd_s", "give both forward and backward times, or neither")
+        if self.fwd_s is not None:
+            _non_negative("fwd_s", self.fwd_s)
+            _non_negative("bwd_s", self.bwd_s)
+        elif self.fwd_flop == 0 and self.bwd_flop == 0 and self.param_bytes > 0:
+            raise SpecError("fwd_flop", f"layer {self.name!r} has parameters but neither times nor FLOPs")
+        if not 0 <= self.wgrad_fraction <= 1:
+            raise SpecError("wgrad_fraction", f"must be in [0, 1], got {self.wgrad_fraction!r}")
+
+    @property
+    def is_measured(self) -> bool:
+        return self.fwd_s is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """An ordered list of layers and what crosses each possible cut between stages."""
+
+    name: str
+    """Display name (``bert-48``, ``gpt-1.3b``)."""
+    layers: tuple[LayerSpec, ...]
+    """Layers in execution order; a stage owns a contiguous range of them."""
+    boundary_bytes: tuple[float, ...]
+    """Per sample, bytes that cross a cut just before layer ``k`` (``len(layers) + 1`` entries).
+
+    Entry 0 is the model input; entry ``len(layers)`` is 0. For a chain it is the previous
+    layer's output; for a DAG it is every tensor produced before the cut and consumed after it.
+    """
+    dtype: str = "fp32"
+    """Training dtype of parameters and activations: fp32, tf32, fp16 or bf16."""
+    optimizer: str = "adam"
+    """Optimizer whose state is kept per parameter: sgd, momentum, adam, adamw."""
+    source: str = ""
+    """Where the model came from (a profile path or a preset description)."""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise SpecError("layers", "a model needs at least one layer")
+        if len(self.boundary_bytes) != len(self.layers) + 1:
+            raise SpecError(
+                "boundary_bytes",
+                f"needs {len(self.layers) + 1} entries (one per cut), got {len(self.boundary_bytes)}",
+            )
+        for k, value in enumerate(self.boundary_bytes):
+            _non_negative(f"boundary_bytes[{k}]", value)
+        optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def optimizer_state_bytes_per_param_byte(self) -> float:
+        return optimizer_state_factor(self.optimizer, self.dtype)
+
+    def param_bytes(self, start: int = 0, end: int | None = None) -> float:
+        """Parameter bytes of layers ``[start, end)``."""
+        return sum(layer.param_bytes for layer in self.layers[start:end])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """How many samples one iteration trains on and how they are cut into micro-batches."""
+
+    global_batch_size: int
+    """Samples per iteration (per optimizer step), over the whole cluster."""
+    microbatch_size: int
+    """Samples per micro-batch as it enters the pipeline; each stage splits it over its replicas.
+
+    (Megatron-LM's per-replica micro-batch size times the data-parallel degree.)
+    """
+
+    def __post_init__(self) -> None:
+        _positive_int("global_batch_size", self.global_batch_size)
+        _positive_int("microbatch_size", self.microbatch_size)
+        if self.global_batch_size % self.microbatch_size:
+            raise SpecError(
+                "microbatch_size",
+                f"{self.microbatch_size} does not divide global_batch_size {self.global_batch_size}; "
+                f"use a divisor such as {_nearest_divisors(self.global_batch_size, self.microbatch_size)}",
+            )
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // self.microbatch_size
+
+
+def _nearest_divisors(n: int, near: int) -> str:
+    """The divisors of ``n`` just below and just above ``near``, as text (``2 or 4``)."""
+    small = [d for d in range(1, min(math.isqrt(n), 10**6) + 1) if n % d == 0]
+    divisors = sorted(set(small) | {n // d for d in small})
+    below = max(d for d in divisors if d <= near)
+    above = [d for d in divisors if d > near]
+    return f"{below} or {above[0]}" if above else str(below)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSpec:
+    """A contiguous range of layers and the devices that each hold a replica of it."""
+
+    layers: tuple[int, int]
+    """Half-open layer range ``(start, end)``: ``(0, 27)`` is layers 0 to 26."""
+    devices: tuple[int, ...]
+    """Global device ids of the replicas; a micro-batch is split evenly across them."""
+
+    def __post_init__(self) -> None:
+        if len(self.layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in self.layers):
+            raise SpecError("layers", f"must be two integers [start, end], got {list(self.layers)!r}")
+        start, end = self.layers
+        if start < 0 or end <= start:
+            raise SpecError("layers", f"must satisfy 0 <= start < end, got [{start}, {end}]")
+        if not self.devices:
+            raise SpecError("devices", "a stage needs at least one device")
+        for device in self.devices:
+            if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+                raise SpecError("devices", f"device ids are integers >= 0, got {device!r}")
+        if len(set(self.devices)) != len(self.devices):
+            raise SpecError("devices", f"lists a device twice: {list(self.devices)}")
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSpec:
+    """Stages, and the schedule that orders their forwards and backwards."""
+
+    stages: tuple[StageSpec, ...]
+    """Pipeline stages in model order. With ``interleaved``, stage ``s`` shares its devices
+    with stage ``s + R`` (R = number of distinct device groups): each group runs v chunks."""
+    schedule: str = "dapple"
+    """Schedule generator name (``gpipe``, ``dapple``, ``1f1b``, ``interleaved``, ``zb-h1``),
+    or ``file`` when ``custom_schedule`` comes from a hand-written ``schedule_file``."""
+    schedule_params: tuple[tuple[str, object], ...] = ()
+    """Extra parameters of the generator as sorted (name, value) pairs, e.g. ``(("policy", "2(s-i)-1"),)``."""
+    recompute: bool = False
+    """Recompute each stage's forward before its backward, stashing only the stage input."""
+    schedule_file: str | None = None
+    """Path of a hand-written schedule (one line per rank), if the plan names one."""
+    custom_schedule: Schedule | None = None
+    """The parsed, validated hand-written schedule."""
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise SpecError("stages", "a plan needs at least one stage")
+        used: dict[int, tuple[int, ...]] = {}
+        for group in self.device_groups:
+            for device in group:
+                if device in used:
+                    raise SpecError(
+                        "stages",
+                        f"device {device} is in two different device sets {list(used[device])} and {list(group)}; "
+                        "a device belongs to one stage (or, with interleaved, to identical sets)",
+                    )
+                used[device] = group
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def params(self) -> dict[str, object]:
+        return dict(self.schedule_params)
+
+    @property
+    def device_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Distinct device sets in order of first use: one per pipeline rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        for stage in self.stages:
+            seen.setdefault(tuple(sorted(stage.devices)), None)
+        return tuple(seen)
+
+    @property
+    def stage_ranks(self) -> tuple[int, ...]:
+        """The pipeline rank (index into ``device_groups``) of every stage."""
+        index = {group: rank for rank, group in enumerate(self.device_groups)}
+        return tuple(index[tuple(sorted(stage.devices))] for stage in self.stages)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(sorted(d for group in self.device_groups for d in group))
+
+
+def check_plan(plan: PlanSpec, *, num_layers: int, num_devices: int) -> None:
+    """Check ``plan`` against a model of ``num_layers`` layers and a cluster of ``num_devices``.
+
+    Raises ``SpecError`` keyed by the stage (``stages[1].layers``) for: a layer range that
+    leaves a gap, overlaps the previous one, or runs past the model; more stages than layers;
+    device ids out of range; an interleaved plan whose stages do not cycle over the ranks.
+    """
+    if plan.num_stages > num_layers:
+        raise SpecError("stages", f"{plan.num_stages} stages for a model of {num_layers} layers; use at most {num_layers}")
+    expected_start = 0
+    for index, stage in enumerate(plan.stages):
+        start, end = stage.layers
+        if start != expected_start:
+            problem = "leaves a gap after" if start > expected_start else "overlaps"
+            raise SpecError(
+                f"stages[{index}].layers",
+                f"[{start}, {end}] {problem} the previous stage's end {expected_start}; start at {expected_start}",
+            )
+        if end > num_layers:
+            raise SpecError(f"stages[{index}].layers", f"[{start}, {end}] runs past the model's {num_layers} layers")
+        for device in stage.devices:
+            if device >= num_devices:
+                raise SpecError(
+                    f"stages[{index}].devices",
+                    f"device {device} does not exist; the cluster has devices 0 to {num_devices - 1}",
+                )
+        expected_start = end
+    if expected_start != num_layers:
+        raise SpecError(
+            f"stages[{plan.num_stages - 1}].layers",
+            f"the last stage ends at layer {expected_start} but the model has {num_layers} layers; end at {num_layers}",
+        )
+    ranks = plan.stage_ranks
+    num_ranks = len(plan.device_groups)
+    if any(rank != index % num_ranks for index, rank in enumerate(ranks)) and plan.schedule != "file":
+        raise SpecError(
+            "stages",
+            f"stages reuse device sets in the order {list(ranks)}; stage s must run on device set s mod {num_ranks}",
+        )
+    if num_ranks != plan.num_stages and plan.schedule not in ("interleaved", "file"):
+        raise SpecError(
+            "stages",
+            f"stages share devices, which only the interleaved schedule (or a schedule_file) supports, not {plan.schedule!r}",
+        )
