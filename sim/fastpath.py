@@ -1,0 +1,153 @@
+"""Fast path: time a schedule on an idealised cluster, without SimPy.
+
+Picture each rank as a worker with a to-do list and no shared resources: links never
+congest and a transfer always takes the same ``comm_s``. Then the timeline follows from two
+rules: a rank does its actions one at a time, in list order; an action starts as soon as its
+rank is free and everything it depends on (:func:`sim.schedule.ir.dependencies`) has
+finished, plus ``comm_s`` when that result comes from another rank. This is the textbook
+setting of the closed forms in :mod:`sim.analytic`, and a cheap first estimate for the
+planner before the contention-aware engine (``sim.engine``) replays the plan.
+
+Durations per stage: F takes ``fwd_s[s]``; B takes the full backward ``bwd_s[s]``; for a
+split backward, W takes ``wgrad_s[s]`` and I the rest, ``bwd_s[s] − wgrad_s[s]`` (so
+``bwd_s`` means the same thing for ``dapple`` and ``zb-h1``). Sends, receives and
+``REDUCE_GRAD`` take no time here: a receive completes when its data arrives.
+
+Every rank runs until it must wait for a result not yet computed and sleeps until that result
+exists, so each action is timed exactly once: O(actions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.errors import DappleError, ScheduleError
+from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, wait_lists
+from sim.schedule.validate import run_ranks, validate
+
+__all__ = ["Timing", "evaluate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """When everything ran, on a contention-free cluster."""
+
+    makespan_s: float
+    """Time from the first action's start (0) to the last action's end, in seconds."""
+    busy_s: tuple[float, ...]
+    """Per rank: seconds spent in compute actions (F, B, I, W)."""
+    actions: tuple[tuple[int, Action, float, float], ...]
+    """``(rank, action, start_s, end_s)`` for every action, by rank then list order."""
+    peak_inflight_microbatches: tuple[int, ...]
+    """Per stage: most micro-batches whose F is done and whose backward (B, or W when the
+    backward is split) is not — the activations the stage must hold at once."""
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of rank-time spent idle: 1 − Σ busy / (ranks · makespan)."""
+        if self.makespan_s == 0:
+            return 0.0
+        return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.makespan_s)
+
+
+def evaluate(
+    schedule: Schedule,
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    *,
+    wgrad_s: Sequence[float] | None = None,
+    comm_s: float = 0.0,
+) -> Timing:
+    """Time ``schedule``; ``fwd_s``/``bwd_s``/``wgrad_s`` give one micro-batch's seconds per stage.
+
+    ``wgrad_s`` (default all zero) is the weight-gradient part of ``bwd_s``, used only by
+    W and I actions. ``comm_s`` is added to every dependency that crosses ranks. The schedule
+    is not validated up front (that would double the cost); one that cannot run raises the
+    validator's :class:`ScheduleError`, but a runnable one with, say, a duplicated action is
+    timed as written — call :func:`sim.schedule.validate.validate` first for untrusted input.
+    """
+    duration = _durations(schedule, fwd_s, bwd_s, wgrad_s)
+    if not (math.isfinite(comm_s) and comm_s >= 0):
+        raise DappleError(f"fastpath: comm_s={comm_s!r} must be a finite number >= 0")
+    times = _run(schedule, duration, comm_s)
+    busy = tuple(
+        math.fsum(duration[a.kind][a.stage] for a in acts if a.kind in COMPUTE_KINDS)
+        for acts in schedule.ranks
+    )
+    return Timing(
+        makespan_s=max((rank_times[-1][3] for rank_times in times if rank_times), default=0.0),
+        busy_s=busy,
+        actions=tuple(t for rank_times in times for t in rank_times),
+        peak_inflight_microbatches=_peak_inflight(schedule),
+    )
+
+
+def _durations(schedule, fwd_s, bwd_s, wgrad_s) -> dict[ActionKind, tuple[float, ...]]:
+    stages = schedule.num_stages
+    wgrad_s = [0.0] * stages if wgrad_s is None else wgrad_s
+    for name, values in (("fwd_s", fwd_s), ("bwd_s", bwd_s), ("wgrad_s", wgrad_s)):
+        if len(values) != stages:
+            raise DappleError(f"fastpath: {name} has {len(values)} entries, expected one per "
+                              f"stage ({stages})")
+        bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise DappleError(f"fastpath: {name} holds {bad[0]!r}; times must be finite and >= 0")
+    over = [s for s in range(stages) if wgrad_s[s] > bwd_s[s]]
+    if over:
+        s = over[0]
+        raise DappleError(f"fastpath: stage {s} wgrad_s={wgrad_s[s]} exceeds bwd_s={bwd_s[s]}; "
+                          "wgrad_s is the weight-gradient part of the full backward")
+    zero = (0.0,) * stages
+    table = {kind: zero for kind in ActionKind}
+    table[ActionKind.F] = tuple(fwd_s)
+    table[ActionKind.B] = tuple(bwd_s)
+    table[ActionKind.I] = tuple(b - w for b, w in zip(bwd_s, wgrad_s))
+    table[ActionKind.W] = tuple(wgrad_s)
+    return table
+
+
+def _run(schedule: Schedule, duration, comm_s: float):
+    """Per-rank lists of (rank, action, start_s, end_s), timed in a dependency-respecting order."""
+    try:
+        waits = wait_lists(schedule)
+        pos, order = run_ranks(waits)
+        if any(pos[r] < len(waits[r]) for r in range(schedule.num_ranks)):
+            raise ScheduleError("deadlock")
+        if any(not 0 <= a.stage < schedule.num_stages for acts in schedule.ranks for a in acts):
+            raise ScheduleError("stage out of range")
+    except (ScheduleError, IndexError):
+        validate(schedule)  # a malformed schedule: explain it with the validator's grid
+        raise
+    begin = [[0.0] * len(acts) for acts in schedule.ranks]
+    end = [[0.0] * len(acts) for acts in schedule.ranks]
+    free = [0.0] * schedule.num_ranks
+    for rank, i in order:
+        start = free[rank]
+        for other, j in waits[rank][i]:
+            ready = end[other][j] + (comm_s if other != rank else 0.0)
+            if ready > start:
+                start = ready
+        a = schedule.ranks[rank][i]
+        begin[rank][i] = start
+        free[rank] = end[rank][i] = start + duration[a.kind][a.stage]
+    return [
+        list(zip([rank] * len(acts), acts, begin[rank], end[rank]))
+        for rank, acts in enumerate(schedule.ranks)
+    ]
+
+
+def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
+    # A stage's actions all run on one rank, so list order is time order.
+    live = [0] * schedule.num_stages
+    peak = [0] * schedule.num_stages
+    for acts in schedule.ranks:
+        split = {a.stage for a in acts if a.kind is ActionKind.W}
+        for a in acts:
+            if a.kind is ActionKind.F:
+                live[a.stage] += 1
+                peak[a.stage] = max(peak[a.stage], live[a.stage])
+            elif a.kind is ActionKind.W or (a.kind is ActionKind.B and a.stage not in split):
+                live[a.stage] -= 1
+    return tuple(peak)

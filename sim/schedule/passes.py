@@ -1,0 +1,87 @@
+"""Passes: plain functions that turn one schedule IR into another.
+
+A generator says only what each rank computes. Before a rank can run stage s's forward
+for micro-batch m, the activation has to travel from the rank of stage s−1; before the
+backward, the gradient has to travel back from stage s+1; after a stage's last backward
+its gradients are all-reduced among its replicas. :func:`lower` writes those steps into
+the lists, with torch.distributed.pipelining's meaning:
+
+- ``sSEND_Fm`` right after F(s,m) when stage s+1 lives on another rank, and
+  ``sRECV_Fm`` right before F(s,m) when stage s−1 lives on another rank;
+- ``sSEND_Bm`` right after B or I of (s,m) when stage s−1 lives on another rank, and
+  ``sRECV_Bm`` right before B or I of (s,m) when stage s+1 lives on another rank;
+- ``sREDUCE_GRAD`` right after the stage's last B or W (and after that action's send, so
+  the all-reduce never delays a neighbour).
+
+Sends are non-blocking and a receive blocks until its send was issued, so the lowered
+schedule waits on exactly what the compute schedule waited on: lowering a deadlock-free
+compute schedule yields a deadlock-free one. (torch's own ``_add_send_recv`` instead places
+each receive where a rank-by-rank simulation first issues its send; ours sits right before
+its consumer, which is what a contention-free replay needs.)
+
+:func:`strip_communication` undoes it, so ``strip_communication(lower(s)) == s`` for a
+compute-only ``s`` and ``lower(lower(s)) == lower(s)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
+
+__all__ = ["lower", "strip_communication"]
+
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+
+
+def strip_communication(schedule: Schedule) -> Schedule:
+    """Keep only compute actions (drop sends, receives and ``REDUCE_GRAD``)."""
+    ranks = tuple(tuple(a for a in acts if a.kind in COMPUTE_KINDS) for acts in schedule.ranks)
+    return replace(schedule, ranks=ranks)
+
+
+def lower(schedule: Schedule) -> Schedule:
+    """Add sends, receives and gradient reductions to a (compute) schedule."""
+    compute = strip_communication(schedule)
+    last_grad = _last_weight_grad_positions(compute)
+    ranks = tuple(
+        _lower_rank(rank, acts, compute, last_grad) for rank, acts in enumerate(compute.ranks)
+    )
+    return replace(schedule, ranks=ranks)
+
+
+def _last_weight_grad_positions(schedule: Schedule) -> set[tuple[int, int]]:
+    """(rank, index) of each stage's last B or W in its rank's list."""
+    last: dict[int, tuple[int, int]] = {}
+    for rank, acts in enumerate(schedule.ranks):
+        for index, a in enumerate(acts):
+            if a.kind is B or a.kind is W:
+                last[a.stage] = (rank, index)
+    return set(last.values())
+
+
+def _lower_rank(
+    rank: int, acts: tuple[Action, ...], schedule: Schedule, last_grad: set[tuple[int, int]]
+) -> tuple[Action, ...]:
+    owner = schedule.stage_ranks
+    last_stage = schedule.num_stages - 1
+    out: list[Action] = []
+    for index, a in enumerate(acts):
+        s, m = a.stage, a.microbatch
+        if a.kind is F:
+            if s > 0 and owner[s - 1] != owner[s]:
+                out.append(Action(stage=s, kind=ActionKind.RECV_F, microbatch=m))
+            out.append(a)
+            if s < last_stage and owner[s + 1] != owner[s]:
+                out.append(Action(stage=s, kind=ActionKind.SEND_F, microbatch=m))
+        elif a.kind is B or a.kind is I:
+            if s < last_stage and owner[s + 1] != owner[s]:
+                out.append(Action(stage=s, kind=ActionKind.RECV_B, microbatch=m))
+            out.append(a)
+            if s > 0 and owner[s - 1] != owner[s]:
+                out.append(Action(stage=s, kind=ActionKind.SEND_B, microbatch=m))
+        else:
+            out.append(a)
+        if (rank, index) in last_grad:
+            out.append(Action(stage=s, kind=ActionKind.REDUCE_GRAD, microbatch=None))
+    return tuple(out)
