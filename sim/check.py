@@ -1,0 +1,148 @@
+"""Describe a checked scenario: what ``dapple-sim check`` reports before anything runs.
+
+The description is plain data (for ``--json``) with the numbers a user wants to see before
+simulating: how many layers and devices, how the plan cuts the model, how each micro-batch
+is split over a stage's replicas, what each stage costs per micro-batch, and how much memory
+every device holds at rest (parameters, gradients and optimizer state, before activations).
+Things that are allowed but probably unintended become ``warnings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.cost import split_samples, stage_cost
+from sim.scenario import Scenario
+from sim.units import format_bytes, format_time
+
+__all__ = ["describe", "format_description"]
+
+
+def describe(scenario: Scenario) -> dict[str, Any]:
+    """A JSON-ready description of ``scenario``."""
+    cluster, model, training, plan = scenario.cluster, scenario.model, scenario.training, scenario.plan
+    info: dict[str, Any] = {
+        "name": scenario.name,
+        "num_layers": model.num_layers,
+        "num_devices": cluster.num_devices,
+        "nodes": cluster.nodes,
+        "devices_per_node": cluster.devices_per_node,
+        "device": cluster.device.name,
+        "device_memory_bytes": cluster.device.memory_bytes,
+        "model": {
+            "name": model.name,
+            "source": model.source,
+            "param_bytes": model.param_bytes(),
+            "dtype": model.dtype,
+            "optimizer": model.optimizer,
+        },
+        "global_batch_size": training.global_batch_size,
+        "microbatch_size": training.microbatch_size,
+        "num_microbatches": training.num_microbatches,
+        "schedule": None,
+        "num_stages": None,
+        "stages": [],
+        "devices": [],
+        "warnings": [],
+    }
+    if plan is None:
+        info["warnings"].append("no plan: the planner will choose one (dapple-plan)")
+        return info
+    info["schedule"] = plan.schedule if plan.custom_schedule is None else f"file:{plan.schedule_file}"
+    info["schedule_params"] = plan.params
+    info["recompute"] = plan.recompute
+    info["num_stages"] = plan.num_stages
+    at_rest: dict[int, float] = {}
+    stages_of: dict[int, list[int]] = {}
+    for index, stage in enumerate(plan.stages):
+        start, end = stage.layers
+        slices = split_samples(training.microbatch_size, stage.num_replicas)
+        cost = stage_cost(model, cluster.device, start, end, max(slices), recompute=plan.recompute)
+        idle = sum(1 for n in slices if n == 0)
+        if idle:
+            info["warnings"].append(
+                f"stage {index}: a micro-batch of {training.microbatch_size} samples over {stage.num_replicas} "
+                f"replicas leaves {idle} replicas idle; use microbatch_size >= {stage.num_replicas}"
+            )
+        info["stages"].append(
+            {
+                "stage": index,
+                "layers": [start, end],
+                "devices": list(stage.devices),
+                "replicas": stage.num_replicas,
+                "samples_per_replica": list(slices),
+                "param_bytes": cost.param_bytes,
+                "fwd_s": cost.fwd_s,
+                "bwd_s": cost.bwd_s,
+                "stash_bytes_per_microbatch": cost.stash_bytes,
+                "memory_at_rest_bytes": cost.static_bytes,
+            }
+        )
+        for device in stage.devices:
+            at_rest[device] = at_rest.get(device, 0.0) + cost.static_bytes
+            stages_of.setdefault(device, []).append(index)
+    capacity = cluster.device.memory_bytes
+    for device in sorted(at_rest):
+        info["devices"].append(
+            {
+                "device": device,
+                "node": cluster.node_of(device),
+                "stages": stages_of[device],
+                "memory_at_rest_bytes": at_rest[device],
+                "fits_at_rest": at_rest[device] <= capacity,
+            }
+        )
+    over = [d for d in sorted(at_rest) if at_rest[d] > capacity]
+    if over:
+        info["warnings"].append(
+            f"devices {_ranges(over)} need {format_bytes(max(at_rest.values()))} at rest, more than their "
+            f"{format_bytes(capacity)}; use more stages or fewer layers per stage"
+        )
+    unused = sorted(set(range(cluster.num_devices)) - set(at_rest))
+    if unused:
+        info["warnings"].append(f"devices {_ranges(unused)} are not used by the plan")
+    return info
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2, 5``."""
+    parts: list[str] = []
+    start = prev = ids[0]
+    for value in ids[1:] + [None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else f"{start}")
+        if value is not None:
+            start = prev = value
+    return ", ".join(parts)
+
+
+def format_description(info: dict[str, Any]) -> str:
+    """The human-readable form of ``describe``'s output."""
+    lines = [
+        f"scenario {info['name']}: {info['model']['name']} ({info['num_layers']} layers, "
+        f"{format_bytes(info['model']['param_bytes'])} of {info['model']['dtype']} parameters, {info['model']['optimizer']})",
+        f"cluster: {info['nodes']} x {info['devices_per_node']} {info['device']} = {info['num_devices']} devices",
+        f"training: global batch {info['global_batch_size']}, micro-batch {info['microbatch_size']} "
+        f"-> {info['num_microbatches']} micro-batches",
+    ]
+    if info["num_stages"] is not None:
+        params = "".join(f", {k}={v}" for k, v in sorted(info.get("schedule_params", {}).items()))
+        recompute = ", recompute" if info.get("recompute") else ""
+        lines.append(f"plan: {info['num_stages']} stages, schedule {info['schedule']}{params}{recompute}")
+        header = f"  {'stage':>5} {'layers':>9} {'replicas':>8} {'fwd/mb':>9} {'bwd/mb':>9} {'at rest':>10}"
+        lines.append(header)
+        for stage in info["stages"]:
+            layers = f"{stage['layers'][0]}-{stage['layers'][1] - 1}"
+            lines.append(
+                f"  {stage['stage']:>5} {layers:>9} {stage['replicas']:>8} {format_time(stage['fwd_s']):>9} "
+                f"{format_time(stage['bwd_s']):>9} {format_bytes(stage['memory_at_rest_bytes']):>10}"
+            )
+        peak = max(d["memory_at_rest_bytes"] for d in info["devices"])
+        lines.append(
+            f"memory at rest: at most {format_bytes(peak)} per device of {format_bytes(info['device_memory_bytes'])}"
+        )
+    for warning in info["warnings"]:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)

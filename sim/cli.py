@@ -1,0 +1,135 @@
+"""``dapple-sim``: check scenarios and print schedules (simulation arrives with the engine).
+
+Exit codes: 0 success, 1 run failure, 2 bad input. A user's mistake prints one line on
+stderr (plus, for a broken schedule, the rank × step grid) and never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable, Sequence
+
+from sim.errors import DappleError, ScheduleError
+
+__all__ = ["main", "run_cli"]
+
+EPILOG = """examples:
+  dapple-sim check scenarios/bert48_v100_2x8.yaml
+  dapple-sim check scenarios/bert48_v100_2x8.yaml --set training.microbatch_size=32 --json
+  dapple-sim schedule dapple --stages 4 --microbatches 8
+  dapple-sim schedule interleaved --stages 2 --microbatches 4 --chunks 2 --lower
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dapple-sim",
+        description="Predict how a pipelined data-parallel training plan runs on a GPU cluster.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    check = sub.add_parser(
+        "check",
+        help="validate a scenario file and describe it",
+        description="Validate SCENARIO strictly and describe it: layers, devices, stages, micro-batches and "
+        "memory per device at rest. A malformed file is rejected with one line naming the key (exit 2).",
+    )
+    check.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    check.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a dotted key of the scenario, e.g. training.microbatch_size=4 (repeatable)",
+    )
+    check.add_argument("--json", action="store_true", help="print the description as JSON")
+
+    schedule = sub.add_parser(
+        "schedule",
+        help="print a schedule's IR, one line per rank",
+        description="Print the named schedule in torch.distributed.pipelining's action text, one line per rank "
+        "in rank order: the format a plan's schedule_file uses.",
+    )
+    from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
+
+    schedule.add_argument("name", metavar="NAME", help=f"schedule: {', '.join(sorted(GENERATORS))}")
+    schedule.add_argument("--stages", type=int, required=True, metavar="S", help="pipeline ranks (devices in a pipeline)")
+    schedule.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per iteration")
+    schedule.add_argument("--chunks", type=int, metavar="V", help="model chunks per rank (interleaved only)")
+    schedule.add_argument("--policy", choices=DAPPLE_POLICIES, help="warm-up policy K_i (dapple/1f1b only)")
+    schedule.add_argument("--lower", action="store_true", help="add SEND/RECV and REDUCE_GRAD actions")
+    schedule.add_argument("--grid", action="store_true", help="print a rank x step grid instead of lines")
+    return parser
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from sim.check import describe, format_description
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, _overrides(args.overrides))
+    info = describe(scenario)
+    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
+    return 0
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from sim.schedule.generators import generate
+    from sim.schedule.passes import lower
+    from sim.schedule.validate import format_grid, validate
+
+    params: dict[str, object] = {}
+    if args.chunks is not None:
+        params["chunks"] = args.chunks
+    if args.policy is not None:
+        params["policy"] = args.policy
+    schedule = generate(args.name, args.stages, args.microbatches, **params)
+    if args.lower:
+        schedule = lower(schedule)
+    validate(schedule)
+    print(format_grid(schedule) if args.grid else schedule.to_text())
+    return 0
+
+
+def _overrides(items: Sequence[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise DappleError(f"--set {item!r}: write KEY=VALUE, e.g. --set training.microbatch_size=4")
+        result[key.strip()] = value
+    return result
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"check": _cmd_check, "schedule": _cmd_schedule}
+
+
+def run_cli(prog: str, handler: Callable[[], int]) -> int:
+    """Run ``handler``; turn a user's mistake into one line on stderr and exit code 2."""
+    try:
+        return handler()
+    except ScheduleError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        if exc.detail:
+            print(exc.detail, file=sys.stderr)
+        return 2
+    except DappleError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    return run_cli("dapple-sim", lambda: COMMANDS[args.command](args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
