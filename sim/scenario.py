@@ -22,34 +22,26 @@ a profile that is not there is looked up in the package's data folder, so
 from __future__ import annotations
 
 import copy
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import yaml
 
 from sim.errors import DappleError, ScenarioError, ScheduleError, SpecError
+from sim.strict import DATA_DIR, StrictReader, join_key, show_value
 from sim.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.specs import (
     ClusterSpec,
     DeviceSpec,
     LinkSpec,
     ModelSpec,
-    PlanSpec,
-    StageSpec,
     TrainingSpec,
-    check_plan,
 )
+from sim.plan import PlanSpec, StageSpec, check_plan
 from sim.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
 
 __all__ = ["DATA_DIR", "Scenario", "load_scenario", "parse_scenario", "apply_overrides"]
-
-DATA_DIR = Path(__file__).resolve().parent / "data"
-"""Files shipped with the package (profiles)."""
-
-_MISSING = object()
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
@@ -69,108 +61,6 @@ class Scenario:
     """Injected faults (none are modelled yet, so this is always empty)."""
     path: str = ""
     """The file it was read from."""
-
-
-class _Reader:
-    """Reads one file: every error it raises starts with the file name and the dotted key."""
-
-    def __init__(self, source: str, base_dir: Path) -> None:
-        self.source = source
-        self.base_dir = base_dir
-
-    def fail(self, key: str, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {key}: {problem}")
-
-    def mapping(self, value: Any, key: str) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(key, f"must be a mapping of keys, got {_show(value)}")
-        return value
-
-    def keys(self, data: dict, key: str, *, allowed: set[str], required: set[str] = frozenset()) -> None:
-        for name in sorted(data, key=str):
-            if name not in allowed:
-                guess = difflib.get_close_matches(str(name), sorted(allowed), n=1)
-                hint = f"did you mean {guess[0]!r}? " if guess else ""
-                raise self.fail(_join(key, name), f"unknown key; {hint}valid: {', '.join(sorted(allowed))}")
-        for name in sorted(required):
-            if name not in data or data[name] is None:
-                raise self.fail(_join(key, name), "missing; add it")
-
-    def integer(self, data: dict, key: str, name: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
-        value = data.get(name, default)
-        if value is _MISSING:
-            raise self.fail(_join(key, name), f"missing; add an integer >= {minimum}")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(_join(key, name), f"must be an integer >= {minimum}, got {_show(value)}")
-        if value < minimum:
-            raise self.fail(_join(key, name), f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    def string(self, data: dict, key: str, name: str, default: Any = _MISSING, *, choices=None) -> str:
-        value = data.get(name, default)
-        if value is _MISSING:
-            raise self.fail(_join(key, name), "missing; add it")
-        if not isinstance(value, str) or not value:
-            raise self.fail(_join(key, name), f"must be a non-empty string, got {_show(value)}")
-        if choices is not None and value not in choices:
-            guess = difflib.get_close_matches(value, sorted(choices), n=1)
-            hint = f"did you mean {guess[0]!r}? " if guess else ""
-            raise self.fail(_join(key, name), f"unknown value {value!r}; {hint}valid: {', '.join(sorted(choices))}")
-        return value
-
-    def boolean(self, data: dict, key: str, name: str, default: bool) -> bool:
-        value = data.get(name, default)
-        if not isinstance(value, bool):
-            raise self.fail(_join(key, name), f"must be true or false, got {_show(value)}")
-        return value
-
-    def quantity(self, data: dict, key: str, name: str, parse: Callable, default: Any = _MISSING) -> float:
-        value = data.get(name, default)
-        if value is _MISSING or value is None:
-            raise self.fail(_join(key, name), f"missing; add it with a unit, e.g. {_EXAMPLES[parse]}")
-        try:
-            number = parse(value)
-        except DappleError as exc:
-            raise self.fail(_join(key, name), str(exc)) from None
-        if number <= 0 and parse is not parse_time:
-            raise self.fail(_join(key, name), f"must be positive, got {_show(value)}")
-        if number < 0:
-            raise self.fail(_join(key, name), f"must not be negative, got {_show(value)}")
-        return number
-
-    def path(self, value: Any, key: str, *, data_fallback: bool) -> Path:
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, f"must be a file path, got {_show(value)}")
-        candidate = Path(value)
-        if not candidate.is_absolute():
-            candidate = self.base_dir / candidate
-        if not candidate.is_file() and data_fallback and not Path(value).is_absolute():
-            shipped = DATA_DIR / value
-            if shipped.is_file():
-                return shipped
-        if not candidate.is_file():
-            where = f" (also looked in {DATA_DIR})" if data_fallback else ""
-            raise self.fail(key, f"file {value!r} not found beside the scenario{where}")
-        return candidate
-
-    def build(self, key: str, constructor: Callable, **fields: Any):
-        """Call a spec constructor, turning its ``SpecError`` into a keyed scenario error."""
-        try:
-            return constructor(**fields)
-        except SpecError as exc:
-            raise self.fail(_join(key, exc.key), exc.problem) from None
-
-
-_EXAMPLES = {parse_bytes: "16GiB", parse_bandwidth: "25GB/s", parse_flop_rate: "125TFLOP/s", parse_time: "5us"}
-
-
-def _join(prefix: str, name: Any) -> str:
-    return f"{prefix}.{name}" if prefix else str(name)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -199,11 +89,11 @@ def parse_scenario(
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ScenarioError(f"{source}: not valid YAML{where}: {problem}") from None
-    reader = _Reader(source, base_dir or Path.cwd())
+    reader = StrictReader(source, base_dir or Path.cwd())
     if raw is None:
         raise ScenarioError(f"{source}: the file is empty; a scenario is a mapping with cluster, model, training (and plan)")
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{source}: a scenario is a mapping with cluster, model, training (and plan); got {_show(raw)}")
+        raise ScenarioError(f"{source}: a scenario is a mapping with cluster, model, training (and plan); got {show_value(raw)}")
     if overrides:
         raw = apply_overrides(raw, overrides, source=source)
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
@@ -256,7 +146,7 @@ _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandw
 _LINK_KEYS = {"bandwidth", "latency", "name"}
 
 
-def _cluster(reader: _Reader, data: Any) -> ClusterSpec:
+def _cluster(reader: StrictReader, data: Any) -> ClusterSpec:
     data = reader.mapping(data, "cluster")
     reader.keys(data, "cluster", allowed=_CLUSTER_KEYS)
     preset_name = data.get("preset")
@@ -284,7 +174,7 @@ def _cluster(reader: _Reader, data: Any) -> ClusterSpec:
     )
 
 
-def _device(reader: _Reader, data: Any) -> DeviceSpec:
+def _device(reader: StrictReader, data: Any) -> DeviceSpec:
     key = "cluster.device"
     if isinstance(data, str):
         data = {"name": data}
@@ -296,7 +186,7 @@ def _device(reader: _Reader, data: Any) -> DeviceSpec:
         missing = sorted({"memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth"} - set(data))
         if missing:
             raise reader.fail(
-                _join(key, missing[0]),
+                join_key(key, missing[0]),
                 f"missing for device {name!r}, which is not a preset ({', '.join(sorted(DEVICE_PRESETS))}); "
                 "a custom device needs memory, peak_flops, peak_fp32_flops and memory_bandwidth",
             )
@@ -304,7 +194,7 @@ def _device(reader: _Reader, data: Any) -> DeviceSpec:
     values = {**preset, **data}
     efficiency = values.get("efficiency", 0.5)
     if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)):
-        raise reader.fail(_join(key, "efficiency"), f"must be a number in (0, 1], got {_show(efficiency)}")
+        raise reader.fail(join_key(key, "efficiency"), f"must be a number in (0, 1], got {show_value(efficiency)}")
     return reader.build(
         key,
         DeviceSpec,
@@ -317,12 +207,12 @@ def _device(reader: _Reader, data: Any) -> DeviceSpec:
     )
 
 
-def _link(reader: _Reader, data: Any, key: str) -> LinkSpec:
+def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
     data = reader.mapping(data, key)
     reader.keys(data, key, allowed=_LINK_KEYS, required={"bandwidth"})
     label = data.get("name", "")
     if not isinstance(label, str):
-        raise reader.fail(_join(key, "name"), f"must be a string, got {_show(label)}")
+        raise reader.fail(join_key(key, "name"), f"must be a string, got {show_value(label)}")
     return reader.build(
         key,
         LinkSpec,
@@ -332,7 +222,7 @@ def _link(reader: _Reader, data: Any, key: str) -> LinkSpec:
     )
 
 
-def _model(reader: _Reader, data: Any) -> ModelSpec:
+def _model(reader: StrictReader, data: Any) -> ModelSpec:
     from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
     from sim.profiles import load_profile
 
@@ -351,7 +241,7 @@ def _model(reader: _Reader, data: Any) -> ModelSpec:
                 optimizer=reader.string(data, "model", "optimizer", "adam"),
             )
         except SpecError as exc:
-            raise reader.fail(_join("model", exc.key), exc.problem) from None
+            raise reader.fail(join_key("model", exc.key), exc.problem) from None
         except DappleError as exc:
             raise reader.fail("model.profile", str(exc)) from None
         return model if "name" not in data else _renamed(model, reader.string(data, "model", "name"))
@@ -361,7 +251,7 @@ def _model(reader: _Reader, data: Any) -> ModelSpec:
     try:
         model = build_model(preset, **params)
     except SpecError as exc:
-        raise reader.fail(_join("model", exc.key), exc.problem) from None
+        raise reader.fail(join_key("model", exc.key), exc.problem) from None
     except (TypeError, ValueError) as exc:
         raise reader.fail("model", f"cannot build preset {preset!r}: {exc}") from None
     return model if "name" not in data else _renamed(model, reader.string(data, "model", "name"))
@@ -373,7 +263,7 @@ def _renamed(model: ModelSpec, name: str) -> ModelSpec:
     return replace(model, name=name)
 
 
-def _training(reader: _Reader, data: Any) -> TrainingSpec:
+def _training(reader: StrictReader, data: Any) -> TrainingSpec:
     data = reader.mapping(data, "training")
     reader.keys(data, "training", allowed={"global_batch_size", "microbatch_size"},
                 required={"global_batch_size", "microbatch_size"})
@@ -385,17 +275,17 @@ def _training(reader: _Reader, data: Any) -> TrainingSpec:
     )
 
 
-def _faults(reader: _Reader, data: Any) -> tuple:
+def _faults(reader: StrictReader, data: Any) -> tuple:
     if data is None:
         return ()
     if not isinstance(data, list):
-        raise reader.fail("faults", f"must be a list, got {_show(data)}")
+        raise reader.fail("faults", f"must be a list, got {show_value(data)}")
     if data:
         raise reader.fail("faults", "fault injection is not modelled yet; remove the entries (use faults: [])")
     return ()
 
 
-def _plan(reader: _Reader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
+def _plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
     from sim.schedule.plan_schedule import parse_schedule_for_plan, schedule_for_plan
 
     data = reader.mapping(data, "plan")
@@ -404,7 +294,7 @@ def _plan(reader: _Reader, data: Any, cluster: ClusterSpec, model: ModelSpec, tr
         raise reader.fail("plan", "give either 'schedule' (a generator name) or 'schedule_file', not both")
     stages_raw = data["stages"]
     if not isinstance(stages_raw, list) or not stages_raw:
-        raise reader.fail("plan.stages", f"must be a non-empty list of {{layers: [start, end], devices: [...]}}, got {_show(stages_raw)}")
+        raise reader.fail("plan.stages", f"must be a non-empty list of {{layers: [start, end], devices: [...]}}, got {show_value(stages_raw)}")
     stages = tuple(_stage(reader, item, f"plan.stages[{i}]") for i, item in enumerate(stages_raw))
     name, params = ("file", {}) if "schedule_file" in data else _schedule_name(reader, data.get("schedule", "dapple"))
     plan = reader.build(
@@ -421,7 +311,7 @@ def _plan(reader: _Reader, data: Any, cluster: ClusterSpec, model: ModelSpec, tr
     try:
         check_plan(plan, num_layers=model.num_layers, num_devices=cluster.num_devices)
     except SpecError as exc:
-        raise reader.fail(_join("plan", exc.key), exc.problem) from None
+        raise reader.fail(join_key("plan", exc.key), exc.problem) from None
     try:
         if plan.schedule_file is not None:
             text = Path(plan.schedule_file).read_text(encoding="utf-8")
@@ -438,7 +328,7 @@ def _plan(reader: _Reader, data: Any, cluster: ClusterSpec, model: ModelSpec, tr
     return plan
 
 
-def _schedule_name(reader: _Reader, value: Any) -> tuple[str, dict]:
+def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
     from sim.schedule.generators import GENERATORS
 
     if isinstance(value, str):
@@ -454,7 +344,7 @@ def _schedule_name(reader: _Reader, value: Any) -> tuple[str, dict]:
     return name, params
 
 
-def _stage(reader: _Reader, data: Any, key: str) -> StageSpec:
+def _stage(reader: StrictReader, data: Any, key: str) -> StageSpec:
     data = reader.mapping(data, key)
     reader.keys(data, key, allowed={"layers", "devices"}, required={"layers", "devices"})
     layers = data["layers"]
@@ -463,12 +353,12 @@ def _stage(reader: _Reader, data: Any, key: str) -> StageSpec:
         or len(layers) != 2
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
     ):
-        raise reader.fail(_join(key, "layers"), f"must be [start, end] (two integers, end exclusive), got {_show(layers)}")
-    devices = _devices(reader, data["devices"], _join(key, "devices"))
+        raise reader.fail(join_key(key, "layers"), f"must be [start, end] (two integers, end exclusive), got {show_value(layers)}")
+    devices = _devices(reader, data["devices"], join_key(key, "devices"))
     return reader.build(key, StageSpec, layers=(layers[0], layers[1]), devices=devices)
 
 
-def _devices(reader: _Reader, value: Any, key: str) -> tuple[int, ...]:
+def _devices(reader: StrictReader, value: Any, key: str) -> tuple[int, ...]:
     """Device ids from a list (``[0, 1, 2]``), an integer, or ranges text (``"0-7, 16-23"``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
@@ -484,8 +374,8 @@ def _devices(reader: _Reader, value: Any, key: str) -> tuple[int, ...]:
             devices.extend(range(first, last + 1))
         return tuple(devices)
     if not isinstance(value, list) or not value:
-        raise reader.fail(key, f"must be a non-empty list of device ids, got {_show(value)}")
+        raise reader.fail(key, f"must be a non-empty list of device ids, got {show_value(value)}")
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise reader.fail(key, f"device ids are integers, got {_show(item)} in {_show(value)}")
+            raise reader.fail(key, f"device ids are integers, got {show_value(item)} in {show_value(value)}")
     return tuple(value)

@@ -10,24 +10,19 @@ A simulation has four independent inputs (as in Calculon: system, model, strateg
   bytes that cross each possible cut between two stages. All per-layer sizes and times are
   per *sample*; the cost model scales them to a micro-batch.
 * ``TrainingSpec`` — the global batch and the micro-batch that enters the pipeline.
-* ``PlanSpec`` — a list of ``StageSpec`` (a half-open layer range and the devices holding
-  replicas of it) plus the schedule that orders the work.
+
+The plan (stages and schedule) is the fourth input; it lives in ``sim.plan``.
 
 Specs validate themselves in ``__post_init__`` and raise ``SpecError`` naming the field; they
-do nothing else. Checks that need two specs at once (a plan against a cluster and a model)
-live in ``check_plan``.
+do nothing else.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from sim.errors import SpecError
-
-if TYPE_CHECKING:
-    from sim.schedule.ir import Schedule
 
 __all__ = [
     "DTYPE_BYTES",
@@ -38,9 +33,6 @@ __all__ = [
     "LayerSpec",
     "ModelSpec",
     "TrainingSpec",
-    "StageSpec",
-    "PlanSpec",
-    "check_plan",
     "optimizer_state_factor",
 ]
 
@@ -71,17 +63,20 @@ def _names(table: dict) -> str:
     return ", ".join(sorted(table))
 
 
-def _positive(key: str, value: float) -> None:
+def positive(key: str, value: float) -> None:
+    """Raise ``SpecError`` unless ``value`` is a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise SpecError(key, f"must be a positive number, got {value!r}")
 
 
-def _non_negative(key: str, value: float) -> None:
+def non_negative(key: str, value: float) -> None:
+    """Raise ``SpecError`` unless ``value`` is a finite number >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise SpecError(key, f"must be a number >= 0, got {value!r}")
 
 
-def _positive_int(key: str, value: int) -> None:
+def positive_int(key: str, value: int) -> None:
+    """Raise ``SpecError`` unless ``value`` is an integer > 0 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(key, f"must be a positive integer, got {value!r}")
 
@@ -106,11 +101,11 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise SpecError("name", "must not be empty")
-        _positive("memory", self.memory_bytes)
-        _positive("peak_flops", self.peak_flop_per_s)
-        _positive("peak_fp32_flops", self.peak_fp32_flop_per_s)
-        _positive("memory_bandwidth", self.memory_bandwidth_bytes_per_s)
-        _positive("efficiency", self.efficiency)
+        positive("memory", self.memory_bytes)
+        positive("peak_flops", self.peak_flop_per_s)
+        positive("peak_fp32_flops", self.peak_fp32_flop_per_s)
+        positive("memory_bandwidth", self.memory_bandwidth_bytes_per_s)
+        positive("efficiency", self.efficiency)
         if self.efficiency > 1:
             raise SpecError("efficiency", f"must be in (0, 1], got {self.efficiency!r}")
 
@@ -131,8 +126,8 @@ class LinkSpec:
     """What the port is (``NVLink``, ``PCIe``, ``Ethernet``, ``InfiniBand``); display only."""
 
     def __post_init__(self) -> None:
-        _positive("bandwidth", self.bandwidth_bytes_per_s)
-        _non_negative("latency", self.latency_s)
+        positive("bandwidth", self.bandwidth_bytes_per_s)
+        non_negative("latency", self.latency_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,9 +150,9 @@ class ClusterSpec:
     """Display name, e.g. the preset it came from."""
 
     def __post_init__(self) -> None:
-        _positive_int("nodes", self.nodes)
-        _positive_int("devices_per_node", self.devices_per_node)
-        _positive_int("nics_per_node", self.nics_per_node)
+        positive_int("nodes", self.nodes)
+        positive_int("devices_per_node", self.devices_per_node)
+        positive_int("nics_per_node", self.nics_per_node)
         if self.nics_per_node > self.devices_per_node:
             raise SpecError(
                 "nics_per_node",
@@ -204,12 +199,12 @@ class LayerSpec:
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop"):
-            _non_negative(key, getattr(self, key))
+            non_negative(key, getattr(self, key))
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise SpecError("fwd_s", "give both forward and backward times, or neither")
         if self.fwd_s is not None:
-            _non_negative("fwd_s", self.fwd_s)
-            _non_negative("bwd_s", self.bwd_s)
+            non_negative("fwd_s", self.fwd_s)
+            non_negative("bwd_s", self.bwd_s)
         elif self.fwd_flop == 0 and self.bwd_flop == 0 and self.param_bytes > 0:
             raise SpecError("fwd_flop", f"layer {self.name!r} has parameters but neither times nor FLOPs")
         if not 0 <= self.wgrad_fraction <= 1:
@@ -250,7 +245,7 @@ class ModelSpec:
                 f"needs {len(self.layers) + 1} entries (one per cut), got {len(self.boundary_bytes)}",
             )
         for k, value in enumerate(self.boundary_bytes):
-            _non_negative(f"boundary_bytes[{k}]", value)
+            non_negative(f"boundary_bytes[{k}]", value)
         optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
 
     @property
@@ -279,8 +274,8 @@ class TrainingSpec:
     """
 
     def __post_init__(self) -> None:
-        _positive_int("global_batch_size", self.global_batch_size)
-        _positive_int("microbatch_size", self.microbatch_size)
+        positive_int("global_batch_size", self.global_batch_size)
+        positive_int("microbatch_size", self.microbatch_size)
         if self.global_batch_size % self.microbatch_size:
             raise SpecError(
                 "microbatch_size",
@@ -300,141 +295,3 @@ def _nearest_divisors(n: int, near: int) -> str:
     below = max(d for d in divisors if d <= near)
     above = [d for d in divisors if d > near]
     return f"{below} or {above[0]}" if above else str(below)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageSpec:
-    """A contiguous range of layers and the devices that each hold a replica of it."""
-
-    layers: tuple[int, int]
-    """Half-open layer range ``(start, end)``: ``(0, 27)`` is layers 0 to 26."""
-    devices: tuple[int, ...]
-    """Global device ids of the replicas; a micro-batch is split evenly across them."""
-
-    def __post_init__(self) -> None:
-        if len(self.layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in self.layers):
-            raise SpecError("layers", f"must be two integers [start, end], got {list(self.layers)!r}")
-        start, end = self.layers
-        if start < 0 or end <= start:
-            raise SpecError("layers", f"must satisfy 0 <= start < end, got [{start}, {end}]")
-        if not self.devices:
-            raise SpecError("devices", "a stage needs at least one device")
-        for device in self.devices:
-            if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-                raise SpecError("devices", f"device ids are integers >= 0, got {device!r}")
-        if len(set(self.devices)) != len(self.devices):
-            raise SpecError("devices", f"lists a device twice: {list(self.devices)}")
-
-    @property
-    def num_replicas(self) -> int:
-        return len(self.devices)
-
-    @property
-    def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanSpec:
-    """Stages, and the schedule that orders their forwards and backwards."""
-
-    stages: tuple[StageSpec, ...]
-    """Pipeline stages in model order. With ``interleaved``, stage ``s`` shares its devices
-    with stage ``s + R`` (R = number of distinct device groups): each group runs v chunks."""
-    schedule: str = "dapple"
-    """Schedule generator name (``gpipe``, ``dapple``, ``1f1b``, ``interleaved``, ``zb-h1``),
-    or ``file`` when ``custom_schedule`` comes from a hand-written ``schedule_file``."""
-    schedule_params: tuple[tuple[str, object], ...] = ()
-    """Extra parameters of the generator as sorted (name, value) pairs, e.g. ``(("policy", "2(s-i)-1"),)``."""
-    recompute: bool = False
-    """Recompute each stage's forward before its backward, stashing only the stage input."""
-    schedule_file: str | None = None
-    """Path of a hand-written schedule (one line per rank), if the plan names one."""
-    custom_schedule: Schedule | None = None
-    """The parsed, validated hand-written schedule."""
-
-    def __post_init__(self) -> None:
-        if not self.stages:
-            raise SpecError("stages", "a plan needs at least one stage")
-        used: dict[int, tuple[int, ...]] = {}
-        for group in self.device_groups:
-            for device in group:
-                if device in used:
-                    raise SpecError(
-                        "stages",
-                        f"device {device} is in two different device sets {list(used[device])} and {list(group)}; "
-                        "a device belongs to one stage (or, with interleaved, to identical sets)",
-                    )
-                used[device] = group
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stages)
-
-    @property
-    def params(self) -> dict[str, object]:
-        return dict(self.schedule_params)
-
-    @property
-    def device_groups(self) -> tuple[tuple[int, ...], ...]:
-        """Distinct device sets in order of first use: one per pipeline rank."""
-        seen: dict[tuple[int, ...], None] = {}
-        for stage in self.stages:
-            seen.setdefault(tuple(sorted(stage.devices)), None)
-        return tuple(seen)
-
-    @property
-    def stage_ranks(self) -> tuple[int, ...]:
-        """The pipeline rank (index into ``device_groups``) of every stage."""
-        index = {group: rank for rank, group in enumerate(self.device_groups)}
-        return tuple(index[tuple(sorted(stage.devices))] for stage in self.stages)
-
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return tuple(sorted(d for group in self.device_groups for d in group))
-
-
-def check_plan(plan: PlanSpec, *, num_layers: int, num_devices: int) -> None:
-    """Check ``plan`` against a model of ``num_layers`` layers and a cluster of ``num_devices``.
-
-    Raises ``SpecError`` keyed by the stage (``stages[1].layers``) for: a layer range that
-    leaves a gap, overlaps the previous one, or runs past the model; more stages than layers;
-    device ids out of range; an interleaved plan whose stages do not cycle over the ranks.
-    """
-    if plan.num_stages > num_layers:
-        raise SpecError("stages", f"{plan.num_stages} stages for a model of {num_layers} layers; use at most {num_layers}")
-    expected_start = 0
-    for index, stage in enumerate(plan.stages):
-        start, end = stage.layers
-        if start != expected_start:
-            problem = "leaves a gap after" if start > expected_start else "overlaps"
-            raise SpecError(
-                f"stages[{index}].layers",
-                f"[{start}, {end}] {problem} the previous stage's end {expected_start}; start at {expected_start}",
-            )
-        if end > num_layers:
-            raise SpecError(f"stages[{index}].layers", f"[{start}, {end}] runs past the model's {num_layers} layers")
-        for device in stage.devices:
-            if device >= num_devices:
-                raise SpecError(
-                    f"stages[{index}].devices",
-                    f"device {device} does not exist; the cluster has devices 0 to {num_devices - 1}",
-                )
-        expected_start = end
-    if expected_start != num_layers:
-        raise SpecError(
-            f"stages[{plan.num_stages - 1}].layers",
-            f"the last stage ends at layer {expected_start} but the model has {num_layers} layers; end at {num_layers}",
-        )
-    ranks = plan.stage_ranks
-    num_ranks = len(plan.device_groups)
-    if any(rank != index % num_ranks for index, rank in enumerate(ranks)) and plan.schedule != "file":
-        raise SpecError(
-            "stages",
-            f"stages reuse device sets in the order {list(ranks)}; stage s must run on device set s mod {num_ranks}",
-        )
-    if num_ranks != plan.num_stages and plan.schedule not in ("interleaved", "file"):
-        raise SpecError(
-            "stages",
-            f"stages share devices, which only the interleaved schedule (or a schedule_file) supports, not {plan.schedule!r}",
-        )

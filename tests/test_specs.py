@@ -12,12 +12,10 @@ from sim.specs import (
     LayerSpec,
     LinkSpec,
     ModelSpec,
-    PlanSpec,
-    StageSpec,
     TrainingSpec,
-    check_plan,
     optimizer_state_factor,
 )
+from sim.plan import PlanSpec, StageSpec, check_plan
 
 V100 = DeviceSpec(
     name="V100", memory_bytes=16 * 2**30, peak_flop_per_s=125e12, peak_fp32_flop_per_s=15.7e12,

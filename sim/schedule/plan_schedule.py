@@ -15,7 +15,7 @@ from sim.errors import ScheduleError
 from sim.schedule.generators import generate
 from sim.schedule.ir import Schedule, parse_schedule
 from sim.schedule.validate import validate
-from sim.specs import PlanSpec
+from sim.plan import PlanSpec
 
 __all__ = ["schedule_for_plan", "parse_schedule_for_plan"]
 
