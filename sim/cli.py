@@ -1,4 +1,4 @@
-"""``dapple-sim``: check scenarios and print schedules (simulation arrives with the engine).
+"""``dapple-sim``: check and simulate scenarios, print schedules.
 
 Exit codes: 0 success, 1 run failure, 2 bad input. A user's mistake prints one line on
 stderr (plus, for a broken schedule, the rank × step grid) and never a traceback.
@@ -17,6 +17,8 @@ from sim.errors import DappleError, ScheduleError
 __all__ = ["main", "run_cli"]
 
 EPILOG = """examples:
+  dapple-sim simulate scenarios/bert48_v100_2x8.yaml --out out/bert48
+  dapple-sim simulate scenarios/bert48_v100_2x8.yaml --set plan.schedule=gpipe --json
   dapple-sim check scenarios/bert48_v100_2x8.yaml
   dapple-sim check scenarios/bert48_v100_2x8.yaml --set training.microbatch_size=32 --json
   dapple-sim schedule dapple --stages 4 --microbatches 8
@@ -47,6 +49,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the description as JSON")
 
+    simulate = sub.add_parser(
+        "simulate",
+        help="replay a scenario's plan and predict time and memory",
+        description="Replay SCENARIO's plan on the modelled cluster (SimPy engine: devices, ports with "
+        "contention, all-reduce, memory) and print the iteration time, throughput, bubbles and per-device "
+        "peak memory. With --out, also write summary.json, trace.json (open in ui.perfetto.dev), "
+        "events.csv, gantt.png and memory.png.",
+    )
+    simulate.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file with a plan")
+    simulate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a dotted key of the scenario, e.g. plan.schedule=gpipe (repeatable)",
+    )
+    simulate.add_argument("--json", action="store_true", help="print the summary as JSON")
+    simulate.add_argument("--out", metavar="DIR", help="write summary, trace, events and plots into DIR")
+    simulate.add_argument(
+        "--engine", choices=("simpy", "fast"), default="simpy",
+        help="simpy: discrete-event engine with link contention (default); fast: contention-free evaluator",
+    )
+    simulate.add_argument("--no-contention", action="store_true", help="SimPy engine without link contention")
+    simulate.add_argument(
+        "--no-symmetry", action="store_true",
+        help="replay every device separately instead of one per class of identical devices (slower, same result)",
+    )
+    simulate.add_argument("--trace-all", action="store_true", help="trace every device even in large clusters")
+
     schedule = sub.add_parser(
         "schedule",
         help="print a schedule's IR, one line per rank",
@@ -72,6 +100,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, _overrides(args.overrides))
     info = describe(scenario)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sim.report import format_summary, run_scenario, write_outputs
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, _overrides(args.overrides))
+    result = run_scenario(
+        scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
+    )
+    summary = result.summary()
+    if args.out:
+        write_outputs(result, args.out, trace_all=args.trace_all)
+    print(json.dumps(summary, indent=2, sort_keys=True) if args.json else format_summary(summary, result))
     return 0
 
 
@@ -103,7 +146,11 @@ def _overrides(items: Sequence[str]) -> dict[str, str]:
     return result
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"check": _cmd_check, "schedule": _cmd_schedule}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check": _cmd_check,
+    "simulate": _cmd_simulate,
+    "schedule": _cmd_schedule,
+}
 
 
 def run_cli(prog: str, handler: Callable[[], int]) -> int:

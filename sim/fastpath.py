@@ -151,3 +151,138 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
             elif a.kind is ActionKind.W or (a.kind is ActionKind.B and a.stage not in split):
                 live[a.stage] -= 1
     return tuple(peak)
+
+
+# --- whole plans -----------------------------------------------------------------------------
+
+
+def replay(workload) -> "SimResult":
+    """Replay a compiled plan (``sim.workload``) without contention: the planner's fast path.
+
+    Each operation costs what it would cost alone: a SEND's flows share only the ports they
+    have in common with each other, an all-reduce phase's flows likewise; other traffic
+    never slows them. Streams follow the engine's rules (see ``sim.engine.replay``): the
+    compute stream runs the rank's actions in order, a device's sends leave one SEND at a
+    time on its send stream, all-reduces run in issue order on a collective stream, and the
+    optimizer step waits for the last of them. With contention off the SimPy engine gives
+    the same times; this path only skips SimPy and the port bookkeeping.
+    """
+    from sim.result import SimResult
+
+    state = _PlanState(workload)
+    state.run()
+    return SimResult(workload, state.records, engine="fast", contention=False)
+
+
+class _PlanState:
+    """Per-class cursors and clocks of a contention-free replay."""
+
+    def __init__(self, workload) -> None:
+        from sim.result import Recorder
+
+        self.w = workload
+        n = len(workload.classes)
+        self.cursor = [0] * n
+        self.clock = [0.0] * n
+        self.send_free = [0.0] * n
+        self.coll_free = [0.0] * n
+        self.records = [Recorder(op_times=[(0.0, 0.0)] * len(c.ops)) for c in workload.classes]
+        self.arrived: dict[tuple, list] = {}
+        self.waiting: dict[tuple, int] = {}
+        self.issued: dict[int, list] = {}
+        self.ready = list(range(n - 1, -1, -1))
+
+    def run(self) -> None:
+        from sim.workload import COMPUTE, RECV, SEND
+
+        classes = self.w.classes
+        while self.ready:
+            c = self.ready.pop()
+            ops, i, now, rec = classes[c].ops, self.cursor[c], self.clock[c], self.records[c]
+            while i < len(ops):
+                op = ops[i]
+                if op.code == COMPUTE:
+                    end = now + op.duration_s
+                    rec.op_times[i] = (now, end)
+                    if op.alloc_bytes:
+                        rec.memory.append((now, op.alloc_bytes))
+                    if op.free_bytes:
+                        rec.memory.append((end, -op.free_bytes))
+                    now = end
+                elif op.code == SEND:
+                    self._send(c, i, op, now)
+                elif op.code == RECV:
+                    key = (c, op.kind.value[-1], op.stage, op.microbatch)
+                    got = self.arrived.get(key)
+                    if len(op.flows) and (got is None or got[0] < len(op.flows)):
+                        self.waiting[key] = c
+                        break
+                    arrival = got[1] if got else now
+                    rec.op_times[i] = (now, max(now, arrival))
+                    now = max(now, arrival)
+                else:
+                    self._reduce(c, i, op, now)
+                i += 1
+            self.cursor[c], self.clock[c] = i, now
+        self._finish()
+
+    def _send(self, c: int, i: int, op, now: float) -> None:
+        from sim.workload import mailbox
+
+        start = max(now, self.send_free[c])
+        done = start
+        rec = self.records[c]
+        for k in op.flows:
+            kind = self.w.kinds[k]
+            sent = start + kind.bytes / kind.static_rate_bytes_per_s
+            done = max(done, sent)
+            rec.bytes_sent += kind.send_bytes_per_device
+            self._deliver(mailbox(kind, op.microbatch), sent + kind.latency_s, kind)
+        self.send_free[c] = done
+        rec.op_times[i] = (start, done)
+
+    def _deliver(self, key: tuple, when: float, kind) -> None:
+        got = self.arrived.setdefault(key, [0, 0.0])
+        got[0] += 1
+        got[1] = max(got[1], when)
+        rec = self.records[key[0]]
+        rec.bytes_received += kind.recv_bytes_per_device
+        rec.memory.append((when, kind.recv_bytes_per_device))
+        waiter = self.waiting.pop(key, None)
+        if waiter is not None:
+            self.ready.append(waiter)
+
+    def _reduce(self, c: int, i: int, op, now: float) -> None:
+        if op.collective < 0:
+            self.records[c].op_times[i] = (now, now)
+            return
+        coll = self.w.collectives[op.collective]
+        issued = self.issued.setdefault(coll.index, [])
+        issued.append((c, i, now))
+        if len(issued) < len(coll.participants):
+            return
+        start = max(max(t for _, _, t in issued), max(self.coll_free[p] for p in coll.participants))
+        end = start + collective_duration_s(self.w, coll)
+        for p, index, _ in issued:
+            self.coll_free[p] = end
+            self.records[p].op_times[index] = (start, end)
+
+    def _finish(self) -> None:
+        from sim.errors import ScheduleError
+
+        classes = self.w.classes
+        stuck = [c for c in range(len(classes)) if self.cursor[c] < len(classes[c].ops)]
+        if stuck:
+            blocked = ", ".join(f"device {classes[c].devices[0]} at {classes[c].ops[self.cursor[c]].text}" for c in stuck[:4])
+            raise ScheduleError(f"the replay cannot make progress: {blocked} wait for data that never comes")
+        for c, cls in enumerate(classes):
+            start = max(self.clock[c], self.coll_free[c])
+            self.records[c].optimizer = (start, start + cls.optimizer_s)
+
+
+def collective_duration_s(workload, collective) -> float:
+    """An all-reduce alone: each phase lasts its slowest flow plus one latency per ring step."""
+    total = 0.0
+    for kinds, latency in collective.phases:
+        total += max(workload.kinds[k].bytes / workload.kinds[k].static_rate_bytes_per_s for k in kinds) + latency
+    return total

@@ -7,3 +7,61 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
 BAD_SCENARIOS = Path(__file__).resolve().parent / "scenarios" / "bad"
+
+
+def synthetic_scenario(
+    *,
+    fwd_s,
+    bwd_s,
+    replicas=None,
+    schedule="dapple",
+    params=(),
+    microbatches=4,
+    microbatch_size=None,
+    devices_per_node=8,
+    nodes=None,
+    boundary_bytes=0.0,
+    param_bytes=0.0,
+    stash_bytes=1.0,
+    wgrad_fraction=0.5,
+    intra_bandwidth=1e12,
+    inter_bandwidth=1e11,
+    latency_s=0.0,
+    recompute=False,
+    memory_bytes=2.0**40,
+    ranks=None,
+    memory_bandwidth=1e15,
+):
+    """A scenario with one layer per stage, built from specs (no YAML): layer s takes
+    ``fwd_s[s]``/``bwd_s[s]`` seconds per sample; stage s has ``replicas[s]`` devices, placed
+    in order; with ``ranks`` (interleaved), stage s uses the devices of rank ``ranks[s]``."""
+    from sim.plan import PlanSpec, StageSpec
+    from sim.scenario import Scenario
+    from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
+
+    num_stages = len(fwd_s)
+    ranks = list(range(num_stages)) if ranks is None else list(ranks)
+    num_ranks = max(ranks) + 1
+    replicas = [1] * num_ranks if replicas is None else list(replicas)
+    groups, next_device = [], 0
+    for r in range(num_ranks):
+        groups.append(tuple(range(next_device, next_device + replicas[r])))
+        next_device += replicas[r]
+    nodes = nodes or -(-next_device // devices_per_node)
+    layers = tuple(
+        LayerSpec(name=f"l{s}", param_bytes=param_bytes, output_bytes=boundary_bytes, stash_bytes=stash_bytes,
+                  fwd_s=fwd_s[s], bwd_s=bwd_s[s], wgrad_fraction=wgrad_fraction)
+        for s in range(num_stages)
+    )
+    model = ModelSpec(name="synthetic", layers=layers,
+                      boundary_bytes=(0.0,) + (boundary_bytes,) * (num_stages - 1) + (0.0,), dtype="fp32", optimizer="sgd")
+    device = DeviceSpec(name="dev", memory_bytes=memory_bytes, peak_flop_per_s=1e12, peak_fp32_flop_per_s=1e12,
+                        memory_bandwidth_bytes_per_s=memory_bandwidth)
+    cluster = ClusterSpec(nodes=nodes, devices_per_node=devices_per_node, device=device,
+                          intra_node=LinkSpec(bandwidth_bytes_per_s=intra_bandwidth, latency_s=latency_s),
+                          inter_node=LinkSpec(bandwidth_bytes_per_s=inter_bandwidth, latency_s=latency_s))
+    mbs = microbatch_size or max(replicas)
+    plan = PlanSpec(stages=tuple(StageSpec(layers=(s, s + 1), devices=groups[ranks[s]]) for s in range(num_stages)),
+                    schedule=schedule, schedule_params=tuple(sorted(dict(params).items())), recompute=recompute)
+    training = TrainingSpec(global_batch_size=mbs * microbatches, microbatch_size=mbs)
+    return Scenario(name="synthetic", cluster=cluster, model=model, training=training, plan=plan)

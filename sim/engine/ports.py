@@ -1,0 +1,147 @@
+"""Ports and links: how transfers share bandwidth.
+
+Think of each port as a pipe of fixed width (its bandwidth, bytes/s, per direction). A GPU
+has one intra-node port per direction (NVLink/NVSwitch or PCIe); a server has
+``nics_per_node`` network cards per direction. A transfer inside a server crosses the
+sender's out-port and the receiver's in-port; between servers, the sender's NIC out and the
+receiver's NIC in.
+
+Contention model (processor sharing per port, bottleneck rate per flow):
+
+* while ``n`` flows cross a port, each may use ``bandwidth / n`` of it;
+* a flow moves at the smallest share among the ports on its path (the slowest port on
+  its path decides), and its bytes drain at that rate;
+* whenever a flow starts or finishes, the rates of the flows that share a port with it are
+  recomputed at that instant, and their remaining bytes carry over;
+* after its last byte leaves, a transfer still needs the link's latency to arrive.
+
+So one transfer alone costs ``latency + bytes / min(bandwidth on its path)``; two concurrent
+equal transfers through one port each take twice as long; transfers on disjoint ports do not
+slow each other; a transfer between servers is limited by the NIC. Shares that one flow
+leaves unused on a port are not handed to the others (not max-min fair): simple, and never
+optimistic. Like any shared network, it is not monotone: a slower computation can reorder
+transfers so that an iteration finishes sooner.
+
+With ``contention=False`` every transfer runs at the rate it would have if only its own
+operation (one SEND, or one all-reduce phase) used the network — the fast path's model.
+
+Flows stand for *flow kinds* (``sim.workload``): all the real flows between two classes of
+identical devices. A kind adds its weight (real flows per port) to each port class it
+crosses, so symmetric devices are replayed once without changing anyone's share.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+import simpy
+
+__all__ = ["Network"]
+
+_EPS = 1e-12
+
+
+class _Flow:
+    __slots__ = ("kind", "remaining", "rate", "since", "version", "done")
+
+    def __init__(self, kind, done: Callable[[], None], now: float) -> None:
+        self.kind = kind
+        self.remaining = kind.bytes
+        self.rate = 0.0
+        self.since = now
+        self.version = 0
+        self.done = done
+
+
+class Network:
+    """The ports of a cluster; ``transfer`` starts a flow kind and calls back when it has left."""
+
+    def __init__(self, env: simpy.Environment, workload, *, contention: bool) -> None:
+        self.env = env
+        self.contention = contention
+        self.bandwidth = [p.bandwidth_bytes_per_s for p in workload.port_classes]
+        self.load = [0.0] * len(self.bandwidth)
+        self.on_port: list[set[int]] = [set() for _ in self.bandwidth]
+        self.flows: dict[int, _Flow] = {}
+        self.heap: list[tuple[float, int, int]] = []
+        self.dirty: set[int] = set()
+        self.next_id = 0
+        self.recompute_pending = False
+        self.wake_at = math.inf
+
+    def transfer(self, kind, done: Callable[[], None]) -> None:
+        """Start one flow of ``kind`` now; ``done()`` runs when its last byte has left."""
+        if kind.bytes <= 0:
+            self._call_later(0.0, done)
+        elif not self.contention:
+            self._call_later(kind.bytes / kind.static_rate_bytes_per_s, done)
+        else:
+            fid = self.next_id
+            self.next_id += 1
+            self.flows[fid] = _Flow(kind, done, self.env.now)
+            for port, weight in kind.ports:
+                self.load[port] += weight
+                self.on_port[port].add(fid)
+                self.dirty.add(port)
+            self._schedule_recompute()
+
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        event = self.env.timeout(delay)
+        event.callbacks.append(lambda _event: callback())
+
+    def _schedule_recompute(self) -> None:
+        # Flows that start at the same instant share one recomputation.
+        if not self.recompute_pending:
+            self.recompute_pending = True
+            self._call_later(0.0, self._recompute)
+
+    def _recompute(self) -> None:
+        self.recompute_pending = False
+        now = self.env.now
+        affected = set().union(*(self.on_port[p] for p in self.dirty)) if self.dirty else set()
+        self.dirty.clear()
+        for fid in sorted(affected):
+            flow = self.flows[fid]
+            flow.remaining -= flow.rate * (now - flow.since)
+            flow.since = now
+            flow.rate = min(self.bandwidth[p] / self.load[p] for p, _ in flow.kind.ports)
+            flow.version += 1
+            finish = now + max(flow.remaining, 0.0) / flow.rate
+            heapq.heappush(self.heap, (finish, fid, flow.version))
+        self._arm()
+
+    def _arm(self) -> None:
+        heap, flows = self.heap, self.flows
+        while heap and (heap[0][1] not in flows or flows[heap[0][1]].version != heap[0][2]):
+            heapq.heappop(heap)
+        if heap and heap[0][0] < self.wake_at:
+            self.wake_at = when = heap[0][0]
+            event = self.env.timeout(max(when - self.env.now, 0.0))
+            event.callbacks.append(lambda _event: self._wake(when))
+
+    def _wake(self, when: float) -> None:
+        if when != self.wake_at:
+            return  # superseded by an earlier wake-up
+        self.wake_at = math.inf
+        now = self.env.now
+        finished = []
+        heap, flows = self.heap, self.flows
+        while heap and heap[0][0] <= now + _EPS * max(1.0, now):
+            _, fid, version = heapq.heappop(heap)
+            flow = flows.get(fid)
+            if flow is None or flow.version != version:
+                continue
+            del flows[fid]
+            for port, weight in flow.kind.ports:
+                self.load[port] -= weight
+                self.on_port[port].discard(fid)
+                self.dirty.add(port)
+            finished.append(flow)
+        for flow in finished:
+            flow.done()
+        if self.dirty:
+            self._recompute()
+        else:
+            self._arm()

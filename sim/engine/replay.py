@@ -1,0 +1,212 @@
+"""Replay: run a compiled plan (``sim.workload``) on SimPy devices, links and memory.
+
+Every device has four streams, as a GPU running NCCL does:
+
+* a compute stream that runs its pipeline rank's actions in IR order: F, B, I and W take
+  their cost-model time; a ``RECV`` blocks it until every slice it needs has arrived;
+* a send stream: a ``SEND`` is issued without blocking compute and its flows (one per
+  receiver whose slice overlaps the sender's: split-concat) leave together, one ``SEND``
+  after the other in issue order;
+* a receive side that buffers arriving data until the consuming action runs (receives are
+  posted ahead, as ``batch_isend_irecv`` does, so a transfer starts when its send does);
+* a collective stream: ``REDUCE_GRAD`` issues the stage's gradient all-reduce without
+  blocking; it starts when every replica has issued it and has finished its previous
+  all-reduce, and runs its phases' flows through the same ports as everything else.
+
+After its last action a device waits for its all-reduces and runs the optimizer step; the
+iteration ends with the last optimizer step. Memory (``sim.result``) is recorded as
+allocations and frees over time per device class. Classes of identical devices
+(``sim.symmetry``) run as one SimPy process, so the number of events grows with the number
+of *distinct* devices and actions, not with replicas.
+
+If processes stop making progress before the end (a schedule that cannot run), ``simulate``
+raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
+out of events rather than spinning, so this never hangs.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from sim.engine.ports import Network
+from sim.errors import ScheduleError
+from sim.result import Recorder, SimResult
+from sim.workload import COMPUTE, RECV, SEND, Workload, mailbox
+
+__all__ = ["simulate"]
+
+
+def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
+    """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path."""
+    replay = _Replay(workload, contention)
+    replay.env.run()
+    replay.check_finished()
+    return SimResult(workload, replay.records, engine="simpy", contention=contention)
+
+
+class _Replay:
+    def __init__(self, workload: Workload, contention: bool) -> None:
+        self.w = workload
+        self.env = simpy.Environment()
+        self.net = Network(self.env, workload, contention=contention)
+        n = len(workload.classes)
+        self.records = [Recorder(op_times=[(0.0, 0.0)] * len(c.ops)) for c in workload.classes]
+        self.position = [0] * n
+        self.finished = [False] * n
+        self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
+        self.waiters: dict[tuple, tuple[int, simpy.Event]] = {}
+        self.send_queue: list[list[tuple[int, object]]] = [[] for _ in range(n)]
+        self.send_busy = [False] * n
+        self.issued: dict[int, list] = {}
+        self.last_collective: list[simpy.Event | None] = [None] * n
+        self.collective_done: dict[int, simpy.Event] = {}
+        for c in range(n):
+            self.env.process(self._device(c))
+
+    # --- compute stream ----------------------------------------------------------------------
+
+    def _device(self, c: int):
+        env, rec = self.env, self.records[c]
+        ops = self.w.classes[c].ops
+        for i, op in enumerate(ops):
+            self.position[c] = i
+            code = op.code
+            if code == COMPUTE:
+                start = env.now
+                if op.alloc_bytes:
+                    rec.memory.append((start, op.alloc_bytes))
+                if op.duration_s > 0:
+                    yield env.timeout(op.duration_s)
+                rec.op_times[i] = (start, env.now)
+                if op.free_bytes:
+                    rec.memory.append((env.now, -op.free_bytes))
+            elif code == SEND:
+                self._queue_send(c, i, op)
+            elif code == RECV:
+                start = env.now
+                key = (c, op.kind.value[-1], op.stage, op.microbatch)
+                box = self.boxes.get(key)
+                if op.flows and (box is None or box[0] < len(op.flows)):
+                    event = env.event()
+                    self.waiters[key] = (len(op.flows), event)
+                    yield event
+                rec.op_times[i] = (start, env.now)
+            else:
+                self._issue_collective(c, i, op)
+        self.position[c] = len(ops)
+        last = self.last_collective[c]
+        if last is not None and not last.processed:
+            yield last
+        start = env.now
+        optimizer_s = self.w.classes[c].optimizer_s
+        if optimizer_s > 0:
+            yield env.timeout(optimizer_s)
+        rec.optimizer = (start, env.now)
+        self.finished[c] = True
+
+    # --- send stream and arrivals --------------------------------------------------------------
+
+    def _queue_send(self, c: int, i: int, op) -> None:
+        self.send_queue[c].append((i, op))
+        if not self.send_busy[c]:
+            self._next_send(c)
+
+    def _next_send(self, c: int) -> None:
+        queue = self.send_queue[c]
+        if not queue:
+            self.send_busy[c] = False
+            return
+        self.send_busy[c] = True
+        i, op = queue.pop(0)
+        start, rec = self.env.now, self.records[c]
+        pending = [len(op.flows)]
+
+        def left(kind) -> None:
+            self._arrive_later(kind, op.microbatch)
+            pending[0] -= 1
+            if pending[0] == 0:
+                rec.op_times[i] = (start, self.env.now)
+                self._next_send(c)
+
+        if not op.flows:
+            rec.op_times[i] = (start, start)
+            self._next_send(c)
+        for k in op.flows:
+            kind = self.w.kinds[k]
+            rec.bytes_sent += kind.send_bytes_per_device
+            self.net.transfer(kind, lambda kind=kind: left(kind))
+
+    def _arrive_later(self, kind, microbatch: int) -> None:
+        key = mailbox(kind, microbatch)
+        if kind.latency_s > 0:
+            event = self.env.timeout(kind.latency_s)
+            event.callbacks.append(lambda _event: self._arrive(key, kind))
+        else:
+            self._arrive(key, kind)
+
+    def _arrive(self, key: tuple, kind) -> None:
+        now = self.env.now
+        box = self.boxes.setdefault(key, [0, now])
+        box[0] += 1
+        box[1] = now
+        rec = self.records[key[0]]
+        rec.bytes_received += kind.recv_bytes_per_device
+        rec.memory.append((now, kind.recv_bytes_per_device))
+        waiter = self.waiters.get(key)
+        if waiter is not None and box[0] >= waiter[0]:
+            del self.waiters[key]
+            waiter[1].succeed()
+
+    # --- collectives -------------------------------------------------------------------------
+
+    def _issue_collective(self, c: int, i: int, op) -> None:
+        if op.collective < 0:
+            self.records[c].op_times[i] = (self.env.now, self.env.now)
+            return
+        coll = self.w.collectives[op.collective]
+        issued = self.issued.setdefault(coll.index, [])
+        issued.append((c, i, self.last_collective[c]))
+        done = self.collective_done.setdefault(coll.index, self.env.event())
+        self.last_collective[c] = done
+        if len(issued) == len(coll.participants):
+            self.env.process(self._collective(coll, issued, done))
+
+    def _collective(self, coll, issued, done: simpy.Event):
+        earlier = [prev for _, _, prev in issued if prev is not None and not prev.processed]
+        if earlier:
+            yield simpy.AllOf(self.env, earlier)
+        start = self.env.now
+        for kinds, latency in coll.phases:
+            phase = self.env.event()
+            remaining = [len(kinds)]
+
+            def left(phase=phase, remaining=remaining) -> None:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    phase.succeed()
+
+            for k in kinds:
+                self.net.transfer(self.w.kinds[k], left)
+            yield phase
+            if latency > 0:
+                yield self.env.timeout(latency)
+        for c, i, _ in issued:
+            self.records[c].op_times[i] = (start, self.env.now)
+        done.succeed()
+
+    # --- end -----------------------------------------------------------------------------------
+
+    def check_finished(self) -> None:
+        stuck = [c for c, ok in enumerate(self.finished) if not ok]
+        if not stuck:
+            return
+        classes = self.w.classes
+        lines = []
+        for c in stuck:
+            ops = classes[c].ops
+            where = ops[self.position[c]].text if self.position[c] < len(ops) else "its all-reduce"
+            lines.append(f"rank {classes[c].rank} (device {classes[c].devices[0]}) blocked at {where}")
+        raise ScheduleError(
+            f"the replay stopped making progress at {self.env.now * 1e3:.3f} ms: " + "; ".join(lines[:4]),
+            detail="\n".join(lines),
+        )

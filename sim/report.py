@@ -1,0 +1,120 @@
+"""Running a scenario end to end and reporting it: what ``dapple-sim simulate`` does.
+
+``run_scenario`` compiles a checked scenario (``sim.workload``) and replays it with the
+chosen engine; ``write_outputs`` saves the summary, the Perfetto trace, the per-action
+events and the plots; ``format_summary`` is the short table printed on stdout.
+
+This module is the command line's and the notebooks' entry to the engine, so it imports
+``sim.engine`` inside ``run_scenario`` only (the core stays free of SimPy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from sim.errors import DappleError
+from sim.result import SimResult
+from sim.scenario import Scenario
+from sim.units import format_bytes, format_time
+
+__all__ = ["ENGINES", "run_scenario", "write_outputs", "format_summary"]
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("simpy", "fast")
+"""``simpy``: the discrete-event engine; ``fast``: the contention-free evaluator."""
+
+
+def run_scenario(
+    scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True
+) -> SimResult:
+    """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
+    from sim.fastpath import replay
+    from sim.workload import compile_workload
+
+    if scenario.plan is None:
+        raise DappleError(
+            f"{scenario.path or scenario.name}: plan: missing; add a plan (stages and schedule) to simulate, "
+            "or let the planner choose one"
+        )
+    if engine not in ENGINES:
+        raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    workload = compile_workload(scenario, symmetric=symmetric)
+    log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
+    if engine == "fast":
+        return replay(workload)
+    from sim.engine.replay import simulate
+
+    return simulate(workload, contention=contention)
+
+
+def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
+    """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``."""
+    from sim.plots import gantt_figure, memory_figure
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    written = []
+    summary = out / "summary.json"
+    summary.write_text(json.dumps(result.summary(), indent=2, sort_keys=True) + "\n")
+    written.append(summary)
+    trace = out / "trace.json"
+    devices = list(result.workload.devices) if trace_all else None
+    trace.write_text(json.dumps(result.perfetto_trace(devices), separators=(",", ":")) + "\n")
+    written.append(trace)
+    events = out / "events.csv"
+    result.events(result.traced_devices() if not trace_all else None).to_csv(events, index=False)
+    written.append(events)
+    for name, figure in (("gantt.png", gantt_figure), ("memory.png", memory_figure)):
+        fig = figure(result)
+        fig.savefig(out / name, dpi=110)
+        written.append(out / name)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return written
+
+
+def format_summary(summary: dict[str, Any], result: SimResult) -> str:
+    """A short human-readable report: headline numbers, then one row per class of devices."""
+    capacity = result.workload.device_memory_bytes
+    mode = summary["engine"] + (", contention" if summary["contention"] else ", no contention")
+    lines = [
+        f"{summary['name']}: {summary['schedule']}, {summary['num_stages']} stages, "
+        f"{summary['num_microbatches']} micro-batches, {summary['num_devices']} devices ({mode})",
+        f"iteration {format_time(summary['iteration_time_s'])}   throughput "
+        f"{summary['throughput_samples_per_s']:.4g} samples/s   bubble {summary['bubble_fraction']:.1%}   "
+        f"peak memory {format_bytes(summary['peak_memory_bytes'])} of {format_bytes(capacity)}"
+        + (f"   MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""),
+    ]
+    if summary["oom"]:
+        lines.append(f"OUT OF MEMORY: {summary['oom_detail']['message']}")
+    lines.append(f"  {'devices':<14} {'stage':>5} {'busy':>10} {'idle':>10} {'peak memory':>12} {'live mb':>7}")
+    by_device = {d["device"]: d for d in summary["devices"]}
+    for cls in result.workload.classes:
+        row = by_device[cls.devices[0]]
+        stages = ",".join(map(str, row["stages"]))
+        lines.append(
+            f"  {_ranges(list(cls.devices)):<14} {stages:>5} {format_time(row['busy_s']):>10} "
+            f"{format_time(row['idle_s']):>10} {format_bytes(row['peak_memory_bytes']):>12} "
+            f"{row['peak_activation_microbatches']:>7}"
+        )
+    return "\n".join(lines)
+
+
+def _ranges(ids: list[int]) -> str:
+    parts, start = [], None
+    for i, value in enumerate(ids):
+        if start is None:
+            start = value
+        if i + 1 == len(ids) or ids[i + 1] != value + 1:
+            parts.append(f"{start}-{value}" if value != start else f"{start}")
+            start = None
+    text = ",".join(parts)
+    return text if len(text) <= 14 else text[:11] + "..."
