@@ -223,8 +223,10 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     for d in devices:
         members[class_of[d]].append(d)
     collectives = _collectives(plan, model, kinds, class_of, ar_latency)
+    by_class = _kinds_by_class(kinds)
     classes = tuple(
-        _device_class(index, tuple(members[index]), scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives)
+        _device_class(index, tuple(members[index]), scenario, schedule, rank_of, stages_of_rank, samples, kinds,
+                      collectives, by_class)
         for index in range(len(members))
     )
     flop = model_flop_per_sample(model) if all(not layer.is_measured for layer in model.layers) else None
@@ -429,7 +431,18 @@ def mailbox(kind: FlowKind, microbatch: int) -> tuple[int, str, int, int]:
     return (kind.dst_class, direction, stage + 1 if direction == "F" else stage - 1, microbatch)
 
 
-def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives):
+def _kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:
+    """Point-to-point kinds leaving and entering each class, by label."""
+    out_kinds: dict[int, dict] = defaultdict(lambda: defaultdict(list))
+    in_kinds: dict[int, dict] = defaultdict(lambda: defaultdict(list))
+    for k in kinds:
+        if k.label[0] != "AR":
+            out_kinds[k.src_class][k.label].append(k.index)
+            in_kinds[k.dst_class][k.label].append(k.index)
+    return out_kinds, in_kinds
+
+
+def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives, by_class):
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     rank = rank_of[devices[0]]
     stages = stages_of_rank[rank]
@@ -439,18 +452,16 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         start, end = plan.stages[s].layers
         costs[s] = stage_cost(model, cluster.device, start, end, n, recompute=plan.recompute)
         full_stash[s] = stage_cost(model, cluster.device, start, end, n).stash_bytes
-    out_kinds, in_kinds = defaultdict(list), defaultdict(list)
-    for k in kinds:
-        if k.label[0] != "AR":
-            if k.src_class == index:
-                out_kinds[k.label].append(k.index)
-            if k.dst_class == index:
-                in_kinds[k.label].append(k.index)
+    out_kinds, in_kinds = by_class[0][index], by_class[1][index]
     collective_of = {c.stage: c.index for c in collectives}
-    ops = tuple(
-        _op(a, costs[a.stage], full_stash[a.stage], plan.recompute, kinds, out_kinds, in_kinds, collective_of)
-        for a in schedule.ranks[rank]
-    )
+    templates: dict[tuple, dict] = {}  # (stage, kind) -> the op's fields but text and micro-batch
+    ops = []
+    for a in schedule.ranks[rank]:
+        key = (a.stage, a.kind)
+        if key not in templates:
+            templates[key] = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute, kinds, out_kinds,
+                                        in_kinds, collective_of)
+        ops.append(Op(text=str(a), microbatch=a.microbatch, **templates[key]))
     params = sum(costs[s].param_bytes for s in stages)
     state = params * model.optimizer_state_bytes_per_param_byte
     return DeviceClass(
@@ -459,17 +470,17 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         rank=rank,
         stages=stages,
         samples=slices,
-        ops=ops,
+        ops=tuple(ops),
         static_bytes=sum(costs[s].static_bytes for s in stages),
         # read parameters, gradients and state; write parameters and state
         optimizer_s=(3 * params + 2 * state) / cluster.device.memory_bandwidth_bytes_per_s,
     )
 
 
-def _op(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, collective_of) -> Op:
-    """Time and memory of one action on one device (see the module docstring)."""
-    s, kind, m = action.stage, action.kind, action.microbatch
-    base = dict(text=str(action), stage=s, kind=kind, microbatch=m)
+def _op_fields(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
+    """Time and memory of one action on one device (see the module docstring), as Op fields."""
+    s, kind = action.stage, action.kind
+    base = dict(stage=s, kind=kind)
     recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
     recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
     # with recompute the forward stashes only its input and the backward rebuilds the rest
@@ -478,22 +489,22 @@ def _op(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, collect
     extra = cost.stash_bytes if recompute else 0.0
     f = WGRAD_STASH_FRACTION
     if kind is ActionKind.F:
-        return Op(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, free_bytes=recv_f, live_delta=1, **base)
+        return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, free_bytes=recv_f, live_delta=1, **base)
     if kind is ActionKind.B:
-        return Op(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra + recv_b, live_delta=-1, **base)
+        return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra + recv_b, live_delta=-1, **base)
     if kind is ActionKind.I:
-        return Op(
+        return dict(
             code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=rebuilt,
             free_bytes=(1 - f) * kept + extra + recv_b, **base,
         )
     if kind is ActionKind.W:
-        return Op(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)
+        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)
     if kind is ActionKind.SEND_F:
-        return Op(code=SEND, flows=tuple(out_kinds[("F", s)]), **base)
+        return dict(code=SEND, flows=tuple(out_kinds[("F", s)]), **base)
     if kind is ActionKind.SEND_B:
-        return Op(code=SEND, flows=tuple(out_kinds[("B", s)]), **base)
+        return dict(code=SEND, flows=tuple(out_kinds[("B", s)]), **base)
     if kind is ActionKind.RECV_F:
-        return Op(code=RECV, flows=tuple(in_kinds[("F", s - 1)]), **base)
+        return dict(code=RECV, flows=tuple(in_kinds[("F", s - 1)]), **base)
     if kind is ActionKind.RECV_B:
-        return Op(code=RECV, flows=tuple(in_kinds[("B", s + 1)]), **base)
-    return Op(code=REDUCE, collective=collective_of.get(s, -1), **base)
+        return dict(code=RECV, flows=tuple(in_kinds[("B", s + 1)]), **base)
+    return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)

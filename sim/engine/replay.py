@@ -26,6 +26,9 @@ out of events rather than spinning, so this never hangs.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 import simpy
 
 from sim.engine.ports import Network
@@ -38,10 +41,28 @@ __all__ = ["simulate"]
 
 def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
     """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path."""
-    replay = _Replay(workload, contention)
-    replay.env.run()
+    with _gc_paused():
+        replay = _Replay(workload, contention)
+        replay.env.run()
     replay.check_finished()
     return SimResult(workload, replay.records, engine="simpy", contention=contention)
+
+
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector during a replay.
+
+    A replay allocates hundreds of thousands of short-lived events; with the collector on,
+    its full passes over the growing heap cost about half the run time. Nothing the replay
+    keeps needs cycle collection before it ends; the collector resumes afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Replay:
