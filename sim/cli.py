@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a dotted key of the scenario, e.g. training.microbatch_size=4 (repeatable)",
     )
+    check.add_argument("--plan", metavar="PLAN.json", help="replace the scenario's plan with a plan file (dapple-plan's output)")
     check.add_argument("--json", action="store_true", help="print the description as JSON")
 
     simulate = sub.add_parser(
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a dotted key of the scenario, e.g. plan.schedule=gpipe (repeatable)",
     )
+    simulate.add_argument("--plan", metavar="PLAN.json", help="replace the scenario's plan with a plan file (dapple-plan's output)")
     simulate.add_argument("--json", action="store_true", help="print the summary as JSON")
     simulate.add_argument("--out", metavar="DIR", help="write summary, trace, events and plots into DIR")
     simulate.add_argument(
@@ -97,7 +99,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sim.check import describe, format_description
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, _overrides(args.overrides))
+    scenario = load_scenario(args.scenario, _overrides(args.overrides), plan=_plan(args.plan))
     info = describe(scenario)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
     return 0
@@ -107,7 +109,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from sim.report import format_summary, run_scenario, write_outputs
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, _overrides(args.overrides))
+    scenario = load_scenario(args.scenario, _overrides(args.overrides), plan=_plan(args.plan))
     result = run_scenario(
         scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
     )
@@ -134,6 +136,12 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     validate(schedule)
     print(format_grid(schedule) if args.grid else schedule.to_text())
     return 0
+
+
+def _plan(path: str | None):
+    from sim.plan_json import read_plan_file
+
+    return None if path is None else read_plan_file(path)
 
 
 def _overrides(items: Sequence[str]) -> dict[str, str]:

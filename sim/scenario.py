@@ -66,8 +66,13 @@ class Scenario:
 # --- loading -------------------------------------------------------------------------------
 
 
-def load_scenario(path: str | Path, overrides: Mapping[str, str] | None = None) -> Scenario:
-    """Read and check the scenario at ``path``; ``overrides`` maps dotted keys to YAML values."""
+def load_scenario(
+    path: str | Path, overrides: Mapping[str, str] | None = None, *, plan: Mapping[str, Any] | None = None
+) -> Scenario:
+    """Read and check the scenario at ``path``; ``overrides`` maps dotted keys to YAML values.
+
+    ``plan`` (a plan file's mapping, see ``sim.plan_json``) replaces the scenario's plan.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -75,11 +80,16 @@ def load_scenario(path: str | Path, overrides: Mapping[str, str] | None = None) 
         raise ScenarioError(f"{path}: no such scenario file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: cannot read scenario ({exc.__class__.__name__}: {exc})") from None
-    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides)
+    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides, plan=plan)
 
 
 def parse_scenario(
-    text: str, *, source: str = "<scenario>", base_dir: Path | None = None, overrides: Mapping[str, str] | None = None
+    text: str,
+    *,
+    source: str = "<scenario>",
+    base_dir: Path | None = None,
+    overrides: Mapping[str, str] | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> Scenario:
     """Check scenario ``text`` (YAML) and build its specs."""
     try:
@@ -94,6 +104,10 @@ def parse_scenario(
         raise ScenarioError(f"{source}: the file is empty; a scenario is a mapping with cluster, model, training (and plan)")
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with cluster, model, training (and plan); got {show_value(raw)}")
+    if plan is not None:
+        from sim.plan_json import merge_plan
+
+        raw = merge_plan(raw, plan, source=source)
     if overrides:
         raw = apply_overrides(raw, overrides, source=source)
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},

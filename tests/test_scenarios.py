@@ -151,3 +151,23 @@ def test_wrong_micro_batch_count_in_schedule_file(tmp_path):
     path = SCENARIOS / "bert48_v100_hand_written.yaml"
     with pytest.raises(ScenarioError, match="runs 4 micro-batches but training gives 8"):
         load_scenario(path, {"training.global_batch_size": "16"})
+
+
+def test_plan_file_replaces_the_plan(tmp_path, capsys):
+    from sim.plan_json import plan_to_dict
+
+    source = load_scenario(SCENARIOS / "bert48_v100_15to1.yaml")
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({"best": {**plan_to_dict(source.plan, source.training), "iteration_time_s": 1.0}}))
+    target = str(SCENARIOS / "bert48_v100_2x8.yaml")
+    assert main(["check", target, "--plan", str(plan_file), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [s["replicas"] for s in info["stages"]] == [15, 1]
+    assert info["microbatch_size"] == 32 and info["schedule_params"] == {"policy": "2(s-i)-1"}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"stages": [], "speed": 3}')
+    assert main(["check", target, "--plan", str(bad)]) == 2
+    assert "speed: unknown plan key" in capsys.readouterr().err
+    bad.write_text("{not json")
+    assert main(["simulate", target, "--plan", str(bad)]) == 2
+    assert "not valid JSON at line 1" in capsys.readouterr().err
