@@ -159,9 +159,9 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
 def replay(workload) -> "SimResult":
     """Replay a compiled plan (``sim.workload``) without contention: the planner's fast path.
 
-    Each operation costs what it would cost alone: a SEND's flows share only the ports they
-    have in common with each other, an all-reduce phase's flows likewise; other traffic
-    never slows them. Streams follow the engine's rules (see ``sim.engine.replay``): the
+    Each operation costs what it would cost alone: the flows of one SEND (issued together by
+    identical replicas) share only the ports they have in common with each other, an
+    all-reduce phase's flows likewise; other traffic never slows them. Streams follow the engine's rules (see ``sim.engine.replay``): the
     compute stream runs the rank's actions in order, a device's sends leave one SEND at a
     time on its send stream, all-reduces run in issue order on a collective stream, and the
     optimizer step waits for the last of them. With contention off the SimPy engine gives

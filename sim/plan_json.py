@@ -28,7 +28,10 @@ PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "st
 """Keys of a plan file (extra keys such as metrics are ignored when they start with ``_``
 or are listed in ``IGNORED_KEYS``)."""
 
-IGNORED_KEYS = {"metrics", "planner", "iteration_time_s", "throughput_samples_per_s", "peak_memory_bytes", "oom"}
+IGNORED_KEYS = {
+    "metrics", "planner", "placement", "engine", "iteration_time_s", "throughput_samples_per_s",
+    "peak_memory_bytes", "oom", "speedup_over_dp", "description",
+}
 """Keys a planner may add next to a plan; they describe it and are not read back."""
 
 

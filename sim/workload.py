@@ -203,22 +203,21 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     flows = _p2p_flows(plan, model, samples) + ar_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
     nic_local = {n: i for i, n in enumerate(nic_ids)}
-    if symmetric:
-        initial = [
-            (rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]])) for d in devices
-        ]
-        edges = [
-            (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
-            for src, dst, label, nbytes in flows
-        ]
-        device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids))
-    else:
+    initial = [(rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]])) for d in devices]
+    edges = [
+        (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
+        for src, dst, label, nbytes in flows
+    ]
+    device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids))
+    # identical devices issue each operation together, with or without the reduction
+    together = {d: device_class[local[d]] for d in devices}
+    if not symmetric:
         device_class, card_class = list(range(len(devices))), list(range(len(nic_ids)))
     class_of = {d: device_class[local[d]] for d in devices}
     card_of = {n: card_class[nic_local[n]] for n in nic_ids}
 
     ports = _PortTable(cluster, class_of, card_of, devices, nic_ids)
-    kinds = _flow_kinds(flows, class_of, cluster, ports)
+    kinds = _flow_kinds(flows, class_of, together, ports)
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
@@ -356,12 +355,13 @@ class _PortTable:
         )
 
 
-def _operation(label: tuple, src: int) -> tuple:
-    """Flows issued together: one device's sends of one boundary, or one all-reduce phase."""
-    return label if label[0] == "AR" else (label, src)
+def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
+    """Flows issued together: the sends of one boundary by a class of identical devices (they
+    always send at the same instant), or one all-reduce phase."""
+    return label if label[0] == "AR" else (label, together[src])
 
 
-def _flow_kinds(flows, class_of, cluster, ports: _PortTable) -> list[FlowKind]:
+def _flow_kinds(flows, class_of, together, ports: _PortTable) -> list[FlowKind]:
     grouped: dict[tuple, list] = defaultdict(list)
     op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
     paths = []
@@ -370,7 +370,7 @@ def _flow_kinds(flows, class_of, cluster, ports: _PortTable) -> list[FlowKind]:
         paths.append((real, ids, bandwidth, latency))
         grouped[(label, class_of[src], class_of[dst], round(nbytes, 6))].append(len(paths) - 1)
         for port in real:
-            op_port_load[_operation(label, src)][port] += 1
+            op_port_load[_operation(label, src, together)][port] += 1
     counts = defaultdict(int)
     for d in class_of:
         counts[class_of[d]] += 1
@@ -383,7 +383,7 @@ def _flow_kinds(flows, class_of, cluster, ports: _PortTable) -> list[FlowKind]:
             for port_id in paths[m][1]:
                 per_port[port_id] += 1
         weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
-        loads = op_port_load[_operation(label, src)]
+        loads = op_port_load[_operation(label, src, together)]
         static_rate = min(bandwidth / loads[port] for port in real)
         kinds.append(
             FlowKind(

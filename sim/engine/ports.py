@@ -23,7 +23,9 @@ optimistic. Like any shared network, it is not monotone: a slower computation ca
 transfers so that an iteration finishes sooner.
 
 With ``contention=False`` every transfer runs at the rate it would have if only its own
-operation (one SEND, or one all-reduce phase) used the network — the fast path's model.
+operation used the network — the fast path's model. An operation is one all-reduce phase,
+or one SEND issued by a class of identical replicas (they always send at the same instant,
+so their flows share the ports they have in common in either model).
 
 Flows stand for *flow kinds* (``sim.workload``): all the real flows between two classes of
 identical devices. A kind adds its weight (real flows per port) to each port class it

@@ -1,0 +1,123 @@
+"""Baseline planners behind the same interface as DAPPLE's: PipeDream, even split, data parallel.
+
+Each returns a ``PlannerResult`` whose best plan the SimPy engine settled, so they are
+compared with DAPPLE's on equal terms (synchronous training, same cost model):
+
+* ``pipedream`` — PipeDream's planner (Narayanan et al., SOSP'19, §3.1): dynamic programming
+  that minimises the slowest stage's time, where a stage replicated ``m`` times handles
+  ``1/m`` of the work and pays its weight synchronisation ``4(m−1)|w| / (m·B)``:
+  ``A(j, m) = min_{i, m'} max(A(i, m−m'), 2·C_i, T(i+1→j, m'))``. That objective suits
+  asynchronous training; DAPPLE's paper evaluates its plans under synchronous training, as
+  we do (with DAPPLE's schedule, devices in order);
+* ``even`` — equal numbers of layers per stage on all devices with the GPipe schedule (the
+  best stage count and micro-batch size);
+* ``dp`` — pure data parallelism: every device holds the whole model; micro-batches are
+  gradient accumulation steps (the fewest that fit in memory wins, if any does).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from planner.costs import CostTables
+from planner.search import PlannerResult, settle
+from planner.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.scenario import Scenario
+
+__all__ = ["pipedream_planner", "even_planner", "dp_planner"]
+
+
+def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    started = time.perf_counter()
+    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    candidates = [
+        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=mbs, schedule="gpipe", recompute=recompute)
+        for mbs in microbatch_sizes(scenario.training.global_batch_size, options)
+        for recompute in options.recompute
+    ]
+    return settle("dp", scenario, candidates, options, started=started, progress=progress)
+
+
+def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    started = time.perf_counter()
+    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    candidates = []
+    for stages in range(2, min(n, layers, options.max_stages or n) + 1):
+        if n % stages:
+            continue
+        bounds = tuple(round(s * layers / stages) for s in range(stages + 1))
+        for mbs in microbatch_sizes(scenario.training.global_batch_size, options):
+            for recompute in options.recompute:
+                candidates.append(
+                    Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=mbs,
+                              schedule="gpipe", recompute=recompute)
+                )
+    return settle("even", scenario, candidates, options, started=started, progress=progress)
+
+
+def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    started = time.perf_counter()
+    tables = CostTables(scenario)
+    n = scenario.cluster.num_devices
+    best = None
+    for mbs in microbatch_sizes(scenario.training.global_batch_size, options):
+        value, bounds, replicas = _pipedream_dp(tables, scenario, n, mbs)
+        per_sample = value / mbs
+        if best is None or per_sample < best[0]:
+            best = (per_sample, bounds, replicas)
+    _, bounds, replicas = best
+    candidates = [
+        Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule="dapple", recompute=recompute)
+        for mbs in microbatch_sizes(scenario.training.global_batch_size, options)
+        for recompute in options.recompute
+    ]
+    return settle("pipedream", scenario, candidates, options, started=started, progress=progress)
+
+
+def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, mbs: int):
+    """PipeDream's A(j, m) over layer prefixes and worker counts, for micro-batches of ``mbs``."""
+    cluster, layers = scenario.cluster, tables.num_layers
+
+    def sync_s(start: int, end: int, m: int) -> float:
+        if m <= 1:
+            return 0.0
+        link = cluster.intra_node if m <= cluster.devices_per_node else cluster.inter_node
+        return 4 * (m - 1) * tables.param_bytes(start, end) / (m * link.bandwidth_bytes_per_s)
+
+    def stage_s(start: int, end: int, m: int) -> float:
+        compute = sum(tables.compute_s(start, end, mbs))
+        return max(compute, sync_s(start, end, m)) / m
+
+    def comm_s(boundary: int) -> float:
+        link = cluster.inter_node if cluster.devices_per_node == 1 else cluster.intra_node
+        return 2 * scenario.model.boundary_bytes[boundary] * mbs / link.bandwidth_bytes_per_s
+
+    inf = math.inf
+    # A[j][m]: (slowest stage time, parent (i, m'), replicas of the last stage)
+    A = [[(inf, None, 0)] * (num_devices + 1) for _ in range(layers + 1)]
+    for j in range(1, layers + 1):
+        for m in range(1, num_devices + 1):
+            best = (stage_s(0, j, m), None, m)
+            for i in range(1, j):
+                comm = 2 * comm_s(i)
+                for m_last in range(1, m):
+                    head = A[i][m - m_last][0]
+                    if head >= best[0]:
+                        continue
+                    value = max(head, comm, stage_s(i, j, m_last))
+                    if value < best[0]:
+                        best = (value, (i, m - m_last), m_last)
+            A[j][m] = best
+    m = min(range(1, num_devices + 1), key=lambda k: (A[layers][k][0], -k))
+    value = A[layers][m][0]
+    bounds, replicas, j = [layers], [], layers
+    while True:
+        _, parent, last = A[j][m]
+        replicas.append(last)
+        if parent is None:
+            bounds.append(0)
+            break
+        j, m = parent
+        bounds.append(j)
+    return value, tuple(reversed(bounds)), tuple(reversed(replicas))

@@ -1,0 +1,105 @@
+"""Analytic costs the planners search with: stage times, transfers, all-reduce and memory.
+
+The search looks at far more candidates than it can replay, so it scores them with closed
+forms computed from prefix sums over the layers (O(1) per stage):
+
+* a stage's forward and backward time for its slice of a micro-batch (the cost model of
+  ``sim.cost``: measured layers scale with samples, generated layers cost FLOPs / achieved
+  peak);
+* a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
+  are the cut's activations for the whole micro-batch and the bandwidth is that of the
+  ports carrying it in parallel (each receiving GPU's port inside a server; the receiving
+  servers' NICs between servers);
+* a stage's gradient all-reduce, alpha-beta as in ``sim.workload``: ring inside a server,
+  hierarchical (reduce-scatter, cross-server ring on each shard through the NICs,
+  all-gather) across servers;
+* a stage's memory per device: parameters, gradients and optimizer state, plus the
+  activations of the micro-batches alive at once (``min(S−i, M)`` under DAPPLE, ``M`` under
+  GPipe), or only stage inputs with recompute.
+
+These are estimates for ranking; the fast path and the SimPy engine settle the choice.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import accumulate
+
+from sim.scenario import Scenario
+
+__all__ = ["CostTables"]
+
+
+class CostTables:
+    """Prefix sums of a model's per-sample costs on a cluster's device."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        model, cluster = scenario.model, scenario.cluster
+        self.cluster = cluster
+        self.model = model
+        flop_per_s = cluster.device.peak_flop_per_s_for(model.dtype) * cluster.device.efficiency
+        fwd = [layer.fwd_s if layer.is_measured else layer.fwd_flop / flop_per_s for layer in model.layers]
+        bwd = [layer.bwd_s if layer.is_measured else layer.bwd_flop / flop_per_s for layer in model.layers]
+        self._fwd = [0.0, *accumulate(fwd)]
+        self._bwd = [0.0, *accumulate(bwd)]
+        self._stash = [0.0, *accumulate(layer.stash_bytes for layer in model.layers)]
+        self._params = [0.0, *accumulate(layer.param_bytes for layer in model.layers)]
+        self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
+        self.num_layers = model.num_layers
+
+    def compute_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
+        """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples."""
+        return (self._fwd[end] - self._fwd[start]) * samples, (self._bwd[end] - self._bwd[start]) * samples
+
+    def param_bytes(self, start: int, end: int) -> float:
+        return self._params[end] - self._params[start]
+
+    def static_bytes(self, start: int, end: int) -> float:
+        """Parameters, gradients and optimizer state of layers ``[start, end)``."""
+        return (self._params[end] - self._params[start]) * self.state_factor
+
+    def stash_bytes(self, start: int, end: int, samples: int, *, recompute: bool) -> float:
+        """Activations one micro-batch slice keeps until its backward."""
+        if recompute:
+            return self.model.boundary_bytes[start] * samples
+        return (self._stash[end] - self._stash[start]) * samples
+
+    def transfer_s(self, boundary: int, microbatch_size: int, receivers: int, nodes: int, intra: bool) -> float:
+        """One micro-batch's activations (or gradients) across cut ``boundary``.
+
+        ``receivers`` GPUs on ``nodes`` servers receive in parallel; inside one server each
+        has its port, between servers the receiving servers' NICs carry it.
+        """
+        nbytes = self.model.boundary_bytes[boundary] * microbatch_size
+        if nbytes == 0:
+            return 0.0
+        c = self.cluster
+        if intra:
+            return c.intra_node.latency_s + nbytes / (receivers * c.intra_node.bandwidth_bytes_per_s)
+        return c.inter_node.latency_s + nbytes / (nodes * c.nics_per_node * c.inter_node.bandwidth_bytes_per_s)
+
+    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int) -> float:
+        """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` GPUs on each of ``nodes`` servers."""
+        grad = self.param_bytes(start, end)
+        if grad == 0 or per_node * nodes <= 1:
+            return 0.0
+        c = self.cluster
+        n, k = per_node, nodes
+        time = 0.0
+        if n > 1:
+            time += 2 * (n - 1) / n * grad / c.intra_node.bandwidth_bytes_per_s + 2 * (n - 1) * c.intra_node.latency_s
+        if k > 1:
+            nics = min(c.nics_per_node, n)
+            time += 2 * (k - 1) / k * grad / (nics * c.inter_node.bandwidth_bytes_per_s) + 2 * (k - 1) * c.inter_node.latency_s
+        return time
+
+    def optimizer_s(self, start: int, end: int) -> float:
+        """Memory-bound optimizer step (as ``sim.workload``)."""
+        params = self.param_bytes(start, end)
+        state = params * (self.state_factor - 2.0)
+        return (3 * params + 2 * state) / self.cluster.device.memory_bandwidth_bytes_per_s
+
+    @staticmethod
+    def slice_of(microbatch_size: int, replicas: int) -> int:
+        """Samples of the largest replica slice (the stage waits for it)."""
+        return math.ceil(microbatch_size / replicas)

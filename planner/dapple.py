@@ -1,0 +1,212 @@
+"""DAPPLE's planner: dynamic programming over layer prefixes and device counts.
+
+DAPPLE (Fan et al., PPoPP'21, §4) chooses stage boundaries and per-stage replica counts by
+dynamic programming: a partial plan covers the first ``j`` layers on the first ``g``
+devices, and a new stage extends it by layers ``[j, j')`` on ``r`` more devices. Its value
+is the pipeline latency model: with stages' forward and backward times ``F_s``, ``B_s``,
+the transfer time ``C_s`` of the cut in front of stage s and all-reduce ``AR_s``,
+
+    L = max over stages and cuts u of ( Σ_{u'<u} (F_u' + B_u') + M·busy_u ) + max_s (AR_s − Σ_{s'<s} B_s'),
+
+the pivot form of warm-up + steady phase + ending phase (``sim.analytic.dapple_latency_s``)
+in which each cut is a pipeline stage of its own (``F = B = C``, busy ``C`` per micro-batch
+in each direction): transfers overlap compute, so a cut slows the steady phase only when
+it is slower than the stages.
+L is not a sum, so each DP state keeps the Pareto set of partial plans over the quantities
+that decide how extensions fare: the running maximum, the running sum ``Σ(F+B)``, the
+ending so far (a stage's all-reduce starts when the drain of backwards reaches it, so it
+adds ``AR_s − Σ_{s'<s} B_s'``, DAPPLE's ``T_e``) and the drain so far. Pruning dominated partial plans is then exact for
+this model; because the model is only an estimate, a plan is pruned only when another is
+better by ``SLACK`` in every quantity, and the set is capped at ``PARETO_CAP`` per state.
+
+During the DP a stage's devices are the next ``r`` in order (Append First), which fixes
+whether a cut crosses servers; the best partitions are then re-placed under all three
+placement policies, every schedule and recompute setting, and ranked by
+``planner.search.settle`` (analytic, fast path, engine).
+
+Layers are grouped into at most ``MAX_SEGMENTS`` segments of similar compute for long
+profiles. Clusters above ``UNIFORM_ABOVE`` devices use the same replica count for every
+stage (DP x PP grids), which keeps the search linear in the cluster size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from planner.costs import CostTables
+from planner.search import PlannerResult, settle
+from planner.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.scenario import Scenario
+
+__all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
+
+MAX_SEGMENTS = 24
+"""Most layer groups the DP cuts between (long profiles are grouped by compute)."""
+PARETO_CAP = 6
+"""Partial plans kept per DP state."""
+SLACK = 0.03
+"""A partial plan is dropped only when another beats it by this fraction in every quantity:
+the latency model is an estimate, so near-ties survive for the replays to separate."""
+UNIFORM_ABOVE = 64
+"""Above this many devices, stages share one replica count."""
+KEEP_PER_BATCH = 16
+"""Complete plans kept per micro-batch size for re-scoring."""
+POOL = 64
+"""Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
+
+
+def segment_cuts(tables: CostTables, max_segments: int = MAX_SEGMENTS) -> list[int]:
+    """Layer indices the DP may cut at: all of them, or ones that split compute evenly."""
+    n = tables.num_layers
+    if n <= max_segments:
+        return list(range(n + 1))
+    total = tables.compute_s(0, n, 1)
+    weight = [sum(tables.compute_s(0, k, 1)) for k in range(n + 1)]
+    whole = sum(total)
+    cuts = {0, n}
+    for k in range(1, max_segments):
+        target = whole * k / max_segments
+        cuts.add(min(range(1, n), key=lambda j: (abs(weight[j] - target), j)))
+    return sorted(cuts)
+
+
+def _replica_choices(num_devices: int) -> list[tuple[int, ...]]:
+    """Replica-count sets to run the DP with: every count (small clusters), and one uniform
+    count per run (DP x PP grids), whose best partitions the free DP may rank lower."""
+    uniform = [(r,) for r in range(1, num_devices + 1) if num_devices % r == 0]
+    if num_devices <= UNIFORM_ABOVE:
+        return [tuple(range(1, num_devices + 1))] + uniform
+    return uniform
+
+
+def partitions(
+    tables: CostTables,
+    cuts: list[int],
+    num_devices: int,
+    microbatch_size: int,
+    num_microbatches: int,
+    replica_set: tuple[int, ...],
+    max_stages: int,
+    keep: int,
+) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
+    """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP."""
+    cluster = tables.cluster
+    per_node = cluster.devices_per_node
+    M = num_microbatches
+    capacity = cluster.device.memory_bytes
+    last = len(cuts) - 1
+    # frontier[(cut index, devices used)] =
+    #   [(lmax, fill+drain sum, ending, drained, stages, parent key, parent index, replicas)]
+    frontier: dict[tuple[int, int], list[tuple]] = {(0, 0): [(0.0, 0.0, -math.inf, 0.0, 0, None, -1, 0)]}
+    stage_cost: dict[tuple, tuple[float, float]] = {}
+    for ci in range(last):
+        for g in range(num_devices + 1):
+            records = [(i, rec) for i, rec in enumerate(frontier.get((ci, g), ())) if rec[4] < max_stages]
+            if not records:
+                continue
+            a = cuts[ci]
+            for cj in range(ci + 1, last + 1):
+                b = cuts[cj]
+                if tables.static_bytes(a, b) > capacity:
+                    break  # longer stages only hold more parameters
+                for r in replica_set:
+                    if g + r > num_devices:
+                        break
+                    first, final = g // per_node, (g + r - 1) // per_node
+                    crosses = ci > 0 and (g - 1) // per_node != final
+                    cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
+                    if cost_key not in stage_cost:
+                        stage_cost[cost_key] = _stage(tables, a, b, r, final - first + 1, microbatch_size, ci > 0, crosses)
+                    f, bk, comm, ar = stage_cost[cost_key]
+                    fb = f + bk
+                    key = (cj, g + r)
+                    target = frontier.setdefault(key, [])
+                    worst = target[-1][0] + target[-1][2] if len(target) >= PARETO_CAP else math.inf
+                    link_steady, fill = M * comm, 2 * comm
+                    stage_steady = fill + M * fb
+                    for index, (lmax, psum, ending, drained, stages, *_rest) in records:
+                        steady = psum + (stage_steady if stage_steady > link_steady else link_steady)
+                        new_lmax = lmax if lmax > steady else steady
+                        tail = ar - drained - comm  # its all-reduce starts as the drain passes it
+                        new_ending = ending if ending > tail else tail
+                        if new_lmax + new_ending >= worst:
+                            continue  # the cap would drop it (it cannot dominate a kept plan)
+                        _insert(target, (new_lmax, psum + fill + fb, new_ending, drained + comm + bk, stages + 1,
+                                         (ci, g), index, r))
+    finished = []
+    for g in range(1, num_devices + 1):
+        for index, record in enumerate(frontier.get((last, g), [])):
+            bounds, replicas = _trace(frontier, cuts, (last, g), index)
+            finished.append((record[0] + record[2], bounds, replicas))
+    finished.sort(key=lambda item: (item[0], len(item[2]), item[2]))
+    return finished[:keep]
+
+
+def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, mbs: int, has_input: bool, crosses: bool):
+    """(forward, backward, transfer of the cut in front, all-reduce + optimizer) of one stage."""
+    f, bk = tables.compute_s(a, b, CostTables.slice_of(mbs, r))
+    comm = tables.transfer_s(a, mbs, r, nodes, not crosses) if has_input else 0.0
+    return f, bk, comm, tables.allreduce_s(a, b, math.ceil(r / nodes), nodes) + tables.optimizer_s(a, b)
+
+
+def _insert(records: list[tuple], entry: tuple) -> None:
+    """Add ``entry`` unless dominated; drop what it dominates; keep the ``PARETO_CAP`` best.
+
+    Smaller is better for the running maximum, the fill+drain sum and the ending; a larger
+    drain so far is better (later all-reduces hide behind it). ``records`` stays sorted by
+    the latency estimate ``lmax + ending``, so its last entry is the one the cap drops.
+    """
+    keep = 1.0 - SLACK  # a plan must be clearly better to push another out
+    lmax, psum, ending, drained = entry[:4]
+    end_bar = ending - SLACK * abs(ending)
+    for o in records:
+        if o[0] <= lmax * keep and o[1] <= psum * keep and o[2] <= end_bar and o[3] * keep >= drained:
+            return
+    records[:] = [
+        o for o in records
+        if not (lmax <= o[0] * keep and psum <= o[1] * keep and ending <= o[2] - SLACK * abs(o[2]) and drained * keep >= o[3])
+    ]
+    proxy = entry[0] + entry[2]
+    position = len(records)
+    while position and records[position - 1][0] + records[position - 1][2] > proxy:
+        position -= 1
+    records.insert(position, entry)
+    del records[PARETO_CAP:]
+
+
+def _trace(frontier, cuts, key, index) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    bounds, replicas = [cuts[key[0]]], []
+    while key != (0, 0):
+        record = frontier[key][index]
+        replicas.append(record[7])
+        key, index = record[5], record[6]
+        bounds.append(cuts[key[0]])
+    return tuple(reversed(bounds)), tuple(reversed(replicas))
+
+
+def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    """DAPPLE's planner: DP over partitions and replica counts, then the shared settling rounds."""
+    started = time.perf_counter()
+    tables = CostTables(scenario)
+    cluster = scenario.cluster
+    cuts = segment_cuts(tables)
+    max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, cluster.num_devices)
+    found = []
+    gbs = scenario.training.global_batch_size
+    for mbs in microbatch_sizes(gbs, options):
+        for replica_set in _replica_choices(cluster.num_devices):
+            for score, bounds, replicas in partitions(
+                tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, max_stages, KEEP_PER_BATCH
+            ):
+                found.append((score, bounds, replicas, mbs))
+    found.sort(key=lambda item: (item[0], len(item[2])))
+    candidates = [
+        Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule=name, params=params,
+                  recompute=recompute, placement=placement)
+        for _, bounds, replicas, mbs in found[:POOL]
+        for name, params in options.schedules
+        for placement in options.placements
+        for recompute in options.recompute
+    ]
+    return settle("dapple", scenario, candidates, options, started=started, progress=progress)

@@ -1,0 +1,31 @@
+"""Planners by name: an unknown name is an error that lists the valid ones."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from planner.baselines import dp_planner, even_planner, pipedream_planner
+from planner.dapple import dapple_planner
+from planner.exhaustive import exhaustive_planner
+from planner.search import PlannerResult
+from sim.errors import DappleError
+
+__all__ = ["PLANNERS", "DEFAULT_PLANNERS", "get_planner"]
+
+PLANNERS: dict[str, Callable[..., PlannerResult]] = {
+    "dapple": dapple_planner,
+    "pipedream": pipedream_planner,
+    "even": even_planner,
+    "dp": dp_planner,
+    "exhaustive": exhaustive_planner,
+}
+"""Name -> ``fn(scenario, options, progress=None) -> PlannerResult``."""
+
+DEFAULT_PLANNERS = ("dapple", "pipedream", "even", "dp")
+"""What ``dapple-plan`` runs without ``--planner``."""
+
+
+def get_planner(name: str) -> Callable[..., PlannerResult]:
+    if name not in PLANNERS:
+        raise DappleError(f"unknown planner {name!r}; valid: {', '.join(sorted(PLANNERS))}")
+    return PLANNERS[name]

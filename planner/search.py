@@ -1,0 +1,134 @@
+"""Search machinery every planner shares: analytic scoring, re-scoring, and the engine's verdict.
+
+A planner proposes candidates (``planner.space.Candidate``). They are ranked in three rounds
+of increasing cost and fidelity, as DAPPLE's planner does with its latency model (Fan et al.,
+PPoPP'21, §4.1):
+
+1. ``analytic``: DAPPLE's latency model (warm-up, steady phase on the pivot stage, ending
+   phase with each stage's all-reduce; cuts as stages of their own) on the cost tables of
+   ``planner.costs``, plus an estimate of peak memory;
+2. the fast path (contention-free replay of the exact plan, exact memory) on the best
+   ``fast_top``, and on more while ``fast_budget_s`` allows (small plans replay in a few
+   milliseconds, so small searches look much further down the analytic ranking);
+3. the SimPy engine (contention) on the best ``engine_top`` that fit in memory.
+
+The engine's verdict is the answer. Candidates that cannot run are kept with their reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from planner.costs import CostTables
+from planner.space import Candidate, Evaluation, PlannerOptions, evaluate, place
+from sim.scenario import Scenario
+
+__all__ = ["PlannerResult", "analytic_score", "settle"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, kw_only=True)
+class PlannerResult:
+    """What one planner found."""
+
+    planner: str
+    best: Evaluation | None
+    """The engine's best candidate, or None when nothing fits."""
+    evaluations: list[Evaluation] = field(default_factory=list)
+    """Every replayed candidate (fast path and engine)."""
+    candidates_scored: int = 0
+    """Candidates scored analytically."""
+    search_time_s: float = 0.0
+    note: str = ""
+
+
+def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
+    """(estimated iteration seconds, estimated peak bytes per device) of ``candidate``.
+
+    DAPPLE's pivot latency with each cut as a stage of its own (see ``planner.dapple``).
+    """
+    cluster, mbs = scenario.cluster, candidate.microbatch_size
+    M = scenario.training.global_batch_size // mbs
+    groups = place(candidate.replicas, cluster, candidate.placement)
+    S = candidate.num_stages
+    policy = dict(candidate.params).get("policy", "s-i")
+    before = drained = latency = peak = 0.0
+    ending = -math.inf
+    for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
+        samples = CostTables.slice_of(mbs, len(devices))
+        f, bk = tables.compute_s(a, b, samples)
+        if candidate.recompute:
+            bk += f
+        nodes = {cluster.node_of(d) for d in devices}
+        if s > 0:
+            previous = {cluster.node_of(d) for d in groups[s - 1]}
+            comm = tables.transfer_s(a, mbs, len(devices), len(nodes), len(nodes | previous) == 1)
+            latency = max(latency, before + M * comm)
+            before += 2 * comm
+            drained += comm
+        latency = max(latency, before + M * (f + bk))
+        before += f + bk
+        per_node = math.ceil(len(devices) / len(nodes))
+        # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e)
+        tail = tables.allreduce_s(a, b, per_node, len(nodes)) + tables.optimizer_s(a, b)
+        ending = max(ending, tail - drained)
+        drained += bk
+        if candidate.schedule == "gpipe":
+            alive = M
+        elif policy == "2(s-i)-1":
+            alive = min(2 * (S - s) - 1, M)
+        else:
+            alive = min(S - s, M)
+        stash = tables.stash_bytes(a, b, samples, recompute=candidate.recompute)
+        peak = max(peak, tables.static_bytes(a, b) + alive * stash)
+    return latency + ending, peak
+
+
+def settle(
+    name: str,
+    scenario: Scenario,
+    candidates: list[Candidate],
+    options: PlannerOptions,
+    *,
+    started: float,
+    progress=None,
+) -> PlannerResult:
+    """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine."""
+    tables = CostTables(scenario)
+    capacity = scenario.cluster.device.memory_bytes
+    scored = []
+    for candidate in dict.fromkeys(candidates):  # drop duplicates, keep order
+        latency, peak = analytic_score(tables, scenario, candidate)
+        # an estimate well over capacity is skipped; near it, the replay decides
+        scored.append((peak > 1.25 * capacity, latency, candidate))
+    scored.sort(key=lambda item: (item[0], item[1], item[2].num_stages, repr(item[2])))
+    result = PlannerResult(planner=name, best=None, candidates_scored=len(scored))
+    fast = []
+    fast_started = time.perf_counter()
+    for index, (_, _, candidate) in enumerate(scored[: options.fast_max]):
+        if index >= options.fast_top and time.perf_counter() - fast_started > options.fast_budget_s:
+            break  # the analytic ranking is trusted beyond what the budget allows
+        fast.append(evaluate(scenario, candidate, engine="fast"))
+        if progress is not None:
+            progress()
+    result.evaluations.extend(fast)
+    fits = sorted((e for e in fast if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
+    settled = []
+    for evaluation in fits[: options.engine_top]:
+        settled.append(evaluate(scenario, evaluation.candidate, engine="simpy"))
+        if progress is not None:
+            progress()
+    result.evaluations.extend(settled)
+    ok = sorted((e for e in settled if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
+    result.best = ok[0] if ok else None
+    if result.best is None:
+        reasons = sorted({e.rejected for e in fast if e.rejected})
+        result.note = "no candidate fits: " + (reasons[0] if reasons else "nothing to evaluate")
+    result.search_time_s = time.perf_counter() - started
+    log.info("%s: %d scored, %d replayed, best %s", name, len(scored), len(result.evaluations),
+             result.best.iteration_time_s if result.best else None)
+    return result

@@ -1,0 +1,204 @@
+"""The search space: what a plan can choose, and how a choice becomes a checked plan.
+
+A *candidate* is a point of DAPPLE's space (Fan et al., PPoPP'21, §4):
+
+* the stage boundaries (contiguous layer ranges, uneven allowed);
+* the replica count of every stage (uneven allowed: DAPPLE's "15:1" plans);
+* a placement policy that turns replica counts into device ids (§4.2):
+  ``fresh`` (Fresh First: a stage takes whole unused servers first), ``append`` (Append
+  First: fill the partly used server first), ``scatter`` (Scatter First: spread a stage's
+  replicas over the servers, one device per server in turn). Placement decides which
+  transfers and all-reduces stay on NVLink and which cross the network;
+* the micro-batch size (hence the number of micro-batches, global batch / size);
+* the schedule (``gpipe``, ``dapple`` with either warm-up policy, ``interleaved``) and
+  whether to recompute activations.
+
+``evaluate`` replays a candidate with the fast path or the SimPy engine and returns its
+metrics, or the reason it cannot run (out of memory, an impossible schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from sim.errors import DappleError
+from sim.plan import PlanSpec, StageSpec
+from sim.scenario import Scenario
+from sim.specs import ClusterSpec, TrainingSpec
+
+__all__ = [
+    "PLACEMENTS",
+    "SCHEDULES",
+    "Candidate",
+    "Evaluation",
+    "PlannerOptions",
+    "evaluate",
+    "microbatch_sizes",
+    "place",
+    "to_scenario",
+]
+
+PLACEMENTS = ("fresh", "append", "scatter")
+"""DAPPLE's device placement policies (§4.2)."""
+
+SCHEDULES = (("dapple", ()), ("dapple", (("policy", "2(s-i)-1"),)), ("gpipe", ()))
+"""(schedule, parameters) the planner tries by default."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerOptions:
+    """What a search may choose; narrower options search faster."""
+
+    schedules: tuple[tuple[str, tuple], ...] = SCHEDULES
+    """(name, sorted parameter pairs) of the schedules to try."""
+    placements: tuple[str, ...] = PLACEMENTS
+    """Placement policies to try."""
+    recompute: tuple[bool, ...] = (False, True)
+    """Recompute settings to try (True only matters when memory is tight)."""
+    microbatch_sizes: tuple[int, ...] | None = None
+    """Micro-batch sizes to try; None: divisors of the global batch giving 1 to 64 micro-batches."""
+    max_stages: int | None = None
+    """Most pipeline stages; None: up to the number of layers and devices."""
+    engine_top: int = 3
+    """Candidates the SimPy engine settles after the fast path."""
+    fast_top: int = 12
+    """Candidates the fast path scores after the analytic model, at least."""
+    fast_budget_s: float = 0.5
+    """Beyond ``fast_top``, keep scoring with the fast path while this much time has not passed."""
+    fast_max: int = 200
+    """Candidates the fast path scores at most."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One point of the space."""
+
+    bounds: tuple[int, ...]
+    """Layer boundaries, ``(0, b1, ..., num_layers)``: stage s owns ``[bounds[s], bounds[s+1])``."""
+    replicas: tuple[int, ...]
+    """Devices per stage."""
+    microbatch_size: int
+    schedule: str = "dapple"
+    params: tuple = ()
+    recompute: bool = False
+    placement: str = "append"
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.replicas)
+
+    def describe(self) -> str:
+        """``layers 0–26 × 8 | layers 27–52 × 8``."""
+        return " | ".join(
+            f"layers {a}–{b - 1} × {r}" for a, b, r in zip(self.bounds, self.bounds[1:], self.replicas)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A candidate's replay, or why it cannot run."""
+
+    candidate: Candidate
+    engine: str
+    iteration_time_s: float = math.inf
+    peak_memory_bytes: float = 0.0
+    throughput_samples_per_s: float = 0.0
+    rejected: str | None = None
+    """Why the candidate cannot run (out of memory, ...); None if it runs."""
+    summary: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.rejected is None
+
+
+def microbatch_sizes(global_batch_size: int, options: PlannerOptions, max_microbatches: int = 64) -> tuple[int, ...]:
+    """Micro-batch sizes to try: divisors of the global batch, 1 to ``max_microbatches`` micro-batches."""
+    if options.microbatch_sizes is not None:
+        return tuple(m for m in options.microbatch_sizes if global_batch_size % m == 0)
+    return tuple(
+        d for d in range(1, global_batch_size + 1)
+        if global_batch_size % d == 0 and global_batch_size // d <= max_microbatches
+    )
+
+
+def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str) -> tuple[tuple[int, ...], ...]:
+    """Device ids of every stage under a placement policy (stages placed in order)."""
+    free = [list(range(n * cluster.devices_per_node, (n + 1) * cluster.devices_per_node)) for n in range(cluster.nodes)]
+    if sum(replicas) > cluster.num_devices:
+        raise DappleError(f"{sum(replicas)} replicas need more than the cluster's {cluster.num_devices} devices")
+    placed = []
+    for count in replicas:
+        if policy == "scatter":
+            devices = _scatter(free, count)
+        else:
+            devices = _fill(free, count, cluster.devices_per_node, fresh=policy == "fresh")
+        placed.append(tuple(sorted(devices)))
+    return tuple(placed)
+
+
+def _fill(free: list[list[int]], count: int, per_node: int, *, fresh: bool) -> list[int]:
+    """Fresh First takes whole unused servers first; Append First the most used server first."""
+    def order(node: int):
+        used = per_node - len(free[node])
+        return (used > 0, node) if fresh else (-(used > 0) * used, node)
+
+    taken: list[int] = []
+    while len(taken) < count:
+        nodes = sorted((n for n in range(len(free)) if free[n]), key=order)
+        node = nodes[0]
+        take = min(count - len(taken), len(free[node]))
+        taken += free[node][:take]
+        del free[node][:take]
+    return taken
+
+
+def _scatter(free: list[list[int]], count: int) -> list[int]:
+    """One device per server in turn, over the servers with free devices."""
+    taken: list[int] = []
+    while len(taken) < count:
+        for node in range(len(free)):
+            if free[node] and len(taken) < count:
+                taken.append(free[node].pop(0))
+    return taken
+
+
+def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
+    """``scenario`` with ``candidate`` as its plan and micro-batch size (checked)."""
+    from sim.plan import check_plan
+    from sim.schedule.plan_schedule import schedule_for_plan
+
+    groups = place(candidate.replicas, scenario.cluster, candidate.placement)
+    stages = tuple(
+        StageSpec(layers=(a, b), devices=devices)
+        for a, b, devices in zip(candidate.bounds, candidate.bounds[1:], groups)
+    )
+    plan = PlanSpec(stages=stages, schedule=candidate.schedule, schedule_params=candidate.params,
+                    recompute=candidate.recompute)
+    training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
+                            microbatch_size=candidate.microbatch_size)
+    check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
+    schedule_for_plan(plan, training.num_microbatches)
+    return replace(scenario, plan=plan, training=training)
+
+
+def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") -> Evaluation:
+    """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``)."""
+    from sim.report import run_scenario
+
+    try:
+        result = run_scenario(to_scenario(scenario, candidate), engine=engine)
+    except DappleError as exc:
+        return Evaluation(candidate=candidate, engine=engine, rejected=str(exc))
+    summary = result.summary()
+    rejected = summary["oom_detail"]["message"] if summary["oom"] else None
+    return Evaluation(
+        candidate=candidate,
+        engine=engine,
+        iteration_time_s=summary["iteration_time_s"],
+        peak_memory_bytes=summary["peak_memory_bytes"],
+        throughput_samples_per_s=summary["throughput_samples_per_s"] or 0.0,
+        rejected=rejected,
+        summary=summary,
+    )
