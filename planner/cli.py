@@ -6,7 +6,8 @@ planner: its plan, the SimPy engine's iteration time, samples/s, peak memory per
 speed-up over pure data parallelism. ``--json`` prints ``{"best": ..., "planners": {...},
 "search_time_s": ...}`` with every plan in the plan-file form that ``dapple-sim simulate
 --plan`` and ``dapple-run --plan`` read. ``--out DIR`` writes ``best_plan.json`` and the
-Gantt and memory plots of the best plan under GPipe and under DAPPLE.
+Gantt and memory plots of the best plan under GPipe and under DAPPLE (an interleaved best
+plan is plotted under its own schedule only: GPipe needs one chunk per device set).
 """
 
 from __future__ import annotations
@@ -179,10 +180,14 @@ def _write(scenario, report, results, out: Path) -> None:
     winner = results[report["best"]["planner"]].best.candidate
     import matplotlib.pyplot as plt
 
-    for schedule, params in (("gpipe", ()), (winner.schedule if winner.schedule != "gpipe" else "dapple", winner.params)):
+    variants = [("gpipe", "gpipe", ())] if winner.chunks == 1 else []
+    if winner.schedule == "gpipe":
+        variants.append(("dapple", "dapple", ()))
+    else:
+        variants.append(("dapple" if winner.schedule == "dapple" else winner.schedule, winner.schedule, winner.params))
+    for label, schedule, params in variants:
         planned = to_scenario(scenario, replace(winner, schedule=schedule, params=params))
         result = run_scenario(planned)
-        label = "gpipe" if schedule == "gpipe" else "dapple"
         for kind, figure in (("gantt", gantt_figure), ("memory", memory_figure)):
             fig = figure(result, title=f"best plan under {label}: {result.iteration_time_s * 1e3:.1f} ms")
             fig.savefig(out / f"{kind}_{label}.png", dpi=110)

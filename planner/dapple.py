@@ -185,6 +185,23 @@ def _trace(frontier, cuts, key, index) -> tuple[tuple[int, ...], tuple[int, ...]
     return tuple(reversed(bounds)), tuple(reversed(replicas))
 
 
+def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list[Candidate]:
+    """Megatron's interleaved variant of uniform partitions: each stage's layers split in two
+    chunks, chunk k of the model on device set k mod S (valid when the micro-batch count
+    divides into rounds of S, as torch's ScheduleInterleaved1F1B requires)."""
+    variants = []
+    for _, bounds, replicas, mbs in found:
+        S, M = len(replicas), global_batch_size // mbs
+        if S < 2 or len(set(replicas)) != 1 or M % S or any(b - a < 2 for a, b in zip(bounds, bounds[1:])):
+            continue
+        halves = [x for a, b in zip(bounds, bounds[1:]) for x in (a, (a + b) // 2)] + [bounds[-1]]
+        for placement in options.placements:
+            for recompute in options.recompute:
+                variants.append(Candidate(bounds=tuple(halves), replicas=replicas * 2, microbatch_size=mbs,
+                                          schedule="interleaved", recompute=recompute, placement=placement, chunks=2))
+    return variants
+
+
 def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
     """DAPPLE's planner: DP over partitions and replica counts, then the shared settling rounds."""
     started = time.perf_counter()
@@ -209,4 +226,6 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
         for placement in options.placements
         for recompute in options.recompute
     ]
+    if options.interleaved:
+        candidates += _interleaved(found[:POOL], gbs, options)
     return settle("dapple", scenario, candidates, options, started=started, progress=progress)

@@ -25,7 +25,7 @@ import time
 
 from planner.costs import CostTables
 from planner.search import PlannerResult
-from planner.space import Candidate, PlannerOptions, evaluate, microbatch_sizes, place
+from planner.space import Candidate, PlannerOptions, evaluate, microbatch_sizes
 from sim.errors import DappleError
 from sim.scenario import Scenario
 
@@ -42,7 +42,7 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
     go faster than its path), so contention can only add to it.
     """
     fwd, bwd, tail = [], [], []
-    groups = place(candidate.replicas, cluster, candidate.placement) if cluster is not None else None
+    groups = candidate.devices(cluster) if cluster is not None else None
     for s, (a, b, r) in enumerate(zip(candidate.bounds, candidate.bounds[1:], candidate.replicas)):
         f, bk = tables.compute_s(a, b, CostTables.slice_of(candidate.microbatch_size, r))
         fwd.append(f)

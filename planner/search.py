@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from planner.costs import CostTables
-from planner.space import Candidate, Evaluation, PlannerOptions, evaluate, place
+from planner.space import Candidate, Evaluation, PlannerOptions, evaluate
 from sim.scenario import Scenario
 
 __all__ = ["PlannerResult", "analytic_score", "settle"]
@@ -53,7 +53,7 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
     """
     cluster, mbs = scenario.cluster, candidate.microbatch_size
     M = scenario.training.global_batch_size // mbs
-    groups = place(candidate.replicas, cluster, candidate.placement)
+    groups = candidate.devices(cluster)
     S = candidate.num_stages
     policy = dict(candidate.params).get("policy", "s-i")
     before = drained = latency = peak = 0.0

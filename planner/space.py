@@ -54,6 +54,8 @@ class PlannerOptions:
     """(name, sorted parameter pairs) of the schedules to try."""
     placements: tuple[str, ...] = PLACEMENTS
     """Placement policies to try."""
+    interleaved: bool = True
+    """Also try Megatron's interleaved schedule (two chunks per device set) on uniform plans."""
     recompute: tuple[bool, ...] = (False, True)
     """Recompute settings to try (True only matters when memory is tight)."""
     microbatch_sizes: tuple[int, ...] | None = None
@@ -83,15 +85,26 @@ class Candidate:
     params: tuple = ()
     recompute: bool = False
     placement: str = "append"
+    chunks: int = 1
+    """Model chunks per device set (``interleaved``): stage s runs on the devices of stage
+    s mod (stages / chunks)."""
 
     @property
     def num_stages(self) -> int:
         return len(self.replicas)
 
+    def devices(self, cluster: ClusterSpec) -> tuple[tuple[int, ...], ...]:
+        """Device ids of every stage: placed device sets, reused by later chunks."""
+        sets = self.num_stages // self.chunks
+        groups = place(self.replicas[:sets], cluster, self.placement)
+        return tuple(groups[s % sets] for s in range(self.num_stages))
+
     def describe(self) -> str:
-        """``layers 0–26 × 8 | layers 27–52 × 8``."""
+        """``layers 0–26 × 8 | layers 27–52 × 8`` (chunks of one device set are marked ``@k``)."""
+        sets = self.num_stages // self.chunks
         return " | ".join(
-            f"layers {a}–{b - 1} × {r}" for a, b, r in zip(self.bounds, self.bounds[1:], self.replicas)
+            f"layers {a}–{b - 1} × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
+            for s, (a, b, r) in enumerate(zip(self.bounds, self.bounds[1:], self.replicas))
         )
 
 
@@ -169,7 +182,7 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     from sim.plan import check_plan
     from sim.schedule.plan_schedule import schedule_for_plan
 
-    groups = place(candidate.replicas, scenario.cluster, candidate.placement)
+    groups = candidate.devices(scenario.cluster)
     stages = tuple(
         StageSpec(layers=(a, b), devices=devices)
         for a, b, devices in zip(candidate.bounds, candidate.bounds[1:], groups)

@@ -132,3 +132,18 @@ def test_exhaustive_refuses_large_cases():
 
     with pytest.raises(DappleError, match="exhaustive search is for at most 8 devices"):
         exhaustive_planner(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml"), SMALL)
+
+
+def test_interleaved_candidates_reuse_device_sets_and_run():
+    from planner.dapple import _interleaved
+    from planner.space import to_scenario
+
+    scenario = load_scenario(SCENARIOS / "gpt1.3b_h100_interleaved.yaml")
+    variants = _interleaved([(0.0, (0, 13, 26), (4, 4), 4)], 64, PlannerOptions(placements=("append",), recompute=(False,)))
+    assert len(variants) == 1
+    candidate = variants[0]
+    assert candidate.bounds == (0, 6, 13, 19, 26) and candidate.chunks == 2
+    assert candidate.devices(scenario.cluster) == ((0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 2, 3), (4, 5, 6, 7))
+    planned = to_scenario(scenario, candidate)
+    assert planned.plan.schedule == "interleaved" and planned.plan.stage_ranks == (0, 1, 0, 1)
+    assert evaluate(scenario, candidate).ok
