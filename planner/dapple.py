@@ -89,8 +89,13 @@ def partitions(
     replica_set: tuple[int, ...],
     max_stages: int,
     keep: int,
+    bound: float = math.inf,
 ) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
-    """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP."""
+    """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP.
+
+    Partial plans whose estimate already exceeds ``bound`` are dropped: extending a plan never
+    lowers its estimate.
+    """
     cluster = tables.cluster
     per_node = cluster.devices_per_node
     M = num_microbatches
@@ -122,7 +127,7 @@ def partitions(
                     fb = f + bk
                     key = (cj, g + r)
                     target = frontier.setdefault(key, [])
-                    worst = target[-1][0] + target[-1][2] if len(target) >= PARETO_CAP else math.inf
+                    worst = target[-1][0] + target[-1][2] if len(target) >= PARETO_CAP else bound
                     link_steady, fill = M * comm, 2 * comm
                     stage_steady = fill + M * fb
                     for index, (lmax, psum, ending, drained, stages, *_rest) in records:
@@ -212,11 +217,14 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
     found = []
     gbs = scenario.training.global_batch_size
     for mbs in microbatch_sizes(gbs, options):
-        for replica_set in _replica_choices(cluster.num_devices):
-            for score, bounds, replicas in partitions(
-                tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, max_stages, KEEP_PER_BATCH
-            ):
-                found.append((score, bounds, replicas, mbs))
+        bound = math.inf
+        # uniform grids first (cheap): the best of them bounds the search over uneven replicas
+        for replica_set in sorted(_replica_choices(cluster.num_devices), key=len):
+            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, max_stages,
+                               KEEP_PER_BATCH, bound=bound)
+            found += [(score, bounds, replicas, mbs) for score, bounds, replicas in plans]
+            if len(replica_set) == 1 and plans:
+                bound = min(bound, plans[0][0] * (1 + 3 * SLACK))
     found.sort(key=lambda item: (item[0], len(item[2])))
     candidates = [
         Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule=name, params=params,

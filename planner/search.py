@@ -30,6 +30,9 @@ __all__ = ["PlannerResult", "analytic_score", "settle"]
 
 log = logging.getLogger(__name__)
 
+INTERLEAVED_REPLAYS = 4
+"""Fast-path replays reserved for the best interleaved candidates."""
+
 
 @dataclass(slots=True, kw_only=True)
 class PlannerResult:
@@ -51,6 +54,8 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
 
     DAPPLE's pivot latency with each cut as a stage of its own (see ``planner.dapple``).
     """
+    if candidate.chunks > 1:
+        return _interleaved_score(tables, scenario, candidate)
     cluster, mbs = scenario.cluster, candidate.microbatch_size
     M = scenario.training.global_batch_size // mbs
     groups = candidate.devices(cluster)
@@ -88,6 +93,33 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
     return latency + ending, peak
 
 
+def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
+    """Megatron's interleaved 1F1B (Narayanan et al., SC'21, §2.2): each device set runs its
+    v chunks per micro-batch, and the fill and drain shrink by v: with per-set times
+    ``T_g = Σ_chunks (F + B)``, ``L ≈ M·max_g T_g + Σ_g T_g / v`` (plus transfers and the
+    ending all-reduce). Rank r holds up to ``(v−1)·R + 2(R−1−r) + 1`` chunk micro-batches
+    (torch's warm-up), which sets the memory estimate."""
+    cluster, mbs, v = scenario.cluster, candidate.microbatch_size, candidate.chunks
+    M = scenario.training.global_batch_size // mbs
+    groups = candidate.devices(cluster)
+    R = candidate.num_stages // v
+    busy, stash, static, tail, comm = [0.0] * R, [0.0] * R, [0.0] * R, [0.0] * R, 0.0
+    for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
+        g, samples = s % R, CostTables.slice_of(mbs, len(devices))
+        f, bk = tables.compute_s(a, b, samples)
+        busy[g] += f + bk + (f if candidate.recompute else 0.0)
+        stash[g] += tables.stash_bytes(a, b, samples, recompute=candidate.recompute) / v
+        static[g] += tables.static_bytes(a, b)
+        nodes = {cluster.node_of(d) for d in devices}
+        tail[g] += tables.allreduce_s(a, b, math.ceil(len(devices) / len(nodes)), len(nodes)) + tables.optimizer_s(a, b)
+        if s > 0:
+            previous = {cluster.node_of(d) for d in groups[s - 1]}
+            comm += 2 * tables.transfer_s(a, mbs, len(devices), len(nodes), len(nodes | previous) == 1)
+    latency = M * max(busy) + (sum(busy) + comm) / v + max(tail)
+    peak = max(static[r] + min(M * v, (v - 1) * R + 2 * (R - 1 - r) + 1) * stash[r] for r in range(R))
+    return latency, peak
+
+
 def settle(
     name: str,
     scenario: Scenario,
@@ -107,10 +139,15 @@ def settle(
         scored.append((peak > 1.25 * capacity, latency, candidate))
     scored.sort(key=lambda item: (item[0], item[1], item[2].num_stages, repr(item[2])))
     result = PlannerResult(planner=name, best=None, candidates_scored=len(scored))
+    # interleaved estimates are rougher: they get their own few replays, not the others' share
+    plain = [item for item in scored if item[2].chunks == 1]
+    chunked = [item for item in scored if item[2].chunks > 1][: INTERLEAVED_REPLAYS]
+    queue = plain[: options.fast_top] + chunked + plain[options.fast_top :]
+    must = min(options.fast_top, len(plain)) + len(chunked)
     fast = []
     fast_started = time.perf_counter()
-    for index, (_, _, candidate) in enumerate(scored[: options.fast_max]):
-        if index >= options.fast_top and time.perf_counter() - fast_started > options.fast_budget_s:
+    for index, (_, _, candidate) in enumerate(queue[: options.fast_max]):
+        if index >= must and time.perf_counter() - fast_started > options.fast_budget_s:
             break  # the analytic ranking is trusted beyond what the budget allows
         fast.append(evaluate(scenario, candidate, engine="fast"))
         if progress is not None:

@@ -52,7 +52,7 @@ def _random_instance(seed: int) -> Scenario:
 
 
 SMALL = PlannerOptions(schedules=(("dapple", ()),), placements=("append", "scatter"), recompute=(False,),
-                       microbatch_sizes=(2, 4))
+                       microbatch_sizes=(2, 4), interleaved=False)
 
 
 @pytest.mark.parametrize("seed", range(30))
