@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.cli import _overrides, run_cli
+from sim.cli import parse_overrides, run_cli
 from sim.errors import DappleError
 
 __all__ = ["main"]
@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     from planner.space import PlannerOptions
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, _overrides(args.overrides))
+    scenario = load_scenario(args.scenario, parse_overrides(args.overrides))
     options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None)
     names = args.planner or list(DEFAULT_PLANNERS)
     started = time.perf_counter()

@@ -1,1 +1,15 @@
-"""The real PyTorch runtime (the only torch code; imports ``sim`` core)."""
+"""The real PyTorch runtime (the only torch code; imports ``sim`` core).
+
+It executes the same plans and schedule IR the simulator replays, one process per device:
+
+- ``config``: the runnable model of a scenario and the checks made before launch (no torch);
+- ``models``: torch modules, one per simulator layer (GPT, MLP), synthetic data, optimizers;
+- ``comm``, ``p2p``: split-concat pieces, tags and replica groups; a rank's sends and receives;
+- ``memory``: saved-activation bytes counted with saved-tensor hooks;
+- ``holdings``: what a rank holds (stages, slices, neighbours); ``executor``: one rank running
+  its lowered action list; ``session``: a run on every rank, gathered;
+- ``validate``: the single-process reference and the gradient comparison;
+- ``peer``: the same plan through ``torch.distributed.pipelining``;
+- ``profiler``, ``bandwidth``, ``profile_run``: layer profiles, link and device measurements;
+- ``launch``, ``worker``, ``status``, ``cli``: torchrun, local spawns, failure reports, ``dapple-run``.
+"""

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from sim.errors import DappleError, ScheduleError
 
-__all__ = ["main", "run_cli"]
+__all__ = ["main", "parse_overrides", "run_cli"]
 
 EPILOG = """examples:
   dapple-sim simulate scenarios/bert48_v100_2x8.yaml --out out/bert48
@@ -99,7 +99,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sim.check import describe, format_description
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, _overrides(args.overrides), plan=_plan(args.plan))
+    scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     info = describe(scenario)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
     return 0
@@ -109,7 +109,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from sim.report import format_summary, run_scenario, write_outputs
     from sim.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, _overrides(args.overrides), plan=_plan(args.plan))
+    scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     result = run_scenario(
         scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
     )
@@ -144,12 +144,13 @@ def _plan(path: str | None):
     return None if path is None else read_plan_file(path)
 
 
-def _overrides(items: Sequence[str]) -> dict[str, str]:
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """``["a.b=1", ...]`` from repeated ``--set`` flags -> ``{"a.b": "1"}`` (values stay YAML text)."""
     result: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise DappleError(f"--set {item!r}: write KEY=VALUE, e.g. --set training.microbatch_size=4")
+            raise DappleError(f"--set {item!r}: write KEY=VALUE, e.g. --set training.microbatch_size=4 or plan.schedule=gpipe")
         result[key.strip()] = value
     return result
 

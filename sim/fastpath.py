@@ -23,11 +23,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from sim.errors import DappleError, ScheduleError
 from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, wait_lists
 from sim.schedule.validate import run_ranks, validate
 
-__all__ = ["Timing", "evaluate"]
+if TYPE_CHECKING:
+    from sim.result import SimResult
+
+__all__ = ["Timing", "evaluate", "replay", "collective_duration_s"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

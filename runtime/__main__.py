@@ -1,0 +1,7 @@
+"""``python -m runtime`` and ``torchrun -m runtime``: the ``dapple-run`` command line."""
+
+import sys
+
+from runtime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,165 @@
+"""Measuring the machine: link latency and bandwidth, all-reduce, and the device itself.
+
+The simulator charges a transfer ``latency + bytes / bandwidth`` (``sim.specs.LinkSpec``).
+Two ranks on the current backend measure both the way NCCL's and gloo's own tests do:
+
+* point-to-point: ping-pong; the one-way time is half the round trip (averaged over round
+  trips back to back, after one barrier, so that no barrier skew is counted). The latency is the
+  one-way time of the smallest message, the bandwidth ``bytes / (time − latency)`` of the
+  largest;
+* all-reduce: the time of one ``all_reduce``; its bus bandwidth is
+  ``2(n−1)/n · bytes / (time − latency)`` (NCCL tests' "busbw"), for n ranks.
+
+The device gets a matmul FLOP rate (fp32, and half precision on a GPU), a copy bandwidth
+and its memory. ``cluster_yaml`` writes it all as a scenario's ``cluster:`` section with
+units; the all-reduce numbers, which a cluster section has no key for, go in comments.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sim.units import format_bandwidth, format_bytes, format_flop_rate, format_time
+
+__all__ = ["DEFAULT_SIZES", "cluster_yaml", "measure_device", "measure_links"]
+
+DEFAULT_SIZES = (4, 4096, 262_144, 4_194_304, 33_554_432)
+"""Message sizes in bytes: latency-bound to bandwidth-bound."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ping_pong(buffer: torch.Tensor, rank: int, device: torch.device, repeats: int) -> float:
+    """One-way time: ``repeats`` round trips back to back (one barrier, so no barrier skew), halved."""
+
+    def round_trip() -> None:
+        if rank == 0:
+            dist.send(buffer, 1)
+            dist.recv(buffer, 1)
+        elif rank == 1:
+            dist.recv(buffer, 0)
+            dist.send(buffer, 0)
+
+    round_trip()  # warm-up
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        round_trip()
+    _sync(device)
+    return (time.perf_counter() - start) / repeats / 2
+
+
+def _all_reduce(buffer: torch.Tensor, device: torch.device, repeats: int) -> float:
+    """Time of one all-reduce: ``repeats`` of them back to back, averaged."""
+    dist.all_reduce(buffer)  # warm-up
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(buffer)
+    _sync(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 10) -> dict[str, Any]:
+    """Ping-pong between ranks 0 and 1 and all-reduce over every rank; the same on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    p2p, reduce = [], []
+    for size in sizes:
+        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+        p2p.append(_ping_pong(buffer, rank, device, repeats))
+        reduce.append(_all_reduce(buffer, device, repeats))
+    # rank 0's view of the ping-pong is the one that counts; everyone agrees on it
+    shared = torch.tensor(p2p + reduce, dtype=torch.float64)
+    dist.broadcast(shared, 0)
+    p2p, reduce = shared[: len(sizes)].tolist(), shared[len(sizes):].tolist()
+    big = sizes[-1]
+    p2p_latency, reduce_latency = p2p[0], reduce[0]
+    return {
+        "backend": dist.get_backend(),
+        "ranks": world,
+        "sizes_bytes": list(sizes),
+        "p2p_one_way_s": p2p,
+        "allreduce_s": reduce,
+        "p2p_latency_s": p2p_latency,
+        "p2p_bandwidth_bytes_per_s": big / max(p2p[-1] - p2p_latency, 1e-12),
+        "allreduce_latency_s": reduce_latency,
+        "allreduce_bus_bandwidth_bytes_per_s": 2 * (world - 1) / world * big / max(reduce[-1] - reduce_latency, 1e-12),
+    }
+
+
+def measure_device(device: torch.device, *, matmul_size: int = 1024, copy_bytes: int = 64 * 2**20,
+                   repeats: int = 5) -> dict[str, Any]:
+    """Name, memory, fp32 (and half-precision) matmul FLOP/s and copy bandwidth of ``device``."""
+
+    def rate(dtype: torch.dtype) -> float:
+        a = torch.randn(matmul_size, matmul_size, device=device).to(dtype)
+        b = torch.randn(matmul_size, matmul_size, device=device).to(dtype)
+        seconds = _best(lambda: a @ b, device, repeats)
+        return 2 * matmul_size**3 / seconds
+
+    fp32 = rate(torch.float32)
+    half = rate(torch.float16) if device.type == "cuda" else fp32
+    source = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    target = torch.empty_like(source)
+    copy_s = _best(lambda: target.copy_(source), device, repeats)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, memory = props.name, float(props.total_memory)
+    else:
+        name, memory = "cpu-core", float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return {"name": name, "memory_bytes": memory, "peak_fp32_flop_per_s": fp32, "peak_flop_per_s": half,
+            "memory_bandwidth_bytes_per_s": 2 * copy_bytes / copy_s, "threads": torch.get_num_threads()}
+
+
+def _best(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: int, devices_per_node: int,
+                 memory_share: int = 1) -> str:
+    """A scenario's ``cluster:`` section (YAML text with units) from the measurements.
+
+    ``memory_share``: devices that share the measured memory (CPU ranks share the RAM).
+    """
+    bw = format_bandwidth(links["p2p_bandwidth_bytes_per_s"])
+    latency = format_time(links["p2p_latency_s"])
+    backend = links["backend"]
+    device = (
+        f"{{name: {device_info['name']!r}, memory: {format_bytes(device_info['memory_bytes'] / memory_share)}, "
+        f"peak_flops: {format_flop_rate(device_info['peak_flop_per_s'])}, "
+        f"peak_fp32_flops: {format_flop_rate(device_info['peak_fp32_flop_per_s'])}, "
+        f"memory_bandwidth: {format_bandwidth(device_info['memory_bandwidth_bytes_per_s'])}}}"
+    )
+    return "\n".join([
+        (f"# Measured by dapple-run profile: {links['ranks']} ranks on {backend}, "
+         f"{device_info['threads']} thread(s) per rank."),
+        f"# point-to-point: latency {latency}, bandwidth {bw} ({format_bytes(links['sizes_bytes'][-1])} messages)",
+        (f"# all-reduce over {links['ranks']} ranks: latency {format_time(links['allreduce_latency_s'])}, "
+         f"bus bandwidth {format_bandwidth(links['allreduce_bus_bandwidth_bytes_per_s'])}"),
+        "# inter_node repeats intra_node: only one node was measured.",
+        "cluster:",
+        f"  nodes: {nodes}",
+        f"  devices_per_node: {devices_per_node}",
+        f"  device: {device}",
+        f"  intra_node: {{bandwidth: {bw}, latency: {latency}, name: {backend}}}",
+        f"  inter_node: {{bandwidth: {bw}, latency: {latency}, name: {backend} (not measured)}}",
+        "",
+    ])

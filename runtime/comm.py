@@ -1,0 +1,130 @@
+"""Split-concat between stages, message tags, and one process group per replica set.
+
+A micro-batch of ``m`` samples is split over a stage's ``r`` replicas exactly as the
+simulator splits it (``sim.cost.split_samples``: the first ``m mod r`` replicas take one more,
+like ``torch.tensor_split``), in the order the plan lists the stage's devices. Between stage
+s (senders) and s+1 (receivers), every sender ships every receiver the overlap of their
+sample ranges; each receiver concatenates its pieces in sample order. Gradients travel the
+same pieces backwards. With equal replica counts each sender has exactly one receiver.
+
+Every message carries a tag that names its stage, micro-batch and direction, so that
+receives can be posted before their sends without being matched to the wrong message
+(gloo matches on source and tag; NCCL ignores tags and matches in issue order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch.distributed as dist
+
+from sim.cost import split_samples
+from sim.errors import DappleError
+from sim.plan import PlanSpec
+from sim.schedule.ir import ActionKind, Schedule
+
+__all__ = [
+    "Piece",
+    "ReplicaGroups",
+    "check_message_order",
+    "message_orders",
+    "pieces_between",
+    "sample_ranges",
+    "tag",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Piece:
+    """Samples ``[start, end)`` of a micro-batch that travel from ``src`` to ``dst``."""
+
+    src: int
+    dst: int
+    start: int
+    end: int
+
+
+def sample_ranges(microbatch_size: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:
+    """Device -> its half-open range of a micro-batch's samples (as ``sim.workload``)."""
+    sizes = split_samples(microbatch_size, len(devices))
+    ends = list(accumulate(sizes))
+    return {d: (end - size, end) for d, size, end in zip(devices, sizes, ends)}
+
+
+def pieces_between(microbatch_size: int, senders: tuple[int, ...], receivers: tuple[int, ...]) -> tuple[Piece, ...]:
+    """Every non-empty overlap between a sender's and a receiver's samples, in sample order."""
+    send, recv = sample_ranges(microbatch_size, senders), sample_ranges(microbatch_size, receivers)
+    pieces = []
+    for src in senders:
+        a0, a1 = send[src]
+        for dst in receivers:
+            b0, b1 = recv[dst]
+            lo, hi = max(a0, b0), min(a1, b1)
+            if hi > lo:
+                pieces.append(Piece(src=src, dst=dst, start=lo, end=hi))
+    return tuple(sorted(pieces, key=lambda p: p.start))
+
+
+def tag(stage: int, microbatch: int, backward: bool, num_microbatches: int) -> int:
+    """A tag unique to (sending stage, micro-batch, direction) within one step."""
+    return (stage * num_microbatches + microbatch) * 2 + int(backward)
+
+
+class ReplicaGroups:
+    """A process group for each device set with more than one device (gradient all-reduce),
+    and one for a tied embedding's two stages. Every rank creates every group, in the same
+    order, as ``torch.distributed.new_group`` requires."""
+
+    def __init__(self, plan: PlanSpec, tied_devices: tuple[int, ...] = ()) -> None:
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
+        wanted = [tuple(sorted(stage.devices)) for stage in plan.stages]
+        if tied_devices:
+            wanted.append(tuple(sorted(tied_devices)))
+        for devices in wanted:
+            if devices not in self._groups:
+                self._groups[devices] = dist.new_group(list(devices)) if len(devices) > 1 else None
+
+    def group(self, devices: tuple[int, ...]) -> dist.ProcessGroup | None:
+        """The group of ``devices`` (None for a single device: nothing to reduce)."""
+        return self._groups[tuple(sorted(devices))]
+
+
+def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> dict[tuple[int, int], tuple[list, list]]:
+    """For every (sender, receiver) device pair, the tags in the order the sender sends them
+    and in the order the receiver posts their receives (each in its own action list).
+
+    gloo matches a message to its receive by tag, NCCL by order alone: on NCCL the two
+    orders must be equal.
+    """
+    orders: dict[tuple[int, int], tuple[list, list]] = {}
+    mbs, num_mb, stages = microbatch_size, lowered.num_microbatches, plan.stages
+
+    def note(src: int, dst: int, message_tag: int, side: int) -> None:
+        orders.setdefault((src, dst), ([], []))[side].append(message_tag)
+
+    for actions in lowered.ranks:
+        for a in actions:
+            s, m = a.stage, a.microbatch
+            if a.kind is ActionKind.SEND_F or a.kind is ActionKind.RECV_F:
+                first = s if a.kind is ActionKind.SEND_F else s - 1
+                side = 0 if a.kind is ActionKind.SEND_F else 1
+                for p in pieces_between(mbs, stages[first].devices, stages[first + 1].devices):
+                    note(p.src, p.dst, tag(first, m, False, num_mb), side)
+            elif a.kind is ActionKind.SEND_B or a.kind is ActionKind.RECV_B:
+                later = s if a.kind is ActionKind.SEND_B else s + 1
+                side = 0 if a.kind is ActionKind.SEND_B else 1
+                for p in pieces_between(mbs, stages[later - 1].devices, stages[later].devices):
+                    note(p.dst, p.src, tag(later, m, True, num_mb), side)
+    return orders
+
+
+def check_message_order(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> None:
+    """Raise ``DappleError`` if some device pair would receive messages in another order than
+    they are sent (fine on gloo, which matches tags; wrong on NCCL)."""
+    for (src, dst), (sent, received) in sorted(message_orders(plan, lowered, microbatch_size).items()):
+        if sent != received:
+            raise DappleError(
+                f"schedule {lowered.name!r}: device {dst} receives messages from device {src} in another order "
+                "than they are sent; NCCL matches messages by order, so run this schedule with --backend gloo"
+            )

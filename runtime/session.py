@@ -1,0 +1,125 @@
+"""A training run on every rank, gathered into one summary on rank 0.
+
+``run_session`` is what each process calls once ``torch.distributed`` is initialised: build
+this rank's stages, run ``warmup_steps + steps`` steps, then gather every rank's times,
+peak memory and trace rows on rank 0. The iteration time of a step is the slowest rank's
+(from the barrier at the step's start to the end of its optimizer step); the reported
+median is over the measured steps only. Saved activations are counted in the first step
+(every step saves the same tensors; the timed steps then run without hooks). With ``check``
+the first step's gradients (before the optimizer touches them) and loss are compared with
+``runtime.validate``'s reference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.config import RunnableScenario
+from runtime.executor import ExecOptions, RankExecutor
+from runtime.status import StatusBoard
+from runtime.validate import compare_grads, reference_step
+
+__all__ = ["SessionOptions", "run_session"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionOptions:
+    """What a run does besides executing the plan."""
+
+    steps: int = 5
+    """Measured steps (their median is the iteration time)."""
+    warmup_steps: int = 1
+    """Steps run first and left out of the times (the first one is the checked one)."""
+    check: bool = False
+    """Compare the first step's loss and gradients with the single-process reference."""
+    rtol: float = 1e-5
+    """Relative tolerance of the check."""
+    execution: ExecOptions = field(default_factory=ExecOptions)
+    """How each rank executes (seed, memory tracking, timeouts, injected faults)."""
+
+
+def run_session(
+    runnable: RunnableScenario, options: SessionOptions, device: torch.device, *, status: StatusBoard | None = None
+) -> dict[str, Any] | None:
+    """Run the plan on this rank; rank 0 returns the summary, the others None."""
+    executor = RankExecutor(runnable, options.execution, device, status)
+    records = []
+    for step in range(options.warmup_steps + options.steps):
+        records.append(executor.step(step, keep_grads=options.check and step == 0, count_activations=step == 0))
+    mine = {
+        "rank": executor.rank,
+        "stages": sorted(executor.stages),
+        "times_s": [r.time_s for r in records],
+        "losses": [r.loss for r in records],
+        **_memory(records),
+        "rows": records[-1].rows,
+        "grads": records[0].grads,
+    }
+    gathered: list[Any] | None = [None] * dist.get_world_size() if executor.rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if executor.rank != 0:
+        return None
+    return _summary(runnable, options, gathered, device)
+
+
+def _memory(records: list) -> dict[str, float | None]:
+    """Peak memory of one rank: the allocator's on a GPU; on a CPU the largest static bytes
+    (parameters, gradients, optimizer state) plus the peak of the counted activations."""
+    counted = [r.peak_activation_bytes for r in records if r.peak_activation_bytes is not None]
+    activations = max(counted) if counted else None
+    if records[0].allocator_peak_bytes is not None:
+        peak = max(r.allocator_peak_bytes for r in records)
+    else:
+        peak = None if activations is None else max(r.static_bytes for r in records) + activations
+    return {"peak_memory_bytes": peak, "peak_activation_bytes": activations}
+
+
+def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[dict], device) -> dict[str, Any]:
+    scenario, plan = runnable.scenario, runnable.plan
+    steps = options.warmup_steps + options.steps
+    step_times = [max(r["times_s"][k] for r in ranks) for k in range(steps)]
+    measured = step_times[options.warmup_steps:]
+    losses = [sum(r["losses"][k] for r in ranks) for k in range(steps)]
+    median = statistics.median(measured) if measured else None
+    summary: dict[str, Any] = {
+        "name": scenario.name,
+        "schedule": plan.schedule,
+        "num_stages": plan.num_stages,
+        "num_microbatches": scenario.training.num_microbatches,
+        "microbatch_size": scenario.training.microbatch_size,
+        "global_batch_size": scenario.training.global_batch_size,
+        "recompute": plan.recompute,
+        "backend": dist.get_backend(),
+        "device_type": device.type,
+        "world_size": len(ranks),
+        "warmup_steps": options.warmup_steps,
+        "iteration_times_s": measured,
+        "median_iteration_time_s": median,
+        "throughput_samples_per_s": scenario.training.global_batch_size / median if median else None,
+        "losses": losses,
+        "devices": [
+            {"device": r["rank"], "stages": r["stages"], "peak_memory_bytes": r["peak_memory_bytes"],
+             "peak_activation_bytes": r["peak_activation_bytes"]}
+            for r in sorted(ranks, key=lambda r: r["rank"])
+        ],
+        "events": sorted((row for r in ranks for row in r["rows"]), key=lambda e: (e["device"], e["start_s"], e["end_s"])),
+    }
+    if options.check:
+        reference = reference_step(runnable.model, scenario.training.global_batch_size, step=0,
+                                   seed=options.execution.seed, device=device)
+        comparison = compare_grads(runnable.model, [r["grads"] for r in ranks], reference, rtol=options.rtol)
+        loss_ok = abs(losses[0] - reference.loss) <= options.rtol * abs(reference.loss)
+        summary.update(
+            loss=losses[0],
+            reference_loss=reference.loss,
+            max_abs_grad_diff=comparison.max_abs_grad_diff,
+            max_rel_grad_diff=comparison.max_rel_grad_diff,
+            worst_grad=comparison.worst,
+            check_passed=comparison.passed and loss_ok,
+        )
+    return summary

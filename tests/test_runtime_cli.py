@@ -1,0 +1,97 @@
+"""``dapple-run`` end to end: a checked run through torchrun, failures that name the rank and
+the action, inputs rejected before any process starts, and the profiler's outputs loading
+in the simulator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SCENARIOS
+
+GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
+
+
+def _dapple_run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "runtime", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_help_explains_the_commands():
+    result = _dapple_run("--help")
+    assert result.returncode == 0
+    assert "run" in result.stdout and "profile" in result.stdout and "torchrun" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((GPT, "--nproc", "3"), "the plan uses 2 devices (0-1) but 3 processes were launched; use --nproc 2"),
+        ((GPT,), "--nproc: missing"),
+        ((SCENARIOS / "bert48_v100_2x8.yaml", "--nproc", "16"), "model.profile: a measured profile has no layers"),
+        ((GPT, "--nproc", "2", "--set", "plan.schedule=gpipe2"), "plan.schedule"),
+        ((GPT, "--nproc", "2", "--fail-at", "one"), "--fail-at 'one'"),
+    ],
+    ids=["nproc-mismatch", "nproc-missing", "profile-model", "bad-schedule", "bad-fail-at"],
+)
+def test_bad_input_is_one_line_before_any_process_starts(tmp_path, args, message):
+    out = tmp_path / "never"
+    result = _dapple_run("run", *args, "--out", out)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert not out.exists()  # nothing was launched
+
+
+@pytest.mark.dist
+def test_a_checked_run_end_to_end(tmp_path):
+    result = _dapple_run("run", GPT, "--nproc", 2, "--steps", 2, "--json", "--check", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert len(summary["iteration_times_s"]) == 2 and summary["median_iteration_time_s"] > 0
+    assert summary["max_abs_grad_diff"] < 1e-6 and summary["check_passed"]
+    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
+    assert [d["device"] for d in summary["devices"]] == [0, 1]
+    assert all(d["peak_memory_bytes"] > d["peak_activation_bytes"] > 0 for d in summary["devices"])
+    rows = json.loads(Path(summary["trace"]).read_text())
+    assert {r["action"] for r in rows if r["device"] == 1} >= {"1RECV_F0", "1F0", "1B0", "1SEND_B0", "OPTIM"}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("fail_at", "expected"), [("1:1B1", "rank 1 failed at action 1B1 (step 0): RuntimeError"),
+                                                   ("0:0F2:exit", "rank 0 died at step 0 0F2")],
+                         ids=["raises", "dies"])
+def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expected):
+    start = time.monotonic()
+    result = _dapple_run("run", GPT, "--nproc", 2, "--steps", 1, "--fail-at", fail_at, "--out", tmp_path, timeout=90)
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr
+    assert "stopped: rank" in result.stderr  # where the other rank was when torchrun stopped it
+    assert result.stderr.count("\n") == 1
+
+
+def test_profile_loads_in_the_simulator(tmp_path):
+    from runtime.cli import main
+    from sim.profiles import load_profile
+    from sim.scenario import load_scenario, parse_scenario
+
+    assert main(["profile", GPT, "--out", str(tmp_path), "--warmup", "1", "--repeats", "2"]) == 0
+    spec = load_scenario(GPT).model
+    profile = load_profile(tmp_path / "profile.txt", profile_batch_size=4)
+    assert [layer.name for layer in profile.layers] == [layer.name for layer in spec.layers]
+    assert [layer.param_bytes for layer in profile.layers] == [layer.param_bytes for layer in spec.layers]
+    assert all(layer.fwd_s > 0 and layer.bwd_s > 0 for layer in profile.layers)
+    detail = json.loads((tmp_path / "profile.json").read_text())
+    assert all(layer["stash_bytes"] > 0 for layer in detail["layers"])
+    scenario = yaml.safe_load(Path(GPT).read_text())
+    scenario["cluster"] = yaml.safe_load((tmp_path / "cluster.yaml").read_text())["cluster"]
+    cluster = parse_scenario(yaml.safe_dump(scenario)).cluster
+    assert cluster.intra_node.bandwidth_bytes_per_s > 0 and cluster.intra_node.latency_s > 0
+    measured = load_scenario(tmp_path / "scenario.yaml")
+    assert measured.model.num_layers == spec.num_layers and measured.plan == load_scenario(GPT).plan
