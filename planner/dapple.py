@@ -52,6 +52,8 @@ UNIFORM_ABOVE = 64
 """Above this many devices, stages share one replica count."""
 KEEP_PER_BATCH = 16
 """Complete plans kept per micro-batch size for re-scoring."""
+UNEVEN_BATCHES = 3
+"""Micro-batch sizes (the best by their uniform grids) searched with uneven replica counts."""
 POOL = 64
 """Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
 
@@ -216,15 +218,26 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
     max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, cluster.num_devices)
     found = []
     gbs = scenario.training.global_batch_size
+    choices = sorted(_replica_choices(cluster.num_devices), key=len)
+    uniform, general = [c for c in choices if len(c) == 1], [c for c in choices if len(c) > 1]
+    bounds_of: dict[int, float] = {}
     for mbs in microbatch_sizes(gbs, options):
-        bound = math.inf
-        # uniform grids first (cheap): the best of them bounds the search over uneven replicas
-        for replica_set in sorted(_replica_choices(cluster.num_devices), key=len):
-            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, max_stages,
-                               KEEP_PER_BATCH, bound=bound)
-            found += [(score, bounds, replicas, mbs) for score, bounds, replicas in plans]
-            if len(replica_set) == 1 and plans:
-                bound = min(bound, plans[0][0] * (1 + 3 * SLACK))
+        # with more than twice as many stages as micro-batches most stages idle at any time
+        stages = min(max_stages, 2 * (gbs // mbs))
+        bounds_of[mbs] = math.inf
+        for replica_set in uniform:  # DP x PP grids first: cheap, and they bound the rest
+            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, stages,
+                               KEEP_PER_BATCH, bound=bounds_of[mbs])
+            found += [(score, b, r, mbs) for score, b, r in plans]
+            if plans:
+                bounds_of[mbs] = min(bounds_of[mbs], plans[0][0] * (1 + 3 * SLACK))
+    # uneven replicas for the micro-batch sizes whose grids look best
+    for mbs in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
+        stages = min(max_stages, 2 * (gbs // mbs))
+        for replica_set in general:
+            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, stages,
+                               KEEP_PER_BATCH, bound=bounds_of[mbs])
+            found += [(score, b, r, mbs) for score, b, r in plans]
     found.sort(key=lambda item: (item[0], len(item[2])))
     candidates = [
         Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule=name, params=params,

@@ -30,7 +30,7 @@ __all__ = ["PlannerResult", "analytic_score", "settle"]
 
 log = logging.getLogger(__name__)
 
-INTERLEAVED_REPLAYS = 4
+INTERLEAVED_REPLAYS = 3
 """Fast-path replays reserved for the best interleaved candidates."""
 
 

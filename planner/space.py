@@ -64,7 +64,7 @@ class PlannerOptions:
     """Most pipeline stages; None: up to the number of layers and devices."""
     engine_top: int = 3
     """Candidates the SimPy engine settles after the fast path."""
-    fast_top: int = 12
+    fast_top: int = 8
     """Candidates the fast path scores after the analytic model, at least."""
     fast_budget_s: float = 0.5
     """Beyond ``fast_top``, keep scoring with the fast path while this much time has not passed."""
