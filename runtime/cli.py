@@ -34,6 +34,7 @@ EPILOG = """examples:
   dapple-run run SCENARIO --nproc 8 --backend nccl --plan plan.json --out out/run
   torchrun --nproc-per-node 2 -m runtime run scenarios/gpt_tiny_cpu.yaml --check
   dapple-run profile scenarios/gpt_tiny_cpu.yaml --out out/gpt-tiny-profile
+  dapple-run validate scenarios/gpt_tiny_cpu.yaml --nproc 2 --out out/gpt-tiny-validation
 
 A run writes summary.json and trace.json (one row per action and device, the simulator's
 event-row format, seconds from the step's start) into --out (default: a new temporary
@@ -82,6 +83,19 @@ def _parser() -> argparse.ArgumentParser:
                      "without them no CPU peak memory is reported)")
     run.add_argument("--fail-at", metavar="RANK:ACTION[:exit]",
                      help="testing: make RANK raise (or exit, killing itself) at ACTION of the first step, e.g. 1:1B2")
+    validate = sub.add_parser(
+        "validate", help="profile, simulate, run and compare: predicted against measured",
+        description="Profile the model's layers, the links and the optimizer step on this machine, simulate the "
+        "plan on those measurements, run it for real on N processes, and report iteration time, per-stage "
+        "compute, per-action timing and per-device peak memory, predicted and measured, with relative errors. "
+        "--out gets validation.json, validation_gantt.png (predicted over measured) and validation_memory.png.",
+    )
+    _common(validate)
+    validate.add_argument("--nproc", type=int, metavar="N", help="processes to start: the plan's devices 0..N-1")
+    validate.add_argument("--steps", type=int, default=10, metavar="K", help="measured steps (default 10)")
+    validate.add_argument("--warmup", type=int, default=2, metavar="W", help="warm-up steps (default 2)")
+    validate.add_argument("--repeats", type=int, default=10, help="timed runs per layer in the profile (default 10)")
+    validate.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
     profile = sub.add_parser(
         "profile", help="measure every layer and the links; write a profile and a cluster",
         description="Time every layer's forward and backward (warm-up, then the median of repeats) and measure "
@@ -125,7 +139,7 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from runtime.config import check_world, load_runnable
-    from runtime.launch import launch, worker_env
+    from runtime.launch import worker_env
 
     _prepare(args)
     if worker_env() is not None:
@@ -140,13 +154,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "nccl":
         _check_gpus(args.nproc)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"dapple-run-{runnable.scenario.name}-"))
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("failure-rank*.txt")) + list(out.glob("status-rank*")) + [out / "summary.json"]:
-        stale.unlink(missing_ok=True)
-    code = launch(args.nproc, _worker_args(args, out), log_path=out / "torchrun.log")
-    if code != 0:
-        return _report_failure(out, code)
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    summary = _launch_run(args, out)
+    if summary is None:
+        return _report_failure(out, args.failure_code)
     _print_run(summary, args.json)
     if args.check and not summary["check_passed"]:
         print(f"dapple-run: check failed: max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} "
@@ -154,6 +164,62 @@ def _cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+    """Run the plan through torchrun into ``out``; rank 0's summary, or None when it failed
+    (``args.failure_code`` then holds torchrun's exit code)."""
+    from runtime.launch import launch
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(out.glob("failure-rank*.txt")) + list(out.glob("status-rank*")) + [out / "summary.json"]:
+        stale.unlink(missing_ok=True)
+    code = launch(args.nproc, _worker_args(args, out), log_path=out / "torchrun.log")
+    if code != 0:
+        args.failure_code = code
+        return None
+    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from runtime.config import check_world, load_runnable
+    from runtime.validate_loop import validate, write_report
+    from sim.validation import format_report
+
+    args.check, args.no_memory, args.fail_at = False, False, None
+    _prepare(args)
+    runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
+    if args.nproc is None:
+        raise DappleError(f"--nproc: missing; the plan uses {len(runnable.plan.devices)} devices, give --nproc "
+                          f"{len(runnable.plan.devices)}")
+    check_world(runnable.plan, args.nproc)
+    if args.backend == "nccl":
+        _check_gpus(args.nproc)
+    out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-validation"
+
+    def run() -> dict[str, Any]:
+        summary = _launch_run(args, out / "run")
+        if summary is None:
+            raise _RunFailed()
+        summary["events"] = json.loads(Path(summary["trace"]).read_text(encoding="utf-8"))
+        return summary
+
+    try:
+        report = validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=out, run=run,
+                          repeats=args.repeats, timeout=args.timeout)
+    except _RunFailed:
+        return _report_failure(out / "run", args.failure_code)
+    paths = write_report(report, out)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(format_report(report))
+        print("report: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+class _RunFailed(Exception):
+    """The real run failed; its ranks' reports are in the run folder."""
 
 
 def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:
@@ -285,7 +351,7 @@ def _print_profile(result: dict[str, Any], as_json: bool) -> None:
             print(f"{key.replace('_', ' ')}: {result[key]}")
 
 
-COMMANDS = {"run": _cmd_run, "profile": _cmd_profile}
+COMMANDS = {"run": _cmd_run, "profile": _cmd_profile, "validate": _cmd_validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

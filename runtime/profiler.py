@@ -14,8 +14,8 @@ built-in model is run alone on a batch of that size:
 * saved (stashed) activation bytes: what autograd keeps from one forward
   (``runtime.memory.SavedTensorMeter``), and parameter bytes.
 
-The profile format has no field for the stash and no comment syntax, so the complete
-measurements also go to a JSON file next to it.
+The stash goes into the profile as the optional ``stash_size`` field ``sim.profiles`` reads;
+the complete measurements also go to a JSON file next to it.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def profile_text(layers: list[LayerProfile]) -> str:
     lines = [
         f"node{k + 1} -- {layer.name} -- forward_compute_time={layer.fwd_s * 1e3:.6f}, "
         f"backward_compute_time={layer.bwd_s * 1e3:.6f}, activation_size={float(layer.output_bytes):.1f}, "
-        f"parameter_size={float(layer.param_bytes):.1f}"
+        f"parameter_size={float(layer.param_bytes):.1f}, stash_size={float(layer.stash_bytes):.1f}"
         for k, layer in enumerate(layers)
     ]
     lines += [f"\tnode{k + 1} -- node{k + 2}" for k in range(len(layers) - 1)]

@@ -213,6 +213,8 @@ class _PlanState:
                         rec.memory.append((now, op.alloc_bytes))
                     if op.free_bytes:
                         rec.memory.append((end, -op.free_bytes))
+                    if op.buffer_bytes:
+                        rec.buffers.append((end, -op.buffer_bytes))
                     now = end
                 elif op.code == SEND:
                     self._send(c, i, op, now)
@@ -252,7 +254,7 @@ class _PlanState:
         got[1] = max(got[1], when)
         rec = self.records[key[0]]
         rec.bytes_received += kind.recv_bytes_per_device
-        rec.memory.append((when, kind.recv_bytes_per_device))
+        rec.buffers.append((when, kind.recv_bytes_per_device))
         waiter = self.waiting.pop(key, None)
         if waiter is not None:
             self.ready.append(waiter)

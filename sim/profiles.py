@@ -14,7 +14,9 @@ outputs of every node placed before ``k`` that has a consumer at or after ``k``.
 
 As in DAPPLE's planner, times and activation sizes scale linearly with the batch size, so we
 store them per sample (divided by the profile batch size). A layer's stashed activation is its
-output, as in both planners' memory estimates.
+output, as in both planners' memory estimates, unless the line ends with our optional
+``, stash_size=S``: the bytes autograd actually saves for the layer's backward, which
+``dapple-run profile`` measures.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = ["ProfileError", "load_profile", "parse_profile"]
 _NODE = re.compile(
     r"^(?P<id>node\d+) -- (?P<name>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
     r"backward_compute_time=(?P<bwd>[^,]+), activation_size=(?P<act>\[[^\]]*\]|[^,]+), "
-    r"parameter_size=(?P<param>\S+)\s*$"
+    r"parameter_size=(?P<param>[^,\s]+)(?:, stash_size=(?P<stash>[^,\s]+))?\s*$"
 )
 _EDGE = re.compile(r"^\s+(?P<src>node\d+) -- (?P<dst>node\d+)\s*$")
 
@@ -76,7 +78,8 @@ def parse_profile(
             fwd_s=nodes[node]["fwd_ms"] / 1e3 / batch,
             bwd_s=nodes[node]["bwd_ms"] / 1e3 / batch,
             output_bytes=nodes[node]["act_bytes"] / batch,
-            stash_bytes=nodes[node]["act_bytes"] / batch,
+            stash_bytes=(nodes[node]["act_bytes"] if nodes[node]["stash_bytes"] is None else nodes[node]["stash_bytes"])
+            / batch,
             param_bytes=nodes[node]["param_bytes"],
         )
         for node in order
@@ -127,6 +130,7 @@ def _read_lines(text: str, source: str) -> tuple[dict[str, dict], list[tuple[str
             "bwd_ms": _number(match["bwd"], "backward_compute_time", where),
             "act_bytes": sum(_number(p.strip(), "activation_size", where) for p in parts),
             "param_bytes": _number(match["param"], "parameter_size", where),
+            "stash_bytes": None if match["stash"] is None else _number(match["stash"], "stash_size", where),
         }
     if not nodes:
         raise ProfileError(f"{source}: no node lines; is this a PipeDream/DAPPLE profile?")

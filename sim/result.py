@@ -34,7 +34,9 @@ class Recorder:
     op_times: list[tuple[float, float]]
     """Per op: (start_s, end_s). SEND: send stream busy; RECV: waiting; REDUCE: the all-reduce."""
     memory: list[tuple[float, float]] = field(default_factory=list)
-    """(time_s, bytes delta) per device of the class, in any order."""
+    """(time_s, bytes delta) of activations (stash) per device of the class, in any order."""
+    buffers: list[tuple[float, float]] = field(default_factory=list)
+    """(time_s, bytes delta) of receive buffers per device of the class, in any order."""
     optimizer: tuple[float, float] = (0.0, 0.0)
     """Start and end of the optimizer step."""
     bytes_sent: float = 0.0
@@ -65,6 +67,8 @@ class _Memory:
     peak_time_s: float
     peak_live_microbatches: int
     final_bytes: float
+    peak_activation_bytes: float
+    """Peak of the stashed activations alone (no parameters, no receive buffers)."""
 
 
 class SimResult:
@@ -82,7 +86,7 @@ class SimResult:
 
     def _memory_of(self, index: int) -> _Memory:
         cls, rec = self.workload.classes[index], self.records[index]
-        events = sorted(rec.memory, key=lambda e: (e[0], e[1] > 0))
+        events = sorted(rec.memory + rec.buffers, key=lambda e: (e[0], e[1] > 0))
         total, times, values = cls.static_bytes, [0.0], [cls.static_bytes]
         peak, peak_t = total, 0.0
         for t, delta in events:
@@ -94,13 +98,17 @@ class SimResult:
                 values.append(total)
             if total > peak:
                 peak, peak_t = total, t
+        stash = stash_peak = 0.0
+        for _, delta in sorted(rec.memory, key=lambda e: (e[0], e[1] > 0)):
+            stash += delta
+            stash_peak = max(stash_peak, stash)
         live = best = 0
         for op in cls.ops:
             live += op.live_delta
             best = max(best, live)
         return _Memory(
             times_s=tuple(times), bytes=tuple(values), peak_bytes=peak, peak_time_s=peak_t,
-            peak_live_microbatches=best, final_bytes=total,
+            peak_live_microbatches=best, final_bytes=total, peak_activation_bytes=stash_peak,
         )
 
     def class_of(self, device: int) -> int:
@@ -148,6 +156,7 @@ class SimResult:
                         "peak_memory_bytes": mem.peak_bytes,
                         "peak_memory_time_s": mem.peak_time_s,
                         "peak_activation_microbatches": mem.peak_live_microbatches,
+                        "peak_activation_bytes": mem.peak_activation_bytes,
                         "bytes_sent": self.records[cls.index].bytes_sent,
                         "bytes_received": self.records[cls.index].bytes_received,
                     }

@@ -116,7 +116,9 @@ class Op(NamedTuple):
     alloc_bytes: float = 0.0
     """Bytes allocated when the action starts (stash, recomputed activations)."""
     free_bytes: float = 0.0
-    """Bytes freed when it ends (stash, consumed receive buffers)."""
+    """Activation bytes freed when it ends (its stash, recomputed activations)."""
+    buffer_bytes: float = 0.0
+    """Receive-buffer bytes it consumes, freed when it ends (its input or output gradient)."""
     live_delta: int = 0
     """+1 when a micro-batch's activations become live (F), −1 when they die (B or W)."""
     flows: tuple[int, ...] = ()
@@ -493,13 +495,15 @@ def _op_fields(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, 
     extra = cost.stash_bytes if recompute else 0.0
     f = WGRAD_STASH_FRACTION
     if kind is ActionKind.F:
-        return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, free_bytes=recv_f, live_delta=1, **base)
+        return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, buffer_bytes=recv_f,
+                    live_delta=1, **base)
     if kind is ActionKind.B:
-        return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra + recv_b, live_delta=-1, **base)
+        return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra,
+                    buffer_bytes=recv_b, live_delta=-1, **base)
     if kind is ActionKind.I:
         return dict(
             code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=rebuilt,
-            free_bytes=(1 - f) * kept + extra + recv_b, **base,
+            free_bytes=(1 - f) * kept + extra, buffer_bytes=recv_b, **base,
         )
     if kind is ActionKind.W:
         return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)

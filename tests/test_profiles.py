@@ -103,3 +103,17 @@ def test_unreadable_file(tmp_path: Path):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ProfileError, match="cannot read profile"):
         load_profile(binary, profile_batch_size=1)
+
+
+def test_optional_stash_size_replaces_the_output_as_stash():
+    text = (
+        "node1 -- a -- forward_compute_time=1, backward_compute_time=2, activation_size=40, parameter_size=8, "
+        "stash_size=100\n"
+        "node2 -- b -- forward_compute_time=1, backward_compute_time=2, activation_size=40, parameter_size=8\n"
+        "\tnode1 -- node2\n"
+    )
+    model = parse_profile(text, profile_batch_size=4)
+    assert model.layers[0].stash_bytes == pytest.approx(25.0)
+    assert model.layers[1].stash_bytes == pytest.approx(10.0)  # no stash_size: the output, as before
+    with pytest.raises(ProfileError, match="stash_size 'x' is not a number"):
+        parse_profile(text.replace("stash_size=100", "stash_size=x"), profile_batch_size=4)

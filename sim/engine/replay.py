@@ -101,6 +101,8 @@ class _Replay:
                 rec.op_times[i] = (start, env.now)
                 if op.free_bytes:
                     rec.memory.append((env.now, -op.free_bytes))
+                if op.buffer_bytes:
+                    rec.buffers.append((env.now, -op.buffer_bytes))
             elif code == SEND:
                 self._queue_send(c, i, op)
             elif code == RECV:
@@ -172,7 +174,7 @@ class _Replay:
         box[1] = now
         rec = self.records[key[0]]
         rec.bytes_received += kind.recv_bytes_per_device
-        rec.memory.append((now, kind.recv_bytes_per_device))
+        rec.buffers.append((now, kind.recv_bytes_per_device))
         waiter = self.waiters.get(key)
         if waiter is not None and box[0] >= waiter[0]:
             del self.waiters[key]

@@ -1,0 +1,205 @@
+"""The validation loop: profile → simulate → run → compare, for one scenario and plan.
+
+``dapple-run validate`` proves (or disproves) the simulator on the machine at hand:
+
+1. **profile** the model's layers on this device (forward and backward time, saved
+   activations, parameters; one thread per CPU rank, as in a run), the links between two
+   processes on the backend, and the optimizer step; write them as a scenario
+   (``runtime.profile_run``), the device's memory bandwidth set to what the optimizer step
+   achieves (the only memory-bound work the simulator charges it with);
+2. **simulate** that measured scenario with the SimPy engine;
+3. **run** the same plan for real (torchrun, or local processes in tests);
+4. **compare** per iteration, per stage, per action and per device (``sim.validation``).
+
+The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
+chart and the per-device memory chart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runtime.config import RunnableScenario
+
+__all__ = ["measure_optimizer", "profile_for_validation", "spawn_run", "validate", "write_report"]
+
+
+def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] | None = None,
+                      repeats: int = 10) -> dict[str, float]:
+    """Seconds of one optimizer step over ``layers`` (default: the whole model), and the
+    memory bandwidth that makes the simulator's charge match it.
+
+    The simulator charges a step ``(3·P + 2·S) / memory_bandwidth`` (read parameters,
+    gradients and state, write parameters and state).
+    """
+    import statistics
+
+    import torch
+
+    from runtime.models import build_layers, make_optimizer, num_layers
+
+    indices = list(range(num_layers(runnable.model))) if layers is None else layers
+    modules = build_layers(runnable.model, indices, seed=0, device=device)
+    params = [p for module in modules.values() for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = make_optimizer(runnable.scenario.model.optimizer, params, lr=1e-3)
+    times = []
+    for index in range(repeats + 2):
+        start = time.perf_counter()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if index >= 2:
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    state_bytes = param_bytes * runnable.scenario.model.optimizer_state_bytes_per_param_byte
+    return {"optimizer_s": seconds, "implied_bandwidth_bytes_per_s": (3 * param_bytes + 2 * state_bytes) / seconds}
+
+
+def _profile_worker(device, runnable: RunnableScenario, batch: int, warmup: int, repeats: int):
+    import torch.distributed as dist
+
+    from runtime.profiler import profile_layers
+
+    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0)
+    rank = dist.get_rank()
+    mine = [k for stage in runnable.plan.stages if rank in stage.devices for k in range(*stage.layers)]
+    return layers, measure_optimizer(runnable, device, layers=mine, repeats=repeats)
+
+
+def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str, batch: int, warmup: int,
+                        repeats: int, timeout: float):
+    """Profile the layers on all ``nproc`` processes at once, as they will run: ranks share the
+    machine's cores, caches and memory bandwidth, and a layer timed alone runs faster than it
+    will in the run. Each layer's time is the median over the ranks; each rank also times
+    the optimizer step over its own stages' parameters."""
+    import statistics
+    from dataclasses import replace
+
+    from runtime.launch import spawn
+
+    results = spawn(_profile_worker, nproc, runnable, batch, warmup, repeats, backend=backend,
+                    timeout_s=max(timeout, 600.0))
+    layers = [
+        replace(per_rank[0], fwd_s=statistics.median(p.fwd_s for p in per_rank),
+                bwd_s=statistics.median(p.bwd_s for p in per_rank))
+        for per_rank in zip(*(layers for layers, _ in results))
+    ]
+    # one bandwidth for every device: the one that gets the slowest rank's step right
+    slowest = max((o for _, o in results), key=lambda o: o["optimizer_s"])
+    return layers, slowest
+
+
+def profile_for_validation(runnable: RunnableScenario, out: Path, *, nproc: int, backend: str, repeats: int,
+                           timeout: float, warmup: int = 3) -> dict[str, Any]:
+    """Profile links, then layers and the optimizer on all ranks at once; write the measured
+    profile and scenario into ``out``; return what ``dapple-run profile`` returns, plus the
+    optimizer measurement."""
+    from runtime import profile_run
+    from runtime.profiler import write_profile
+    from sim.units import format_bandwidth
+
+    plan, training = runnable.plan, runnable.scenario.training
+    batch = math.ceil(training.microbatch_size / min(stage.num_replicas for stage in plan.stages))
+    args = Namespace(backend=backend, batch_size=batch, warmup=warmup, repeats=repeats, no_links=False,
+                     timeout=timeout)
+    result = profile_run.profile_here(runnable, args, out)  # links, device, and a first profile
+    layers, optimizer = _concurrent_profile(runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup,
+                                            repeats=repeats, timeout=timeout)
+    write_profile(layers, out, device=result["device"]["name"])
+    scenario_path = Path(result["scenario"])
+    doc = yaml.safe_load(scenario_path.read_text(encoding="utf-8"))
+    doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(optimizer["implied_bandwidth_bytes_per_s"], 6)
+    scenario_path.write_text(
+        "# The scenario on the layers, links and optimizer step measured by dapple-run validate\n"
+        "# (layers and optimizer timed on all ranks at once).\n"
+        + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None),
+        encoding="utf-8",
+    )
+    result["optimizer"] = optimizer
+    result["layers"] = [_as_dict(layer) for layer in layers]
+    return result
+
+
+def _as_dict(layer) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(layer)
+
+
+def _session(device, runnable: RunnableScenario, steps: int, warmup: int, timeout: float):
+    from runtime.executor import ExecOptions
+    from runtime.session import SessionOptions, run_session
+
+    return run_session(runnable, SessionOptions(steps=steps, warmup_steps=warmup,
+                                                execution=ExecOptions(timeout_s=timeout)), device)
+
+
+def spawn_run(runnable: RunnableScenario, *, nproc: int, backend: str, steps: int, warmup: int,
+              timeout: float) -> dict[str, Any]:
+    """Run the plan on ``nproc`` local processes (no torchrun); rank 0's summary."""
+    from runtime.launch import spawn
+
+    return spawn(_session, nproc, runnable, steps, warmup, timeout, backend=backend, timeout_s=timeout)[0]
+
+
+def validate(
+    runnable: RunnableScenario,
+    *,
+    nproc: int,
+    backend: str,
+    steps: int,
+    out: Path,
+    run: Callable[[], dict[str, Any]],
+    repeats: int = 10,
+    timeout: float = 45.0,
+) -> dict[str, Any]:
+    """Profile, simulate, ``run()`` and compare; the report (``sim.validation.compare``)."""
+    from sim.report import run_scenario
+    from sim.scenario import load_scenario
+    from sim.validation import compare, predicted_view
+
+    profile = profile_for_validation(runnable, out / "profile", nproc=nproc, backend=backend, repeats=repeats,
+                                     timeout=timeout)
+    measured_scenario = load_scenario(profile["scenario"])
+    predicted = run_scenario(measured_scenario, engine="simpy")
+    measured = run()
+    memory = "allocator" if backend == "nccl" else "counted"
+    return compare(
+        predicted_view(predicted, memory=memory),
+        measured,
+        scenario=runnable.scenario.name,
+        schedule=runnable.plan.schedule,
+        backend=backend,
+        nproc=nproc,
+        steps=steps,
+        memory=memory,
+        profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": profile["optimizer"],
+                 "scenario": profile["scenario"]},
+    )
+
+
+def write_report(report: dict[str, Any], out: Path) -> list[Path]:
+    """``validation.json`` and the two charts (``validation_gantt.png``, ``validation_memory.png``)."""
+    import matplotlib.pyplot as plt
+
+    from sim.compare_plots import validation_gantt_figure, validation_memory_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]
+    paths[0].write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    for path, figure in zip(paths[1:], (validation_gantt_figure, validation_memory_figure)):
+        fig = figure(report)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return paths

@@ -1,0 +1,66 @@
+"""The validation loop: the comparison arithmetic, and a real CPU run against its prediction."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SCENARIOS
+from sim.validation import compare, format_report
+
+GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
+
+
+def _rows(device, times):
+    return [{"device": device, "stage": device, "kind": kind, "microbatch": 0, "action": f"{device}{kind}0",
+             "stream": "compute", "start_s": start, "end_s": end} for kind, (start, end) in times.items()]
+
+
+def test_compare_reports_relative_errors_per_iteration_stage_device_and_action():
+    predicted = {"iteration_time_s": 1.1,
+                 "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 102.0, "peak_activation_bytes": 2.0}],
+                 "events": _rows(0, {"F": (0.0, 0.4), "B": (0.4, 1.0)})}
+    measured = {"median_iteration_time_s": 1.0, "iteration_times_s": [1.0, 1.0],
+                "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 100.0, "peak_activation_bytes": 0.0}],
+                "events": _rows(0, {"F": (0.1, 0.6), "B": (0.6, 1.0)})}
+    report = compare(predicted, measured, scenario="toy", schedule="gpipe")
+    error = report["error"]
+    assert error["iteration_time_frac"] == pytest.approx(0.1)
+    assert error["peak_memory_frac"] == pytest.approx(0.02)
+    assert error["devices"][0]["compute_frac"] == pytest.approx(1.0 / 0.9 - 1)
+    assert error["stages"][0]["compute_frac"] == pytest.approx(1.0 / 0.9 - 1)
+    actions = error["actions"]
+    assert actions["matched"] == 2 and actions["unmatched"] == 0
+    assert actions["start_mean_abs_s"] == pytest.approx(0.1 / 2 + 0.2 / 2)
+    assert actions["duration_mean_abs_frac"] == pytest.approx((0.1 / 0.5 + 0.2 / 0.4) / 2)
+    assert "+10.0%" in format_report(report)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
+def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
+    pytest.importorskip("torch")
+    from runtime.config import load_runnable
+    from runtime.validate_loop import spawn_run, validate, write_report
+
+    runnable = load_runnable(GPT, {"plan.schedule": schedule})
+    report = validate(
+        runnable, nproc=2, backend="gloo", steps=2, out=tmp_path, repeats=3,
+        run=lambda: spawn_run(runnable, nproc=2, backend="gloo", steps=2, warmup=1, timeout=45.0),
+    )
+    print(format_report(report))  # the iteration-time error, for the log
+    assert report["memory"] == "counted"
+    assert len(report["error"]["devices"]) == 2
+    for device in report["error"]["devices"]:
+        assert abs(device["peak_memory_frac"]) <= 0.02, device
+    assert report["error"]["iteration_time_frac"] is not None
+    assert report["error"]["actions"]["matched"] >= 16  # every F and B of 4 micro-batches on 2 devices
+    for path in write_report(report, tmp_path):
+        assert path.stat().st_size > 0
+
+
+def test_validate_rejects_a_plan_that_does_not_fit_the_processes(capsys):
+    from runtime.cli import main
+
+    assert main(["validate", GPT, "--nproc", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nproc 2" in err
