@@ -1,0 +1,171 @@
+"""Single-device stage replay: validate a multi-stage plan's memory and compute on one GPU.
+
+A plan of S stages needs S devices to run, but each stage's work does not depend on what its
+neighbours compute, only on the shapes they exchange. So one device can replay every stage
+in turn: build the stage's layers and optimizer, then run its rank's action list of the
+schedule (F and B in the schedule's order) with synthetic inputs in place of the previous
+stage's activations and synthetic gradients in place of the next stage's, with no
+communication. Its compute time and its peak memory are exactly what that stage's device
+would spend, minus the waiting.
+
+``replay_stage`` measures one stage; ``predict_stages`` asks the simulator for the same
+numbers (per stage: the F and B time of one iteration, and peak memory); the script
+``benchmarks/gpu_stage_replay.py`` prints them side by side for GPipe and DAPPLE at several
+micro-batch counts. On a GPU peak memory is the allocator's; on a CPU (a dry run) it is the
+counted parameters, gradients, optimizer state and saved activations.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from runtime.config import RunnableScenario
+from runtime.memory import SavedTensorMeter, static_bytes
+from runtime.models import StageModule, build_layers, input_dtype, make_optimizer, num_layers, sample_shape
+from runtime.models import synthetic_batch
+from sim.schedule.generators import generate
+from sim.schedule.ir import ActionKind
+
+__all__ = ["predict_stages", "profiled_scenario", "replay_stage"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int, device: torch.device):
+    inputs, labels = synthetic_batch(runnable.model, samples, step=step, seed=0, device=device)
+    if start == 0:
+        return inputs, labels
+    generator = torch.Generator(device="cpu").manual_seed(1000 + step)
+    x = torch.randn((samples, *sample_shape(runnable.model, start)), generator=generator)
+    return x.to(device=device, dtype=input_dtype(runnable.model, start)).requires_grad_(True), labels
+
+
+def _run_actions(module: StageModule, actions, make_input, make_grad, meter: SavedTensorMeter | None) -> None:
+    """F and B in order; inputs appear at their forward and gradients at their backward, as
+    received data would (nothing else is held)."""
+    outputs: dict[int, torch.Tensor] = {}
+    for action in actions:
+        m = action.microbatch
+        if action.kind is ActionKind.F:
+            x, labels = make_input(m)
+            if meter is not None:
+                with meter.watching():
+                    outputs[m] = module(x, labels) if module.is_last else module(x)
+            else:
+                outputs[m] = module(x, labels) if module.is_last else module(x)
+        else:
+            out = outputs.pop(m)
+            out.backward() if module.is_last else out.backward(make_grad(m))
+            del out
+
+
+def replay_stage(
+    runnable: RunnableScenario, stage: int, schedule: str, num_microbatches: int, device: torch.device,
+    *, params: dict[str, Any] | None = None, repeats: int = 3,
+) -> dict[str, float]:
+    """Time and peak memory of ``stage`` running its rank's actions of ``schedule`` alone.
+
+    Returns ``compute_s`` (median over ``repeats`` of the action list, no optimizer),
+    ``peak_memory_bytes`` (allocator peak on a GPU; counted on a CPU) and
+    ``peak_activation_bytes`` (counted saved activations, on any device).
+    """
+    plan, training = runnable.plan, runnable.scenario.training
+    start, end = plan.stages[stage].layers
+    samples = training.microbatch_size // plan.stages[stage].num_replicas
+    module = StageModule(build_layers(runnable.model, range(start, end), seed=0, device=device),
+                         is_last=end == num_layers(runnable.model))
+    optimizer = make_optimizer(runnable.scenario.model.optimizer, list(module.parameters()), lr=1e-3)
+    actions = [a for a in generate(schedule, plan.num_stages, num_microbatches, **(params or {})).ranks[stage]
+               if a.kind in (ActionKind.F, ActionKind.B)]
+    out_shape = (samples, *sample_shape(runnable.model, end)) if not module.is_last else None
+    timings, peak, activations = [], 0.0, 0.0
+    for step in range(repeats + 1):  # the first pass builds the optimizer state and warms up
+        def make_input(m: int, step: int = step):
+            return _stage_input(runnable, start, samples, step * num_microbatches + m, device)
+
+        def make_grad(m: int):
+            return torch.randn(out_shape, device=device, dtype=input_dtype(runnable.model, end))
+
+        meter = SavedTensorMeter(module.parameters()) if step == 0 else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _sync(device)
+        began = time.perf_counter()
+        _run_actions(module, actions, make_input, make_grad, meter)
+        _sync(device)
+        elapsed = time.perf_counter() - began
+        if meter is not None:
+            activations = float(meter.peak_bytes)
+        if step > 0:
+            timings.append(elapsed)
+            if device.type == "cuda":
+                peak = max(peak, float(torch.cuda.max_memory_allocated(device)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    if device.type != "cuda":
+        peak = float(static_bytes(list(module.parameters()), optimizer)) + activations
+    timings.sort()
+    return {"compute_s": timings[len(timings) // 2], "peak_memory_bytes": peak, "peak_activation_bytes": activations}
+
+
+def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, *, overrides=None,
+                      warmup: int = 3, repeats: int = 10):
+    """``runnable``'s scenario on layers profiled on ``device`` (profile written into ``folder``),
+    with ``overrides`` (dotted keys) applied to training and plan."""
+    from pathlib import Path
+
+    from runtime.profiler import profile_layers, write_profile
+    from sim.plan_json import plan_to_dict
+    from sim.scenario import parse_scenario
+
+    scenario, folder = runnable.scenario, Path(folder)
+    batch = scenario.training.microbatch_size // min(stage.num_replicas for stage in scenario.plan.stages)
+    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats)
+    write_profile(layers, folder, device=device.type)
+    plan = plan_to_dict(scenario.plan, scenario.training)
+    cluster = scenario.cluster
+    text = f"""
+name: {scenario.name}-profiled
+cluster:
+  nodes: {cluster.nodes}
+  devices_per_node: {cluster.devices_per_node}
+  device: {{name: {cluster.device.name}, memory: {cluster.device.memory_bytes}B, peak_flops: {cluster.device.peak_flop_per_s}FLOP/s,
+           peak_fp32_flops: {cluster.device.peak_fp32_flop_per_s}FLOP/s,
+           memory_bandwidth: {cluster.device.memory_bandwidth_bytes_per_s}B/s}}
+  intra_node: {{bandwidth: {cluster.intra_node.bandwidth_bytes_per_s}B/s, latency: {cluster.intra_node.latency_s}s}}
+  inter_node: {{bandwidth: {cluster.inter_node.bandwidth_bytes_per_s}B/s, latency: {cluster.inter_node.latency_s}s}}
+model: {{profile: profile.txt, profile_batch_size: {batch}, dtype: {scenario.model.dtype}, optimizer: {scenario.model.optimizer}}}
+training: {{global_batch_size: {scenario.training.global_batch_size}, microbatch_size: {scenario.training.microbatch_size}}}
+"""
+    import yaml
+
+    raw = yaml.safe_load(text)
+    raw["plan"] = {k: plan[k] for k in ("schedule", "recompute", "stages")}
+    return parse_scenario(yaml.safe_dump(raw), source=str(folder / "profiled.yaml"), base_dir=folder,
+                          overrides=overrides)
+
+
+def predict_stages(scenario, *, memory: str) -> list[dict[str, float]]:
+    """Per stage (first device of each): the simulator's F+B seconds of one iteration and peak
+    memory (``allocator``: everything; ``counted``: static bytes plus activations)."""
+    from sim.report import run_scenario
+    from sim.validation import predicted_view
+
+    result = run_scenario(scenario, engine="simpy")
+    view = predicted_view(result, memory=memory)
+    devices = {d["device"]: d for d in view["devices"]}
+    busy: dict[int, float] = {}
+    for row in view["events"]:
+        if row["kind"] in ("F", "B", "I", "W"):
+            busy[row["device"]] = busy.get(row["device"], 0.0) + row["end_s"] - row["start_s"]
+    out = []
+    for stage in scenario.plan.stages:
+        device = stage.devices[0]
+        out.append({"compute_s": busy.get(device, 0.0), "peak_memory_bytes": devices[device]["peak_memory_bytes"]})
+    return out
