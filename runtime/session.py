@@ -4,7 +4,8 @@
 this rank's stages, run ``warmup_steps + steps`` steps, then gather every rank's times,
 peak memory and trace rows on rank 0. The iteration time of a step is the slowest rank's
 (from the barrier at the step's start to the end of its optimizer step); the reported
-median is over the measured steps only. Saved activations are counted in the first step
+median is over the measured steps only, and the trace rows are those of the step whose time
+is the median. Saved activations are counted in the first step
 (every step saves the same tensors; the timed steps then run without hooks). With ``check``
 the first step's gradients (before the optimizer touches them) and loss are compared with
 ``runtime.validate``'s reference.
@@ -57,7 +58,7 @@ def run_session(
         "times_s": [r.time_s for r in records],
         "losses": [r.loss for r in records],
         **_memory(records),
-        "rows": records[-1].rows,
+        "rows_by_step": [r.rows for r in records],
         "grads": records[0].grads,
     }
     gathered: list[Any] | None = [None] * dist.get_world_size() if executor.rank == 0 else None
@@ -86,6 +87,9 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
     measured = step_times[options.warmup_steps:]
     losses = [sum(r["losses"][k] for r in ranks) for k in range(steps)]
     median = statistics.median(measured) if measured else None
+    # the trace shows the step of median time (one noisy step would mislead the comparison)
+    order = sorted(range(options.warmup_steps, steps), key=lambda k: step_times[k])
+    typical = order[len(order) // 2] if order else steps - 1
     summary: dict[str, Any] = {
         "name": scenario.name,
         "schedule": plan.schedule,
@@ -107,7 +111,9 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
              "peak_activation_bytes": r["peak_activation_bytes"]}
             for r in sorted(ranks, key=lambda r: r["rank"])
         ],
-        "events": sorted((row for r in ranks for row in r["rows"]), key=lambda e: (e["device"], e["start_s"], e["end_s"])),
+        "events_step": typical,
+        "events": sorted((row for r in ranks for row in r["rows_by_step"][typical]),
+                         key=lambda e: (e["device"], e["start_s"], e["end_s"])),
     }
     if options.check:
         reference = reference_step(runnable.model, scenario.training.global_batch_size, step=0,
