@@ -1,4 +1,5 @@
-"""Charts of a validation report: predicted over measured, so a user sees where they part.
+"""Comparison charts: a validation report's prediction over its measurement, and a faulty
+replay against its fault-free twin.
 
 ``validation_gantt_figure`` draws the predicted and the measured timelines one above the
 other on the same time axis (one row per device; forwards light and backwards dark in the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["validation_gantt_figure", "validation_memory_figure", "draw_rows"]
+__all__ = ["draw_rows", "fault_impact_figure", "validation_gantt_figure", "validation_memory_figure"]
 
 _GiB = 2.0**30
 
@@ -86,5 +87,26 @@ def validation_memory_figure(report: dict[str, Any]) -> Any:
     ax.set_ylabel(f"peak memory ({name})")
     ax.set_title(f"peak memory per device ({kind})", fontsize="medium")
     ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def fault_impact_figure(result) -> Any:
+    """Idle time per device with and without the scenario's faults (``SimResult.baseline``)."""
+    plt = _pyplot()
+    impact = result.summary()["fault_impact"]
+    rows = impact["devices"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["fault_free_idle_s"] * 1e3 for r in rows], width=0.4, color="0.6",
+           label=f"fault-free ({impact['fault_free_iteration_time_s'] * 1e3:.1f} ms per iteration)")
+    ax.bar([x + 0.2 for x in xs], [(r["idle_s"] or 0.0) * 1e3 for r in rows], width=0.4, color="tab:red",
+           label=f"with faults ({result.iteration_time_s * 1e3:.1f} ms)" if result.iteration_time_s else "with faults")
+    ax.set_xticks(list(xs), [f"{r['device']}" for r in rows])
+    ax.set_xlabel("device")
+    ax.set_ylabel("idle time per iteration (ms)")
+    ax.set_title(f"{result.workload.name}: idle time with and without faults"
+                 + (f" ({impact['slowdown']:.2f}x slower)" if impact["slowdown"] else ""))
+    ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     return fig

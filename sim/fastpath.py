@@ -172,8 +172,12 @@ def replay(workload) -> "SimResult":
     optimizer step waits for the last of them. With contention off the SimPy engine gives
     the same times; this path only skips SimPy and the port bookkeeping.
     """
+    from sim.errors import DappleError
     from sim.result import SimResult
 
+    failing = [cls.devices[0] for cls in workload.classes if cls.fails_at_s is not None]
+    if failing:
+        raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
     state = _PlanState(workload)
     state.run()
     return SimResult(workload, state.records, engine="fast", contention=False)
@@ -191,7 +195,7 @@ class _PlanState:
         self.clock = [0.0] * n
         self.send_free = [0.0] * n
         self.coll_free = [0.0] * n
-        self.records = [Recorder(op_times=[(0.0, 0.0)] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
         self.arrived: dict[tuple, list] = {}
         self.waiting: dict[tuple, int] = {}
         self.issued: dict[int, list] = {}
@@ -204,10 +208,11 @@ class _PlanState:
         while self.ready:
             c = self.ready.pop()
             ops, i, now, rec = classes[c].ops, self.cursor[c], self.clock[c], self.records[c]
+            slowdown, slow_from = classes[c].slowdown, classes[c].slow_from_s
             while i < len(ops):
                 op = ops[i]
                 if op.code == COMPUTE:
-                    end = now + op.duration_s
+                    end = now + op.duration_s * (slowdown if now >= slow_from else 1.0)
                     rec.op_times[i] = (now, end)
                     if op.alloc_bytes:
                         rec.memory.append((now, op.alloc_bytes))

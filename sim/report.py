@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,21 @@ def run_scenario(
     workload = compile_workload(scenario, symmetric=symmetric)
     log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
     if engine == "fast":
-        return replay(workload)
-    from sim.engine.replay import simulate
+        result = replay(workload)
+    else:
+        from sim.engine.replay import simulate
 
-    return simulate(workload, contention=contention)
+        result = simulate(workload, contention=contention)
+    if scenario.faults:
+        # the same plan without faults, for the impact (iteration time, idle time per device)
+        result.baseline = run_scenario(replace(scenario, faults=()), engine=engine, contention=contention,
+                                       symmetric=symmetric)
+    return result
 
 
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
-    """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``."""
+    """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
+    (and faults.png, idle time with and without the faults, when the scenario has faults)."""
     from sim.plots import gantt_figure, memory_figure
 
     out = Path(out_dir)
@@ -71,7 +79,12 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     events = out / "events.csv"
     result.events(result.traced_devices() if not trace_all else None).to_csv(events, index=False)
     written.append(events)
-    for name, figure in (("gantt.png", gantt_figure), ("memory.png", memory_figure)):
+    figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
+    if result.baseline is not None and result.baseline.iteration_time_s:
+        from sim.compare_plots import fault_impact_figure
+
+        figures.append(("faults.png", fault_impact_figure))
+    for name, figure in figures:
         fig = figure(result)
         fig.savefig(out / name, dpi=110)
         written.append(out / name)
@@ -88,11 +101,24 @@ def format_summary(summary: dict[str, Any], result: SimResult) -> str:
     lines = [
         f"{summary['name']}: {summary['schedule']}, {summary['num_stages']} stages, "
         f"{summary['num_microbatches']} micro-batches, {summary['num_devices']} devices ({mode})",
-        f"iteration {format_time(summary['iteration_time_s'])}   throughput "
-        f"{summary['throughput_samples_per_s']:.4g} samples/s   bubble {summary['bubble_fraction']:.1%}   "
-        f"peak memory {format_bytes(summary['peak_memory_bytes'])} of {format_bytes(capacity)}"
-        + (f"   MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else ""),
     ]
+    if summary.get("failure"):
+        lines.append(f"FAILED: {summary['failure']['message']}")
+    else:
+        lines.append(
+            f"iteration {format_time(summary['iteration_time_s'])}   throughput "
+            f"{summary['throughput_samples_per_s']:.4g} samples/s   bubble {summary['bubble_fraction']:.1%}   "
+            f"peak memory {format_bytes(summary['peak_memory_bytes'])} of {format_bytes(capacity)}"
+            + (f"   MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else "")
+        )
+    impact = summary.get("fault_impact")
+    if impact and impact["slowdown"] is not None:
+        grown = sorted(impact["devices"], key=lambda d: -(d["idle_growth_s"] or 0))[:3]
+        lines.append(
+            f"faults: {impact['slowdown']:.3f}x the fault-free {format_time(impact['fault_free_iteration_time_s'])}; "
+            "idle time grew most on " + ", ".join(f"device {d['device']} (+{format_time(d['idle_growth_s'])})"
+                                                 for d in grown)
+        )
     if summary["oom"]:
         lines.append(f"OUT OF MEMORY: {summary['oom_detail']['message']}")
     lines.append(f"  {'devices':<14} {'stage':>5} {'busy':>10} {'idle':>10} {'peak memory':>12} {'live mb':>7}")
@@ -100,9 +126,10 @@ def format_summary(summary: dict[str, Any], result: SimResult) -> str:
     for cls in result.workload.classes:
         row = by_device[cls.devices[0]]
         stages = ",".join(map(str, row["stages"]))
+        idle = "-" if row["idle_s"] is None else format_time(row["idle_s"])
         lines.append(
             f"  {_ranges(list(cls.devices)):<14} {stages:>5} {format_time(row['busy_s']):>10} "
-            f"{format_time(row['idle_s']):>10} {format_bytes(row['peak_memory_bytes']):>12} "
+            f"{idle:>10} {format_bytes(row['peak_memory_bytes']):>12} "
             f"{row['peak_activation_microbatches']:>7}"
         )
     return "\n".join(lines)

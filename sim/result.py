@@ -31,8 +31,9 @@ __all__ = ["Recorder", "SimResult", "OutOfMemory"]
 class Recorder:
     """What happened to one device class during a replay (mutable, filled by the replay)."""
 
-    op_times: list[tuple[float, float]]
-    """Per op: (start_s, end_s). SEND: send stream busy; RECV: waiting; REDUCE: the all-reduce."""
+    op_times: list[tuple[float, float] | None]
+    """Per op: (start_s, end_s), None if it never ran (a failed replay). SEND: send stream
+    busy; RECV: waiting; REDUCE: the all-reduce."""
     memory: list[tuple[float, float]] = field(default_factory=list)
     """(time_s, bytes delta) of activations (stash) per device of the class, in any order."""
     buffers: list[tuple[float, float]] = field(default_factory=list)
@@ -74,13 +75,26 @@ class _Memory:
 class SimResult:
     """A finished replay of ``workload``."""
 
-    def __init__(self, workload: Workload, records: list[Recorder], *, engine: str, contention: bool) -> None:
+    def __init__(
+        self, workload: Workload, records: list[Recorder], *, engine: str, contention: bool, failure: dict | None = None
+    ) -> None:
         self.workload = workload
         self.records = records
         self.engine = engine
         self.contention = contention
-        self.iteration_time_s = max((r.optimizer[1] for r in records), default=0.0)
+        self.failure = failure
+        """When a device died (``sim.faults.Failure``): its id, the time and its action."""
+        self.baseline: SimResult | None = None
+        """The same plan without faults, when the scenario has faults (set by ``sim.report``)."""
+        self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
         self._memory = [self._memory_of(c.index) for c in workload.classes]
+
+    @property
+    def end_s(self) -> float:
+        """Where the replay's timeline ends: the iteration, or the failure that stopped it."""
+        if self.iteration_time_s is not None:
+            return self.iteration_time_s
+        return self.failure["time_s"] if self.failure else 0.0
 
     # --- memory --------------------------------------------------------------------------
 
@@ -137,8 +151,10 @@ class SimResult:
     # --- summary ---------------------------------------------------------------------------
 
     def busy_s(self, index: int) -> float:
-        cls = self.workload.classes[index]
-        return sum(op.duration_s for op in cls.ops if op.code == COMPUTE) + cls.optimizer_s
+        """Seconds the class's compute stream works (what actually ran, stragglers included)."""
+        cls, rec = self.workload.classes[index], self.records[index]
+        compute = sum(t[1] - t[0] for op, t in zip(cls.ops, rec.op_times) if op.code == COMPUTE and t is not None)
+        return compute + rec.optimizer[1] - rec.optimizer[0]
 
     def summary(self) -> dict[str, Any]:
         w, T = self.workload, self.iteration_time_s
@@ -152,7 +168,7 @@ class SimResult:
                         "stage": cls.stages[0],
                         "stages": list(cls.stages),
                         "busy_s": busy,
-                        "idle_s": max(T - busy, 0.0),
+                        "idle_s": None if T is None else max(T - busy, 0.0),
                         "peak_memory_bytes": mem.peak_bytes,
                         "peak_memory_time_s": mem.peak_time_s,
                         "peak_activation_microbatches": mem.peak_live_microbatches,
@@ -164,7 +180,8 @@ class SimResult:
         devices.sort(key=lambda d: d["device"])
         total_busy = sum(d["busy_s"] for d in devices)
         oom = self.out_of_memory
-        return {
+        T = T or 0.0  # a failed replay has no iteration time (reported as None below)
+        summary = {
             "name": w.name,
             "engine": self.engine,
             "contention": self.contention,
@@ -182,6 +199,32 @@ class SimResult:
             "device_classes": len(w.classes),
             "devices": devices,
         }
+        if self.failure is not None:
+            summary.update(iteration_time_s=None, throughput_samples_per_s=None, bubble_fraction=None, mfu=None)
+            summary["failure"] = {**self.failure, "lost_compute_s": total_busy,
+                                  "lost_device_s": self.failure["time_s"] * len(devices),
+                                  "message": f"device {self.failure['device']} failed at "
+                                             f"{self.failure['time_s'] * 1e3:.3f} ms during {self.failure['action']}: "
+                                             f"the iteration cannot finish; {total_busy:.3g} s of compute on "
+                                             f"{len(devices)} devices is lost"}
+        if self.baseline is not None and self.baseline.iteration_time_s:
+            summary["fault_impact"] = self._impact(devices)
+        return summary
+
+    def _impact(self, devices: list[dict]) -> dict[str, Any]:
+        """How the faults changed the iteration and each device's idle time."""
+        base = {d["device"]: d for d in self.baseline.summary()["devices"]}
+        T0 = self.baseline.iteration_time_s
+        rows = [
+            {"device": d["device"], "idle_s": d["idle_s"], "fault_free_idle_s": base[d["device"]]["idle_s"],
+             "idle_growth_s": None if d["idle_s"] is None else d["idle_s"] - base[d["device"]]["idle_s"]}
+            for d in devices
+        ]
+        return {
+            "fault_free_iteration_time_s": T0,
+            "slowdown": None if self.iteration_time_s is None else self.iteration_time_s / T0,
+            "devices": rows,
+        }
 
     # --- events and trace ------------------------------------------------------------------
 
@@ -191,13 +234,16 @@ class SimResult:
         rows = []
         for cls, rec in zip(self.workload.classes, self.records):
             members = [d for d in cls.devices if wanted is None or d in wanted]
-            for op, (start, end) in zip(cls.ops, rec.op_times):
+            for op, times in zip(cls.ops, rec.op_times):
+                if times is None:
+                    continue
+                start, end = times
                 for device in members:
                     rows.append(
                         {"device": device, "stage": op.stage, "kind": op.kind.value, "microbatch": op.microbatch,
                          "action": op.text, "stream": _STREAM[op.code], "start_s": start, "end_s": end}
                     )
-            for device in members:
+            for device in members if self.failure is None else ():
                 rows.append(
                     {"device": device, "stage": cls.stages[0], "kind": "OPTIM", "microbatch": None,
                      "action": "OPTIM", "stream": "compute", "start_s": rec.optimizer[0], "end_s": rec.optimizer[1]}

@@ -57,8 +57,8 @@ class Scenario:
     """Global batch and micro-batch size."""
     plan: PlanSpec | None
     """Stages and schedule; None lets the planner decide."""
-    faults: tuple[Mapping[str, Any], ...] = ()
-    """Injected faults (none are modelled yet, so this is always empty)."""
+    faults: tuple = ()
+    """Injected faults (``sim.faults``: stragglers, jitter, slow links, failures)."""
     path: str = ""
     """The file it was read from."""
 
@@ -116,7 +116,7 @@ def parse_scenario(
     cluster = _cluster(reader, raw["cluster"])
     model = _model(reader, raw["model"])
     training = _training(reader, raw["training"])
-    faults = _faults(reader, raw.get("faults", []))
+    faults = _faults(reader, raw.get("faults", []), cluster)
     plan = _plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
     return Scenario(name=name, cluster=cluster, model=model, training=training, plan=plan, faults=faults, path=source)
 
@@ -289,14 +289,69 @@ def _training(reader: StrictReader, data: Any) -> TrainingSpec:
     )
 
 
-def _faults(reader: StrictReader, data: Any) -> tuple:
+_FAULT_KEYS = {
+    "straggler": {"type", "device", "slowdown", "from"},
+    "jitter": {"type", "distribution", "spread", "seed", "devices"},
+    "slow_link": {"type", "nic", "device", "factor"},
+    "failure": {"type", "device", "at"},
+}
+
+
+_FAULT_REQUIRED = {"straggler": {"device", "slowdown"}, "jitter": set(), "slow_link": {"factor"},
+                   "failure": {"device", "at"}}
+
+
+def _faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
+    """The ``faults:`` list (see ``sim.faults``), with device and NIC ids checked against the cluster."""
+    from sim.faults import FAULT_TYPES, Failure, Jitter, SlowLink, Straggler
+
     if data is None:
         return ()
     if not isinstance(data, list):
-        raise reader.fail("faults", f"must be a list, got {show_value(data)}")
-    if data:
-        raise reader.fail("faults", "fault injection is not modelled yet; remove the entries (use faults: [])")
-    return ()
+        raise reader.fail("faults", f"must be a list of faults ({', '.join(FAULT_TYPES)}), got {show_value(data)}")
+    faults = []
+    for index, item in enumerate(data):
+        key = f"faults[{index}]"
+        item = reader.mapping(item, key)
+        kind = reader.string(item, key, "type", choices=FAULT_TYPES)
+        reader.keys(item, key, allowed=_FAULT_KEYS[kind], required=_FAULT_REQUIRED[kind])
+        if kind == "straggler":
+            fault = reader.build(key, Straggler, device=_fault_device(reader, item, key, "device", cluster.num_devices),
+                                 slowdown=_number(reader, item, key, "slowdown"),
+                                 from_s=reader.quantity(item, key, "from", parse_time, "0s"))
+        elif kind == "failure":
+            fault = reader.build(key, Failure, device=_fault_device(reader, item, key, "device", cluster.num_devices),
+                                 at_s=reader.quantity(item, key, "at", parse_time))
+        elif kind == "slow_link":
+            nics = cluster.nodes * cluster.nics_per_node
+            fault = reader.build(
+                key, SlowLink, factor=_number(reader, item, key, "factor"),
+                nic=_fault_device(reader, item, key, "nic", nics) if "nic" in item else None,
+                device=_fault_device(reader, item, key, "device", cluster.num_devices) if "device" in item else None,
+            )
+        else:
+            devices = _devices(reader, item["devices"], join_key(key, "devices"), cluster.num_devices) \
+                if "devices" in item else None
+            fault = reader.build(key, Jitter, distribution=reader.string(item, key, "distribution", "normal"),
+                                 spread=_number(reader, item, key, "spread", 0.05),
+                                 seed=reader.integer(item, key, "seed", 0, minimum=0), devices=devices)
+        faults.append(fault)
+    return tuple(faults)
+
+
+def _number(reader: StrictReader, data: dict, key: str, name: str, default: Any = None) -> float:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise reader.fail(join_key(key, name), f"must be a number, got {show_value(value)}")
+    return float(value)
+
+
+def _fault_device(reader: StrictReader, data: dict, key: str, name: str, count: int) -> int:
+    value = reader.integer(data, key, name, minimum=0)
+    if value >= count:
+        what = "network cards" if name == "nic" else "devices"
+        raise reader.fail(join_key(key, name), f"{value} does not exist; the cluster has {what} 0 to {count - 1}")
+    return value
 
 
 def _plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
@@ -309,7 +364,7 @@ def _plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpe
     stages_raw = data["stages"]
     if not isinstance(stages_raw, list) or not stages_raw:
         raise reader.fail("plan.stages", f"must be a non-empty list of {{layers: [start, end], devices: [...]}}, got {show_value(stages_raw)}")
-    stages = tuple(_stage(reader, item, f"plan.stages[{i}]") for i, item in enumerate(stages_raw))
+    stages = tuple(_stage(reader, item, f"plan.stages[{i}]", cluster.num_devices) for i, item in enumerate(stages_raw))
     name, params = ("file", {}) if "schedule_file" in data else _schedule_name(reader, data.get("schedule", "dapple"))
     plan = reader.build(
         "plan",
@@ -358,7 +413,7 @@ def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
     return name, params
 
 
-def _stage(reader: StrictReader, data: Any, key: str) -> StageSpec:
+def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> StageSpec:
     data = reader.mapping(data, key)
     reader.keys(data, key, allowed={"layers", "devices"}, required={"layers", "devices"})
     layers = data["layers"]
@@ -368,14 +423,15 @@ def _stage(reader: StrictReader, data: Any, key: str) -> StageSpec:
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
     ):
         raise reader.fail(join_key(key, "layers"), f"must be [start, end] (two integers, end exclusive), got {show_value(layers)}")
-    devices = _devices(reader, data["devices"], join_key(key, "devices"))
+    devices = _devices(reader, data["devices"], join_key(key, "devices"), num_devices)
     return reader.build(key, StageSpec, layers=(layers[0], layers[1]), devices=devices)
 
 
-def _devices(reader: StrictReader, value: Any, key: str) -> tuple[int, ...]:
-    """Device ids from a list (``[0, 1, 2]``), an integer, or ranges text (``"0-7, 16-23"``)."""
+def _devices(reader: StrictReader, value: Any, key: str, count: int) -> tuple[int, ...]:
+    """Device ids from a list (``[0, 1, 2]``), an integer, or ranges text (``"0-7, 16-23"``);
+    ids must be below ``count`` (checked before a range is expanded)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
+        value = [value]
     if isinstance(value, str):
         devices: list[int] = []
         for part in value.split(","):
@@ -385,6 +441,8 @@ def _devices(reader: StrictReader, value: Any, key: str) -> tuple[int, ...]:
             first, last = int(lo), int(hi) if hi else int(lo)
             if last < first:
                 raise reader.fail(key, f"range {part.strip()!r} runs backwards; write low-high")
+            if last >= count:
+                raise reader.fail(key, f"device {last} does not exist; the cluster has devices 0 to {count - 1}")
             devices.extend(range(first, last + 1))
         return tuple(devices)
     if not isinstance(value, list) or not value:
@@ -392,4 +450,6 @@ def _devices(reader: StrictReader, value: Any, key: str) -> tuple[int, ...]:
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
             raise reader.fail(key, f"device ids are integers, got {show_value(item)} in {show_value(value)}")
+        if not 0 <= item < count:
+            raise reader.fail(key, f"device {item} does not exist; the cluster has devices 0 to {count - 1}")
     return tuple(value)

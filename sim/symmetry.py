@@ -32,12 +32,14 @@ def refine(
     card_of: Sequence[int],
     edges: Sequence[tuple[int, int, Hashable]],
     num_cards: int,
+    card_initial: Sequence[Hashable] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Colour refinement of devices and network cards.
 
     ``initial[d]``: starting colour of device d; ``card_of[d]``: its network card;
-    ``edges``: directed ``(src, dst, label)`` flows between devices. Returns
-    ``(device_class, card_class)``: class ids numbered by first appearance in id order.
+    ``edges``: directed ``(src, dst, label)`` flows between devices; ``card_initial[c]``:
+    starting colour of card c (e.g. a degraded one). Returns ``(device_class, card_class)``:
+    class ids numbered by first appearance in id order.
     """
     num_devices = len(initial)
     outgoing: list[list[tuple[Hashable, int]]] = [[] for _ in range(num_devices)]
@@ -50,7 +52,7 @@ def refine(
         members[card].append(device)
 
     device_class = _relabel(initial)
-    card_class = _relabel([()] * num_cards)
+    card_class = _relabel(list(card_initial) if card_initial is not None else [()] * num_cards)
     count = -1
     while True:
         card_sig = [(card_class[c], tuple(sorted(device_class[d] for d in members[c]))) for c in range(num_cards)]

@@ -34,6 +34,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from sim.cost import split_samples, stage_cost
+from sim.faults import jitter_factors
 from sim.models import model_flop_per_sample
 from sim.scenario import Scenario
 from sim.schedule.ir import ActionKind, Schedule
@@ -142,6 +143,11 @@ class DeviceClass:
     """Parameters, gradients and optimizer state held at rest, per device."""
     optimizer_s: float
     """Optimizer step: memory-bound over parameters, gradients and state."""
+    slowdown: float = 1.0
+    """Straggler factor on compute actions that start at or after ``slow_from_s``."""
+    slow_from_s: float = 0.0
+    fails_at_s: float | None = None
+    """When the (single) device of this class dies, if it does."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,12 +215,17 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     flows = _p2p_flows(plan, model, samples) + ar_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
     nic_local = {n: i for i, n in enumerate(nic_ids)}
-    initial = [(rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]])) for d in devices]
+    faults = _FaultView(scenario.faults, cluster)
+    initial = [
+        (rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]), faults.device_signature(d))
+        for d in devices
+    ]
     edges = [
         (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
         for src, dst, label, nbytes in flows
     ]
-    device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids))
+    device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids),
+                                      [faults.nic_factor(n) for n in nic_ids])
     # identical devices issue each operation together, with or without the reduction
     together = {d: device_class[local[d]] for d in devices}
     if not symmetric:
@@ -222,7 +233,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     class_of = {d: device_class[local[d]] for d in devices}
     card_of = {n: card_class[nic_local[n]] for n in nic_ids}
 
-    ports = _PortTable(cluster, class_of, card_of, devices, nic_ids)
+    ports = _PortTable(cluster, class_of, card_of, devices, nic_ids, faults)
     kinds = _flow_kinds(flows, class_of, together, ports)
     members = defaultdict(list)
     for d in devices:
@@ -231,7 +242,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     by_class = _kinds_by_class(kinds)
     classes = tuple(
         _device_class(index, tuple(members[index]), scenario, schedule, rank_of, stages_of_rank, samples, kinds,
-                      collectives, by_class)
+                      collectives, by_class, faults)
         for index in range(len(members))
     )
     flop = model_flop_per_sample(model) if all(not layer.is_measured for layer in model.layers) else None
@@ -317,13 +328,47 @@ def _allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, 
     return flows, latency
 
 
-class _PortTable:
-    """Real port ids, their classes and bandwidths."""
+class _FaultView:
+    """The scenario's faults, as the compiler asks about them."""
 
-    def __init__(self, cluster, class_of, card_of, devices, nic_ids):
+    def __init__(self, faults: tuple, cluster) -> None:
+        from sim.faults import Failure, Jitter, SlowLink, Straggler
+
+        self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
+        self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
+        self.jitters = [f for f in faults if isinstance(f, Jitter)]
+        self.slow_ports: dict[int, float] = {}
+        self.slow_nics: dict[int, float] = {}
+        for f in faults:
+            if isinstance(f, SlowLink):
+                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
+                table[key] = table.get(key, 1.0) * f.factor
+
+    def jitter_for(self, device: int):
+        return next((j for j in self.jitters if j.applies_to(device)), None)
+
+    def device_signature(self, device: int) -> tuple:
+        """What makes a device unlike its replicas (a jittered device is unlike every other)."""
+        straggler, failure = self.stragglers.get(device), self.failures.get(device)
+        return (
+            (straggler.slowdown, straggler.from_s) if straggler else None,
+            failure.at_s if failure else None,
+            self.slow_ports.get(device, 1.0),
+            device if self.jitter_for(device) is not None else None,
+        )
+
+    def nic_factor(self, nic: int) -> float:
+        return self.slow_nics.get(nic, 1.0)
+
+
+class _PortTable:
+    """Real port ids, their classes and bandwidths (a degraded port has its own class)."""
+
+    def __init__(self, cluster, class_of, card_of, devices, nic_ids, faults: _FaultView):
         self.cluster = cluster
         self.class_of = class_of
         self.card_of = card_of
+        self.faults = faults
         self.ids: dict[tuple, int] = {}
         self.info: list[tuple[str, float, int]] = []  # name, bandwidth, size
         sizes = defaultdict(int)
@@ -335,19 +380,23 @@ class _PortTable:
             sizes[("nic-in", card_of[n])] += 1
         self.sizes = sizes
 
-    def path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[int, int], float, float]:
-        """(real port keys, port class ids, bandwidth, latency) of a transfer src -> dst."""
-        c = self.cluster
+    def path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[int, int], tuple[float, float], float]:
+        """(real port keys, port class ids, their bandwidths, latency) of a transfer src -> dst."""
+        c, f = self.cluster, self.faults
         if c.node_of(src) == c.node_of(dst):
             real = (("out", src), ("in", dst))
             keys = (("out", self.class_of[src]), ("in", self.class_of[dst]))
             link = c.intra_node
+            factors = (f.slow_ports.get(src, 1.0), f.slow_ports.get(dst, 1.0))
         else:
-            real = (("nic-out", c.nic_of(src)), ("nic-in", c.nic_of(dst)))
-            keys = (("nic-out", self.card_of[c.nic_of(src)]), ("nic-in", self.card_of[c.nic_of(dst)]))
+            nics = (c.nic_of(src), c.nic_of(dst))
+            real = (("nic-out", nics[0]), ("nic-in", nics[1]))
+            keys = (("nic-out", self.card_of[nics[0]]), ("nic-in", self.card_of[nics[1]]))
             link = c.inter_node
-        ids = tuple(self._id(key, link.bandwidth_bytes_per_s) for key in keys)
-        return real, ids, link.bandwidth_bytes_per_s, link.latency_s
+            factors = (f.nic_factor(nics[0]), f.nic_factor(nics[1]))
+        bandwidths = tuple(link.bandwidth_bytes_per_s * factor for factor in factors)
+        ids = tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
+        return real, ids, bandwidths, link.latency_s
 
     def _id(self, key: tuple, bandwidth: float) -> int:
         if key not in self.ids:
@@ -372,8 +421,8 @@ def _flow_kinds(flows, class_of, together, ports: _PortTable) -> list[FlowKind]:
     op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
     paths = []
     for src, dst, label, nbytes in flows:
-        real, ids, bandwidth, latency = ports.path(src, dst)
-        paths.append((real, ids, bandwidth, latency))
+        real, ids, bandwidths, latency = ports.path(src, dst)
+        paths.append((real, ids, bandwidths, latency))
         grouped[(label, class_of[src], class_of[dst], round(nbytes, 6))].append(len(paths) - 1)
         for port in real:
             op_port_load[_operation(label, src, together)][port] += 1
@@ -383,14 +432,14 @@ def _flow_kinds(flows, class_of, together, ports: _PortTable) -> list[FlowKind]:
     kinds = []
     for (label, src_class, dst_class, _), members in sorted(grouped.items(), key=lambda item: repr(item[0])):
         src, dst, _, nbytes = flows[members[0]]
-        real, ids, bandwidth, latency = paths[members[0]]
+        real, ids, bandwidths, latency = paths[members[0]]
         per_port = defaultdict(int)
         for m in members:
             for port_id in paths[m][1]:
                 per_port[port_id] += 1
         weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
         loads = op_port_load[_operation(label, src, together)]
-        static_rate = min(bandwidth / loads[port] for port in real)
+        static_rate = min(bw / loads[port] for bw, port in zip(bandwidths, real))
         kinds.append(
             FlowKind(
                 index=len(kinds),
@@ -448,7 +497,8 @@ def _kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:
     return out_kinds, in_kinds
 
 
-def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives, by_class):
+def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives, by_class,
+                  faults: _FaultView):
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     rank = rank_of[devices[0]]
     stages = stages_of_rank[rank]
@@ -468,6 +518,12 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
             templates[key] = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute, kinds, out_kinds,
                                         in_kinds, collective_of)
         ops.append(Op(text=str(a), microbatch=a.microbatch, **templates[key]))
+    jitter = faults.jitter_for(devices[0])
+    if jitter is not None:  # a jittered device is alone in its class (its signature is unique)
+        compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
+        for i, factor in zip(compute, jitter_factors(jitter, devices[0], len(compute))):
+            ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
+    straggler, failure = faults.stragglers.get(devices[0]), faults.failures.get(devices[0])
     params = sum(costs[s].param_bytes for s in stages)
     state = params * model.optimizer_state_bytes_per_param_byte
     return DeviceClass(
@@ -480,6 +536,9 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         static_bytes=sum(costs[s].static_bytes for s in stages),
         # read parameters, gradients and state; write parameters and state
         optimizer_s=(3 * params + 2 * state) / cluster.device.memory_bandwidth_bytes_per_s,
+        slowdown=straggler.slowdown if straggler else 1.0,
+        slow_from_s=straggler.from_s if straggler else 0.0,
+        fails_at_s=failure.at_s if failure else None,
     )
 
 

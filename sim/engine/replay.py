@@ -44,8 +44,9 @@ def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
     with _gc_paused():
         replay = _Replay(workload, contention)
         replay.env.run()
-    replay.check_finished()
-    return SimResult(workload, replay.records, engine="simpy", contention=contention)
+    if replay.failure is None:
+        replay.check_finished()
+    return SimResult(workload, replay.records, engine="simpy", contention=contention, failure=replay.failure)
 
 
 @contextmanager
@@ -71,7 +72,7 @@ class _Replay:
         self.env = simpy.Environment()
         self.net = Network(self.env, workload, contention=contention)
         n = len(workload.classes)
-        self.records = [Recorder(op_times=[(0.0, 0.0)] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
         self.position = [0] * n
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
@@ -81,14 +82,35 @@ class _Replay:
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
         self.collective_done: dict[int, simpy.Event] = {}
-        for c in range(n):
-            self.env.process(self._device(c))
+        self.failure: dict | None = None
+        self.processes = [self.env.process(self._device(c)) for c in range(n)]
+        for c, cls in enumerate(workload.classes):
+            if cls.fails_at_s is not None:
+                self.env.process(self._fail(c, cls.fails_at_s))
+
+    def _fail(self, c: int, at_s: float):
+        """A device dies: it stops where it is, and everyone who waits for it waits forever."""
+        yield self.env.timeout(at_s)
+        if self.finished[c] or self.failure is not None:
+            return
+        ops = self.w.classes[c].ops
+        where = ops[self.position[c]].text if self.position[c] < len(ops) else "its optimizer step"
+        self.failure = {"device": self.w.classes[c].devices[0], "time_s": at_s, "action": where}
+        # the job stops with the device (NCCL aborts the others): the iteration is lost
+        raise simpy.core.StopSimulation(self.failure)
 
     # --- compute stream ----------------------------------------------------------------------
 
     def _device(self, c: int):
+        try:
+            yield from self._actions(c)
+        except simpy.Interrupt:
+            return  # the device failed (``_fail``)
+
+    def _actions(self, c: int):
         env, rec = self.env, self.records[c]
-        ops = self.w.classes[c].ops
+        cls = self.w.classes[c]
+        ops = cls.ops
         for i, op in enumerate(ops):
             self.position[c] = i
             code = op.code
@@ -96,8 +118,9 @@ class _Replay:
                 start = env.now
                 if op.alloc_bytes:
                     rec.memory.append((start, op.alloc_bytes))
-                if op.duration_s > 0:
-                    yield env.timeout(op.duration_s)
+                duration = op.duration_s * (cls.slowdown if start >= cls.slow_from_s else 1.0)
+                if duration > 0:
+                    yield env.timeout(duration)
                 rec.op_times[i] = (start, env.now)
                 if op.free_bytes:
                     rec.memory.append((env.now, -op.free_bytes))

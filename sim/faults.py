@@ -1,0 +1,135 @@
+"""Faults: what goes wrong on real clusters, written into a scenario to see what it costs.
+
+A scenario's ``faults:`` list injects any of four faults into a replay:
+
+* ``straggler`` — one device computes ``slowdown`` times slower from time ``from``
+  (thermal throttling, a noisy neighbour): ``{type: straggler, device: 3, slowdown: 1.5, from: 0.2s}``;
+* ``jitter`` — every compute action of the chosen devices (all by default) takes its time
+  times a random factor of mean 1: ``normal`` (``1 + spread·N(0, 1)``, at least 0.05),
+  ``lognormal`` (``exp(spread·N(0, 1) − spread²/2)``) or ``uniform`` (``1 ± spread``),
+  drawn from a seeded generator so a seed always gives the same replay:
+  ``{type: jitter, distribution: normal, spread: 0.05, seed: 7}``;
+* ``slow_link`` — a port's bandwidth times ``factor``: a network card
+  (``nic``, global id ``node * nics_per_node + k``) or a GPU's intra-node port (``device``):
+  ``{type: slow_link, nic: 1, factor: 0.25}``;
+* ``failure`` — a device dies at time ``at``: the iteration cannot finish, and the replay
+  reports where, when and how much work the iteration loses:
+  ``{type: failure, device: 5, at: 0.8s}``.
+
+Faults are frozen specs checked here (with their dotted keys in errors); the compiled
+workload (``sim.workload``) applies them, and a faulty device never shares a symmetry
+class with a healthy one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from sim.errors import SpecError
+
+__all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_factors"]
+
+JITTER_DISTRIBUTIONS = ("normal", "lognormal", "uniform")
+
+
+def _check_positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(key, f"must be a positive number, got {value!r}")
+
+
+def _check_device(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(key, f"must be a device id (an integer >= 0), got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Straggler:
+    """One device computing slower from some time on."""
+
+    device: int
+    slowdown: float
+    """Compute time factor, > 0 (1.5 = 50% slower)."""
+    from_s: float = 0.0
+    """Actions that start at or after this time are slow."""
+
+    def __post_init__(self) -> None:
+        _check_device("device", self.device)
+        _check_positive("slowdown", self.slowdown)
+        if not math.isfinite(self.from_s) or self.from_s < 0:
+            raise SpecError("from", f"must be a time >= 0, got {self.from_s!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Jitter:
+    """Seeded random noise on compute times."""
+
+    distribution: str = "normal"
+    spread: float = 0.05
+    """Relative spread: standard deviation (normal, lognormal) or half-width (uniform)."""
+    seed: int = 0
+    devices: tuple[int, ...] | None = None
+    """Devices whose actions jitter; None: every device."""
+
+    def __post_init__(self) -> None:
+        if self.distribution not in JITTER_DISTRIBUTIONS:
+            raise SpecError("distribution", f"unknown {self.distribution!r}; valid: {', '.join(JITTER_DISTRIBUTIONS)}")
+        if isinstance(self.spread, bool) or not isinstance(self.spread, (int, float)) or not 0 <= self.spread <= 10:
+            raise SpecError("spread", f"must be a number in [0, 10], got {self.spread!r}")
+        if self.distribution == "uniform" and self.spread >= 1:
+            raise SpecError("spread", f"a uniform spread must be below 1 (times stay positive), got {self.spread!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SpecError("seed", f"must be an integer, got {self.seed!r}")
+        for device in self.devices or ():
+            _check_device("devices", device)
+
+    def applies_to(self, device: int) -> bool:
+        return self.devices is None or device in self.devices
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowLink:
+    """A degraded port: a NIC or a GPU's intra-node port, at ``factor`` of its bandwidth."""
+
+    factor: float
+    nic: int | None = None
+    device: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("factor", self.factor)
+        if (self.nic is None) == (self.device is None):
+            raise SpecError("nic", "give exactly one of nic (a network card) or device (a GPU's intra-node port)")
+        if self.nic is not None:
+            _check_device("nic", self.nic)
+        if self.device is not None:
+            _check_device("device", self.device)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    """A device that dies at a time."""
+
+    device: int
+    at_s: float
+
+    def __post_init__(self) -> None:
+        _check_device("device", self.device)
+        if not math.isfinite(self.at_s) or self.at_s < 0:
+            raise SpecError("at", f"must be a time >= 0, got {self.at_s!r}")
+
+
+FAULT_TYPES = {"straggler": Straggler, "jitter": Jitter, "slow_link": SlowLink, "failure": Failure}
+"""``type:`` name -> spec class."""
+
+
+def jitter_factors(jitter: Jitter, device: int, count: int) -> list[float]:
+    """``count`` factors for ``device``'s compute actions, in order (same seed, same factors)."""
+    rng = random.Random(f"{jitter.seed}:{device}")
+    s = jitter.spread
+    if jitter.distribution == "uniform":
+        return [1.0 + rng.uniform(-s, s) for _ in range(count)]
+    if jitter.distribution == "lognormal":
+        return [math.exp(s * rng.gauss(0.0, 1.0) - s * s / 2) for _ in range(count)]
+    return [max(0.05, 1.0 + s * rng.gauss(0.0, 1.0)) for _ in range(count)]
