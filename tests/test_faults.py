@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import BAD_SCENARIOS, SCENARIOS, synthetic_scenario
+from conftest import SCENARIOS, synthetic_scenario
 from sim.engine.replay import simulate
 from sim.errors import DappleError, ScenarioError
 from sim.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
