@@ -98,9 +98,9 @@ def describe(scenario: Scenario) -> dict[str, Any]:
             f"devices {_ranges(over)} need {format_bytes(max(at_rest.values()))} at rest, more than their "
             f"{format_bytes(capacity)}; use more stages or fewer layers per stage"
         )
-    unused = sorted(set(range(cluster.num_devices)) - set(at_rest))
+    unused = cluster.num_devices - len(at_rest)
     if unused:
-        info["warnings"].append(f"devices {_ranges(unused)} are not used by the plan")
+        info["warnings"].append(f"{unused} of the cluster's {cluster.num_devices} devices are not used by the plan")
     return info
 
 

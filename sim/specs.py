@@ -261,6 +261,10 @@ class ModelSpec:
         return sum(layer.param_bytes for layer in self.layers[start:end])
 
 
+MAX_MICROBATCHES = 100_000
+"""Most micro-batches per iteration (a schedule lists every one of them on every rank)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSpec:
     """How many samples one iteration trains on and how they are cut into micro-batches."""
@@ -276,6 +280,12 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         positive_int("global_batch_size", self.global_batch_size)
         positive_int("microbatch_size", self.microbatch_size)
+        if self.global_batch_size // self.microbatch_size > MAX_MICROBATCHES:
+            raise SpecError(
+                "global_batch_size",
+                f"{self.global_batch_size} / {self.microbatch_size} is {self.global_batch_size // self.microbatch_size} "
+                f"micro-batches, more than the {MAX_MICROBATCHES} a schedule can hold; raise microbatch_size",
+            )
         if self.global_batch_size % self.microbatch_size:
             raise SpecError(
                 "microbatch_size",

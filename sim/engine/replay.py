@@ -246,13 +246,17 @@ class _Replay:
         stuck = [c for c, ok in enumerate(self.finished) if not ok]
         if not stuck:
             return
+        from sim.schedule.validate import format_grid
+
         classes = self.w.classes
-        lines = []
+        lines, mark = [], None
         for c in stuck:
-            ops = classes[c].ops
-            where = ops[self.position[c]].text if self.position[c] < len(ops) else "its all-reduce"
+            ops, position = classes[c].ops, self.position[c]
+            where = ops[position].text if position < len(ops) else "its all-reduce"
             lines.append(f"rank {classes[c].rank} (device {classes[c].devices[0]}) blocked at {where}")
+            if mark is None and position < len(ops):
+                mark = (classes[c].rank, position)
         raise ScheduleError(
             f"the replay stopped making progress at {self.env.now * 1e3:.3f} ms: " + "; ".join(lines[:4]),
-            detail="\n".join(lines),
+            detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
