@@ -4,8 +4,7 @@ The search looks at far more candidates than it can replay, so it scores them wi
 forms computed from prefix sums over the layers (O(1) per stage):
 
 * a stage's forward and backward time for its slice of a micro-batch (the cost model of
-  ``sim.cost``: measured layers scale with samples, generated layers cost FLOPs / achieved
-  peak);
+  ``sim.cost``, tabulated once per slice size);
 * a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
   are the cut's activations for the whole micro-batch and the bandwidth is that of the
   ports carrying it in parallel (each receiving GPU's port inside a server; the receiving
@@ -25,6 +24,7 @@ from __future__ import annotations
 import math
 from itertools import accumulate
 
+from sim.cost import layer_times_s
 from sim.scenario import Scenario
 
 __all__ = ["CostTables"]
@@ -37,11 +37,7 @@ class CostTables:
         model, cluster = scenario.model, scenario.cluster
         self.cluster = cluster
         self.model = model
-        flop_per_s = cluster.device.peak_flop_per_s_for(model.dtype) * cluster.device.efficiency
-        fwd = [layer.fwd_s if layer.is_measured else layer.fwd_flop / flop_per_s for layer in model.layers]
-        bwd = [layer.bwd_s if layer.is_measured else layer.bwd_flop / flop_per_s for layer in model.layers]
-        self._fwd = [0.0, *accumulate(fwd)]
-        self._bwd = [0.0, *accumulate(bwd)]
+        self._times: dict[int, tuple[list[float], list[float]]] = {}
         self._stash = [0.0, *accumulate(layer.stash_bytes for layer in model.layers)]
         self._params = [0.0, *accumulate(layer.param_bytes for layer in model.layers)]
         self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
@@ -49,7 +45,11 @@ class CostTables:
 
     def compute_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
         """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples."""
-        return (self._fwd[end] - self._fwd[start]) * samples, (self._bwd[end] - self._bwd[start]) * samples
+        if samples not in self._times:  # prefix sums per slice size (kernel times are not linear in it)
+            times = [layer_times_s(layer, self.cluster.device, self.model.dtype, samples) for layer in self.model.layers]
+            self._times[samples] = ([0.0, *accumulate(t[0] for t in times)], [0.0, *accumulate(t[1] for t in times)])
+        fwd, bwd = self._times[samples]
+        return fwd[end] - fwd[start], bwd[end] - bwd[start]
 
     def param_bytes(self, start: int, end: int) -> float:
         return self._params[end] - self._params[start]

@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc", type=int, metavar="N", help="processes to start: the plan's devices 0..N-1")
     run.add_argument("--steps", type=int, default=5, metavar="K", help="measured steps (default 5)")
     run.add_argument("--warmup", type=int, default=1, metavar="W", help="warm-up steps left out of the times (default 1)")
+    run.add_argument("--csv", metavar="FILE",
+                     help="append the run to a measured-run CSV (dapple-sim calibrate's format; gpt models)")
     run.add_argument("--check", action="store_true",
                      help="compare the first step's loss and gradients with the unsplit model in one process")
     run.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
@@ -158,12 +160,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if summary is None:
         return _report_failure(out, args.failure_code)
     _print_run(summary, args.json)
+    if args.csv:
+        _append_csv(args.csv, runnable, summary)
     if args.check and not summary["check_passed"]:
         print(f"dapple-run: check failed: max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} "
               f"(worst {summary['worst_grad']}), loss {summary['loss']:.7g} vs {summary['reference_loss']:.7g}",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _append_csv(path: str, runnable, summary: dict[str, Any]) -> None:
+    """Append this run as one row of ``sim.calibrate``'s measured-run CSV (header if new)."""
+    import csv
+
+    from sim.calibrate import COLUMNS
+
+    if runnable.model.preset != "gpt":
+        raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
+                          f"{runnable.model.preset!r}")
+    replicas = {stage.num_replicas for stage in runnable.plan.stages}
+    if len(replicas) != 1 or runnable.plan.schedule == "interleaved":
+        raise DappleError("--csv: the calibration CSV needs one replica count for every stage and one stage per "
+                          "device set (dp x pp); this plan has " + ("interleaved chunks" if len(replicas) == 1
+                                                                    else f"replica counts {sorted(replicas)}"))
+    dp = replicas.pop()
+    training, values = runnable.scenario.training, runnable.model.values
+    row = {"hidden": values["hidden"], "heads": values["heads"], "layers": values["layers"],
+           "seq_len": values["seq_len"], "vocab": values["vocab"], "microbatch_size": training.microbatch_size // dp,
+           "global_batch_size": training.global_batch_size, "tp": 1, "dp": dp, "pp": runnable.plan.num_stages,
+           "recompute": int(runnable.plan.recompute), "iteration_time_s": summary["median_iteration_time_s"]}
+    target = Path(path)
+    new = not target.exists() or target.stat().st_size == 0
+    try:
+        with open(target, "a", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(COLUMNS))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+    except OSError as exc:
+        raise DappleError(f"--csv {path}: cannot write ({exc.strerror})") from None
 
 
 def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:

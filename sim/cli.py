@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from sim.errors import DappleError, ScheduleError
@@ -77,6 +78,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--trace-all", action="store_true", help="trace every device even in large clusters")
 
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit the kernel cost model to measured iteration times",
+        description="Fit the device's kernel-model parameters (efficiency, matmul_half_dim, kernel_overhead, "
+        "memory_efficiency) to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
+        "microbatch_size (per replica), global_batch_size, tp, dp, pp, recompute, iteration_time_s), on "
+        "BASE_SCENARIO's cluster, device, dtype and optimizer; then predict TEST.csv's runs with them.",
+    )
+    calibrate.add_argument("scenario", metavar="BASE_SCENARIO", help="scenario whose cluster and device are fitted")
+    calibrate.add_argument("--fit", required=True, metavar="FIT.csv", help="measured runs to fit on")
+    calibrate.add_argument("--test", metavar="TEST.csv", help="measured runs to predict with the fitted parameters")
+    calibrate.add_argument("--json", action="store_true", help="print params, fit and test errors as JSON")
+    calibrate.add_argument("--out", metavar="PARAMS.yaml", help="write the fitted cluster.device snippet here")
+
     schedule = sub.add_parser(
         "schedule",
         help="print a schedule's IR, one line per rank",
@@ -120,6 +135,40 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from sim.calibrate import calibrate, params_yaml, read_runs, score_runs
+    from sim.scenario import load_scenario
+
+    base = load_scenario(args.scenario)
+    fit_runs = read_runs(args.fit)
+    test_runs = read_runs(args.test) if args.test else None
+    result = calibrate(base, fit_runs, source=args.fit)
+    report: dict = {"params": result["params"], "fit": result["fit"]}
+    if test_runs is not None:
+        report["test"] = score_runs(base, test_runs, result["params"], source=args.test)
+    snippet = params_yaml(result["params"], runs=len(fit_runs), mape=result["fit"]["mape"])
+    if args.out:
+        try:
+            Path(args.out).write_text(snippet, encoding="utf-8")
+        except OSError as exc:
+            raise DappleError(f"--out {args.out}: cannot write ({exc.strerror})") from None
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    print(snippet, end="")
+    for name in ("fit", "test"):
+        if name in report:
+            part = report[name]
+            tau = "-" if part["kendall_tau"] is None else f"{part['kendall_tau']:.3f}"
+            print(f"{name}: {len(part['rows'])} runs, MAPE {part['mape']:.1%}, Kendall tau {tau}")
+            for row in part["rows"]:
+                print(f"  h{row['hidden']} L{row['layers']} s{row['seq_len']} mb{row['microbatch_size']} "
+                      f"dp{row['dp']} pp{row['pp']}{' rc' if row['recompute'] else ''}: "
+                      f"measured {row['measured_s'] * 1e3:.2f} ms, predicted {row['predicted_s'] * 1e3:.2f} ms "
+                      f"({row['error_frac']:+.1%})")
+    return 0
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
@@ -158,6 +207,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, str]:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": _cmd_check,
     "simulate": _cmd_simulate,
+    "calibrate": _cmd_calibrate,
     "schedule": _cmd_schedule,
 }
 

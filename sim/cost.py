@@ -4,8 +4,10 @@ A model's layers carry per-sample numbers (see ``sim.specs.LayerSpec``). This mo
 them into what one replica of a stage spends on its slice of one micro-batch:
 
 * time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
-  planner (Fan et al., PPoPP'21, §4.1); a generated layer costs
-  ``FLOPs / (device peak for the dtype × device efficiency)``;
+  planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum of its kernels
+  (``sim.kernels``), each the larger of its FLOPs over the size-dependent matrix rate and its
+  bytes over the memory bandwidth, plus a launch overhead; a layer with FLOPs but no kernels
+  costs ``FLOPs / (device peak for the dtype × device efficiency)``;
 * memory at rest: parameters, their gradients and the optimizer state
   (``ModelSpec.optimizer_state_bytes_per_param_byte``);
 * activations: the bytes a forward stashes until its backward; with recompute only the
@@ -21,13 +23,55 @@ from dataclasses import dataclass
 
 from sim.specs import DeviceSpec, ModelSpec
 
-__all__ = ["StageCost", "split_samples", "stage_cost", "static_bytes"]
+__all__ = ["StageCost", "kernel_time_s", "layer_times_s", "split_samples", "stage_cost", "static_bytes"]
 
 
 def split_samples(num_samples: int, num_replicas: int) -> tuple[int, ...]:
     """Samples each replica gets when ``num_samples`` are split over ``num_replicas``."""
     base, extra = divmod(num_samples, num_replicas)
     return tuple(base + (1 if index < extra else 0) for index in range(num_replicas))
+
+
+def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
+                  dims: tuple[float, float, float] | None = None) -> float:
+    """One kernel call of ``flop`` FLOPs on an (M, N, K) product moving ``nbytes`` bytes
+    (``sim.kernels``' roofline with its dimension-dependent matrix efficiency)."""
+    compute = 0.0
+    if flop > 0:
+        efficiency = device.efficiency
+        half = device.matmul_half_dim
+        if dims is not None and half > 0:
+            for size in dims:
+                efficiency /= 1.0 + half / size
+        compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
+    memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    return max(compute, memory) + device.kernel_overhead_s
+
+
+def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient part of the backward) seconds of ``layer`` on ``samples``."""
+    if samples == 0:
+        return 0.0, 0.0, 0.0
+    if layer.is_measured:
+        bwd = layer.bwd_s * samples
+        return layer.fwd_s * samples, bwd, bwd * layer.wgrad_fraction
+    if not layer.kernels:
+        rate = device.peak_flop_per_s_for(dtype) * device.efficiency
+        bwd = layer.bwd_flop * samples / rate
+        return layer.fwd_flop * samples / rate, bwd, bwd * layer.wgrad_fraction
+    fwd = bwd = wgrad = 0.0
+    for k in layer.kernels:
+        dims = (k.rows * samples, k.cols, k.inner) if k.flop > 0 else None
+        t = kernel_time_s(k.flop * samples, k.bytes * samples + k.fixed_bytes, device, dtype, dims)
+        fwd += t
+        if k.flop > 0:  # two products each way: input gradient, and weight (or second input) gradient
+            bwd += 2 * t
+            wgrad += t if k.weights else 0.0
+        else:  # an element-wise backward reads the gradient and what it saved, writes one
+            back = kernel_time_s(0.0, 2 * (k.bytes * samples + k.fixed_bytes), device, dtype)
+            bwd += back
+            wgrad += back if k.weights else 0.0
+    return fwd, bwd, wgrad
 
 
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
@@ -74,17 +118,12 @@ def stage_cost(
     With ``recompute`` the backward includes a second forward and only the stage input is
     stashed (Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3).
     """
-    flop_per_s = device.peak_flop_per_s_for(model.dtype) * device.efficiency
     fwd_s = bwd_s = wgrad_s = stash = 0.0
     for layer in model.layers[start:end]:
-        if layer.is_measured:
-            layer_fwd, layer_bwd = layer.fwd_s * samples, layer.bwd_s * samples
-        else:
-            layer_fwd = layer.fwd_flop * samples / flop_per_s
-            layer_bwd = layer.bwd_flop * samples / flop_per_s
+        layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
         fwd_s += layer_fwd
         bwd_s += layer_bwd
-        wgrad_s += layer_bwd * layer.wgrad_fraction
+        wgrad_s += layer_wgrad
         stash += layer.stash_bytes * samples
     input_bytes = model.boundary_bytes[start] * samples
     if recompute:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from sim import kernels as K
 from sim.errors import SpecError
 from sim.specs import DTYPE_BYTES, OPTIMIZER_STATES, LayerSpec, ModelSpec
 
@@ -163,7 +164,7 @@ def _chain(name: str, layers: list[LayerSpec], input_bytes: float, p: Mapping[st
 
 
 def _matmul_layer(
-    name: str, *, params: int, fwd_flop: float, stash_bytes: float, output_bytes: float, d: int
+    name: str, *, params: int, fwd_flop: float, stash_bytes: float, output_bytes: float, d: int, kernels: tuple = ()
 ) -> LayerSpec:
     """A layer made of matmuls: backward = 2 × forward, half of it weight gradient."""
     return LayerSpec(
@@ -174,6 +175,7 @@ def _matmul_layer(
         fwd_flop=float(fwd_flop),
         bwd_flop=2.0 * fwd_flop,
         wgrad_fraction=0.5,
+        kernels=kernels,
     )
 
 
@@ -220,6 +222,7 @@ def _transformer_block(name: str, s: int, h: int, a: int, f: int, d: int) -> Lay
         stash_bytes=_block_stash_bytes(s, h, a, f, d),
         output_bytes=s * h * d,
         d=d,
+        kernels=K.transformer_block(s, h, a, f, d),
     )
 
 
@@ -243,6 +246,7 @@ def _embedding(s: int, h: int, vocab: int, d: int, *, bert: bool) -> LayerSpec:
         fwd_flop=float(tables * s * h),
         bwd_flop=float(tables * s * h),
         wgrad_fraction=1.0,
+        kernels=K.embedding(s, h, d, tables=tables),
     )
 
 
@@ -262,6 +266,7 @@ def _gpt_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
         stash_bytes=2 * d * s * h + _LOSS_BYTES * s * vocab,
         output_bytes=0,
         d=d,
+        kernels=K.lm_head(s, h, vocab, d),
     )
 
 
@@ -281,6 +286,7 @@ def _bert_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
         stash_bytes=4 * d * s * h + _LOSS_BYTES * s * vocab,
         output_bytes=0,
         d=d,
+        kernels=K.bert_head(s, h, vocab, d),
     )
 
 
@@ -326,6 +332,7 @@ def _linear(name: str, n_in: int, n_out: int, d: int, *, dropout: bool = False) 
         stash_bytes=d * n_in + masks,
         output_bytes=d * n_out,
         d=d,
+        kernels=K.linear(n_in, n_out, d),
     )
 
 
@@ -338,6 +345,7 @@ def _classifier(name: str, n_in: int, num_classes: int, d: int) -> LayerSpec:
         stash_bytes=d * n_in + _LOSS_BYTES * num_classes,
         output_bytes=0,
         d=d,
+        kernels=K.classifier_loss(n_in, num_classes, d),
     )
 
 
@@ -361,6 +369,7 @@ def _conv(name: str, c_in: int, c_out: int, size: int, d: int, *, batch_norm: bo
         stash_bytes=stash,
         output_bytes=d * c_out * pixels,
         d=d,
+        kernels=K.conv(c_in, c_out, size, d, kernel=k),
     )
 
 
@@ -375,6 +384,7 @@ def _max_pool(name: str, channels: int, size: int, d: int) -> LayerSpec:
         fwd_flop=float(elements),
         bwd_flop=float(elements),
         wgrad_fraction=0.0,
+        kernels=K.pool(channels, size, d),
     )
 
 

@@ -10,6 +10,9 @@ V100 SXM2: NVIDIA Tesla V100 datasheet (125 TFLOP/s fp16 tensor, 15.7 fp32, 900 
 A100 SXM 80GB: NVIDIA A100 datasheet (312 bf16, 19.5 fp32, 2039 GB/s);
 H100 SXM: NVIDIA H100 datasheet (989 bf16, 67 fp32, 3.35 TB/s);
 H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
+Kernel-model defaults (``sim.kernels``: matrix efficiency e_max, the dimension D at which a
+product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
+starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``.
 NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
 NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
@@ -31,24 +34,40 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "peak_flops": "125TFLOP/s",
             "peak_fp32_flops": "15.7TFLOP/s",
             "memory_bandwidth": "900GB/s",
+            "efficiency": 0.7,
+            "matmul_half_dim": 32,
+            "kernel_overhead": "5us",
+            "memory_efficiency": 0.8,
         },
         "A100-80GB": {
             "memory": "80GiB",
             "peak_flops": "312TFLOP/s",
             "peak_fp32_flops": "19.5TFLOP/s",
             "memory_bandwidth": "2039GB/s",
+            "efficiency": 0.75,
+            "matmul_half_dim": 48,
+            "kernel_overhead": "4us",
+            "memory_efficiency": 0.8,
         },
         "H100-80GB": {
             "memory": "80GiB",
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "3350GB/s",
+            "efficiency": 0.7,
+            "matmul_half_dim": 64,
+            "kernel_overhead": "4us",
+            "memory_efficiency": 0.8,
         },
         "H200-141GB": {
             "memory": "141GB",
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "4800GB/s",
+            "efficiency": 0.7,
+            "matmul_half_dim": 64,
+            "kernel_overhead": "4us",
+            "memory_efficiency": 0.8,
         },
     }
 )

@@ -156,7 +156,8 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
 # --- sections ------------------------------------------------------------------------------
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
-_DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency"}
+_DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
+                "matmul_half_dim", "kernel_overhead", "memory_efficiency"}
 _LINK_KEYS = {"bandwidth", "latency", "name"}
 
 
@@ -206,9 +207,12 @@ def _device(reader: StrictReader, data: Any) -> DeviceSpec:
             )
         preset = {}
     values = {**preset, **data}
-    efficiency = values.get("efficiency", 0.5)
-    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)):
-        raise reader.fail(join_key(key, "efficiency"), f"must be a number in (0, 1], got {show_value(efficiency)}")
+    numbers = {}
+    for field, default in (("efficiency", 0.5), ("matmul_half_dim", 0.0), ("memory_efficiency", 1.0)):
+        value = values.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise reader.fail(join_key(key, field), f"must be a number, got {show_value(value)}")
+        numbers[field] = float(value)
     return reader.build(
         key,
         DeviceSpec,
@@ -217,7 +221,8 @@ def _device(reader: StrictReader, data: Any) -> DeviceSpec:
         peak_flop_per_s=reader.quantity(values, key, "peak_flops", parse_flop_rate),
         peak_fp32_flop_per_s=reader.quantity(values, key, "peak_fp32_flops", parse_flop_rate),
         memory_bandwidth_bytes_per_s=reader.quantity(values, key, "memory_bandwidth", parse_bandwidth),
-        efficiency=float(efficiency),
+        kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time, "0s"),
+        **numbers,
     )
 
 

@@ -96,7 +96,14 @@ class DeviceSpec:
     memory_bandwidth_bytes_per_s: float
     """Device memory (HBM) bandwidth, bytes/s."""
     efficiency: float = 0.5
-    """Fraction of peak that layers costed from FLOPs achieve, in (0, 1]."""
+    """Fraction of peak that large matrix products achieve (e_max of ``sim.kernels``), in (0, 1]."""
+    matmul_half_dim: float = 0.0
+    """Size of a matrix product's dimension at which it loses half its efficiency to tiling
+    (D of ``sim.kernels``); 0: no size effect."""
+    kernel_overhead_s: float = 0.0
+    """Fixed cost of every kernel launch, seconds."""
+    memory_efficiency: float = 1.0
+    """Fraction of ``memory_bandwidth`` element-wise kernels achieve, in (0, 1]."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -196,6 +203,9 @@ class LayerSpec:
     """Backward FLOPs for one sample (input and weight gradients together)."""
     wgrad_fraction: float = 0.5
     """Share of the backward that computes weight gradients (zero-bubble schedules' W), [0, 1]."""
+    kernels: tuple = ()
+    """Forward kernels (``sim.kernels.KernelSpec``) of a generated layer; when present the
+    cost model times them one by one instead of dividing ``fwd_flop`` by a single rate."""
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop"):

@@ -1,0 +1,235 @@
+"""Calibration: fit the kernel cost model's device parameters to measured iteration times.
+
+A user measures a handful of training runs on their cluster (``dapple-run run --csv`` writes
+them, or any framework's logs), one CSV row per run::
+
+    hidden,heads,layers,seq_len,vocab,microbatch_size,global_batch_size,tp,dp,pp,recompute,iteration_time_s
+
+``microbatch_size`` is per data-parallel replica, as Megatron-LM counts it, so a row's
+pipeline micro-batch (what a scenario calls ``microbatch_size``) is ``microbatch_size × dp``
+and it has ``global_batch_size / (microbatch_size × dp)`` micro-batches. Each row becomes a
+scenario: the base scenario's cluster, device, dtype and optimizer; a GPT of the row's
+dimensions; ``pp`` stages with the transformer blocks split as evenly as possible (the
+embedding with the first stage, the head with the last), ``dp`` replicas per stage on
+consecutive devices, DAPPLE's schedule. Rows with ``tp > 1`` are rejected: tensor
+parallelism is not modelled yet.
+
+The free parameters are the device's kernel-model parameters (``sim.kernels``): the matrix
+efficiency ``efficiency`` (e_max), ``matmul_half_dim`` (D), ``kernel_overhead`` and
+``memory_efficiency``. They are fitted by bounded least squares on the relative errors
+``predicted / measured − 1`` (``scipy.optimize.least_squares``, trust-region reflective,
+from fixed starting points, so the same rows always give the same fit), with every row
+replayed by the fast path (contention-free; ``sim.fastpath``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from sim.errors import DappleError
+from sim.scenario import Scenario
+
+__all__ = ["COLUMNS", "PARAMS", "MeasuredRun", "calibrate", "kendall_tau", "params_yaml", "predict", "read_runs",
+           "row_scenario", "score_runs"]
+
+COLUMNS = ("hidden", "heads", "layers", "seq_len", "vocab", "microbatch_size", "global_batch_size", "tp", "dp",
+           "pp", "recompute", "iteration_time_s")
+"""The measured-run CSV's columns (any order; extra columns are ignored)."""
+
+PARAMS = ("efficiency", "matmul_half_dim", "kernel_overhead_s", "memory_efficiency")
+"""DeviceSpec fields the calibration fits."""
+
+# fitted in a scaled space: efficiency, log10(D + 1), overhead in µs, memory efficiency
+_LOWER = (0.01, 0.0, 0.0, 0.01)
+_UPPER = (1.0, 4.0, 2000.0, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredRun:
+    """One CSV row."""
+
+    hidden: int
+    heads: int
+    layers: int
+    seq_len: int
+    vocab: int
+    microbatch_size: int
+    """Per data-parallel replica (Megatron's count)."""
+    global_batch_size: int
+    dp: int
+    pp: int
+    recompute: bool
+    iteration_time_s: float
+    line: int = 0
+    """Line in its file, for error messages."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in COLUMNS if name != "tp"} | {"tp": 1}
+
+
+def _bool(text: str) -> bool | None:
+    return {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(text.strip().lower())
+
+
+def read_runs(path: str | Path) -> list[MeasuredRun]:
+    """Read a measured-run CSV; one line naming the file, line and column for any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DappleError(f"{path}: no such CSV file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DappleError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise DappleError(f"{path}: missing column {missing[0]!r}; the columns are {', '.join(COLUMNS)}")
+    runs = []
+    for line, row in enumerate(reader, start=2):
+        values: dict[str, Any] = {}
+        for name in COLUMNS:
+            raw = (row.get(name) or "").strip()
+            if name == "recompute":
+                flag = _bool(raw)
+                if flag is None:
+                    raise DappleError(f"{path}:{line}: recompute: {raw!r} is not 0/1/true/false")
+                values[name] = flag
+            elif name == "iteration_time_s":
+                try:
+                    values[name] = float(raw)
+                except ValueError:
+                    raise DappleError(f"{path}:{line}: iteration_time_s: {raw!r} is not a number") from None
+                if not math.isfinite(values[name]) or values[name] <= 0:
+                    raise DappleError(f"{path}:{line}: iteration_time_s: {raw!r} must be a positive time in seconds")
+            else:
+                if not raw.isdigit() or int(raw) < 1:
+                    raise DappleError(f"{path}:{line}: {name}: {raw!r} must be a positive integer")
+                values[name] = int(raw)
+        if values.pop("tp") > 1:
+            raise DappleError(f"{path}:{line}: tp: {row['tp'].strip()} > 1 is not modelled yet (tensor "
+                              "parallelism); remove the row or measure with tp = 1")
+        runs.append(MeasuredRun(line=line, **values))
+    if not runs:
+        raise DappleError(f"{path}: no runs (a header line and one row per measured run)")
+    return runs
+
+
+def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> Scenario:
+    """The scenario of ``run`` on ``base``'s cluster, device, dtype and optimizer (see the module doc)."""
+    from sim.models import build_model
+    from sim.plan import PlanSpec, StageSpec, check_plan
+    from sim.specs import TrainingSpec
+
+    where = f"{source}:{run.line}"
+    if run.pp > run.layers:
+        raise DappleError(f"{where}: pp: {run.pp} stages for {run.layers} transformer layers")
+    try:
+        model = build_model("gpt", layers=run.layers, hidden=run.hidden, heads=run.heads, seq_len=run.seq_len,
+                            vocab=run.vocab, dtype=base.model.dtype, optimizer=base.model.optimizer)
+        training = TrainingSpec(global_batch_size=run.global_batch_size, microbatch_size=run.microbatch_size * run.dp)
+    except DappleError as exc:
+        raise DappleError(f"{where}: {exc}") from None
+    per_node = base.cluster.devices_per_node
+    cluster = replace(base.cluster, nodes=max(base.cluster.nodes, -(-run.pp * run.dp // per_node)))
+    # blocks split as evenly as possible; the embedding (layer 0) joins the first stage, the head the last
+    bounds = [0] + [1 + (k * run.layers) // run.pp for k in range(1, run.pp)] + [run.layers + 2]
+    stages = tuple(StageSpec(layers=(bounds[s], bounds[s + 1]), devices=tuple(range(s * run.dp, (s + 1) * run.dp)))
+                   for s in range(run.pp))
+    plan = PlanSpec(stages=stages, schedule="dapple", recompute=run.recompute)
+    check_plan(plan, num_layers=model.num_layers, num_devices=cluster.num_devices)
+    return replace(base, name=f"{base.name}-row{run.line}", cluster=cluster, model=model, training=training,
+                   plan=plan, faults=())
+
+
+def _with_params(scenario: Scenario, x) -> Scenario:
+    device = replace(scenario.cluster.device, efficiency=float(x[0]), matmul_half_dim=10.0 ** float(x[1]) - 1.0,
+                     kernel_overhead_s=float(x[2]) * 1e-6, memory_efficiency=float(x[3]))
+    return replace(scenario, cluster=replace(scenario.cluster, device=device))
+
+
+def predict(scenarios: list[Scenario], x=None) -> list[float]:
+    """Iteration time of each scenario by the fast path (with scaled parameters ``x`` if given)."""
+    from sim.fastpath import replay
+    from sim.workload import compile_workload
+
+    return [replay(compile_workload(s if x is None else _with_params(s, x))).iteration_time_s for s in scenarios]
+
+
+def _start(device) -> list[float]:
+    return [min(max(device.efficiency, 0.01), 1.0), math.log10(device.matmul_half_dim + 1.0),
+            min(device.kernel_overhead_s * 1e6, 2000.0), min(max(device.memory_efficiency, 0.01), 1.0)]
+
+
+def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>") -> dict[str, Any]:
+    """Fit ``PARAMS`` to ``runs``; the fitted device values, the fit's error and predictions."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    scenarios = [row_scenario(base, run, source=source) for run in runs]
+    measured = np.array([run.iteration_time_s for run in runs])
+
+    def residuals(x):
+        return np.array(predict(scenarios, x)) / measured - 1.0
+
+    starts = [_start(base.cluster.device), [0.5, 2.0, 10.0, 0.5], [0.9, 1.0, 1.0, 0.9]]
+    best = None
+    for x0 in starts:
+        x0 = np.clip(np.array(x0, dtype=float), _LOWER, _UPPER)
+        fit = least_squares(residuals, x0, bounds=(_LOWER, _UPPER), method="trf", x_scale=[0.1, 0.3, 10.0, 0.1],
+                            diff_step=1e-3, max_nfev=200)
+        if best is None or fit.cost < best.cost:
+            best = fit
+    x = best.x
+    predicted = predict(scenarios, x)
+    params = {"efficiency": float(x[0]), "matmul_half_dim": 10.0 ** float(x[1]) - 1.0,
+              "kernel_overhead_s": float(x[2]) * 1e-6, "memory_efficiency": float(x[3])}
+    return {"params": params, "fit": _errors(runs, predicted), "x": [float(v) for v in x]}
+
+
+def _errors(runs: list[MeasuredRun], predicted: list[float]) -> dict[str, Any]:
+    rows = [{**run.as_dict(), "measured_s": run.iteration_time_s, "predicted_s": p,
+             "error_frac": p / run.iteration_time_s - 1.0} for run, p in zip(runs, predicted)]
+    mape = sum(abs(r["error_frac"]) for r in rows) / len(rows)
+    return {"mape": mape, "kendall_tau": kendall_tau([r["measured_s"] for r in rows], predicted), "rows": rows}
+
+
+def score_runs(base: Scenario, runs: list[MeasuredRun], params: dict[str, float], *, source: str) -> dict[str, Any]:
+    """Predict ``runs`` with fitted ``params`` and report MAPE and Kendall's tau."""
+    device = replace(base.cluster.device, **params)
+    fitted = replace(base, cluster=replace(base.cluster, device=device))
+    predicted = predict([row_scenario(fitted, run, source=source) for run in runs])
+    return _errors(runs, predicted)
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Kendall's tau-a rank correlation of two equally long lists (None below two items)."""
+    n = len(a)
+    if n < 2:
+        return None
+    concordant = discordant = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            sign = (a[i] - a[j]) * (b[i] - b[j])
+            concordant += sign > 0
+            discordant += sign < 0
+    return (concordant - discordant) / (n * (n - 1) / 2)
+
+
+def params_yaml(params: dict[str, float], *, runs: int, mape: float) -> str:
+    """The fitted values as a ``cluster.device`` snippet to paste into a scenario."""
+    from sim.units import format_time
+
+    return "\n".join([
+        f"# Fitted by dapple-sim calibrate on {runs} measured runs (MAPE {mape:.1%}); merge under cluster.device.",
+        "cluster:",
+        "  device:",
+        f"    efficiency: {params['efficiency']:.6g}",
+        f"    matmul_half_dim: {params['matmul_half_dim']:.6g}",
+        f"    kernel_overhead: {format_time(params['kernel_overhead_s'], 6)}",
+        f"    memory_efficiency: {params['memory_efficiency']:.6g}",
+        "",
+    ])

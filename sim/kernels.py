@@ -1,0 +1,135 @@
+"""Kernels: what a generated layer launches on the device, so its time can depend on its size.
+
+"FLOPs divided by peak times one efficiency" misses three things measured pipelines show:
+small matrix products run far below peak, element-wise work (layer norms, softmax, GeLU,
+residual adds) is bound by memory bandwidth, and every kernel launch costs a fixed
+overhead. So a generated layer lists its forward kernels, each with, per sample, its FLOPs
+and the bytes it reads and writes, plus the bytes it reads once per call (its weights). The
+cost model (``sim.cost.kernel_time_s``) turns a kernel on ``n`` samples into
+
+    t = max( n·flop / (peak · eff(n·flop)),  (n·bytes + fixed_bytes) / (bandwidth · mem_eff) ) + overhead,
+
+the roofline bound (Williams, Waterman & Patterson, CACM 2009) with a matrix efficiency that
+rises with the product's dimensions and saturates:
+
+    eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N) · (1 + D/K)),
+
+each dimension reaching half of its share when it equals the device's ``matmul_half_dim`` D.
+Its form models tile and wave quantisation: a GEMM is computed in tiles of roughly D along
+each dimension, and the parts of tiles beyond a small dimension are wasted work (NVIDIA,
+"Matrix Multiplication Background User's Guide", sections on tile and wave quantisation);
+a hyperbolic saturation per dimension is the simplest curve with that limit, and unlike an
+efficiency that depends on the FLOP count alone (which only adds a constant per call, the
+same as a launch overhead) it can be told apart from the overhead by a fit. ``e_max``, D,
+the overhead and ``mem_eff`` are device parameters (``sim.specs.DeviceSpec``) that
+``dapple-sim calibrate`` fits to measured runs.
+
+A backward runs every matrix product twice (the input gradient and, for a layer with
+weights, the weight gradient; attention's products without weights have two input
+gradients) and every element-wise kernel once over twice the bytes.
+
+Transformer kernels follow Megatron-LM's layer (Shoeybi et al., 2019; FLOPs as in
+Narayanan et al., SC'21, §5.1): layer norm, QKV projection, attention scores, softmax,
+attention over values, output projection, residual add, layer norm, MLP up, GeLU, MLP down,
+residual add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
+           "classifier_loss"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelSpec:
+    """One forward kernel of a layer."""
+
+    name: str
+    flop: float = 0.0
+    """FLOPs per sample (matrix products and convolutions; 0 for element-wise kernels)."""
+    rows: float = 0.0
+    """A product's M per sample (rows grow with the samples); N and K do not."""
+    cols: float = 0.0
+    """A product's N."""
+    inner: float = 0.0
+    """A product's K."""
+    bytes: float = 0.0
+    """Bytes read and written per sample (activations)."""
+    fixed_bytes: float = 0.0
+    """Bytes read once per call, whatever the samples (weights)."""
+    weights: bool = False
+    """Its backward computes a weight gradient."""
+
+
+def _gemm(name: str, m: float, n: float, k: float, d: int, *, weights: bool) -> KernelSpec:
+    """A product of an (m × k) activation by a (k × n) matrix, per sample: m rows per sample."""
+    dims = dict(flop=2 * m * n * k, rows=m, cols=n, inner=k)
+    if weights:
+        return KernelSpec(name=name, bytes=d * (m * k + m * n), fixed_bytes=d * k * n, weights=True, **dims)
+    return KernelSpec(name=name, bytes=d * (m * k + k * n + m * n), **dims)
+
+
+def _elementwise(name: str, elements: float, d: int, *, passes: int = 2, weights: bool = False) -> KernelSpec:
+    """Reads and writes ``elements`` per sample (``passes`` tensors of them)."""
+    return KernelSpec(name=name, bytes=passes * d * elements, weights=weights)
+
+
+def transformer_block(s: int, h: int, a: int, f: int, d: int) -> tuple[KernelSpec, ...]:
+    """One pre-LN transformer block on s tokens of width h, a heads, MLP width f."""
+    return (
+        _elementwise("ln1", s * h, d),
+        _gemm("qkv", s, 3 * h, h, d, weights=True),
+        _gemm("scores", s * a, s, h // a, d, weights=False),
+        _elementwise("softmax", a * s * s, d),
+        _gemm("attend", s * a, h // a, s, d, weights=False),
+        _gemm("proj", s, h, h, d, weights=True),
+        _elementwise("residual1", s * h, d, passes=3),
+        _elementwise("ln2", s * h, d),
+        _gemm("mlp_up", s, f, h, d, weights=True),
+        _elementwise("gelu", s * f, d),
+        _gemm("mlp_down", s, h, f, d, weights=True),
+        _elementwise("residual2", s * h, d, passes=3),
+    )
+
+
+def embedding(s: int, h: int, d: int, *, tables: int) -> tuple[KernelSpec, ...]:
+    """Look-ups in ``tables`` embedding tables and their sum: memory-bound, all weight gradient."""
+    return (_elementwise("lookup", s * h, d, passes=tables + 1, weights=True),)
+
+
+def lm_head(s: int, h: int, vocab: int, d: int) -> tuple[KernelSpec, ...]:
+    """Final layer norm, projection to the vocabulary, softmax and cross-entropy (fp32 logits)."""
+    return (
+        _elementwise("ln_f", s * h, d),
+        _gemm("logits", s, vocab, h, d, weights=True),
+        KernelSpec(name="loss", bytes=3 * 4 * s * vocab),
+    )
+
+
+def bert_head(s: int, h: int, vocab: int, d: int) -> tuple[KernelSpec, ...]:
+    """BERT's masked-LM head: dense, GeLU, layer norm, then as ``lm_head``."""
+    return (_gemm("dense", s, h, h, d, weights=True), _elementwise("gelu", s * h, d)) + lm_head(s, h, vocab, d)
+
+
+def linear(n_in: int, n_out: int, d: int) -> tuple[KernelSpec, ...]:
+    """A linear layer and its ReLU on one vector per sample."""
+    return (_gemm("linear", 1, n_out, n_in, d, weights=True), _elementwise("relu", n_out, d))
+
+
+def classifier_loss(n_in: int, classes: int, d: int) -> tuple[KernelSpec, ...]:
+    """A classifier's linear layer, softmax and cross-entropy."""
+    return (_gemm("logits", 1, classes, n_in, d, weights=True), KernelSpec(name="loss", bytes=3 * 4 * classes))
+
+
+def conv(c_in: int, c_out: int, size: int, d: int, *, kernel: int = 3) -> tuple[KernelSpec, ...]:
+    """A same-padded convolution on a size×size image and its ReLU (implicit GEMM:
+    size² rows, c_out columns, kernel²·c_in inner dimension)."""
+    return (_gemm("conv", size * size, c_out, kernel * kernel * c_in, d, weights=True),
+            _elementwise("relu", c_out * size * size, d))
+
+
+def pool(channels: int, size: int, d: int) -> tuple[KernelSpec, ...]:
+    """A 2×2 max-pool: reads the image, writes a quarter of it."""
+    return (KernelSpec(name="pool", bytes=d * channels * size * size * 1.25),)

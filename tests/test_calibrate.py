@@ -1,0 +1,166 @@
+"""Calibration: the kernel cost model, the measured-run CSV, and fitting known parameters back."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from sim.calibrate import MeasuredRun, calibrate, kendall_tau, predict, read_runs, row_scenario
+from sim.cli import main
+from sim.cost import kernel_time_s, layer_times_s
+from sim.errors import DappleError
+from sim.kernels import transformer_block
+from sim.models import build_model
+from sim.scenario import parse_scenario
+
+BASE_TEXT = """
+cluster: {preset: a100-nvlink-8, nodes: 2}
+model: {preset: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab: 128, dtype: bf16}
+training: {global_batch_size: 8, microbatch_size: 1}
+"""
+BASE = parse_scenario(BASE_TEXT, source="base.yaml")
+HEADER = ",".join(("hidden", "heads", "layers", "seq_len", "vocab", "microbatch_size", "global_batch_size", "tp",
+                   "dp", "pp", "recompute", "iteration_time_s"))
+
+
+def test_block_kernels_add_up_to_the_block_flops():
+    s, h, a, f = 512, 1024, 16, 4096
+    kernels = transformer_block(s, h, a, f, 2)
+    assert sum(k.flop for k in kernels) == 24 * s * h * h + 4 * s * s * h  # Narayanan et al. SC'21 with f = 4h
+    model = build_model("gpt", layers=1, hidden=h, heads=a, seq_len=s, vocab=1000)
+    assert model.layers[1].fwd_flop == sum(k.flop for k in kernels)
+
+
+def test_kernel_time_is_a_roofline_with_size_dependent_efficiency():
+    device = BASE.cluster.device
+    peak, bw = device.peak_flop_per_s, device.memory_bandwidth_bytes_per_s
+    # a large product is compute-bound at close to e_max of peak
+    big = kernel_time_s(2 * 8192**3, 3 * 2 * 8192**2, device, "bf16", (8192, 8192, 8192))
+    D = device.matmul_half_dim
+    assert big == pytest.approx(2 * 8192**3 / (peak * device.efficiency) * (1 + D / 8192) ** 3
+                                + device.kernel_overhead_s)
+    # an element-wise kernel is bound by memory bandwidth
+    assert kernel_time_s(0.0, 1e9, device, "bf16") == pytest.approx(1e9 / (bw * device.memory_efficiency)
+                                                                      + device.kernel_overhead_s)
+    # per FLOP, a product with a small dimension is slower than a large one
+    small = kernel_time_s(2 * 8192 * 8192 * 64, 0.0, device, "bf16", (8192, 8192, 64))
+    assert small / (8192 * 8192 * 64) > big / 8192**3
+
+
+def test_time_per_sample_falls_as_the_micro_batch_grows():
+    model = build_model("gpt", layers=1, hidden=1024, heads=16, seq_len=128, vocab=1000, dtype="bf16")
+    block, device = model.layers[1], BASE.cluster.device
+    per_sample = [layer_times_s(block, device, "bf16", n)[0] / n for n in (1, 2, 4, 8, 16)]
+    assert per_sample == sorted(per_sample, reverse=True) and per_sample[0] > 1.2 * per_sample[-1]
+
+
+def test_row_scenario_follows_the_usual_plan():
+    run = MeasuredRun(hidden=256, heads=4, layers=10, seq_len=64, vocab=512, microbatch_size=2,
+                      global_batch_size=32, dp=2, pp=3, recompute=True, iteration_time_s=1.0, line=7)
+    scenario = row_scenario(BASE, run)
+    plan = scenario.plan
+    assert [stage.layers for stage in plan.stages] == [(0, 4), (4, 7), (7, 12)]  # embedding first, head last
+    assert [stage.devices for stage in plan.stages] == [(0, 1), (2, 3), (4, 5)]
+    assert scenario.training.microbatch_size == 4 and scenario.training.num_microbatches == 8
+    assert plan.schedule == "dapple" and plan.recompute
+    with pytest.raises(DappleError, match=r"<csv>:7: pp: 11 stages"):
+        row_scenario(BASE, replace(run, pp=11))
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ("hidden,heads\n1,2\n", "missing column 'layers'"),
+        (HEADER + "\n256,4,2,64,512,1,8,2,1,1,0,0.5\n", "fit.csv:2: tp: 2 > 1 is not modelled yet"),
+        (HEADER + "\n256,4,2,64,512,1,8,1,1,1,maybe,0.5\n", "fit.csv:2: recompute"),
+        (HEADER + "\n256,4,2,64,512,1,8,1,1,1,0,-3\n", "fit.csv:2: iteration_time_s"),
+        (HEADER + "\n256,four,2,64,512,1,8,1,1,1,0,0.5\n", "fit.csv:2: heads"),
+        (HEADER + "\n", "no runs"),
+    ],
+)
+def test_bad_csv_is_one_line_naming_file_line_and_column(tmp_path, rows, message):
+    path = tmp_path / "fit.csv"
+    path.write_text(rows)
+    with pytest.raises(DappleError, match=message):
+        read_runs(path)
+
+
+def _runs(count: int, seed: int) -> list[MeasuredRun]:
+    rng = random.Random(seed)
+    runs = []
+    while len(runs) < count:
+        h = rng.choice([128, 256, 512, 1024, 2048, 4096])
+        layers = rng.choice([2, 4, 8, 12, 24])
+        mbs, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4])
+        runs.append(MeasuredRun(
+            hidden=h, heads=max(1, h // rng.choice([16, 32, 64, 128])), layers=layers,
+            seq_len=rng.choice([64, 128, 256, 512, 1024, 2048]), vocab=rng.choice([32000, 50257]), microbatch_size=mbs,
+            global_batch_size=mbs * dp * rng.choice([4, 8, 16]), dp=dp, pp=rng.choice([p for p in (1, 2, 4) if p <= layers]),
+            recompute=rng.random() < 0.2, iteration_time_s=1.0, line=len(runs) + 2))
+    return runs
+
+
+def _design() -> list[MeasuredRun]:
+    """A factorial design that separates the parameters: widths and head sizes (tiling), short
+    and long sequences and micro-batches (memory-bound work, launch overheads)."""
+    runs = []
+    for h in (128, 256, 512, 1024, 2048, 4096):
+        for head_dim in (16, 32, 64, 128):
+            for seq, mbs in ((128, 1), (1024, 4)):
+                for pp in (1, 2):
+                    runs.append(MeasuredRun(hidden=h, heads=h // head_dim, layers=4, seq_len=seq, vocab=32000,
+                                            microbatch_size=mbs, global_batch_size=mbs * 8, dp=1, pp=pp,
+                                            recompute=False, iteration_time_s=1.0, line=len(runs) + 2))
+    return runs
+
+
+def test_known_parameters_are_fitted_back_within_five_percent():
+    truth = {"efficiency": 0.72, "matmul_half_dim": 49.1, "kernel_overhead_s": 6e-6, "memory_efficiency": 0.75}
+    device = replace(BASE.cluster.device, **truth)
+    generator = replace(BASE, cluster=replace(BASE.cluster, device=device))
+    runs = _design()
+    noise = random.Random(7)
+    times = predict([row_scenario(generator, run) for run in runs])
+    runs = [replace(run, iteration_time_s=t * (1 + 0.02 * noise.gauss(0, 1))) for run, t in zip(runs, times)]
+    fitted = calibrate(BASE, runs)["params"]
+    for name, value in truth.items():
+        assert fitted[name] == pytest.approx(value, rel=0.05), name
+
+
+def test_calibrate_command(tmp_path, capsys):
+    base = tmp_path / "base.yaml"
+    base.write_text(BASE_TEXT)
+    runs = _runs(10, seed=3)
+    times = predict([row_scenario(BASE, run) for run in runs])
+    lines = [HEADER] + [",".join(str(v) for v in (r.hidden, r.heads, r.layers, r.seq_len, r.vocab, r.microbatch_size,
+                                                   r.global_batch_size, 1, r.dp, r.pp, int(r.recompute), t))
+                        for r, t in zip(runs, times)]
+    (tmp_path / "fit.csv").write_text("\n".join(lines[:6]) + "\n")
+    (tmp_path / "test.csv").write_text("\n".join([lines[0]] + lines[6:]) + "\n")
+    out = tmp_path / "params.yaml"
+    assert main(["calibrate", str(base), "--fit", str(tmp_path / "fit.csv"), "--test", str(tmp_path / "test.csv"),
+                 "--json", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"params", "fit", "test"}
+    assert report["fit"]["mape"] < 0.01 and report["test"]["mape"] < 0.05
+    assert report["test"]["kendall_tau"] > 0.9 and len(report["test"]["rows"]) == 5
+    assert {"measured_s", "predicted_s"} <= set(report["test"]["rows"][0])
+    snippet = out.read_text()
+    assert "cluster:" in snippet and "matmul_half_dim:" in snippet and "kernel_overhead:" in snippet
+    # the snippet's values go under cluster.device as they are
+    import yaml
+
+    fitted = yaml.safe_load(snippet)["cluster"]["device"]
+    merged = parse_scenario(BASE_TEXT, source="x", overrides={"cluster.device": yaml.safe_dump(
+        {"name": "A100-80GB", **fitted}, default_flow_style=True)})
+    assert merged.cluster.device.name == "A100-80GB"
+    assert merged.cluster.device.efficiency == pytest.approx(report["params"]["efficiency"], rel=1e-5)
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau([1], [1]) is None
