@@ -1,0 +1,796 @@
+"""What-if sweeps: one base scenario, many variations of it, one table of results.
+
+A capacity question ("what if the network were 4x faster?", "when does GPipe run out of
+memory?") is a scenario asked many times with a few keys changed. A sweep file names the
+base scenario and the keys to vary; every combination is a *point*, which is simulated (its
+plan replayed) or planned (a planner searches a plan for it) and becomes one row::
+
+    base: ../scenarios/bert48_v100_2x8.yaml   # relative to this file
+    mode: simulate                            # or plan (planner: dapple, options: {...})
+    engine: simpy                             # simulate only: simpy or fast
+    axes:                                     # dotted scenario keys; the product is swept
+      cluster.inter_node.bandwidth: [10Gb/s, 25Gb/s, 100Gb/s]
+      plan.schedule: [gpipe, dapple]
+    points:                                   # optional: linked settings, crossed with axes
+      - {cluster.nodes: 1, plan.stages: [...]}
+    plots:                                    # optional: figures of the table (sim.plots)
+      - {figure: memory_vs_microbatches, hue: plan.schedule}
+
+An axis is a list of values or a mapping ``label: value`` (the table shows the label). A
+value may be any YAML (a scalar or a whole mapping such as a ``plan:``); it is applied like
+``--set key=value`` and checked as strictly as the file. The axes ``planner`` and
+``options.<field>`` (plan mode) and ``engine`` (simulate mode) vary the sweep itself.
+
+Points run on a ``concurrent.futures`` executor: in-process (one worker), a local process
+pool, or a Dask cluster's executor; the code path is the same. The table has one row per
+point in point order: the point's id (a hash of its settings), its axis values, what the
+scenario is (model, device, sizes), the summary metrics and ``error`` and ``wall_s``. An
+out-of-memory plan is a result (``oom`` true); a point that cannot run (a bad value, an
+impossible plan, an exception) records its error in one line and the sweep goes on.
+With ``out``, the table is saved as ``results.csv`` and ``results.parquet`` (every few seconds
+too), and a rerun into the same folder skips the points already there without an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import yaml
+
+from sim.errors import DappleError
+
+__all__ = [
+    "SweepError", "Sweep", "Point", "SweepResult", "load_sweep", "sweep_from_dict", "sweep_points",
+    "run_point", "run_sweep", "open_executor", "read_results", "write_plots", "COLUMNS",
+]
+
+log = logging.getLogger(__name__)
+
+SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults")
+MODES = ("simulate", "plan")
+CHECKPOINT_S = 5.0
+"""Seconds between saves of a running sweep's table (so an interrupted sweep resumes)."""
+PROBES_PER_KEY = 16
+"""Distinct values of a key tried on the base before the sweep (a typo beyond is that point's error)."""
+DASK_CONNECT_TIMEOUT_S = 10.0
+"""Seconds to wait for a Dask scheduler given by address."""
+
+COLUMNS: dict[str, str] = {
+    "scenario": "string", "model_name": "string", "device_name": "string", "num_nodes": "Int64",
+    "cluster_devices": "Int64", "schedule": "string", "num_stages": "Int64", "num_devices": "Int64",
+    "global_batch_size": "Int64", "microbatch_size": "Int64", "num_microbatches": "Int64", "recompute": "boolean",
+    "iteration_time_s": "float64", "throughput_samples_per_s": "float64", "bubble_fraction": "float64",
+    "mfu": "float64", "peak_memory_bytes": "float64", "min_peak_memory_bytes": "float64",
+    "memory_capacity_bytes": "float64", "oom": "boolean", "oom_device": "Int64", "oom_overshoot_bytes": "float64",
+}
+"""Metric columns of every table (name -> pandas dtype), after the point id and axis columns."""
+PLAN_COLUMNS: dict[str, str] = {
+    "plan_description": "string", "plan_placement": "string", "plan_json": "string", "planner_note": "string",
+}
+"""Extra columns of ``mode: plan``: the plan found (``plan_json`` is a plan file) or why none fits."""
+TAIL_COLUMNS: dict[str, str] = {"error": "string", "wall_s": "float64"}
+
+
+class SweepError(DappleError):
+    """A sweep file (or its output folder) is malformed: one line naming the key."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Point:
+    """One combination of settings."""
+
+    index: int
+    """Position in the sweep's order (explicit points outside, axes inside, last axis fastest)."""
+    settings: tuple[tuple[str, Any], ...]
+    """(key, value) pairs applied to the base scenario (or the sweep's own keys)."""
+    columns: tuple[tuple[str, Any], ...]
+    """(key, table value): the value, its label, or its JSON text when it is not a scalar."""
+    id: str
+    """Stable hash of the settings: a rerun recognises points already done by it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep:
+    """A checked sweep file."""
+
+    name: str
+    base: str
+    """Absolute path of the base scenario (its folder resolves the scenario's relative paths)."""
+    base_text: str
+    """The base scenario's YAML, shipped with every point so remote workers need not read it."""
+    mode: str = "simulate"
+    engine: str = "simpy"
+    """Simulate mode: ``simpy`` (contention) or ``fast`` (contention-free)."""
+    planner: str = "dapple"
+    """Plan mode: the planner's name (``planner.registry``)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Plan mode: ``PlannerOptions`` fields; ``fast_budget_s`` is 0 unless given, so plans are
+    the same on every run and every machine (the planner's time budget is not)."""
+    points: tuple[Point, ...] = ()
+    axis_keys: tuple[str, ...] = ()
+    """Column names of the settings, in order."""
+    plots: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    """Figures to draw from the table: (figure, file, keyword arguments...) pairs."""
+    source: str = "<sweep>"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepResult:
+    """A finished (or interrupted) sweep."""
+
+    table: Any
+    """pandas DataFrame, one row per point in point order."""
+    points_run: int
+    points_skipped: int
+    """Points found in the output folder and not run again."""
+    wall_s: float
+    files: tuple[Path, ...] = field(default=())
+
+
+# --- reading a sweep file ---------------------------------------------------------------
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check the sweep file at ``path``."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SweepError(f"{path}: no such sweep file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SweepError(f"{path}: cannot read sweep file ({exc.__class__.__name__})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SweepError(f"{path}: not valid YAML{where}") from None
+    return sweep_from_dict(data, source=str(path), base_dir=path.resolve().parent, default_name=path.stem)
+
+
+def sweep_from_dict(
+    data: Any, *, source: str = "<sweep>", base_dir: str | Path = ".", default_name: str = "sweep"
+) -> Sweep:
+    """Check a sweep given as a mapping (a sweep file's contents); ``base`` is relative to ``base_dir``."""
+    def fail(key: str, problem: str) -> SweepError:
+        return SweepError(f"{source}: {key}: {problem}")
+
+    if not isinstance(data, dict):
+        raise SweepError(f"{source}: a sweep is a mapping with base, mode and axes")
+    allowed = ("name", "base", "mode", "engine", "planner", "options", "axes", "points", "plots")
+    for key in data:
+        if key not in allowed:
+            raise fail(str(key), f"unknown key; valid: {', '.join(allowed)}")
+    if "base" not in data or not isinstance(data["base"], str) or not data["base"]:
+        raise fail("base", "missing; give the base scenario's path (relative to the sweep file)")
+    base = (Path(base_dir) / data["base"]).resolve()
+    try:
+        base_text = base.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise fail("base", f"cannot read scenario {data['base']!r} (looked for {base})") from None
+    mode = _choice(data, "mode", MODES, "simulate", fail)
+    if mode == "plan" and "engine" in data:
+        raise fail("engine", "only for mode: simulate (the planner settles its plans with the SimPy engine)")
+    if mode == "simulate":
+        for key in ("planner", "options"):
+            if key in data:
+                raise fail(key, "only for mode: plan")
+    from planner.registry import PLANNERS
+    from sim.report import ENGINES
+
+    engine = _choice(data, "engine", ENGINES, "simpy", fail)
+    planner = _choice(data, "planner", tuple(sorted(PLANNERS)), "dapple", fail)
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise fail("options", "must be a mapping of planner options, e.g. {microbatch_sizes: [4, 8]}")
+    checked = {"fast_budget_s": 0.0} if mode == "plan" else {}
+    checked.update((name, _planner_option(name, value, f"options.{name}", fail)) for name, value in options.items())
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise fail("name", f"must be a non-empty string, got {name!r}")
+    axes = _axes(data.get("axes") or {}, mode, fail)
+    explicit = _explicit_points(data.get("points"), mode, fail)
+    clash = sorted({k for p in explicit for k, _, _ in p} & {k for k, _ in axes})
+    if clash:
+        raise fail(f"points.{clash[0]}", "is also an axis; vary a key in one place")
+    points, keys = _combine(explicit, axes)
+    sweep = Sweep(
+        name=name, base=str(base), base_text=base_text, mode=mode, engine=engine, planner=planner,
+        options=tuple(sorted(checked.items())), points=points, axis_keys=keys, source=source,
+        plots=_plots(data.get("plots"), fail),
+    )
+    _probe_keys(sweep, fail)
+    return sweep
+
+
+def _choice(data: dict, key: str, choices, default, fail) -> str:
+    value = data.get(key, default)
+    if value not in choices:
+        raise fail(key, f"unknown value {value!r}; valid: {', '.join(choices)}")
+    return value
+
+
+def _sweep_key(key: Any, mode: str, fail, where: str) -> str:
+    """A settable key: a dotted scenario key, or the sweep's own (planner, options.X, engine)."""
+    if not isinstance(key, str) or not key or not all(key.split(".")):
+        raise fail(where, f"{key!r} is not a dotted key such as cluster.inter_node.bandwidth")
+    head = key.split(".")[0]
+    if (key == "engine" and mode == "simulate") or ((key == "planner" or head == "options") and mode == "plan"):
+        return key
+    if head not in SCENARIO_SECTIONS:
+        own = "engine" if mode == "simulate" else "planner, options.<field>"
+        raise fail(where, f"{key!r} is not a scenario key (sections: {', '.join(SCENARIO_SECTIONS)}) nor {own}")
+    return key
+
+
+def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
+    from planner.registry import PLANNERS
+    from sim.report import ENGINES
+
+    if key == "planner" and value not in PLANNERS:
+        raise fail(where, f"unknown planner {value!r}; valid: {', '.join(sorted(PLANNERS))}")
+    if key == "engine" and value not in ENGINES:
+        raise fail(where, f"unknown engine {value!r}; valid: {', '.join(ENGINES)}")
+    if key.startswith("options."):
+        _planner_option(key.split(".", 1)[1], value, where, fail)
+
+
+def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]:
+    """[(key, [(value, column value), ...]), ...] in file order."""
+    if not isinstance(data, dict):
+        raise fail("axes", "must be a mapping of dotted keys to lists of values")
+    axes = []
+    for key, values in data.items():
+        where = f"axes.{key}"
+        key = _sweep_key(key, mode, fail, where)
+        if isinstance(values, dict):
+            pairs = [(value, str(label)) for label, value in values.items()]
+        elif isinstance(values, list):
+            pairs = [(value, _column_value(value)) for value in values]
+        else:
+            raise fail(where, f"must be a list of values or a mapping label: value, got {values!r}")
+        if not pairs:
+            raise fail(where, "has no values")
+        for i, (value, _) in enumerate(pairs):
+            _check_value(key, value, mode, fail, f"{where}[{i}]")
+        axes.append((key, pairs))
+    return axes
+
+
+def _explicit_points(data: Any, mode: str, fail) -> list[list[tuple[str, Any, Any]]]:
+    if data is None:
+        return []
+    if not isinstance(data, list) or not data:
+        raise fail("points", "must be a non-empty list of mappings {dotted.key: value, ...}")
+    points = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise fail(f"points[{i}]", f"must be a mapping of dotted keys to values, got {item!r}")
+        entries = []
+        for key, value in item.items():
+            key = _sweep_key(key, mode, fail, f"points[{i}].{key}")
+            _check_value(key, value, mode, fail, f"points[{i}].{key}")
+            entries.append((key, value, _column_value(value)))
+        points.append(entries)
+    return points
+
+
+def _column_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _combine(explicit, axes) -> tuple[tuple[Point, ...], tuple[str, ...]]:
+    keys = list(dict.fromkeys(k for p in explicit for k, _, _ in p)) + [k for k, _ in axes]
+    points = []
+    for outer in explicit or [[]]:
+        for combo in itertools.product(*(pairs for _, pairs in axes)):
+            entries = list(outer) + [(key, value, column) for (key, _), (value, column) in zip(axes, combo)]
+            identity = json.dumps(sorted([k, v, c] for k, v, c in entries), sort_keys=True, default=str)
+            points.append(
+                Point(
+                    index=len(points),
+                    settings=tuple((k, v) for k, v, _ in entries),
+                    columns=tuple((k, c) for k, _, c in entries),
+                    id=hashlib.sha256(identity.encode()).hexdigest()[:16],
+                )
+            )
+    return tuple(points), tuple(keys)
+
+
+def _planner_option(name: str, value: Any, where: str, fail) -> Any:
+    """A ``PlannerOptions`` field from YAML; returns a hashable value."""
+    from planner.space import PLACEMENTS, PlannerOptions
+    from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
+
+    fields = list(PlannerOptions.__dataclass_fields__)
+    if name not in fields:
+        raise fail(where, f"unknown planner option; valid: {', '.join(sorted(fields))}")
+
+    def ints(v, low: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    if name == "schedules":
+        items = value if isinstance(value, list) else [value]
+        out = []
+        for item in items:
+            item = {"name": item} if isinstance(item, str) else item
+            if not isinstance(item, dict) or item.get("name") not in GENERATORS or set(item) - {"name", "policy"} \
+                    or item.get("policy", "s-i") not in DAPPLE_POLICIES:
+                raise fail(where, f"{item!r}: give schedule names ({', '.join(sorted(GENERATORS))}) or "
+                                  f"{{name: dapple, policy: {DAPPLE_POLICIES[1]}}}")
+            out.append((item["name"], tuple(sorted((k, v) for k, v in item.items() if k != "name"))))
+        return tuple(out)
+    if name == "placements":
+        items = value if isinstance(value, list) else [value]
+        if not items or any(p not in PLACEMENTS for p in items):
+            raise fail(where, f"must list placements from {', '.join(PLACEMENTS)}, got {value!r}")
+        return tuple(items)
+    if name == "recompute":
+        items = value if isinstance(value, list) else [value]
+        if not items or any(not isinstance(v, bool) for v in items):
+            raise fail(where, f"must be true, false or a list of them, got {value!r}")
+        return tuple(items)
+    if name == "interleaved":
+        if not isinstance(value, bool):
+            raise fail(where, f"must be true or false, got {value!r}")
+        return value
+    if name == "microbatch_sizes":
+        items = value if isinstance(value, list) else [value]
+        if value is not None and (not items or not all(ints(v, 1) for v in items)):
+            raise fail(where, f"must be a list of positive integers, got {value!r}")
+        return None if value is None else tuple(items)
+    if name == "max_stages":
+        if value is not None and not ints(value, 1):
+            raise fail(where, f"must be a positive integer, got {value!r}")
+        return value
+    if name == "fast_budget_s":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise fail(where, f"must be a number of seconds >= 0, got {value!r}")
+        return float(value)
+    if not ints(value, 0 if name == "engine_top" else 1):  # engine_top, fast_top, fast_max
+        raise fail(where, f"must be an integer >= {0 if name == 'engine_top' else 1}, got {value!r}")
+    return value
+
+
+def _plots(data: Any, fail) -> tuple:
+    import inspect
+
+    from sim.plots import TABLE_FIGURES
+
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise fail("plots", "must be a list of {figure: NAME, file: NAME.png, ...arguments}")
+    plots = []
+    for i, item in enumerate(data):
+        where = f"plots[{i}]"
+        if not isinstance(item, dict) or item.get("figure") not in TABLE_FIGURES:
+            raise fail(where, f"needs figure: one of {', '.join(sorted(TABLE_FIGURES))}")
+        params = inspect.signature(TABLE_FIGURES[item["figure"]]).parameters
+        allowed = sorted(p for p, spec in params.items() if spec.kind is spec.KEYWORD_ONLY and p != "ax")
+        for key in item:
+            if key not in ("figure", "file") and key not in allowed:
+                raise fail(f"{where}.{key}", f"unknown argument of {item['figure']}; valid: {', '.join(allowed)}")
+        if not isinstance(item.get("file", "x.png"), str) or not item.get("file", "x.png").endswith(".png"):
+            raise fail(f"{where}.file", "must be a file name ending in .png")
+        plots.append(tuple(item.items()))
+    return tuple(plots)
+
+
+def _probe_keys(sweep: Sweep, fail) -> None:
+    """A misspelt key or an unknown name fails every point: catch it now, naming the key.
+
+    Each distinct value is applied alone to the base; only errors that no other setting can
+    cure are reported here (an unknown key, an unknown choice such as a schedule's name).
+    Everything else may depend on the combination, and is each point's own result."""
+    from sim.errors import ScenarioError
+    from sim.scenario import apply_overrides, parse_scenario
+
+    raw = yaml.safe_load(sweep.base_text)
+    if not isinstance(raw, dict):
+        raise fail("base", "the base scenario is not a mapping")
+    seen: dict[str, set] = {}
+    for point in sweep.points:
+        for key, value in point.settings:
+            identity = json.dumps(value, sort_keys=True, default=str)
+            tried = seen.setdefault(key, set())
+            if identity in tried or len(tried) >= PROBES_PER_KEY or key.split(".")[0] not in SCENARIO_SECTIONS:
+                continue
+            tried.add(identity)
+            override = {key: _override_value(value)}
+            try:
+                apply_overrides(raw, override)
+            except ScenarioError as exc:
+                raise fail(key, str(exc).split(": ", 2)[-1]) from None
+            try:
+                parse_scenario(sweep.base_text, source="", base_dir=Path(sweep.base).parent, overrides=override)
+            except ScenarioError as exc:
+                message = str(exc).removeprefix(": ")
+                named = message.split(": ", 1)[0]
+                related = named == key or key.startswith(named + ".") or named.startswith(key + ".")
+                if related and (": unknown key" in message or ": unknown value" in message):
+                    where = sweep.source if named == key else f"{sweep.source}: {key}"
+                    raise SweepError(f"{where}: {message}") from None
+
+
+# --- one point ------------------------------------------------------------------------------
+
+
+def _override_value(value: Any) -> Any:
+    """What ``apply_overrides`` gets: a scalar as YAML text, as ``--set key=value`` would give it;
+    a list or mapping (a whole plan of hundreds of devices) as itself, without a YAML round trip."""
+    if isinstance(value, (list, dict)):
+        return copy.deepcopy(value)
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+
+
+def run_point(sweep: Sweep, point: Point) -> dict[str, Any]:
+    """Simulate or plan one point; returns its table row (never raises for a bad point)."""
+    started = time.perf_counter()
+    row: dict[str, Any] = {"point": point.id, **dict(point.columns)}
+    try:
+        row.update(_evaluate(sweep, point))
+    except DappleError as exc:
+        row["error"] = _one_line(str(exc))
+    except Exception as exc:  # an engine bug must not stop a thousand-point study
+        log.debug("point %s failed", point.id, exc_info=True)
+        row["error"] = _one_line(f"{exc.__class__.__name__}: {exc}")
+    row["wall_s"] = time.perf_counter() - started
+    return row
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
+
+
+def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
+    from sim.scenario import parse_scenario
+
+    settings = dict(point.settings)
+    planner = settings.pop("planner", sweep.planner)
+    engine = settings.pop("engine", sweep.engine)
+    options = dict(sweep.options)
+    for key in [k for k in settings if k.startswith("options.")]:
+        name = key.split(".", 1)[1]
+        options[name] = _planner_option(name, settings.pop(key), key, lambda k, p: SweepError(f"{k}: {p}"))
+    overrides = {key: _override_value(value) for key, value in settings.items()}
+    scenario = parse_scenario(sweep.base_text, source=Path(sweep.base).name, base_dir=Path(sweep.base).parent,
+                              overrides=overrides)
+    cluster, training = scenario.cluster, scenario.training
+    row = {
+        "scenario": scenario.name, "model_name": scenario.model.name, "device_name": cluster.device.name,
+        "num_nodes": cluster.nodes, "cluster_devices": cluster.num_devices,
+        "global_batch_size": training.global_batch_size, "microbatch_size": training.microbatch_size,
+        "memory_capacity_bytes": cluster.device.memory_bytes,
+    }
+    if sweep.mode == "simulate":
+        from sim.report import run_scenario
+
+        result = run_scenario(scenario, engine=engine)
+        row.update(_metrics(result.summary()), recompute=scenario.plan.recompute)
+        return row
+    return {**row, **_plan(scenario, planner, options)}
+
+
+def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
+    oom = summary["oom_detail"] or {}
+    return {
+        "schedule": summary["schedule"], "num_stages": summary["num_stages"], "num_devices": summary["num_devices"],
+        "num_microbatches": summary["num_microbatches"], "iteration_time_s": summary["iteration_time_s"],
+        "throughput_samples_per_s": summary["throughput_samples_per_s"],
+        "bubble_fraction": summary["bubble_fraction"], "mfu": summary["mfu"],
+        "peak_memory_bytes": summary["peak_memory_bytes"],
+        "min_peak_memory_bytes": min(d["peak_memory_bytes"] for d in summary["devices"]),
+        "oom": summary["oom"], "oom_device": oom.get("device"), "oom_overshoot_bytes": oom.get("overshoot_bytes"),
+    }
+
+
+def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    from planner.registry import get_planner
+    from planner.space import PlannerOptions, to_scenario
+    from sim.plan_json import plan_to_dict
+
+    found = get_planner(planner)(scenario, PlannerOptions(**options))
+    if found.best is None:  # nothing fits: a result of the study, not a failure
+        return {"oom": True, "planner_note": found.note}
+    candidate = found.best.candidate
+    planned = to_scenario(scenario, candidate)
+    plan = plan_to_dict(planned.plan, planned.training)
+    return {
+        **_metrics(found.best.summary), "microbatch_size": candidate.microbatch_size,
+        "recompute": candidate.recompute, "schedule": _column_value(plan["schedule"]),
+        "plan_description": candidate.describe(), "plan_placement": candidate.placement,
+        "plan_json": json.dumps(plan, sort_keys=True), "planner_note": found.note or None,
+    }
+
+
+# --- executors ------------------------------------------------------------------------------
+
+
+class _InlineExecutor(Executor):
+    """Runs each call when it is submitted, in this process (one worker, no pickling)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+@contextlib.contextmanager
+def open_executor(workers: int | None = None, dask: str | None = None) -> Iterator[tuple[Executor, int]]:
+    """(executor, parallelism): a local process pool (``workers`` processes, default
+    min(CPUs, 4); one worker runs in-process), or with ``dask`` a Dask cluster's executor:
+    ``"local"`` starts a ``LocalCluster`` of ``workers`` processes, anything else is a
+    scheduler address (``tcp://host:8786``)."""
+    if workers is not None and workers < 1:
+        raise SweepError(f"--workers {workers}: give a positive number of worker processes")
+    count = workers or min(os.cpu_count() or 1, 4)
+    if dask is None:
+        if count == 1:
+            yield _InlineExecutor(), 1
+            return
+        import multiprocessing
+
+        # forkserver: safe when threads run (tqdm, a Dask client); workers fork from a warm server
+        context = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
+        if context.get_start_method() == "forkserver":
+            context.set_forkserver_preload(["planner.sweep", "sim.report", "sim.engine.replay", "planner.registry"])
+        with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+            yield pool, count
+        return
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise SweepError("--dask needs Dask: pip install 'dask[distributed]'") from None
+    cluster = None
+    try:
+        if dask == "local":
+            cluster = LocalCluster(n_workers=count, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   silence_logs=logging.ERROR)
+            client = Client(cluster)
+        else:
+            try:
+                client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise SweepError(f"--dask {dask}: cannot reach the scheduler ({_one_line(str(exc))})") from None
+        try:
+            yield client.get_executor(pure=False), max(1, sum(client.nthreads().values()))
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+# --- the sweep ------------------------------------------------------------------------------
+
+
+def run_sweep(
+    sweep: Sweep,
+    out: str | Path | None = None,
+    *,
+    workers: int | None = None,
+    dask: str | None = None,
+    executor: Executor | None = None,
+    progress: bool | None = None,
+) -> SweepResult:
+    """Run every point not already in ``out``'s table; return (and save) the whole table.
+
+    ``executor`` (any ``concurrent.futures.Executor``) replaces the one ``open_executor``
+    makes from ``workers`` and ``dask``. ``progress``: a tqdm bar; default when stderr is a terminal.
+    """
+    started = time.perf_counter()
+    out = Path(out) if out is not None else None
+    done = _resume(sweep, out) if out is not None else {}
+    pending = [p for p in sweep.points if p.id not in done]
+    rows: dict[str, dict] = dict(done)
+    files: tuple[Path, ...] = ()
+    bar = _bar(len(pending), sweep.name, sys.stderr.isatty() if progress is None else progress)
+    if executor is not None or not pending:  # nothing to run: start no workers
+        opened = contextlib.nullcontext((executor, 4))
+    else:
+        opened = open_executor(workers, dask)
+    try:
+        with opened as (pool, parallelism):
+            lean = replace(sweep, points=(), plots=())  # what a worker needs: not every point
+            checkpoint = (lambda: _save(sweep, rows, out)) if out is not None else None
+            _drain(lean, pending, pool, 2 * parallelism, rows, bar, checkpoint)
+    finally:
+        if bar is not None:
+            bar.close()
+        if out is not None:
+            files = _save(sweep, rows, out)
+    table = _table(sweep, rows)
+    return SweepResult(table=table, points_run=len(pending), points_skipped=len(done),
+                       wall_s=time.perf_counter() - started, files=files)
+
+
+def _drain(lean: Sweep, pending: list[Point], pool: Executor, window: int, rows: dict, bar, checkpoint) -> None:
+    """Keep ``window`` points in flight; collect rows as they finish; ``checkpoint()`` now and then."""
+    queue, in_flight, saved = iter(pending), {}, time.monotonic()
+    try:
+        while True:
+            for point in itertools.islice(queue, max(0, window - len(in_flight))):
+                try:
+                    in_flight[pool.submit(run_point, lean, point)] = point
+                except BrokenExecutor:
+                    raise SweepError(
+                        "the worker processes died (killed, out of memory, or a script that calls run_sweep "
+                        "without `if __name__ == \"__main__\":`); a rerun into the same output folder skips "
+                        "the points done"
+                    ) from None
+            if not in_flight:
+                return
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                point = in_flight.pop(future)
+                try:
+                    rows[point.id] = future.result()
+                except Exception as exc:  # the worker itself died (killed, out of host memory)
+                    rows[point.id] = {"point": point.id, **dict(point.columns),
+                                      "error": _one_line(f"worker failed: {exc.__class__.__name__}: {exc}")}
+                if bar is not None:
+                    bar.update(1)
+            if checkpoint is not None and time.monotonic() - saved > CHECKPOINT_S:
+                checkpoint()
+                saved = time.monotonic()
+    finally:  # interrupted: keep what finished, drop what did not
+        for future, point in in_flight.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                rows[point.id] = future.result()
+            future.cancel()
+
+
+def _bar(total: int, name: str, show: bool):
+    if not show or total == 0:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=name, unit="point", file=sys.stderr)
+
+
+def _table(sweep: Sweep, rows: Mapping[str, dict]):
+    """The rows of ``sweep``'s points that have run, in point order, with fixed column types."""
+    import pandas as pd
+
+    metrics = {**COLUMNS, **(PLAN_COLUMNS if sweep.mode == "plan" else {}), **TAIL_COLUMNS}
+    columns = ["point", *sweep.axis_keys, *metrics]
+    ordered = [rows[p.id] for p in sweep.points if p.id in rows]
+    table = pd.DataFrame([[row.get(c) for c in columns] for row in ordered], columns=columns, dtype=object)
+    table["point"] = table["point"].astype("string")
+    for key in sweep.axis_keys:
+        table[key] = _axis_column(table[key])
+    for name, dtype in metrics.items():
+        table[name] = table[name].astype(dtype)
+    return table.reset_index(drop=True)
+
+
+def _axis_column(column):
+    column = column.map(lambda v: v.item() if hasattr(v, "item") else v)  # numpy scalars from a saved table
+    values = [v for v in column if v is not None]
+    if values and all(isinstance(v, bool) for v in values):
+        return column.astype("boolean")
+    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return column.astype("Int64")
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return column.astype("float64")
+    return column.map(lambda v: None if v is None else str(v)).astype("string")
+
+
+# --- the output folder ----------------------------------------------------------------------
+
+
+def _fingerprint(sweep: Sweep) -> dict[str, Any]:
+    return {
+        "base": sweep.base, "base_sha256": hashlib.sha256(sweep.base_text.encode()).hexdigest(),
+        "mode": sweep.mode, "engine": sweep.engine if sweep.mode == "simulate" else None,
+        "planner": sweep.planner if sweep.mode == "plan" else None,
+        "options": json.loads(json.dumps(dict(sweep.options))) if sweep.mode == "plan" else None,
+    }
+
+
+def _resume(sweep: Sweep, out: Path) -> dict[str, dict]:
+    """Rows already in ``out`` for this sweep's points (failed ones are tried again)."""
+    meta = out / "sweep.json"
+    if not meta.is_file():
+        return {}
+    try:
+        before = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise SweepError(f"{meta}: cannot read it; delete the folder or choose another --out") from None
+    now = _fingerprint(sweep)
+    for key, value in now.items():
+        if before.get(key) != value:
+            what = (f"{key} was {before.get(key)!r}, now {value!r}" if key != "base_sha256"
+                    else "the base scenario changed")
+            raise SweepError(f"--out {out}: holds results of another sweep ({what}); choose another --out or delete it")
+    table = read_results(out)
+    if table is None:
+        return {}
+    wanted = {p.id for p in sweep.points}
+    records = table.astype(object).where(table.notna(), None).to_dict("records")
+    return {r["point"]: r for r in records if r["point"] in wanted and r.get("error") is None}
+
+
+def read_results(out: str | Path):
+    """The table saved in ``out`` (``results.parquet``, else ``results.csv``), or None."""
+    import pandas as pd
+
+    out = Path(out)
+    if (out / "results.parquet").is_file() and _has_pyarrow():
+        return pd.read_parquet(out / "results.parquet")
+    if (out / "results.csv").is_file():
+        return pd.read_csv(out / "results.csv", dtype={"point": "string"})
+    return None
+
+
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _save(sweep: Sweep, rows: Mapping[str, dict], out: Path) -> tuple[Path, ...]:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    table = _table(sweep, rows)
+    written = [out / "sweep.json", out / "results.csv"]
+    _atomic(written[0], lambda p: p.write_text(json.dumps(_fingerprint(sweep), indent=2, sort_keys=True) + "\n"))
+    _atomic(written[1], lambda p: table.to_csv(p, index=False))
+    if _has_pyarrow():
+        written.append(out / "results.parquet")
+        _atomic(written[2], lambda p: table.to_parquet(p, index=False))
+    else:
+        log.warning("pyarrow is not installed: wrote results.csv only (pip install pyarrow for results.parquet)")
+    return tuple(written)
+
+
+def _atomic(path: Path, write) -> None:
+    temporary = path.with_name(f".{path.name}.partial")
+    write(temporary)
+    os.replace(temporary, path)
+
+
+def sweep_points(sweep: Sweep) -> list[dict[str, Any]]:
+    """Each point's settings as a dict, in order (what ``dapple-plan sweep`` will run)."""
+    return [dict(p.settings) for p in sweep.points]
+
+
+def write_plots(sweep: Sweep, table, out: str | Path) -> list[Path]:
+    """Draw the sweep file's ``plots:`` from ``table`` into ``out``; returns the PNG paths."""
+    from sim.plots import TABLE_FIGURES
+
+    written = []
+    for entry in sweep.plots:
+        spec = dict(entry)
+        name = spec.pop("figure")
+        file = spec.pop("file", None) or f"{name}.png"
+        fig = TABLE_FIGURES[name](table, **spec)
+        import matplotlib.pyplot as plt
+
+        path = Path(out) / file
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

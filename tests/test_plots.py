@@ -1,0 +1,178 @@
+"""Figures of what-if studies: what each one draws, checked on the artists it creates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, SCENARIOS
+
+pd = pytest.importorskip("pandas")
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from sim import plots  # noqa: E402
+
+GiB = 2.0**30
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def _replays(*schedules):
+    from sim.report import run_scenario
+    from sim.scenario import load_scenario
+
+    return {s: run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"plan.schedule": s})) for s in schedules}
+
+
+def test_gantt_figure_draws_every_compute_action_of_its_rows():
+    result = _replays("dapple")["dapple"]
+    fig = plots.gantt_figure(result)
+    ax = fig.axes[0]
+    rows = plots.rows_to_plot(result)
+    compute = [e for e in result.event_rows([d for d, _ in rows])
+               if e["kind"] in ("F", "B", "I", "W", "REDUCE_GRAD", "OPTIM") and e["end_s"] > e["start_s"]]
+    assert len(ax.patches) == len(compute)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"dev {d}" for d, _ in rows]
+    assert ax.get_xlim()[1] == pytest.approx(result.iteration_time_s * 1e3 * 1.01)
+
+
+def test_schedule_comparison_stacks_gantt_and_memory_on_one_time_axis():
+    results = _replays("gpipe", "dapple", "zb-h1")
+    fig = plots.schedule_comparison_figure(results)
+    assert len(fig.axes) == 6
+    titles = [ax.get_title(loc="left") for ax in fig.axes[::2]]
+    for title, (name, result) in zip(titles, results.items()):
+        assert title.startswith(f"{name}: {result.iteration_time_s * 1e3:.1f} ms per iteration")
+    longest = max(r.iteration_time_s for r in results.values()) * 1e3 * 1.01
+    assert all(ax.get_xlim()[1] == pytest.approx(longest) for ax in fig.axes)
+    # identical replicas share a row: one per server here
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["dev 0 (x8)", "dev 8 (x8)"]
+    memory_limits = {ax.get_ylim() for ax in fig.axes[1::2]}
+    assert len(memory_limits) == 1  # one memory scale on every panel
+    low, high = memory_limits.pop()
+    peak = max(r.summary()["peak_memory_bytes"] for r in results.values()) / GiB
+    assert low < 5.0 < peak < high < 16  # zoomed on the curves: 16 GiB is far above them
+    assert "capacity 16 GiB, above the scale" in fig.axes[1].get_title(loc="left")
+    from sim.report import run_scenario
+    from sim.scenario import load_scenario
+
+    small = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB"}))
+    near = plots.schedule_comparison_figure({"dapple": small})  # 5 of 6 GiB: the capacity line is in view
+    assert near.axes[1].get_ylim() == (0.0, pytest.approx(6 * 1.06))
+
+
+def _table(rows):
+    base = {"error": None, "oom": False, "memory_capacity_bytes": 16 * GiB}
+    return pd.DataFrame([{**base, **row} for row in rows])
+
+
+def test_throughput_vs_gpus_takes_the_best_fit_per_count_and_marks_the_target():
+    table = _table([
+        {"cluster_devices": 8, "throughput_samples_per_s": 10.0, "device_name": "A", "oom": True},
+        {"cluster_devices": 16, "throughput_samples_per_s": 30.0, "device_name": "A"},
+        {"cluster_devices": 16, "throughput_samples_per_s": 20.0, "device_name": "A"},
+        {"cluster_devices": 32, "throughput_samples_per_s": 55.0, "device_name": "A"},
+        {"cluster_devices": 8, "throughput_samples_per_s": 40.0, "device_name": "B"},
+        {"cluster_devices": 16, "throughput_samples_per_s": 90.0, "device_name": "B"},
+        {"cluster_devices": 32, "throughput_samples_per_s": 1e6, "device_name": "B", "error": "boom"},
+    ])
+    fig = plots.throughput_vs_gpus_figure(table, hue="device_name", target=50)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["A"].get_xdata()) == [16, 32] and list(lines["A"].get_ydata()) == [30.0, 55.0]
+    assert list(lines["B"].get_xdata()) == [8, 16] and list(lines["B"].get_ydata()) == [40.0, 90.0]
+    markers = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert [list(m.get_xdata()) for m in markers] == [[8]]  # only A at 8 GPUs has nothing that fits
+    assert sorted(_texts(fig)) == ["16", "32"]
+    assert ax.get_xscale() == "log"
+
+
+def test_memory_vs_microbatches_marks_out_of_memory_points_and_capacity():
+    table = _table([
+        {"num_microbatches": m, "peak_memory_bytes": gib * GiB, "schedule": s, "oom": gib > 16}
+        for s, values in (("gpipe", (4, 9, 18)), ("dapple", (4, 4, 4))) for m, gib in zip((2, 8, 32), values)
+    ])
+    fig = plots.memory_vs_microbatches_figure(table)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["gpipe"].get_ydata()) == [4, 9, 18] and list(lines["dapple"].get_ydata()) == [4, 4, 4]
+    assert list(lines["capacity (x: out of memory)"].get_ydata()) == [16, 16]
+    (oom,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert list(oom.get_xdata()) == [32] and list(oom.get_ydata()) == [18]
+
+
+def test_oom_frontier_shows_the_best_fit_per_cell_and_oom_where_none_fits():
+    table = _table([
+        {"model_name": "small", "cluster_devices": 8, "peak_memory_bytes": 12 * GiB, "schedule": "gpipe"},
+        {"model_name": "small", "cluster_devices": 8, "peak_memory_bytes": 8 * GiB, "schedule": "gpipe"},
+        {"model_name": "big", "cluster_devices": 8, "peak_memory_bytes": 20 * GiB, "oom": True, "schedule": "gpipe"},
+        {"model_name": "big", "cluster_devices": 16, "peak_memory_bytes": None, "error": "x", "schedule": "gpipe"},
+        {"model_name": "small", "cluster_devices": 8, "peak_memory_bytes": 4 * GiB, "schedule": "dapple"},
+        {"model_name": "big", "cluster_devices": 8, "peak_memory_bytes": 15 * GiB, "schedule": "dapple"},
+    ])
+    fig = plots.oom_frontier_figure(table, by="schedule")
+    gpipe, dapple = fig.axes[0], fig.axes[1]
+    cells = lambda ax: {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    assert cells(gpipe) == {(0, 0): "50%", (1, 0): "OOM", (1, 1): "err"}
+    assert cells(dapple) == {(0, 0): "25%", (1, 0): "94%"}
+    assert [t.get_text() for t in gpipe.get_yticklabels()] == ["small", "big"]
+    assert [t.get_text() for t in gpipe.get_xticklabels()] == ["8", "16"]
+    assert (gpipe.get_title(), dapple.get_title()) == ("gpipe", "dapple")
+
+
+def test_planner_comparison_from_a_report_and_from_a_table():
+    report = {"scenario": "s", "planners": {
+        "dapple": {"plan": {"throughput_samples_per_s": 90.0, "speedup_over_dp": 1.5}},
+        "dp": {"plan": {"throughput_samples_per_s": 60.0, "speedup_over_dp": 1.0}},
+        "even": {"plan": None},
+    }}
+    fig = plots.planner_comparison_figure(report)
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert heights == [90.0, 60.0, 0.0]
+    assert "no plan fits" in _texts(fig) and "90\n1.50x dp" in _texts(fig)
+    table = _table([
+        {"planner": p, "model": m, "throughput_samples_per_s": v}
+        for (p, m), v in {("dapple", "a"): 30.0, ("dp", "a"): 10.0, ("dapple", "b"): 8.0, ("dp", "b"): 4.0}.items()
+    ])
+    fig = plots.planner_comparison_figure(table, by="model", relative_to="dp")
+    assert [bar.get_height() for bar in fig.axes[0].patches] == [3.0, 2.0, 1.0, 1.0]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b"]
+
+
+def test_table_figures_draw_a_real_sweep(tmp_path):
+    from planner.sweep import load_sweep, run_sweep, write_plots
+
+    sweep = load_sweep(REPO / "sweeps" / "bert48_schedules.yaml")
+    table = run_sweep(sweep, workers=1).table
+    (path,) = write_plots(sweep, table, tmp_path)
+    assert path.name == "memory_vs_microbatches.png" and path.stat().st_size > 10_000
+    for figure in (plots.throughput_vs_gpus_figure(table, hue="plan"),
+                   plots.oom_frontier_figure(table, by="plan"),
+                   plots.memory_vs_microbatches_figure(table, hue="plan")):
+        assert figure.axes
+
+
+def test_validation_figure_reads_the_recorded_schema():
+    data = json.loads((REPO / "notebooks" / "data" / "validation_cpu.json").read_text())
+    runs = data["runs"] if "runs" in data else [data]
+    single = {k: v for k, v in data.items() if k != "runs"} | runs[0]  # the one-run form of the same schema
+    for run in runs + [single]:
+        fig = plots.validation_figure(run)
+        assert len(fig.axes) == 5
+        times = [bar.get_height() for bar in fig.axes[0].patches]
+        expected = [run["predicted"]["iteration_time_s"] * 1e3, run["measured"]["iteration_time_s"] * 1e3]
+        assert times == pytest.approx(expected)
+        devices = sorted(d["device"] for d in run["predicted"]["devices"])
+        assert [t.get_text() for t in fig.axes[3].get_yticklabels()] == [f"dev {d}" for d in devices]
+        assert ("PLACEHOLDER" in fig._suptitle.get_text()) == bool(run.get("placeholder"))
