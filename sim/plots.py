@@ -71,8 +71,10 @@ def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any
     else:
         fig = ax.figure
     events = result.event_rows([d for d, _ in rows])
-    _draw_gantt(ax, events, rows, result.workload.num_microbatches, result.iteration_time_s)
+    _draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s)
     s = result.summary()
+    if title is None and s.get("failure"):
+        title = f"{s['name']}: {s['schedule']}, {s['failure']['message']}"
     ax.set_title(title or f"{s['name']}: {s['schedule']}, {s['iteration_time_s'] * 1e3:.1f} ms per iteration, "
                  f"bubble {s['bubble_fraction']:.1%}")
     fig.tight_layout()
@@ -117,7 +119,7 @@ def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> An
     rows = sorted((cls.devices[0], len(cls.devices)) for cls in result.workload.classes)[:16]
     for device, count in rows:
         times, values = result.memory_timeline(device)
-        times = [t * 1e3 for t in times] + [result.iteration_time_s * 1e3]
+        times = [t * 1e3 for t in times] + [result.end_s * 1e3]
         values = [v / _GiB for v in values] + [values[-1] / _GiB]
         ax.step(times, values, where="post", label=f"dev {device}" + (f" (x{count})" if count > 1 else ""))
     ax.axhline(result.workload.device_memory_bytes / _GiB, color="red", linestyle="--", label="capacity")

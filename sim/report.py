@@ -80,7 +80,7 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     result.events(result.traced_devices() if not trace_all else None).to_csv(events, index=False)
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
-    if result.baseline is not None and result.baseline.iteration_time_s:
+    if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
         from sim.compare_plots import fault_impact_figure
 
         figures.append(("faults.png", fault_impact_figure))

@@ -134,3 +134,11 @@ def test_same_seed_gives_byte_identical_summary_and_trace(tmp_path):
     other = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml",
                                        {"faults": overrides["faults"].replace("seed: 11", "seed: 12")}))
     assert json.loads(outputs[0]["summary.json"])["iteration_time_s"] != other.iteration_time_s
+
+
+def test_a_failed_iteration_still_writes_its_timeline(tmp_path):
+    result = run_scenario(_with(_pipeline(), Failure(device=2, at_s=4.5)))
+    files = write_outputs(result, tmp_path)
+    names = {path.name for path in files}
+    assert {"summary.json", "trace.json", "gantt.png", "memory.png"} <= names and "faults.png" not in names
+    assert json.loads((tmp_path / "summary.json").read_text())["failure"]["device"] == 2
