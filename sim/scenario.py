@@ -171,6 +171,8 @@ def _cluster(reader: StrictReader, data: Any) -> ClusterSpec:
         for name, value in data.items():
             if name in ("intra_node", "inter_node") and isinstance(value, dict):
                 merged[name] = {**merged[name], **value}
+            elif name == "device" and isinstance(value, dict) and "name" not in value:
+                merged[name] = {"name": merged[name], **value}  # override some of the preset's device
             elif name != "preset":
                 merged[name] = value
         data = merged

@@ -171,3 +171,13 @@ def test_plan_file_replaces_the_plan(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["simulate", target, "--plan", str(bad)]) == 2
     assert "not valid JSON at line 1" in capsys.readouterr().err
+
+
+def test_device_keys_next_to_a_cluster_preset_override_its_device():
+    path = SCENARIOS / "bert48_v100_15to1.yaml"
+    scenario = load_scenario(path, {"cluster.device": "{memory: 32GiB, efficiency: 0.6}"})
+    device = scenario.cluster.device
+    assert device.name == "V100-16GB" and device.memory_bytes == 32 * 2**30 and device.efficiency == 0.6
+    assert device.peak_flop_per_s == pytest.approx(125e12)  # the rest still comes from the preset
+    scenario = load_scenario(path, {"cluster.device.memory": "8GiB"})
+    assert scenario.cluster.device.memory_bytes == 8 * 2**30
