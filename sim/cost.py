@@ -41,7 +41,7 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
         efficiency = device.efficiency
         half = device.matmul_half_dim
         if dims is not None and half > 0:
-            for size in dims:
+            for size in dims[:2]:  # output tiles span M and N; a small K shows as memory-bound
                 efficiency /= 1.0 + half / size
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
@@ -61,12 +61,15 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
         return layer.fwd_flop * samples / rate, bwd, bwd * layer.wgrad_fraction
     fwd = bwd = wgrad = 0.0
     for k in layer.kernels:
-        dims = (k.rows * samples, k.cols, k.inner) if k.flop > 0 else None
-        t = kernel_time_s(k.flop * samples, k.bytes * samples + k.fixed_bytes, device, dtype, dims)
+        flop, nbytes = k.flop * samples, k.bytes * samples + k.fixed_bytes
+        m, n, inner = k.rows * samples, k.cols, k.inner
+        t = kernel_time_s(flop, nbytes, device, dtype, (m, n, inner) if k.flop > 0 else None)
         fwd += t
-        if k.flop > 0:  # two products each way: input gradient, and weight (or second input) gradient
-            bwd += 2 * t
-            wgrad += t if k.weights else 0.0
+        if k.flop > 0:  # two products back: the input gradient (M × K out), the weight (or second
+            # input) gradient (K × N out), each with the forward's FLOPs and bytes
+            weight_grad = kernel_time_s(flop, nbytes, device, dtype, (inner, n, m))
+            bwd += kernel_time_s(flop, nbytes, device, dtype, (m, inner, n)) + weight_grad
+            wgrad += weight_grad if k.weights else 0.0
         else:  # an element-wise backward reads the gradient and what it saved, writes one
             back = kernel_time_s(0.0, 2 * (k.bytes * samples + k.fixed_bytes), device, dtype)
             bwd += back

@@ -12,11 +12,11 @@ cost model (``sim.cost.kernel_time_s``) turns a kernel on ``n`` samples into
 the roofline bound (Williams, Waterman & Patterson, CACM 2009) with a matrix efficiency that
 rises with the product's dimensions and saturates:
 
-    eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N) · (1 + D/K)),
+    eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N)),
 
-each dimension reaching half of its share when it equals the device's ``matmul_half_dim`` D.
-Its form models tile and wave quantisation: a GEMM is computed in tiles of roughly D along
-each dimension, and the parts of tiles beyond a small dimension are wasted work (NVIDIA,
+each output dimension reaching half of its share when it equals the device's ``matmul_half_dim``
+D. Its form models tile and wave quantisation: a GEMM's output is computed in tiles of roughly D
+along M and N, and the parts of tiles beyond a small dimension are wasted work (NVIDIA,
 "Matrix Multiplication Background User's Guide", sections on tile and wave quantisation);
 a hyperbolic saturation per dimension is the simplest curve with that limit, and unlike an
 efficiency that depends on the FLOP count alone (which only adds a constant per call, the
