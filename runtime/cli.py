@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -287,7 +288,9 @@ def _report_failure(out: Path, code: int) -> int:
 
     A rank that raised left a failure file; a rank that died (killed, crashed) left none, and
     torchrun's log gives its exit code. A death comes first: the others' errors are then
-    only their lost connection to it. Among raised failures the earliest is the cause.
+    only their lost connection to it. Among raised failures the earliest is the cause. A rank
+    ended by SIGTERM is one torchrun stopped after another failed, so it is a cause only when
+    nothing else failed.
     """
     from runtime.status import read_failures, read_status
 
@@ -295,6 +298,8 @@ def _report_failure(out: Path, code: int) -> int:
     log = out / "torchrun.log"
     exits = _failed_ranks(log)
     dead = sorted(rank for rank in exits if rank not in failures)
+    crashed = [rank for rank in dead if exits[rank] != str(-signal.SIGTERM)]
+    dead = crashed or ([] if failures else dead)
     if dead:
         cause = dead[0]
         where = f" at {status[cause]}" if cause in status else ""

@@ -95,3 +95,41 @@ def test_profile_loads_in_the_simulator(tmp_path):
     assert cluster.intra_node.bandwidth_bytes_per_s > 0 and cluster.intra_node.latency_s > 0
     measured = load_scenario(tmp_path / "scenario.yaml")
     assert measured.model.num_layers == spec.num_layers and measured.plan == load_scenario(GPT).plan
+
+
+_TORCHRUN_REPORT = """Failures:
+[1]:
+  time      : 2026-11-29_16:40:00
+  host      : box
+  rank      : {other} (local_rank: {other})
+  exitcode  : {other_code} (pid: 11)
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_16:40:00
+  host      : box
+  rank      : {first} (local_rank: {first})
+  exitcode  : {first_code} (pid: 10)
+"""
+
+
+@pytest.mark.parametrize(("raised", "first_code", "other_code", "expected"), [
+    (True, 1, -15, "rank 1 failed at action 1B1"),   # the other rank was stopped by torchrun
+    (False, 17, -15, "rank 1 died at step 0 1B1 (exit code 17)"),
+    (True, 1, -9, "rank 0 died at step 0 0RECV_B1 (exit code -9)"),  # a kill is a cause
+    (False, -15, -15, "rank 0 died at step 0 0RECV_B1 (exit code -15)"),  # nothing else to blame
+], ids=["raised-and-stopped", "crashed-and-stopped", "raised-and-killed", "all-stopped"])
+def test_the_cause_of_a_failure_is_the_rank_torchrun_did_not_stop(tmp_path, capsys, raised, first_code,
+                                                                  other_code, expected):
+    from runtime.cli import _report_failure
+    from runtime.status import StatusBoard, write_failure
+
+    for rank, action in ((0, "0RECV_B1"), (1, "1B1")):
+        board = StatusBoard(tmp_path, rank)
+        board.set(0, action)
+        board.close()
+    if raised:
+        write_failure(tmp_path, 1, "rank 1 failed at action 1B1 (step 0): RuntimeError")
+    (tmp_path / "torchrun.log").write_text(_TORCHRUN_REPORT.format(first=1, first_code=first_code, other=0,
+                                                                   other_code=other_code))
+    assert _report_failure(tmp_path, 1) == 1
+    assert expected in capsys.readouterr().err
