@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.cli import parse_overrides, run_cli
+from sim.cli import add_scenario_options, parse_overrides, run_cli
 from sim.errors import DappleError
 
 __all__ = ["main"]
@@ -67,8 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         "--planner", action="append", choices=sorted(PLANNERS), metavar="NAME",
         help=f"planner to run (repeatable): {', '.join(sorted(PLANNERS))}; default: {', '.join(DEFAULT_PLANNERS)}",
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a dotted key of the scenario (repeatable)")
+    add_scenario_options(parser, example="training.global_batch_size=256", plan=False)
     parser.add_argument("--microbatch-size", type=int, action="append", metavar="N",
                         help="only try these micro-batch sizes (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from sim.errors import DappleError
+from sim.errors import DappleError, read_user_file
 
 __all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "planner_option",
            "column_value"]
@@ -95,12 +95,9 @@ class Sweep:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check the sweep file at ``path``."""
     path = Path(path)
+    text = read_user_file(path, "sweep file", SweepError)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no such sweep file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SweepError(f"{path}: cannot read sweep file ({exc.__class__.__name__})") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.cli import parse_overrides, run_cli
+from sim.cli import add_scenario_options, parse_overrides, run_cli
 from sim.errors import DappleError
 from sim.units import format_bytes, format_time
 
@@ -47,9 +47,7 @@ profile and cluster, ready for dapple-sim simulate).
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt or mlp)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a dotted key of the scenario, e.g. plan.schedule=gpipe (repeatable)")
-    parser.add_argument("--plan", metavar="PLAN.json", help="replace the scenario's plan with a plan file (dapple-plan's output)")
+    add_scenario_options(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                         help="gloo: one CPU process per device (default); nccl: one GPU per process")
     parser.add_argument("--out", metavar="DIR", help="folder for the outputs")

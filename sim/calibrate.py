@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.errors import DappleError
+from sim.errors import DappleError, read_user_file
 from sim.scenario import Scenario
 
 __all__ = ["COLUMNS", "PARAMS", "MeasuredRun", "calibrate", "kendall_tau", "params_yaml", "predict", "read_runs",
@@ -78,12 +78,7 @@ def _bool(text: str) -> bool | None:
 def read_runs(path: str | Path) -> list[MeasuredRun]:
     """Read a measured-run CSV; one line naming the file, line and column for any problem."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DappleError(f"{path}: no such CSV file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DappleError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    text = read_user_file(path, "CSV file")
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
     if missing:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from sim.errors import DappleError, ScheduleError
 
-__all__ = ["main", "parse_overrides", "run_cli"]
+__all__ = ["add_scenario_options", "main", "parse_overrides", "run_cli"]
 
 EPILOG = """examples:
   dapple-sim simulate scenarios/bert48_v100_2x8.yaml --out out/bert48
@@ -44,11 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "memory per device at rest. A malformed file is rejected with one line naming the key (exit 2).",
     )
     check.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
-    check.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a dotted key of the scenario, e.g. training.microbatch_size=4 (repeatable)",
-    )
-    check.add_argument("--plan", metavar="PLAN.json", help="replace the scenario's plan with a plan file (dapple-plan's output)")
+    add_scenario_options(check, example="training.microbatch_size=4")
     check.add_argument("--json", action="store_true", help="print the description as JSON")
 
     simulate = sub.add_parser(
@@ -60,11 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         "events.csv, gantt.png and memory.png.",
     )
     simulate.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file with a plan")
-    simulate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a dotted key of the scenario, e.g. plan.schedule=gpipe (repeatable)",
-    )
-    simulate.add_argument("--plan", metavar="PLAN.json", help="replace the scenario's plan with a plan file (dapple-plan's output)")
+    add_scenario_options(simulate)
     simulate.add_argument("--json", action="store_true", help="print the summary as JSON")
     simulate.add_argument("--out", metavar="DIR", help="write summary, trace, events and plots into DIR")
     simulate.add_argument(
@@ -191,6 +183,16 @@ def _plan(path: str | None):
     from sim.plan_json import read_plan_file
 
     return None if path is None else read_plan_file(path)
+
+
+def add_scenario_options(parser: argparse.ArgumentParser, *, example: str = "plan.schedule=gpipe",
+                         plan: bool = True) -> None:
+    """``--set KEY=VALUE`` (read by :func:`parse_overrides`) and, with ``plan``, ``--plan PLAN.json``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a dotted key of the scenario, e.g. {example} (repeatable)")
+    if plan:
+        parser.add_argument("--plan", metavar="PLAN.json",
+                            help="replace the scenario's plan with a plan file (dapple-plan's output)")
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, str]:

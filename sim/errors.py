@@ -6,7 +6,9 @@ any other exception is ours and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["DappleError", "ScenarioError", "ScheduleError", "SpecError", "UnitError"]
+from pathlib import Path
+
+__all__ = ["DappleError", "ScenarioError", "ScheduleError", "SpecError", "UnitError", "read_user_file"]
 
 
 class DappleError(ValueError):
@@ -43,3 +45,13 @@ class ScheduleError(DappleError):
     def __init__(self, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.detail = detail
+
+
+def read_user_file(path: str | Path, what: str, error: type[DappleError] = DappleError) -> str:
+    """The text of a file a user named; a missing or unreadable one is ``error`` in one line."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read {what} ({exc.__class__.__name__})") from None

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.errors import ScenarioError
+from sim.errors import ScenarioError, read_user_file
 from sim.plan import PlanSpec
 from sim.specs import TrainingSpec
 
@@ -50,12 +50,9 @@ def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """Read a plan file; a missing, unreadable or non-JSON file is a one-line error."""
     path = Path(path)
+    text = read_user_file(path, "plan file", ScenarioError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read plan file ({exc.__class__.__name__})") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if isinstance(data, dict) and "best" in data and isinstance(data["best"], dict):

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from sim.errors import DappleError, ScenarioError, ScheduleError, SpecError
+from sim.errors import DappleError, ScenarioError, ScheduleError, SpecError, read_user_file
 from sim.strict import DATA_DIR, StrictReader, join_key, show_value
 from sim.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.specs import (
@@ -74,12 +74,7 @@ def load_scenario(
     ``plan`` (a plan file's mapping, see ``sim.plan_json``) replaces the scenario's plan.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"{path}: cannot read scenario ({exc.__class__.__name__}: {exc})") from None
+    text = read_user_file(path, "scenario file", ScenarioError)
     return parse_scenario(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides, plan=plan)
 
 
