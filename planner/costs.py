@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from itertools import accumulate
 
-from sim.cost import layer_times_s
+from sim.cost import layer_times_s, optimizer_step_s
 from sim.scenario import Scenario
 
 __all__ = ["CostTables"]
@@ -40,6 +40,7 @@ class CostTables:
         self._times: dict[int, tuple[list[float], list[float]]] = {}
         self._stash = [0.0, *accumulate(layer.stash_bytes for layer in model.layers)]
         self._params = [0.0, *accumulate(layer.param_bytes for layer in model.layers)]
+        self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in model.layers)]
         self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
@@ -49,7 +50,8 @@ class CostTables:
             times = [layer_times_s(layer, self.cluster.device, self.model.dtype, samples) for layer in self.model.layers]
             self._times[samples] = ([0.0, *accumulate(t[0] for t in times)], [0.0, *accumulate(t[1] for t in times)])
         fwd, bwd = self._times[samples]
-        return fwd[end] - fwd[start], bwd[end] - bwd[start]
+        overhead = self.cluster.device.action_overhead_s if end > start else 0.0  # as sim.cost.stage_cost
+        return fwd[end] - fwd[start] + overhead, bwd[end] - bwd[start] + overhead
 
     def param_bytes(self, start: int, end: int) -> float:
         return self._params[end] - self._params[start]
@@ -94,10 +96,9 @@ class CostTables:
         return time
 
     def optimizer_s(self, start: int, end: int) -> float:
-        """Memory-bound optimizer step (as ``sim.workload``)."""
-        params = self.param_bytes(start, end)
-        state = params * (self.state_factor - 2.0)
-        return (3 * params + 2 * state) / self.cluster.device.memory_bandwidth_bytes_per_s
+        """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``)."""
+        return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
+                                self.param_bytes(start, end), self._tensors[end] - self._tensors[start])
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

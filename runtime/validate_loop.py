@@ -4,9 +4,11 @@
 
 1. **profile** the model's layers on this device (forward and backward time, saved
    activations, parameters; one thread per CPU rank, as in a run), the links between two
-   processes on the backend, and the optimizer step; write them as a scenario
+   processes on the backend, the optimizer step, and what each forward or backward action
+   costs beyond its layers (``measure_action_overhead``); write them as a scenario
    (``runtime.profile_run``), the device's memory bandwidth set to what the optimizer step
-   achieves (the only memory-bound work the simulator charges it with);
+   achieves (the only memory-bound work the simulator charges it with) and its
+   ``action_overhead`` to the measured one;
 2. **simulate** that measured scenario with the SimPy engine;
 3. **run** the same plan for real (torchrun, or local processes in tests);
 4. **compare** per iteration, per stage, per action and per device (``sim.validation``).
@@ -37,14 +39,15 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
     """Seconds of one optimizer step over ``layers`` (default: the whole model), and the
     memory bandwidth that makes the simulator's charge match it.
 
-    The simulator charges a step ``(3·P + 2·S) / memory_bandwidth`` (read parameters,
-    gradients and state, write parameters and state).
+    The simulator charges a step its bytes over the memory bandwidth
+    (``sim.cost.optimizer_step_kernels``; the measured scenario has no launch overhead).
     """
     import statistics
 
     import torch
 
     from runtime.models import build_layers, make_optimizer, num_layers
+    from sim.cost import optimizer_step_kernels
 
     indices = list(range(num_layers(runnable.model))) if layers is None else layers
     modules = build_layers(runnable.model, indices, seed=0, device=device)
@@ -62,8 +65,33 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
             times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     param_bytes = sum(p.numel() * p.element_size() for p in params)
-    state_bytes = param_bytes * runnable.scenario.model.optimizer_state_bytes_per_param_byte
-    return {"optimizer_s": seconds, "implied_bandwidth_bytes_per_s": (3 * param_bytes + 2 * state_bytes) / seconds}
+    model = runnable.scenario.model
+    step_bytes, _ = optimizer_step_kernels(model.optimizer, model.dtype, param_bytes)
+    return {"optimizer_s": seconds, "implied_bandwidth_bytes_per_s": step_bytes / seconds}
+
+
+def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list, device, *,
+                            repeats: int = 3) -> float | None:
+    """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled times.
+
+    The stage replays its rank's F and B actions of the plan's schedule with the stage's
+    layers chained (``runtime.stage_replay``); what that takes beyond the sum of the layers'
+    profiled times (each layer timed alone, on warm caches) is the framework's fixed cost
+    per action and the layers' effect on each other's caches, spread evenly over the
+    stage's 2·M actions. None for plans whose stages share a rank (interleaved chunks).
+    """
+    from runtime.stage_replay import replay_stage
+
+    plan, training = runnable.plan, runnable.scenario.training
+    if len(plan.device_groups) != plan.num_stages:
+        return None
+    m = training.num_microbatches
+    samples = training.microbatch_size // plan.stages[stage].num_replicas
+    start, end = plan.stages[stage].layers
+    profiled = sum((layer.fwd_s + layer.bwd_s) / layer.batch_size for layer in layers[start:end]) * samples * m
+    replayed = replay_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
+                            repeats=repeats)["compute_s"]
+    return (replayed - profiled) / (2 * m)
 
 
 def _profile_worker(device, runnable: RunnableScenario, batch: int, warmup: int, repeats: int):
@@ -73,8 +101,10 @@ def _profile_worker(device, runnable: RunnableScenario, batch: int, warmup: int,
 
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0)
     rank = dist.get_rank()
-    mine = [k for stage in runnable.plan.stages if rank in stage.devices for k in range(*stage.layers)]
-    return layers, measure_optimizer(runnable, device, layers=mine, repeats=repeats)
+    stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
+    mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
+    overheads = [measure_action_overhead(runnable, s, layers, device) for s in stages]
+    return layers, measure_optimizer(runnable, device, layers=mine, repeats=repeats), overheads
 
 
 def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str, batch: int, warmup: int,
@@ -82,7 +112,8 @@ def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str,
     """Profile the layers on all ``nproc`` processes at once, as they will run: ranks share the
     machine's cores, caches and memory bandwidth, and a layer timed alone runs faster than it
     will in the run. Each layer's time is the median over the ranks; each rank also times
-    the optimizer step over its own stages' parameters."""
+    the optimizer step over its own stages' parameters and its stages' action overhead
+    (``measure_action_overhead``), of which the median over ranks is kept (never below 0)."""
     import statistics
     from dataclasses import replace
 
@@ -93,11 +124,12 @@ def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str,
     layers = [
         replace(per_rank[0], fwd_s=statistics.median(p.fwd_s for p in per_rank),
                 bwd_s=statistics.median(p.bwd_s for p in per_rank))
-        for per_rank in zip(*(layers for layers, _ in results))
+        for per_rank in zip(*(layers for layers, _, _ in results))
     ]
     # one bandwidth for every device: the one that gets the slowest rank's step right
-    slowest = max((o for _, o in results), key=lambda o: o["optimizer_s"])
-    return layers, slowest
+    slowest = max((o for _, o, _ in results), key=lambda o: o["optimizer_s"])
+    overheads = [v for _, _, values in results for v in values if v is not None]
+    return layers, slowest, max(0.0, statistics.median(overheads)) if overheads else 0.0
 
 
 def profile_for_validation(runnable: RunnableScenario, out: Path, *, nproc: int, backend: str, repeats: int,
@@ -107,26 +139,28 @@ def profile_for_validation(runnable: RunnableScenario, out: Path, *, nproc: int,
     optimizer measurement."""
     from runtime import profile_run
     from runtime.profiler import write_profile
-    from sim.units import format_bandwidth
+    from sim.units import format_bandwidth, format_time
 
     plan, training = runnable.plan, runnable.scenario.training
     batch = math.ceil(training.microbatch_size / min(stage.num_replicas for stage in plan.stages))
     args = Namespace(backend=backend, batch_size=batch, warmup=warmup, repeats=repeats, no_links=False,
                      timeout=timeout)
     result = profile_run.profile_here(runnable, args, out)  # links, device, and a first profile
-    layers, optimizer = _concurrent_profile(runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup,
+    layers, optimizer, action_overhead = _concurrent_profile(runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup,
                                             repeats=repeats, timeout=timeout)
     write_profile(layers, out, device=result["device"]["name"])
     scenario_path = Path(result["scenario"])
     doc = yaml.safe_load(scenario_path.read_text(encoding="utf-8"))
     doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(optimizer["implied_bandwidth_bytes_per_s"], 6)
+    doc["cluster"]["device"]["action_overhead"] = format_time(action_overhead, 6)
     scenario_path.write_text(
-        "# The scenario on the layers, links and optimizer step measured by dapple-run validate\n"
-        "# (layers and optimizer timed on all ranks at once).\n"
+        "# The scenario on the layers, links, optimizer step and per-action overhead measured by\n"
+        "# dapple-run validate (all timed on all ranks at once).\n"
         + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None),
         encoding="utf-8",
     )
     result["optimizer"] = optimizer
+    result["action_overhead_s"] = action_overhead
     result["layers"] = [_as_dict(layer) for layer in layers]
     return result
 
@@ -185,7 +219,7 @@ def validate(
         steps=steps,
         memory=memory,
         profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": profile["optimizer"],
-                 "scenario": profile["scenario"]},
+                 "action_overhead_s": profile["action_overhead_s"], "scenario": profile["scenario"]},
     )
 
 

@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser(
         "calibrate",
         help="fit the kernel cost model to measured iteration times",
-        description="Fit the device's kernel-model parameters (efficiency, matmul_half_dim, kernel_overhead, "
-        "memory_efficiency) to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
+        description="Fit the device's cost-model parameters (efficiency, matmul_half_dim, kernel_overhead, "
+        "memory_efficiency, action_overhead) to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
         "microbatch_size (per replica), global_batch_size, tp, dp, pp, recompute, iteration_time_s), on "
         "BASE_SCENARIO's cluster, device, dtype and optimizer; then predict TEST.csv's runs with them.",
     )

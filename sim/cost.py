@@ -8,6 +8,11 @@ them into what one replica of a stage spends on its slice of one micro-batch:
   (``sim.kernels``), each the larger of its FLOPs over the size-dependent matrix rate and its
   bytes over the memory bandwidth, plus a launch overhead; a layer with FLOPs but no kernels
   costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+* a framework's fixed cost around each forward and backward of a stage on a micro-batch
+  (``DeviceSpec.action_overhead_s``);
+* the optimizer step: the element-wise kernels torch's single-tensor optimizers launch for
+  every parameter tensor (``OPTIMIZER_KERNELS``), memory-bound over the fp32 elements, plus
+  their launch overheads;
 * memory at rest: parameters, their gradients and the optimizer state
   (``ModelSpec.optimizer_state_bytes_per_param_byte``);
 * activations: the bytes a forward stashes until its backward; with recompute only the
@@ -21,9 +26,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.specs import DeviceSpec, ModelSpec
+from sim.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
-__all__ = ["StageCost", "kernel_time_s", "layer_times_s", "split_samples", "stage_cost", "static_bytes"]
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
+           "optimizer_step_s", "split_samples", "stage_cost", "static_bytes"]
+
+OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
+"""Per parameter tensor, the kernels of one step of torch's single-tensor optimizer
+(``torch.optim``'s for-loop implementation, the one it uses on CPU): (launches, passes over
+the tensor's fp32 elements, each read or write one pass). Adam: the step counter, ``lerp_``
+of the first moment (read 2, write 1), ``mul_`` and ``addcmul_`` of the second (2 + 3),
+``sqrt``, ``div`` and ``add_`` of the denominator (2 each), ``addcdiv_`` into the
+parameter (read 3, write 1): 8 launches, 18 passes; AdamW adds the decay ``mul_``. SGD is one
+``add_``; with momentum, ``mul_`` and ``add_`` of the buffer then the parameter's ``add_``.
+Foreach and fused implementations (torch's default on GPUs) launch fewer kernels, which a
+calibrated ``kernel_overhead`` absorbs."""
 
 
 def split_samples(num_samples: int, num_replicas: int) -> tuple[int, ...]:
@@ -77,6 +94,33 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
     return fwd, bwd, wgrad
 
 
+def optimizer_step_kernels(optimizer: str, dtype: str, param_bytes: float) -> tuple[float, int]:
+    """(bytes moved, launches per parameter tensor) of one optimizer step over ``param_bytes``.
+
+    ``OPTIMIZER_KERNELS``' passes over the fp32 elements; with 16-bit parameters, also the
+    gradients' copy into fp32 and the updated fp32 master weights' copy back (read one,
+    write the other: 6 bytes per element each way, two launches).
+    """
+    launches, passes = OPTIMIZER_KERNELS[optimizer]
+    width = DTYPE_BYTES[dtype]
+    elements = param_bytes / width
+    nbytes = passes * 4.0 * elements
+    if width < 4:
+        nbytes += 2 * (width + 4.0) * elements
+        launches += 2
+    return nbytes, launches
+
+
+def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes: float, tensors: int) -> float:
+    """One optimizer step over ``tensors`` parameter tensors of ``param_bytes`` bytes in all:
+    memory-bound (``optimizer_step_kernels``) plus a launch overhead per kernel and tensor."""
+    if param_bytes <= 0:
+        return 0.0
+    nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes)
+    return nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency) \
+        + launches * tensors * device.kernel_overhead_s
+
+
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
     """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica."""
     params = model.param_bytes(start, end)
@@ -99,6 +143,8 @@ class StageCost:
     """Parameter bytes held by the replica."""
     static_bytes: float
     """Parameters, gradients and optimizer state held by the replica at rest."""
+    optimizer_s: float
+    """The replica's optimizer step over the stage's parameters, seconds."""
     stash_bytes: float
     """Activation bytes the slice keeps from its forward until its backward."""
     input_bytes: float
@@ -132,13 +178,19 @@ def stage_cost(
     if recompute:
         bwd_s += fwd_s
         stash = input_bytes
+    if samples and end > start:  # the recomputed forward runs inside the backward's action
+        fwd_s += device.action_overhead_s
+        bwd_s += device.action_overhead_s
+    params = model.param_bytes(start, end)
+    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end])
     return StageCost(
         samples=samples,
         fwd_s=fwd_s,
         bwd_s=bwd_s,
         wgrad_s=wgrad_s,
-        param_bytes=model.param_bytes(start, end),
+        param_bytes=params,
         static_bytes=static_bytes(model, start, end),
+        optimizer_s=optimizer_step_s(device, model.optimizer, model.dtype, params, tensors),
         stash_bytes=stash,
         input_bytes=input_bytes,
         output_bytes=model.boundary_bytes[end] * samples,

@@ -164,12 +164,15 @@ def _chain(name: str, layers: list[LayerSpec], input_bytes: float, p: Mapping[st
 
 
 def _matmul_layer(
-    name: str, *, params: int, fwd_flop: float, stash_bytes: float, output_bytes: float, d: int, kernels: tuple = ()
+    name: str, *, params: int, fwd_flop: float, stash_bytes: float, output_bytes: float, d: int, kernels: tuple = (),
+    tensors: int = 2,
 ) -> LayerSpec:
-    """A layer made of matmuls: backward = 2 × forward, half of it weight gradient."""
+    """A layer made of matmuls: backward = 2 × forward, half of it weight gradient; ``tensors``
+    parameter tensors (a weight and a bias by default)."""
     return LayerSpec(
         name=name,
         param_bytes=float(params * d),
+        param_tensors=tensors,
         output_bytes=float(output_bytes),
         stash_bytes=float(stash_bytes),
         fwd_flop=float(fwd_flop),
@@ -223,6 +226,7 @@ def _transformer_block(name: str, s: int, h: int, a: int, f: int, d: int) -> Lay
         output_bytes=s * h * d,
         d=d,
         kernels=K.transformer_block(s, h, a, f, d),
+        tensors=12,  # weights and biases of QKV, projection, two MLP layers and two layer norms
     )
 
 
@@ -241,6 +245,7 @@ def _embedding(s: int, h: int, vocab: int, d: int, *, bert: bool) -> LayerSpec:
     return LayerSpec(
         name="embedding",
         param_bytes=float(params * d),
+        param_tensors=tables + (2 if bert else 0),
         output_bytes=float(s * h * d),
         stash_bytes=float(stash),
         fwd_flop=float(tables * s * h),
@@ -267,6 +272,7 @@ def _gpt_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
         output_bytes=0,
         d=d,
         kernels=K.lm_head(s, h, vocab, d),
+        tensors=2 + (0 if tied else 1),
     )
 
 
@@ -287,6 +293,7 @@ def _bert_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
         output_bytes=0,
         d=d,
         kernels=K.bert_head(s, h, vocab, d),
+        tensors=5 + (0 if tied else 1),
     )
 
 
@@ -370,6 +377,7 @@ def _conv(name: str, c_in: int, c_out: int, size: int, d: int, *, batch_norm: bo
         output_bytes=d * c_out * pixels,
         d=d,
         kernels=K.conv(c_in, c_out, size, d, kernel=k),
+        tensors=4 if batch_norm else 2,
     )
 
 

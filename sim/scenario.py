@@ -152,7 +152,7 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
-                "matmul_half_dim", "kernel_overhead", "memory_efficiency"}
+                "matmul_half_dim", "kernel_overhead", "memory_efficiency", "action_overhead"}
 _LINK_KEYS = {"bandwidth", "latency", "name"}
 
 
@@ -219,6 +219,7 @@ def _device(reader: StrictReader, data: Any) -> DeviceSpec:
         peak_fp32_flop_per_s=reader.quantity(values, key, "peak_fp32_flops", parse_flop_rate),
         memory_bandwidth_bytes_per_s=reader.quantity(values, key, "memory_bandwidth", parse_bandwidth),
         kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time, "0s"),
+        action_overhead_s=reader.quantity(values, key, "action_overhead", parse_time, "0s"),
         **numbers,
     )
 

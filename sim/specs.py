@@ -104,6 +104,9 @@ class DeviceSpec:
     """Fixed cost of every kernel launch, seconds."""
     memory_efficiency: float = 1.0
     """Fraction of ``memory_bandwidth`` element-wise kernels achieve, in (0, 1]."""
+    action_overhead_s: float = 0.0
+    """Fixed cost of each forward and each backward a framework runs for one stage on one
+    micro-batch, outside its kernels (the Python and autograd work around them), seconds."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -115,6 +118,7 @@ class DeviceSpec:
         positive("efficiency", self.efficiency)
         if self.efficiency > 1:
             raise SpecError("efficiency", f"must be in (0, 1], got {self.efficiency!r}")
+        non_negative("action_overhead", self.action_overhead_s)
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
         """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""
@@ -206,6 +210,9 @@ class LayerSpec:
     kernels: tuple = ()
     """Forward kernels (``sim.kernels.KernelSpec``) of a generated layer; when present the
     cost model times them one by one instead of dividing ``fwd_flop`` by a single rate."""
+    param_tensors: int | None = None
+    """Parameter tensors (weights, biases) the optimizer steps one by one; None: two (a weight
+    and a bias) for a layer with parameters, as a measured profile does not say."""
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop"):
@@ -219,10 +226,19 @@ class LayerSpec:
             raise SpecError("fwd_flop", f"layer {self.name!r} has parameters but neither times nor FLOPs")
         if not 0 <= self.wgrad_fraction <= 1:
             raise SpecError("wgrad_fraction", f"must be in [0, 1], got {self.wgrad_fraction!r}")
+        if self.param_tensors is not None and (isinstance(self.param_tensors, bool) or self.param_tensors < 0):
+            raise SpecError("param_tensors", f"must be an integer >= 0, got {self.param_tensors!r}")
 
     @property
     def is_measured(self) -> bool:
         return self.fwd_s is not None
+
+    @property
+    def optimizer_tensors(self) -> int:
+        """Tensors the optimizer steps for this layer (``param_tensors`` with its default)."""
+        if self.param_tensors is not None:
+            return self.param_tensors
+        return 2 if self.param_bytes > 0 else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

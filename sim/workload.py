@@ -142,7 +142,7 @@ class DeviceClass:
     static_bytes: float
     """Parameters, gradients and optimizer state held at rest, per device."""
     optimizer_s: float
-    """Optimizer step: memory-bound over parameters, gradients and state."""
+    """Optimizer step over the parameters of its stages (``sim.cost.optimizer_step_s``)."""
     slowdown: float = 1.0
     """Straggler factor on compute actions that start at or after ``slow_from_s``."""
     slow_from_s: float = 0.0
@@ -524,8 +524,6 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         for i, factor in zip(compute, jitter_factors(jitter, devices[0], len(compute))):
             ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
     straggler, failure = faults.stragglers.get(devices[0]), faults.failures.get(devices[0])
-    params = sum(costs[s].param_bytes for s in stages)
-    state = params * model.optimizer_state_bytes_per_param_byte
     return DeviceClass(
         index=index,
         devices=devices,
@@ -534,8 +532,7 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         samples=slices,
         ops=tuple(ops),
         static_bytes=sum(costs[s].static_bytes for s in stages),
-        # read parameters, gradients and state; write parameters and state
-        optimizer_s=(3 * params + 2 * state) / cluster.device.memory_bandwidth_bytes_per_s,
+        optimizer_s=sum(costs[s].optimizer_s for s in stages),
         slowdown=straggler.slowdown if straggler else 1.0,
         slow_from_s=straggler.from_s if straggler else 0.0,
         fails_at_s=failure.at_s if failure else None,
