@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--warmup", type=int, default=2, metavar="W", help="warm-up steps (default 2)")
     validate.add_argument("--repeats", type=int, default=10, help="timed runs per layer in the profile (default 10)")
     validate.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+    validate.add_argument("--rounds", type=int, default=1, metavar="R",
+                          help="repeat profile, simulation and run R times and report the round with the median "
+                          "iteration-time error, with every round's numbers (default 1; use 3-5 on a machine "
+                          "whose speed drifts, such as a virtual or shared host)")
     profile = sub.add_parser(
         "profile", help="measure every layer and the links; write a profile and a cluster",
         description="Time every layer's forward and backward (warm-up, then the median of repeats) and measure "
@@ -218,7 +222,7 @@ def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from runtime.config import check_world, load_runnable
-    from runtime.validate_loop import validate, write_report
+    from runtime.validate_loop import combine_rounds, validate, write_report
     from sim.validation import format_report
 
     args.check, args.no_memory, args.fail_at = False, False, None
@@ -232,18 +236,29 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         _check_gpus(args.nproc)
     out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-validation"
 
-    def run() -> dict[str, Any]:
-        summary = _launch_run(args, out / "run")
-        if summary is None:
-            raise _RunFailed()
-        summary["events"] = json.loads(Path(summary["trace"]).read_text(encoding="utf-8"))
-        return summary
+    if args.rounds < 1:
+        raise DappleError(f"--rounds: {args.rounds}; give 1 or more")
 
+    def run_in(folder: Path):
+        def run() -> dict[str, Any]:
+            summary = _launch_run(args, folder / "run")
+            if summary is None:
+                raise _RunFailed(folder / "run")
+            summary["events"] = json.loads(Path(summary["trace"]).read_text(encoding="utf-8"))
+            return summary
+        return run
+
+    reports = []
     try:
-        report = validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=out, run=run,
-                          repeats=args.repeats, timeout=args.timeout)
-    except _RunFailed:
-        return _report_failure(out / "run", args.failure_code)
+        for round_ in range(args.rounds):
+            folder = out if args.rounds == 1 else out / f"round{round_ + 1}"
+            if args.rounds > 1:
+                print(f"round {round_ + 1}/{args.rounds}: profile, simulate, run", file=sys.stderr, flush=True)
+            reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=folder,
+                                    run=run_in(folder), repeats=args.repeats, timeout=args.timeout))
+    except _RunFailed as failed:
+        return _report_failure(failed.folder, args.failure_code)
+    report = reports[0] if args.rounds == 1 else combine_rounds(reports)
     paths = write_report(report, out)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -254,7 +269,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 class _RunFailed(Exception):
-    """The real run failed; its ranks' reports are in the run folder."""
+    """The real run failed; its ranks' reports are in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(str(folder))
+        self.folder = folder
 
 
 def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:

@@ -27,6 +27,7 @@ __all__ = [
     "LAUNCHED_ENV",
     "init_distributed",
     "launch",
+    "leave_process_group",
     "spawn",
     "torchrun_command",
     "worker_env",
@@ -68,6 +69,21 @@ def init_distributed(
     return device
 
 
+def leave_process_group() -> None:
+    """Leave ``torch.distributed`` after a successful run: a barrier first, so that no rank
+    tears its connections down while a peer still talks over them (gloo aborts a process
+    whose peer closes a connection under it), then ``destroy_process_group``."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        import torch
+
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def torchrun_command(nproc: int, module_args: Sequence[str]) -> list[str]:
     """torchrun on this machine, ``nproc`` workers, each running ``python -m runtime ARGS``."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -96,8 +112,10 @@ def _spawned(rank: int, fn: Callable, args: tuple, nproc: int, init_file: str, b
         result = fn(device, *args)
         with open(Path(results) / f"rank{rank}.pkl", "wb") as out:
             pickle.dump(result, out)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
 def spawn(

@@ -31,13 +31,20 @@ import yaml
 
 from runtime.config import RunnableScenario
 
-__all__ = ["measure_optimizer", "profile_for_validation", "spawn_run", "validate", "write_report"]
+__all__ = ["combine_rounds", "measure_optimizer", "profile_for_validation", "spawn_run", "validate", "write_report"]
+
+
+CACHE_FLUSH_BYTES = 64 * 2**20
+"""Bytes written between two timed optimizer steps: more than a CPU's last-level cache or a
+GPU's L2, so every step starts cold, as in a run, where the step's forwards and backwards
+have passed through the caches since the last one."""
 
 
 def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] | None = None,
                       repeats: int = 10) -> dict[str, float]:
-    """Seconds of one optimizer step over ``layers`` (default: the whole model), and the
-    memory bandwidth that makes the simulator's charge match it.
+    """Seconds of one optimizer step over ``layers`` (default: the whole model), each from
+    cold caches (``CACHE_FLUSH_BYTES``), and the memory bandwidth that makes the simulator's
+    charge match it.
 
     The simulator charges a step its bytes over the memory bandwidth
     (``sim.cost.optimizer_step_kernels``; the measured scenario has no launch overhead).
@@ -55,8 +62,12 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = make_optimizer(runnable.scenario.model.optimizer, params, lr=1e-3)
+    scratch = torch.zeros(CACHE_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
     times = []
     for index in range(repeats + 2):
+        scratch.add_(1.0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         optimizer.step()
         if device.type == "cuda":
@@ -97,21 +108,28 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
 def _profile_worker(device, runnable: RunnableScenario, batch: int, warmup: int, repeats: int):
     import torch.distributed as dist
 
-    from runtime.profiler import profile_layers
+    from runtime.models import num_layers
+    from runtime.profiler import profile_layer
 
-    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0)
+    layers = []
+    for index in range(num_layers(runnable.model)):  # every rank times the same layer at the same time
+        dist.barrier()
+        layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
+    dist.barrier()
+    optimizer = measure_optimizer(runnable, device, layers=mine, repeats=repeats)
+    dist.barrier()
     overheads = [measure_action_overhead(runnable, s, layers, device) for s in stages]
-    return layers, measure_optimizer(runnable, device, layers=mine, repeats=repeats), overheads
+    return layers, optimizer, overheads
 
 
 def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str, batch: int, warmup: int,
                         repeats: int, timeout: float):
     """Profile the layers on all ``nproc`` processes at once, as they will run: ranks share the
     machine's cores, caches and memory bandwidth, and a layer timed alone runs faster than it
-    will in the run. Each layer's time is the median over the ranks; each rank also times
+    will in the run; a barrier before each layer keeps the ranks timing together. Each layer's time is the median over the ranks; each rank also times
     the optimizer step over its own stages' parameters and its stages' action overhead
     (``measure_action_overhead``), of which the median over ranks is kept (never below 0)."""
     import statistics
@@ -221,6 +239,29 @@ def validate(
         profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": profile["optimizer"],
                  "action_overhead_s": profile["action_overhead_s"], "scenario": profile["scenario"]},
     )
+
+
+def combine_rounds(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from several rounds of profile → simulate → run → compare.
+
+    A machine whose speed drifts (a shared or virtual host) moves each round's profile and
+    run apart by that drift; the median round says more than any one. The result is the
+    round with the median iteration-time error (the upper middle one for an even count: its
+    tables, events and charts), with ``rounds`` (each round's predicted and measured
+    iteration time and error) and ``error.iteration_time_frac_median``.
+    """
+    import statistics
+
+    ordered = sorted(range(len(reports)), key=lambda k: reports[k]["error"]["iteration_time_frac"])
+    median_round = ordered[len(ordered) // 2]
+    combined = dict(reports[median_round])
+    combined["rounds"] = [{"round": k + 1, "predicted_s": r["predicted"]["iteration_time_s"],
+                           "measured_s": r["measured"]["iteration_time_s"],
+                           "iteration_time_frac": r["error"]["iteration_time_frac"]} for k, r in enumerate(reports)]
+    combined["median_round"] = median_round + 1
+    combined["error"] = {**combined["error"], "iteration_time_frac_median": statistics.median(
+        r["error"]["iteration_time_frac"] for r in reports)}
+    return combined
 
 
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import check_world, load_runnable
-from runtime.launch import LAUNCHED_ENV, init_distributed, worker_env
+from runtime.launch import LAUNCHED_ENV, init_distributed, leave_process_group, worker_env
 from runtime.status import StatusBoard, write_failure
 from sim.errors import DappleError
 
@@ -46,8 +46,6 @@ def write_run_outputs(summary: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def _as_worker(args: argparse.Namespace, body: Callable[[int, Any], None]) -> int:
     """Check, initialise, run ``body(rank, device)``; turn any failure into a file and exit 1."""
-    import torch.distributed as dist
-
     rank = worker_env()[0]
     out = Path(args.out) if args.out else default_out(Path(args.scenario).stem)
     try:
@@ -68,7 +66,7 @@ def _as_worker(args: argparse.Namespace, body: Callable[[int, Any], None]) -> in
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)  # do not wait in destroy_process_group for peers that will never come
-    dist.destroy_process_group()
+    leave_process_group()
     return 0
 
 

@@ -165,6 +165,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  device {device['device']} peak  {format_bytes(device['peak_memory_bytes']):>10} "
                      f"{format_bytes(measured_devices[device['device']]['peak_memory_bytes'] or 0):>10} "
                      f"{_pct(err['peak_memory_frac']):>8}")
+    if report.get("rounds"):
+        errors = [r["iteration_time_frac"] for r in report["rounds"]]
+        lines.append(f"  {len(errors)} rounds: iteration-time error median {_pct(e['iteration_time_frac_median'])} "
+                     f"(from {_pct(min(errors))} to {_pct(max(errors))}); this table is round "
+                     f"{report['median_round']}, the one nearest the median")
     actions = e["actions"]
     if actions["duration_mean_abs_frac"] is not None:
         lines.append(f"  actions: {actions['matched']} matched, mean |duration error| "

@@ -35,6 +35,31 @@ def test_compare_reports_relative_errors_per_iteration_stage_device_and_action()
     assert "+10.0%" in format_report(report)
 
 
+def test_rounds_report_the_median_round_and_every_round():
+    pytest.importorskip("torch")
+    from runtime.validate_loop import combine_rounds
+
+    reports = []
+    for predicted, measured in ((1.3, 1.0), (0.9, 1.0), (1.05, 1.0)):
+        report = compare({"iteration_time_s": predicted, "devices": [], "events": []},
+                         {"median_iteration_time_s": measured, "iteration_times_s": [measured], "devices": [],
+                          "events": []}, scenario="toy", schedule="gpipe")
+        reports.append(report)
+    combined = combine_rounds(reports)
+    assert combined["median_round"] == 3 and combined["predicted"]["iteration_time_s"] == pytest.approx(1.05)
+    assert combined["error"]["iteration_time_frac_median"] == pytest.approx(0.05)
+    assert [r["iteration_time_frac"] for r in combined["rounds"]] == pytest.approx([0.3, -0.1, 0.05])
+    assert "3 rounds: iteration-time error median +5.0% (from -10.0% to +30.0%); this table is round 3" in format_report(combined)
+
+
+def test_validate_rejects_zero_rounds(capsys):
+    from runtime.cli import main
+
+    assert main(["validate", GPT, "--nproc", "2", "--rounds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--rounds" in err
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
@@ -54,6 +79,14 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
         assert abs(device["peak_memory_frac"]) <= 0.02, device
     assert report["error"]["iteration_time_frac"] is not None
     assert report["error"]["actions"]["matched"] >= 16  # every F and B of 4 micro-batches on 2 devices
+    # the measured scenario carries the measured per-action overhead and optimizer bandwidth
+    from sim.scenario import load_scenario
+
+    measured = load_scenario(report["profile"]["scenario"]).cluster.device
+    assert report["profile"]["action_overhead_s"] >= 0
+    assert measured.action_overhead_s == pytest.approx(report["profile"]["action_overhead_s"], rel=1e-4, abs=1e-9)
+    assert measured.memory_bandwidth_bytes_per_s == pytest.approx(
+        report["profile"]["optimizer"]["implied_bandwidth_bytes_per_s"], rel=1e-4)
     for path in write_report(report, tmp_path):
         assert path.stat().st_size > 0
 
