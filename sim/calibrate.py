@@ -211,7 +211,15 @@ def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>")
     params = {"efficiency": float(x[0]), "matmul_half_dim": 10.0 ** float(x[1]) - 1.0,
               "kernel_overhead_s": float(x[2]) * 1e-6, "memory_efficiency": float(x[3]),
               "action_overhead_s": float(x[4]) * 1e-6}
-    return {"params": params, "fit": _errors(runs, predicted), "x": [float(v) for v in x]}
+    notes = []
+    if len(first) < 2 * len(PARAMS):
+        notes.append(f"{len(first)} distinct configurations for {len(PARAMS)} parameters: the base device's values "
+                     "settle what they cannot pin down; 10 or more varied runs give a firmer fit")
+    for name, value, low, high in zip(PARAMS, x, _LOWER, _UPPER):
+        if min(value - low, high - value) <= 1e-6 * (high - low):
+            notes.append(f"{name} stopped at the end of its range ({params[name]:.6g}); the model cannot "
+                         "follow these runs further in that direction")
+    return {"params": params, "fit": _errors(runs, predicted), "x": [float(v) for v in x], "notes": notes}
 
 
 def _config_key(run: MeasuredRun) -> tuple:

@@ -144,6 +144,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             Path(args.out).write_text(snippet, encoding="utf-8")
         except OSError as exc:
             raise DappleError(f"--out {args.out}: cannot write ({exc.strerror})") from None
+    for note in result["notes"]:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0

@@ -206,8 +206,10 @@ def test_calibrate_command(tmp_path, capsys):
     out = tmp_path / "params.yaml"
     assert main(["calibrate", str(base), "--fit", str(tmp_path / "fit.csv"), "--test", str(tmp_path / "test.csv"),
                  "--json", "--out", str(out)]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert set(report) == {"params", "fit", "test"}
+    assert "note: 5 distinct configurations for 5 parameters" in captured.err  # few runs: said, not hidden
     assert report["fit"]["mape"] < 0.01 and report["test"]["mape"] < 0.05
     assert report["test"]["kendall_tau"] > 0.9 and len(report["test"]["rows"]) == 5
     assert {"measured_s", "predicted_s"} <= set(report["test"]["rows"][0])
