@@ -3,11 +3,11 @@
 The simulator charges a transfer ``latency + bytes / bandwidth`` (``sim.specs.LinkSpec``).
 Two ranks on the current backend measure both the way NCCL's and gloo's own tests do:
 
-* point-to-point: ping-pong; the one-way time is half the round trip (averaged over round
-  trips back to back, after one barrier, so that no barrier skew is counted). The latency is the
-  one-way time of the smallest message, the bandwidth ``bytes / (time − latency)`` of the
-  largest;
-* all-reduce: the time of one ``all_reduce``; its bus bandwidth is
+* point-to-point: ping-pong; the one-way time is half the round trip (the mean of round
+  trips after one barrier, so that no barrier skew is counted, the sizes taking turns; see
+  ``measure_links``). The latency is the one-way time of the smallest message, the bandwidth
+  ``bytes / (time − latency)`` of the largest;
+* all-reduce: the mean time of one ``all_reduce``; its bus bandwidth is
   ``2(n−1)/n · bytes / (time − latency)`` (NCCL tests' "busbw"), for n ranks.
 
 The device gets a matmul FLOP rate (fp32, and half precision on a GPU), a copy bandwidth
@@ -18,6 +18,7 @@ units; the all-reduce numbers, which a cluster section has no key for, go in com
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from typing import Any
 
@@ -37,47 +38,48 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ping_pong(buffer: torch.Tensor, rank: int, device: torch.device, repeats: int) -> float:
-    """One-way time: ``repeats`` round trips back to back (one barrier, so no barrier skew), halved."""
+def _round_trip(buffer: torch.Tensor, rank: int) -> None:
+    if rank == 0:
+        dist.send(buffer, 1)
+        dist.recv(buffer, 1)
+    elif rank == 1:
+        dist.recv(buffer, 0)
+        dist.send(buffer, 0)
 
-    def round_trip() -> None:
-        if rank == 0:
-            dist.send(buffer, 1)
-            dist.recv(buffer, 1)
-        elif rank == 1:
-            dist.recv(buffer, 0)
-            dist.send(buffer, 0)
 
-    round_trip()  # warm-up
-    _sync(device)
-    dist.barrier()
+def _timed(fn, device: torch.device) -> float:
     start = time.perf_counter()
-    for _ in range(repeats):
-        round_trip()
+    fn()
     _sync(device)
-    return (time.perf_counter() - start) / repeats / 2
+    return time.perf_counter() - start
 
 
-def _all_reduce(buffer: torch.Tensor, device: torch.device, repeats: int) -> float:
-    """Time of one all-reduce: ``repeats`` of them back to back, averaged."""
-    dist.all_reduce(buffer)  # warm-up
-    _sync(device)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
+def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 20) -> dict[str, Any]:
+    """Ping-pong between ranks 0 and 1 and all-reduce over every rank; the same on every rank.
+
+    The sizes take turns, ``repeats`` rounds of one round trip each (then the same for the
+    all-reduces), and each size keeps its mean: a moment when the operating system holds a
+    process back then costs one sample of every size rather than all the samples of one. The
+    mean, not the median: such moments happen in a run too, and a run pays for every message.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buffers = [torch.zeros(max(1, size // 4), dtype=torch.float32, device=device) for size in sizes]
+    for buffer in buffers:  # warm-up: connections, allocations
+        _round_trip(buffer, rank)
         dist.all_reduce(buffer)
     _sync(device)
-    return (time.perf_counter() - start) / repeats
-
-
-def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 10) -> dict[str, Any]:
-    """Ping-pong between ranks 0 and 1 and all-reduce over every rank; the same on every rank."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    p2p, reduce = [], []
-    for size in sizes:
-        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        p2p.append(_ping_pong(buffer, rank, device, repeats))
-        reduce.append(_all_reduce(buffer, device, repeats))
+    dist.barrier()  # once: the round trips that follow start together, with no barrier skew in them
+    trips: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for index, buffer in enumerate(buffers):
+            trips[index].append(_timed(lambda: _round_trip(buffer, rank), device) / 2)
+    dist.barrier()  # all-reduces after the ping-pongs: a rank leaving one late would skew the next trip
+    reduces: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for index, buffer in enumerate(buffers):
+            reduces[index].append(_timed(lambda: dist.all_reduce(buffer), device))
+    p2p = [statistics.fmean(t) for t in trips]
+    reduce = [statistics.fmean(t) for t in reduces]
     # rank 0's view of the ping-pong is the one that counts; everyone agrees on it
     shared = torch.tensor(p2p + reduce, dtype=torch.float64)
     dist.broadcast(shared, 0)
