@@ -129,9 +129,10 @@ def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str,
                         repeats: int, timeout: float):
     """Profile the layers on all ``nproc`` processes at once, as they will run: ranks share the
     machine's cores, caches and memory bandwidth, and a layer timed alone runs faster than it
-    will in the run; a barrier before each layer keeps the ranks timing together. Each layer's time is the median over the ranks; each rank also times
-    the optimizer step over its own stages' parameters and its stages' action overhead
-    (``measure_action_overhead``), of which the median over ranks is kept (never below 0)."""
+    will in the run; a barrier before each layer keeps the ranks timing together. Each
+    layer's time is the median over the ranks; each rank also times the optimizer step over
+    its own stages' parameters and its stages' action overhead (``measure_action_overhead``),
+    of which the median over ranks is kept (never below 0)."""
     import statistics
     from dataclasses import replace
 
@@ -164,8 +165,8 @@ def profile_for_validation(runnable: RunnableScenario, out: Path, *, nproc: int,
     args = Namespace(backend=backend, batch_size=batch, warmup=warmup, repeats=repeats, no_links=False,
                      timeout=timeout)
     result = profile_run.profile_here(runnable, args, out)  # links, device, and a first profile
-    layers, optimizer, action_overhead = _concurrent_profile(runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup,
-                                            repeats=repeats, timeout=timeout)
+    layers, optimizer, action_overhead = _concurrent_profile(
+        runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup, repeats=repeats, timeout=timeout)
     write_profile(layers, out, device=result["device"]["name"])
     scenario_path = Path(result["scenario"])
     doc = yaml.safe_load(scenario_path.read_text(encoding="utf-8"))

@@ -17,10 +17,10 @@ parallelism is not modelled yet.
 The free parameters are the device's kernel-model parameters (``sim.kernels``): the matrix
 efficiency ``efficiency`` (e_max), ``matmul_half_dim`` (D), ``kernel_overhead`` and
 ``memory_efficiency``, and the framework's fixed cost per forward or backward action,
-``action_overhead`` (``sim.cost``). They are fitted by bounded least squares on the relative errors
-``predicted / measured − 1`` (``scipy.optimize.least_squares``, trust-region reflective,
-from fixed starting points, so the same rows always give the same fit), with every row
-replayed by the fast path (contention-free; ``sim.fastpath``).
+``action_overhead`` (``sim.cost``). They are fitted by bounded least squares on the
+relative errors ``predicted / measured − 1`` (``scipy.optimize.least_squares``,
+trust-region reflective, from fixed starting points, so the same rows always give the same
+fit), with every row replayed by the fast path (contention-free; ``sim.fastpath``).
 
 Five parameters from a handful of rows leave directions the rows do not pin down (a run
 of 5 rows can be matched exactly in many ways), so the fit adds a weak prior: one residual

@@ -67,6 +67,10 @@ def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tens
     assert optimizer_step_s(device, "adamw", "bf16", 4e6, 10) == pytest.approx(
         (20 * 4 + 2 * 6) * elements / bw + (9 + 2) * 10 * 5e-6)
     assert optimizer_step_s(device, "sgd", "fp32", 0.0, 0) == 0.0
+    from sim.cost import OPTIMIZER_KERNELS
+    from sim.specs import OPTIMIZER_STATES
+
+    assert set(OPTIMIZER_KERNELS) == set(OPTIMIZER_STATES)  # every optimizer a scenario accepts has a step cost
     # a GPT block steps 12 tensors (four linear layers' and two layer norms' weights and biases)
     model = build_model("gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp32")
     cost = stage_cost(model, device, 1, 3, 1)
