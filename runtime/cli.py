@@ -45,6 +45,15 @@ profile and cluster, ready for dapple-sim simulate).
 """
 
 
+def _run_options(parser: argparse.ArgumentParser, *, steps: int, warmup: int) -> None:
+    """What a real run of the plan takes: processes, steps and the seed (``run`` and ``validate``)."""
+    parser.add_argument("--nproc", type=int, metavar="N", help="processes to start: the plan's devices 0..N-1")
+    parser.add_argument("--steps", type=int, default=steps, metavar="K", help=f"measured steps (default {steps})")
+    parser.add_argument("--warmup", type=int, default=warmup, metavar="W",
+                        help=f"warm-up steps left out of the times (default {warmup})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt or mlp)")
     add_scenario_options(parser)
@@ -72,14 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         "1 a rank failed (the message names it and its action) or --check found a difference, 2 bad input.",
     )
     _common(run)
-    run.add_argument("--nproc", type=int, metavar="N", help="processes to start: the plan's devices 0..N-1")
-    run.add_argument("--steps", type=int, default=5, metavar="K", help="measured steps (default 5)")
-    run.add_argument("--warmup", type=int, default=1, metavar="W", help="warm-up steps left out of the times (default 1)")
+    _run_options(run, steps=5, warmup=1)
     run.add_argument("--csv", metavar="FILE",
                      help="append the run to a measured-run CSV (dapple-sim calibrate's format; gpt models)")
     run.add_argument("--check", action="store_true",
                      help="compare the first step's loss and gradients with the unsplit model in one process")
-    run.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
     run.add_argument("--no-memory", action="store_true", help="do not count saved activations (counted in the first step only; "
                      "without them no CPU peak memory is reported)")
     run.add_argument("--fail-at", metavar="RANK:ACTION[:exit]",
@@ -92,11 +98,8 @@ def _parser() -> argparse.ArgumentParser:
         "--out gets validation.json, validation_gantt.png (predicted over measured) and validation_memory.png.",
     )
     _common(validate)
-    validate.add_argument("--nproc", type=int, metavar="N", help="processes to start: the plan's devices 0..N-1")
-    validate.add_argument("--steps", type=int, default=10, metavar="K", help="measured steps (default 10)")
-    validate.add_argument("--warmup", type=int, default=2, metavar="W", help="warm-up steps (default 2)")
+    _run_options(validate, steps=10, warmup=2)
     validate.add_argument("--repeats", type=int, default=10, help="timed runs per layer in the profile (default 10)")
-    validate.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
     validate.add_argument("--rounds", type=int, default=1, metavar="R",
                           help="repeat profile, simulation and run R times and report the round with the median "
                           "iteration-time error, with every round's numbers (default 1; use 3-5 on a machine "

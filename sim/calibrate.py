@@ -153,10 +153,15 @@ def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> 
                    plan=plan, faults=())
 
 
+def _params(x) -> dict[str, float]:
+    """The device values of a point ``x`` of the scaled space (``_LOWER``' comment)."""
+    return {"efficiency": float(x[0]), "matmul_half_dim": 10.0 ** float(x[1]) - 1.0,
+            "kernel_overhead_s": float(x[2]) * 1e-6, "memory_efficiency": float(x[3]),
+            "action_overhead_s": float(x[4]) * 1e-6}
+
+
 def _with_params(scenario: Scenario, x) -> Scenario:
-    device = replace(scenario.cluster.device, efficiency=float(x[0]), matmul_half_dim=10.0 ** float(x[1]) - 1.0,
-                     kernel_overhead_s=float(x[2]) * 1e-6, memory_efficiency=float(x[3]),
-                     action_overhead_s=float(x[4]) * 1e-6)
+    device = replace(scenario.cluster.device, **_params(x))
     return replace(scenario, cluster=replace(scenario.cluster, device=device))
 
 
@@ -208,9 +213,7 @@ def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>")
             break
     x = best.x
     predicted = list(np.array(predict(scenarios, x))[row_of])
-    params = {"efficiency": float(x[0]), "matmul_half_dim": 10.0 ** float(x[1]) - 1.0,
-              "kernel_overhead_s": float(x[2]) * 1e-6, "memory_efficiency": float(x[3]),
-              "action_overhead_s": float(x[4]) * 1e-6}
+    params = _params(x)
     notes = []
     if len(first) < 2 * len(PARAMS):
         notes.append(f"{len(first)} distinct configurations for {len(PARAMS)} parameters: the base device's values "
