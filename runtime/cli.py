@@ -92,14 +92,20 @@ def _parser() -> argparse.ArgumentParser:
                      help="testing: make RANK raise (or exit, killing itself) at ACTION of the first step, e.g. 1:1B2")
     validate = sub.add_parser(
         "validate", help="profile, simulate, run and compare: predicted against measured",
-        description="Profile the model's layers, the links and the optimizer step on this machine, simulate the "
-        "plan on those measurements, run it for real on N processes, and report iteration time, per-stage "
-        "compute, per-action timing and per-device peak memory, predicted and measured, with relative errors. "
+        description="Measure the links on this machine, run the plan for real on N local processes while they "
+        "take turns profiling the model's layers, the optimizer step and the per-action overhead, simulate the "
+        "plan on those measurements, and report iteration time, per-stage compute, per-action timing and "
+        "per-device peak memory, predicted and measured, with relative errors. "
         "--out gets validation.json, validation_gantt.png (predicted over measured) and validation_memory.png.",
     )
     _common(validate)
-    _run_options(validate, steps=10, warmup=2)
-    validate.add_argument("--repeats", type=int, default=10, help="timed runs per layer in the profile (default 10)")
+    _run_options(validate, steps=20, warmup=2)
+    validate.add_argument("--repeats", type=int, default=20,
+                          help="timed runs per layer in the profile, over all its turns (default 20)")
+    validate.add_argument("--slices", type=int, default=5, metavar="S",
+                          help="profile and run take S turns in the same processes: the steps are run in S "
+                          "slices and all ranks profile before each (default 5; at most --steps). The profile "
+                          "then sees the machine as the run does, even where its speed drifts")
     validate.add_argument("--rounds", type=int, default=1, metavar="R",
                           help="repeat profile, simulation and run R times and report the round with the median "
                           "iteration-time error, with every round's numbers (default 1; use 3-5 on a machine "
@@ -225,6 +231,8 @@ def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from runtime.config import check_world, load_runnable
+    from torch.multiprocessing import ProcessRaisedException
+
     from runtime.validate_loop import combine_rounds, validate, write_report
     from sim.validation import format_report
 
@@ -242,25 +250,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise DappleError(f"--rounds: {args.rounds}; give 1 or more")
 
-    def run_in(folder: Path):
-        def run() -> dict[str, Any]:
-            summary = _launch_run(args, folder / "run")
-            if summary is None:
-                raise _RunFailed(folder / "run")
-            summary["events"] = json.loads(Path(summary["trace"]).read_text(encoding="utf-8"))
-            return summary
-        return run
-
+    if args.slices < 1:
+        raise DappleError(f"--slices: {args.slices}; give 1 or more")
     reports = []
     try:
         for round_ in range(args.rounds):
             folder = out if args.rounds == 1 else out / f"round{round_ + 1}"
             if args.rounds > 1:
-                print(f"round {round_ + 1}/{args.rounds}: profile, simulate, run", file=sys.stderr, flush=True)
+                print(f"round {round_ + 1}/{args.rounds}: profile and run, simulate", file=sys.stderr, flush=True)
             reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=folder,
-                                    run=run_in(folder), repeats=args.repeats, timeout=args.timeout))
-    except _RunFailed as failed:
-        return _report_failure(failed.folder, args.failure_code)
+                                    warmup=args.warmup, slices=args.slices, repeats=args.repeats, seed=args.seed,
+                                    timeout=args.timeout))
+    except ProcessRaisedException as failed:
+        print(f"dapple-run: error: the run failed: {_last_line(str(failed))}", file=sys.stderr)
+        return 1
     report = reports[0] if args.rounds == 1 else combine_rounds(reports)
     paths = write_report(report, out)
     if args.json:
@@ -271,12 +274,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-class _RunFailed(Exception):
-    """The real run failed; its ranks' reports are in ``folder``."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(str(folder))
-        self.folder = folder
+def _last_line(text: str) -> str:
+    """The last non-empty line of a failed rank's traceback: its exception."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "a rank failed"
 
 
 def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:

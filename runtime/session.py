@@ -14,6 +14,7 @@ the first step's gradients (before the optimizer touches them) and loss are comp
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,12 +46,21 @@ class SessionOptions:
 
 
 def run_session(
-    runnable: RunnableScenario, options: SessionOptions, device: torch.device, *, status: StatusBoard | None = None
+    runnable: RunnableScenario, options: SessionOptions, device: torch.device, *, status: StatusBoard | None = None,
+    between: Callable[[int], None] | None = None, slices: int = 1,
 ) -> dict[str, Any] | None:
-    """Run the plan on this rank; rank 0 returns the summary, the others None."""
+    """Run the plan on this rank; rank 0 returns the summary, the others None.
+
+    With ``between``, the measured steps are cut into ``slices`` runs of consecutive steps
+    (as even as they divide) and ``between(k)`` is called on every rank before slice k:
+    ``dapple-run validate`` profiles there, so that profile and run take turns.
+    """
     executor = RankExecutor(runnable, options.execution, device, status)
     records = []
+    starts = [] if between is None else [options.warmup_steps + options.steps * k // slices for k in range(slices)]
     for step in range(options.warmup_steps + options.steps):
+        if step in starts:
+            between(starts.index(step))
         records.append(executor.step(step, keep_grads=options.check and step == 0, count_activations=step == 0))
     mine = {
         "rank": executor.rank,

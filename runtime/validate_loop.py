@@ -1,16 +1,19 @@
-"""The validation loop: profile → simulate → run → compare, for one scenario and plan.
+"""The validation loop: profile → run → simulate → compare, for one scenario and plan.
 
 ``dapple-run validate`` proves (or disproves) the simulator on the machine at hand:
 
-1. **profile** the model's layers on this device (forward and backward time, saved
-   activations, parameters; one thread per CPU rank, as in a run), the links between two
-   processes on the backend, the optimizer step, and what each forward or backward action
-   costs beyond its layers (``measure_action_overhead``); write them as a scenario
-   (``runtime.profile_run``), the device's memory bandwidth set to what the optimizer step
-   achieves (the only memory-bound work the simulator charges it with) and its
-   ``action_overhead`` to the measured one;
-2. **simulate** that measured scenario with the SimPy engine;
-3. **run** the same plan for real (torchrun, or local processes in tests);
+1. **links**: latency and bandwidth between two processes on the backend
+   (``runtime.profile_run``), which also writes the measured scenario's frame;
+2. **profile and run, taking turns**: ``nproc`` processes run the plan for real, and before
+   each of a few runs of consecutive steps they all profile together: every layer's
+   forward and backward time (one thread per CPU rank, as in a run), the optimizer step
+   from cold caches, and what each forward or backward action costs beyond its layers
+   (``measure_action_overhead``). Taking turns a second or so apart, profile and run see
+   the machine in the same state, which a profile taken before the run does not on a
+   host whose speed drifts;
+3. **simulate** the pooled profile (``_pool_profiles``) with the SimPy engine, the device's
+   memory bandwidth set to what the optimizer step achieves (the only memory-bound work
+   the simulator charges it with) and its ``action_overhead`` to the measured one;
 4. **compare** per iteration, per stage, per action and per device (``sim.validation``).
 
 The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
@@ -23,7 +26,6 @@ import json
 import math
 import time
 from argparse import Namespace
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import yaml
 
 from runtime.config import RunnableScenario
 
-__all__ = ["combine_rounds", "measure_optimizer", "profile_for_validation", "spawn_run", "validate", "write_report"]
+__all__ = ["combine_rounds", "measure_action_overhead", "measure_optimizer", "validate", "write_report"]
 
 
 CACHE_FLUSH_BYTES = 64 * 2**20
@@ -105,105 +107,99 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     return (replayed - profiled) / (2 * m)
 
 
-def _profile_worker(device, runnable: RunnableScenario, batch: int, warmup: int, repeats: int):
+def _profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, repeats: int) -> dict[str, Any]:
+    """One turn of the profile on this rank, all ranks together: every layer (a barrier
+    before each, so that the ranks time the same layer at the same moment, sharing the
+    machine's cores, caches and memory bandwidth as in the run), then the optimizer step
+    over this rank's stages and their per-action overhead."""
     import torch.distributed as dist
 
     from runtime.models import num_layers
     from runtime.profiler import profile_layer
 
     layers = []
-    for index in range(num_layers(runnable.model)):  # every rank times the same layer at the same time
+    for index in range(num_layers(runnable.model)):
         dist.barrier()
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
     dist.barrier()
-    optimizer = measure_optimizer(runnable, device, layers=mine, repeats=repeats)
+    optimizer = measure_optimizer(runnable, device, layers=mine, repeats=max(3, repeats))
     dist.barrier()
-    overheads = [measure_action_overhead(runnable, s, layers, device) for s in stages]
-    return layers, optimizer, overheads
+    overheads = [measure_action_overhead(runnable, s, layers, device, repeats=1) for s in stages]
+    dist.barrier()
+    return {"layers": layers, "optimizer": optimizer, "overheads": overheads}
 
 
-def _concurrent_profile(runnable: RunnableScenario, *, nproc: int, backend: str, batch: int, warmup: int,
-                        repeats: int, timeout: float):
-    """Profile the layers on all ``nproc`` processes at once, as they will run: ranks share the
-    machine's cores, caches and memory bandwidth, and a layer timed alone runs faster than it
-    will in the run; a barrier before each layer keeps the ranks timing together. Each
-    layer's time is the median over the ranks; each rank also times the optimizer step over
-    its own stages' parameters and its stages' action overhead (``measure_action_overhead``),
-    of which the median over ranks is kept (never below 0)."""
+def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int, warmup_steps: int, slices: int,
+                     repeats: int, seed: int, timeout: float):
+    """Run the plan with the profile taking turns with it: before each of ``slices`` runs of
+    consecutive steps, every rank profiles (``_profile_slice``). Rank 0's run summary (None
+    elsewhere) and this rank's profile slices."""
+    from runtime.executor import ExecOptions
+    from runtime.session import SessionOptions, run_session
+
+    profiles: list[dict[str, Any]] = []
+    per_slice = max(1, math.ceil(repeats / slices))
+
+    def between(k: int) -> None:
+        profiles.append(_profile_slice(runnable, device, batch, warmup=3 if k == 0 else 1, repeats=per_slice))
+
+    options = SessionOptions(steps=steps, warmup_steps=warmup_steps, execution=ExecOptions(seed=seed, timeout_s=timeout))
+    summary = run_session(runnable, options, device, between=between, slices=slices)
+    return summary, profiles
+
+
+def _pool_profiles(per_rank: list[list[dict[str, Any]]]):
+    """The profile the simulator gets from every rank's slices: each layer's forward and
+    backward time the median over ranks and slices; the optimizer step of each slice's
+    slowest rank (one memory bandwidth for every device: the one that gets the slowest rank
+    right), the median over slices; the per-action overhead the median over ranks, stages
+    and slices, never below 0."""
     import statistics
     from dataclasses import replace
 
-    from runtime.launch import spawn
-
-    results = spawn(_profile_worker, nproc, runnable, batch, warmup, repeats, backend=backend,
-                    timeout_s=max(timeout, 600.0))
+    slices = [p for profiles in per_rank for p in profiles]
     layers = [
-        replace(per_rank[0], fwd_s=statistics.median(p.fwd_s for p in per_rank),
-                bwd_s=statistics.median(p.bwd_s for p in per_rank))
-        for per_rank in zip(*(layers for layers, _, _ in results))
+        replace(measured[0], fwd_s=statistics.median(m.fwd_s for m in measured),
+                bwd_s=statistics.median(m.bwd_s for m in measured))
+        for measured in zip(*(p["layers"] for p in slices))
     ]
-    # one bandwidth for every device: the one that gets the slowest rank's step right
-    slowest = max((o for _, o, _ in results), key=lambda o: o["optimizer_s"])
-    overheads = [v for _, _, values in results for v in values if v is not None]
-    return layers, slowest, max(0.0, statistics.median(overheads)) if overheads else 0.0
+    slowest = [max((profiles[k]["optimizer"] for profiles in per_rank), key=lambda o: o["optimizer_s"])
+               for k in range(len(per_rank[0]))]
+    optimizer = {key: statistics.median(o[key] for o in slowest) for key in slowest[0]}
+    overheads = [v for p in slices for v in p["overheads"] if v is not None]
+    return layers, optimizer, max(0.0, statistics.median(overheads)) if overheads else 0.0
 
 
-def profile_for_validation(runnable: RunnableScenario, out: Path, *, nproc: int, backend: str, repeats: int,
-                           timeout: float, warmup: int = 3) -> dict[str, Any]:
-    """Profile links, then layers and the optimizer on all ranks at once; write the measured
-    profile and scenario into ``out``; return what ``dapple-run profile`` returns, plus the
-    optimizer measurement."""
-    from runtime import profile_run
+def _write_measured_scenario(profile: dict[str, Any], out: Path, layers, optimizer: dict[str, float],
+                             action_overhead: float) -> None:
+    """Put the pooled layers, optimizer bandwidth and action overhead into the profile and
+    scenario that ``profile_run`` wrote into ``out``."""
     from runtime.profiler import write_profile
     from sim.units import format_bandwidth, format_time
 
-    plan, training = runnable.plan, runnable.scenario.training
-    batch = math.ceil(training.microbatch_size / min(stage.num_replicas for stage in plan.stages))
-    args = Namespace(backend=backend, batch_size=batch, warmup=warmup, repeats=repeats, no_links=False,
-                     timeout=timeout)
-    result = profile_run.profile_here(runnable, args, out)  # links, device, and a first profile
-    layers, optimizer, action_overhead = _concurrent_profile(
-        runnable, nproc=nproc, backend=backend, batch=batch, warmup=warmup, repeats=repeats, timeout=timeout)
-    write_profile(layers, out, device=result["device"]["name"])
-    scenario_path = Path(result["scenario"])
+    write_profile(layers, out, device=profile["device"]["name"])
+    scenario_path = Path(profile["scenario"])
     doc = yaml.safe_load(scenario_path.read_text(encoding="utf-8"))
     doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(optimizer["implied_bandwidth_bytes_per_s"], 6)
     doc["cluster"]["device"]["action_overhead"] = format_time(action_overhead, 6)
     scenario_path.write_text(
         "# The scenario on the layers, links, optimizer step and per-action overhead measured by\n"
-        "# dapple-run validate (all timed on all ranks at once).\n"
+        "# dapple-run validate (on all ranks at once, taking turns with the run).\n"
         + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None),
         encoding="utf-8",
     )
-    result["optimizer"] = optimizer
-    result["action_overhead_s"] = action_overhead
-    result["layers"] = [_as_dict(layer) for layer in layers]
-    return result
+    profile["optimizer"] = optimizer
+    profile["action_overhead_s"] = action_overhead
+    profile["layers"] = [_as_dict(layer) for layer in layers]
 
 
 def _as_dict(layer) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(layer)
-
-
-def _session(device, runnable: RunnableScenario, steps: int, warmup: int, timeout: float):
-    from runtime.executor import ExecOptions
-    from runtime.session import SessionOptions, run_session
-
-    return run_session(runnable, SessionOptions(steps=steps, warmup_steps=warmup,
-                                                execution=ExecOptions(timeout_s=timeout)), device)
-
-
-def spawn_run(runnable: RunnableScenario, *, nproc: int, backend: str, steps: int, warmup: int,
-              timeout: float) -> dict[str, Any]:
-    """Run the plan on ``nproc`` local processes (no torchrun); rank 0's summary."""
-    from runtime.launch import spawn
-
-    return spawn(_session, nproc, runnable, steps, warmup, timeout, backend=backend, timeout_s=timeout)[0]
 
 
 def validate(
@@ -213,20 +209,40 @@ def validate(
     backend: str,
     steps: int,
     out: Path,
-    run: Callable[[], dict[str, Any]],
-    repeats: int = 10,
+    warmup: int = 2,
+    slices: int = 5,
+    repeats: int = 20,
+    seed: int = 0,
     timeout: float = 45.0,
 ) -> dict[str, Any]:
-    """Profile, simulate, ``run()`` and compare; the report (``sim.validation.compare``)."""
+    """Profile, run, simulate and compare; the report (``sim.validation.compare``).
+
+    The links are measured first (``runtime.profile_run``, 2 fresh processes). Then
+    ``nproc`` processes run ``warmup + steps`` steps of the plan, and before each of
+    ``slices`` runs of consecutive measured steps they all profile the layers, the optimizer
+    step and the per-action overhead (``repeats`` timed runs per layer in all). Profile and
+    run thus take turns a second or so apart, and see the machine in the same state: on a
+    shared or virtual host whose speed drifts by tens of percent over seconds, a profile
+    taken before the run predicts a different machine. The pooled profile
+    (``_pool_profiles``) is simulated with the SimPy engine against the measured run.
+    """
+    from runtime import profile_run
+    from runtime.launch import spawn
     from sim.report import run_scenario
     from sim.scenario import load_scenario
     from sim.validation import compare, predicted_view
 
-    profile = profile_for_validation(runnable, out / "profile", nproc=nproc, backend=backend, repeats=repeats,
-                                     timeout=timeout)
-    measured_scenario = load_scenario(profile["scenario"])
-    predicted = run_scenario(measured_scenario, engine="simpy")
-    measured = run()
+    plan, training = runnable.plan, runnable.scenario.training
+    slices = max(1, min(slices, steps))
+    batch = math.ceil(training.microbatch_size / min(stage.num_replicas for stage in plan.stages))
+    args = Namespace(backend=backend, batch_size=batch, warmup=3, repeats=10, no_links=False, timeout=timeout)
+    profile = profile_run.profile_here(runnable, args, out / "profile")  # links, the device, the scenario's frame
+    results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,
+                    backend=backend, timeout_s=max(timeout, 600.0))
+    measured = results[0][0]
+    layers, optimizer, action_overhead = _pool_profiles([profiles for _, profiles in results])
+    _write_measured_scenario(profile, out / "profile", layers, optimizer, action_overhead)
+    predicted = run_scenario(load_scenario(profile["scenario"]), engine="simpy")
     memory = "allocator" if backend == "nccl" else "counted"
     return compare(
         predicted_view(predicted, memory=memory),
@@ -238,7 +254,8 @@ def validate(
         steps=steps,
         memory=memory,
         profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": profile["optimizer"],
-                 "action_overhead_s": profile["action_overhead_s"], "scenario": profile["scenario"]},
+                 "action_overhead_s": profile["action_overhead_s"], "scenario": profile["scenario"],
+                 "slices": len(results[0][1])},
     )
 
 

@@ -65,13 +65,12 @@ def test_validate_rejects_zero_rounds(capsys):
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
     pytest.importorskip("torch")
     from runtime.config import load_runnable
-    from runtime.validate_loop import spawn_run, validate, write_report
+    from runtime.validate_loop import validate, write_report
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
-    report = validate(
-        runnable, nproc=2, backend="gloo", steps=2, out=tmp_path, repeats=3,
-        run=lambda: spawn_run(runnable, nproc=2, backend="gloo", steps=2, warmup=1, timeout=45.0),
-    )
+    report = validate(runnable, nproc=2, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
+    # profile and run took turns: two profile slices, each before one of the two measured steps
+    assert report["profile"]["slices"] == 2 and len(report["measured"]["iteration_times_s"]) == 2
     print(format_report(report))  # the iteration-time error, for the log
     assert report["memory"] == "counted"
     assert len(report["error"]["devices"]) == 2
@@ -89,6 +88,31 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
         report["profile"]["optimizer"]["implied_bandwidth_bytes_per_s"], rel=1e-4)
     for path in write_report(report, tmp_path):
         assert path.stat().st_size > 0
+
+
+def test_validate_rejects_zero_slices(capsys):
+    from runtime.cli import main
+
+    assert main(["validate", GPT, "--nproc", "2", "--slices", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--slices" in err
+
+
+def test_validate_reports_a_failed_run_in_one_line(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("torch")
+    from torch.multiprocessing import ProcessRaisedException
+
+    import runtime.validate_loop
+    from runtime.cli import main
+
+    def failing(*args, **kwargs):
+        raise ProcessRaisedException("Traceback (most recent call last):\n  ...\n"
+                                     "runtime.executor.ActionError: rank 1 failed at 1F2 of step 3: boom\n", 1, 4242)
+
+    monkeypatch.setattr(runtime.validate_loop, "validate", failing)
+    assert main(["validate", GPT, "--nproc", "2", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank 1 failed at 1F2 of step 3: boom" in err
 
 
 def test_validate_rejects_a_plan_that_does_not_fit_the_processes(capsys):
