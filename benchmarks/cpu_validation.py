@@ -11,7 +11,7 @@ With ``--record`` it writes the round with the median time error of each schedul
 ``notebooks/data/validation_cpu.json`` (the recording the validation notebook reads).
 
     python benchmarks/cpu_validation.py [--scenario scenarios/gpt_tiny_cpu.yaml] [--rounds 5]
-        [--steps 20] [--record]
+        [--steps 20] [--keep DIR] [--record]
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ RECORDING = ROOT / "notebooks" / "data" / "validation_cpu.json"
 SCHEDULES = ("gpipe", "dapple")
 
 
-def validate_once(scenario: str, schedule: str, steps: int) -> dict:
-    """One ``dapple-run validate`` in a fresh process; its JSON report."""
-    with tempfile.TemporaryDirectory() as out:
+def validate_once(scenario: str, schedule: str, steps: int, keep: Path | None) -> dict:
+    """One ``dapple-run validate`` in a fresh process; its JSON report (its outputs kept in
+    ``keep`` when given)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = keep if keep is not None else Path(scratch)
         command = [sys.executable, "-m", "runtime", "validate", scenario, "--nproc", "2", "--backend", "gloo",
-                   "--steps", str(steps), "--set", f"plan.schedule={schedule}", "--out", out, "--json"]
+                   "--steps", str(steps), "--set", f"plan.schedule={schedule}", "--out", str(out), "--json"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"dapple-run validate failed ({schedule}): {done.stderr.strip().splitlines()[-1:]}")
@@ -46,6 +48,8 @@ def main() -> None:
     parser.add_argument("--scenario", default="scenarios/gpt_tiny_cpu.yaml")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--keep", metavar="DIR", type=Path,
+                        help="keep every round's validate outputs in DIR/SCHEDULE-roundK (default: discard them)")
     parser.add_argument("--record", action="store_true", help=f"write the median rounds to {RECORDING.relative_to(ROOT)}")
     args = parser.parse_args()
     reports: dict[str, list[dict]] = {name: [] for name in SCHEDULES}
@@ -53,7 +57,8 @@ def main() -> None:
           f"{'peak memory error':>18}")
     for round_ in range(args.rounds):
         for schedule in SCHEDULES:
-            report = validate_once(args.scenario, schedule, args.steps)
+            keep = None if args.keep is None else args.keep / f"{schedule}-round{round_ + 1}"
+            report = validate_once(args.scenario, schedule, args.steps, keep)
             reports[schedule].append(report)
             print(f"{round_ + 1:>5} {schedule:>8} {report['predicted']['iteration_time_s'] * 1e3:>13.2f} "
                   f"{report['measured']['iteration_time_s'] * 1e3:>12.2f} "

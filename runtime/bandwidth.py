@@ -8,7 +8,17 @@ Two ranks on the current backend measure both the way NCCL's and gloo's own test
   ``measure_links``). The latency is the one-way time of the smallest message, the bandwidth
   ``bytes / (time − latency)`` of the largest;
 * all-reduce: the mean time of one ``all_reduce``; its bus bandwidth is
-  ``2(n−1)/n · bytes / (time − latency)`` (NCCL tests' "busbw"), for n ranks.
+  ``2(n−1)/n · bytes / (time − latency)`` (NCCL tests' "busbw"), for n ranks;
+* on a CPU, what messages cost the compute of busy ranks (gloo writes a message to its
+  socket in the thread that calls ``isend``, and a transport thread on the receiver takes
+  it in, competing with the compute for a core): while one of ranks 0 and 1 computes, the
+  other computes a shorter piece and then sends it a message, as neighbouring pipeline
+  stages do (``_host_costs``). The sender's ``isend`` call gives the ``send_overhead``
+  (smallest message) and ``send_bandwidth`` (``bytes / (time − overhead)`` of the largest;
+  ``sim.specs.LinkSpec.send_issue_s``); what the receiver's piece takes beyond the same
+  piece with no message in flight, the mean over messages up to 256 KiB, is the
+  ``recv_overhead`` (``LinkSpec.recv_overhead_s``).
+  On a GPU the copies run on their own streams, and nothing is charged.
 
 The device gets a matmul FLOP rate (fp32, and half precision on a GPU), a copy bandwidth
 and its memory. ``cluster_yaml`` writes it all as a scenario's ``cluster:`` section with
@@ -20,6 +30,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,6 +65,64 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def _work_unit(seconds: float) -> Callable[[], None]:
+    """A fixed piece of compute (small matrix products) that takes about ``seconds`` here."""
+    a = torch.full((64, 64), 1.0 / 64)
+    count, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds / 4:
+        a @ a
+        count += 1
+    reps = max(1, 4 * count)
+
+    def unit() -> None:
+        for _ in range(reps):
+            a @ a
+    return unit
+
+
+def _host_costs(buffers: list[torch.Tensor], rank: int, repeats: int) -> dict[str, list[float]]:
+    """What messages cost ranks 0 and 1 while they compute, as pipeline neighbours do: for
+    each size (sizes taking turns, then the other direction), the receiver posts its receive
+    and computes a fixed piece of about two milliseconds; the sender computes half of that
+    (a forward), then issues its ``isend`` into the receiver's piece; the same pieces with
+    no message are the baseline. Per size, the means over the repeats: the ``isend`` call
+    (``send``) and the receiver's piece beyond the baseline (``receive``: the transport
+    thread taking the message in competes with the compute for a core)."""
+    peer = 1 - rank
+    unit = _work_unit(1e-3)
+    scratch = [torch.empty_like(b) for b in buffers]
+    sent: list[list[float]] = [[] for _ in buffers]
+    received: list[list[float]] = [[] for _ in buffers]
+    quiet: list[float] = []
+    for _ in range(repeats):
+        for sender in (0, 1):
+            dist.barrier()
+            if rank != sender:
+                began = time.perf_counter()
+                unit()
+                unit()
+                quiet.append(time.perf_counter() - began)
+            else:
+                unit()
+            for index, buffer in enumerate(buffers):
+                incoming = dist.irecv(scratch[index], peer) if rank != sender else None
+                dist.barrier()
+                if rank == sender:
+                    unit()
+                    began = time.perf_counter()
+                    outgoing = dist.isend(buffer, peer)
+                    sent[index].append(time.perf_counter() - began)
+                    outgoing.wait()
+                else:
+                    began = time.perf_counter()
+                    unit()
+                    unit()
+                    received[index].append(time.perf_counter() - began)
+                    incoming.wait()
+    base = statistics.fmean(quiet)
+    return {"send": [statistics.fmean(t) for t in sent], "receive": [statistics.fmean(t) - base for t in received]}
+
+
 def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int = 20) -> dict[str, Any]:
     """Ping-pong between ranks 0 and 1 and all-reduce over every rank; the same on every rank.
 
@@ -78,15 +147,33 @@ def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, 
     for _ in range(repeats):
         for index, buffer in enumerate(buffers):
             reduces[index].append(_timed(lambda: dist.all_reduce(buffer), device))
+    n = len(sizes)
+    host = {"send": [0.0] * n, "receive": [0.0] * n}
+    if device.type == "cpu" and rank < 2:
+        host = _host_costs(buffers, rank, 2 * repeats)
+    elif device.type == "cpu":
+        for _ in range(2 * repeats * (n + 1)):  # the others keep the barriers company
+            dist.barrier()
     p2p = [statistics.fmean(t) for t in trips]
     reduce = [statistics.fmean(t) for t in reduces]
-    # rank 0's view of the ping-pong is the one that counts; everyone agrees on it
+    # rank 0's view of the ping-pong is the one that counts; the host costs are the two ranks' mean
+    mine = torch.tensor(host["send"] + host["receive"], dtype=torch.float64)
+    both = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(both, mine)
+    host_costs = [max(0.0, v) for v in ((both[0] + both[1]) / 2).tolist()]
+    issue, slowdown = host_costs[:n], host_costs[n:]
     shared = torch.tensor(p2p + reduce, dtype=torch.float64)
     dist.broadcast(shared, 0)
-    p2p, reduce = shared[: len(sizes)].tolist(), shared[len(sizes):].tolist()
+    p2p, reduce = shared[:n].tolist(), shared[n:].tolist()
     big = sizes[-1]
     p2p_latency, reduce_latency = p2p[0], reduce[0]
+    small = [k for k, size in enumerate(sizes) if size <= 262_144] or [0]
     return {
+        "send_issue_s": issue,
+        "send_overhead_s": issue[0],
+        "send_bandwidth_bytes_per_s": big / (issue[-1] - issue[0]) if issue[-1] > issue[0] else None,
+        "recv_s": slowdown,
+        "recv_overhead_s": statistics.fmean(slowdown[k] for k in small),
         "backend": dist.get_backend(),
         "ranks": world,
         "sizes_bytes": list(sizes),
@@ -144,6 +231,13 @@ def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: i
     bw = format_bandwidth(links["p2p_bandwidth_bytes_per_s"])
     latency = format_time(links["p2p_latency_s"])
     backend = links["backend"]
+    send = ""  # what sending and receiving cost the compute (measured on a CPU only)
+    if links.get("send_overhead_s"):
+        send = f", send_overhead: {format_time(links['send_overhead_s'])}"
+        if links.get("send_bandwidth_bytes_per_s"):
+            send += f", send_bandwidth: {format_bandwidth(links['send_bandwidth_bytes_per_s'])}"
+    if links.get("recv_overhead_s"):
+        send += f", recv_overhead: {format_time(links['recv_overhead_s'])}"
     device = (
         f"{{name: {device_info['name']!r}, memory: {format_bytes(device_info['memory_bytes'] / memory_share)}, "
         f"peak_flops: {format_flop_rate(device_info['peak_flop_per_s'])}, "
@@ -161,7 +255,7 @@ def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: i
         f"  nodes: {nodes}",
         f"  devices_per_node: {devices_per_node}",
         f"  device: {device}",
-        f"  intra_node: {{bandwidth: {bw}, latency: {latency}, name: {backend}}}",
-        f"  inter_node: {{bandwidth: {bw}, latency: {latency}, name: {backend} (not measured)}}",
+        f"  intra_node: {{bandwidth: {bw}, latency: {latency}{send}, name: {backend}}}",
+        f"  inter_node: {{bandwidth: {bw}, latency: {latency}{send}, name: {backend} (not measured)}}",
         "",
     ])

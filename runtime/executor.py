@@ -156,9 +156,16 @@ class RankExecutor:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         rows: list[dict[str, Any]] = []
+        if dev.type == "cpu":
+            # gloo: open the mailbox before the step's barrier; receives posted right after it
+            # contend with the barrier's own traffic in gloo's transport and can hold a rank
+            # back for milliseconds on a small host (a run has no such barrier). On GPUs they
+            # stay after it: NCCL kernels of two communicators must not wait on each other.
+            self.mailbox.start()
         _barrier(dev)
         t0 = time.perf_counter()
-        self.mailbox.start()
+        if dev.type != "cpu":
+            self.mailbox.start()
         for index, action in enumerate(self.actions):
             text, kind, stream = self._labels[index]
             if self.status is not None:

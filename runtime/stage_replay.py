@@ -46,14 +46,19 @@ def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int
     return x.to(device=device, dtype=input_dtype(runnable.model, start)).requires_grad_(True), labels
 
 
-def _run_actions(module: StageModule, actions, make_input, make_grad, meter: SavedTensorMeter | None) -> None:
+def _run_actions(module: StageModule, actions, make_input, make_grad, meter: SavedTensorMeter | None,
+                 device: torch.device) -> list[tuple[ActionKind, float]]:
     """F and B in order; inputs appear at their forward and gradients at their backward, as
-    received data would (nothing else is held)."""
+    received data would (nothing else is held). Each action's kind and seconds, without the
+    making of its synthetic input or gradient (in a run those arrive)."""
     outputs: dict[int, torch.Tensor] = {}
+    times = []
     for action in actions:
         m = action.microbatch
         if action.kind is ActionKind.F:
             x, labels = make_input(m)
+            _sync(device)
+            began = time.perf_counter()
             if meter is not None:
                 with meter.watching():
                     outputs[m] = module(x, labels) if module.is_last else module(x)
@@ -61,8 +66,14 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
                 outputs[m] = module(x, labels) if module.is_last else module(x)
         else:
             out = outputs.pop(m)
-            out.backward() if module.is_last else out.backward(make_grad(m))
+            grad = None if module.is_last else make_grad(m)
+            _sync(device)
+            began = time.perf_counter()
+            out.backward(grad)
             del out
+        _sync(device)
+        times.append((action.kind, time.perf_counter() - began))
+    return times
 
 
 def replay_stage(
@@ -71,9 +82,12 @@ def replay_stage(
 ) -> dict[str, float]:
     """Time and peak memory of ``stage`` running its rank's actions of ``schedule`` alone.
 
-    Returns ``compute_s`` (median over ``repeats`` of the action list, no optimizer),
-    ``peak_memory_bytes`` (allocator peak on a GPU; counted on a CPU) and
-    ``peak_activation_bytes`` (counted saved activations, on any device).
+    Returns ``compute_s`` (median over ``repeats`` of the action list's time, no optimizer,
+    nor the making of synthetic inputs and gradients),
+    ``peak_memory_bytes`` (allocator peak on a GPU; counted on a CPU),
+    ``peak_activation_bytes`` (counted saved activations, on any device) and ``actions``:
+    each timed action's kind (``"F"`` or ``"B"``) and seconds, over all repeats, without
+    the making of synthetic inputs and gradients.
     """
     plan, training = runnable.plan, runnable.scenario.training
     start, end = plan.stages[stage].layers
@@ -84,7 +98,7 @@ def replay_stage(
     actions = [a for a in generate(schedule, plan.num_stages, num_microbatches, **(params or {})).ranks[stage]
                if a.kind in (ActionKind.F, ActionKind.B)]
     out_shape = (samples, *sample_shape(runnable.model, end)) if not module.is_last else None
-    timings, peak, activations = [], 0.0, 0.0
+    timings, peak, activations, each = [], 0.0, 0.0, []
     for step in range(repeats + 1):  # the first pass builds the optimizer state and warms up
         def make_input(m: int, step: int = step):
             return _stage_input(runnable, start, samples, step * num_microbatches + m, device)
@@ -96,14 +110,13 @@ def replay_stage(
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
-        began = time.perf_counter()
-        _run_actions(module, actions, make_input, make_grad, meter)
-        _sync(device)
-        elapsed = time.perf_counter() - began
+        times = _run_actions(module, actions, make_input, make_grad, meter, device)
+        elapsed = sum(seconds for _, seconds in times)
         if meter is not None:
             activations = float(meter.peak_bytes)
         if step > 0:
             timings.append(elapsed)
+            each += [(kind.value, seconds) for kind, seconds in times]
             if device.type == "cuda":
                 peak = max(peak, float(torch.cuda.max_memory_allocated(device)))
         optimizer.step()
@@ -111,7 +124,8 @@ def replay_stage(
     if device.type != "cuda":
         peak = float(static_bytes(list(module.parameters()), optimizer)) + activations
     timings.sort()
-    return {"compute_s": timings[len(timings) // 2], "peak_memory_bytes": peak, "peak_activation_bytes": activations}
+    return {"compute_s": timings[len(timings) // 2], "peak_memory_bytes": peak, "peak_activation_bytes": activations,
+            "actions": each}
 
 
 def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, *, overrides=None,

@@ -84,27 +84,35 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
 
 
 def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list, device, *,
-                            repeats: int = 3) -> float | None:
-    """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled times.
+                            repeats: int = 3) -> list[float]:
+    """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled
+    times, one sample per repeat.
 
     The stage replays its rank's F and B actions of the plan's schedule with the stage's
-    layers chained (``runtime.stage_replay``); what that takes beyond the sum of the layers'
-    profiled times (each layer timed alone, on warm caches) is the framework's fixed cost
-    per action and the layers' effect on each other's caches, spread evenly over the
-    stage's 2·M actions. None for plans whose stages share a rank (interleaved chunks).
+    layers chained, an optimizer step between repeats as in a run (``runtime.stage_replay``);
+    what one pass of the action list takes beyond the sum of its layers' profiled forward and
+    backward times (each layer timed alone, on warm caches), spread evenly over its
+    actions, is one sample of the framework's fixed cost per action and of the layers'
+    effect on each other's caches, the first forward's cold caches after the optimizer step
+    included. The caller takes the median of the samples, which a moment when the host holds
+    the process back does not move. Empty for plans whose stages share a rank (interleaved
+    chunks).
     """
     from runtime.stage_replay import replay_stage
 
     plan, training = runnable.plan, runnable.scenario.training
     if len(plan.device_groups) != plan.num_stages:
-        return None
+        return []
     m = training.num_microbatches
     samples = training.microbatch_size // plan.stages[stage].num_replicas
     start, end = plan.stages[stage].layers
-    profiled = sum((layer.fwd_s + layer.bwd_s) / layer.batch_size for layer in layers[start:end]) * samples * m
+    profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
+                "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
     replayed = replay_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
-                            repeats=repeats)["compute_s"]
-    return (replayed - profiled) / (2 * m)
+                            repeats=repeats)["actions"]
+    per_pass = max(1, len(replayed) // repeats)
+    extra = [seconds - profiled[kind] for kind, seconds in replayed]
+    return [sum(extra[k:k + per_pass]) / per_pass for k in range(0, len(extra), per_pass)]
 
 
 def _profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, repeats: int) -> dict[str, Any]:
@@ -127,7 +135,7 @@ def _profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, 
     dist.barrier()
     optimizer = measure_optimizer(runnable, device, layers=mine, repeats=max(3, repeats))
     dist.barrier()
-    overheads = [measure_action_overhead(runnable, s, layers, device, repeats=1) for s in stages]
+    overheads = [v for s in stages for v in measure_action_overhead(runnable, s, layers, device, repeats=3)]
     dist.barrier()
     return {"layers": layers, "optimizer": optimizer, "overheads": overheads}
 
@@ -151,49 +159,72 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     return summary, profiles
 
 
-def _pool_profiles(per_rank: list[list[dict[str, Any]]]):
-    """The profile the simulator gets from every rank's slices: each layer's forward and
-    backward time the median over ranks and slices; the optimizer step of each slice's
-    slowest rank (one memory bandwidth for every device: the one that gets the slowest rank
-    right), the median over slices; the per-action overhead the median over ranks, stages
-    and slices, never below 0."""
+def _pool_profiles(per_rank: list[list[dict[str, Any]]], turns: list[int] | None = None):
+    """The profile the simulator gets from the ranks' slices (``turns``: which slices; all
+    by default): each layer's forward and backward time the median over ranks and slices;
+    the optimizer step of each slice's slowest rank (one memory bandwidth for every device:
+    the one that gets the slowest rank right), the median over slices; the per-action
+    overhead the median over ranks, stages and slices, never below 0."""
     import statistics
     from dataclasses import replace
 
-    slices = [p for profiles in per_rank for p in profiles]
+    turns = list(range(len(per_rank[0]))) if turns is None else turns
+    slices = [profiles[k] for profiles in per_rank for k in turns]
     layers = [
         replace(measured[0], fwd_s=statistics.median(m.fwd_s for m in measured),
                 bwd_s=statistics.median(m.bwd_s for m in measured))
         for measured in zip(*(p["layers"] for p in slices))
     ]
-    slowest = [max((profiles[k]["optimizer"] for profiles in per_rank), key=lambda o: o["optimizer_s"])
-               for k in range(len(per_rank[0]))]
+    slowest = [max((profiles[k]["optimizer"] for profiles in per_rank), key=lambda o: o["optimizer_s"]) for k in turns]
     optimizer = {key: statistics.median(o[key] for o in slowest) for key in slowest[0]}
-    overheads = [v for p in slices for v in p["overheads"] if v is not None]
+    overheads = [v for p in slices for v in p["overheads"]]
     return layers, optimizer, max(0.0, statistics.median(overheads)) if overheads else 0.0
 
 
-def _write_measured_scenario(profile: dict[str, Any], out: Path, layers, optimizer: dict[str, float],
-                             action_overhead: float) -> None:
-    """Put the pooled layers, optimizer bandwidth and action overhead into the profile and
-    scenario that ``profile_run`` wrote into ``out``."""
+def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimizer: dict[str, float],
+                             action_overhead: float) -> Path:
+    """The measured scenario in ``out``: the scenario ``frame`` (links, device, plan, as
+    ``profile_run`` wrote it) on ``layers`` (``out/profile.txt``), with the optimizer's
+    memory bandwidth and the action overhead; its path."""
     from runtime.profiler import write_profile
     from sim.units import format_bandwidth, format_time
 
-    write_profile(layers, out, device=profile["device"]["name"])
-    scenario_path = Path(profile["scenario"])
-    doc = yaml.safe_load(scenario_path.read_text(encoding="utf-8"))
+    out.mkdir(parents=True, exist_ok=True)
+    write_profile(layers, out, device=device)
+    doc = yaml.safe_load(frame.read_text(encoding="utf-8"))
     doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(optimizer["implied_bandwidth_bytes_per_s"], 6)
     doc["cluster"]["device"]["action_overhead"] = format_time(action_overhead, 6)
-    scenario_path.write_text(
+    path = out / "scenario.yaml"
+    path.write_text(
         "# The scenario on the layers, links, optimizer step and per-action overhead measured by\n"
         "# dapple-run validate (on all ranks at once, taking turns with the run).\n"
         + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None),
         encoding="utf-8",
     )
-    profile["optimizer"] = optimizer
-    profile["action_overhead_s"] = action_overhead
-    profile["layers"] = [_as_dict(layer) for layer in layers]
+    return path
+
+
+def _slice_report(frame: Path, out: Path, device: str, per_rank: list[list[dict[str, Any]]],
+                  measured: list[float]) -> list[dict[str, Any]]:
+    """Each turn on its own: the prediction from that slice's profile alone (its scenario in
+    ``out/sliceK``) and the median of the steps run right after it; how far the machine's
+    speed moved while the loop ran."""
+    import statistics
+
+    from sim.report import run_scenario
+    from sim.scenario import load_scenario
+
+    count = len(per_rank[0])
+    rows = []
+    for k in range(count):
+        layers, optimizer, overhead = _pool_profiles(per_rank, [k])
+        path = _write_measured_scenario(frame, out / f"slice{k + 1}", device, layers, optimizer, overhead)
+        predicted = run_scenario(load_scenario(path), engine="simpy").iteration_time_s
+        steps = measured[len(measured) * k // count:len(measured) * (k + 1) // count]
+        median = statistics.median(steps)
+        rows.append({"slice": k + 1, "predicted_s": predicted, "measured_s": median,
+                     "iteration_time_frac": (predicted - median) / median})
+    return rows
 
 
 def _as_dict(layer) -> dict[str, Any]:
@@ -240,11 +271,14 @@ def validate(
     results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,
                     backend=backend, timeout_s=max(timeout, 600.0))
     measured = results[0][0]
-    layers, optimizer, action_overhead = _pool_profiles([profiles for _, profiles in results])
-    _write_measured_scenario(profile, out / "profile", layers, optimizer, action_overhead)
-    predicted = run_scenario(load_scenario(profile["scenario"]), engine="simpy")
+    per_rank = [profiles for _, profiles in results]
+    frame, device = Path(profile["scenario"]), profile["device"]["name"]
+    layers, optimizer, action_overhead = _pool_profiles(per_rank)
+    _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
+    predicted = run_scenario(load_scenario(frame), engine="simpy")
+    turns = _slice_report(frame, frame.parent, device, per_rank, measured["iteration_times_s"]) if slices > 1 else []
     memory = "allocator" if backend == "nccl" else "counted"
-    return compare(
+    report = compare(
         predicted_view(predicted, memory=memory),
         measured,
         scenario=runnable.scenario.name,
@@ -253,10 +287,12 @@ def validate(
         nproc=nproc,
         steps=steps,
         memory=memory,
-        profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": profile["optimizer"],
-                 "action_overhead_s": profile["action_overhead_s"], "scenario": profile["scenario"],
-                 "slices": len(results[0][1])},
+        profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": optimizer,
+                 "action_overhead_s": action_overhead, "scenario": profile["scenario"],
+                 "layers": [_as_dict(layer) for layer in layers], "slices": len(per_rank[0])},
     )
+    report["slices"] = turns
+    return report
 
 
 def combine_rounds(reports: list[dict[str, Any]]) -> dict[str, Any]:

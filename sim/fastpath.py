@@ -223,15 +223,17 @@ class _PlanState:
                     now = end
                 elif op.code == SEND:
                     self._send(c, i, op, now)
+                    now += op.duration_s * (slowdown if now >= slow_from else 1.0)
                 elif op.code == RECV:
                     key = (c, op.kind.value[-1], op.stage, op.microbatch)
                     got = self.arrived.get(key)
                     if len(op.flows) and (got is None or got[0] < len(op.flows)):
                         self.waiting[key] = c
                         break
-                    arrival = got[1] if got else now
-                    rec.op_times[i] = (now, max(now, arrival))
-                    now = max(now, arrival)
+                    arrival = max(now, got[1] if got else now)
+                    end = arrival + op.duration_s * (slowdown if arrival >= slow_from else 1.0)
+                    rec.op_times[i] = (now, end)
+                    now = end
                 else:
                     self._reduce(c, i, op, now)
                 i += 1

@@ -153,7 +153,7 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "memory_efficiency", "action_overhead"}
-_LINK_KEYS = {"bandwidth", "latency", "name"}
+_LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead"}
 
 
 def _cluster(reader: StrictReader, data: Any) -> ClusterSpec:
@@ -236,6 +236,10 @@ def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
         bandwidth_bytes_per_s=reader.quantity(data, key, "bandwidth", parse_bandwidth),
         latency_s=reader.quantity(data, key, "latency", parse_time, "0s"),
         name=label,
+        send_overhead_s=reader.quantity(data, key, "send_overhead", parse_time, "0s"),
+        send_bandwidth_bytes_per_s=reader.quantity(data, key, "send_bandwidth", parse_bandwidth)
+        if "send_bandwidth" in data else None,
+        recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s"),
     )
 
 

@@ -127,7 +127,14 @@ class DeviceSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkSpec:
-    """A kind of port: every transfer through it costs ``latency_s + bytes / bandwidth``."""
+    """A kind of port: every transfer through it costs ``latency_s + bytes / bandwidth``.
+
+    Where the hosts' processors do the sending (gloo on a CPU writes each message to its
+    socket in the thread that issues it, and a transport thread on the receiver takes it
+    in), a send also holds up the sender's compute stream for ``send_issue_s(bytes)`` and
+    the receiver's for ``recv_overhead_s``; on GPUs (NCCL: the copies run on their own
+    streams) both are 0, the default.
+    """
 
     bandwidth_bytes_per_s: float
     """Bandwidth of one port in one direction, bytes/s."""
@@ -135,10 +142,29 @@ class LinkSpec:
     """Fixed cost per transfer, seconds."""
     name: str = ""
     """What the port is (``NVLink``, ``PCIe``, ``Ethernet``, ``InfiniBand``); display only."""
+    send_overhead_s: float = 0.0
+    """Seconds each send holds up the sender's compute stream, whatever its size."""
+    send_bandwidth_bytes_per_s: float | None = None
+    """Rate at which the sender's compute stream pushes a message out, bytes/s; None: no
+    per-byte cost on the compute stream."""
+    recv_overhead_s: float = 0.0
+    """Seconds each received message costs the receiver's compute stream (on a CPU the
+    transport thread that takes it in competes with the compute for a core)."""
 
     def __post_init__(self) -> None:
         positive("bandwidth", self.bandwidth_bytes_per_s)
         non_negative("latency", self.latency_s)
+        non_negative("send_overhead", self.send_overhead_s)
+        non_negative("recv_overhead", self.recv_overhead_s)
+        if self.send_bandwidth_bytes_per_s is not None:
+            positive("send_bandwidth", self.send_bandwidth_bytes_per_s)
+
+    def send_issue_s(self, nbytes: float) -> float:
+        """Seconds one send of ``nbytes`` holds up the sender's compute stream."""
+        if nbytes <= 0:
+            return 0.0
+        rate = self.send_bandwidth_bytes_per_s
+        return self.send_overhead_s + (nbytes / rate if rate else 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

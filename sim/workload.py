@@ -97,6 +97,12 @@ class FlowKind:
     """Rate when only the operation it belongs to runs (no contention from others)."""
     send_bytes_per_device: float
     recv_bytes_per_device: float
+    issue_s: float = 0.0
+    """Seconds the flows of this kind hold up each sending device's compute stream
+    (``LinkSpec.send_issue_s`` of each real flow it sends)."""
+    receive_s: float = 0.0
+    """Seconds the flows of this kind cost each receiving device's compute stream
+    (``LinkSpec.recv_overhead_s`` per real flow it receives)."""
 
 
 class Op(NamedTuple):
@@ -114,6 +120,8 @@ class Op(NamedTuple):
     kind: ActionKind
     microbatch: int | None
     duration_s: float = 0.0
+    """COMPUTE: its time; SEND: how long issuing it holds up the compute stream; RECV: what
+    taking its data in costs the compute stream once it has arrived."""
     alloc_bytes: float = 0.0
     """Bytes allocated when the action starts (stash, recomputed activations)."""
     free_bytes: float = 0.0
@@ -398,6 +406,11 @@ class _PortTable:
         ids = tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
         return real, ids, bandwidths, link.latency_s
 
+    def link(self, src: int, dst: int):
+        """The ``LinkSpec`` of a transfer src -> dst."""
+        c = self.cluster
+        return c.intra_node if c.node_of(src) == c.node_of(dst) else c.inter_node
+
     def _id(self, key: tuple, bandwidth: float) -> int:
         if key not in self.ids:
             self.ids[key] = len(self.info)
@@ -440,6 +453,7 @@ def _flow_kinds(flows, class_of, together, ports: _PortTable) -> list[FlowKind]:
         weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
         loads = op_port_load[_operation(label, src, together)]
         static_rate = min(bw / loads[port] for bw, port in zip(bandwidths, real))
+        link = ports.link(src, dst)
         kinds.append(
             FlowKind(
                 index=len(kinds),
@@ -452,6 +466,8 @@ def _flow_kinds(flows, class_of, together, ports: _PortTable) -> list[FlowKind]:
                 static_rate_bytes_per_s=static_rate,
                 send_bytes_per_device=nbytes * len(members) / counts[src_class],
                 recv_bytes_per_device=nbytes * len(members) / counts[dst_class],
+                issue_s=link.send_issue_s(nbytes) * len(members) / counts[src_class],
+                receive_s=(link.recv_overhead_s if nbytes > 0 else 0.0) * len(members) / counts[dst_class],
             )
         )
     return kinds
@@ -563,12 +579,10 @@ def _op_fields(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, 
         )
     if kind is ActionKind.W:
         return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)
-    if kind is ActionKind.SEND_F:
-        return dict(code=SEND, flows=tuple(out_kinds[("F", s)]), **base)
-    if kind is ActionKind.SEND_B:
-        return dict(code=SEND, flows=tuple(out_kinds[("B", s)]), **base)
-    if kind is ActionKind.RECV_F:
-        return dict(code=RECV, flows=tuple(in_kinds[("F", s - 1)]), **base)
-    if kind is ActionKind.RECV_B:
-        return dict(code=RECV, flows=tuple(in_kinds[("B", s + 1)]), **base)
+    if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+        flows = tuple(out_kinds[("F" if kind is ActionKind.SEND_F else "B", s)])
+        return dict(code=SEND, flows=flows, duration_s=sum(kinds[k].issue_s for k in flows), **base)
+    if kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+        flows = tuple(in_kinds[("F", s - 1)] if kind is ActionKind.RECV_F else in_kinds[("B", s + 1)])
+        return dict(code=RECV, flows=flows, duration_s=sum(kinds[k].receive_s for k in flows), **base)
     return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)

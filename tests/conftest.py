@@ -31,10 +31,15 @@ def synthetic_scenario(
     memory_bytes=2.0**40,
     ranks=None,
     memory_bandwidth=1e15,
+    send_overhead_s=0.0,
+    send_bandwidth=None,
+    recv_overhead_s=0.0,
 ):
     """A scenario with one layer per stage, built from specs (no YAML): layer s takes
     ``fwd_s[s]``/``bwd_s[s]`` seconds per sample; stage s has ``replicas[s]`` devices, placed
-    in order; with ``ranks`` (interleaved), stage s uses the devices of rank ``ranks[s]``."""
+    in order; with ``ranks`` (interleaved), stage s uses the devices of rank ``ranks[s]``;
+    ``send_overhead_s``, ``send_bandwidth`` and ``recv_overhead_s`` are both links' charges
+    on the compute streams for sending and receiving."""
     from sim.plan import PlanSpec, StageSpec
     from sim.scenario import Scenario
     from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
@@ -58,8 +63,12 @@ def synthetic_scenario(
     device = DeviceSpec(name="dev", memory_bytes=memory_bytes, peak_flop_per_s=1e12, peak_fp32_flop_per_s=1e12,
                         memory_bandwidth_bytes_per_s=memory_bandwidth)
     cluster = ClusterSpec(nodes=nodes, devices_per_node=devices_per_node, device=device,
-                          intra_node=LinkSpec(bandwidth_bytes_per_s=intra_bandwidth, latency_s=latency_s),
-                          inter_node=LinkSpec(bandwidth_bytes_per_s=inter_bandwidth, latency_s=latency_s))
+                          intra_node=LinkSpec(bandwidth_bytes_per_s=intra_bandwidth, latency_s=latency_s,
+                                              send_overhead_s=send_overhead_s, send_bandwidth_bytes_per_s=send_bandwidth,
+                                              recv_overhead_s=recv_overhead_s),
+                          inter_node=LinkSpec(bandwidth_bytes_per_s=inter_bandwidth, latency_s=latency_s,
+                                              send_overhead_s=send_overhead_s, send_bandwidth_bytes_per_s=send_bandwidth,
+                                              recv_overhead_s=recv_overhead_s))
     mbs = microbatch_size or max(replicas)
     plan = PlanSpec(stages=tuple(StageSpec(layers=(s, s + 1), devices=groups[ranks[s]]) for s in range(num_stages)),
                     schedule=schedule, schedule_params=tuple(sorted(dict(params).items())), recompute=recompute)

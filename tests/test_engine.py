@@ -196,6 +196,26 @@ def test_recompute_trades_time_for_memory():
     assert again.summary()["peak_memory_bytes"] < plain.summary()["peak_memory_bytes"]
 
 
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+def test_sending_and_receiving_hold_up_the_compute_streams(engine):
+    # 2 stages, 1 micro-batch, free transfers: stage 1 runs F0 (1 s) and B0 (1 s) after
+    # stage 0's F0, then issues SEND_B0; its data leaves at once (stage 0's B0 is not delayed)
+    # but stage 1's optimizer step waits for the issue: the iteration is
+    # max(2f + 2b, 2f + b + issue) with issue = overhead + bytes / send bandwidth
+    def iteration(**link):
+        scenario = synthetic_scenario(fwd_s=[1.0, 1.0], bwd_s=[1.0, 1.0], microbatches=1, microbatch_size=1,
+                                      boundary_bytes=1e9, intra_bandwidth=1e15, **link)
+        workload = compile_workload(scenario)
+        return (simulate(workload) if engine == "simpy" else replay(workload)).iteration_time_s
+
+    assert iteration() == pytest.approx(4.0)
+    assert iteration(send_overhead_s=0.5) == pytest.approx(4.0)  # hidden behind stage 0's backward
+    assert iteration(send_overhead_s=2.0) == pytest.approx(5.0)
+    assert iteration(send_overhead_s=2.0, send_bandwidth=1e9) == pytest.approx(6.0)  # + 1e9 bytes at 1e9 B/s
+    # taking data in holds up the receiver: stage 1's F0 starts at 1.5, stage 0's B0 at 4
+    assert iteration(recv_overhead_s=0.5) == pytest.approx(5.0)
+
+
 # --- properties on random plans -----------------------------------------------------------------
 
 SCHEDULES = ["gpipe", "dapple", "zb-h1", "dapple2", "interleaved"]
@@ -222,6 +242,8 @@ def random_plans(draw):
         boundary_bytes=draw(st.sampled_from([0.0, 1e6, 1e8])), param_bytes=draw(st.sampled_from([0.0, 1e7])),
         latency_s=draw(st.sampled_from([0.0, 1e-5])), recompute=draw(st.booleans()),
         inter_bandwidth=1e9, intra_bandwidth=1e10, memory_bandwidth=1e11,
+        send_overhead_s=draw(st.sampled_from([0.0, 0.05])), send_bandwidth=draw(st.sampled_from([None, 1e9])),
+        recv_overhead_s=draw(st.sampled_from([0.0, 0.03])),
     )
 
 

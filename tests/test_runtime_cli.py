@@ -93,6 +93,11 @@ def test_profile_loads_in_the_simulator(tmp_path):
     scenario["cluster"] = yaml.safe_load((tmp_path / "cluster.yaml").read_text())["cluster"]
     cluster = parse_scenario(yaml.safe_dump(scenario)).cluster
     assert cluster.intra_node.bandwidth_bytes_per_s > 0 and cluster.intra_node.latency_s > 0
+    # on a CPU the links also say what sending and receiving cost the ranks' compute
+    links = json.loads((tmp_path / "links.json").read_text())
+    assert len(links["send_issue_s"]) == len(links["sizes_bytes"]) == len(links["recv_s"])
+    assert cluster.intra_node.send_overhead_s == pytest.approx(links["send_issue_s"][0], rel=1e-3)
+    assert cluster.intra_node.send_overhead_s > 0 and cluster.intra_node.recv_overhead_s >= 0
     measured = load_scenario(tmp_path / "scenario.yaml")
     assert measured.model.num_layers == spec.num_layers and measured.plan == load_scenario(GPT).plan
 

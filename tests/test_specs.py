@@ -137,3 +137,27 @@ def test_layer_needs_times_or_flops():
         LayerSpec(name="x", param_bytes=10.0, output_bytes=1.0, stash_bytes=1.0)
     with pytest.raises(SpecError, match="both forward and backward"):
         LayerSpec(name="x", param_bytes=10.0, output_bytes=1.0, stash_bytes=1.0, fwd_s=1.0)
+
+
+def test_a_link_charges_the_sender_for_issuing_a_send():
+    assert LinkSpec(bandwidth_bytes_per_s=1e9).send_issue_s(1e6) == 0.0  # GPUs: nothing
+    link = LinkSpec(bandwidth_bytes_per_s=1e9, send_overhead_s=1e-4, send_bandwidth_bytes_per_s=1e10)
+    assert link.send_issue_s(1e6) == pytest.approx(1e-4 + 1e-4)
+    assert link.send_issue_s(0) == 0.0  # nothing sent, nothing issued
+    assert LinkSpec(bandwidth_bytes_per_s=1e9, send_overhead_s=2e-4).send_issue_s(1e9) == pytest.approx(2e-4)
+    with pytest.raises(SpecError, match="send_overhead"):
+        LinkSpec(bandwidth_bytes_per_s=1e9, send_overhead_s=-1e-6)
+
+
+def test_a_scenario_sets_the_send_issue_cost_per_link():
+    from sim.scenario import load_scenario
+
+    from conftest import SCENARIOS
+
+    path = SCENARIOS / "gpt_tiny_cpu.yaml"
+    plain = load_scenario(path)
+    assert plain.cluster.intra_node.send_overhead_s == 0.0 and plain.cluster.intra_node.send_bandwidth_bytes_per_s is None
+    charged = load_scenario(path, {"cluster.intra_node.send_overhead": "120us", "cluster.intra_node.send_bandwidth": "4GB/s"})
+    assert charged.cluster.intra_node.send_overhead_s == pytest.approx(120e-6)
+    assert charged.cluster.intra_node.send_bandwidth_bytes_per_s == pytest.approx(4e9)
+    assert charged.cluster.inter_node.send_overhead_s == 0.0

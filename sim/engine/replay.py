@@ -4,9 +4,12 @@ Every device has four streams, as a GPU running NCCL does:
 
 * a compute stream that runs its pipeline rank's actions in IR order: F, B, I and W take
   their cost-model time; a ``RECV`` blocks it until every slice it needs has arrived;
-* a send stream: a ``SEND`` is issued without blocking compute and its flows (one per
-  receiver whose slice overlaps the sender's: split-concat) leave together, one ``SEND``
-  after the other in issue order;
+* a send stream: a ``SEND`` is issued without blocking compute (unless its link charges
+  the sender for issuing it, ``LinkSpec.send_issue_s``: its flows leave at once while the
+  compute stream is held up that long) and its flows (one per receiver whose slice
+  overlaps the sender's: split-concat) leave together, one ``SEND`` after the other in
+  issue order; a ``RECV`` whose link charges the receiver (``LinkSpec.recv_overhead_s``)
+  holds the compute stream that long once its data is in;
 * a receive side that buffers arriving data until the consuming action runs (receives are
   posted ahead, as ``batch_isend_irecv`` does, so a transfer starts when its send does);
 * a collective stream: ``REDUCE_GRAD`` issues the stage's gradient all-reduce without
@@ -128,6 +131,8 @@ class _Replay:
                     rec.buffers.append((env.now, -op.buffer_bytes))
             elif code == SEND:
                 self._queue_send(c, i, op)
+                if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
+                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
             elif code == RECV:
                 start = env.now
                 key = (c, op.kind.value[-1], op.stage, op.microbatch)
@@ -136,6 +141,8 @@ class _Replay:
                     event = env.event()
                     self.waiters[key] = (len(op.flows), event)
                     yield event
+                if op.duration_s > 0:  # taking the data in costs the compute stream (gloo on a CPU)
+                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
                 rec.op_times[i] = (start, env.now)
             else:
                 self._issue_collective(c, i, op)
