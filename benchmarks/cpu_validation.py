@@ -11,7 +11,7 @@ With ``--record`` it writes the round with the median time error of each schedul
 ``notebooks/data/validation_cpu.json`` (the recording the validation notebook reads).
 
     python benchmarks/cpu_validation.py [--scenario scenarios/gpt_tiny_cpu.yaml] [--rounds 5]
-        [--steps 20] [--keep DIR] [--record]
+        [--steps 20] [--slices 5] [--keep DIR] [--record]
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ RECORDING = ROOT / "notebooks" / "data" / "validation_cpu.json"
 SCHEDULES = ("gpipe", "dapple")
 
 
-def validate_once(scenario: str, schedule: str, steps: int, keep: Path | None) -> dict:
+def validate_once(scenario: str, schedule: str, steps: int, slices: int, keep: Path | None) -> dict:
     """One ``dapple-run validate`` in a fresh process; its JSON report (its outputs kept in
     ``keep`` when given)."""
     with tempfile.TemporaryDirectory() as scratch:
         out = keep if keep is not None else Path(scratch)
         command = [sys.executable, "-m", "runtime", "validate", scenario, "--nproc", "2", "--backend", "gloo",
-                   "--steps", str(steps), "--set", f"plan.schedule={schedule}", "--out", str(out), "--json"]
+                   "--steps", str(steps), "--slices", str(slices), "--set", f"plan.schedule={schedule}", "--out", str(out), "--json"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"dapple-run validate failed ({schedule}): {done.stderr.strip().splitlines()[-1:]}")
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="scenarios/gpt_tiny_cpu.yaml")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--slices", type=int, default=5, help="turns of profile and run in each validate (default 5)")
     parser.add_argument("--keep", metavar="DIR", type=Path,
                         help="keep every round's validate outputs in DIR/SCHEDULE-roundK (default: discard them)")
     parser.add_argument("--record", action="store_true", help=f"write the median rounds to {RECORDING.relative_to(ROOT)}")
@@ -58,7 +59,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for schedule in SCHEDULES:
             keep = None if args.keep is None else args.keep / f"{schedule}-round{round_ + 1}"
-            report = validate_once(args.scenario, schedule, args.steps, keep)
+            report = validate_once(args.scenario, schedule, args.steps, args.slices, keep)
             reports[schedule].append(report)
             print(f"{round_ + 1:>5} {schedule:>8} {report['predicted']['iteration_time_s'] * 1e3:>13.2f} "
                   f"{report['measured']['iteration_time_s'] * 1e3:>12.2f} "
@@ -75,7 +76,7 @@ def main() -> None:
     if args.record:
         RECORDING.write_text(json.dumps({
             "recorded": f"{datetime.date.today().isoformat()}, benchmarks/cpu_validation.py --rounds {args.rounds} "
-                        f"--steps {args.steps}: dapple-run validate {args.scenario} --nproc 2 (gpipe and dapple), "
+                        f"--steps {args.steps} --slices {args.slices}: dapple-run validate {args.scenario} --nproc 2 (gpipe and dapple), "
                         "the round with the median iteration-time error of each, 2 gloo processes on a 2-vCPU machine",
             "runs": chosen,
         }, indent=1, sort_keys=True) + "\n")

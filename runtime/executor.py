@@ -138,8 +138,10 @@ class RankExecutor:
         self.params = list(unique.values())
         self.optimizer = make_optimizer(scenario.model.optimizer, self.params, options.lr)
         self.meter = SavedTensorMeter(self.params)
+        # gloo: activations and gradients on connections of their own (see runtime.p2p)
+        directions = (dist.new_group(), dist.new_group()) if device.type == "cpu" else (None, None)
         self.mailbox = Mailbox(self.actions, self._envelopes, device=device, timeout=self.timeout,
-                               lookahead=options.lookahead)
+                               lookahead=options.lookahead, groups=directions)
 
     # --- one step -------------------------------------------------------------------------
 
@@ -227,12 +229,12 @@ class RankExecutor:
             out = slot.out.detach()
             for piece in st.send_f:
                 self.mailbox.send(out[piece.start - st.start:piece.end - st.start], piece.dst,
-                                  tag(s, m, False, self.num_mb))
+                                  tag(s, m, False, self.num_mb), forward=True)
         elif kind is K.SEND_B:
             slot, st = self.slots[(s, m)], self.stages[s]
             for piece in st.send_b:
                 self.mailbox.send(slot.grad_in[piece.start - st.start:piece.end - st.start], piece.src,
-                                  tag(s, m, True, self.num_mb))
+                                  tag(s, m, True, self.num_mb), forward=False)
             slot.grad_in = None
             self._maybe_drop(s, m)
         elif kind is K.RECV_F:

@@ -11,9 +11,10 @@
    (``measure_action_overhead``). Taking turns a second or so apart, profile and run see
    the machine in the same state, which a profile taken before the run does not on a
    host whose speed drifts;
-3. **simulate** the pooled profile (``_pool_profiles``) with the SimPy engine, the device's
-   memory bandwidth set to what the optimizer step achieves (the only memory-bound work
-   the simulator charges it with) and its ``action_overhead`` to the measured one;
+3. **simulate** each turn's profile (``_predict_turns``) with the SimPy engine, the
+   device's memory bandwidth set to what the optimizer step achieves (the only memory-bound
+   work the simulator charges it with) and its ``action_overhead`` to the measured one; the
+   turn with the median prediction is the prediction;
 4. **compare** per iteration, per stage, per action and per device (``sim.validation``).
 
 The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
@@ -159,25 +160,22 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     return summary, profiles
 
 
-def _pool_profiles(per_rank: list[list[dict[str, Any]]], turns: list[int] | None = None):
-    """The profile the simulator gets from the ranks' slices (``turns``: which slices; all
-    by default): each layer's forward and backward time the median over ranks and slices;
-    the optimizer step of each slice's slowest rank (one memory bandwidth for every device:
-    the one that gets the slowest rank right), the median over slices; the per-action
-    overhead the median over ranks, stages and slices, never below 0."""
+def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int):
+    """What the simulator gets from one turn of the profile on every rank: each layer's
+    forward and backward time the median over the ranks; the slowest rank's optimizer step
+    (one memory bandwidth for every device: the one that gets the slowest rank right); the
+    per-action overhead the median over the ranks' samples, never below 0."""
     import statistics
     from dataclasses import replace
 
-    turns = list(range(len(per_rank[0]))) if turns is None else turns
-    slices = [profiles[k] for profiles in per_rank for k in turns]
+    profiles = [ranks[turn] for ranks in per_rank]
     layers = [
         replace(measured[0], fwd_s=statistics.median(m.fwd_s for m in measured),
                 bwd_s=statistics.median(m.bwd_s for m in measured))
-        for measured in zip(*(p["layers"] for p in slices))
+        for measured in zip(*(p["layers"] for p in profiles))
     ]
-    slowest = [max((profiles[k]["optimizer"] for profiles in per_rank), key=lambda o: o["optimizer_s"]) for k in turns]
-    optimizer = {key: statistics.median(o[key] for o in slowest) for key in slowest[0]}
-    overheads = [v for p in slices for v in p["overheads"]]
+    optimizer = max((p["optimizer"] for p in profiles), key=lambda o: o["optimizer_s"])
+    overheads = [v for p in profiles for v in p["overheads"]]
     return layers, optimizer, max(0.0, statistics.median(overheads)) if overheads else 0.0
 
 
@@ -204,27 +202,29 @@ def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimi
     return path
 
 
-def _slice_report(frame: Path, out: Path, device: str, per_rank: list[list[dict[str, Any]]],
-                  measured: list[float]) -> list[dict[str, Any]]:
-    """Each turn on its own: the prediction from that slice's profile alone (its scenario in
-    ``out/sliceK``) and the median of the steps run right after it; how far the machine's
-    speed moved while the loop ran."""
+def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float]):
+    """Each turn on its own: its profile simulated (its scenario in ``sliceK`` next to
+    ``frame``) against the median of the steps run right after it, and which turn's
+    prediction is the median one. A turn's profile is one moment of the machine; pooling
+    every layer's times over turns would mix moments."""
     import statistics
 
     from sim.report import run_scenario
     from sim.scenario import load_scenario
 
     count = len(per_rank[0])
-    rows = []
+    turns = []
     for k in range(count):
-        layers, optimizer, overhead = _pool_profiles(per_rank, [k])
-        path = _write_measured_scenario(frame, out / f"slice{k + 1}", device, layers, optimizer, overhead)
-        predicted = run_scenario(load_scenario(path), engine="simpy").iteration_time_s
-        steps = measured[len(measured) * k // count:len(measured) * (k + 1) // count]
-        median = statistics.median(steps)
-        rows.append({"slice": k + 1, "predicted_s": predicted, "measured_s": median,
-                     "iteration_time_frac": (predicted - median) / median})
-    return rows
+        layers, optimizer, overhead = _slice_profile(per_rank, k)
+        folder = frame.parent / f"slice{k + 1}" if count > 1 else frame.parent
+        path = _write_measured_scenario(frame, folder, device, layers, optimizer, overhead)
+        result = run_scenario(load_scenario(path), engine="simpy")
+        steps = statistics.median(measured[len(measured) * k // count:len(measured) * (k + 1) // count])
+        turns.append({"slice": k + 1, "predicted_s": result.iteration_time_s, "measured_s": steps,
+                      "iteration_time_frac": (result.iteration_time_s - steps) / steps,
+                      "_result": result, "_profile": (layers, optimizer, overhead)})
+    middle = sorted(range(count), key=lambda k: turns[k]["predicted_s"])[count // 2]
+    return turns, middle
 
 
 def _as_dict(layer) -> dict[str, Any]:
@@ -254,13 +254,13 @@ def validate(
     step and the per-action overhead (``repeats`` timed runs per layer in all). Profile and
     run thus take turns a second or so apart, and see the machine in the same state: on a
     shared or virtual host whose speed drifts by tens of percent over seconds, a profile
-    taken before the run predicts a different machine. The pooled profile
-    (``_pool_profiles``) is simulated with the SimPy engine against the measured run.
+    taken before the run predicts a different machine. Each turn's profile is simulated
+    with the SimPy engine (``_predict_turns``); the turn with the median prediction is the
+    prediction, against the median of all measured steps; every turn's own prediction and
+    steps are in the report's ``slices``.
     """
     from runtime import profile_run
     from runtime.launch import spawn
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
     from sim.validation import compare, predicted_view
 
     plan, training = runnable.plan, runnable.scenario.training
@@ -273,13 +273,12 @@ def validate(
     measured = results[0][0]
     per_rank = [profiles for _, profiles in results]
     frame, device = Path(profile["scenario"]), profile["device"]["name"]
-    layers, optimizer, action_overhead = _pool_profiles(per_rank)
+    turns, middle = _predict_turns(frame, device, per_rank, measured["iteration_times_s"])
+    layers, optimizer, action_overhead = turns[middle]["_profile"]
     _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
-    predicted = run_scenario(load_scenario(frame), engine="simpy")
-    turns = _slice_report(frame, frame.parent, device, per_rank, measured["iteration_times_s"]) if slices > 1 else []
     memory = "allocator" if backend == "nccl" else "counted"
     report = compare(
-        predicted_view(predicted, memory=memory),
+        predicted_view(turns[middle]["_result"], memory=memory),
         measured,
         scenario=runnable.scenario.name,
         schedule=runnable.plan.schedule,
@@ -289,9 +288,9 @@ def validate(
         memory=memory,
         profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": optimizer,
                  "action_overhead_s": action_overhead, "scenario": profile["scenario"],
-                 "layers": [_as_dict(layer) for layer in layers], "slices": len(per_rank[0])},
+                 "layers": [_as_dict(layer) for layer in layers], "slices": len(turns), "slice": middle + 1},
     )
-    report["slices"] = turns
+    report["slices"] = [{k: v for k, v in t.items() if not k.startswith("_")} for t in turns] if len(turns) > 1 else []
     return report
 
 

@@ -170,6 +170,13 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  {len(errors)} rounds: iteration-time error median {_pct(e['iteration_time_frac_median'])} "
                      f"(from {_pct(min(errors))} to {_pct(max(errors))}); this table is round "
                      f"{report['median_round']}, the one nearest the median")
+    if report.get("slices"):
+        turns = report["slices"]
+        errors = [t["iteration_time_frac"] for t in turns]
+        measured = [t["measured_s"] for t in turns]
+        lines.append(f"  {len(turns)} turns of profile and run: each turn's own error from {_pct(min(errors))} to "
+                     f"{_pct(max(errors))}; measured iteration {format_time(min(measured))} to "
+                     f"{format_time(max(measured))} (how much the machine drifted)")
     actions = e["actions"]
     if actions["duration_mean_abs_frac"] is not None:
         lines.append(f"  actions: {actions['matched']} matched, mean |duration error| "

@@ -64,6 +64,14 @@ def _cases(device, cases: dict, peer: tuple[str, ...]):
     for schedule in peer:
         runnable = load_runnable(GPT, {"plan.schedule": schedule})
         results[f"peer-{schedule}"] = run_peer(runnable, device, steps=1, keep_grads=True)
+    if peer:  # which connections a gloo rank's activations and gradients travel on
+        import torch.distributed as dist
+
+        from runtime.executor import ExecOptions, RankExecutor
+
+        forward, backward = RankExecutor(load_runnable(GPT, {}), ExecOptions(), device).mailbox.groups
+        results["directions"] = (forward is not None and backward is not None, forward is not backward,
+                                 dist.group.WORLD not in (forward, backward))
     return results
 
 
@@ -106,6 +114,11 @@ def test_uneven_replication_matches_the_unsplit_model(three_ranks, name):
     summary = three_ranks[name]
     assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
     assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
+
+
+def test_activations_and_gradients_travel_on_connections_of_their_own(two_ranks):
+    # gloo neighbours sending each other a message at once over one connection stall
+    assert all(two_ranks[rank]["directions"] == (True, True, True) for rank in (0, 1))
 
 
 def test_dapple_keeps_k0_over_m_of_gpipes_activations_on_stage_0(two_ranks):

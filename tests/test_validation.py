@@ -71,6 +71,11 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
     report = validate(runnable, nproc=2, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
     # profile and run took turns: two profile slices, each before one of the two measured steps
     assert report["profile"]["slices"] == 2 and len(report["measured"]["iteration_times_s"]) == 2
+    # each turn is also simulated on its own profile, against the step run right after it
+    assert [t["slice"] for t in report["slices"]] == [1, 2]
+    assert all(t["predicted_s"] > 0 and t["measured_s"] in report["measured"]["iteration_times_s"]
+               for t in report["slices"])
+    assert "2 turns of profile and run" in format_report(report)
     print(format_report(report))  # the iteration-time error, for the log
     assert report["memory"] == "counted"
     assert len(report["error"]["devices"]) == 2
