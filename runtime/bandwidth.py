@@ -81,13 +81,13 @@ def _work_unit(seconds: float) -> Callable[[], None]:
 
 
 def _host_costs(buffers: list[torch.Tensor], rank: int, repeats: int) -> dict[str, list[float]]:
-    """What messages cost ranks 0 and 1 while they compute, as pipeline neighbours do: for
-    each size (sizes taking turns, then the other direction), the receiver posts its receive
-    and computes a fixed piece of about two milliseconds; the sender computes half of that
-    (a forward), then issues its ``isend`` into the receiver's piece; the same pieces with
-    no message are the baseline. Per size, the means over the repeats: the ``isend`` call
-    (``send``) and the receiver's piece beyond the baseline (``receive``: the transport
-    thread taking the message in competes with the compute for a core)."""
+    """What messages cost ranks 0 and 1 while they compute, as pipeline neighbours do: one
+    rank (the receiver) computes a fixed piece of about two milliseconds; the other computes
+    half of that (a forward), then issues its ``isend`` into the receiver's piece, or sends
+    nothing (the baseline); message sizes and the baseline take turns, then the ranks swap
+    roles. Per size, the means over the repeats: the ``isend`` call (``send``) and the
+    receiver's piece beyond the baseline's (``receive``: the transport thread taking the
+    message in competes with the compute for a core)."""
     peer = 1 - rank
     unit = _work_unit(1e-3)
     scratch = [torch.empty_like(b) for b in buffers]
@@ -96,29 +96,25 @@ def _host_costs(buffers: list[torch.Tensor], rank: int, repeats: int) -> dict[st
     quiet: list[float] = []
     for _ in range(repeats):
         for sender in (0, 1):
-            dist.barrier()
-            if rank != sender:
-                began = time.perf_counter()
-                unit()
-                unit()
-                quiet.append(time.perf_counter() - began)
-            else:
-                unit()
-            for index, buffer in enumerate(buffers):
-                incoming = dist.irecv(scratch[index], peer) if rank != sender else None
+            for index in [None, *range(len(buffers))]:
+                incoming = dist.irecv(scratch[index], peer) if rank != sender and index is not None else None
                 dist.barrier()
                 if rank == sender:
                     unit()
-                    began = time.perf_counter()
-                    outgoing = dist.isend(buffer, peer)
-                    sent[index].append(time.perf_counter() - began)
-                    outgoing.wait()
+                    if index is not None:
+                        began = time.perf_counter()
+                        outgoing = dist.isend(buffers[index], peer)
+                        sent[index].append(time.perf_counter() - began)
+                    time.sleep(2e-3)  # idle through the receiver's piece, message or not
+                    if index is not None:
+                        outgoing.wait()
                 else:
                     began = time.perf_counter()
                     unit()
                     unit()
-                    received[index].append(time.perf_counter() - began)
-                    incoming.wait()
+                    (quiet if index is None else received[index]).append(time.perf_counter() - began)
+                    if incoming is not None:
+                        incoming.wait()
     base = statistics.fmean(quiet)
     return {"send": [statistics.fmean(t) for t in sent], "receive": [statistics.fmean(t) - base for t in received]}
 
