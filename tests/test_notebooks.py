@@ -18,7 +18,8 @@ NOTEBOOKS = REPO / "notebooks"
 def _validation_figures():
     data = json.loads((NOTEBOOKS / "data" / "validation_cpu.json").read_text())
     runs = data["runs"] if "runs" in data else [data]
-    return [f"03_validation_{run['schedule']}.png" for run in runs]
+    turns = ["03_validation_turns.png"] if any(run.get("slices") for run in runs) else []
+    return [f"03_validation_{run['schedule']}.png" for run in runs] + turns
 
 
 FIGURES = {
