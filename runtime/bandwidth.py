@@ -145,10 +145,11 @@ def measure_links(device: torch.device, sizes: tuple[int, ...] = DEFAULT_SIZES, 
             reduces[index].append(_timed(lambda: dist.all_reduce(buffer), device))
     n = len(sizes)
     host = {"send": [0.0] * n, "receive": [0.0] * n}
+    host_repeats = 2 * repeats
     if device.type == "cpu" and rank < 2:
-        host = _host_costs(buffers, rank, 2 * repeats)
+        host = _host_costs(buffers, rank, host_repeats)
     elif device.type == "cpu":
-        for _ in range(2 * repeats * (n + 1)):  # the others keep the barriers company
+        for _ in range(host_repeats * 2 * (n + 1)):  # the others keep _host_costs's barriers company
             dist.barrier()
     p2p = [statistics.fmean(t) for t in trips]
     reduce = [statistics.fmean(t) for t in reduces]

@@ -230,9 +230,9 @@ def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from runtime.config import check_world, load_runnable
     from torch.multiprocessing import ProcessRaisedException
 
+    from runtime.config import check_world, load_runnable
     from runtime.validate_loop import combine_rounds, validate, write_report
     from sim.validation import format_report
 

@@ -138,3 +138,19 @@ def test_the_cause_of_a_failure_is_the_rank_torchrun_did_not_stop(tmp_path, caps
                                                                    other_code=other_code))
     assert _report_failure(tmp_path, 1) == 1
     assert expected in capsys.readouterr().err
+
+
+def _links(device, sizes):
+    from runtime.bandwidth import measure_links
+
+    return measure_links(device, sizes=sizes, repeats=2)
+
+
+@pytest.mark.dist
+def test_link_measurement_on_three_ranks_agrees_everywhere():
+    # ranks 0 and 1 measure; rank 2 keeps every barrier company, so nobody waits forever
+    from runtime.launch import spawn
+
+    results = spawn(_links, 3, (4, 4096), timeout_s=60)
+    assert results[0] == results[1] == results[2]
+    assert len(results[0]["send_issue_s"]) == 2 and results[0]["send_overhead_s"] > 0
