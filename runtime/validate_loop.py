@@ -160,20 +160,33 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     return summary, profiles
 
 
-def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int):
+def _owners(plan, num_layers: int) -> list[list[int]]:
+    """For each layer, the ranks that run it in ``plan`` (every rank for a layer no stage has)."""
+    owners: list[list[int]] = [[] for _ in range(num_layers)]
+    for stage in plan.stages:
+        for k in range(*stage.layers):
+            owners[k] += [d for d in stage.devices if d not in owners[k]]
+    everyone = sorted({d for stage in plan.stages for d in stage.devices})
+    return [ranks or everyone for ranks in owners]
+
+
+def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int, plan):
     """What the simulator gets from one turn of the profile on every rank: each layer's
-    forward and backward time the median over the ranks; the slowest rank's optimizer step
-    (one memory bandwidth for every device: the one that gets the slowest rank right); the
-    per-action overhead the median over the ranks' samples, never below 0."""
+    forward and backward time the median over the ranks that run it in the plan (every rank
+    times every layer, but a device that runs slower than another, as a shared host's cores
+    can, runs its own stages so); the slowest rank's optimizer step (one memory bandwidth
+    for every device: the one that gets the slowest rank right); the per-action overhead
+    the median over the ranks' samples, never below 0."""
     import statistics
     from dataclasses import replace
 
     profiles = [ranks[turn] for ranks in per_rank]
-    layers = [
-        replace(measured[0], fwd_s=statistics.median(m.fwd_s for m in measured),
-                bwd_s=statistics.median(m.bwd_s for m in measured))
-        for measured in zip(*(p["layers"] for p in profiles))
-    ]
+    owners = _owners(plan, len(profiles[0]["layers"]))
+    layers = []
+    for k, first in enumerate(profiles[0]["layers"]):
+        measured = [profiles[rank]["layers"][k] for rank in owners[k] if rank < len(profiles)]
+        layers.append(replace(first, fwd_s=statistics.median(m.fwd_s for m in measured),
+                              bwd_s=statistics.median(m.bwd_s for m in measured)))
     optimizer = max((p["optimizer"] for p in profiles), key=lambda o: o["optimizer_s"])
     overheads = [v for p in profiles for v in p["overheads"]]
     return layers, optimizer, max(0.0, statistics.median(overheads)) if overheads else 0.0
@@ -202,7 +215,7 @@ def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimi
     return path
 
 
-def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float]):
+def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float], plan):
     """Each turn on its own: its profile simulated (its scenario in ``sliceK`` next to
     ``frame``) against the median of the steps run right after it, and which turn's
     prediction is the median one. A turn's profile is one moment of the machine; pooling
@@ -215,7 +228,7 @@ def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]
     count = len(per_rank[0])
     turns = []
     for k in range(count):
-        layers, optimizer, overhead = _slice_profile(per_rank, k)
+        layers, optimizer, overhead = _slice_profile(per_rank, k, plan)
         folder = frame.parent / f"slice{k + 1}" if count > 1 else frame.parent
         path = _write_measured_scenario(frame, folder, device, layers, optimizer, overhead)
         result = run_scenario(load_scenario(path), engine="simpy")
@@ -273,7 +286,7 @@ def validate(
     measured = results[0][0]
     per_rank = [profiles for _, profiles in results]
     frame, device = Path(profile["scenario"]), profile["device"]["name"]
-    turns, middle = _predict_turns(frame, device, per_rank, measured["iteration_times_s"])
+    turns, middle = _predict_turns(frame, device, per_rank, measured["iteration_times_s"], plan)
     layers, optimizer, action_overhead = turns[middle]["_profile"]
     _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
     memory = "allocator" if backend == "nccl" else "counted"

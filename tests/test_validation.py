@@ -144,3 +144,16 @@ def test_single_device_stage_replay_matches_predicted_memory(schedule, tmp_path)
         measured = replay_stage(runnable, stage, schedule, 4, torch.device("cpu"), repeats=1)
         assert measured["compute_s"] > 0
         assert measured["peak_memory_bytes"] == pytest.approx(predicted[stage]["peak_memory_bytes"], rel=0.02)
+
+
+def test_each_layer_is_timed_on_the_ranks_that_run_it():
+    pytest.importorskip("torch")
+    from runtime.config import load_runnable
+    from runtime.validate_loop import _owners
+
+    plan = load_runnable(GPT, {}).plan  # layers [0, 3) on device 0, [3, 6) on device 1
+    assert _owners(plan, 6) == [[0], [0], [0], [1], [1], [1]]
+    uneven = load_runnable(GPT, {"cluster.devices_per_node": "3", "training.microbatch_size": "3",
+                                 "training.global_batch_size": "12",
+                                 "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 6], devices: [2]}]"}).plan
+    assert _owners(uneven, 6) == [[0, 1], [0, 1], [2], [2], [2], [2]]
