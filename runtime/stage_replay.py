@@ -46,26 +46,17 @@ def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int
     return x.to(device=device, dtype=input_dtype(runnable.model, start)).requires_grad_(True), labels
 
 
-CPU_IDLE_S = 0.5e-3
-"""Seconds a CPU replay sleeps before each action. In a run a rank waits for its data
-between actions, and an action that starts after the thread has slept runs several percent
-slower than one right after another (the core and its caches have gone to other work); on a
-2-vCPU host this idle brought the replayed actions from about 9% to about 4% below the same
-actions in a run."""
-
-
 def _run_actions(module: StageModule, actions, make_input, make_grad, meter: SavedTensorMeter | None,
-                 device: torch.device) -> list[tuple[ActionKind, float]]:
+                 device: torch.device, idle_s: float) -> list[tuple[ActionKind, float]]:
     """F and B in order; inputs appear at their forward and gradients at their backward, as
-    received data would (nothing else is held); on a CPU the thread idles ``CPU_IDLE_S``
-    before each, as a rank waiting for its data does. Each action's kind and seconds, without
-    the idle or the making of its synthetic input or gradient (in a run those arrive)."""
+    received data would (nothing else is held); the thread sleeps ``idle_s`` before each.
+    Each action's kind and seconds, without the idle or the making of its synthetic input or
+    gradient (in a run those arrive)."""
     outputs: dict[int, torch.Tensor] = {}
     times = []
-    idle = CPU_IDLE_S if device.type == "cpu" else 0.0
     for action in actions:
-        if idle:
-            time.sleep(idle)
+        if idle_s:
+            time.sleep(idle_s)
         m = action.microbatch
         if action.kind is ActionKind.F:
             x, labels = make_input(m)
@@ -90,7 +81,7 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
 
 def replay_stage(
     runnable: RunnableScenario, stage: int, schedule: str, num_microbatches: int, device: torch.device,
-    *, params: dict[str, Any] | None = None, repeats: int = 3,
+    *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0,
 ) -> dict[str, float]:
     """Time and peak memory of ``stage`` running its rank's actions of ``schedule`` alone.
 
@@ -99,7 +90,9 @@ def replay_stage(
     ``peak_memory_bytes`` (allocator peak on a GPU; counted on a CPU),
     ``peak_activation_bytes`` (counted saved activations, on any device) and ``actions``:
     each timed action's kind (``"F"`` or ``"B"``) and seconds, over all repeats, without
-    the making of synthetic inputs and gradients.
+    the making of synthetic inputs and gradients. With ``idle_s`` the thread sleeps that
+    long before each action, as a rank waiting for its data does in a run (its time is not
+    counted).
     """
     plan, training = runnable.plan, runnable.scenario.training
     start, end = plan.stages[stage].layers
@@ -122,7 +115,7 @@ def replay_stage(
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
-        times = _run_actions(module, actions, make_input, make_grad, meter, device)
+        times = _run_actions(module, actions, make_input, make_grad, meter, device, idle_s)
         elapsed = sum(seconds for _, seconds in times)
         if meter is not None:
             activations = float(meter.peak_bytes)

@@ -37,6 +37,15 @@ from runtime.config import RunnableScenario
 __all__ = ["combine_rounds", "measure_action_overhead", "measure_optimizer", "validate", "write_report"]
 
 
+CPU_IDLE_S = 0.5e-3
+"""Seconds the CPU stage replay of ``measure_action_overhead`` sleeps before each action.
+In a run a rank waits for its data between actions, and an action that starts after the
+thread has slept runs slower than one right after another (the core and its caches have
+gone to other work). On a 2-vCPU host this idle brought the replayed actions from about 9%
+to about 4% below the same actions in a run; a lone process on that host, with no other
+rank keeping the machine busy, slows down far more after such a sleep (about 2x), which is
+why the per-stage replay of ``benchmarks/gpu_stage_replay.py`` does not idle."""
+
 CACHE_FLUSH_BYTES = 64 * 2**20
 """Bytes written between two timed optimizer steps: more than a CPU's last-level cache or a
 GPU's L2, so every step starts cold, as in a run, where the step's forwards and backwards
@@ -90,7 +99,8 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     times, one sample per repeat.
 
     The stage replays its rank's F and B actions of the plan's schedule with the stage's
-    layers chained, an optimizer step between repeats as in a run (``runtime.stage_replay``);
+    layers chained, an optimizer step between repeats and, on a CPU, an idle of
+    ``CPU_IDLE_S`` before each action, as in a run (``runtime.stage_replay``);
     what one pass of the action list takes beyond the sum of its layers' profiled forward and
     backward times (each layer timed alone, on warm caches), spread evenly over its
     actions, is one sample of the framework's fixed cost per action and of the layers'
@@ -110,7 +120,7 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
                 "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
     replayed = replay_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
-                            repeats=repeats)["actions"]
+                            repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
     per_pass = max(1, len(replayed) // repeats)
     extra = [seconds - profiled[kind] for kind, seconds in replayed]
     return [sum(extra[k:k + per_pass]) / per_pass for k in range(0, len(extra), per_pass)]
