@@ -227,27 +227,28 @@ def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimi
 
 def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float], plan):
     """Each turn on its own: its profile simulated (its scenario in ``sliceK`` next to
-    ``frame``) against the median of the steps run right after it, and which turn's
-    prediction is the median one. A turn's profile is one moment of the machine; pooling
-    every layer's times over turns would mix moments."""
+    ``frame``, or in ``frame``'s folder for a single turn) against the median of the steps
+    run right after it. A turn's profile is one moment of the machine; pooling every layer's
+    times over turns would mix moments. Returns the turns' report rows and the turn with the
+    median prediction: its index, simulation and profile (layers, optimizer, overhead)."""
     import statistics
 
     from sim.report import run_scenario
     from sim.scenario import load_scenario
 
     count = len(per_rank[0])
-    turns = []
+    rows, results, profiles = [], [], []
     for k in range(count):
-        layers, optimizer, overhead = _slice_profile(per_rank, k, plan)
+        profiles.append(_slice_profile(per_rank, k, plan))
         folder = frame.parent / f"slice{k + 1}" if count > 1 else frame.parent
-        path = _write_measured_scenario(frame, folder, device, layers, optimizer, overhead)
-        result = run_scenario(load_scenario(path), engine="simpy")
+        results.append(run_scenario(load_scenario(_write_measured_scenario(frame, folder, device, *profiles[k])),
+                                    engine="simpy"))
         steps = statistics.median(measured[len(measured) * k // count:len(measured) * (k + 1) // count])
-        turns.append({"slice": k + 1, "predicted_s": result.iteration_time_s, "measured_s": steps,
-                      "iteration_time_frac": (result.iteration_time_s - steps) / steps,
-                      "_result": result, "_profile": (layers, optimizer, overhead)})
-    middle = sorted(range(count), key=lambda k: turns[k]["predicted_s"])[count // 2]
-    return turns, middle
+        predicted = results[k].iteration_time_s
+        rows.append({"slice": k + 1, "predicted_s": predicted, "measured_s": steps,
+                     "iteration_time_frac": (predicted - steps) / steps})
+    middle = sorted(range(count), key=lambda k: rows[k]["predicted_s"])[count // 2]
+    return rows, middle, results[middle], profiles[middle]
 
 
 def _as_dict(layer) -> dict[str, Any]:
@@ -296,12 +297,13 @@ def validate(
     measured = results[0][0]
     per_rank = [profiles for _, profiles in results]
     frame, device = Path(profile["scenario"]), profile["device"]["name"]
-    turns, middle = _predict_turns(frame, device, per_rank, measured["iteration_times_s"], plan)
-    layers, optimizer, action_overhead = turns[middle]["_profile"]
-    _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
+    turns, middle, predicted, (layers, optimizer, action_overhead) = _predict_turns(
+        frame, device, per_rank, measured["iteration_times_s"], plan)
+    if len(turns) > 1:  # the measured scenario next to the links is the median turn's
+        _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
     memory = "allocator" if backend == "nccl" else "counted"
     report = compare(
-        predicted_view(turns[middle]["_result"], memory=memory),
+        predicted_view(predicted, memory=memory),
         measured,
         scenario=runnable.scenario.name,
         schedule=runnable.plan.schedule,
@@ -313,7 +315,7 @@ def validate(
                  "action_overhead_s": action_overhead, "scenario": profile["scenario"],
                  "layers": [_as_dict(layer) for layer in layers], "slices": len(turns), "slice": middle + 1},
     )
-    report["slices"] = [{k: v for k, v in t.items() if not k.startswith("_")} for t in turns] if len(turns) > 1 else []
+    report["slices"] = turns if len(turns) > 1 else []
     return report
 
 
