@@ -84,14 +84,14 @@ def _session(device, runnable):
 def measure_runs(count: int, rounds: int) -> None:
     from runtime.config import load_runnable
     from runtime.launch import spawn
-    from sim.calibrate import COLUMNS, row_scenario
-    from sim.scenario import load_scenario
+    from sim.analysis.calibrate import COLUMNS, row_scenario
+    from sim.input.scenario import load_scenario
 
     base = load_scenario(BASE)
     configs = _configs(count)
     runnables = []
     for config in configs:
-        from sim.calibrate import MeasuredRun
+        from sim.analysis.calibrate import MeasuredRun
 
         run = MeasuredRun(**{k: v for k, v in config.items() if k != "tp"} | {"iteration_time_s": 1.0,
                                                                              "recompute": False})
@@ -121,8 +121,8 @@ def measure_runs(count: int, rounds: int) -> None:
 
 
 def fit_and_test(fit_rows: int) -> None:
-    from sim.calibrate import calibrate, params_yaml, read_runs, score_runs
-    from sim.scenario import load_scenario
+    from sim.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
+    from sim.input.scenario import load_scenario
 
     base = load_scenario(BASE)
     runs = read_runs(RUNS)

@@ -14,9 +14,9 @@ import argparse
 import time
 
 from sim.engine.replay import simulate
-from sim.fastpath import replay
-from sim.scenario import parse_scenario
-from sim.workload import compile_workload
+from sim.engine.fastpath import replay
+from sim.input.scenario import parse_scenario
+from sim.engine.workload import compile_workload
 
 TEMPLATE = """
 name: bench-{gpus}

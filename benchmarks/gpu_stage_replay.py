@@ -49,7 +49,7 @@ def main() -> None:
     from runtime.config import load_runnable
     from runtime.profiler import profile_layers, write_profile
     from runtime.stage_replay import predict_stages, replay_stage
-    from sim.scenario import load_scenario
+    from sim.input.scenario import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="folder for the profile and results.json")

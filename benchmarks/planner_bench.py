@@ -17,7 +17,7 @@ from pathlib import Path
 
 from planner.registry import DEFAULT_PLANNERS, get_planner
 from planner.space import PlannerOptions
-from sim.scenario import load_scenario, parse_scenario
+from sim.input.scenario import load_scenario, parse_scenario
 from sim.units import format_bytes
 
 PAPER = Path(__file__).resolve().parent.parent / "scenarios" / "paper"

@@ -23,7 +23,7 @@ import time
 from planner.costs import CostTables
 from planner.search import PlannerResult, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["pipedream_planner", "even_planner", "dp_planner"]
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.cli import add_scenario_options, parse_overrides, run_cli
+from sim.command import add_scenario_options, parse_overrides, run_cli
 from sim.errors import DappleError
 
 __all__ = ["main"]
@@ -158,7 +158,7 @@ def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
 def _run(args: argparse.Namespace) -> int:
     from planner.registry import DEFAULT_PLANNERS, get_planner
     from planner.space import PlannerOptions
-    from sim.scenario import load_scenario
+    from sim.input.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides))
     options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None)
@@ -198,7 +198,7 @@ class _progress:
 
 def _plan_entry(scenario, evaluation, dp_time: float | None) -> dict[str, Any]:
     from planner.space import to_scenario
-    from sim.plan_json import plan_to_dict
+    from sim.input.plan_file import plan_to_dict
 
     planned = to_scenario(scenario, evaluation.candidate)
     entry = plan_to_dict(planned.plan, planned.training)
@@ -262,8 +262,9 @@ def _write(scenario, report, results, out: Path) -> None:
     from dataclasses import replace
 
     from planner.space import to_scenario
-    from sim.plots import gantt_figure, memory_figure, planner_comparison_figure, schedule_comparison_figure
-    from sim.report import run_scenario
+    from sim.plots.tables import planner_comparison_figure
+    from sim.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
+    from sim.engine.run import run_scenario
 
     if report["best"] is None:
         raise DappleError("no plan fits in memory; nothing to write")

@@ -9,7 +9,7 @@ forms computed from prefix sums over the layers (O(1) per stage):
   are the cut's activations for the whole micro-batch and the bandwidth is that of the
   ports carrying it in parallel (each receiving GPU's port inside a server; the receiving
   servers' NICs between servers);
-* a stage's gradient all-reduce, alpha-beta as in ``sim.workload``: ring inside a server,
+* a stage's gradient all-reduce, alpha-beta as in ``sim.engine.workload``: ring inside a server,
   hierarchical (reduce-scatter, cross-server ring on each shard through the NICs,
   all-gather) across servers;
 * a stage's memory per device: parameters, gradients and optimizer state, plus the
@@ -25,7 +25,7 @@ import math
 from itertools import accumulate
 
 from sim.cost import layer_times_s, optimizer_step_s
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["CostTables"]
 

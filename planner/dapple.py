@@ -37,7 +37,7 @@ import time
 from planner.costs import CostTables
 from planner.search import PlannerResult, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
 

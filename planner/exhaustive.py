@@ -27,7 +27,7 @@ from planner.costs import CostTables
 from planner.search import PlannerResult
 from planner.space import Candidate, PlannerOptions, evaluate, microbatch_sizes
 from sim.errors import DappleError
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["MAX_DEVICES", "MAX_LAYERS", "exhaustive_planner", "lower_bound_s"]
 
@@ -57,7 +57,7 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
 
 
 def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> float:
-    """The hierarchical all-reduce of ``sim.workload`` with every flow at full port bandwidth."""
+    """The hierarchical all-reduce of ``sim.engine.workload`` with every flow at full port bandwidth."""
     cluster, grad = tables.cluster, tables.param_bytes(start, end)
     if len(devices) < 2 or grad == 0:
         return 0.0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from planner.costs import CostTables
 from planner.space import Candidate, Evaluation, PlannerOptions, evaluate
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["PlannerResult", "analytic_score", "settle"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from sim.errors import DappleError
 from sim.plan import PlanSpec, StageSpec
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 from sim.specs import ClusterSpec, TrainingSpec
 
 __all__ = [
@@ -198,7 +198,7 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
 
 def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") -> Evaluation:
     """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``)."""
-    from sim.report import run_scenario
+    from sim.engine.run import run_scenario
 
     try:
         result = run_scenario(to_scenario(scenario, candidate), engine=engine)

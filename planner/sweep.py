@@ -95,7 +95,7 @@ def _one_line(text: str) -> str:
 
 
 def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
-    from sim.scenario import parse_scenario
+    from sim.input.scenario import parse_scenario
 
     settings = dict(point.settings)
     planner = settings.pop("planner", sweep.planner)
@@ -115,7 +115,7 @@ def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
         "memory_capacity_bytes": cluster.device.memory_bytes,
     }
     if sweep.mode == "simulate":
-        from sim.report import run_scenario
+        from sim.engine.run import run_scenario
 
         result = run_scenario(scenario, engine=engine)
         row.update(_metrics(result.summary()), recompute=scenario.plan.recompute)
@@ -139,7 +139,7 @@ def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
 def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
     from planner.registry import get_planner
     from planner.space import PlannerOptions, to_scenario
-    from sim.plan_json import plan_to_dict
+    from sim.input.plan_file import plan_to_dict
 
     found = get_planner(planner)(scenario, PlannerOptions(**options))
     if found.best is None:  # nothing fits: a result of the study, not a failure
@@ -188,7 +188,7 @@ def open_executor(workers: int | None = None, dask: str | None = None) -> Iterat
         # forkserver: safe when threads run (tqdm, a Dask client); workers fork from a warm server
         context = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
         if context.get_start_method() == "forkserver":
-            context.set_forkserver_preload(["planner.sweep", "sim.report", "sim.engine.replay", "planner.registry"])
+            context.set_forkserver_preload(["planner.sweep", "sim.engine.run", "sim.engine.replay", "planner.registry"])
         with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
             yield pool, count
         return
@@ -418,7 +418,7 @@ def sweep_points(sweep: Sweep) -> list[dict[str, Any]]:
 
 def write_plots(sweep: Sweep, table, out: str | Path) -> list[Path]:
     """Draw the sweep file's ``plots:`` from ``table`` into ``out``; returns the PNG paths."""
-    from sim.plots import TABLE_FIGURES
+    from sim.plots.tables import TABLE_FIGURES
 
     written = []
     for entry in sweep.plots:

@@ -133,7 +133,7 @@ def sweep_from_dict(
             if key in data:
                 raise fail(key, "only for mode: plan")
     from planner.registry import PLANNERS
-    from sim.report import ENGINES
+    from sim.engine.run import ENGINES
 
     engine = _choice(data, "engine", ENGINES, "simpy", fail)
     planner = _choice(data, "planner", tuple(sorted(PLANNERS)), "dapple", fail)
@@ -182,7 +182,7 @@ def _sweep_key(key: Any, mode: str, fail, where: str) -> str:
 
 def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
     from planner.registry import PLANNERS
-    from sim.report import ENGINES
+    from sim.engine.run import ENGINES
 
     if key == "planner" and value not in PLANNERS:
         raise fail(where, f"unknown planner {value!r}; valid: {', '.join(sorted(PLANNERS))}")
@@ -314,7 +314,7 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
 def _plots(data: Any, fail) -> tuple:
     import inspect
 
-    from sim.plots import TABLE_FIGURES
+    from sim.plots.tables import TABLE_FIGURES
 
     if data is None:
         return ()
@@ -343,7 +343,7 @@ def _probe_keys(sweep: Sweep, fail) -> None:
     cure are reported here (an unknown key, an unknown choice such as a schedule's name).
     Everything else may depend on the combination, and is each point's own result."""
     from sim.errors import ScenarioError
-    from sim.scenario import apply_overrides, parse_scenario
+    from sim.input.scenario import apply_overrides, parse_scenario
 
     raw = yaml.safe_load(sweep.base_text)
     if not isinstance(raw, dict):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.cli import add_scenario_options, parse_overrides, run_cli
+from sim.command import add_scenario_options, parse_overrides, run_cli
 from sim.errors import DappleError
 from sim.units import format_bytes, format_time
 
@@ -137,7 +137,7 @@ def _fail_at(text: str | None) -> tuple[int, str, str] | None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from sim.plan_json import read_plan_file
+    from sim.input.plan_file import read_plan_file
 
     args.overrides = parse_overrides(args.overrides)
     args.plan_data = None if args.plan is None else read_plan_file(args.plan)
@@ -183,10 +183,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _append_csv(path: str, runnable, summary: dict[str, Any]) -> None:
-    """Append this run as one row of ``sim.calibrate``'s measured-run CSV (header if new)."""
+    """Append this run as one row of ``sim.analysis.calibrate``'s measured-run CSV (header if new)."""
     import csv
 
-    from sim.calibrate import COLUMNS
+    from sim.analysis.calibrate import COLUMNS
 
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
@@ -234,7 +234,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     from runtime.config import check_world, load_runnable
     from runtime.validate_loop import combine_rounds, validate, write_report
-    from sim.validation import format_report
+    from sim.analysis.validation import format_report
 
     args.check, args.no_memory, args.fail_at = False, False, None
     _prepare(args)

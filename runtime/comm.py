@@ -46,7 +46,7 @@ class Piece:
 
 
 def sample_ranges(microbatch_size: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:
-    """Device -> its half-open range of a micro-batch's samples (as ``sim.workload``)."""
+    """Device -> its half-open range of a micro-batch's samples (as ``sim.engine.workload``)."""
     sizes = split_samples(microbatch_size, len(devices))
     ends = list(accumulate(sizes))
     return {d: (end - size, end) for d, size, end in zip(devices, sizes, ends)}

@@ -22,7 +22,7 @@ import yaml
 from sim.errors import DappleError
 from sim.models import PRESET_PARAMS, build_model
 from sim.plan import PlanSpec
-from sim.scenario import Scenario, apply_overrides, load_scenario
+from sim.input.scenario import Scenario, apply_overrides, load_scenario
 
 __all__ = ["RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config"]
 
@@ -102,7 +102,7 @@ def load_runnable(
         )
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     if plan is not None:
-        from sim.plan_json import merge_plan
+        from sim.input.plan_file import merge_plan
 
         raw = merge_plan(raw, plan, source=str(path))
     if overrides:

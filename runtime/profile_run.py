@@ -51,7 +51,7 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
 
     from runtime.bandwidth import cluster_yaml, measure_device
     from runtime.profiler import profile_layers, write_profile
-    from sim.scenario import load_scenario
+    from sim.input.scenario import load_scenario
 
     if device.type == "cpu":
         torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The layer profiler: what each layer costs on this device, in the format the simulator reads.
 
 The simulator's numbers for a measured model come from a profile file in PipeDream's
-graph format (``sim.profiles``): one node per layer with its forward and backward time in
+graph format (``sim.input.profiles``): one node per layer with its forward and backward time in
 milliseconds for one batch of the profile batch size, its output (activation) bytes and
 its parameter bytes, and an edge from each layer to the next. Here each layer of a
 built-in model is run alone on a batch of that size:
@@ -14,7 +14,7 @@ built-in model is run alone on a batch of that size:
 * saved (stashed) activation bytes: what autograd keeps from one forward
   (``runtime.memory.SavedTensorMeter``), and parameter bytes.
 
-The stash goes into the profile as the optional ``stash_size`` field ``sim.profiles`` reads;
+The stash goes into the profile as the optional ``stash_size`` field ``sim.input.profiles`` reads;
 the complete measurements also go to a JSON file next to it.
 """
 
@@ -132,7 +132,7 @@ def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *
 
 
 def profile_text(layers: list[LayerProfile]) -> str:
-    """The PipeDream/DAPPLE graph text of a chain of ``layers`` (``sim.profiles`` reads it)."""
+    """The PipeDream/DAPPLE graph text of a chain of ``layers`` (``sim.input.profiles`` reads it)."""
     lines = [
         f"node{k + 1} -- {layer.name} -- forward_compute_time={layer.fwd_s * 1e3:.6f}, "
         f"backward_compute_time={layer.bwd_s * 1e3:.6f}, activation_size={float(layer.output_bytes):.1f}, "

@@ -140,8 +140,8 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     from pathlib import Path
 
     from runtime.profiler import profile_layers, write_profile
-    from sim.plan_json import plan_to_dict
-    from sim.scenario import parse_scenario
+    from sim.input.plan_file import plan_to_dict
+    from sim.input.scenario import parse_scenario
 
     scenario, folder = runnable.scenario, Path(folder)
     batch = scenario.training.microbatch_size // min(stage.num_replicas for stage in scenario.plan.stages)
@@ -173,8 +173,8 @@ training: {{global_batch_size: {scenario.training.global_batch_size}, microbatch
 def predict_stages(scenario, *, memory: str) -> list[dict[str, float]]:
     """Per stage (first device of each): the simulator's F+B seconds of one iteration and peak
     memory (``allocator``: everything; ``counted``: static bytes plus activations)."""
-    from sim.report import run_scenario
-    from sim.validation import predicted_view
+    from sim.engine.run import run_scenario
+    from sim.analysis.validation import predicted_view
 
     result = run_scenario(scenario, engine="simpy")
     view = predicted_view(result, memory=memory)

@@ -15,7 +15,7 @@
    device's memory bandwidth set to what the optimizer step achieves (the only memory-bound
    work the simulator charges it with) and its ``action_overhead`` to the measured one; the
    turn with the median prediction is the prediction;
-4. **compare** per iteration, per stage, per action and per device (``sim.validation``).
+4. **compare** per iteration, per stage, per action and per device (``sim.analysis.validation``).
 
 The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
 chart and the per-device memory chart.
@@ -233,8 +233,8 @@ def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]
     median prediction: its index, simulation and profile (layers, optimizer, overhead)."""
     import statistics
 
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     count = len(per_rank[0])
     rows, results, profiles = [], [], []
@@ -270,7 +270,7 @@ def validate(
     seed: int = 0,
     timeout: float = 45.0,
 ) -> dict[str, Any]:
-    """Profile, run, simulate and compare; the report (``sim.validation.compare``).
+    """Profile, run, simulate and compare; the report (``sim.analysis.validation.compare``).
 
     The links are measured first (``runtime.profile_run``, 2 fresh processes). Then
     ``nproc`` processes run ``warmup + steps`` steps of the plan, and before each of
@@ -285,7 +285,7 @@ def validate(
     """
     from runtime import profile_run
     from runtime.launch import spawn
-    from sim.validation import compare, predicted_view
+    from sim.analysis.validation import compare, predicted_view
 
     plan, training = runnable.plan, runnable.scenario.training
     slices = max(1, min(slices, steps))
@@ -346,7 +346,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     """``validation.json`` and the two charts (``validation_gantt.png``, ``validation_memory.png``)."""
     import matplotlib.pyplot as plt
 
-    from sim.compare_plots import validation_gantt_figure, validation_memory_figure
+    from sim.plots.validation import validation_gantt_figure, validation_memory_figure
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]

@@ -15,10 +15,10 @@ micro-batch, communication free) the papers give the iteration time in one line:
 
 Throughout, ``bwd_s`` is the *full* backward time and ``wgrad_s`` its weight-gradient part,
 so I = ``bwd_s − wgrad_s``; the same arguments mean the same thing for every schedule and
-for :func:`sim.fastpath.evaluate`.
+for :func:`sim.engine.fastpath.evaluate`.
 
 :func:`dapple_latency_s` is DAPPLE's planner model for non-uniform stages (§4). Each formula
-here is checked against :mod:`sim.fastpath` in ``tests/test_analytic.py``.
+here is checked against :mod:`sim.engine.fastpath` in ``tests/test_analytic.py``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def makespan_s(
       a multiple of S (Megatron's requirement), otherwise ScheduleError.
     - ``zb-h1``: M(F+I+W) + (S−1)(F+I−W) with I = B−W — Qi et al. ICLR'24, §2.1. Assumes
       M ≥ S and W ≤ min(F, I): then the delayed W's exactly fill the bubbles our ``zb-h1``
-      generator leaves; outside that, ScheduleError (use ``sim.fastpath``).
+      generator leaves; outside that, ScheduleError (use ``sim.engine.fastpath``).
     """
     _check(schedule_name, num_stages, num_microbatches, chunks)
     _check_times(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s)
@@ -142,7 +142,7 @@ def peak_inflight_microbatches(
       up with S−i forwards and holds back up to i W's (Qi et al. ICLR'24, §2.1).
     - ``interleaved`` with ``chunks=1``: min(2(S−i)−1, M), torch's warm-up of 2(S−1−i)
       forwards; with more chunks there is no closed form per virtual stage here (ScheduleError;
-      count it with ``sim.fastpath.evaluate``).
+      count it with ``sim.engine.fastpath.evaluate``).
     """
     _check(schedule_name, num_stages, num_microbatches, chunks)
     s, m = num_stages, num_microbatches
@@ -158,7 +158,7 @@ def peak_inflight_microbatches(
         return min(s, m)
     if chunks != 1:
         raise ScheduleError("interleaved: no closed form for peak in-flight micro-batches with "
-                            f"chunks={chunks}; use sim.fastpath.evaluate(...)")
+                            f"chunks={chunks}; use sim.engine.fastpath.evaluate(...)")
     return min(2 * (s - stage) - 1, m)
 
 

@@ -41,7 +41,7 @@ def synthetic_scenario(
     ``send_overhead_s``, ``send_bandwidth`` and ``recv_overhead_s`` are both links' charges
     on the compute streams for sending and receiving."""
     from sim.plan import PlanSpec, StageSpec
-    from sim.scenario import Scenario
+    from sim.input.scenario import Scenario
     from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
 
     num_stages = len(fwd_s)

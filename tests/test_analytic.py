@@ -11,7 +11,7 @@ from sim.analytic import (
     peak_inflight_microbatches,
 )
 from sim.errors import DappleError, ScheduleError
-from sim.fastpath import evaluate
+from sim.engine.fastpath import evaluate
 from sim.schedule import generate, lower
 
 F_S, B_S = 1.0, 2.0

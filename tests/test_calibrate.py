@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from sim.calibrate import MeasuredRun, calibrate, kendall_tau, predict, read_runs, row_scenario
-from sim.cli import main
+from sim.analysis.calibrate import MeasuredRun, calibrate, kendall_tau, predict, read_runs, row_scenario
+from sim.app.cli import main
 from sim.cost import kernel_time_s, layer_times_s, optimizer_step_s, stage_cost
 from sim.errors import DappleError
 from sim.kernels import transformer_block
 from sim.models import build_model
-from sim.scenario import parse_scenario
+from sim.input.scenario import parse_scenario
 
 BASE_TEXT = """
 cluster: {preset: a100-nvlink-8, nodes: 2}

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from conftest import synthetic_scenario
 from sim.engine.ports import Network
 from sim.engine.replay import simulate
-from sim.fastpath import replay
-from sim.workload import PortClass, compile_workload
+from sim.engine.fastpath import replay
+from sim.engine.workload import PortClass, compile_workload
 
 F, B = 1.0, 2.0
 CASES = [(s, m) for s in (1, 2, 4, 8) for m in sorted({1, s, 4 * s})]
@@ -342,7 +342,7 @@ def test_same_input_gives_identical_output():
 
 def test_simulate_command_writes_summary_trace_events_and_plots(tmp_path, capsys):
     from conftest import SCENARIOS
-    from sim.cli import main
+    from sim.app.cli import main
 
     out = tmp_path / "out"
     assert main(["simulate", str(SCENARIOS / "bert48_v100_2x8.yaml"), "--out", str(out), "--json"]) == 0
@@ -364,7 +364,7 @@ def test_simulate_command_writes_summary_trace_events_and_plots(tmp_path, capsys
 
 def test_simulate_table_and_engines_agree_without_contention(capsys):
     from conftest import SCENARIOS
-    from sim.cli import main
+    from sim.app.cli import main
 
     path = str(SCENARIOS / "gpt1.3b_h100_interleaved.yaml")
     assert main(["simulate", path]) == 0
@@ -379,7 +379,7 @@ def test_simulate_table_and_engines_agree_without_contention(capsys):
 
 def test_simulate_without_a_plan_is_one_line_and_exit_2(tmp_path, capsys):
     from conftest import SCENARIOS
-    from sim.cli import main
+    from sim.app.cli import main
 
     text = (SCENARIOS / "bert48_v100_2x8.yaml").read_text()
     no_plan = tmp_path / "no_plan.yaml"
@@ -393,7 +393,7 @@ def test_a_replay_that_cannot_progress_raises_instead_of_hanging():
     from dataclasses import replace
 
     from sim.errors import ScheduleError
-    from sim.workload import SEND
+    from sim.engine.workload import SEND
 
     scenario = synthetic_scenario(fwd_s=[1.0, 1.0], bwd_s=[1.0, 1.0], boundary_bytes=1e3)
     workload = compile_workload(scenario)

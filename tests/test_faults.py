@@ -11,9 +11,10 @@ from conftest import SCENARIOS, synthetic_scenario
 from sim.engine.replay import simulate
 from sim.errors import DappleError, ScenarioError
 from sim.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
-from sim.report import run_scenario, write_outputs
-from sim.scenario import load_scenario
-from sim.workload import compile_workload
+from sim.app.report import write_outputs
+from sim.engine.run import run_scenario
+from sim.input.scenario import load_scenario
+from sim.engine.workload import compile_workload
 
 STRAGGLER = SCENARIOS / "bert48_v100_straggler.yaml"
 

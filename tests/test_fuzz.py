@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import SCENARIOS, synthetic_scenario
 from sim.errors import DappleError, ScheduleError
-from sim.scenario import parse_scenario
+from sim.input.scenario import parse_scenario
 
 TEMPLATES = [
     "bert48_v100_2x8.yaml",
@@ -97,7 +97,7 @@ def _check_one_line(exc: DappleError, source: str) -> None:
 
 
 def _fuzz_scenario(template: str, seed: int, steps: int) -> None:
-    from sim.report import run_scenario
+    from sim.engine.run import run_scenario
 
     rng = random.Random(seed)
     raw = mutate(RAW[template], rng, steps)
@@ -184,7 +184,7 @@ def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, round
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
     from sim.schedule.validate import validate
-    from sim.workload import compile_workload
+    from sim.engine.workload import compile_workload
 
     name, params = SCHEDULES[which]
     schedule = generate(name, ranks, ranks * rounds, **params)
@@ -211,7 +211,7 @@ def test_a_schedule_that_skipped_validation_stops_with_the_grid():
 
     from sim.engine.replay import simulate
     from sim.schedule.ir import parse_schedule
-    from sim.workload import compile_workload
+    from sim.engine.workload import compile_workload
 
     # rank 1 waits for micro-batch 1 while rank 0 waits for micro-batch 0's gradient
     schedule = parse_schedule("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0")

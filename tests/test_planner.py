@@ -13,7 +13,7 @@ from planner.costs import CostTables
 from planner.dapple import dapple_planner
 from planner.exhaustive import exhaustive_planner, lower_bound_s
 from planner.space import Candidate, PlannerOptions, evaluate, place
-from sim.scenario import Scenario, load_scenario
+from sim.input.scenario import Scenario, load_scenario
 from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
 
 
@@ -101,7 +101,7 @@ def test_baselines_follow_their_rules():
 
 def test_plan_command_json_and_plan_file_round_trip(tmp_path, capsys):
     from planner.cli import main as plan_main
-    from sim.cli import main as sim_main
+    from sim.app.cli import main as sim_main
 
     scenario = str(SCENARIOS / "bert48_v100_2x8.yaml")
     assert plan_main([scenario, "--planner", "dapple", "--planner", "dp", "--microbatch-size", "16", "--json",

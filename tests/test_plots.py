@@ -29,8 +29,8 @@ def _texts(fig):
 
 
 def _replays(*schedules):
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     return {s: run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"plan.schedule": s})) for s in schedules}
 
@@ -64,8 +64,8 @@ def test_schedule_comparison_stacks_gantt_and_memory_on_one_time_axis():
     peak = max(r.summary()["peak_memory_bytes"] for r in results.values()) / GiB
     assert low < 5.0 < peak < high < 16  # zoomed on the curves: 16 GiB is far above them
     assert "capacity 16 GiB, above the scale" in fig.axes[1].get_title(loc="left")
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     small = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB"}))
     near = plots.schedule_comparison_figure({"dapple": small})  # 5 of 6 GiB: the capacity line is in view

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.profiles import ProfileError, load_profile, parse_profile
-from sim.scenario import DATA_DIR
+from sim.input.profiles import ProfileError, load_profile, parse_profile
+from sim.input.scenario import DATA_DIR
 
 PROFILES = DATA_DIR / "profiles" / "dapple-v100"
 

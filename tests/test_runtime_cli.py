@@ -78,8 +78,8 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expecte
 
 def test_profile_loads_in_the_simulator(tmp_path):
     from runtime.cli import main
-    from sim.profiles import load_profile
-    from sim.scenario import load_scenario, parse_scenario
+    from sim.input.profiles import load_profile
+    from sim.input.scenario import load_scenario, parse_scenario
 
     assert main(["profile", GPT, "--out", str(tmp_path), "--warmup", "1", "--repeats", "2"]) == 0
     spec = load_scenario(GPT).model

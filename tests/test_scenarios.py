@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from conftest import BAD_SCENARIOS, REPO, SCENARIOS
-from sim.cli import main
+from sim.app.cli import main
 from sim.errors import ScenarioError
-from sim.scenario import load_scenario, parse_scenario
+from sim.input.scenario import load_scenario, parse_scenario
 
 BAD = sorted(BAD_SCENARIOS.glob("*.yaml"))
 GOOD = sorted(SCENARIOS.glob("*.yaml"))
@@ -43,7 +43,7 @@ def test_bad_scenario_exits_2_with_one_line_naming_the_key(path, capsys):
 def test_console_script_exit_code_and_no_traceback():
     bad = BAD_SCENARIOS / "device_key_typo.yaml"
     result = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "check", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=60
+        [sys.executable, "-m", "sim.app.cli", "check", str(bad)], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
@@ -154,7 +154,7 @@ def test_wrong_micro_batch_count_in_schedule_file(tmp_path):
 
 
 def test_plan_file_replaces_the_plan(tmp_path, capsys):
-    from sim.plan_json import plan_to_dict
+    from sim.input.plan_file import plan_to_dict
 
     source = load_scenario(SCENARIOS / "bert48_v100_15to1.yaml")
     plan_file = tmp_path / "plan.json"

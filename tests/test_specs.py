@@ -150,7 +150,7 @@ def test_a_link_charges_the_sender_for_issuing_a_send():
 
 
 def test_a_scenario_sets_the_send_issue_cost_per_link():
-    from sim.scenario import load_scenario
+    from sim.input.scenario import load_scenario
 
     from conftest import SCENARIOS
 

@@ -122,8 +122,8 @@ def test_command_line_rejects_a_bad_sweep_in_one_line(tmp_path, capsys):
 
 
 def test_rows_hold_the_axis_values_and_the_summary_of_a_direct_replay():
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     sweep = _sweep({"cluster.inter_node.bandwidth": ["10Gb/s", "100Gb/s"], "plan.schedule": ["gpipe", "zb-h1"]})
     table = run_sweep(sweep, workers=1).table
@@ -260,8 +260,8 @@ def test_unreachable_dask_scheduler_is_one_line(monkeypatch):
 
 
 def test_plan_mode_rows_hold_a_plan_file_that_replays_to_the_same_time():
-    from sim.report import run_scenario
-    from sim.scenario import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     base = SCENARIOS / "paper" / "vgg19_v100_16x1.yaml"
     devices = {"16GiB": "V100-16GB", "1GiB": {"name": "V100-16GB", "memory": "1GiB"}}  # a labelled axis

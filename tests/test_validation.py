@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SCENARIOS
-from sim.validation import compare, format_report
+from sim.analysis.validation import compare, format_report
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 
@@ -84,7 +84,7 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
     assert report["error"]["iteration_time_frac"] is not None
     assert report["error"]["actions"]["matched"] >= 16  # every F and B of 4 micro-batches on 2 devices
     # the measured scenario carries the measured per-action overhead and optimizer bandwidth
-    from sim.scenario import load_scenario
+    from sim.input.scenario import load_scenario
 
     measured = load_scenario(report["profile"]["scenario"]).cluster.device
     assert report["profile"]["action_overhead_s"] >= 0

@@ -1,4 +1,4 @@
-"""Replay: run a compiled plan (``sim.workload``) on SimPy devices, links and memory.
+"""Replay: run a compiled plan (``sim.engine.workload``) on SimPy devices, links and memory.
 
 Every device has four streams, as a GPU running NCCL does:
 
@@ -17,9 +17,9 @@ Every device has four streams, as a GPU running NCCL does:
   all-reduce, and runs its phases' flows through the same ports as everything else.
 
 After its last action a device waits for its all-reduces and runs the optimizer step; the
-iteration ends with the last optimizer step. Memory (``sim.result``) is recorded as
+iteration ends with the last optimizer step. Memory (``sim.engine.result``) is recorded as
 allocations and frees over time per device class. Classes of identical devices
-(``sim.symmetry``) run as one SimPy process, so the number of events grows with the number
+(``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
@@ -36,8 +36,8 @@ import simpy
 
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
-from sim.result import Recorder, SimResult
-from sim.workload import COMPUTE, RECV, SEND, Workload, mailbox
+from sim.engine.result import Recorder, SimResult
+from sim.engine.workload import COMPUTE, RECV, SEND, Workload, mailbox
 
 __all__ = ["simulate"]
 

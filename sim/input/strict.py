@@ -18,7 +18,7 @@ from sim.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
 
 __all__ = ["MISSING", "StrictReader", "join_key", "show_value"]
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 """Files shipped with the package (profiles); a relative path not found beside the scenario is looked up here."""
 
 MISSING = object()

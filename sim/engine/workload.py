@@ -1,6 +1,6 @@
 """Workload: a checked scenario compiled into what every device does and through which ports.
 
-The engine (``sim.engine``) and the fast path (``sim.fastpath``) replay the same thing, so it
+The engine (``sim.engine``) and the fast path (``sim.engine.fastpath``) replay the same thing, so it
 is computed once, here, with no SimPy:
 
 * the lowered schedule IR (sends, receives and ``REDUCE_GRAD`` added if the plan's schedule
@@ -14,7 +14,7 @@ is computed once, here, with no SimPy:
   in-port (``cluster.intra_node``, one per GPU, full duplex); between servers, the sender's
   NIC out and the receiver's NIC in (``cluster.inter_node``, ``nics_per_node`` per server).
 
-Devices that must behave identically are merged into classes (``sim.symmetry``); flows
+Devices that must behave identically are merged into classes (``sim.engine.symmetry``); flows
 between classes become *flow kinds*, each crossing *port classes* with a weight (how many
 real flows of the kind cross one port of the class). With ``symmetric=False`` every device
 and port is its own class, which is slower but useful to check the reduction.
@@ -36,11 +36,11 @@ from typing import NamedTuple
 from sim.cost import split_samples, stage_cost
 from sim.faults import jitter_factors
 from sim.models import model_flop_per_sample
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 from sim.schedule.ir import ActionKind, Schedule
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import schedule_for_plan
-from sim.symmetry import refine
+from sim.engine.symmetry import refine
 
 __all__ = [
     "COMPUTE",

@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from sim.result import SimResult
+from sim.engine.result import SimResult
 from sim.units import format_bytes, format_time
 
 __all__ = ["MEMORY_MODES", "compare", "format_report", "predicted_view"]

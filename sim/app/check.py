@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.cost import split_samples, stage_cost
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 from sim.units import format_bytes, format_time
 
 __all__ = ["describe", "format_description"]

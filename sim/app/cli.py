@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sim.errors import DappleError, ScheduleError
+from sim.command import add_scenario_options, parse_overrides, run_cli
+from sim.errors import DappleError
 
-__all__ = ["add_scenario_options", "main", "parse_overrides", "run_cli"]
+__all__ = ["main"]
 
 EPILOG = """examples:
   dapple-sim simulate scenarios/bert48_v100_2x8.yaml --out out/bert48
@@ -103,8 +104,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from sim.check import describe, format_description
-    from sim.scenario import load_scenario
+    from sim.app.check import describe, format_description
+    from sim.input.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     info = describe(scenario)
@@ -113,8 +114,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.report import format_summary, run_scenario, write_outputs
-    from sim.scenario import load_scenario
+    from sim.app.report import format_summary, write_outputs
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     result = run_scenario(
@@ -128,8 +130,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from sim.calibrate import calibrate, params_yaml, read_runs, score_runs
-    from sim.scenario import load_scenario
+    from sim.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
+    from sim.input.scenario import load_scenario
 
     base = load_scenario(args.scenario)
     fit_runs = read_runs(args.fit)
@@ -182,30 +184,9 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _plan(path: str | None):
-    from sim.plan_json import read_plan_file
+    from sim.input.plan_file import read_plan_file
 
     return None if path is None else read_plan_file(path)
-
-
-def add_scenario_options(parser: argparse.ArgumentParser, *, example: str = "plan.schedule=gpipe",
-                         plan: bool = True) -> None:
-    """``--set KEY=VALUE`` (read by :func:`parse_overrides`) and, with ``plan``, ``--plan PLAN.json``."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"override a dotted key of the scenario, e.g. {example} (repeatable)")
-    if plan:
-        parser.add_argument("--plan", metavar="PLAN.json",
-                            help="replace the scenario's plan with a plan file (dapple-plan's output)")
-
-
-def parse_overrides(items: Sequence[str]) -> dict[str, str]:
-    """``["a.b=1", ...]`` from repeated ``--set`` flags -> ``{"a.b": "1"}`` (values stay YAML text)."""
-    result: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise DappleError(f"--set {item!r}: write KEY=VALUE, e.g. --set training.microbatch_size=4 or plan.schedule=gpipe")
-        result[key.strip()] = value
-    return result
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -214,25 +195,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "calibrate": _cmd_calibrate,
     "schedule": _cmd_schedule,
 }
-
-
-def run_cli(prog: str, handler: Callable[[], int]) -> int:
-    """Run ``handler``; turn a user's mistake into one line on stderr and exit code 2."""
-    try:
-        return handler()
-    except ScheduleError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        if exc.detail:
-            print(exc.detail, file=sys.stderr)
-        return 2
-    except DappleError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ efficiency ``efficiency`` (e_max), ``matmul_half_dim`` (D), ``kernel_overhead`` 
 ``action_overhead`` (``sim.cost``). They are fitted by bounded least squares on the
 relative errors ``predicted / measured − 1`` (``scipy.optimize.least_squares``,
 trust-region reflective, from fixed starting points, so the same rows always give the same
-fit), with every row replayed by the fast path (contention-free; ``sim.fastpath``).
+fit), with every row replayed by the fast path (contention-free; ``sim.engine.fastpath``).
 
 Five parameters from a handful of rows leave directions the rows do not pin down (a run
 of 5 rows can be matched exactly in many ways), so the fit adds a weak prior: one residual
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import DappleError, read_user_file
-from sim.scenario import Scenario
+from sim.input.scenario import Scenario
 
 __all__ = ["COLUMNS", "PARAMS", "MeasuredRun", "calibrate", "kendall_tau", "params_yaml", "predict", "read_runs",
            "row_scenario", "score_runs"]
@@ -167,8 +167,8 @@ def _with_params(scenario: Scenario, x) -> Scenario:
 
 def predict(scenarios: list[Scenario], x=None) -> list[float]:
     """Iteration time of each scenario by the fast path (with scaled parameters ``x`` if given)."""
-    from sim.fastpath import replay
-    from sim.workload import compile_workload
+    from sim.engine.fastpath import replay
+    from sim.engine.workload import compile_workload
 
     return [replay(compile_workload(s if x is None else _with_params(s, x))).iteration_time_s for s in scenarios]
 

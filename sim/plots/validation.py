@@ -3,25 +3,21 @@ replay against its fault-free twin.
 
 ``validation_gantt_figure`` draws the predicted and the measured timelines one above the
 other on the same time axis (one row per device; forwards light and backwards dark in the
-colour of their micro-batch, as ``sim.plots.gantt_figure`` does), and
+colour of their micro-batch, as ``sim.plots.timeline.gantt_figure`` does), and
 ``validation_memory_figure`` the predicted and measured peak memory of every device with the
-relative error. Both read only the JSON report (``sim.validation.compare``), so a recorded
+relative error. Both read only the JSON report (``sim.analysis.validation.compare``), so a recorded
 report can be drawn again without the simulator or torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["draw_rows", "fault_impact_figure", "validation_gantt_figure", "validation_memory_figure"]
+from sim.plots.style import GiB as _GiB
+from sim.plots.style import pyplot as _pyplot
+from sim.plots.timeline import LEGEND, draw_gantt
 
-_GiB = 2.0**30
-
-
-def _pyplot():
-    from sim.plots import _pyplot as pyplot
-
-    return pyplot()
+__all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_gantt_figure", "validation_memory_figure"]
 
 
 def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = None) -> None:
@@ -109,4 +105,67 @@ def fault_impact_figure(result) -> Any:
                  + (f" ({impact['slowdown']:.2f}x slower)" if impact["slowdown"] else ""))
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def validation_figure(run: Mapping[str, Any], *, title: str | None = None) -> Any:
+    """Predicted against measured for one recorded validation run (``dapple-run validate``):
+    iteration time, compute time and peak memory per device, and both Gantt charts.
+
+    ``run`` holds ``predicted`` and ``measured`` (each with ``iteration_time_s``, ``devices``
+    [{device, peak_memory_bytes, compute_s}] and ``events`` rows as ``SimResult.event_rows``),
+    ``error`` (fractions) and ``scenario``, ``schedule``, ``backend``, ``nproc``, ``steps``.
+    """
+    import numpy as np
+
+    plt = _pyplot()
+    predicted, measured, error = run["predicted"], run["measured"], run.get("error", {})
+    fig = plt.figure(figsize=(12, 9.5))
+    grid = fig.add_gridspec(3, 3, height_ratios=[1.15, 1, 1], hspace=0.55, wspace=0.32)
+    colours = {"predicted": "C0", "measured": "C1"}
+
+    ax = fig.add_subplot(grid[0, 0])
+    times = [predicted["iteration_time_s"] * 1e3, measured["iteration_time_s"] * 1e3]
+    ax.bar(["predicted", "measured"], times, color=[colours["predicted"], colours["measured"]])
+    for x, t in enumerate(times):
+        ax.text(x, t, f"{t:.3g} ms", ha="center", va="bottom", fontsize="small")
+    frac = error.get("iteration_time_frac")
+    ax.set_title("iteration time" + (f" (error {frac:+.1%})" if frac is not None else ""), fontsize="medium")
+    ax.set_ylabel("ms")
+    ax.set_ylim(0, max(times) * 1.2)
+
+    devices = sorted({d["device"] for d in predicted["devices"]} | {d["device"] for d in measured["devices"]})
+    peak = max([d["peak_memory_bytes"] for d in predicted["devices"] + measured["devices"]] + [1.0])
+    unit, div = ("GiB", _GiB) if peak >= _GiB else ("MiB", 2.0**20)
+    for column, (key, name, scale) in enumerate((("compute_s", "compute per device (ms)", 1e3),
+                                                 ("peak_memory_bytes", f"peak memory per device ({unit})", 1 / div)),
+                                                start=1):
+        ax = fig.add_subplot(grid[0, column])
+        x = np.arange(len(devices))
+        for k, (label, side) in enumerate((("predicted", predicted), ("measured", measured))):
+            by_device = {d["device"]: d.get(key) for d in side["devices"]}
+            values = [by_device.get(d) for d in devices]
+            ax.bar(x + (k - 0.5) * 0.4, [np.nan if v is None else v * scale for v in values], 0.38,
+                   color=colours[label], label=label)
+        ax.set_xticks(x, [f"dev {d}" for d in devices])
+        ax.set_title(name, fontsize="medium")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
+        ax.legend(fontsize="x-small", loc="upper center", ncol=2, frameon=False)
+
+    end_s = max([r["end_s"] for r in predicted.get("events", []) + measured.get("events", [])]
+                + [predicted["iteration_time_s"], measured["iteration_time_s"]])
+    rows = [(d, 1) for d in devices]
+    first = None
+    for row, (label, side) in enumerate((("predicted", predicted), ("measured", measured)), start=1):
+        ax = fig.add_subplot(grid[row, :], sharex=first)
+        first = first or ax
+        events = side.get("events", [])
+        num_mb = max([e["microbatch"] for e in events if e.get("microbatch") is not None] + [0]) + 1
+        draw_gantt(ax, events, rows, num_mb, end_s)
+        ax.set_title(f"{label}: {side['iteration_time_s'] * 1e3:.3g} ms", loc="left", fontsize="medium",
+                     color=colours[label])
+    flag = "  [PLACEHOLDER DATA]" if run.get("placeholder") else ""
+    fig.suptitle(title or f"{run.get('scenario', '')}: {run.get('schedule', '')} on {run.get('nproc', '?')} "
+                 f"{run.get('backend', '')} processes, {run.get('steps', '?')} steps{flag}", fontsize="large")
+    fig.text(0.5, 0.01, LEGEND, ha="center", va="bottom", fontsize="small", color="0.3")
     return fig

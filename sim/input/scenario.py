@@ -29,8 +29,8 @@ from typing import Any, Mapping
 import yaml
 
 from sim.errors import DappleError, ScenarioError, ScheduleError, SpecError, read_user_file
-from sim.strict import DATA_DIR, StrictReader, join_key, show_value
-from sim.presets import CLUSTER_PRESETS, DEVICE_PRESETS
+from sim.input.strict import DATA_DIR, StrictReader, join_key, show_value
+from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.specs import (
     ClusterSpec,
     DeviceSpec,
@@ -71,7 +71,7 @@ def load_scenario(
 ) -> Scenario:
     """Read and check the scenario at ``path``; ``overrides`` maps dotted keys to YAML values.
 
-    ``plan`` (a plan file's mapping, see ``sim.plan_json``) replaces the scenario's plan.
+    ``plan`` (a plan file's mapping, see ``sim.input.plan_file``) replaces the scenario's plan.
     """
     path = Path(path)
     text = read_user_file(path, "scenario file", ScenarioError)
@@ -100,7 +100,7 @@ def parse_scenario(
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with cluster, model, training (and plan); got {show_value(raw)}")
     if plan is not None:
-        from sim.plan_json import merge_plan
+        from sim.input.plan_file import merge_plan
 
         raw = merge_plan(raw, plan, source=source)
     if overrides:
@@ -245,7 +245,7 @@ def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
 
 def _model(reader: StrictReader, data: Any) -> ModelSpec:
     from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
-    from sim.profiles import load_profile
+    from sim.input.profiles import load_profile
 
     data = reader.mapping(data, "model")
     if ("profile" in data) == ("preset" in data):

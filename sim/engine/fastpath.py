@@ -30,7 +30,7 @@ from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, wait_li
 from sim.schedule.validate import run_ranks, validate
 
 if TYPE_CHECKING:
-    from sim.result import SimResult
+    from sim.engine.result import SimResult
 
 __all__ = ["Timing", "evaluate", "replay", "collective_duration_s"]
 
@@ -162,7 +162,7 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
 
 
 def replay(workload) -> "SimResult":
-    """Replay a compiled plan (``sim.workload``) without contention: the planner's fast path.
+    """Replay a compiled plan (``sim.engine.workload``) without contention: the planner's fast path.
 
     Each operation costs what it would cost alone: the flows of one SEND (issued together by
     identical replicas) share only the ports they have in common with each other, an
@@ -173,7 +173,7 @@ def replay(workload) -> "SimResult":
     the same times; this path only skips SimPy and the port bookkeeping.
     """
     from sim.errors import DappleError
-    from sim.result import SimResult
+    from sim.engine.result import SimResult
 
     failing = [cls.devices[0] for cls in workload.classes if cls.fails_at_s is not None]
     if failing:
@@ -187,7 +187,7 @@ class _PlanState:
     """Per-class cursors and clocks of a contention-free replay."""
 
     def __init__(self, workload) -> None:
-        from sim.result import Recorder
+        from sim.engine.result import Recorder
 
         self.w = workload
         n = len(workload.classes)
@@ -202,7 +202,7 @@ class _PlanState:
         self.ready = list(range(n - 1, -1, -1))
 
     def run(self) -> None:
-        from sim.workload import COMPUTE, RECV, SEND
+        from sim.engine.workload import COMPUTE, RECV, SEND
 
         classes = self.w.classes
         while self.ready:
@@ -241,7 +241,7 @@ class _PlanState:
         self._finish()
 
     def _send(self, c: int, i: int, op, now: float) -> None:
-        from sim.workload import mailbox
+        from sim.engine.workload import mailbox
 
         start = max(now, self.send_free[c])
         done = start

@@ -1,67 +1,26 @@
-"""Running a scenario end to end and reporting it: what ``dapple-sim simulate`` does.
+"""Reporting a replay: what ``dapple-sim simulate`` writes and prints.
 
-``run_scenario`` compiles a checked scenario (``sim.workload``) and replays it with the
-chosen engine; ``write_outputs`` saves the summary, the Perfetto trace, the per-action
-events and the plots; ``format_summary`` is the short table printed on stdout.
-
-This module is the command line's and the notebooks' entry to the engine, so it imports
-``sim.engine`` inside ``run_scenario`` only (the core stays free of SimPy).
+``write_outputs`` saves the summary, the Perfetto trace, the per-action events and the
+plots; ``format_summary`` is the short table printed on stdout. The replay itself is
+``sim.engine.run.run_scenario``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sim.errors import DappleError
-from sim.result import SimResult
-from sim.scenario import Scenario
+from sim.engine.result import SimResult
 from sim.units import format_bytes, format_time
 
-__all__ = ["ENGINES", "run_scenario", "write_outputs", "format_summary"]
-
-log = logging.getLogger(__name__)
-
-ENGINES = ("simpy", "fast")
-"""``simpy``: the discrete-event engine; ``fast``: the contention-free evaluator."""
-
-
-def run_scenario(
-    scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True
-) -> SimResult:
-    """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
-    from sim.fastpath import replay
-    from sim.workload import compile_workload
-
-    if scenario.plan is None:
-        raise DappleError(
-            f"{scenario.path or scenario.name}: plan: missing; add a plan (stages and schedule) to simulate, "
-            "or let the planner choose one"
-        )
-    if engine not in ENGINES:
-        raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
-    workload = compile_workload(scenario, symmetric=symmetric)
-    log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
-    if engine == "fast":
-        result = replay(workload)
-    else:
-        from sim.engine.replay import simulate
-
-        result = simulate(workload, contention=contention)
-    if scenario.faults:
-        # the same plan without faults, for the impact (iteration time, idle time per device)
-        result.baseline = run_scenario(replace(scenario, faults=()), engine=engine, contention=contention,
-                                       symmetric=symmetric)
-    return result
-
+__all__ = ["format_summary", "write_outputs"]
 
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
     (and faults.png, idle time with and without the faults, when the scenario has faults)."""
-    from sim.plots import gantt_figure, memory_figure
+    from sim.plots.timeline import gantt_figure, memory_figure
 
     out = Path(out_dir)
     try:
@@ -81,7 +40,7 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
-        from sim.compare_plots import fault_impact_figure
+        from sim.plots.validation import fault_impact_figure
 
         figures.append(("faults.png", fault_impact_figure))
     for name, figure in figures:

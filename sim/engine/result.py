@@ -12,7 +12,7 @@ optimizer step ran. ``SimResult`` turns that into what a user looks at:
 * ``perfetto_trace()`` — Chrome/Perfetto JSON with compute, send, receive and all-reduce
   tracks per device and a memory counter track.
 
-Classes of identical devices (``sim.symmetry``) are expanded back to every device here.
+Classes of identical devices (``sim.engine.symmetry``) are expanded back to every device here.
 Memory events at the same instant apply frees before allocations, as an allocator would.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.units import format_bytes
-from sim.workload import COMPUTE, RECV, REDUCE, SEND, Workload
+from sim.engine.workload import COMPUTE, RECV, REDUCE, SEND, Workload
 
 __all__ = ["Recorder", "SimResult", "OutOfMemory"]
 
@@ -85,7 +85,7 @@ class SimResult:
         self.failure = failure
         """When a device died (``sim.faults.Failure``): its id, the time and its action."""
         self.baseline: SimResult | None = None
-        """The same plan without faults, when the scenario has faults (set by ``sim.report``)."""
+        """The same plan without faults, when the scenario has faults (set by ``sim.engine.run``)."""
         self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
         self._memory = [self._memory_of(c.index) for c in workload.classes]
 

@@ -1,0 +1,51 @@
+"""Running a scenario: compile its plan and replay it with the engine a user chose.
+
+``run_scenario`` is the one entry to the engine for the command lines, the planner, the
+sweeps, the runtime's validation and the notebooks. It imports the SimPy engine only when
+it is asked for, so a fast-path replay loads no SimPy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from sim.engine.result import SimResult
+from sim.errors import DappleError
+from sim.input.scenario import Scenario
+
+__all__ = ["ENGINES", "run_scenario"]
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("simpy", "fast")
+"""``simpy``: the discrete-event engine; ``fast``: the contention-free evaluator."""
+
+
+def run_scenario(
+    scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True
+) -> SimResult:
+    """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
+    from sim.engine.fastpath import replay
+    from sim.engine.workload import compile_workload
+
+    if scenario.plan is None:
+        raise DappleError(
+            f"{scenario.path or scenario.name}: plan: missing; add a plan (stages and schedule) to simulate, "
+            "or let the planner choose one"
+        )
+    if engine not in ENGINES:
+        raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    workload = compile_workload(scenario, symmetric=symmetric)
+    log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
+    if engine == "fast":
+        result = replay(workload)
+    else:
+        from sim.engine.replay import simulate
+
+        result = simulate(workload, contention=contention)
+    if scenario.faults:
+        # the same plan without faults, for the impact (iteration time, idle time per device)
+        result.baseline = run_scenario(replace(scenario, faults=()), engine=engine, contention=contention,
+                                       symmetric=symmetric)
+    return result
