@@ -39,15 +39,14 @@ def predicted_view(result: SimResult, *, memory: str = "counted") -> dict[str, A
     """The prediction in the measured summary's shape (iteration time, devices, events)."""
     if memory not in MEMORY_MODES:
         raise ValueError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
-    summary = result.summary()
+    summary = result.summarize()
     statics = {d: cls.static_bytes for cls in result.workload.classes for d in cls.devices}
     rows = result.event_rows()
     devices = []
-    for entry in summary["devices"]:
-        device = entry["device"]
-        peak = entry["peak_memory_bytes"] if memory == "allocator" else statics[device] + entry["peak_activation_bytes"]
-        devices.append({"device": device, "stages": entry["stages"], "peak_memory_bytes": peak,
-                        "peak_activation_bytes": entry["peak_activation_bytes"]})
+    for entry in summary.devices:
+        peak = entry.peak_memory_bytes if memory == "allocator" else statics[entry.device] + entry.peak_activation_bytes
+        devices.append({"device": entry.device, "stages": list(entry.stages), "peak_memory_bytes": peak,
+                        "peak_activation_bytes": entry.peak_activation_bytes})
     return {"iteration_time_s": result.iteration_time_s, "devices": devices, "events": rows}
 
 

@@ -122,10 +122,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = run_scenario(
         scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
     )
-    summary = result.summary()
+    summary = result.summarize()
     if args.out:
         write_outputs(result, args.out, trace_all=args.trace_all)
-    print(json.dumps(summary, indent=2, sort_keys=True) if args.json else format_summary(summary, result))
+    print(json.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json else format_summary(summary, result))
     return 0
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from sim.errors import DappleError
 from sim.engine.result import SimResult
+from sim.engine.trace import perfetto_trace, traced_devices
+from sim.errors import DappleError
+from sim.summary import Summary
 from sim.units import format_bytes, format_time
 
 __all__ = ["format_summary", "write_outputs"]
+
 
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
@@ -33,10 +35,10 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     written.append(summary)
     trace = out / "trace.json"
     devices = list(result.workload.devices) if trace_all else None
-    trace.write_text(json.dumps(result.perfetto_trace(devices), separators=(",", ":")) + "\n")
+    trace.write_text(json.dumps(perfetto_trace(result, devices), separators=(",", ":")) + "\n")
     written.append(trace)
     events = out / "events.csv"
-    result.events(result.traced_devices() if not trace_all else None).to_csv(events, index=False)
+    result.events(traced_devices(result) if not trace_all else None).to_csv(events, index=False)
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
@@ -53,43 +55,42 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     return written
 
 
-def format_summary(summary: dict[str, Any], result: SimResult) -> str:
+def format_summary(summary: Summary, result: SimResult) -> str:
     """A short human-readable report: headline numbers, then one row per class of devices."""
     capacity = result.workload.device_memory_bytes
-    mode = summary["engine"] + (", contention" if summary["contention"] else ", no contention")
+    mode = summary.engine + (", contention" if summary.contention else ", no contention")
     lines = [
-        f"{summary['name']}: {summary['schedule']}, {summary['num_stages']} stages, "
-        f"{summary['num_microbatches']} micro-batches, {summary['num_devices']} devices ({mode})",
+        f"{summary.name}: {summary.schedule}, {summary.num_stages} stages, "
+        f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices ({mode})",
     ]
-    if summary.get("failure"):
-        lines.append(f"FAILED: {summary['failure']['message']}")
+    if summary.failure is not None:
+        lines.append(f"FAILED: {summary.failure.message}")
     else:
         lines.append(
-            f"iteration {format_time(summary['iteration_time_s'])}   throughput "
-            f"{summary['throughput_samples_per_s']:.4g} samples/s   bubble {summary['bubble_fraction']:.1%}   "
-            f"peak memory {format_bytes(summary['peak_memory_bytes'])} of {format_bytes(capacity)}"
-            + (f"   MFU {summary['mfu']:.1%}" if summary["mfu"] is not None else "")
+            f"iteration {format_time(summary.iteration_time_s)}   throughput "
+            f"{summary.throughput_samples_per_s:.4g} samples/s   bubble {summary.bubble_fraction:.1%}   "
+            f"peak memory {format_bytes(summary.peak_memory_bytes)} of {format_bytes(capacity)}"
+            + (f"   MFU {summary.mfu:.1%}" if summary.mfu is not None else "")
         )
-    impact = summary.get("fault_impact")
-    if impact and impact["slowdown"] is not None:
-        grown = sorted(impact["devices"], key=lambda d: -(d["idle_growth_s"] or 0))[:3]
+    impact = summary.fault_impact
+    if impact is not None and impact.slowdown is not None:
+        grown = sorted(impact.devices, key=lambda d: -(d.idle_growth_s or 0))[:3]
         lines.append(
-            f"faults: {impact['slowdown']:.3f}x the fault-free {format_time(impact['fault_free_iteration_time_s'])}; "
-            "idle time grew most on " + ", ".join(f"device {d['device']} (+{format_time(d['idle_growth_s'])})"
+            f"faults: {impact.slowdown:.3f}x the fault-free {format_time(impact.fault_free_iteration_time_s)}; "
+            "idle time grew most on " + ", ".join(f"device {d.device} (+{format_time(d.idle_growth_s)})"
                                                  for d in grown)
         )
-    if summary["oom"]:
-        lines.append(f"OUT OF MEMORY: {summary['oom_detail']['message']}")
+    if summary.oom_detail is not None:
+        lines.append(f"OUT OF MEMORY: {summary.oom_detail.message}")
     lines.append(f"  {'devices':<14} {'stage':>5} {'busy':>10} {'idle':>10} {'peak memory':>12} {'live mb':>7}")
-    by_device = {d["device"]: d for d in summary["devices"]}
     for cls in result.workload.classes:
-        row = by_device[cls.devices[0]]
-        stages = ",".join(map(str, row["stages"]))
-        idle = "-" if row["idle_s"] is None else format_time(row["idle_s"])
+        row = summary.device(cls.devices[0])
+        stages = ",".join(map(str, row.stages))
+        idle = "-" if row.idle_s is None else format_time(row.idle_s)
         lines.append(
-            f"  {_ranges(list(cls.devices)):<14} {stages:>5} {format_time(row['busy_s']):>10} "
-            f"{idle:>10} {format_bytes(row['peak_memory_bytes']):>12} "
-            f"{row['peak_activation_microbatches']:>7}"
+            f"  {_ranges(list(cls.devices)):<14} {stages:>5} {format_time(row.busy_s):>10} "
+            f"{idle:>10} {format_bytes(row.peak_memory_bytes):>12} "
+            f"{row.peak_activation_microbatches:>7}"
         )
     return "\n".join(lines)
 

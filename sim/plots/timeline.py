@@ -46,11 +46,11 @@ def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any
         fig = ax.figure
     events = result.event_rows([d for d, _ in rows])
     draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s)
-    s = result.summary()
-    if title is None and s.get("failure"):
-        title = f"{s['name']}: {s['schedule']}, {s['failure']['message']}"
-    ax.set_title(title or f"{s['name']}: {s['schedule']}, {s['iteration_time_s'] * 1e3:.1f} ms per iteration, "
-                 f"bubble {s['bubble_fraction']:.1%}")
+    s = result.summarize()
+    if title is None and s.failure is not None:
+        title = f"{s.name}: {s.schedule}, {s.failure.message}"
+    ax.set_title(title or f"{s.name}: {s.schedule}, {s.iteration_time_s * 1e3:.1f} ms per iteration, "
+                 f"bubble {s.bubble_fraction:.1%}")
     fig.tight_layout()
     return fig
 
@@ -133,7 +133,7 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
                              gridspec_kw={"height_ratios": heights})
     end_s = max(r.iteration_time_s for r in results.values())
     # one memory scale for all panels; zoomed on the curves unless one comes near the capacity
-    peak_gib = max(r.summary()["peak_memory_bytes"] for r in results.values()) / _GiB
+    peak_gib = max(r.summarize().peak_memory_bytes for r in results.values()) / _GiB
     low_gib = min(min(r.memory_timeline(d)[1]) for r in results.values() for d, _ in _class_rows(r)) / _GiB
     capacity_gib = max(r.workload.device_memory_bytes for r in results.values()) / _GiB
     show_capacity = peak_gib > 0.8 * capacity_gib
@@ -141,11 +141,11 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
     bottom_gib = 0.0 if show_capacity else max(0.0, low_gib - 0.15 * max(peak_gib - low_gib, 0.1))
     for i, name in enumerate(names):
         result, gantt_ax, memory_ax = results[name], axes[2 * i], axes[2 * i + 1]
-        s = result.summary()
+        s = result.summarize()
         draw_gantt(gantt_ax, result.event_rows(), _class_rows(result), result.workload.num_microbatches, end_s)
-        oom = "  OUT OF MEMORY" if s["oom"] else ""
-        gantt_ax.set_title(f"{name}: {s['iteration_time_s'] * 1e3:.1f} ms per iteration, bubble "
-                           f"{s['bubble_fraction']:.1%}, peak memory {s['peak_memory_bytes'] / _GiB:.2f} GiB{oom}",
+        oom = "  OUT OF MEMORY" if s.oom else ""
+        gantt_ax.set_title(f"{name}: {s.iteration_time_s * 1e3:.1f} ms per iteration, bubble "
+                           f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
                            loc="left", fontsize="medium", color="red" if oom else "black")
         memory_figure(result, ax=memory_ax)
         memory_ax.set_title("")

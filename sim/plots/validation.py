@@ -90,19 +90,19 @@ def validation_memory_figure(report: dict[str, Any]) -> Any:
 def fault_impact_figure(result) -> Any:
     """Idle time per device with and without the scenario's faults (``SimResult.baseline``)."""
     plt = _pyplot()
-    impact = result.summary()["fault_impact"]
-    rows = impact["devices"]
+    impact = result.summarize().fault_impact
+    rows = impact.devices
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["fault_free_idle_s"] * 1e3 for r in rows], width=0.4, color="0.6",
-           label=f"fault-free ({impact['fault_free_iteration_time_s'] * 1e3:.1f} ms per iteration)")
-    ax.bar([x + 0.2 for x in xs], [(r["idle_s"] or 0.0) * 1e3 for r in rows], width=0.4, color="tab:red",
+    ax.bar([x - 0.2 for x in xs], [r.fault_free_idle_s * 1e3 for r in rows], width=0.4, color="0.6",
+           label=f"fault-free ({impact.fault_free_iteration_time_s * 1e3:.1f} ms per iteration)")
+    ax.bar([x + 0.2 for x in xs], [(r.idle_s or 0.0) * 1e3 for r in rows], width=0.4, color="tab:red",
            label=f"with faults ({result.iteration_time_s * 1e3:.1f} ms)" if result.iteration_time_s else "with faults")
-    ax.set_xticks(list(xs), [f"{r['device']}" for r in rows])
+    ax.set_xticks(list(xs), [f"{r.device}" for r in rows])
     ax.set_xlabel("device")
     ax.set_ylabel("idle time per iteration (ms)")
     ax.set_title(f"{result.workload.name}: idle time with and without faults"
-                 + (f" ({impact['slowdown']:.2f}x slower)" if impact["slowdown"] else ""))
+                 + (f" ({impact.slowdown:.2f}x slower)" if impact.slowdown else ""))
     ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
     return fig

@@ -1,0 +1,52 @@
+"""A replay as a Chrome trace (the trace-event JSON that ui.perfetto.dev and chrome://tracing open).
+
+One process per device, with a thread per stream (compute, send, receive, all-reduce) holding
+a complete event (``ph: X``) per action, and a ``memory`` counter track (``ph: C``) with the
+device's bytes over time. Times are microseconds, as the format wants. Large clusters trace
+one device per class of identical devices unless every device is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.engine.result import SimResult
+
+__all__ = ["perfetto_trace", "traced_devices"]
+
+TRACE_ALL_LIMIT = 64
+"""Clusters of at most this many devices trace every device by default."""
+
+_THREADS = {"compute": 0, "send": 1, "recv": 2, "allreduce": 3}
+
+
+def traced_devices(result: SimResult, limit: int = TRACE_ALL_LIMIT) -> list[int]:
+    """Every device when there are at most ``limit``; otherwise one per class."""
+    if result.workload.num_devices <= limit:
+        return list(result.workload.devices)
+    return sorted(cls.devices[0] for cls in result.workload.classes)
+
+
+def perfetto_trace(result: SimResult, devices: list[int] | None = None) -> dict[str, Any]:
+    """Chrome trace-event JSON of ``result`` for ``devices`` (default: ``traced_devices``)."""
+    devices = traced_devices(result) if devices is None else devices
+    events: list[dict[str, Any]] = []
+    for device in devices:
+        events.append({"ph": "M", "name": "process_name", "pid": device, "args": {"name": f"device {device}"}})
+        for stream, tid in _THREADS.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": tid, "args": {"name": stream}})
+    for row in result.event_rows(devices):
+        if row["end_s"] <= row["start_s"] and row["stream"] != "compute":
+            continue
+        events.append(
+            {"ph": "X", "name": row["action"], "cat": row["kind"], "pid": row["device"], "tid": _THREADS[row["stream"]],
+             "ts": row["start_s"] * 1e6, "dur": (row["end_s"] - row["start_s"]) * 1e6,
+             "args": {"microbatch": row["microbatch"], "stage": row["stage"]}}
+        )
+    for device in devices:
+        for t, value in zip(*result.memory_timeline(device)):
+            events.append({"ph": "C", "name": "memory", "pid": device, "ts": t * 1e6, "args": {"bytes": value}})
+    metadata = {"engine": result.engine, "contention": result.contention, "devices_traced": len(devices),
+                "devices_total": result.workload.num_devices}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata}
