@@ -196,35 +196,24 @@ class _progress:
             self.bar.close()
 
 
-def _plan_entry(scenario, evaluation, dp_time: float | None) -> dict[str, Any]:
-    from planner.space import to_scenario
-    from sim.input.plan_file import plan_to_dict
-
-    planned = to_scenario(scenario, evaluation.candidate)
-    entry = plan_to_dict(planned.plan, planned.training)
-    entry.update(
-        description=evaluation.candidate.describe(),
-        placement=evaluation.candidate.placement,
-        iteration_time_s=evaluation.iteration_time_s,
-        throughput_samples_per_s=evaluation.throughput_samples_per_s,
-        peak_memory_bytes=evaluation.peak_memory_bytes,
-        speedup_over_dp=(dp_time / evaluation.iteration_time_s) if dp_time else None,
-    )
-    return entry
-
-
 def _report(scenario, results, elapsed: float) -> dict[str, Any]:
+    from planner.evaluation import count_rejections, evaluation_row
+
     dp = results.get("dp")
     dp_time = dp.best.iteration_time_s if dp is not None and dp.best is not None else None
     planners = {}
     for name, result in results.items():
-        entry = _plan_entry(scenario, result.best, dp_time) if result.best else None
+        entry = None
+        if result.best is not None:
+            entry = evaluation_row(result.best)
+            entry["speedup_over_dp"] = dp_time / result.best.iteration_time_s if dp_time else None
         planners[name] = {
             "plan": entry,
             "search_time_s": result.search_time_s,
             "candidates_scored": result.candidates_scored,
             "replays": len(result.evaluations),
             "rejected": sum(1 for e in result.evaluations if not e.ok),
+            "rejected_by_kind": count_rejections(result.evaluations),
             "note": result.note,
         }
     ranked = sorted((r.best.iteration_time_s, name) for name, r in results.items() if r.best)

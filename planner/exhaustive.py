@@ -24,8 +24,9 @@ import itertools
 import time
 
 from planner.costs import CostTables
+from planner.evaluation import evaluate
 from planner.search import PlannerResult
-from planner.space import Candidate, PlannerOptions, evaluate, microbatch_sizes
+from planner.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.errors import DappleError
 from sim.input.scenario import Scenario
 

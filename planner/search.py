@@ -8,11 +8,14 @@ PPoPP'21, §4.1):
    phase with each stage's all-reduce; cuts as stages of their own) on the cost tables of
    ``planner.costs``, plus an estimate of peak memory;
 2. the fast path (contention-free replay of the exact plan, exact memory) on the best
-   ``fast_top``, and on more while ``fast_budget_s`` allows (small plans replay in a few
-   milliseconds, so small searches look much further down the analytic ranking);
+   ``fast_top``, and on more until its replays have run ``fast_budget_ops`` actions (small
+   plans replay in a few hundred actions, so small searches look much further down the
+   analytic ranking). The budget counts work, not seconds, so the same scenario gives the
+   same plan on any machine and under any load;
 3. the SimPy engine (contention) on the best ``engine_top`` that fit in memory.
 
-The engine's verdict is the answer. Candidates that cannot run are kept with their reason.
+The engine's verdict is the answer. Candidates that cannot run are kept with their
+``planner.evaluation.Rejection`` (a kind and a reason).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import time
 from dataclasses import dataclass, field
 
 from planner.costs import CostTables
-from planner.space import Candidate, Evaluation, PlannerOptions, evaluate
+from planner.evaluation import Evaluation, count_rejections, evaluate
+from planner.space import Candidate, PlannerOptions
 from sim.input.scenario import Scenario
 
-__all__ = ["PlannerResult", "analytic_score", "settle"]
+__all__ = ["PlannerResult", "analytic_score", "no_fit_note", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +148,14 @@ def settle(
     chunked = [item for item in scored if item[2].chunks > 1][: INTERLEAVED_REPLAYS]
     queue = plain[: options.fast_top] + chunked + plain[options.fast_top :]
     must = min(options.fast_top, len(plain)) + len(chunked)
-    fast = []
-    fast_started = time.perf_counter()
+    fast, spent_ops = [], 0
     for index, (_, _, candidate) in enumerate(queue[: options.fast_max]):
-        if index >= must and time.perf_counter() - fast_started > options.fast_budget_s:
+        if index >= must and spent_ops >= options.fast_budget_ops:
             break  # the analytic ranking is trusted beyond what the budget allows
-        fast.append(evaluate(scenario, candidate, engine="fast"))
+        evaluation = evaluate(scenario, candidate, engine="fast")
+        fast.append(evaluation)
+        if index >= must:
+            spent_ops += evaluation.replayed_ops
         if progress is not None:
             progress()
     result.evaluations.extend(fast)
@@ -163,9 +169,18 @@ def settle(
     ok = sorted((e for e in settled if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
     result.best = ok[0] if ok else None
     if result.best is None:
-        reasons = sorted({e.rejected for e in fast if e.rejected})
-        result.note = "no candidate fits: " + (reasons[0] if reasons else "nothing to evaluate")
+        result.note = no_fit_note(fast)
     result.search_time_s = time.perf_counter() - started
     log.info("%s: %d scored, %d replayed, best %s", name, len(scored), len(result.evaluations),
              result.best.iteration_time_s if result.best else None)
     return result
+
+
+def no_fit_note(evaluations: list[Evaluation]) -> str:
+    """Why nothing fits: the rejections counted by kind, and the first reason in sorted order."""
+    counts = count_rejections(evaluations)
+    reasons = sorted({e.rejected for e in evaluations if e.rejected})
+    if not reasons:
+        return "no candidate fits: nothing to evaluate"
+    kinds = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
+    return f"no candidate fits: {reasons[0]} ({kinds})"

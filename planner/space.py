@@ -13,14 +13,12 @@ A *candidate* is a point of DAPPLE's space (Fan et al., PPoPP'21, §4):
 * the schedule (``gpipe``, ``dapple`` with either warm-up policy, ``interleaved``) and
   whether to recompute activations.
 
-``evaluate`` replays a candidate with the fast path or the SimPy engine and returns its
-metrics, or the reason it cannot run (out of memory, an impossible schedule).
+``to_scenario`` turns a candidate into a checked plan; ``planner.evaluation`` replays it.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from sim.errors import DappleError
 from sim.plan import PlanSpec, StageSpec
@@ -31,9 +29,7 @@ __all__ = [
     "PLACEMENTS",
     "SCHEDULES",
     "Candidate",
-    "Evaluation",
     "PlannerOptions",
-    "evaluate",
     "microbatch_sizes",
     "place",
     "to_scenario",
@@ -41,6 +37,10 @@ __all__ = [
 
 PLACEMENTS = ("fresh", "append", "scatter")
 """DAPPLE's device placement policies (§4.2)."""
+
+FAST_BUDGET_OPS = 250_000
+"""Actions the fast path replays beyond ``fast_top`` by default: on a 2-core machine about what
+half a second of replays used to buy, for the 16-GPU paper scenarios (``benchmarks/planner_bench.py``)."""
 
 SCHEDULES = (("dapple", ()), ("dapple", (("policy", "2(s-i)-1"),)), ("gpipe", ()))
 """(schedule, parameters) the planner tries by default."""
@@ -66,8 +66,10 @@ class PlannerOptions:
     """Candidates the SimPy engine settles after the fast path."""
     fast_top: int = 8
     """Candidates the fast path scores after the analytic model, at least."""
-    fast_budget_s: float = 0.5
-    """Beyond ``fast_top``, keep scoring with the fast path while this much time has not passed."""
+    fast_budget_ops: int = FAST_BUDGET_OPS
+    """Beyond ``fast_top``, keep scoring with the fast path until its replays have run this many
+    actions (ops of every device class): a count of work, so the answer is the same on any
+    machine and under any load."""
     fast_max: int = 200
     """Candidates the fast path scores at most."""
 
@@ -106,24 +108,6 @@ class Candidate:
             f"layers {a}–{b - 1} × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
             for s, (a, b, r) in enumerate(zip(self.bounds, self.bounds[1:], self.replicas))
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Evaluation:
-    """A candidate's replay, or why it cannot run."""
-
-    candidate: Candidate
-    engine: str
-    iteration_time_s: float = math.inf
-    peak_memory_bytes: float = 0.0
-    throughput_samples_per_s: float = 0.0
-    rejected: str | None = None
-    """Why the candidate cannot run (out of memory, ...); None if it runs."""
-    summary: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.rejected is None
 
 
 def microbatch_sizes(global_batch_size: int, options: PlannerOptions, max_microbatches: int = 64) -> tuple[int, ...]:
@@ -194,24 +178,3 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
     schedule_for_plan(plan, training.num_microbatches)
     return replace(scenario, plan=plan, training=training)
-
-
-def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") -> Evaluation:
-    """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``)."""
-    from sim.engine.run import run_scenario
-
-    try:
-        result = run_scenario(to_scenario(scenario, candidate), engine=engine)
-    except DappleError as exc:
-        return Evaluation(candidate=candidate, engine=engine, rejected=str(exc))
-    summary = result.summary()
-    rejected = summary["oom_detail"]["message"] if summary["oom"] else None
-    return Evaluation(
-        candidate=candidate,
-        engine=engine,
-        iteration_time_s=summary["iteration_time_s"],
-        peak_memory_bytes=summary["peak_memory_bytes"],
-        throughput_samples_per_s=summary["throughput_samples_per_s"] or 0.0,
-        rejected=rejected,
-        summary=summary,
-    )

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 from planner.sweep_file import (Point, Sweep, SweepError, column_value, load_sweep, override_value, planner_option,
                                 sweep_from_dict)
 from sim.errors import DappleError
+from sim.summary import metrics_row
 
 __all__ = [
     "SweepError", "Sweep", "Point", "SweepResult", "load_sweep", "sweep_from_dict", "sweep_points",
@@ -118,40 +119,26 @@ def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
         from sim.engine.run import run_scenario
 
         result = run_scenario(scenario, engine=engine)
-        row.update(_metrics(result.summary()), recompute=scenario.plan.recompute)
+        row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute)
         return row
     return {**row, **_plan(scenario, planner, options)}
 
 
-def _metrics(summary: Mapping[str, Any]) -> dict[str, Any]:
-    oom = summary["oom_detail"] or {}
-    return {
-        "schedule": summary["schedule"], "num_stages": summary["num_stages"], "num_devices": summary["num_devices"],
-        "num_microbatches": summary["num_microbatches"], "iteration_time_s": summary["iteration_time_s"],
-        "throughput_samples_per_s": summary["throughput_samples_per_s"],
-        "bubble_fraction": summary["bubble_fraction"], "mfu": summary["mfu"],
-        "peak_memory_bytes": summary["peak_memory_bytes"],
-        "min_peak_memory_bytes": min(d["peak_memory_bytes"] for d in summary["devices"]),
-        "oom": summary["oom"], "oom_device": oom.get("device"), "oom_overshoot_bytes": oom.get("overshoot_bytes"),
-    }
-
-
 def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    from planner.evaluation import evaluation_row
     from planner.registry import get_planner
-    from planner.space import PlannerOptions, to_scenario
-    from sim.input.plan_file import plan_to_dict
+    from planner.space import PlannerOptions
 
     found = get_planner(planner)(scenario, PlannerOptions(**options))
     if found.best is None:  # nothing fits: a result of the study, not a failure
         return {"oom": True, "planner_note": found.note}
-    candidate = found.best.candidate
-    planned = to_scenario(scenario, candidate)
-    plan = plan_to_dict(planned.plan, planned.training)
+    best = found.best
+    row = evaluation_row(best)
     return {
-        **_metrics(found.best.summary), "microbatch_size": candidate.microbatch_size,
-        "recompute": candidate.recompute, "schedule": column_value(plan["schedule"]),
-        "plan_description": candidate.describe(), "plan_placement": candidate.placement,
-        "plan_json": json.dumps(plan, sort_keys=True), "planner_note": found.note or None,
+        **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
+        "recompute": best.candidate.recompute, "schedule": column_value(row["schedule"]),
+        "plan_description": row["description"], "plan_placement": row["placement"],
+        "plan_json": json.dumps(best.plan_file(), sort_keys=True), "planner_note": found.note or None,
     }
 
 

@@ -81,8 +81,8 @@ class Sweep:
     planner: str = "dapple"
     """Plan mode: the planner's name (``planner.registry``)."""
     options: tuple[tuple[str, Any], ...] = ()
-    """Plan mode: ``PlannerOptions`` fields; ``fast_budget_s`` is 0 unless given, so plans are
-    the same on every run and every machine (the planner's time budget is not)."""
+    """Plan mode: ``PlannerOptions`` fields (the planner's budgets count work, so a point's plan
+    is the one ``dapple-plan`` finds for it, on every run and every machine)."""
     points: tuple[Point, ...] = ()
     axis_keys: tuple[str, ...] = ()
     """Column names of the settings, in order."""
@@ -140,7 +140,7 @@ def sweep_from_dict(
     options = data.get("options") or {}
     if not isinstance(options, dict):
         raise fail("options", "must be a mapping of planner options, e.g. {microbatch_sizes: [4, 8]}")
-    checked = {"fast_budget_s": 0.0} if mode == "plan" else {}
+    checked = {}
     checked.update((name, planner_option(name, value, f"options.{name}", fail)) for name, value in options.items())
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name:
@@ -262,6 +262,9 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
     from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
 
     fields = list(PlannerOptions.__dataclass_fields__)
+    if name == "fast_budget_s":
+        raise fail(where, "the planner's budget counts work now, not seconds: give fast_budget_ops, the actions "
+                          "the fast path may replay beyond fast_top (an integer >= 0)")
     if name not in fields:
         raise fail(where, f"unknown planner option; valid: {', '.join(sorted(fields))}")
 
@@ -302,12 +305,9 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         if value is not None and not ints(value, 1):
             raise fail(where, f"must be a positive integer, got {value!r}")
         return value
-    if name == "fast_budget_s":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise fail(where, f"must be a number of seconds >= 0, got {value!r}")
-        return float(value)
-    if not ints(value, 0 if name == "engine_top" else 1):  # engine_top, fast_top, fast_max
-        raise fail(where, f"must be an integer >= {0 if name == 'engine_top' else 1}, got {value!r}")
+    low = 0 if name in ("engine_top", "fast_budget_ops") else 1
+    if not ints(value, low):  # engine_top, fast_top, fast_budget_ops, fast_max
+        raise fail(where, f"must be an integer >= {low}, got {value!r}")
     return value
 
 

@@ -6,15 +6,23 @@ import json
 import random
 
 import pytest
-
 from conftest import SCENARIOS
+
 from planner.baselines import dp_planner, even_planner, pipedream_planner
 from planner.costs import CostTables
 from planner.dapple import dapple_planner
+from planner.evaluation import evaluate
 from planner.exhaustive import exhaustive_planner, lower_bound_s
-from planner.space import Candidate, PlannerOptions, evaluate, place
+from planner.space import Candidate, PlannerOptions, place
 from sim.input.scenario import Scenario, load_scenario
-from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
+from sim.specs import (
+    ClusterSpec,
+    DeviceSpec,
+    LayerSpec,
+    LinkSpec,
+    ModelSpec,
+    TrainingSpec,
+)
 
 
 def _cluster(nodes, per_node, memory=2.0**40, inter=2e9, intra=2e10):
