@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 
-from planner.sweep_file import (Point, Sweep, SweepError, column_value, load_sweep, override_value, planner_option,
-                                sweep_from_dict)
-from sim.errors import DappleError
-from sim.summary import metrics_row
+from planner.sweep_file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
+from planner.sweep_point import one_line, run_point
 
 __all__ = [
     "SweepError", "Sweep", "Point", "SweepResult", "load_sweep", "sweep_from_dict", "sweep_points",
@@ -71,75 +69,6 @@ class SweepResult:
     """Points found in the output folder and not run again."""
     wall_s: float
     files: tuple[Path, ...] = field(default=())
-
-
-# --- one point ------------------------------------------------------------------------------
-
-
-def run_point(sweep: Sweep, point: Point) -> dict[str, Any]:
-    """Simulate or plan one point; returns its table row (never raises for a bad point)."""
-    started = time.perf_counter()
-    row: dict[str, Any] = {"point": point.id, **dict(point.columns)}
-    try:
-        row.update(_evaluate(sweep, point))
-    except DappleError as exc:
-        row["error"] = _one_line(str(exc))
-    except Exception as exc:  # an engine bug must not stop a thousand-point study
-        log.debug("point %s failed", point.id, exc_info=True)
-        row["error"] = _one_line(f"{exc.__class__.__name__}: {exc}")
-    row["wall_s"] = time.perf_counter() - started
-    return row
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:500]
-
-
-def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
-    from sim.input.scenario import parse_scenario
-
-    settings = dict(point.settings)
-    planner = settings.pop("planner", sweep.planner)
-    engine = settings.pop("engine", sweep.engine)
-    options = dict(sweep.options)
-    for key in [k for k in settings if k.startswith("options.")]:
-        name = key.split(".", 1)[1]
-        options[name] = planner_option(name, settings.pop(key), key, lambda k, p: SweepError(f"{k}: {p}"))
-    overrides = {key: override_value(value) for key, value in settings.items()}
-    scenario = parse_scenario(sweep.base_text, source=Path(sweep.base).name, base_dir=Path(sweep.base).parent,
-                              overrides=overrides)
-    cluster, training = scenario.cluster, scenario.training
-    row = {
-        "scenario": scenario.name, "model_name": scenario.model.name, "device_name": cluster.device.name,
-        "num_nodes": cluster.nodes, "cluster_devices": cluster.num_devices,
-        "global_batch_size": training.global_batch_size, "microbatch_size": training.microbatch_size,
-        "memory_capacity_bytes": cluster.device.memory_bytes,
-    }
-    if sweep.mode == "simulate":
-        from sim.engine.run import run_scenario
-
-        result = run_scenario(scenario, engine=engine)
-        row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute)
-        return row
-    return {**row, **_plan(scenario, planner, options)}
-
-
-def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    from planner.evaluation import evaluation_row
-    from planner.registry import get_planner
-    from planner.space import PlannerOptions
-
-    found = get_planner(planner)(scenario, PlannerOptions(**options))
-    if found.best is None:  # nothing fits: a result of the study, not a failure
-        return {"oom": True, "planner_note": found.note}
-    best = found.best
-    row = evaluation_row(best)
-    return {
-        **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
-        "recompute": best.candidate.recompute, "schedule": column_value(row["schedule"]),
-        "plan_description": row["description"], "plan_placement": row["placement"],
-        "plan_json": json.dumps(best.plan_file(), sort_keys=True), "planner_note": found.note or None,
-    }
 
 
 # --- executors ------------------------------------------------------------------------------
@@ -193,7 +122,7 @@ def open_executor(workers: int | None = None, dask: str | None = None) -> Iterat
             try:
                 client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
             except (OSError, TimeoutError, ValueError) as exc:
-                raise SweepError(f"--dask {dask}: cannot reach the scheduler ({_one_line(str(exc))})") from None
+                raise SweepError(f"--dask {dask}: cannot reach the scheduler ({one_line(str(exc))})") from None
         try:
             yield client.get_executor(pure=False), max(1, sum(client.nthreads().values()))
         finally:
@@ -269,7 +198,7 @@ def _drain(lean: Sweep, pending: list[Point], pool: Executor, window: int, rows:
                     rows[point.id] = future.result()
                 except Exception as exc:  # the worker itself died (killed, out of host memory)
                     rows[point.id] = {"point": point.id, **dict(point.columns),
-                                      "error": _one_line(f"worker failed: {exc.__class__.__name__}: {exc}")}
+                                      "error": one_line(f"worker failed: {exc.__class__.__name__}: {exc}")}
                 if bar is not None:
                     bar.update(1)
             if checkpoint is not None and time.monotonic() - saved > CHECKPOINT_S:
