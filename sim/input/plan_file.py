@@ -1,6 +1,6 @@
 """Plan files: the JSON that the planner writes and the simulator and runtime read.
 
-A plan file holds what ARCHITECTURE.md calls a plan::
+A plan file holds what ``docs/architecture.md`` calls a plan::
 
     {"schedule": "dapple", "num_microbatches": 8, "microbatch_size": 16, "recompute": false,
      "stages": [{"layers": [0, 27], "devices": [0, 1, 2, 3, 4, 5, 6, 7]}, ...]}
