@@ -11,5 +11,7 @@ It executes the same plans and schedule IR the simulator replays, one process pe
 - ``validate``: the single-process reference and the gradient comparison;
 - ``peer``: the same plan through ``torch.distributed.pipelining``;
 - ``profiler``, ``bandwidth``, ``profile_run``: layer profiles, link and device measurements;
-- ``launch``, ``worker``, ``status``, ``cli``: torchrun, local spawns, failure reports, ``dapple-run``.
+- ``launch``, ``worker``, ``status``: torchrun, local spawns, failure reports;
+- ``cli``: ``dapple-run``'s options and dispatch to ``run_command``, ``profile_command`` and
+  ``validate_command``, one module per subcommand.
 """

@@ -7,27 +7,30 @@ N workers through torchrun and prints what rank 0 measured. Under torchrun
 
 Exit codes: 0 success, 1 run failure (a rank failed, or ``--check`` found a difference),
 2 bad input (one line on stderr, never a traceback).
+
+This module is the command line only: the options, their checks (``_prepare``, shared by
+every subcommand) and the dispatch. Each subcommand lives in its own module:
+``runtime.run_command``, ``runtime.profile_command``, ``runtime.validate_command``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
-import signal
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
+from runtime.profile_command import cmd_profile
+from runtime.run_command import cmd_run, report_failure
+from runtime.validate_command import cmd_validate
 from sim.command import add_scenario_options, parse_overrides, run_cli
 from sim.errors import DappleError
-from sim.units import format_bytes, format_time
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
+
+_report_failure = report_failure  # the name tests and older callers import from here
 
 EPILOG = """examples:
   dapple-run run scenarios/gpt_tiny_cpu.yaml --nproc 2 --check
@@ -124,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --- run ------------------------------------------------------------------------------------
+# --- the arguments every subcommand shares ----------------------------------------------
 
 
 def _fail_at(text: str | None) -> tuple[int, str, str] | None:
@@ -151,269 +154,14 @@ def _prepare(args: argparse.Namespace) -> None:
         args.fail_at = _fail_at(args.fail_at)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from runtime.config import check_world, load_runnable
-    from runtime.launch import worker_env
+COMMANDS = {"run": cmd_run, "profile": cmd_profile, "validate": cmd_validate}
+"""Subcommand -> its implementation (``runtime.run_command``, ``runtime.profile_command``,
+``runtime.validate_command``); each takes the parsed, checked arguments."""
 
+
+def _dispatch(args: argparse.Namespace) -> int:
     _prepare(args)
-    if worker_env() is not None:
-        from runtime.worker import run_worker
-
-        return run_worker(args, lambda summary: _print_run(summary, args.json))
-    runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
-    if args.nproc is None:
-        raise DappleError(f"--nproc: missing; the plan uses {len(runnable.plan.devices)} devices, give --nproc "
-                          f"{len(runnable.plan.devices)}")
-    check_world(runnable.plan, args.nproc)
-    if args.backend == "nccl":
-        _check_gpus(args.nproc)
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"dapple-run-{runnable.scenario.name}-"))
-    summary = _launch_run(args, out)
-    if summary is None:
-        return _report_failure(out, args.failure_code)
-    _print_run(summary, args.json)
-    if args.csv:
-        _append_csv(args.csv, runnable, summary)
-    if args.check and not summary["check_passed"]:
-        print(f"dapple-run: check failed: max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} "
-              f"(worst {summary['worst_grad']}), loss {summary['loss']:.7g} vs {summary['reference_loss']:.7g}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-def _append_csv(path: str, runnable, summary: dict[str, Any]) -> None:
-    """Append this run as one row of ``sim.analysis.calibrate``'s measured-run CSV (header if new)."""
-    import csv
-
-    from sim.analysis.calibrate import COLUMNS
-
-    if runnable.model.preset != "gpt":
-        raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
-                          f"{runnable.model.preset!r}")
-    replicas = {stage.num_replicas for stage in runnable.plan.stages}
-    if len(replicas) != 1 or runnable.plan.schedule == "interleaved":
-        raise DappleError("--csv: the calibration CSV needs one replica count for every stage and one stage per "
-                          "device set (dp x pp); this plan has " + ("interleaved chunks" if len(replicas) == 1
-                                                                    else f"replica counts {sorted(replicas)}"))
-    dp = replicas.pop()
-    training, values = runnable.scenario.training, runnable.model.values
-    row = {"hidden": values["hidden"], "heads": values["heads"], "layers": values["layers"],
-           "seq_len": values["seq_len"], "vocab": values["vocab"], "microbatch_size": training.microbatch_size // dp,
-           "global_batch_size": training.global_batch_size, "tp": 1, "dp": dp, "pp": runnable.plan.num_stages,
-           "recompute": int(runnable.plan.recompute), "iteration_time_s": summary["median_iteration_time_s"]}
-    target = Path(path)
-    new = not target.exists() or target.stat().st_size == 0
-    try:
-        with open(target, "a", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(COLUMNS))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-    except OSError as exc:
-        raise DappleError(f"--csv {path}: cannot write ({exc.strerror})") from None
-
-
-def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
-    """Run the plan through torchrun into ``out``; rank 0's summary, or None when it failed
-    (``args.failure_code`` then holds torchrun's exit code)."""
-    from runtime.launch import launch
-
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("failure-rank*.txt")) + list(out.glob("status-rank*")) + [out / "summary.json"]:
-        stale.unlink(missing_ok=True)
-    code = launch(args.nproc, _worker_args(args, out), log_path=out / "torchrun.log")
-    if code != 0:
-        args.failure_code = code
-        return None
-    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from torch.multiprocessing import ProcessRaisedException
-
-    from runtime.config import check_world, load_runnable
-    from runtime.validate_loop import combine_rounds, validate, write_report
-    from sim.analysis.validation import format_report
-
-    args.check, args.no_memory, args.fail_at = False, False, None
-    _prepare(args)
-    runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
-    if args.nproc is None:
-        raise DappleError(f"--nproc: missing; the plan uses {len(runnable.plan.devices)} devices, give --nproc "
-                          f"{len(runnable.plan.devices)}")
-    check_world(runnable.plan, args.nproc)
-    if args.backend == "nccl":
-        _check_gpus(args.nproc)
-    out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-validation"
-
-    if args.rounds < 1:
-        raise DappleError(f"--rounds: {args.rounds}; give 1 or more")
-
-    if args.slices < 1:
-        raise DappleError(f"--slices: {args.slices}; give 1 or more")
-    reports = []
-    try:
-        for round_ in range(args.rounds):
-            folder = out if args.rounds == 1 else out / f"round{round_ + 1}"
-            if args.rounds > 1:
-                print(f"round {round_ + 1}/{args.rounds}: profile and run, simulate", file=sys.stderr, flush=True)
-            reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=folder,
-                                    warmup=args.warmup, slices=args.slices, repeats=args.repeats, seed=args.seed,
-                                    timeout=args.timeout))
-    except ProcessRaisedException as failed:
-        print(f"dapple-run: error: the run failed: {_last_line(str(failed))}", file=sys.stderr)
-        return 1
-    report = reports[0] if args.rounds == 1 else combine_rounds(reports)
-    paths = write_report(report, out)
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(format_report(report))
-        print("report: " + ", ".join(str(p) for p in paths))
-    return 0
-
-
-def _last_line(text: str) -> str:
-    """The last non-empty line of a failed rank's traceback: its exception."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "a rank failed"
-
-
-def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:
-    words = ["run", str(args.scenario), "--backend", args.backend, "--steps", str(args.steps), "--warmup",
-             str(args.warmup), "--seed", str(args.seed), "--timeout", str(args.timeout), "--out", str(out)]
-    for key, value in args.overrides.items():
-        words += ["--set", f"{key}={value}"]
-    if args.plan:
-        words += ["--plan", str(args.plan)]
-    if args.check:
-        words.append("--check")
-    if args.no_memory:
-        words.append("--no-memory")
-    if args.fail_at:
-        words += ["--fail-at", ":".join(map(str, args.fail_at))]
-    return words
-
-
-def _check_gpus(nproc: int) -> None:
-    import torch
-
-    if torch.cuda.device_count() < nproc:
-        raise DappleError(f"--backend nccl needs {nproc} GPUs (one per process); this machine has "
-                          f"{torch.cuda.device_count()}; use --backend gloo")
-
-
-def _report_failure(out: Path, code: int) -> int:
-    """One line: which rank failed first and at which action, and where the others stopped.
-
-    A rank that raised left a failure file; a rank that died (killed, crashed) left none, and
-    torchrun's log gives its exit code. A death comes first: the others' errors are then
-    only their lost connection to it. Among raised failures the earliest is the cause. A rank
-    ended by SIGTERM is one torchrun stopped after another failed, so it is a cause only when
-    nothing else failed.
-    """
-    from runtime.status import read_failures, read_status
-
-    failures, status = read_failures(out), read_status(out)
-    log = out / "torchrun.log"
-    exits = _failed_ranks(log)
-    dead = sorted(rank for rank in exits if rank not in failures)
-    crashed = [rank for rank in dead if exits[rank] != str(-signal.SIGTERM)]
-    dead = crashed or ([] if failures else dead)
-    if dead:
-        cause = dead[0]
-        where = f" at {status[cause]}" if cause in status else ""
-        message = f"rank {cause} died{where} (exit code {exits[cause]})"
-    elif failures:
-        cause = min(failures, key=lambda rank: failures[rank][0])
-        message = failures[cause][1]
-    else:
-        cause, message = None, f"torchrun exited with code {code}"
-    others = [f"rank {rank} at {text}" for rank, text in sorted(status.items()) if rank != cause]
-    stopped = f"; stopped: {', '.join(others)}" if others else ""
-    print(f"dapple-run: error: {message}{stopped}; log: {log}", file=sys.stderr)
-    return 1
-
-
-def _failed_ranks(log: Path) -> dict[int, str]:
-    """Rank -> exit code of every failed worker in torchrun's failure report."""
-    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
-    pairs = re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", text)
-    return {int(rank): exit_code for rank, exit_code in pairs}
-
-
-def _bytes(value: float | None) -> str:
-    return "-" if value is None else format_bytes(value)
-
-
-def _print_run(summary: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
-        return
-    times = summary["iteration_times_s"]
-    print(f"{summary['name']}: {summary['schedule']}, {summary['num_stages']} stages, "
-          f"{summary['num_microbatches']} micro-batches, {summary['world_size']} ranks "
-          f"({summary['backend']}, {summary['device_type']})")
-    print(f"iteration {format_time(summary['median_iteration_time_s'])} (median of {len(times)} steps; "
-          f"min {format_time(min(times))}, max {format_time(max(times))})   "
-          f"throughput {summary['throughput_samples_per_s']:.1f} samples/s   loss {summary['losses'][-1]:.5g}")
-    print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'peak activations':>17}")
-    for d in summary["devices"]:
-        stages = ",".join(map(str, d["stages"]))
-        print(f"  {d['device']:>6}  {stages:<10} {_bytes(d['peak_memory_bytes']):>12} "
-              f"{_bytes(d['peak_activation_bytes']):>17}")
-    if "max_abs_grad_diff" in summary:
-        verdict = "passed" if summary["check_passed"] else "FAILED"
-        print(f"check: loss {summary['loss']:.7g} vs reference {summary['reference_loss']:.7g}, "
-              f"max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} (max relative "
-              f"{summary['max_rel_grad_diff']:.3g}): {verdict}")
-    print(f"trace: {summary['trace']}")
-
-
-# --- profile --------------------------------------------------------------------------------
-
-
-def _cmd_profile(args: argparse.Namespace) -> int:
-    from runtime.config import load_runnable
-    from runtime.launch import worker_env
-
-    _prepare(args)
-    runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
-    out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-profile"
-    from runtime import profile_run
-
-    if worker_env() is not None:
-        from runtime.worker import profile_worker
-
-        return profile_worker(args, lambda measured: _print_profile(
-            profile_run.finish(runnable, args, out, measured["device"], measured["links"]), args.json))
-    result = profile_run.profile_here(runnable, args, out)
-    _print_profile(result, args.json)
-    return 0
-
-
-def _print_profile(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result, indent=2, sort_keys=True))
-        return
-    print(f"{'layer':<12} {'forward':>10} {'backward':>10} {'output':>10} {'saved':>10} {'params':>10}   "
-          f"(batch of {result['batch_size']} on {result['device']['name']})")
-    for layer in result["layers"]:
-        print(f"{layer['name']:<12} {format_time(layer['fwd_s']):>10} {format_time(layer['bwd_s']):>10} "
-              f"{format_bytes(layer['output_bytes']):>10} {format_bytes(layer['stash_bytes']):>10} "
-              f"{format_bytes(layer['param_bytes']):>10}")
-    links = result.get("links")
-    if links:
-        print(f"point-to-point ({links['backend']}): latency {format_time(links['p2p_latency_s'])}, bandwidth "
-              f"{links['p2p_bandwidth_bytes_per_s'] / 1e9:.3g}GB/s; all-reduce latency "
-              f"{format_time(links['allreduce_latency_s'])}")
-    for key in ("profile", "profile_json", "cluster", "scenario"):
-        if result.get(key):
-            print(f"{key.replace('_', ' ')}: {result[key]}")
-
-
-COMMANDS = {"run": _cmd_run, "profile": _cmd_profile, "validate": _cmd_validate}
+    return COMMANDS[args.command](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -423,10 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank not in (None, "0"):
         # under torchrun only rank 0 speaks for a bad input that every rank sees alike
         try:
-            return COMMANDS[args.command](args)
+            return _dispatch(args)
         except DappleError:
             return 2
-    return run_cli("dapple-run", lambda: COMMANDS[args.command](args))
+    return run_cli("dapple-run", lambda: _dispatch(args))
 
 
 if __name__ == "__main__":

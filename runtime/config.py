@@ -1,9 +1,10 @@
 """What the runtime needs before any process starts: a runnable model and a plan that fits.
 
-The simulator keeps only a ``ModelSpec`` (per-layer numbers), but a real run needs the
-shape parameters that built it (``layers: 4, hidden: 64, ...``). They are read back from the
-scenario file's ``model:`` section, after the same ``--plan`` and ``--set`` overrides the
-scenario loader applied, and completed with the preset's defaults (``sim.models.PRESET_PARAMS``).
+A real run needs the shape parameters that built the model (``layers: 4, hidden: 64, ...``),
+not only its per-layer numbers. The checked scenario carries them: a generated model keeps
+its generator and every resolved parameter (``ModelSpec.preset``, set by ``sim.models``), so
+the runtime reads only what ``sim.input.scenario.load_scenario`` returns, after the same
+``--plan`` and ``--set`` overrides the simulator applies, and never the file a second time.
 
 Everything here is checked without torch, in the launching process, so that a scenario
 that cannot run (a measured profile instead of a preset, a plan that needs more processes
@@ -17,14 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.errors import DappleError
-from sim.models import PRESET_PARAMS, build_model
+from sim.input.scenario import Scenario, load_scenario
+from sim.models import build_model
 from sim.plan import PlanSpec
-from sim.input.scenario import Scenario, apply_overrides, load_scenario
+from sim.specs import ModelSpec
 
-__all__ = ["RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config"]
+__all__ = [
+    "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",
+    "runnable_model",
+]
 
 RUNNABLE_PRESETS = ("gpt", "mlp")
 """Presets that ``runtime.models`` can build as torch modules."""
@@ -37,7 +40,8 @@ class ModelConfig:
     preset: str
     """``gpt`` or ``mlp``."""
     params: tuple[tuple[str, Any], ...]
-    """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved."""
+    """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved
+    (the checked model's ``ModelSpec.preset.params``)."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -66,32 +70,47 @@ class RunnableScenario:
         return self.scenario.plan
 
 
+def runnable_model(model: ModelSpec, *, source: str = "<scenario>") -> ModelConfig:
+    """The ``ModelConfig`` of a checked model: its generator and resolved parameters."""
+    if model.preset is None:
+        raise _not_runnable(source, None)
+    if model.preset.name not in RUNNABLE_PRESETS:
+        raise _not_runnable(source, model.preset.name)
+    return ModelConfig(preset=model.preset.name, params=model.preset.params)
+
+
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
-    """The ``ModelConfig`` of a scenario's raw ``model:`` mapping (already checked by the loader)."""
+    """The ``ModelConfig`` of a ``model:`` mapping as a scenario writes it (for tests and tools).
+
+    ``sim.models`` builds the model as the scenario loader does, so every default comes from
+    its one table.
+    """
     if "profile" in raw_model:
-        raise DappleError(
+        raise _not_runnable(source, None)
+    preset = raw_model.get("preset")
+    if preset not in RUNNABLE_PRESETS:
+        raise _not_runnable(source, preset)
+    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name")}
+    return runnable_model(build_model(preset, **params), source=source)
+
+
+def _not_runnable(source: str, preset: Any) -> DappleError:
+    """The one-line error for a measured profile (``preset`` None) or a preset without torch layers."""
+    if preset is None:
+        return DappleError(
             f"{source}: model.profile: a measured profile has no layers to run; use a built-in model "
             f"(model: {{preset: {' or '.join(RUNNABLE_PRESETS)}, ...}})"
         )
-    preset = raw_model.get("preset")
-    if preset not in RUNNABLE_PRESETS:
-        raise DappleError(
-            f"{source}: model.preset: {preset!r} cannot be built for real yet; runnable presets: "
-            f"{', '.join(RUNNABLE_PRESETS)}"
-        )
-    table = PRESET_PARAMS[preset]
-    params = {key: raw_model.get(key, default) for key, default in table.items()}
-    if preset == "gpt" and params["ffn_hidden"] is None:
-        params["ffn_hidden"] = 4 * params["hidden"]
-    if preset == "mlp" and params["input_size"] is None:
-        params["input_size"] = params["hidden"]
-    return ModelConfig(preset=preset, params=tuple(sorted(params.items())))
+    return DappleError(
+        f"{source}: model.preset: {preset!r} cannot be built for real yet; runnable presets: "
+        f"{', '.join(RUNNABLE_PRESETS)}"
+    )
 
 
 def load_runnable(
     path: str | Path, overrides: Mapping[str, str] | None = None, *, plan: Mapping[str, Any] | None = None
 ) -> RunnableScenario:
-    """Load ``path`` strictly (as ``dapple-sim`` does) and extract its runnable model.
+    """Load ``path`` strictly (as ``dapple-sim`` does) and take its runnable model from the result.
 
     Raises ``DappleError`` (one line) when the scenario has no plan or no buildable model.
     """
@@ -100,17 +119,7 @@ def load_runnable(
         raise DappleError(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if plan is not None:
-        from sim.input.plan_file import merge_plan
-
-        raw = merge_plan(raw, plan, source=str(path))
-    if overrides:
-        raw = apply_overrides(raw, overrides, source=str(path))
-    config = model_config(raw["model"], source=str(path))
-    rebuilt = build_model(config.preset, **{k: v for k, v in config.params})
-    assert rebuilt.num_layers == scenario.model.num_layers, "model parameters re-read inconsistently"
-    return RunnableScenario(scenario=scenario, model=config)
+    return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path)))
 
 
 def check_world(plan: PlanSpec, world_size: int) -> None:

@@ -8,7 +8,9 @@ A simulation has four independent inputs (as in Calculon: system, model, strateg
   Device ids are global: ``node * devices_per_node + local_index``.
 * ``ModelSpec`` — an ordered list of ``LayerSpec`` (profile order or generator order), with the
   bytes that cross each possible cut between two stages. All per-layer sizes and times are
-  per *sample*; the cost model scales them to a micro-batch.
+  per *sample*; the cost model scales them to a micro-batch. A generated model also keeps
+  the generator and parameters that built it (``ModelPreset``), so nothing needs the
+  scenario file again to build it for real.
 * ``TrainingSpec`` — the global batch and the micro-batch that enters the pipeline.
 
 The plan (stages and schedule) is the fourth input; it lives in ``sim.plan``.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from sim.errors import SpecError
 
@@ -31,6 +34,7 @@ __all__ = [
     "LinkSpec",
     "ClusterSpec",
     "LayerSpec",
+    "ModelPreset",
     "ModelSpec",
     "TrainingSpec",
     "optimizer_state_factor",
@@ -92,9 +96,11 @@ class DeviceSpec:
     peak_flop_per_s: float
     """Dense half-precision (fp16/bf16 tensor core) peak, FLOP/s."""
     peak_fp32_flop_per_s: float
-    """Dense fp32 peak (without TF32), FLOP/s; used for fp32 models."""
+    """Dense fp32 peak (without TF32), FLOP/s; used for fp32 models. A scenario's custom device
+    that leaves it out gets ``peak_flops / 16``, the A100's ratio (``sim.input.cluster``)."""
     memory_bandwidth_bytes_per_s: float
-    """Device memory (HBM) bandwidth, bytes/s."""
+    """Device memory (HBM) bandwidth, bytes/s. A scenario's custom device that leaves it out gets
+    ``peak_flops`` × 2039 GB/s / 312 TFLOP/s, the A100's ratio (``sim.input.cluster``)."""
     efficiency: float = 0.5
     """Fraction of peak that large matrix products achieve (e_max of ``sim.kernels``), in (0, 1]."""
     matmul_half_dim: float = 0.0
@@ -268,6 +274,33 @@ class LayerSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ModelPreset:
+    """The generator a built-in model came from, with every parameter it was built with."""
+
+    name: str
+    """Generator name, a key of ``sim.models.MODEL_PRESETS`` (``gpt``, ``bert``, ``mlp``, ``vgg``)."""
+    params: tuple[tuple[str, Any], ...]
+    """(parameter, value) pairs sorted by name: every parameter of the generator, defaults
+    filled in and computed ones (``ffn_hidden``, ``input_size``) resolved, so that
+    ``build_model(name, **values)`` builds the same model again."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("preset", "must not be empty")
+        keys = [pair[0] for pair in self.params]
+        if keys != sorted(set(keys)):
+            raise SpecError("params", f"must be (name, value) pairs sorted by unique name, got names {keys}")
+        for key, value in self.params:
+            if not isinstance(value, (bool, int, float, str, type(None))):
+                raise SpecError(key, f"must be a number, a string or a boolean, got {value!r}")
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The parameters as keywords for ``sim.models.build_model``."""
+        return dict(self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """An ordered list of layers and what crosses each possible cut between stages."""
 
@@ -287,6 +320,9 @@ class ModelSpec:
     """Optimizer whose state is kept per parameter: sgd, momentum, adam, adamw."""
     source: str = ""
     """Where the model came from (a profile path or a preset description)."""
+    preset: ModelPreset | None = None
+    """The generator and parameters of a built-in model (``sim.models``), which the runtime
+    builds as torch modules; None for a measured profile."""
 
     def __post_init__(self) -> None:
         if not self.layers:

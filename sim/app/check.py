@@ -4,6 +4,8 @@ The description is plain data (for ``--json``) with the numbers a user wants to 
 simulating: how many layers and devices, how the plan cuts the model, how each micro-batch
 is split over a stage's replicas, what each stage costs per micro-batch, and how much memory
 every device holds at rest (parameters, gradients and optimizer state, before activations).
+A custom device's numbers that the file left out are listed with the defaults they took
+(``device_defaults``: the keys; ``device_default_values``: key -> value used and its rule).
 Things that are allowed but probably unintended become ``warnings``.
 """
 
@@ -29,6 +31,8 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         "devices_per_node": cluster.devices_per_node,
         "device": cluster.device.name,
         "device_memory_bytes": cluster.device.memory_bytes,
+        "device_defaults": [key for key, _ in scenario.device_defaults],
+        "device_default_values": dict(scenario.device_defaults),
         "model": {
             "name": model.name,
             "source": model.source,
@@ -118,12 +122,22 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
+def _device_defaults_line(info: dict[str, Any]) -> list[str]:
+    """The custom device's numbers that the scenario left to their defaults, if any."""
+    values = info.get("device_default_values") or {}
+    if not values:
+        return []
+    used = ", ".join(f"{key} {values[key]}" for key in info["device_defaults"])
+    return [f"device defaults (not in the file; sim.input.cluster): {used}"]
+
+
 def format_description(info: dict[str, Any]) -> str:
     """The human-readable form of ``describe``'s output."""
     lines = [
         f"scenario {info['name']}: {info['model']['name']} ({info['num_layers']} layers, "
         f"{format_bytes(info['model']['param_bytes'])} of {info['model']['dtype']} parameters, {info['model']['optimizer']})",
         f"cluster: {info['nodes']} x {info['devices_per_node']} {info['device']} = {info['num_devices']} devices",
+        *_device_defaults_line(info),
         f"training: global batch {info['global_batch_size']}, micro-batch {info['microbatch_size']} "
         f"-> {info['num_microbatches']} micro-batches",
     ]

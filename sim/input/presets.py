@@ -13,6 +13,9 @@ H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
 Kernel-model defaults (``sim.kernels``: matrix efficiency e_max, the dimension D at which a
 product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
 starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``.
+The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
+it depends on the framework and the host, not the device. A preset gives every key, so a
+scenario on one takes none of the custom-device defaults (``sim.input.cluster``).
 NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
 NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
@@ -38,6 +41,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "matmul_half_dim": 32,
             "kernel_overhead": "5us",
             "memory_efficiency": 0.8,
+            "action_overhead": "0s",
         },
         "A100-80GB": {
             "memory": "80GiB",
@@ -48,6 +52,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "matmul_half_dim": 48,
             "kernel_overhead": "4us",
             "memory_efficiency": 0.8,
+            "action_overhead": "0s",
         },
         "H100-80GB": {
             "memory": "80GiB",
@@ -58,6 +63,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "matmul_half_dim": 64,
             "kernel_overhead": "4us",
             "memory_efficiency": 0.8,
+            "action_overhead": "0s",
         },
         "H200-141GB": {
             "memory": "141GB",
@@ -68,6 +74,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "matmul_half_dim": 64,
             "kernel_overhead": "4us",
             "memory_efficiency": 0.8,
+            "action_overhead": "0s",
         },
     }
 )

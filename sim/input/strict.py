@@ -16,7 +16,7 @@ from typing import Any, Callable
 from sim.errors import DappleError, ScenarioError, SpecError
 from sim.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
 
-__all__ = ["MISSING", "StrictReader", "join_key", "show_value"]
+__all__ = ["DATA_DIR", "MISSING", "StrictReader", "device_ids", "join_key", "show_value"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 """Files shipped with the package (profiles); a relative path not found beside the scenario is looked up here."""
@@ -72,6 +72,15 @@ class StrictReader:
             raise self.fail(join_key(key, name), f"unknown value {value!r}; {hint}valid: {', '.join(sorted(choices))}")
         return value
 
+    def number(self, data: dict, key: str, name: str, default: Any = MISSING) -> float:
+        """A plain number (no unit), such as an efficiency or a slowdown factor."""
+        value = data.get(name, default)
+        if value is MISSING:
+            raise self.fail(join_key(key, name), "missing; add a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(join_key(key, name), f"must be a number, got {show_value(value)}")
+        return float(value)
+
     def boolean(self, data: dict, key: str, name: str, default: bool) -> bool:
         value = data.get(name, default)
         if not isinstance(value, bool):
@@ -113,6 +122,34 @@ class StrictReader:
             return constructor(**fields)
         except SpecError as exc:
             raise self.fail(join_key(key, exc.key), exc.problem) from None
+
+
+def device_ids(reader: StrictReader, value: Any, key: str, count: int) -> tuple[int, ...]:
+    """Device ids from a list (``[0, 1, 2]``), an integer, or ranges text (``"0-7, 16-23"``);
+    ids must be below ``count`` (checked before a range is expanded)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str):
+        devices: list[int] = []
+        for part in value.split(","):
+            lo, _, hi = part.strip().partition("-")
+            if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+                raise reader.fail(key, f"cannot read {value!r}; write a list [0, 1] or ranges '0-7, 16-23'")
+            first, last = int(lo), int(hi) if hi else int(lo)
+            if last < first:
+                raise reader.fail(key, f"range {part.strip()!r} runs backwards; write low-high")
+            if last >= count:
+                raise reader.fail(key, f"device {last} does not exist; the cluster has devices 0 to {count - 1}")
+            devices.extend(range(first, last + 1))
+        return tuple(devices)
+    if not isinstance(value, list) or not value:
+        raise reader.fail(key, f"must be a non-empty list of device ids, got {show_value(value)}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise reader.fail(key, f"device ids are integers, got {show_value(item)} in {show_value(value)}")
+        if not 0 <= item < count:
+            raise reader.fail(key, f"device {item} does not exist; the cluster has devices 0 to {count - 1}")
+    return tuple(value)
 
 
 EXAMPLES = {parse_bytes: "16GiB", parse_bandwidth: "25GB/s", parse_flop_rate: "125TFLOP/s", parse_time: "5us"}

@@ -1,0 +1,68 @@
+"""``dapple-run validate``: profile, simulate, run and compare, predicted against measured.
+
+One command closes the loop that ``profile``, ``dapple-sim simulate`` and ``run`` close by
+hand: the plan runs for real on N local processes while they take turns profiling the
+model's layers, the optimizer step and the per-action overhead (``runtime.validate_loop``);
+the simulator replays the plan on those measurements; the report sets iteration time,
+per-stage compute, per-action timing and per-device peak memory side by side with relative
+errors (``sim.analysis.validation``). ``--rounds`` repeats it all on a machine whose speed
+drifts and reports the median round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from runtime.run_command import check_launch
+from sim.errors import DappleError
+
+__all__ = ["cmd_validate"]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``dapple-run validate``: the loop, one or ``--rounds`` times, and its report."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    from runtime.config import load_runnable
+    from runtime.validate_loop import combine_rounds, validate, write_report
+    from sim.analysis.validation import format_report
+
+    args.check, args.no_memory, args.fail_at = False, False, None
+    runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
+    check_launch(runnable, args)
+    out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-validation"
+
+    if args.rounds < 1:
+        raise DappleError(f"--rounds: {args.rounds}; give 1 or more")
+
+    if args.slices < 1:
+        raise DappleError(f"--slices: {args.slices}; give 1 or more")
+    reports = []
+    try:
+        for round_ in range(args.rounds):
+            folder = out if args.rounds == 1 else out / f"round{round_ + 1}"
+            if args.rounds > 1:
+                print(f"round {round_ + 1}/{args.rounds}: profile and run, simulate", file=sys.stderr, flush=True)
+            reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=folder,
+                                    warmup=args.warmup, slices=args.slices, repeats=args.repeats, seed=args.seed,
+                                    timeout=args.timeout))
+    except ProcessRaisedException as failed:
+        print(f"dapple-run: error: the run failed: {_last_line(str(failed))}", file=sys.stderr)
+        return 1
+    report = reports[0] if args.rounds == 1 else combine_rounds(reports)
+    paths = write_report(report, out)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(format_report(report))
+        print("report: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a failed rank's traceback: its exception."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "a rank failed"

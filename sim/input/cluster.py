@@ -1,0 +1,179 @@
+"""The ``cluster:`` section: servers of identical devices, the ports between them.
+
+A cluster is ``nodes`` servers of ``devices_per_node`` devices; each device has one port to
+the other devices of its server (``intra_node``) and each server has ``nics_per_node``
+network cards (``inter_node``). It is written out in full, or as a preset
+(``sim.input.presets``) with any key overridden next to the preset's name::
+
+    cluster: {preset: a100-nvlink-8, nodes: 4, inter_node: {bandwidth: 100Gb/s}}
+
+A device is a preset's name (``device: V100-16GB``) or a custom device. A custom device
+needs only what no rule of thumb can guess, its ``memory`` and its dense half-precision
+``peak_flops``; every other number it leaves out takes a documented default
+(``CUSTOM_DEVICE_DEFAULTS``), and ``dapple-sim check`` lists the ones it took::
+
+    device: {name: held-out, memory: 80GiB, peak_flops: 100TFLOP/s}
+    # peak_fp32_flops 6.25TFLOP/s (peak_flops / 16), memory_bandwidth 653.5GB/s, ...
+"""
+
+from __future__ import annotations
+
+import copy
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
+from sim.input.strict import StrictReader, join_key, show_value
+from sim.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.units import format_bandwidth, format_flop_rate, parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
+
+__all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
+
+_CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
+_DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
+                "matmul_half_dim", "kernel_overhead", "memory_efficiency", "action_overhead"}
+_LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead"}
+
+_REFERENCE = DEVICE_PRESETS["A100-80GB"]
+
+FP32_PEAK_DIVISOR: float = parse_flop_rate(_REFERENCE["peak_flops"]) / parse_flop_rate(_REFERENCE["peak_fp32_flops"])
+"""``peak_flops`` over ``peak_fp32_flops`` of a custom device that gives no fp32 peak: 16.
+
+The A100 SXM's ratio (NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s dense bf16/fp16 on
+tensor cores, 19.5 TFLOP/s fp32 without them; ``sim.input.presets``). fp32 here is plain
+fp32, as ``DeviceSpec.peak_fp32_flop_per_s`` is: TF32's 156 TFLOP/s needs the framework to
+opt in (PyTorch's matmuls run plain fp32 by default since 1.12). Computed from the A100
+preset's numbers so that the two cannot drift apart.
+"""
+
+MEMORY_BYTES_PER_FLOP: float = parse_bandwidth(_REFERENCE["memory_bandwidth"]) / parse_flop_rate(_REFERENCE["peak_flops"])
+"""Bytes/s of device memory per FLOP/s of ``peak_flops`` for a custom device that gives no
+``memory_bandwidth``: 2039 GB/s / 312 TFLOP/s, about 1 byte per 153 FLOP (the A100 SXM 80GB's
+HBM2e against its dense bf16 peak, NVIDIA A100 datasheet; ``sim.input.presets``)."""
+
+CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "peak_fp32_flops": f"peak_flops / {FP32_PEAK_DIVISOR:g}",
+        "memory_bandwidth": f"peak_flops x {MEMORY_BYTES_PER_FLOP:.4g} B/FLOP",
+        "efficiency": 0.5,
+        "matmul_half_dim": 0,
+        "memory_efficiency": 1,
+        "kernel_overhead": "0s",
+        "action_overhead": "0s",
+    }
+)
+"""``cluster.device`` key -> what a custom device that leaves it out gets.
+
+The two rates are derived from ``peak_flops`` by the A100's ratios (``FP32_PEAK_DIVISOR``,
+``MEMORY_BYTES_PER_FLOP``). The kernel model's numbers are ``DeviceSpec``'s defaults (see
+``sim.kernels``): large matrix products reach half the peak whatever their size, element-wise
+kernels the full memory bandwidth, and neither a kernel launch nor the framework around a
+stage's forward or backward costs a fixed overhead. Fit them to measured runs with
+``dapple-sim calibrate``. A preset device gives every key itself, so takes none of these.
+"""
+
+
+def read_cluster(reader: StrictReader, data: Any) -> tuple[ClusterSpec, tuple[tuple[str, str], ...]]:
+    """The cluster, and ``(key, value used)`` for each device key a default filled in."""
+    data = reader.mapping(data, "cluster")
+    reader.keys(data, "cluster", allowed=_CLUSTER_KEYS)
+    if data.get("preset") is not None:
+        data = _merge_preset(reader, data)
+    reader.keys(data, "cluster", allowed=_CLUSTER_KEYS,
+                required={"nodes", "devices_per_node", "device", "intra_node", "inter_node"})
+    device, defaults = read_device(reader, data["device"])
+    cluster = reader.build(
+        "cluster",
+        ClusterSpec,
+        name=reader.string(data, "cluster", "name") if "name" in data else "",
+        nodes=reader.integer(data, "cluster", "nodes"),
+        devices_per_node=reader.integer(data, "cluster", "devices_per_node"),
+        nics_per_node=reader.integer(data, "cluster", "nics_per_node", 1),
+        device=device,
+        intra_node=_link(reader, data["intra_node"], "cluster.intra_node"),
+        inter_node=_link(reader, data["inter_node"], "cluster.inter_node"),
+    )
+    return cluster, defaults
+
+
+def _merge_preset(reader: StrictReader, data: dict) -> dict:
+    """The preset's mapping with the file's keys over it (links and the device key by key)."""
+    preset_name = reader.string(data, "cluster", "preset", choices=CLUSTER_PRESETS)
+    merged = {**copy.deepcopy(dict(CLUSTER_PRESETS[preset_name])), "name": preset_name}
+    for name, value in data.items():
+        if name in ("intra_node", "inter_node") and isinstance(value, dict):
+            merged[name] = {**merged[name], **value}
+        elif name == "device" and isinstance(value, dict) and "name" not in value:
+            merged[name] = {"name": merged[name], **value}  # override some of the preset's device
+        elif name != "preset":
+            merged[name] = value
+    return merged
+
+
+def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tuple[str, str], ...]]:
+    """A preset or custom device, and ``(key, value used)`` for each key a default filled in."""
+    key = "cluster.device"
+    if isinstance(data, str):
+        data = {"name": data}
+    data = reader.mapping(data, key)
+    reader.keys(data, key, allowed=_DEVICE_KEYS, required={"name"})
+    name = reader.string(data, key, "name")
+    preset = DEVICE_PRESETS.get(name)
+    if preset is None:
+        for needed in ("memory", "peak_flops"):
+            if data.get(needed) is None:
+                raise reader.fail(
+                    join_key(key, needed),
+                    f"missing for device {name!r}, which is not a preset ({', '.join(sorted(DEVICE_PRESETS))}); "
+                    "a custom device needs memory and peak_flops (dapple-sim check lists the defaults of the rest)",
+                )
+    values = {**(preset or {}), **data}
+    memory = reader.quantity(values, key, "memory", parse_bytes)
+    peak = reader.quantity(values, key, "peak_flops", parse_flop_rate)
+    derived = {"peak_fp32_flops": peak / FP32_PEAK_DIVISOR, "memory_bandwidth": peak * MEMORY_BYTES_PER_FLOP}
+    device = reader.build(
+        key,
+        DeviceSpec,
+        name=name,
+        memory_bytes=memory,
+        peak_flop_per_s=peak,
+        peak_fp32_flop_per_s=reader.quantity(values, key, "peak_fp32_flops", parse_flop_rate)
+        if "peak_fp32_flops" in values else derived["peak_fp32_flops"],
+        memory_bandwidth_bytes_per_s=reader.quantity(values, key, "memory_bandwidth", parse_bandwidth)
+        if "memory_bandwidth" in values else derived["memory_bandwidth"],
+        **{field: reader.number(values, key, field, CUSTOM_DEVICE_DEFAULTS[field])
+           for field in ("efficiency", "matmul_half_dim", "memory_efficiency")},
+        kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time,
+                                          CUSTOM_DEVICE_DEFAULTS["kernel_overhead"]),
+        action_overhead_s=reader.quantity(values, key, "action_overhead", parse_time,
+                                          CUSTOM_DEVICE_DEFAULTS["action_overhead"]),
+    )
+    shown = {
+        "peak_fp32_flops": format_flop_rate(derived["peak_fp32_flops"]),
+        "memory_bandwidth": format_bandwidth(derived["memory_bandwidth"]),
+    }
+    used = tuple(
+        (field, f"{shown[field]} ({rule}, the A100's ratio)" if field in shown else str(rule))
+        for field, rule in CUSTOM_DEVICE_DEFAULTS.items()
+        if field not in values
+    )
+    return device, used
+
+
+def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
+    data = reader.mapping(data, key)
+    reader.keys(data, key, allowed=_LINK_KEYS, required={"bandwidth"})
+    label = data.get("name", "")
+    if not isinstance(label, str):
+        raise reader.fail(join_key(key, "name"), f"must be a string, got {show_value(label)}")
+    return reader.build(
+        key,
+        LinkSpec,
+        bandwidth_bytes_per_s=reader.quantity(data, key, "bandwidth", parse_bandwidth),
+        latency_s=reader.quantity(data, key, "latency", parse_time, "0s"),
+        name=label,
+        send_overhead_s=reader.quantity(data, key, "send_overhead", parse_time, "0s"),
+        send_bandwidth_bytes_per_s=reader.quantity(data, key, "send_bandwidth", parse_bandwidth)
+        if "send_bandwidth" in data else None,
+        recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s"),
+    )

@@ -1,0 +1,84 @@
+"""The ``faults:`` section: what goes wrong during a simulated iteration.
+
+A scenario may inject stragglers (a device computes ``slowdown`` times slower from a time
+on), jitter (every action's time drawn around its cost, seeded), slow links (a NIC or a
+device's port at a ``factor`` of its bandwidth) and failures (a device stops at a time);
+``sim.faults`` defines them and how the engine applies them::
+
+    faults:
+    - {type: straggler, device: 3, slowdown: 1.5}
+    - {type: jitter, spread: 0.05, seed: 7, devices: "0-7"}
+
+Every device and NIC id is checked against the cluster, so a fault can only name hardware
+that exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.input.strict import StrictReader, device_ids, join_key, show_value
+from sim.specs import ClusterSpec
+from sim.units import parse_time
+
+__all__ = ["read_faults"]
+
+_FAULT_KEYS = {
+    "straggler": {"type", "device", "slowdown", "from"},
+    "jitter": {"type", "distribution", "spread", "seed", "devices"},
+    "slow_link": {"type", "nic", "device", "factor"},
+    "failure": {"type", "device", "at"},
+}
+
+_FAULT_REQUIRED = {"straggler": {"device", "slowdown"}, "jitter": set(), "slow_link": {"factor"},
+                   "failure": {"device", "at"}}
+
+
+def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
+    """The ``faults:`` list (see ``sim.faults``), with device and NIC ids checked against the cluster."""
+    from sim.faults import FAULT_TYPES
+
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise reader.fail("faults", f"must be a list of faults ({', '.join(FAULT_TYPES)}), got {show_value(data)}")
+    faults = []
+    for index, item in enumerate(data):
+        key = f"faults[{index}]"
+        item = reader.mapping(item, key)
+        kind = reader.string(item, key, "type", choices=FAULT_TYPES)
+        reader.keys(item, key, allowed=_FAULT_KEYS[kind], required=_FAULT_REQUIRED[kind])
+        faults.append(_fault(reader, kind, item, key, cluster))
+    return tuple(faults)
+
+
+def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: ClusterSpec):
+    from sim.faults import Failure, Jitter, SlowLink, Straggler
+
+    if kind == "straggler":
+        return reader.build(key, Straggler, device=_hardware_id(reader, item, key, "device", cluster.num_devices),
+                            slowdown=reader.number(item, key, "slowdown"),
+                            from_s=reader.quantity(item, key, "from", parse_time, "0s"))
+    if kind == "failure":
+        return reader.build(key, Failure, device=_hardware_id(reader, item, key, "device", cluster.num_devices),
+                            at_s=reader.quantity(item, key, "at", parse_time))
+    if kind == "slow_link":
+        nics = cluster.nodes * cluster.nics_per_node
+        return reader.build(
+            key, SlowLink, factor=reader.number(item, key, "factor"),
+            nic=_hardware_id(reader, item, key, "nic", nics) if "nic" in item else None,
+            device=_hardware_id(reader, item, key, "device", cluster.num_devices) if "device" in item else None,
+        )
+    devices = device_ids(reader, item["devices"], join_key(key, "devices"), cluster.num_devices) \
+        if "devices" in item else None
+    return reader.build(key, Jitter, distribution=reader.string(item, key, "distribution", "normal"),
+                        spread=reader.number(item, key, "spread", 0.05),
+                        seed=reader.integer(item, key, "seed", 0, minimum=0), devices=devices)
+
+
+def _hardware_id(reader: StrictReader, data: dict, key: str, name: str, count: int) -> int:
+    value = reader.integer(data, key, name, minimum=0)
+    if value >= count:
+        what = "network cards" if name == "nic" else "devices"
+        raise reader.fail(join_key(key, name), f"{value} does not exist; the cluster has {what} 0 to {count - 1}")
+    return value

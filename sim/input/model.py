@@ -1,0 +1,67 @@
+"""The ``model:`` section: a measured profile or a built-in generator, never both.
+
+A model is either measured (``profile:`` a profile file, ``sim.input.profiles``, with the
+batch size it was measured at) or generated from a handful of shape parameters by one of
+``sim.models``' presets::
+
+    model: {profile: profiles/dapple-v100/bert-48-pbs-2.txt, profile_batch_size: 2}
+    model: {preset: gpt, layers: 48, hidden: 1024, heads: 16, seq_len: 512, vocab: 30522}
+
+A generated model keeps the generator's name and resolved parameters
+(``ModelSpec.preset``), which is what the runtime builds as torch modules. ``name:``
+renames either kind for display.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sim.errors import DappleError, SpecError
+from sim.input.strict import StrictReader, join_key
+from sim.specs import ModelSpec
+
+__all__ = ["read_model"]
+
+_PROFILE_KEYS = {"profile", "profile_batch_size", "optimizer", "dtype", "name"}
+
+
+def read_model(reader: StrictReader, data: Any) -> ModelSpec:
+    """The model of a scenario's ``model:`` mapping."""
+    data = reader.mapping(data, "model")
+    if ("profile" in data) == ("preset" in data):
+        raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
+    model = _profiled(reader, data) if "profile" in data else _generated(reader, data)
+    return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
+
+
+def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
+    from sim.input.profiles import load_profile
+
+    reader.keys(data, "model", allowed=_PROFILE_KEYS, required={"profile", "profile_batch_size"})
+    path = reader.path(data["profile"], "model.profile", data_fallback=True)
+    try:
+        return load_profile(
+            path,
+            profile_batch_size=reader.integer(data, "model", "profile_batch_size"),
+            dtype=reader.string(data, "model", "dtype", "fp32"),
+            optimizer=reader.string(data, "model", "optimizer", "adam"),
+        )
+    except SpecError as exc:
+        raise reader.fail(join_key("model", exc.key), exc.problem) from None
+    except DappleError as exc:
+        raise reader.fail("model.profile", str(exc)) from None
+
+
+def _generated(reader: StrictReader, data: dict) -> ModelSpec:
+    from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
+
+    preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
+    params = {k: v for k, v in data.items() if k not in ("preset", "name")}
+    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]))
+    try:
+        return build_model(preset, **params)
+    except SpecError as exc:
+        raise reader.fail(join_key("model", exc.key), exc.problem) from None
+    except (TypeError, ValueError) as exc:
+        raise reader.fail("model", f"cannot build preset {preset!r}: {exc}") from None

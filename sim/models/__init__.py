@@ -1,0 +1,72 @@
+"""Built-in models: layer lists computed from a handful of shape parameters.
+
+A pipeline simulator needs, for every layer, four numbers per sample: how many bytes of
+parameters it holds, how many FLOPs its forward and its backward take, how many bytes it
+keeps from its forward until its backward (its *stash*), and how many bytes it hands to the
+next layer (what crosses a cut between two stages). A measured profile gives them for one
+real model; a generator computes them from the model's shape, so that "GPT with 48 blocks of
+hidden 1024" can be studied without a GPU. Presets are entries of a name -> callable table::
+
+    build_model("gpt", layers=48, hidden=1024, heads=16, seq_len=512, vocab=30522)
+
+Conventions shared by every generator (``s`` sequence length, ``h`` hidden size, ``a`` heads,
+``f`` MLP width, ``V`` vocabulary, ``d`` bytes per element of the training dtype):
+
+* Parameter bytes are the parameter count times ``d`` (gradients take as many; optimizer
+  state is ``ModelSpec.optimizer_state_bytes_per_param_byte`` on top).
+* FLOPs count matrix multiplications and convolutions only, two FLOPs per multiply-add, as
+  model-FLOPs utilisation does (Narayanan et al., SC'21, §5.1). The backward of a matmul is
+  two matmuls of the same size (input gradient and weight gradient), so backward = 2 ×
+  forward and half of it is weight gradient (``wgrad_fraction`` 0.5). Layers without any
+  matmul (embedding look-up, max-pooling) get a nominal one FLOP per element they touch, so
+  that a cost model driven by FLOPs does not make them free.
+* The stash of a layer is what *its own* backward needs, on the device that runs it: its
+  input, plus 1-byte masks for dropout and ReLU (as Korthikanti et al., MLSys'23, §4.1 count
+  dropout masks). A ReLU's backward only needs to know where its output was positive; we
+  count that as a 1-byte mask rather than the output itself, because the output is the next
+  layer's input and is already stashed there — counting it twice would double the dominant
+  term. Losses keep their logits or probabilities in fp32 (Korthikanti §4.3; PyTorch autocast
+  also runs softmax and cross-entropy in fp32).
+* The last layer computes the loss, a scalar per micro-batch: its output bytes are 0.
+
+One module per family: ``sim.models.transformer`` (gpt, bert), ``sim.models.vgg``,
+``sim.models.mlp``; the layers they share are in ``sim.models.layers`` and the parameter
+table and its checks in ``sim.models.params``. A built model remembers its generator and
+parameters (``ModelSpec.preset``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from sim.errors import SpecError
+from sim.models.mlp import mlp
+from sim.models.params import PRESET_PARAMS, REQUIRED, names
+from sim.models.transformer import bert, gpt
+from sim.models.vgg import vgg
+from sim.specs import ModelSpec
+
+__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "build_model", "model_flop_per_sample"]
+
+
+MODEL_PRESETS: Mapping[str, Callable[..., ModelSpec]] = MappingProxyType(
+    {"bert": bert, "gpt": gpt, "mlp": mlp, "vgg": vgg}
+)
+"""Preset name -> generator taking the preset's parameters as keywords."""
+
+
+def build_model(preset: str, **params: Any) -> ModelSpec:
+    """Build the model of ``preset`` from its parameters (see ``PRESET_PARAMS``).
+
+    Raises ``SpecError`` keyed ``preset`` for an unknown preset, or keyed by the parameter
+    for an unknown, missing or invalid one.
+    """
+    if preset not in MODEL_PRESETS:
+        raise SpecError("preset", f"unknown model preset {preset!r}; valid: {names(MODEL_PRESETS)}")
+    return MODEL_PRESETS[preset](**params)
+
+
+def model_flop_per_sample(model: ModelSpec) -> float:
+    """Forward plus backward FLOPs of every layer for one sample (the numerator of MFU)."""
+    return sum(layer.fwd_flop + layer.bwd_flop for layer in model.layers)

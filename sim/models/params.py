@@ -1,0 +1,109 @@
+"""Preset parameters: what each generator takes, which defaults it fills in, what it rejects.
+
+Every generator of ``sim.models`` is called with keywords; ``PRESET_PARAMS`` lists them per
+preset with their defaults (``REQUIRED`` for the shape parameters a user must give, ``None``
+for a default computed from the others). ``resolve`` checks a call's keywords against that
+table, one ``SpecError`` keyed by the parameter per mistake, and returns the complete set;
+the built model keeps it (``ModelSpec.preset``), so the runtime builds exactly what was
+simulated without reading the scenario again.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from sim.errors import SpecError
+from sim.specs import DTYPE_BYTES, OPTIMIZER_STATES
+
+__all__ = ["REQUIRED", "PRESET_PARAMS", "describe", "names", "resolve"]
+
+
+class _Required:
+    """Marks a preset parameter without a default."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""The value ``PRESET_PARAMS`` gives to a parameter that the user must set."""
+
+
+def _transformer_params(tied_embeddings: bool) -> Mapping[str, Any]:
+    shape = {key: REQUIRED for key in ("layers", "hidden", "heads", "seq_len", "vocab")}
+    extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": "fp16", "optimizer": "adam"}
+    return MappingProxyType(shape | extra)
+
+
+PRESET_PARAMS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "bert": _transformer_params(tied_embeddings=True),
+        "gpt": _transformer_params(tied_embeddings=False),
+        "mlp": MappingProxyType(
+            {"layers": REQUIRED, "hidden": REQUIRED, "input_size": None, "num_classes": 10}
+            | {"dtype": "fp32", "optimizer": "adam"}
+        ),
+        "vgg": MappingProxyType(
+            {"depth": 16, "image_size": 224, "num_classes": 1000, "batch_norm": False}
+            | {"dtype": "fp32", "optimizer": "momentum"}
+        ),
+    }
+)
+"""Preset name -> {parameter: default, or ``REQUIRED``}.
+
+``None`` means a default computed from other parameters: ``ffn_hidden`` = 4 × ``hidden``,
+``input_size`` = ``hidden``. ``tied_embeddings``: the output projection reuses the token
+embedding matrix (GPT-2 and BERT do), so the head holds no copy of it. That is exact when the
+embedding and the head share a stage; across stages Megatron-LM keeps a second copy on the
+last stage (Narayanan et al., SC'21), which this count leaves out.
+"""
+
+_BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})
+
+_MAX_SIZE = {"layers": 100_000}
+"""Upper bounds that keep a typo (``layers: 1e9``) from building a model that fills memory."""
+
+
+def names(table: Mapping[Any, Any]) -> str:
+    return ", ".join(str(name) for name in sorted(table))
+
+
+def resolve(preset: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``params`` against ``PRESET_PARAMS[preset]`` and fill in the defaults."""
+    table = PRESET_PARAMS[preset]
+    for key in sorted(params):
+        if key not in table:
+            raise SpecError(key, f"unknown parameter of preset {preset}; valid: {names(table)}")
+    resolved = {}
+    for key, default in table.items():
+        value = params.get(key, default)
+        if value is REQUIRED:
+            raise SpecError(key, f"required by preset {preset}; give a value (valid parameters: {names(table)})")
+        if not (value is None and default is None):  # None asks for a computed default
+            _check_value(key, value)
+        resolved[key] = value
+    return resolved
+
+
+def _check_value(key: str, value: Any) -> None:
+    if key == "dtype":
+        if not isinstance(value, str) or value not in DTYPE_BYTES:
+            raise SpecError(key, f"unknown dtype {value!r}; valid: {names(DTYPE_BYTES)}")
+    elif key == "optimizer":
+        if not isinstance(value, str) or value not in OPTIMIZER_STATES:
+            raise SpecError(key, f"unknown optimizer {value!r}; valid: {names(OPTIMIZER_STATES)}")
+    elif key in _BOOL_PARAMS:
+        if not isinstance(value, bool):
+            raise SpecError(key, f"must be true or false, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(key, f"must be a positive integer, got {value!r}")
+    elif value > _MAX_SIZE.get(key, 10**9):
+        raise SpecError(key, f"{value} is beyond what this generator builds; use at most {_MAX_SIZE.get(key, 10**9)}")
+
+
+def describe(preset: str, resolved: Mapping[str, Any]) -> str:
+    """``ModelSpec.source`` of a generated model: ``preset gpt (layers=4, hidden=64, ...)``."""
+    return f"preset {preset} (" + ", ".join(f"{key}={value}" for key, value in resolved.items()) + ")"
