@@ -67,10 +67,11 @@ def _configs(count: int) -> list[dict]:
         hidden = rng.choice([32, 64, 128, 256])
         layers = rng.choice([2, 4, 6])
         pp, dp = rng.choice([(2, 1), (1, 2)])
-        mbs = rng.choice([1, 2, 4, 8])
+        microbatch_size = rng.choice([1, 2, 4, 8])
         out.append({"hidden": hidden, "heads": rng.choice([h for h in (2, 4, 8) if hidden // h >= 8]),
                     "layers": layers, "seq_len": rng.choice([16, 32, 64]), "vocab": rng.choice([128, 256]),
-                    "microbatch_size": mbs, "global_batch_size": mbs * dp * rng.choice([2, 4, 8]), "tp": 1,
+                    "microbatch_size": microbatch_size,
+                    "global_batch_size": microbatch_size * dp * rng.choice([2, 4, 8]), "tp": 1,
                     "dp": dp, "pp": pp, "recompute": 0})
     return out
 

@@ -16,13 +16,13 @@ import time
 from sim.engine.replay import simulate
 from sim.engine.fastpath import replay
 from sim.input.scenario import parse_scenario
-from sim.engine.workload import compile_workload
+from sim.engine.compile import compile_workload
 
 TEMPLATE = """
 name: bench-{gpus}
 cluster: {{preset: v100-nvlink-8, nodes: {nodes}}}
 model: {{preset: gpt, layers: 30, hidden: 2048, heads: 16, seq_len: 1024, vocab: 50257, dtype: fp16}}
-training: {{global_batch_size: {gbs}, microbatch_size: {mbs}}}
+training: {{global_batch_size: {gbs}, microbatch_size: {microbatch_size}}}
 plan:
   schedule: dapple
   stages:
@@ -38,9 +38,9 @@ def scenario_text(gpus: int, num_stages: int = 16, num_microbatches: int = 64) -
         f"    - {{layers: [{bounds[s]}, {bounds[s + 1]}], devices: '{s * replicas}-{(s + 1) * replicas - 1}'}}"
         for s in range(num_stages)
     )
-    mbs = 2 * replicas
+    microbatch_size = 2 * replicas
     return TEMPLATE.format(
-        gpus=gpus, nodes=gpus // 8, gbs=mbs * num_microbatches, mbs=mbs, stages=stages
+        gpus=gpus, nodes=gpus // 8, gbs=microbatch_size * num_microbatches, microbatch_size=microbatch_size, stages=stages
     )
 
 

@@ -1,8 +1,8 @@
-"""Single-GPU stage replay: predicted vs measured per-stage time and peak memory (issue 6).
+"""Single-GPU stage timing: predicted vs measured per-stage time and peak memory (issue 6).
 
 On one GPU, every stage of a 4-stage GPT plan runs its rank's action list of GPipe and of
 DAPPLE at 4, 8 and 16 micro-batches, alone, with synthetic inputs and gradients instead of
-its neighbours (``runtime.stage_replay``). The simulator predicts the same numbers from a
+its neighbours (``runtime.stage_timing``). The simulator predicts the same numbers from a
 profile measured on the same GPU. The table shows both with relative errors; the goals are
 peak memory within 3% and compute time within 5%. Runs in a few minutes on an H100/H200.
 
@@ -28,18 +28,18 @@ CPU_MODEL = {"preset": "gpt", "layers": 6, "hidden": 64, "heads": 4, "seq_len": 
              "dtype": "fp32", "optimizer": "adam"}
 
 
-def _scenario(model: dict, device_name: str, memory: str, stages: int, mbs: int, microbatches: int) -> dict:
+def _scenario(model: dict, device_name: str, memory: str, stages: int, microbatch_size: int, microbatches: int) -> dict:
     layers = model["layers"] + 2
     bounds = [round(s * layers / stages) for s in range(stages + 1)]
     return {
-        "name": f"stage-replay-{device_name}",
+        "name": f"stage-timing-{device_name}",
         "cluster": {"nodes": 1, "devices_per_node": stages,
                     "device": {"name": device_name, "memory": memory, "peak_flops": "1000TFLOP/s",
                                "peak_fp32_flops": "100TFLOP/s", "memory_bandwidth": "3000GB/s"},
                     "intra_node": {"bandwidth": "400GB/s", "latency": "5us"},
                     "inter_node": {"bandwidth": "50GB/s", "latency": "5us"}},
         "model": model,
-        "training": {"global_batch_size": mbs * microbatches, "microbatch_size": mbs},
+        "training": {"global_batch_size": microbatch_size * microbatches, "microbatch_size": microbatch_size},
         "plan": {"schedule": "dapple",
                  "stages": [{"layers": [bounds[s], bounds[s + 1]], "devices": [s]} for s in range(stages)]},
     }
@@ -48,7 +48,7 @@ def _scenario(model: dict, device_name: str, memory: str, stages: int, mbs: int,
 def main() -> None:
     from runtime.config import load_runnable
     from runtime.profiler import profile_layers, write_profile
-    from runtime.stage_replay import predict_stages, replay_stage
+    from runtime.stage_timing import predict_stages, time_stage
     from sim.input.scenario import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,7 +64,7 @@ def main() -> None:
     model = GPU_MODEL if gpu else CPU_MODEL
     name = torch.cuda.get_device_name(device) if gpu else "cpu"
     memory = f"{torch.cuda.get_device_properties(device).total_memory}B" if gpu else "64GiB"
-    out = Path(args.out or tempfile.mkdtemp(prefix="stage-replay-"))
+    out = Path(args.out or tempfile.mkdtemp(prefix="stage-timing-"))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -76,7 +76,7 @@ def main() -> None:
     measured = dict(base, model={"profile": "profile/profile.txt", "profile_batch_size": args.microbatch_size,
                                  "dtype": "fp32", "optimizer": "adam"})
     mode = "allocator" if gpu else "counted"
-    print(f"stage replay on {name}: {model['layers']} blocks of {model['hidden']}, micro-batch "
+    print(f"stage timing on {name}: {model['layers']} blocks of {model['hidden']}, micro-batch "
           f"{args.microbatch_size}, {args.stages} stages; memory: {mode}")
     print(f"{'schedule':<8} {'M':>3} {'stage':>5} {'pred ms':>9} {'meas ms':>9} {'err':>7} "
           f"{'pred MiB':>10} {'meas MiB':>10} {'err':>7}")
@@ -93,7 +93,7 @@ def main() -> None:
                                                          "training.global_batch_size":
                                                              str(args.microbatch_size * microbatches)})
             for stage in range(args.stages):
-                got = replay_stage(run, stage, schedule, microbatches, device)
+                got = time_stage(run, stage, schedule, microbatches, device)
                 p = predicted[stage]
                 row = {"schedule": schedule, "microbatches": microbatches, "stage": stage,
                        "predicted_s": p["compute_s"], "measured_s": got["compute_s"],

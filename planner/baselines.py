@@ -32,8 +32,9 @@ def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> Pl
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     candidates = [
-        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=mbs, schedule="gpipe", recompute=recompute)
-        for mbs in microbatch_sizes(scenario.training.global_batch_size, options)
+        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="gpipe",
+                  recompute=recompute)
+        for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in options.recompute
     ]
     return settle("dp", scenario, candidates, options, started=started, progress=progress)
@@ -47,10 +48,10 @@ def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> 
         if n % stages:
             continue
         bounds = tuple(round(s * layers / stages) for s in range(stages + 1))
-        for mbs in microbatch_sizes(scenario.training.global_batch_size, options):
+        for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
             for recompute in options.recompute:
                 candidates.append(
-                    Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=mbs,
+                    Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=microbatch_size,
                               schedule="gpipe", recompute=recompute)
                 )
     return settle("even", scenario, candidates, options, started=started, progress=progress)
@@ -61,22 +62,23 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
     tables = CostTables(scenario)
     n = scenario.cluster.num_devices
     best = None
-    for mbs in microbatch_sizes(scenario.training.global_batch_size, options):
-        value, bounds, replicas = _pipedream_dp(tables, scenario, n, mbs)
-        per_sample = value / mbs
+    for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
+        value, bounds, replicas = _pipedream_dp(tables, scenario, n, microbatch_size)
+        per_sample = value / microbatch_size
         if best is None or per_sample < best[0]:
             best = (per_sample, bounds, replicas)
     _, bounds, replicas = best
     candidates = [
-        Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule="dapple", recompute=recompute)
-        for mbs in microbatch_sizes(scenario.training.global_batch_size, options)
+        Candidate(bounds=bounds, replicas=replicas, microbatch_size=microbatch_size, schedule="dapple",
+                  recompute=recompute)
+        for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in options.recompute
     ]
     return settle("pipedream", scenario, candidates, options, started=started, progress=progress)
 
 
-def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, mbs: int):
-    """PipeDream's A(j, m) over layer prefixes and worker counts, for micro-batches of ``mbs``."""
+def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, microbatch_size: int):
+    """PipeDream's A(j, m) over layer prefixes and worker counts, for micro-batches of ``microbatch_size``."""
     cluster, layers = scenario.cluster, tables.num_layers
 
     def sync_s(start: int, end: int, m: int) -> float:
@@ -86,12 +88,12 @@ def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, mbs:
         return 4 * (m - 1) * tables.param_bytes(start, end) / (m * link.bandwidth_bytes_per_s)
 
     def stage_s(start: int, end: int, m: int) -> float:
-        compute = sum(tables.compute_s(start, end, mbs))
+        compute = sum(tables.compute_s(start, end, microbatch_size))
         return max(compute, sync_s(start, end, m)) / m
 
     def comm_s(boundary: int) -> float:
         link = cluster.inter_node if cluster.devices_per_node == 1 else cluster.intra_node
-        return 2 * scenario.model.boundary_bytes[boundary] * mbs / link.bandwidth_bytes_per_s
+        return 2 * scenario.model.boundary_bytes[boundary] * microbatch_size / link.bandwidth_bytes_per_s
 
     inf = math.inf
     # A[j][m]: (slowest stage time, parent (i, m'), replicas of the last stage)

@@ -9,9 +9,9 @@ forms computed from prefix sums over the layers (O(1) per stage):
   are the cut's activations for the whole micro-batch and the bandwidth is that of the
   ports carrying it in parallel (each receiving GPU's port inside a server; the receiving
   servers' NICs between servers);
-* a stage's gradient all-reduce, alpha-beta as in ``sim.engine.workload``: ring inside a server,
-  hierarchical (reduce-scatter, cross-server ring on each shard through the NICs,
-  all-gather) across servers;
+* a stage's gradient all-reduce, alpha-beta (``sim.collectives``, as the engine's flows): ring
+  inside a server, hierarchical (reduce-scatter, cross-server ring on each shard through the
+  NICs, all-gather) across servers;
 * a stage's memory per device: parameters, gradients and optimizer state, plus the
   activations of the micro-batches alive at once (``min(S−i, M)`` under DAPPLE, ``M`` under
   GPipe), or only stage inputs with recompute.
@@ -21,10 +21,10 @@ These are estimates for ranking; the fast path and the SimPy engine settle the c
 
 from __future__ import annotations
 
-import math
 from itertools import accumulate
 
-from sim.cost import layer_times_s, optimizer_step_s
+from sim.collectives import hierarchical_allreduce_s
+from sim.cost import layer_times_s, optimizer_step_s, split_samples
 from sim.input.scenario import Scenario
 
 __all__ = ["CostTables"]
@@ -82,18 +82,7 @@ class CostTables:
 
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int) -> float:
         """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` GPUs on each of ``nodes`` servers."""
-        grad = self.param_bytes(start, end)
-        if grad == 0 or per_node * nodes <= 1:
-            return 0.0
-        c = self.cluster
-        n, k = per_node, nodes
-        time = 0.0
-        if n > 1:
-            time += 2 * (n - 1) / n * grad / c.intra_node.bandwidth_bytes_per_s + 2 * (n - 1) * c.intra_node.latency_s
-        if k > 1:
-            nics = min(c.nics_per_node, n)
-            time += 2 * (k - 1) / k * grad / (nics * c.inter_node.bandwidth_bytes_per_s) + 2 * (k - 1) * c.inter_node.latency_s
-        return time
+        return hierarchical_allreduce_s(self.param_bytes(start, end), per_node, nodes, self.cluster)
 
     def optimizer_s(self, start: int, end: int) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``)."""
@@ -102,5 +91,5 @@ class CostTables:
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:
-        """Samples of the largest replica slice (the stage waits for it)."""
-        return math.ceil(microbatch_size / replicas)
+        """Samples of the largest replica slice, the first (the stage waits for it; ``sim.cost.split_samples``)."""
+        return split_samples(microbatch_size, replicas)[0]

@@ -11,7 +11,8 @@ the transfer time ``C_s`` of the cut in front of stage s and all-reduce ``AR_s``
 the pivot form of warm-up + steady phase + ending phase (``sim.analytic.dapple_latency_s``)
 in which each cut is a pipeline stage of its own (``F = B = C``, busy ``C`` per micro-batch
 in each direction): transfers overlap compute, so a cut slows the steady phase only when
-it is slower than the stages.
+it is slower than the stages. ``sim.analytic.extend_pipeline`` computes L one stage at a
+time, here and in ``planner.search``'s scores.
 L is not a sum, so each DP state keeps the Pareto set of partial plans over the quantities
 that decide how extensions fare: the running maximum, the running sum ``Σ(F+B)``, the
 ending so far (a stage's all-reduce starts when the drain of backwards reaches it, so it
@@ -37,6 +38,7 @@ import time
 from planner.costs import CostTables
 from planner.search import PlannerResult, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.analytic import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
 
 __all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
@@ -103,13 +105,12 @@ def partitions(
     M = num_microbatches
     capacity = cluster.device.memory_bytes
     last = len(cuts) - 1
-    # frontier[(cut index, devices used)] =
-    #   [(lmax, fill+drain sum, ending, drained, stages, parent key, parent index, replicas)]
-    frontier: dict[tuple[int, int], list[tuple]] = {(0, 0): [(0.0, 0.0, -math.inf, 0.0, 0, None, -1, 0)]}
+    # frontier[(cut index, devices used)] = [(PipelineFold, stages, parent key, parent index, replicas)]
+    frontier: dict[tuple[int, int], list[tuple]] = {(0, 0): [(PIPELINE_START, 0, None, -1, 0)]}
     stage_cost: dict[tuple, tuple[float, float]] = {}
     for ci in range(last):
         for g in range(num_devices + 1):
-            records = [(i, rec) for i, rec in enumerate(frontier.get((ci, g), ())) if rec[4] < max_stages]
+            records = [(i, rec) for i, rec in enumerate(frontier.get((ci, g), ())) if rec[1] < max_stages]
             if not records:
                 continue
             a = cuts[ci]
@@ -125,35 +126,30 @@ def partitions(
                     cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
                     if cost_key not in stage_cost:
                         stage_cost[cost_key] = _stage(tables, a, b, r, final - first + 1, microbatch_size, ci > 0, crosses)
-                    f, bk, comm, ar = stage_cost[cost_key]
-                    fb = f + bk
+                    f, bk, comm, tail = stage_cost[cost_key]
                     key = (cj, g + r)
                     target = frontier.setdefault(key, [])
-                    worst = target[-1][0] + target[-1][2] if len(target) >= PARETO_CAP else bound
-                    link_steady, fill = M * comm, 2 * comm
-                    stage_steady = fill + M * fb
-                    for index, (lmax, psum, ending, drained, stages, *_rest) in records:
-                        steady = psum + (stage_steady if stage_steady > link_steady else link_steady)
-                        new_lmax = lmax if lmax > steady else steady
-                        tail = ar - drained - comm  # its all-reduce starts as the drain passes it
-                        new_ending = ending if ending > tail else tail
-                        if new_lmax + new_ending >= worst:
+                    # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
+                    worst = target[-1][0][0] + target[-1][0][2] if len(target) >= PARETO_CAP else bound
+                    for index, record in records:
+                        extended = extend_pipeline(record[0], f, bk, comm, tail, M)
+                        if extended[0] + extended[2] >= worst:
                             continue  # the cap would drop it (it cannot dominate a kept plan)
-                        _insert(target, (new_lmax, psum + fill + fb, new_ending, drained + comm + bk, stages + 1,
-                                         (ci, g), index, r))
+                        _insert(target, (extended, record[1] + 1, (ci, g), index, r))
     finished = []
     for g in range(1, num_devices + 1):
         for index, record in enumerate(frontier.get((last, g), [])):
             bounds, replicas = _trace(frontier, cuts, (last, g), index)
-            finished.append((record[0] + record[2], bounds, replicas))
+            finished.append((record[0].total_s, bounds, replicas))
     finished.sort(key=lambda item: (item[0], len(item[2]), item[2]))
     return finished[:keep]
 
 
-def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, mbs: int, has_input: bool, crosses: bool):
+def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, microbatch_size: int, has_input: bool,
+           crosses: bool):
     """(forward, backward, transfer of the cut in front, all-reduce + optimizer) of one stage."""
-    f, bk = tables.compute_s(a, b, CostTables.slice_of(mbs, r))
-    comm = tables.transfer_s(a, mbs, r, nodes, not crosses) if has_input else 0.0
+    f, bk = tables.compute_s(a, b, CostTables.slice_of(microbatch_size, r))
+    comm = tables.transfer_s(a, microbatch_size, r, nodes, not crosses) if has_input else 0.0
     return f, bk, comm, tables.allreduce_s(a, b, math.ceil(r / nodes), nodes) + tables.optimizer_s(a, b)
 
 
@@ -165,18 +161,20 @@ def _insert(records: list[tuple], entry: tuple) -> None:
     the latency estimate ``lmax + ending``, so its last entry is the one the cap drops.
     """
     keep = 1.0 - SLACK  # a plan must be clearly better to push another out
-    lmax, psum, ending, drained = entry[:4]
+    lmax, psum, ending, drained = entry[0]
     end_bar = ending - SLACK * abs(ending)
-    for o in records:
+    for record in records:
+        o = record[0]
         if o[0] <= lmax * keep and o[1] <= psum * keep and o[2] <= end_bar and o[3] * keep >= drained:
             return
     records[:] = [
-        o for o in records
-        if not (lmax <= o[0] * keep and psum <= o[1] * keep and ending <= o[2] - SLACK * abs(o[2]) and drained * keep >= o[3])
+        record for record in records
+        if not (lmax <= (o := record[0])[0] * keep and psum <= o[1] * keep and ending <= o[2] - SLACK * abs(o[2])
+                and drained * keep >= o[3])
     ]
-    proxy = entry[0] + entry[2]
+    proxy = lmax + ending  # total_s, spelled out on this hot path
     position = len(records)
-    while position and records[position - 1][0] + records[position - 1][2] > proxy:
+    while position and records[position - 1][0][0] + records[position - 1][0][2] > proxy:
         position -= 1
     records.insert(position, entry)
     del records[PARETO_CAP:]
@@ -186,8 +184,8 @@ def _trace(frontier, cuts, key, index) -> tuple[tuple[int, ...], tuple[int, ...]
     bounds, replicas = [cuts[key[0]]], []
     while key != (0, 0):
         record = frontier[key][index]
-        replicas.append(record[7])
-        key, index = record[5], record[6]
+        replicas.append(record[4])
+        key, index = record[2], record[3]
         bounds.append(cuts[key[0]])
     return tuple(reversed(bounds)), tuple(reversed(replicas))
 
@@ -197,14 +195,14 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list
     chunks, chunk k of the model on device set k mod S (valid when the micro-batch count
     divides into rounds of S, as torch's ScheduleInterleaved1F1B requires)."""
     variants = []
-    for _, bounds, replicas, mbs in found:
-        S, M = len(replicas), global_batch_size // mbs
+    for _, bounds, replicas, microbatch_size in found:
+        S, M = len(replicas), global_batch_size // microbatch_size
         if S < 2 or len(set(replicas)) != 1 or M % S or any(b - a < 2 for a, b in zip(bounds, bounds[1:])):
             continue
         halves = [x for a, b in zip(bounds, bounds[1:]) for x in (a, (a + b) // 2)] + [bounds[-1]]
         for placement in options.placements:
             for recompute in options.recompute:
-                variants.append(Candidate(bounds=tuple(halves), replicas=replicas * 2, microbatch_size=mbs,
+                variants.append(Candidate(bounds=tuple(halves), replicas=replicas * 2, microbatch_size=microbatch_size,
                                           schedule="interleaved", recompute=recompute, placement=placement, chunks=2))
     return variants
 
@@ -221,28 +219,28 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
     choices = sorted(_replica_choices(cluster.num_devices), key=len)
     uniform, general = [c for c in choices if len(c) == 1], [c for c in choices if len(c) > 1]
     bounds_of: dict[int, float] = {}
-    for mbs in microbatch_sizes(gbs, options):
+    for microbatch_size in microbatch_sizes(gbs, options):
         # with more than twice as many stages as micro-batches most stages idle at any time
-        stages = min(max_stages, 2 * (gbs // mbs))
-        bounds_of[mbs] = math.inf
+        stages = min(max_stages, 2 * (gbs // microbatch_size))
+        bounds_of[microbatch_size] = math.inf
         for replica_set in uniform:  # DP x PP grids first: cheap, and they bound the rest
-            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, stages,
-                               KEEP_PER_BATCH, bound=bounds_of[mbs])
-            found += [(score, b, r, mbs) for score, b, r in plans]
+            plans = partitions(tables, cuts, cluster.num_devices, microbatch_size, gbs // microbatch_size,
+                               replica_set, stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size])
+            found += [(score, b, r, microbatch_size) for score, b, r in plans]
             if plans:
-                bounds_of[mbs] = min(bounds_of[mbs], plans[0][0] * (1 + 3 * SLACK))
+                bounds_of[microbatch_size] = min(bounds_of[microbatch_size], plans[0][0] * (1 + 3 * SLACK))
     # uneven replicas for the micro-batch sizes whose grids look best
-    for mbs in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
-        stages = min(max_stages, 2 * (gbs // mbs))
+    for microbatch_size in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
+        stages = min(max_stages, 2 * (gbs // microbatch_size))
         for replica_set in general:
-            plans = partitions(tables, cuts, cluster.num_devices, mbs, gbs // mbs, replica_set, stages,
-                               KEEP_PER_BATCH, bound=bounds_of[mbs])
-            found += [(score, b, r, mbs) for score, b, r in plans]
+            plans = partitions(tables, cuts, cluster.num_devices, microbatch_size, gbs // microbatch_size,
+                               replica_set, stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size])
+            found += [(score, b, r, microbatch_size) for score, b, r in plans]
     found.sort(key=lambda item: (item[0], len(item[2])))
     candidates = [
-        Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs, schedule=name, params=params,
+        Candidate(bounds=bounds, replicas=replicas, microbatch_size=microbatch_size, schedule=name, params=params,
                   recompute=recompute, placement=placement)
-        for _, bounds, replicas, mbs in found[:POOL]
+        for _, bounds, replicas, microbatch_size in found[:POOL]
         for name, params in options.schedules
         for placement in options.placements
         for recompute in options.recompute

@@ -27,6 +27,7 @@ from planner.costs import CostTables
 from planner.evaluation import evaluate
 from planner.search import PlannerResult
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.collectives import ring_bytes, ring_s, ring_steps
 from sim.errors import DappleError
 from sim.input.scenario import Scenario
 
@@ -58,7 +59,9 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
 
 
 def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> float:
-    """The hierarchical all-reduce of ``sim.engine.workload`` with every flow at full port bandwidth."""
+    """The hierarchical all-reduce of ``sim.collectives`` (as the engine compiles it: the widest
+    server sets the ring inside, the smallest each GPU's shard across) with every flow at full
+    port bandwidth."""
     cluster, grad = tables.cluster, tables.param_bytes(start, end)
     if len(devices) < 2 or grad == 0:
         return 0.0
@@ -69,11 +72,11 @@ def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> flo
     intra, inter = cluster.intra_node, cluster.inter_node
     time_s = 0.0
     if widest > 1:
-        halves = 2 if k == 1 else 1
-        time_s += halves * ((widest - 1) / widest * grad / intra.bandwidth_bytes_per_s + (widest - 1) * intra.latency_s)
+        halves = 2 if k == 1 else 1  # one server: the whole ring; several: reduce-scatter and all-gather
+        time_s += halves * ring_s(widest, grad, intra.bandwidth_bytes_per_s, intra.latency_s, halves=1)
     if k > 1:
         smallest = min(per_node.values())
-        time_s += 2 * (k - 1) / k * grad / smallest / inter.bandwidth_bytes_per_s + 2 * (k - 1) * inter.latency_s
+        time_s += ring_bytes(k, grad) / smallest / inter.bandwidth_bytes_per_s + ring_steps(k) * inter.latency_s
     return time_s
 
 
@@ -100,14 +103,14 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
             bounds = tuple(itertools.accumulate(sizes, initial=0))
             for used in range(stages, n + 1):
                 for replicas in _compositions(used, stages):
-                    for mbs in microbatch_sizes(gbs, options):
+                    for microbatch_size in microbatch_sizes(gbs, options):
                         for (name, params), placement, recompute in itertools.product(
                             options.schedules, options.placements, options.recompute
                         ):
-                            candidate = Candidate(bounds=bounds, replicas=replicas, microbatch_size=mbs,
+                            candidate = Candidate(bounds=bounds, replicas=replicas, microbatch_size=microbatch_size,
                                                   schedule=name, params=params, recompute=recompute,
                                                   placement=placement)
-                            bound = lower_bound_s(tables, candidate, gbs // mbs, scenario.cluster)
+                            bound = lower_bound_s(tables, candidate, gbs // microbatch_size, scenario.cluster)
                             bounded.append((bound, candidate))
     bounded.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
     result = PlannerResult(planner="exhaustive", best=None, candidates_scored=len(bounded))

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from planner.costs import CostTables
 from planner.evaluation import Evaluation, count_rejections, evaluate
 from planner.space import Candidate, PlannerOptions
+from sim.analytic import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
+from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_peak_inflight
 
 __all__ = ["PlannerResult", "analytic_score", "no_fit_note", "settle"]
 
@@ -56,45 +58,36 @@ class PlannerResult:
 def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
     """(estimated iteration seconds, estimated peak bytes per device) of ``candidate``.
 
-    DAPPLE's pivot latency with each cut as a stage of its own (see ``planner.dapple``).
+    DAPPLE's pivot latency with each cut as a stage of its own (``sim.analytic.extend_pipeline``,
+    as ``planner.dapple``'s DP); the micro-batches alive on stage i are M under GPipe, K_i
+    otherwise (``sim.schedule.policy.dapple_warmup``).
     """
     if candidate.chunks > 1:
         return _interleaved_score(tables, scenario, candidate)
-    cluster, mbs = scenario.cluster, candidate.microbatch_size
-    M = scenario.training.global_batch_size // mbs
+    cluster, microbatch_size = scenario.cluster, candidate.microbatch_size
+    M = scenario.training.global_batch_size // microbatch_size
     groups = candidate.devices(cluster)
     S = candidate.num_stages
-    policy = dict(candidate.params).get("policy", "s-i")
-    before = drained = latency = peak = 0.0
-    ending = -math.inf
+    policy = dict(candidate.params).get("policy", DapplePolicy.S_MINUS_I)
+    fold, peak = PIPELINE_START, 0.0
     for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
-        samples = CostTables.slice_of(mbs, len(devices))
+        samples = CostTables.slice_of(microbatch_size, len(devices))
         f, bk = tables.compute_s(a, b, samples)
         if candidate.recompute:
             bk += f
         nodes = {cluster.node_of(d) for d in devices}
+        comm = 0.0
         if s > 0:
             previous = {cluster.node_of(d) for d in groups[s - 1]}
-            comm = tables.transfer_s(a, mbs, len(devices), len(nodes), len(nodes | previous) == 1)
-            latency = max(latency, before + M * comm)
-            before += 2 * comm
-            drained += comm
-        latency = max(latency, before + M * (f + bk))
-        before += f + bk
+            comm = tables.transfer_s(a, microbatch_size, len(devices), len(nodes), len(nodes | previous) == 1)
         per_node = math.ceil(len(devices) / len(nodes))
         # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e)
         tail = tables.allreduce_s(a, b, per_node, len(nodes)) + tables.optimizer_s(a, b)
-        ending = max(ending, tail - drained)
-        drained += bk
-        if candidate.schedule == "gpipe":
-            alive = M
-        elif policy == "2(s-i)-1":
-            alive = min(2 * (S - s) - 1, M)
-        else:
-            alive = min(S - s, M)
+        fold = extend_pipeline(fold, f, bk, comm, tail, M)
+        alive = M if candidate.schedule == "gpipe" else dapple_warmup(S, M, s, policy)
         stash = tables.stash_bytes(a, b, samples, recompute=candidate.recompute)
         peak = max(peak, tables.static_bytes(a, b) + alive * stash)
-    return latency + ending, peak
+    return fold.total_s, peak
 
 
 def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
@@ -102,14 +95,15 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
     v chunks per micro-batch, and the fill and drain shrink by v: with per-set times
     ``T_g = Σ_chunks (F + B)``, ``L ≈ M·max_g T_g + Σ_g T_g / v`` (plus transfers and the
     ending all-reduce). Rank r holds up to ``(v−1)·R + 2(R−1−r) + 1`` chunk micro-batches
-    (torch's warm-up), which sets the memory estimate."""
-    cluster, mbs, v = scenario.cluster, candidate.microbatch_size, candidate.chunks
-    M = scenario.training.global_batch_size // mbs
+    (torch's warm-up, ``sim.schedule.policy.interleaved_peak_inflight``), which sets the
+    memory estimate."""
+    cluster, microbatch_size, v = scenario.cluster, candidate.microbatch_size, candidate.chunks
+    M = scenario.training.global_batch_size // microbatch_size
     groups = candidate.devices(cluster)
     R = candidate.num_stages // v
     busy, stash, static, tail, comm = [0.0] * R, [0.0] * R, [0.0] * R, [0.0] * R, 0.0
     for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
-        g, samples = s % R, CostTables.slice_of(mbs, len(devices))
+        g, samples = s % R, CostTables.slice_of(microbatch_size, len(devices))
         f, bk = tables.compute_s(a, b, samples)
         busy[g] += f + bk + (f if candidate.recompute else 0.0)
         stash[g] += tables.stash_bytes(a, b, samples, recompute=candidate.recompute) / v
@@ -118,9 +112,10 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
         tail[g] += tables.allreduce_s(a, b, math.ceil(len(devices) / len(nodes)), len(nodes)) + tables.optimizer_s(a, b)
         if s > 0:
             previous = {cluster.node_of(d) for d in groups[s - 1]}
-            comm += 2 * tables.transfer_s(a, mbs, len(devices), len(nodes), len(nodes | previous) == 1)
+            comm += 2 * tables.transfer_s(a, microbatch_size, len(devices), len(nodes), len(nodes | previous) == 1)
     latency = M * max(busy) + (sum(busy) + comm) / v + max(tail)
-    peak = max(static[r] + min(M * v, (v - 1) * R + 2 * (R - 1 - r) + 1) * stash[r] for r in range(R))
+    # M is a multiple of R for these candidates, so each round has R micro-batches
+    peak = max(static[r] + interleaved_peak_inflight(R, r, M, v, R) * stash[r] for r in range(R))
     return latency, peak
 
 

@@ -1,7 +1,7 @@
 """Split-concat between stages, message tags, and one process group per replica set.
 
 A micro-batch of ``m`` samples is split over a stage's ``r`` replicas exactly as the
-simulator splits it (``sim.cost.split_samples``: the first ``m mod r`` replicas take one more,
+simulator splits it (``sim.cost.sample_ranges``: the first ``m mod r`` replicas take one more,
 like ``torch.tensor_split``), in the order the plan lists the stage's devices. Between stage
 s (senders) and s+1 (receivers), every sender ships every receiver the overlap of their
 sample ranges; each receiver concatenates its pieces in sample order. Gradients travel the
@@ -15,11 +15,10 @@ receives can be posted before their sends without being matched to the wrong mes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch.distributed as dist
 
-from sim.cost import split_samples
+from sim.cost import sample_overlaps, sample_ranges
 from sim.errors import DappleError
 from sim.plan import PlanSpec
 from sim.schedule.ir import ActionKind, Schedule
@@ -45,24 +44,11 @@ class Piece:
     end: int
 
 
-def sample_ranges(microbatch_size: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:
-    """Device -> its half-open range of a micro-batch's samples (as ``sim.engine.workload``)."""
-    sizes = split_samples(microbatch_size, len(devices))
-    ends = list(accumulate(sizes))
-    return {d: (end - size, end) for d, size, end in zip(devices, sizes, ends)}
-
-
 def pieces_between(microbatch_size: int, senders: tuple[int, ...], receivers: tuple[int, ...]) -> tuple[Piece, ...]:
-    """Every non-empty overlap between a sender's and a receiver's samples, in sample order."""
-    send, recv = sample_ranges(microbatch_size, senders), sample_ranges(microbatch_size, receivers)
-    pieces = []
-    for src in senders:
-        a0, a1 = send[src]
-        for dst in receivers:
-            b0, b1 = recv[dst]
-            lo, hi = max(a0, b0), min(a1, b1)
-            if hi > lo:
-                pieces.append(Piece(src=src, dst=dst, start=lo, end=hi))
+    """Every non-empty overlap between a sender's and a receiver's samples
+    (``sim.cost.sample_overlaps``, as the simulator's flows), in sample order."""
+    pieces = [Piece(src=src, dst=dst, start=lo, end=hi)
+              for src, dst, lo, hi in sample_overlaps(microbatch_size, senders, receivers)]
     return tuple(sorted(pieces, key=lambda p: p.start))
 
 
@@ -98,7 +84,7 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
     orders must be equal.
     """
     orders: dict[tuple[int, int], tuple[list, list]] = {}
-    mbs, num_mb, stages = microbatch_size, lowered.num_microbatches, plan.stages
+    num_mb, stages = lowered.num_microbatches, plan.stages
 
     def note(src: int, dst: int, message_tag: int, side: int) -> None:
         orders.setdefault((src, dst), ([], []))[side].append(message_tag)
@@ -109,12 +95,12 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
             if a.kind is ActionKind.SEND_F or a.kind is ActionKind.RECV_F:
                 first = s if a.kind is ActionKind.SEND_F else s - 1
                 side = 0 if a.kind is ActionKind.SEND_F else 1
-                for p in pieces_between(mbs, stages[first].devices, stages[first + 1].devices):
+                for p in pieces_between(microbatch_size, stages[first].devices, stages[first + 1].devices):
                     note(p.src, p.dst, tag(first, m, False, num_mb), side)
             elif a.kind is ActionKind.SEND_B or a.kind is ActionKind.RECV_B:
                 later = s if a.kind is ActionKind.SEND_B else s + 1
                 side = 0 if a.kind is ActionKind.SEND_B else 1
-                for p in pieces_between(mbs, stages[later - 1].devices, stages[later].devices):
+                for p in pieces_between(microbatch_size, stages[later - 1].devices, stages[later].devices):
                     note(p.dst, p.src, tag(later, m, True, num_mb), side)
     return orders
 

@@ -119,12 +119,12 @@ class RankExecutor:
         self.runnable, self.options, self.device, self.status = runnable, options, device, status
         scenario, plan = runnable.scenario, runnable.plan
         self.rank = dist.get_rank()
-        self.mbs = scenario.training.microbatch_size
+        self.microbatch_size = scenario.training.microbatch_size
         self.num_mb = scenario.training.num_microbatches
         self.batch = scenario.training.global_batch_size
         schedule = lower(schedule_for_plan(plan, self.num_mb))
         if dist.get_backend() == "nccl":
-            check_message_order(plan, schedule, self.mbs)
+            check_message_order(plan, schedule, self.microbatch_size)
         groups = plan.device_groups
         self.pipeline_rank = next(r for r, g in enumerate(groups) if self.rank in g)
         self.actions: tuple[Action, ...] = schedule.ranks[self.pipeline_rank]
@@ -249,7 +249,7 @@ class RankExecutor:
     def _stage_input(self, s: int, m: int, batch) -> torch.Tensor:
         st = self.stages[s]
         if s == 0:
-            first = m * self.mbs + st.start
+            first = m * self.microbatch_size + st.start
             return batch[0][first:first + st.size]
         if st.local_prev:
             x = self.slots[(s - 1, m)].out.detach()
@@ -262,7 +262,7 @@ class RankExecutor:
         slot = self.slots.setdefault((s, m), _Slot())
         slot.inp = self._stage_input(s, m, batch)
         if st.module.is_last:
-            first = m * self.mbs + st.start
+            first = m * self.microbatch_size + st.start
             slot.labels = batch[1][first:first + st.size]
         if self.recompute:
             with torch.no_grad():

@@ -3,7 +3,7 @@
 A rank (one device) belongs to one device set, so it holds every stage of that set: one
 stage in most plans, v chunks with ``interleaved``. For each it needs the layers (built from
 the same seeds a single process would use), which samples of a micro-batch are its own
-(``runtime.comm.sample_ranges``), which split-concat pieces it sends and receives, and
+(``sim.cost.sample_ranges``), which split-concat pieces it sends and receives, and
 whether the neighbouring stage runs on the same rank (then tensors are handed over
 without communication).
 
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.comm import Piece, pieces_between, sample_ranges
+from runtime.comm import Piece, pieces_between
 from runtime.config import RunnableScenario
 from runtime.models import StageModule, build_layers, num_layers
+from sim.cost import sample_ranges
 
 __all__ = ["Holdings", "LocalStage", "hold_stages"]
 
@@ -81,14 +82,14 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
 
 
 def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int) -> LocalStage:
-    plan, mbs = runnable.plan, runnable.scenario.training.microbatch_size
+    plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
     spec, owner = plan.stages[s], plan.stage_ranks
     module = StageModule(layers, is_last=last_layer in layers)
-    start, end = sample_ranges(mbs, spec.devices)[rank]
+    start, end = sample_ranges(microbatch_size, spec.devices)[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]
-    into = pieces_between(mbs, plan.stages[s - 1].devices, spec.devices) if prev_remote else ()
-    out_of = pieces_between(mbs, spec.devices, plan.stages[s + 1].devices) if next_remote else ()
+    into = pieces_between(microbatch_size, plan.stages[s - 1].devices, spec.devices) if prev_remote else ()
+    out_of = pieces_between(microbatch_size, spec.devices, plan.stages[s + 1].devices) if next_remote else ()
     params = list(module.parameters())
     borrowed = [w for w in getattr(layers.get(last_layer), "borrowed", ()) if all(w is not p for p in params)]
     return LocalStage(

@@ -30,6 +30,7 @@ from runtime.models import (
     synthetic_batch,
 )
 from sim.errors import DappleError
+from sim.schedule.policy import DapplePolicy
 
 __all__ = ["PEER_SCHEDULES", "PeerRunner", "check_peer_plan", "run_peer"]
 
@@ -40,7 +41,8 @@ PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "dapple": "Schedule1F1B", "1f1b": "S
 def check_peer_plan(runnable: RunnableScenario, world_size: int) -> None:
     """Raise ``DappleError`` unless torch's single-stage schedules can run this plan."""
     plan = runnable.plan
-    if plan.schedule not in PEER_SCHEDULES or plan.params.get("policy", "s-i") != "s-i":
+    plain = DapplePolicy.S_MINUS_I  # torch's Schedule1F1B warms up with K_i = S − i
+    if plan.schedule not in PEER_SCHEDULES or plan.params.get("policy", plain) != plain:
         raise DappleError(
             f"schedule {plan.schedule!r} has no torch.distributed.pipelining peer; use one of "
             f"{', '.join(sorted(PEER_SCHEDULES))} (policy s-i)"

@@ -33,18 +33,19 @@ from typing import Any
 import yaml
 
 from runtime.config import RunnableScenario
+from sim.cost import split_samples
 
 __all__ = ["combine_rounds", "measure_action_overhead", "measure_optimizer", "validate", "write_report"]
 
 
 CPU_IDLE_S = 0.5e-3
-"""Seconds the CPU stage replay of ``measure_action_overhead`` sleeps before each action.
+"""Seconds the CPU stage timing of ``measure_action_overhead`` sleeps before each action.
 In a run a rank waits for its data between actions, and an action that starts after the
 thread has slept runs slower than one right after another (the core and its caches have
-gone to other work). On a 2-vCPU host this idle brought the replayed actions from about 9%
+gone to other work). On a 2-vCPU host this idle brought the timed actions from about 9%
 to about 4% below the same actions in a run; a lone process on that host, with no other
 rank keeping the machine busy, slows down far more after such a sleep (about 2x), which is
-why the per-stage replay of ``benchmarks/gpu_stage_replay.py`` does not idle."""
+why the per-stage timing of ``benchmarks/gpu_stage_replay.py`` does not idle."""
 
 CACHE_FLUSH_BYTES = 64 * 2**20
 """Bytes written between two timed optimizer steps: more than a CPU's last-level cache or a
@@ -98,9 +99,9 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled
     times, one sample per repeat.
 
-    The stage replays its rank's F and B actions of the plan's schedule with the stage's
+    The stage runs its rank's F and B actions of the plan's schedule with the stage's
     layers chained, an optimizer step between repeats and, on a CPU, an idle of
-    ``CPU_IDLE_S`` before each action, as in a run (``runtime.stage_replay``);
+    ``CPU_IDLE_S`` before each action, as in a run (``runtime.stage_timing``);
     what one pass of the action list takes beyond the sum of its layers' profiled forward and
     backward times (each layer timed alone, on warm caches), spread evenly over its
     actions, is one sample of the framework's fixed cost per action and of the layers'
@@ -109,20 +110,20 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     the process back does not move. Empty for plans whose stages share a rank (interleaved
     chunks).
     """
-    from runtime.stage_replay import replay_stage
+    from runtime.stage_timing import time_stage
 
     plan, training = runnable.plan, runnable.scenario.training
     if len(plan.device_groups) != plan.num_stages:
         return []
     m = training.num_microbatches
-    samples = training.microbatch_size // plan.stages[stage].num_replicas
+    samples = split_samples(training.microbatch_size, plan.stages[stage].num_replicas)[-1]  # the smallest slice
     start, end = plan.stages[stage].layers
     profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
                 "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
-    replayed = replay_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
-                            repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
-    per_pass = max(1, len(replayed) // repeats)
-    extra = [seconds - profiled[kind] for kind, seconds in replayed]
+    timed = time_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
+                       repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
+    per_pass = max(1, len(timed) // repeats)
+    extra = [seconds - profiled[kind] for kind, seconds in timed]
     return [sum(extra[k:k + per_pass]) / per_pass for k in range(0, len(extra), per_pass)]
 
 
@@ -289,7 +290,8 @@ def validate(
 
     plan, training = runnable.plan, runnable.scenario.training
     slices = max(1, min(slices, steps))
-    batch = math.ceil(training.microbatch_size / min(stage.num_replicas for stage in plan.stages))
+    # the largest slice of the least replicated stage
+    batch = split_samples(training.microbatch_size, min(stage.num_replicas for stage in plan.stages))[0]
     args = Namespace(backend=backend, batch_size=batch, warmup=3, repeats=10, no_links=False, timeout=timeout)
     profile = profile_run.profile_here(runnable, args, out / "profile")  # links, the device, the scenario's frame
     results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,

@@ -15,10 +15,12 @@ micro-batch, communication free) the papers give the iteration time in one line:
 
 Throughout, ``bwd_s`` is the *full* backward time and ``wgrad_s`` its weight-gradient part,
 so I = ``bwd_s − wgrad_s``; the same arguments mean the same thing for every schedule and
-for :func:`sim.engine.fastpath.evaluate`.
+for :func:`sim.engine.fastpath.time_schedule`.
 
-:func:`dapple_latency_s` is DAPPLE's planner model for non-uniform stages (§4). Each formula
-here is checked against :mod:`sim.engine.fastpath` in ``tests/test_analytic.py``.
+:func:`dapple_latency_s` is DAPPLE's planner model for non-uniform stages (§4), as the paper
+states it. :func:`extend_pipeline` is the planners' form of the same model, built one stage
+at a time with the transfers between stages in it (``planner.dapple``, ``planner.search``).
+Each formula here is checked against :mod:`sim.engine.fastpath` in ``tests/test_analytic.py``.
 """
 
 from __future__ import annotations
@@ -26,19 +28,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.errors import DappleError, ScheduleError
+from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_peak_inflight
 
 __all__ = [
+    "PIPELINE_START",
     "DappleLatency",
+    "PipelineFold",
     "bubble_fraction",
     "dapple_latency_s",
+    "extend_pipeline",
     "makespan_s",
     "peak_inflight_microbatches",
 ]
 
 _NAMES = ("1f1b", "dapple", "gpipe", "interleaved", "zb-h1")
-_POLICIES = ("s-i", "2(s-i)-1")
 
 
 def _check(name: str, num_stages: int, num_microbatches: int, chunks: int) -> None:
@@ -130,19 +136,20 @@ def peak_inflight_microbatches(
     num_microbatches: int,
     stage: int,
     *,
-    policy: str = "s-i",
+    policy: str = DapplePolicy.S_MINUS_I,
     chunks: int = 1,
 ) -> int:
     """Most micro-batches stage ``stage`` holds activations for (F done, backward not done).
 
     - ``gpipe``: M — every forward runs before the first backward (Huang et al. 2019).
     - ``dapple``/``1f1b``: K_i = min(S−i, M), or min(2(S−i)−1, M) for
-      ``policy="2(s-i)-1"`` (Fan et al. PPoPP'21, §5).
+      ``policy="2(s-i)-1"`` (Fan et al. PPoPP'21, §5; ``sim.schedule.policy.dapple_warmup``).
     - ``zb-h1``: min(S, M) on every stage, counting a micro-batch until its W: stage i warms
       up with S−i forwards and holds back up to i W's (Qi et al. ICLR'24, §2.1).
     - ``interleaved`` with ``chunks=1``: min(2(S−i)−1, M), torch's warm-up of 2(S−1−i)
-      forwards; with more chunks there is no closed form per virtual stage here (ScheduleError;
-      count it with ``sim.engine.fastpath.evaluate``).
+      forwards and one more (``sim.schedule.policy.interleaved_peak_inflight``); with more
+      chunks there is no closed form per virtual stage here (ScheduleError;
+      count it with ``sim.engine.fastpath.time_schedule``).
     """
     _check(schedule_name, num_stages, num_microbatches, chunks)
     s, m = num_stages, num_microbatches
@@ -151,15 +158,13 @@ def peak_inflight_microbatches(
     if schedule_name == "gpipe":
         return m
     if schedule_name in ("dapple", "1f1b"):
-        if policy not in _POLICIES:
-            raise ScheduleError(f"dapple: unknown policy {policy!r}; valid: {', '.join(_POLICIES)}")
-        return min(s - stage, m) if policy == "s-i" else min(2 * (s - stage) - 1, m)
+        return dapple_warmup(s, m, stage, policy)
     if schedule_name == "zb-h1":
         return min(s, m)
     if chunks != 1:
         raise ScheduleError("interleaved: no closed form for peak in-flight micro-batches with "
-                            f"chunks={chunks}; use sim.engine.fastpath.evaluate(...)")
-    return min(2 * (s - stage) - 1, m)
+                            f"chunks={chunks}; use sim.engine.fastpath.time_schedule(...)")
+    return interleaved_peak_inflight(s, stage, m, 1, 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,3 +222,62 @@ def dapple_latency_s(
     )
     return DappleLatency(pivot_stage=pivot, warmup_s=warmup, steady_s=steady, ending_s=ending,
                          total_s=warmup + steady + ending)
+
+
+class PipelineFold(NamedTuple):
+    """DAPPLE's latency model over the stages so far, as :func:`extend_pipeline` builds it (seconds).
+
+    A named tuple: the planner's DP extends hundreds of thousands of partial plans.
+    """
+
+    lmax_s: float
+    """Max over stages and cuts u so far of Σ_{u'<u}(F+B) + M·busy_u: the pivot's steady phase
+    with the fill before it and the drain after it."""
+    sum_s: float
+    """Σ (F + B) over the stages and cuts so far."""
+    ending_s: float
+    """Max over the stages so far of AR_s − Σ_{s'<s} B_s' (the drain before its last backward);
+    −inf before the first stage."""
+    drained_s: float
+    """Σ B over the stages and cuts so far."""
+
+    @property
+    def total_s(self) -> float:
+        """The latency estimate L of the stages so far: ``lmax_s + ending_s``."""
+        return self.lmax_s + self.ending_s
+
+
+PIPELINE_START = PipelineFold(lmax_s=0.0, sum_s=0.0, ending_s=-math.inf, drained_s=0.0)
+"""The fold of no stages; extend it with the first stage (``comm_s=0``)."""
+
+_new_fold = tuple.__new__  # builds a PipelineFold without its keyword handling (see below)
+
+
+def extend_pipeline(fold: PipelineFold, fwd_s: float, bwd_s: float, comm_s: float, tail_s: float,
+                    num_microbatches: int) -> PipelineFold:
+    """``fold`` with one more stage: its F, B, the transfer ``comm_s`` of the cut in front of it
+    (0 for the first stage) and ``tail_s``, its all-reduce and optimizer step after its last B.
+
+    The planners' form of :func:`dapple_latency_s` (Fan et al., PPoPP'21, §4):
+
+        L = max over stages and cuts u of ( Σ_{u'<u} (F_u' + B_u') + M·busy_u ) + max_s (AR_s − Σ_{s'<s} B_s'),
+
+    where each cut is a pipeline stage of its own (F = B = C, busy C per micro-batch in each
+    direction: transfers overlap compute, so a cut slows the steady phase only when it is
+    slower than the stages), and every stage's all-reduce starts when the drain of backwards
+    passes it — also after the pivot, where the paper's T_e waits for the whole AR_s. With
+    equal stages, no transfers and no all-reduce, L = (M+S−1)(F+B).
+    """
+    # plain unpacking and tuple.__new__: the planner's DP calls this in its innermost loop
+    lmax, total, ending, drained = fold
+    m, fb = num_microbatches, fwd_s + bwd_s
+    link_steady, fill = m * comm_s, 2 * comm_s
+    stage_steady = fill + m * fb
+    steady = total + (stage_steady if stage_steady > link_steady else link_steady)
+    tail = tail_s - drained - comm_s  # its all-reduce starts as the drain passes it
+    return _new_fold(PipelineFold, (  # lmax_s, sum_s, ending_s, drained_s
+        lmax if lmax > steady else steady,
+        total + fill + fb,
+        ending if ending > tail else tail,
+        drained + comm_s + bwd_s,
+    ))

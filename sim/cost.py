@@ -19,17 +19,20 @@ them into what one replica of a stage spends on its slice of one micro-batch:
   stage input is stashed and the forward runs again before the backward.
 
 A micro-batch of ``m`` samples is split over a stage's ``r`` replicas as evenly as whole
-samples allow (the first ``m mod r`` replicas take one more), like ``torch.tensor_split``.
+samples allow (the first ``m mod r`` replicas take one more), like ``torch.tensor_split``;
+between two stages each sender ships each receiver the overlap of their sample ranges
+(split-concat). The engine's flows and the runtime's messages both come from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from sim.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
-           "optimizer_step_s", "split_samples", "stage_cost", "static_bytes"]
+           "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost", "static_bytes"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
 """Per parameter tensor, the kernels of one step of torch's single-tensor optimizer
@@ -47,6 +50,28 @@ def split_samples(num_samples: int, num_replicas: int) -> tuple[int, ...]:
     """Samples each replica gets when ``num_samples`` are split over ``num_replicas``."""
     base, extra = divmod(num_samples, num_replicas)
     return tuple(base + (1 if index < extra else 0) for index in range(num_replicas))
+
+
+def sample_ranges(microbatch_size: int, devices: tuple[int, ...]) -> dict[int, tuple[int, int]]:
+    """Device -> the half-open range of a micro-batch's samples it processes, in the order
+    ``devices`` lists them (:func:`split_samples`)."""
+    sizes = split_samples(microbatch_size, len(devices))
+    ends = list(accumulate(sizes))
+    return {d: (end - size, end) for d, size, end in zip(devices, sizes, ends)}
+
+
+def sample_overlaps(microbatch_size: int, senders: tuple[int, ...],
+                    receivers: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """Split-concat between two stages: ``(sender, receiver, start, end)`` for every non-empty
+    overlap of a sender's and a receiver's samples, by sender then receiver."""
+    send, recv = sample_ranges(microbatch_size, senders), sample_ranges(microbatch_size, receivers)
+    overlaps = []
+    for src, (a0, a1) in send.items():
+        for dst, (b0, b1) in recv.items():
+            lo, hi = max(a0, b0), min(a1, b1)
+            if hi > lo:
+                overlaps.append((src, dst, lo, hi))
+    return overlaps
 
 
 def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,

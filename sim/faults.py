@@ -17,7 +17,7 @@ A scenario's ``faults:`` list injects any of four faults into a replay:
   ``{type: failure, device: 5, at: 0.8s}``.
 
 Faults are frozen specs checked here (with their dotted keys in errors); the compiled
-workload (``sim.engine.workload``) applies them, and a faulty device never shares a symmetry
+workload (``sim.engine.compile``) applies them, and a faulty device never shares a symmetry
 class with a healthy one.
 """
 

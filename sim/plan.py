@@ -76,7 +76,7 @@ class PlanSpec:
     schedule_file: str | None = None
     """Path of a hand-written schedule (one line per rank), if the plan names one."""
     custom_schedule: Schedule | None = None
-    """The parsed, validated hand-written schedule."""
+    """The parsed, checked hand-written schedule."""
 
     def __post_init__(self) -> None:
         if not self.stages:

@@ -69,8 +69,8 @@ def synthetic_scenario(
                           inter_node=LinkSpec(bandwidth_bytes_per_s=inter_bandwidth, latency_s=latency_s,
                                               send_overhead_s=send_overhead_s, send_bandwidth_bytes_per_s=send_bandwidth,
                                               recv_overhead_s=recv_overhead_s))
-    mbs = microbatch_size or max(replicas)
+    microbatch_size = microbatch_size or max(replicas)
     plan = PlanSpec(stages=tuple(StageSpec(layers=(s, s + 1), devices=groups[ranks[s]]) for s in range(num_stages)),
                     schedule=schedule, schedule_params=tuple(sorted(dict(params).items())), recompute=recompute)
-    training = TrainingSpec(global_batch_size=mbs * microbatches, microbatch_size=mbs)
+    training = TrainingSpec(global_batch_size=microbatch_size * microbatches, microbatch_size=microbatch_size)
     return Scenario(name="synthetic", cluster=cluster, model=model, training=training, plan=plan)

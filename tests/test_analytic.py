@@ -1,4 +1,4 @@
-"""Closed forms, written out here, against the contention-free evaluator and sim.analytic."""
+"""Closed forms, written out here, against the contention-free fast path and sim.analytic."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sim.analytic import (
     peak_inflight_microbatches,
 )
 from sim.errors import DappleError, ScheduleError
-from sim.engine.fastpath import evaluate
+from sim.engine.fastpath import time_schedule
 from sim.schedule import generate, lower
 
 F_S, B_S = 1.0, 2.0
@@ -20,7 +20,7 @@ GRID = [(s, m) for s in (1, 2, 4, 8) for m in sorted({1, s, 4 * s})]
 
 def _uniform(schedule, fwd=F_S, bwd=B_S, **kw):
     n = schedule.num_stages
-    return evaluate(schedule, [fwd] * n, [bwd] * n, **kw)
+    return time_schedule(schedule, [fwd] * n, [bwd] * n, **kw)
 
 
 @pytest.mark.parametrize(("s", "m"), GRID)
@@ -155,7 +155,7 @@ def test_unknown_schedule_and_bad_inputs_are_errors() -> None:
     with pytest.raises(DappleError, match=r"one entry per stage"):
         dapple_latency_s([1.0, 1.0], [2.0], [0.0, 0.0], 4)
     with pytest.raises(DappleError, match=r"fwd_s has 3 entries, expected one per stage \(4\)"):
-        evaluate(generate("gpipe", 4, 2), [1.0] * 3, [2.0] * 4)
+        time_schedule(generate("gpipe", 4, 2), [1.0] * 3, [2.0] * 4)
     with pytest.raises(ScheduleError, match=r"no closed form"):
         peak_inflight_microbatches("interleaved", 4, 8, 0, chunks=2)
 
@@ -164,11 +164,11 @@ def test_fastpath_reports_a_deadlock_with_the_validator_message() -> None:
     from sim.schedule import parse_schedule
 
     with pytest.raises(ScheduleError, match=r"\(deadlock\)"):
-        evaluate(parse_schedule("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0"), [1.0] * 2, [1.0] * 2)
+        time_schedule(parse_schedule("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0"), [1.0] * 2, [1.0] * 2)
 
 
 def test_fastpath_times_a_64_rank_512_microbatch_pipeline() -> None:
-    # The O(actions) evaluator takes this size in stride (speed is benchmarked, not tested).
+    # The O(actions) fast path takes this size in stride (speed is benchmarked, not tested).
     s, m = 64, 512
     timing = _uniform(generate("dapple", s, m))
     assert timing.makespan_s == (m + s - 1) * (F_S + B_S)
@@ -185,7 +185,7 @@ def test_lowering_does_not_change_fastpath_timing(name, params) -> None:
     fwd = [1.0 + 0.25 * (s % 3) for s in range(n)]
     bwd = [2.0 * f for f in fwd]
     kw = {"wgrad_s": [0.5 * f for f in fwd], "comm_s": 0.3}
-    plain, lowered = evaluate(schedule, fwd, bwd, **kw), evaluate(lower(schedule), fwd, bwd, **kw)
+    plain, lowered = time_schedule(schedule, fwd, bwd, **kw), time_schedule(lower(schedule), fwd, bwd, **kw)
     assert lowered.makespan_s == plain.makespan_s
     assert lowered.busy_s == plain.busy_s
     compute = [(r, a, t0, t1) for r, a, t0, t1 in lowered.actions if a.is_compute]

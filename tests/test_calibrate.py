@@ -138,11 +138,12 @@ def _runs(count: int, seed: int) -> list[MeasuredRun]:
     while len(runs) < count:
         h = rng.choice([128, 256, 512, 1024, 2048, 4096])
         layers = rng.choice([2, 4, 8, 12, 24])
-        mbs, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4])
+        microbatch_size, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4])
         runs.append(MeasuredRun(
             hidden=h, heads=max(1, h // rng.choice([16, 32, 64, 128])), layers=layers,
-            seq_len=rng.choice([64, 128, 256, 512, 1024, 2048]), vocab=rng.choice([32000, 50257]), microbatch_size=mbs,
-            global_batch_size=mbs * dp * rng.choice([4, 8, 16]), dp=dp, pp=rng.choice([p for p in (1, 2, 4) if p <= layers]),
+            seq_len=rng.choice([64, 128, 256, 512, 1024, 2048]), vocab=rng.choice([32000, 50257]),
+            microbatch_size=microbatch_size, global_batch_size=microbatch_size * dp * rng.choice([4, 8, 16]), dp=dp,
+            pp=rng.choice([p for p in (1, 2, 4) if p <= layers]),
             recompute=rng.random() < 0.2, iteration_time_s=1.0, line=len(runs) + 2))
     return runs
 
@@ -155,10 +156,11 @@ def _design() -> list[MeasuredRun]:
     runs = []
     for h in (128, 256, 512, 1024, 2048, 4096):
         for head_dim in (16, 32, 64, 128):
-            for seq, mbs in ((128, 1), (1024, 4)):
+            for seq, microbatch_size in ((128, 1), (1024, 4)):
                 for pp, layers in ((1, 4), (2, 4)):
                     runs.append(MeasuredRun(hidden=h, heads=h // head_dim, layers=layers, seq_len=seq, vocab=32000,
-                                            microbatch_size=mbs, global_batch_size=mbs * 32, dp=1, pp=pp,
+                                            microbatch_size=microbatch_size, global_batch_size=microbatch_size * 32,
+                                            dp=1, pp=pp,
                                             recompute=False, iteration_time_s=1.0, line=len(runs) + 2))
     for layers in (1, 2, 4, 8, 16, 32):  # small layers: launches per layer against launches per action
         for pp in (1, 2):

@@ -17,7 +17,8 @@ from conftest import synthetic_scenario
 from sim.engine.ports import Network
 from sim.engine.replay import simulate
 from sim.engine.fastpath import replay
-from sim.engine.workload import PortClass, compile_workload
+from sim.engine.compile import compile_workload
+from sim.engine.workload import PortClass
 
 F, B = 1.0, 2.0
 CASES = [(s, m) for s in (1, 2, 4, 8) for m in sorted({1, s, 4 * s})]

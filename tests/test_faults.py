@@ -14,7 +14,7 @@ from sim.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
 from sim.app.report import write_outputs
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
-from sim.engine.workload import compile_workload
+from sim.engine.compile import compile_workload
 
 STRAGGLER = SCENARIOS / "bert48_v100_straggler.yaml"
 

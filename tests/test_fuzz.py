@@ -183,8 +183,8 @@ def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, round
     from sim.engine.replay import simulate
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
-    from sim.schedule.validate import validate
-    from sim.engine.workload import compile_workload
+    from sim.schedule.check import check_schedule
+    from sim.engine.compile import compile_workload
 
     name, params = SCHEDULES[which]
     schedule = generate(name, ranks, ranks * rounds, **params)
@@ -194,7 +194,7 @@ def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, round
     for _ in range(mutations):
         schedule = _mutate_schedule(schedule, rng)
     try:
-        validate(schedule)
+        check_schedule(schedule)
     except ScheduleError as exc:
         assert "\n" not in str(exc) and exc.detail  # one line, and the grid
         return
@@ -206,12 +206,12 @@ def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, round
     assert result.iteration_time_s > 0
 
 
-def test_a_schedule_that_skipped_validation_stops_with_the_grid():
+def test_a_schedule_that_skipped_the_check_stops_with_the_grid():
     from dataclasses import replace
 
     from sim.engine.replay import simulate
     from sim.schedule.ir import parse_schedule
-    from sim.engine.workload import compile_workload
+    from sim.engine.compile import compile_workload
 
     # rank 1 waits for micro-batch 1 while rank 0 waits for micro-batch 0's gradient
     schedule = parse_schedule("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0")

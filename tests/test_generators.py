@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.errors import ScheduleError
-from sim.schedule import GENERATORS, generate, lower, strip_communication, validate
+from sim.schedule import GENERATORS, check_schedule, generate, lower, strip_communication
 from sim.schedule.ir import ActionKind, Schedule
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -16,9 +16,9 @@ sizes = st.tuples(st.integers(1, 8), st.integers(1, 32))
 
 
 def _check_valid(schedule: Schedule) -> None:
-    validate(schedule)
+    check_schedule(schedule)
     lowered = lower(schedule)
-    validate(lowered)
+    check_schedule(lowered)
     assert strip_communication(lowered) == schedule
     assert lower(lowered) == lowered
 

@@ -129,19 +129,19 @@ def test_validate_rejects_a_plan_that_does_not_fit_the_processes(capsys):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
-def test_single_device_stage_replay_matches_predicted_memory(schedule, tmp_path):
+def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path):
     pytest.importorskip("torch")
     import torch
 
     from runtime.config import load_runnable
-    from runtime.stage_replay import predict_stages, profiled_scenario, replay_stage
+    from runtime.stage_timing import predict_stages, profiled_scenario, time_stage
 
     torch.set_num_threads(1)
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
     scenario = profiled_scenario(runnable, torch.device("cpu"), tmp_path, repeats=2)
     predicted = predict_stages(scenario, memory="counted")
     for stage in range(2):
-        measured = replay_stage(runnable, stage, schedule, 4, torch.device("cpu"), repeats=1)
+        measured = time_stage(runnable, stage, schedule, 4, torch.device("cpu"), repeats=1)
         assert measured["compute_s"] > 0
         assert measured["peak_memory_bytes"] == pytest.approx(predicted[stage]["peak_memory_bytes"], rel=0.02)
 

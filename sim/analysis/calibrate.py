@@ -168,7 +168,7 @@ def _with_params(scenario: Scenario, x) -> Scenario:
 def predict(scenarios: list[Scenario], x=None) -> list[float]:
     """Iteration time of each scenario by the fast path (with scaled parameters ``x`` if given)."""
     from sim.engine.fastpath import replay
-    from sim.engine.workload import compile_workload
+    from sim.engine.compile import compile_workload
 
     return [replay(compile_workload(s if x is None else _with_params(s, x))).iteration_time_s for s in scenarios]
 

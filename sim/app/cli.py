@@ -40,8 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser(
         "check",
-        help="validate a scenario file and describe it",
-        description="Validate SCENARIO strictly and describe it: layers, devices, stages, micro-batches and "
+        help="check a scenario file and describe it",
+        description="Check SCENARIO strictly and describe it: layers, devices, stages, micro-batches and "
         "memory per device at rest. A malformed file is rejected with one line naming the key (exit 2).",
     )
     check.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--out", metavar="DIR", help="write summary, trace, events and plots into DIR")
     simulate.add_argument(
         "--engine", choices=("simpy", "fast"), default="simpy",
-        help="simpy: discrete-event engine with link contention (default); fast: contention-free evaluator",
+        help="simpy: discrete-event engine with link contention (default); fast: contention-free replay",
     )
     simulate.add_argument("--no-contention", action="store_true", help="SimPy engine without link contention")
     simulate.add_argument(
@@ -168,7 +168,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
-    from sim.schedule.validate import format_grid, validate
+    from sim.schedule.check import check_schedule, format_grid
 
     params: dict[str, object] = {}
     if args.chunks is not None:
@@ -178,7 +178,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     schedule = generate(args.name, args.stages, args.microbatches, **params)
     if args.lower:
         schedule = lower(schedule)
-    validate(schedule)
+    check_schedule(schedule)
     print(format_grid(schedule) if args.grid else schedule.to_text())
     return 0
 

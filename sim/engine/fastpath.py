@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 from sim.errors import DappleError, ScheduleError
 from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, wait_lists
-from sim.schedule.validate import run_ranks, validate
+from sim.schedule.check import check_schedule, run_ranks
 
 if TYPE_CHECKING:
     from sim.engine.result import SimResult
 
-__all__ = ["Timing", "evaluate", "replay", "collective_duration_s"]
+__all__ = ["Timing", "collective_duration_s", "replay", "time_schedule"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +57,7 @@ class Timing:
         return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.makespan_s)
 
 
-def evaluate(
+def time_schedule(
     schedule: Schedule,
     fwd_s: Sequence[float],
     bwd_s: Sequence[float],
@@ -69,9 +69,9 @@ def evaluate(
 
     ``wgrad_s`` (default all zero) is the weight-gradient part of ``bwd_s``, used only by
     W and I actions. ``comm_s`` is added to every dependency that crosses ranks. The schedule
-    is not validated up front (that would double the cost); one that cannot run raises the
-    validator's :class:`ScheduleError`, but a runnable one with, say, a duplicated action is
-    timed as written — call :func:`sim.schedule.validate.validate` first for untrusted input.
+    is not checked up front (that would double the cost); one that cannot run raises the
+    checker's :class:`ScheduleError`, but a runnable one with, say, a duplicated action is
+    timed as written — call :func:`sim.schedule.check.check_schedule` first for untrusted input.
     """
     duration = _durations(schedule, fwd_s, bwd_s, wgrad_s)
     if not (math.isfinite(comm_s) and comm_s >= 0):
@@ -123,7 +123,7 @@ def _run(schedule: Schedule, duration, comm_s: float):
         if any(not 0 <= a.stage < schedule.num_stages for acts in schedule.ranks for a in acts):
             raise ScheduleError("stage out of range")
     except (ScheduleError, IndexError):
-        validate(schedule)  # a malformed schedule: explain it with the validator's grid
+        check_schedule(schedule)  # a malformed schedule: explain it with the checker's grid
         raise
     begin = [[0.0] * len(acts) for acts in schedule.ranks]
     end = [[0.0] * len(acts) for acts in schedule.ranks]
@@ -162,7 +162,7 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
 
 
 def replay(workload) -> "SimResult":
-    """Replay a compiled plan (``sim.engine.workload``) without contention: the planner's fast path.
+    """Replay a compiled plan (``sim.engine.compile``) without contention: the planner's fast path.
 
     Each operation costs what it would cost alone: the flows of one SEND (issued together by
     identical replicas) share only the ports they have in common with each other, an
@@ -202,7 +202,7 @@ class _PlanState:
         self.ready = list(range(n - 1, -1, -1))
 
     def run(self) -> None:
-        from sim.engine.workload import COMPUTE, RECV, SEND
+        from sim.engine.workload import COMPUTE, RECV, SEND, recv_mailbox
 
         classes = self.w.classes
         while self.ready:
@@ -225,7 +225,7 @@ class _PlanState:
                     self._send(c, i, op, now)
                     now += op.duration_s * (slowdown if now >= slow_from else 1.0)
                 elif op.code == RECV:
-                    key = (c, op.kind.value[-1], op.stage, op.microbatch)
+                    key = recv_mailbox(c, op)
                     got = self.arrived.get(key)
                     if len(op.flows) and (got is None or got[0] < len(op.flows)):
                         self.waiting[key] = c

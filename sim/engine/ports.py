@@ -27,7 +27,7 @@ operation used the network — the fast path's model. An operation is one all-re
 or one SEND issued by a class of identical replicas (they always send at the same instant,
 so their flows share the ports they have in common in either model).
 
-Flows stand for *flow kinds* (``sim.engine.workload``): all the real flows between two classes of
+Flows stand for *flow kinds* (``sim.engine.flows``): all the real flows between two classes of
 identical devices. A kind adds its weight (real flows per port) to each port class it
 crosses, so symmetric devices are replayed once without changing anyone's share.
 """

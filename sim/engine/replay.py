@@ -1,4 +1,4 @@
-"""Replay: run a compiled plan (``sim.engine.workload``) on SimPy devices, links and memory.
+"""Replay: run a compiled plan (``sim.engine.compile``) on SimPy devices, links and memory.
 
 Every device has four streams, as a GPU running NCCL does:
 
@@ -37,7 +37,7 @@ import simpy
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
 from sim.engine.result import Recorder, SimResult
-from sim.engine.workload import COMPUTE, RECV, SEND, Workload, mailbox
+from sim.engine.workload import COMPUTE, RECV, SEND, Workload, mailbox, recv_mailbox
 
 __all__ = ["simulate"]
 
@@ -135,7 +135,7 @@ class _Replay:
                     yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
             elif code == RECV:
                 start = env.now
-                key = (c, op.kind.value[-1], op.stage, op.microbatch)
+                key = recv_mailbox(c, op)
                 box = self.boxes.get(key)
                 if op.flows and (box is None or box[0] < len(op.flows)):
                     event = env.event()
@@ -253,7 +253,7 @@ class _Replay:
         stuck = [c for c, ok in enumerate(self.finished) if not ok]
         if not stuck:
             return
-        from sim.schedule.validate import format_grid
+        from sim.schedule.check import format_grid
 
         classes = self.w.classes
         lines, mark = [], None

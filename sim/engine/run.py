@@ -19,7 +19,7 @@ __all__ = ["ENGINES", "run_scenario"]
 log = logging.getLogger(__name__)
 
 ENGINES = ("simpy", "fast")
-"""``simpy``: the discrete-event engine; ``fast``: the contention-free evaluator."""
+"""``simpy``: the discrete-event engine; ``fast``: the contention-free replay (``sim.engine.fastpath``)."""
 
 
 def run_scenario(
@@ -27,7 +27,7 @@ def run_scenario(
 ) -> SimResult:
     """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
     from sim.engine.fastpath import replay
-    from sim.engine.workload import compile_workload
+    from sim.engine.compile import compile_workload
 
     if scenario.plan is None:
         raise DappleError(

@@ -1,11 +1,12 @@
-"""Pipeline schedules as data: the IR, its generators, lowering passes and the validator.
+"""Pipeline schedules as data: the IR, its generators, lowering passes and the checker.
 
 ``generate("dapple", 4, 8)`` builds a compute schedule, ``lower`` adds sends, receives and
-gradient reductions, ``validate`` rejects anything malformed or deadlocking, and
+gradient reductions, ``check_schedule`` rejects anything malformed or deadlocking, and
 ``str(schedule)`` / ``parse_schedule`` move it to and from the schedule file format (torch's
 action text, one line per rank).
 """
 
+from sim.schedule.check import check_schedule, format_grid
 from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS, generate
 from sim.schedule.ir import (
     COMM_KINDS,
@@ -18,7 +19,7 @@ from sim.schedule.ir import (
     parse_schedule,
 )
 from sim.schedule.passes import lower, strip_communication
-from sim.schedule.validate import format_grid, validate
+from sim.schedule.policy import DapplePolicy
 
 __all__ = [
     "COMM_KINDS",
@@ -27,7 +28,9 @@ __all__ = [
     "GENERATORS",
     "Action",
     "ActionKind",
+    "DapplePolicy",
     "Schedule",
+    "check_schedule",
     "dependencies",
     "format_grid",
     "generate",
@@ -35,5 +38,4 @@ __all__ = [
     "parse_action",
     "parse_schedule",
     "strip_communication",
-    "validate",
 ]

@@ -28,10 +28,12 @@ from collections.abc import Callable
 
 from sim.errors import ScheduleError
 from sim.schedule.ir import Action, ActionKind, Schedule
+from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_warmup
 
 __all__ = [
     "DAPPLE_POLICIES",
     "GENERATORS",
+    "DapplePolicy",
     "dapple",
     "dapple_warmup",
     "generate",
@@ -42,8 +44,9 @@ __all__ = [
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
-DAPPLE_POLICIES = ("s-i", "2(s-i)-1")
-"""Warm-up policies of ``dapple``: K_i = min(S−i, M) or min(2(S−i)−1, M) (DAPPLE §5)."""
+DAPPLE_POLICIES = tuple(p.value for p in DapplePolicy)
+"""Warm-up policies of ``dapple`` as text: K_i = min(S−i, M) or min(2(S−i)−1, M) (DAPPLE §5;
+``sim.schedule.policy``)."""
 
 
 def _check_sizes(name: str, num_stages: int, num_microbatches: int) -> None:
@@ -65,30 +68,22 @@ def _single(name: str, num_stages: int, num_microbatches: int, orders: list[list
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
     """GPipe: all forwards in micro-batch order, then all backwards (torch's ``ScheduleGPipe``)."""
     _check_sizes("gpipe", num_stages, num_microbatches)
-    mbs = range(num_microbatches)
+    microbatches = range(num_microbatches)
     orders = [
-        [Action(stage=s, kind=F, microbatch=m) for m in mbs]
-        + [Action(stage=s, kind=B, microbatch=m) for m in mbs]
+        [Action(stage=s, kind=F, microbatch=m) for m in microbatches]
+        + [Action(stage=s, kind=B, microbatch=m) for m in microbatches]
         for s in range(num_stages)
     ]
     return _single("gpipe", num_stages, num_microbatches, orders)
 
 
-def dapple_warmup(num_stages: int, num_microbatches: int, stage: int, policy: str) -> int:
-    """K_i, the forwards stage i runs before its first backward (DAPPLE §5)."""
-    if policy == "s-i":
-        return min(num_stages - stage, num_microbatches)
-    if policy == "2(s-i)-1":
-        return min(2 * (num_stages - stage) - 1, num_microbatches)
-    raise ScheduleError(f"dapple: unknown policy {policy!r}; valid: {', '.join(DAPPLE_POLICIES)}")
-
-
-def dapple(num_stages: int, num_microbatches: int, *, policy: str = "s-i") -> Schedule:
+def dapple(num_stages: int, num_microbatches: int, *, policy: str = DapplePolicy.S_MINUS_I) -> Schedule:
     """DAPPLE early backward (1F1B): K_i forwards, then B/F pairs, then the remaining Bs.
 
     ``policy="s-i"`` keeps K_i = min(S−i, M); ``"2(s-i)-1"`` warms up with
     K_i = min(2(S−i)−1, M), which DAPPLE (Fan et al., PPoPP'21, §5) uses when cross-stage
-    communication is heavy enough that a rank would otherwise idle waiting for it.
+    communication is heavy enough that a rank would otherwise idle waiting for it
+    (:func:`sim.schedule.policy.dapple_warmup`).
     """
     _check_sizes("dapple", num_stages, num_microbatches)
     orders = []
@@ -141,9 +136,9 @@ def interleaved(num_stages: int, num_microbatches: int, *, chunks: int = 2) -> S
     )
 
 
-def _interleaved_rank(rank: int, ranks: int, mbs: int, chunks: int, per_round: int):
-    total = mbs * chunks  # forwards (and backwards) on this rank
-    warmup = min((chunks - 1) * per_round + 2 * (ranks - 1 - rank), total)
+def _interleaved_rank(rank: int, ranks: int, num_microbatches: int, chunks: int, per_round: int):
+    total = num_microbatches * chunks  # forwards (and backwards) on this rank
+    warmup = interleaved_warmup(ranks, rank, num_microbatches, chunks, per_round)
     next_fwd = [0] * chunks
     next_bwd = [0] * chunks
     order: list[Action] = []
@@ -179,7 +174,7 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
     _check_sizes("zb-h1", num_stages, num_microbatches)
     orders = []
     for s in range(num_stages):
-        warmup = min(num_stages - s, num_microbatches)
+        warmup = dapple_warmup(num_stages, num_microbatches, s, DapplePolicy.S_MINUS_I)
         order = [Action(stage=s, kind=F, microbatch=m) for m in range(warmup)]
         pending: deque[int] = deque()
         for m in range(num_microbatches):

@@ -125,7 +125,7 @@ def parse_action(text: str) -> Action:
 class Schedule:
     """A whole pipeline schedule: one ordered action list per rank.
 
-    ``__post_init__`` checks only the shape; :func:`sim.schedule.validate.validate` checks
+    ``__post_init__`` checks only the shape; :func:`sim.schedule.check.check_schedule` checks
     that the actions are complete, well placed and free of deadlock.
     """
 
@@ -197,13 +197,13 @@ def parse_schedule(text: str, *, name: str = "file") -> Schedule:
         raise ScheduleError(f"{name}: no actions (expected one line of actions per rank)")
     actions = [a for acts in ranks for a in acts]
     num_stages = max(a.stage for a in actions) + 1
-    mbs = [a.microbatch for a in actions if a.microbatch is not None]
-    if not mbs:
+    microbatches = [a.microbatch for a in actions if a.microbatch is not None]
+    if not microbatches:
         raise ScheduleError(f"{name}: no action names a micro-batch")
     return Schedule(
         name=name,
         num_stages=num_stages,
-        num_microbatches=max(mbs) + 1,
+        num_microbatches=max(microbatches) + 1,
         stage_ranks=_derive_stage_ranks(ranks, num_stages, name),
         ranks=tuple(ranks),
     )
@@ -285,7 +285,7 @@ def wait_lists(
     """For every rank and action, the positions of the actions it waits for.
 
     Raises :class:`ScheduleError` naming the first action whose dependency is absent;
-    ``sim.schedule.validate.validate`` explains such schedules better.
+    ``sim.schedule.check.check_schedule`` explains such schedules better.
     """
     where = positions(schedule) if where is None else where
     lowered, owner, stages = schedule.is_lowered, schedule.stage_ranks, schedule.num_stages

@@ -14,7 +14,7 @@ from pathlib import Path
 from sim.errors import ScheduleError
 from sim.schedule.generators import generate
 from sim.schedule.ir import Schedule, parse_schedule
-from sim.schedule.validate import validate
+from sim.schedule.check import check_schedule
 from sim.plan import PlanSpec
 
 __all__ = ["schedule_for_plan", "parse_schedule_for_plan"]
@@ -44,7 +44,7 @@ def schedule_for_plan(plan: PlanSpec, num_microbatches: int) -> Schedule:
 
 
 def parse_schedule_for_plan(plan: PlanSpec, num_microbatches: int, text: str) -> Schedule:
-    """Read a hand-written schedule for ``plan``, check it fits the plan, and validate it."""
+    """Read a hand-written schedule for ``plan``, check it fits the plan and that it runs."""
     name = Path(plan.schedule_file).name if plan.schedule_file else "schedule"
     schedule = parse_schedule(text, name=name)
     num_ranks = len(plan.device_groups)
@@ -66,5 +66,5 @@ def parse_schedule_for_plan(plan: PlanSpec, num_microbatches: int, text: str) ->
                 f"{name} runs stage {stage} on line {rank + 1} but the plan puts it on device set {wanted} "
                 f"(line {wanted + 1})"
             )
-    validate(schedule)
+    check_schedule(schedule)
     return schedule

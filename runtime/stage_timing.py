@@ -1,14 +1,15 @@
-"""Single-device stage replay: validate a multi-stage plan's memory and compute on one GPU.
+"""Single-device stage timing: measure every stage of a multi-stage plan on one GPU, to
+validate the simulator's per-stage compute and memory.
 
 A plan of S stages needs S devices to run, but each stage's work does not depend on what its
-neighbours compute, only on the shapes they exchange. So one device can replay every stage
+neighbours compute, only on the shapes they exchange. So one device can run every stage
 in turn: build the stage's layers and optimizer, then run its rank's action list of the
 schedule (F and B in the schedule's order) with synthetic inputs in place of the previous
 stage's activations and synthetic gradients in place of the next stage's, with no
 communication. Its compute time and its peak memory are exactly what that stage's device
 would spend, minus the waiting.
 
-``replay_stage`` measures one stage; ``predict_stages`` asks the simulator for the same
+``time_stage`` measures one stage; ``predict_stages`` asks the simulator for the same
 numbers (per stage: the F and B time of one iteration, and peak memory); the script
 ``benchmarks/gpu_stage_replay.py`` prints them side by side for GPipe and DAPPLE at several
 micro-batch counts. On a GPU peak memory is the allocator's; on a CPU (a dry run) it is the
@@ -26,10 +27,11 @@ from runtime.config import RunnableScenario
 from runtime.memory import SavedTensorMeter, static_bytes
 from runtime.models import StageModule, build_layers, input_dtype, make_optimizer, num_layers, sample_shape
 from runtime.models import synthetic_batch
+from sim.cost import split_samples
 from sim.schedule.generators import generate
 from sim.schedule.ir import ActionKind
 
-__all__ = ["predict_stages", "profiled_scenario", "replay_stage"]
+__all__ = ["predict_stages", "profiled_scenario", "time_stage"]
 
 
 def _sync(device: torch.device) -> None:
@@ -79,7 +81,7 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
     return times
 
 
-def replay_stage(
+def time_stage(
     runnable: RunnableScenario, stage: int, schedule: str, num_microbatches: int, device: torch.device,
     *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0,
 ) -> dict[str, float]:
@@ -96,7 +98,7 @@ def replay_stage(
     """
     plan, training = runnable.plan, runnable.scenario.training
     start, end = plan.stages[stage].layers
-    samples = training.microbatch_size // plan.stages[stage].num_replicas
+    samples = split_samples(training.microbatch_size, plan.stages[stage].num_replicas)[-1]  # the smallest slice
     module = StageModule(build_layers(runnable.model, range(start, end), seed=0, device=device),
                          is_last=end == num_layers(runnable.model))
     optimizer = make_optimizer(runnable.scenario.model.optimizer, list(module.parameters()), lr=1e-3)
@@ -144,7 +146,8 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     from sim.input.scenario import parse_scenario
 
     scenario, folder = runnable.scenario, Path(folder)
-    batch = scenario.training.microbatch_size // min(stage.num_replicas for stage in scenario.plan.stages)
+    fewest = min(stage.num_replicas for stage in scenario.plan.stages)
+    batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats)
     write_profile(layers, folder, device=device.type)
     plan = plan_to_dict(scenario.plan, scenario.training)

@@ -1,4 +1,4 @@
-"""The validator: broken schedules are rejected with one line naming the culprit and a grid."""
+"""The schedule checker: broken schedules are rejected with one line naming the culprit and a grid."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from sim.errors import ScheduleError
-from sim.schedule import format_grid, generate, lower, parse_schedule, validate
+from sim.schedule import check_schedule, format_grid, generate, lower, parse_schedule
 from sim.schedule.ir import Schedule
 
 
@@ -19,16 +19,16 @@ def _edit(schedule: Schedule, rank: int, fn) -> Schedule:
 
 def _reject(schedule: Schedule) -> ScheduleError:
     with pytest.raises(ScheduleError) as err:
-        validate(schedule)
+        check_schedule(schedule)
     assert "\n" not in str(err.value)
     return err.value
 
 
-def test_generated_and_lowered_schedules_validate() -> None:
+def test_generated_and_lowered_schedules_pass_the_check() -> None:
     for schedule in (generate("dapple", 4, 8), generate("zb-h1", 4, 8),
                      generate("interleaved", 4, 8, chunks=2), generate("gpipe", 1, 3)):
-        validate(schedule)
-        validate(lower(schedule))
+        check_schedule(schedule)
+        check_schedule(lower(schedule))
 
 
 def test_backward_before_forward_is_named() -> None:
@@ -166,7 +166,7 @@ def test_format_grid_has_ranks_as_rows() -> None:
 def test_dry_run_handles_thousands_of_microbatches() -> None:
     # O(actions): 8 ranks x 4096 micro-batches, compute-only and lowered.
     schedule = generate("dapple", 8, 4096)
-    validate(schedule)
+    check_schedule(schedule)
     late = _edit(schedule, 7, lambda acts: acts.insert(len(acts) - 1, acts.pop(0)))
     err = _reject(late)  # 7F0 moved to the end: the last stage's 7B0 now comes before it
     assert str(err).startswith("rank 7 step 0: 7B0 runs before 7F0")

@@ -1,0 +1,85 @@
+"""Gradient all-reduce as flows: each stage's replicas sum their gradients through the ports.
+
+After its last backward every replica of a stage holds a gradient of the stage's parameter
+bytes; before the optimizer step they must agree on the sum. The compiler lays the
+all-reduce out as *phases* of concurrent flows, one phase after another, with the byte
+counts and ring steps of ``sim.collectives`` (the closed forms the planners use too):
+
+* the stage's replicas all on one server: one phase, a ring all-reduce (phase 0);
+* on several servers, hierarchical: a ring reduce-scatter inside each server (phase 0),
+  a ring all-reduce of each GPU's shard across the servers through the NICs (phase 1), a
+  ring all-gather inside each server (phase 2).
+
+Flows are labelled ``("AR", stage, phase)``; each phase also carries its latency, one link
+latency per ring step, which the replay adds after the phase's slowest flow.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sim.collectives import ring_bytes, ring_steps
+from sim.engine.workload import Collective, FlowKind
+
+__all__ = ["allreduce_flows", "build_collectives"]
+
+
+def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, float]], dict[tuple, float]]:
+    """Ring inside a server; reduce-scatter, cross-server ring, all-gather across servers.
+
+    Returns the flows ``(src, dst, label, bytes)`` and, per ``(stage, phase)``, the phase's
+    latency: one link latency per ring step (``sim.collectives.ring_steps``), set by the
+    widest server.
+    """
+    flows, latency = [], {}
+    for s, stage in enumerate(plan.stages):
+        if stage.num_replicas < 2:
+            continue
+        grad_bytes = model.param_bytes(*stage.layers)
+        by_node = defaultdict(list)
+        for d in sorted(stage.devices):
+            by_node[cluster.node_of(d)].append(d)
+        groups = [by_node[n] for n in sorted(by_node)]
+        widest = max(len(g) for g in groups)
+        if widest > 1:
+            # one server: the whole ring all-reduce in one phase; several: its two halves
+            halves = 2 if len(groups) == 1 else 1
+            for phase in (0,) if len(groups) == 1 else (0, 2):
+                latency[(s, phase)] = ring_steps(widest, halves=halves) * cluster.intra_node.latency_s
+                for g in groups:
+                    n = len(g)
+                    for i, d in enumerate(g if n > 1 else []):
+                        flows.append((d, g[(i + 1) % n], ("AR", s, phase), ring_bytes(n, grad_bytes, halves=halves)))
+        if len(groups) > 1:
+            k = len(groups)
+            latency[(s, 1)] = ring_steps(k) * cluster.inter_node.latency_s
+            for j, g in enumerate(groups):
+                nxt = groups[(j + 1) % k]
+                for i, d in enumerate(g):
+                    # each GPU carries its 1/n shard of the cross-server ring
+                    flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_bytes(k, grad_bytes) / len(g)))
+    return flows, latency
+
+
+def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:
+    """One :class:`Collective` per stage with replicas: its phases' flow kinds, in phase order."""
+    result = []
+    for s, stage in enumerate(plan.stages):
+        if stage.num_replicas < 2:
+            continue
+        phases = []
+        for phase in (0, 1, 2):
+            members = tuple(k.index for k in kinds if k.label == ("AR", s, phase))
+            if members:
+                phases.append((members, latency[(s, phase)]))
+        participants = tuple(sorted({class_of[d] for d in stage.devices}))
+        result.append(
+            Collective(
+                index=len(result),
+                stage=s,
+                participants=participants,
+                phases=tuple(phases),
+                bytes=model.param_bytes(*stage.layers),
+            )
+        )
+    return result

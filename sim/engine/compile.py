@@ -1,0 +1,220 @@
+"""Compilation: a checked scenario turned into what every device does, once, with no SimPy.
+
+The engine (``sim.engine.replay``) and the fast path (``sim.engine.fastpath``) replay the same
+:class:`~sim.engine.workload.Workload`, so it is computed once, here:
+
+* the lowered schedule IR (sends, receives and ``REDUCE_GRAD`` added if the plan's schedule
+  is compute-only);
+* for each device, its slice of every micro-batch (a stage's micro-batch is split over its
+  replicas like ``torch.tensor_split``, ``sim.cost.sample_ranges``) and what each action
+  costs it in time and memory (``sim.cost.stage_cost``);
+* the flows and the ports they cross (``sim.engine.flows``), the gradient all-reduces
+  (``sim.engine.collectives``);
+* the faults each device and port carries (stragglers, failures, jitter, slow links).
+
+Devices that must behave identically are merged into classes (``sim.engine.symmetry``); with
+``symmetric=False`` every device and port is its own class, which is slower but useful to
+check the reduction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sim.cost import sample_ranges, stage_cost
+from sim.engine.collectives import allreduce_flows, build_collectives
+from sim.engine.flows import PortTable, flow_kinds, kinds_by_class, p2p_flows
+from sim.engine.symmetry import refine
+from sim.engine.workload import COMPUTE, RECV, REDUCE, SEND, DeviceClass, Op, Workload
+from sim.faults import jitter_factors
+from sim.input.scenario import Scenario
+from sim.models import model_flop_per_sample
+from sim.schedule.ir import ActionKind
+from sim.schedule.passes import lower
+from sim.schedule.plan_schedule import schedule_for_plan
+
+__all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload"]
+
+WGRAD_STASH_FRACTION = 0.5
+"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
+weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
+
+
+def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
+    """Compile ``scenario`` (which must have a plan) for replay."""
+    plan, cluster, model, training = scenario.plan, scenario.cluster, scenario.model, scenario.training
+    assert plan is not None, "the caller checks that the scenario has a plan"
+    schedule = schedule_for_plan(plan, training.num_microbatches)
+    if not schedule.is_lowered:
+        schedule = lower(schedule)
+    stage_ranks, groups = plan.stage_ranks, plan.device_groups
+    devices = sorted(d for g in groups for d in g)
+    local = {d: i for i, d in enumerate(devices)}
+    rank_of = {d: r for r, g in enumerate(groups) for d in g}
+    samples = {s: sample_ranges(training.microbatch_size, st.devices) for s, st in enumerate(plan.stages)}
+    stages_of_rank = [tuple(s for s, r in enumerate(stage_ranks) if r == rank) for rank in range(len(groups))]
+
+    ar_flows, ar_latency = allreduce_flows(plan, model, cluster)
+    flows = p2p_flows(plan, model, training.microbatch_size) + ar_flows
+    nic_ids = sorted({cluster.nic_of(d) for d in devices})
+    nic_local = {n: i for i, n in enumerate(nic_ids)}
+    faults = FaultView(scenario.faults, cluster)
+    initial = [
+        (rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]), faults.device_signature(d))
+        for d in devices
+    ]
+    edges = [
+        (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
+        for src, dst, label, nbytes in flows
+    ]
+    device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids),
+                                      [faults.nic_factor(n) for n in nic_ids])
+    # identical devices issue each operation together, with or without the reduction
+    together = {d: device_class[local[d]] for d in devices}
+    if not symmetric:
+        device_class, card_class = list(range(len(devices))), list(range(len(nic_ids)))
+    class_of = {d: device_class[local[d]] for d in devices}
+    card_of = {n: card_class[nic_local[n]] for n in nic_ids}
+
+    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, faults)
+    kinds = flow_kinds(flows, class_of, together, ports)
+    members = defaultdict(list)
+    for d in devices:
+        members[class_of[d]].append(d)
+    collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
+    by_class = kinds_by_class(kinds)
+    classes = tuple(
+        _device_class(index, tuple(members[index]), scenario, schedule, rank_of, stages_of_rank, samples, kinds,
+                      collectives, by_class, faults)
+        for index in range(len(members))
+    )
+    flop = model_flop_per_sample(model) if all(not layer.is_measured for layer in model.layers) else None
+    return Workload(
+        name=scenario.name,
+        schedule=schedule,
+        num_microbatches=training.num_microbatches,
+        global_batch_size=training.global_batch_size,
+        classes=classes,
+        kinds=tuple(kinds),
+        port_classes=ports.classes(),
+        collectives=tuple(collectives),
+        device_memory_bytes=cluster.device.memory_bytes,
+        flop_per_iteration=flop * training.global_batch_size if flop else None,
+        peak_flop_per_s=cluster.device.peak_flop_per_s_for(model.dtype),
+        schedule_name=plan.schedule if plan.custom_schedule is None else "file",
+        num_stages=plan.num_stages,
+        recompute=plan.recompute,
+    )
+
+
+def _slice(ranges: dict[int, tuple[int, int]], device: int) -> int:
+    start, end = ranges[device]
+    return end - start
+
+
+class FaultView:
+    """The scenario's faults, as the compiler asks about them."""
+
+    def __init__(self, faults: tuple, cluster) -> None:
+        from sim.faults import Failure, Jitter, SlowLink, Straggler
+
+        self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
+        self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
+        self.jitters = [f for f in faults if isinstance(f, Jitter)]
+        self.slow_ports: dict[int, float] = {}
+        self.slow_nics: dict[int, float] = {}
+        for f in faults:
+            if isinstance(f, SlowLink):
+                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
+                table[key] = table.get(key, 1.0) * f.factor
+
+    def jitter_for(self, device: int):
+        return next((j for j in self.jitters if j.applies_to(device)), None)
+
+    def device_signature(self, device: int) -> tuple:
+        """What makes a device unlike its replicas (a jittered device is unlike every other)."""
+        straggler, failure = self.stragglers.get(device), self.failures.get(device)
+        return (
+            (straggler.slowdown, straggler.from_s) if straggler else None,
+            failure.at_s if failure else None,
+            self.slow_ports.get(device, 1.0),
+            device if self.jitter_for(device) is not None else None,
+        )
+
+    def nic_factor(self, nic: int) -> float:
+        return self.slow_nics.get(nic, 1.0)
+
+
+def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives, by_class,
+                  faults: FaultView):
+    plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
+    rank = rank_of[devices[0]]
+    stages = stages_of_rank[rank]
+    slices = tuple(_slice(samples[s], devices[0]) for s in stages)
+    costs, full_stash = {}, {}
+    for s, n in zip(stages, slices):
+        start, end = plan.stages[s].layers
+        costs[s] = stage_cost(model, cluster.device, start, end, n, recompute=plan.recompute)
+        full_stash[s] = stage_cost(model, cluster.device, start, end, n).stash_bytes
+    out_kinds, in_kinds = by_class[0][index], by_class[1][index]
+    collective_of = {c.stage: c.index for c in collectives}
+    templates: dict[tuple, dict] = {}  # (stage, kind) -> the op's fields but text and micro-batch
+    ops = []
+    for a in schedule.ranks[rank]:
+        key = (a.stage, a.kind)
+        if key not in templates:
+            templates[key] = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute, kinds, out_kinds,
+                                        in_kinds, collective_of)
+        ops.append(Op(text=str(a), microbatch=a.microbatch, **templates[key]))
+    jitter = faults.jitter_for(devices[0])
+    if jitter is not None:  # a jittered device is alone in its class (its signature is unique)
+        compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
+        for i, factor in zip(compute, jitter_factors(jitter, devices[0], len(compute))):
+            ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
+    straggler, failure = faults.stragglers.get(devices[0]), faults.failures.get(devices[0])
+    return DeviceClass(
+        index=index,
+        devices=devices,
+        rank=rank,
+        stages=stages,
+        samples=slices,
+        ops=tuple(ops),
+        static_bytes=sum(costs[s].static_bytes for s in stages),
+        optimizer_s=sum(costs[s].optimizer_s for s in stages),
+        slowdown=straggler.slowdown if straggler else 1.0,
+        slow_from_s=straggler.from_s if straggler else 0.0,
+        fails_at_s=failure.at_s if failure else None,
+    )
+
+
+def _op_fields(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
+    """Time and memory of one action on one device (see the module docstring), as Op fields."""
+    s, kind = action.stage, action.kind
+    base = dict(stage=s, kind=kind)
+    recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
+    recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
+    # with recompute the forward stashes only its input and the backward rebuilds the rest
+    kept = full_stash if recompute else cost.stash_bytes
+    rebuilt = full_stash if recompute else 0.0
+    extra = cost.stash_bytes if recompute else 0.0
+    f = WGRAD_STASH_FRACTION
+    if kind is ActionKind.F:
+        return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, buffer_bytes=recv_f,
+                    live_delta=1, **base)
+    if kind is ActionKind.B:
+        return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra,
+                    buffer_bytes=recv_b, live_delta=-1, **base)
+    if kind is ActionKind.I:
+        return dict(
+            code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=rebuilt,
+            free_bytes=(1 - f) * kept + extra, buffer_bytes=recv_b, **base,
+        )
+    if kind is ActionKind.W:
+        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)
+    if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+        flows = tuple(out_kinds[("F" if kind is ActionKind.SEND_F else "B", s)])
+        return dict(code=SEND, flows=flows, duration_s=sum(kinds[k].issue_s for k in flows), **base)
+    if kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+        flows = tuple(in_kinds[("F", s - 1)] if kind is ActionKind.RECV_F else in_kinds[("B", s + 1)])
+        return dict(code=RECV, flows=flows, duration_s=sum(kinds[k].receive_s for k in flows), **base)
+    return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)
