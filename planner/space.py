@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from sim.errors import DappleError
 from sim.plan import PlanSpec, StageSpec
+from sim.schedule.policy import DapplePolicy
 from sim.input.scenario import Scenario
 from sim.specs import ClusterSpec, TrainingSpec
 
@@ -42,7 +43,7 @@ FAST_BUDGET_OPS = 250_000
 """Actions the fast path replays beyond ``fast_top`` by default: on a 2-core machine about what
 half a second of replays used to buy, for the 16-GPU paper scenarios (``benchmarks/planner_bench.py``)."""
 
-SCHEDULES = (("dapple", ()), ("dapple", (("policy", "2(s-i)-1"),)), ("gpipe", ()))
+SCHEDULES = (("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("gpipe", ()))
 """(schedule, parameters) the planner tries by default."""
 
 

@@ -260,6 +260,7 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
     """A ``PlannerOptions`` field from YAML; returns a hashable value."""
     from planner.space import PLACEMENTS, PlannerOptions
     from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
+    from sim.schedule.policy import DapplePolicy
 
     fields = list(PlannerOptions.__dataclass_fields__)
     if name == "fast_budget_s":
@@ -277,7 +278,7 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         for item in items:
             item = {"name": item} if isinstance(item, str) else item
             if not isinstance(item, dict) or item.get("name") not in GENERATORS or set(item) - {"name", "policy"} \
-                    or item.get("policy", "s-i") not in DAPPLE_POLICIES:
+                    or item.get("policy", DapplePolicy.S_MINUS_I.value) not in DAPPLE_POLICIES:
                 raise fail(where, f"{item!r}: give schedule names ({', '.join(sorted(GENERATORS))}) or "
                                   f"{{name: dapple, policy: {DAPPLE_POLICIES[1]}}}")
             out.append((item["name"], tuple(sorted((k, v) for k, v in item.items() if k != "name"))))

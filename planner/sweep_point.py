@@ -30,7 +30,7 @@ def run_point(sweep: Sweep, point: Point) -> dict[str, Any]:
     started = time.perf_counter()
     row: dict[str, Any] = {"point": point.id, **dict(point.columns)}
     try:
-        row.update(_evaluate(sweep, point))
+        row.update(_run(sweep, point))
     except DappleError as exc:
         row["error"] = one_line(str(exc))
     except Exception as exc:  # an engine bug must not stop a thousand-point study
@@ -45,7 +45,7 @@ def one_line(text: str) -> str:
     return " ".join(text.split())[:500]
 
 
-def _evaluate(sweep: Sweep, point: Point) -> dict[str, Any]:
+def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
     from sim.input.scenario import parse_scenario
 
     settings = dict(point.settings)

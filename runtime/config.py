@@ -22,7 +22,7 @@ from sim.errors import DappleError
 from sim.input.scenario import Scenario, load_scenario
 from sim.models import build_model
 from sim.plan import PlanSpec
-from sim.specs import ModelSpec
+from sim.model_spec import ModelSpec
 
 __all__ = [
     "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",

@@ -8,7 +8,7 @@ median is over the measured steps only, and the trace rows are those of the step
 is the median. Saved activations are counted in the first step
 (every step saves the same tensors; the timed steps then run without hooks). With ``check``
 the first step's gradients (before the optimizer touches them) and loss are compared with
-``runtime.validate``'s reference.
+``runtime.grad_check``'s reference.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from runtime.config import RunnableScenario
 from runtime.executor import ExecOptions, RankExecutor
 from runtime.status import StatusBoard
-from runtime.validate import compare_grads, reference_step
+from runtime.grad_check import compare_grads, reference_step
 
 __all__ = ["SessionOptions", "run_session"]
 

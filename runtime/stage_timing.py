@@ -11,7 +11,7 @@ would spend, minus the waiting.
 
 ``time_stage`` measures one stage; ``predict_stages`` asks the simulator for the same
 numbers (per stage: the F and B time of one iteration, and peak memory); the script
-``benchmarks/gpu_stage_replay.py`` prints them side by side for GPipe and DAPPLE at several
+``benchmarks/gpu_stage_timing.py`` prints them side by side for GPipe and DAPPLE at several
 micro-batch counts. On a GPU peak memory is the allocator's; on a CPU (a dry run) it is the
 counted parameters, gradients, optimizer state and saved activations.
 """

@@ -45,7 +45,7 @@ thread has slept runs slower than one right after another (the core and its cach
 gone to other work). On a 2-vCPU host this idle brought the timed actions from about 9%
 to about 4% below the same actions in a run; a lone process on that host, with no other
 rank keeping the machine busy, slows down far more after such a sleep (about 2x), which is
-why the per-stage timing of ``benchmarks/gpu_stage_replay.py`` does not idle."""
+why the per-stage timing of ``benchmarks/gpu_stage_timing.py`` does not idle."""
 
 CACHE_FLUSH_BYTES = 64 * 2**20
 """Bytes written between two timed optimizer steps: more than a CPU's last-level cache or a

@@ -1,6 +1,6 @@
 """Cost model: how long a stage's forward and backward take, and what it keeps in memory.
 
-A model's layers carry per-sample numbers (see ``sim.specs.LayerSpec``). This module turns
+A model's layers carry per-sample numbers (see ``sim.model_spec.LayerSpec``). This module turns
 them into what one replica of a stage spends on its slice of one micro-batch:
 
 * time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-from sim.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
+from sim.model_spec import ModelSpec
+from sim.specs import DTYPE_BYTES, DeviceSpec
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
            "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost", "static_bytes"]

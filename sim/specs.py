@@ -6,16 +6,12 @@ A simulation has four independent inputs (as in Calculon: system, model, strateg
   Every GPU has one intra-node port (``intra_node``: NVLink, NVSwitch or PCIe bandwidth per
   GPU); every server has ``nics_per_node`` network cards (``inter_node``: bandwidth per NIC).
   Device ids are global: ``node * devices_per_node + local_index``.
-* ``ModelSpec`` — an ordered list of ``LayerSpec`` (profile order or generator order), with the
-  bytes that cross each possible cut between two stages. All per-layer sizes and times are
-  per *sample*; the cost model scales them to a micro-batch. A generated model also keeps
-  the generator and parameters that built it (``ModelPreset``), so nothing needs the
-  scenario file again to build it for real.
+* ``ModelSpec`` — the model's layers; it lives in ``sim.model_spec``.
 * ``TrainingSpec`` — the global batch and the micro-batch that enters the pipeline.
 
 The plan (stages and schedule) is the fourth input; it lives in ``sim.plan``.
 
-Specs validate themselves in ``__post_init__`` and raise ``SpecError`` naming the field; they
+Specs check themselves in ``__post_init__`` and raise ``SpecError`` naming the field; they
 do nothing else.
 """
 
@@ -23,21 +19,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from sim.errors import SpecError
 
 __all__ = [
     "DTYPE_BYTES",
+    "MAX_MICROBATCHES",
     "OPTIMIZER_STATES",
     "DeviceSpec",
     "LinkSpec",
     "ClusterSpec",
-    "LayerSpec",
-    "ModelPreset",
-    "ModelSpec",
     "TrainingSpec",
+    "non_negative",
     "optimizer_state_factor",
+    "positive",
+    "positive_int",
 ]
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
@@ -215,138 +211,6 @@ class ClusterSpec:
         """Global id of the NIC that ``device`` sends and receives inter-node traffic through."""
         local = device % self.devices_per_node
         return self.node_of(device) * self.nics_per_node + local * self.nics_per_node // self.devices_per_node
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerSpec:
-    """One layer of a model; sizes and times are per sample."""
-
-    name: str
-    """Name from the profile or the generator (``block_3``, ``embedding``)."""
-    param_bytes: float
-    """Bytes of this layer's parameters (gradients take as many)."""
-    output_bytes: float
-    """Bytes of this layer's output for one sample."""
-    stash_bytes: float
-    """Bytes this layer keeps from its forward until its backward, for one sample."""
-    fwd_s: float | None = None
-    """Measured forward time for one sample, seconds (from a profile); None if costed from FLOPs."""
-    bwd_s: float | None = None
-    """Measured backward time for one sample, seconds; None if costed from FLOPs."""
-    fwd_flop: float = 0.0
-    """Forward FLOPs for one sample."""
-    bwd_flop: float = 0.0
-    """Backward FLOPs for one sample (input and weight gradients together)."""
-    wgrad_fraction: float = 0.5
-    """Share of the backward that computes weight gradients (zero-bubble schedules' W), [0, 1]."""
-    kernels: tuple = ()
-    """Forward kernels (``sim.kernels.KernelSpec``) of a generated layer; when present the
-    cost model times them one by one instead of dividing ``fwd_flop`` by a single rate."""
-    param_tensors: int | None = None
-    """Parameter tensors (weights, biases) the optimizer steps one by one; None: two (a weight
-    and a bias) for a layer with parameters, as a measured profile does not say."""
-
-    def __post_init__(self) -> None:
-        for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop"):
-            non_negative(key, getattr(self, key))
-        if (self.fwd_s is None) != (self.bwd_s is None):
-            raise SpecError("fwd_s", "give both forward and backward times, or neither")
-        if self.fwd_s is not None:
-            non_negative("fwd_s", self.fwd_s)
-            non_negative("bwd_s", self.bwd_s)
-        elif self.fwd_flop == 0 and self.bwd_flop == 0 and self.param_bytes > 0:
-            raise SpecError("fwd_flop", f"layer {self.name!r} has parameters but neither times nor FLOPs")
-        if not 0 <= self.wgrad_fraction <= 1:
-            raise SpecError("wgrad_fraction", f"must be in [0, 1], got {self.wgrad_fraction!r}")
-        if self.param_tensors is not None and (isinstance(self.param_tensors, bool) or self.param_tensors < 0):
-            raise SpecError("param_tensors", f"must be an integer >= 0, got {self.param_tensors!r}")
-
-    @property
-    def is_measured(self) -> bool:
-        return self.fwd_s is not None
-
-    @property
-    def optimizer_tensors(self) -> int:
-        """Tensors the optimizer steps for this layer (``param_tensors`` with its default)."""
-        if self.param_tensors is not None:
-            return self.param_tensors
-        return 2 if self.param_bytes > 0 else 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelPreset:
-    """The generator a built-in model came from, with every parameter it was built with."""
-
-    name: str
-    """Generator name, a key of ``sim.models.MODEL_PRESETS`` (``gpt``, ``bert``, ``mlp``, ``vgg``)."""
-    params: tuple[tuple[str, Any], ...]
-    """(parameter, value) pairs sorted by name: every parameter of the generator, defaults
-    filled in and computed ones (``ffn_hidden``, ``input_size``) resolved, so that
-    ``build_model(name, **values)`` builds the same model again."""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise SpecError("preset", "must not be empty")
-        keys = [pair[0] for pair in self.params]
-        if keys != sorted(set(keys)):
-            raise SpecError("params", f"must be (name, value) pairs sorted by unique name, got names {keys}")
-        for key, value in self.params:
-            if not isinstance(value, (bool, int, float, str, type(None))):
-                raise SpecError(key, f"must be a number, a string or a boolean, got {value!r}")
-
-    @property
-    def values(self) -> dict[str, Any]:
-        """The parameters as keywords for ``sim.models.build_model``."""
-        return dict(self.params)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
-    """An ordered list of layers and what crosses each possible cut between stages."""
-
-    name: str
-    """Display name (``bert-48``, ``gpt-1.3b``)."""
-    layers: tuple[LayerSpec, ...]
-    """Layers in execution order; a stage owns a contiguous range of them."""
-    boundary_bytes: tuple[float, ...]
-    """Per sample, bytes that cross a cut just before layer ``k`` (``len(layers) + 1`` entries).
-
-    Entry 0 is the model input; entry ``len(layers)`` is 0. For a chain it is the previous
-    layer's output; for a DAG it is every tensor produced before the cut and consumed after it.
-    """
-    dtype: str = "fp32"
-    """Training dtype of parameters and activations: fp32, tf32, fp16 or bf16."""
-    optimizer: str = "adam"
-    """Optimizer whose state is kept per parameter: sgd, momentum, adam, adamw."""
-    source: str = ""
-    """Where the model came from (a profile path or a preset description)."""
-    preset: ModelPreset | None = None
-    """The generator and parameters of a built-in model (``sim.models``), which the runtime
-    builds as torch modules; None for a measured profile."""
-
-    def __post_init__(self) -> None:
-        if not self.layers:
-            raise SpecError("layers", "a model needs at least one layer")
-        if len(self.boundary_bytes) != len(self.layers) + 1:
-            raise SpecError(
-                "boundary_bytes",
-                f"needs {len(self.layers) + 1} entries (one per cut), got {len(self.boundary_bytes)}",
-            )
-        for k, value in enumerate(self.boundary_bytes):
-            non_negative(f"boundary_bytes[{k}]", value)
-        optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def optimizer_state_bytes_per_param_byte(self) -> float:
-        return optimizer_state_factor(self.optimizer, self.dtype)
-
-    def param_bytes(self, start: int = 0, end: int | None = None) -> float:
-        """Parameter bytes of layers ``[start, end)``."""
-        return sum(layer.param_bytes for layer in self.layers[start:end])
 
 
 MAX_MICROBATCHES = 100_000

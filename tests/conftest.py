@@ -42,7 +42,8 @@ def synthetic_scenario(
     on the compute streams for sending and receiving."""
     from sim.plan import PlanSpec, StageSpec
     from sim.input.scenario import Scenario
-    from sim.specs import ClusterSpec, DeviceSpec, LayerSpec, LinkSpec, ModelSpec, TrainingSpec
+    from sim.model_spec import LayerSpec, ModelSpec
+    from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 
     num_stages = len(fwd_s)
     ranks = list(range(num_stages)) if ranks is None else list(ranks)

@@ -77,7 +77,7 @@ def test_importing_the_core_loads_neither_simpy_nor_torch():
         "load_scenario('scenarios/bert48_v100_2x8.yaml')\n"
         "bad = [m for m in ('simpy', 'torch') if m in sys.modules]\n"
         "assert not bad, bad\n"
-        "assert 'sim.app.cli' in sys.modules and 'sim.schedule.validate' in sys.modules\n"
+        "assert 'sim.app.cli' in sys.modules and 'sim.schedule.check' in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

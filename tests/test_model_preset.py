@@ -12,7 +12,7 @@ from conftest import SCENARIOS
 from sim.errors import DappleError, SpecError
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.models import PRESET_PARAMS, build_model
-from sim.specs import ModelPreset
+from sim.model_spec import ModelPreset
 
 TINY_GPT = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 100}
 

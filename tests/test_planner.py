@@ -15,14 +15,8 @@ from planner.evaluation import evaluate
 from planner.exhaustive import exhaustive_planner, lower_bound_s
 from planner.space import Candidate, PlannerOptions, place
 from sim.input.scenario import Scenario, load_scenario
-from sim.specs import (
-    ClusterSpec,
-    DeviceSpec,
-    LayerSpec,
-    LinkSpec,
-    ModelSpec,
-    TrainingSpec,
-)
+from sim.model_spec import LayerSpec, ModelSpec
+from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 
 
 def _cluster(nodes, per_node, memory=2.0**40, inter=2e9, intra=2e10):

@@ -147,7 +147,7 @@ def test_trace_rows_follow_the_lowered_schedule(two_ranks):
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_the_torch_peer_computes_the_same_gradients(two_ranks, schedule):
     from runtime.config import load_runnable
-    from runtime.validate import compare_grads, reference_step
+    from runtime.grad_check import compare_grads, reference_step
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
     reference = reference_step(runnable.model, runnable.scenario.training.global_batch_size)

@@ -6,15 +6,8 @@ import pytest
 
 from sim.cost import split_samples, stage_cost, static_bytes
 from sim.errors import SpecError
-from sim.specs import (
-    ClusterSpec,
-    DeviceSpec,
-    LayerSpec,
-    LinkSpec,
-    ModelSpec,
-    TrainingSpec,
-    optimizer_state_factor,
-)
+from sim.model_spec import LayerSpec, ModelSpec
+from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
 from sim.plan import PlanSpec, StageSpec, check_plan
 
 V100 = DeviceSpec(

@@ -19,7 +19,7 @@ from typing import Any
 
 from sim.errors import DappleError, SpecError
 from sim.input.strict import StrictReader, join_key
-from sim.specs import ModelSpec
+from sim.model_spec import ModelSpec
 
 __all__ = ["read_model"]
 

@@ -79,10 +79,11 @@ def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
         training["microbatch_size"] = plan["microbatch_size"]
     merged["training"] = training
     wanted = plan.get("num_microbatches")
-    gbs, mbs = training.get("global_batch_size"), training.get("microbatch_size")
-    if wanted is not None and isinstance(gbs, int) and isinstance(mbs, int) and mbs > 0 and gbs // mbs != wanted:
+    global_batch, size = training.get("global_batch_size"), training.get("microbatch_size")
+    if wanted is not None and isinstance(global_batch, int) and isinstance(size, int) and size > 0 \
+            and global_batch // size != wanted:
         raise ScenarioError(
-            f"{source}: num_microbatches: the plan says {wanted} but the scenario's global batch {gbs} over "
-            f"micro-batches of {mbs} gives {gbs // mbs}"
+            f"{source}: num_microbatches: the plan says {wanted} but the scenario's global batch {global_batch} "
+            f"over micro-batches of {size} gives {global_batch // size}"
         )
     return merged

@@ -25,7 +25,8 @@ from typing import Any
 from sim.errors import ScenarioError, ScheduleError, SpecError
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 from sim.plan import PlanSpec, StageSpec, check_plan
-from sim.specs import ClusterSpec, ModelSpec, TrainingSpec
+from sim.model_spec import ModelSpec
+from sim.specs import ClusterSpec, TrainingSpec
 
 __all__ = ["read_plan"]
 
@@ -74,6 +75,7 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
 
 def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
     from sim.schedule.generators import GENERATORS
+    from sim.schedule.policy import DapplePolicy
 
     if isinstance(value, str):
         value = {"name": value}
@@ -82,7 +84,7 @@ def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
     name = reader.string(data, "plan.schedule", "name", choices=GENERATORS)
     params = {}
     if "policy" in data:
-        params["policy"] = reader.string(data, "plan.schedule", "policy", choices={"s-i", "2(s-i)-1"})
+        params["policy"] = reader.string(data, "plan.schedule", "policy", choices={p.value for p in DapplePolicy})
     if "chunks" in data:
         params["chunks"] = reader.integer(data, "plan.schedule", "chunks")
     return name, params

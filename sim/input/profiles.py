@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 from sim.errors import DappleError
-from sim.specs import LayerSpec, ModelSpec
+from sim.model_spec import LayerSpec, ModelSpec
 
 __all__ = ["ProfileError", "load_profile", "parse_profile"]
 

@@ -39,7 +39,8 @@ from sim.input.model import read_model
 from sim.input.plan_section import read_plan
 from sim.input.strict import DATA_DIR, StrictReader, show_value
 from sim.plan import PlanSpec
-from sim.specs import ClusterSpec, ModelSpec, TrainingSpec
+from sim.model_spec import ModelSpec
+from sim.specs import ClusterSpec, TrainingSpec
 
 __all__ = ["DATA_DIR", "Scenario", "load_scenario", "parse_scenario", "apply_overrides"]
 

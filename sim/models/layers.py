@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from sim import kernels as K
 from sim.models.params import describe
-from sim.specs import LayerSpec, ModelPreset, ModelSpec
+from sim.model_spec import LayerSpec, ModelPreset, ModelSpec
 
 __all__ = ["LOSS_BYTES", "MASK_BYTES", "TOKEN_ID_BYTES", "chain", "classifier", "linear", "matmul_layer"]
 

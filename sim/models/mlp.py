@@ -11,7 +11,8 @@ from typing import Any
 
 from sim.models.layers import chain, classifier, linear
 from sim.models.params import resolve
-from sim.specs import DTYPE_BYTES, ModelSpec
+from sim.model_spec import ModelSpec
+from sim.specs import DTYPE_BYTES
 
 __all__ = ["mlp"]
 

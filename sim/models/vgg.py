@@ -14,7 +14,8 @@ from sim import kernels as K
 from sim.errors import SpecError
 from sim.models.layers import MASK_BYTES, chain, classifier, linear, matmul_layer
 from sim.models.params import names, resolve
-from sim.specs import DTYPE_BYTES, LayerSpec, ModelSpec
+from sim.model_spec import LayerSpec, ModelSpec
+from sim.specs import DTYPE_BYTES
 
 __all__ = ["vgg"]
 

@@ -26,7 +26,7 @@ def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = 
     cmap = plt.get_cmap("tab20")
     devices = sorted({row["device"] for row in rows})
     index = {d: i for i, d in enumerate(devices)}
-    mbs = num_microbatches or 1 + max((row["microbatch"] or 0 for row in rows), default=0)
+    count = num_microbatches or 1 + max((row["microbatch"] or 0 for row in rows), default=0)
     for row in rows:
         start, width = row["start_s"] * 1e3, (row["end_s"] - row["start_s"]) * 1e3
         if width <= 0:
@@ -35,7 +35,7 @@ def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = 
         kind = row["kind"]
         if kind in ("F", "B", "I", "W"):
             m = row["microbatch"] or 0
-            colour = cmap((m % 20) / 20.0 if mbs > 10 else m / max(mbs, 10))
+            colour = cmap((m % 20) / 20.0 if count > 10 else m / max(count, 10))
             ax.barh(y, width, left=start, height=0.7, color=colour, alpha=0.45 if kind == "F" else 1.0,
                     edgecolor="white", linewidth=0.3, hatch="///" if kind == "W" else None)
         elif kind == "REDUCE_GRAD":

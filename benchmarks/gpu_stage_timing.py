@@ -8,7 +8,7 @@ peak memory within 3% and compute time within 5%. Runs in a few minutes on an H1
 
 Without a GPU it does a small dry run on the CPU (memory is then counted, not allocated).
 
-    python benchmarks/gpu_stage_replay.py [--out DIR] [--microbatches 4 8 16]
+    python benchmarks/gpu_stage_timing.py [--out DIR] [--microbatches 4 8 16]
 """
 
 from __future__ import annotations
