@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
+__all__ = ["ATTENTION_CORE", "KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
 
@@ -76,35 +76,57 @@ def _elementwise(name: str, elements: float, d: int, *, passes: int = 2, weights
     return KernelSpec(name=name, bytes=passes * d * elements, weights=weights)
 
 
-def transformer_block(s: int, h: int, a: int, f: int, d: int) -> tuple[KernelSpec, ...]:
-    """One pre-LN transformer block on s tokens of width h, a heads, MLP width f."""
+def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int | None = None, gated: bool = False,
+                      tensor: int = 1, context: int = 1, sequence_parallel: bool = False) -> tuple[KernelSpec, ...]:
+    """One pre-norm transformer block on s tokens of width h, a heads, MLP width f, as one device
+    of a tensor-parallel group of ``tensor`` and a context-parallel group of ``context`` runs it.
+
+    Megatron-LM's split (Shoeybi et al. 2019, §3): the QKV projection and the MLP's first
+    linear are column-parallel (output width / t), the output projection and the MLP's second
+    linear row-parallel (inner width / t), heads split over t. Context parallelism (ring
+    attention) gives each device s/c queries, attending over all s keys in c steps. Norms and
+    residual adds run on every token of the device's s/c, or on s/(c·t) of them with sequence
+    parallelism (Korthikanti et al. 2022, §4.2.2). Grouped-query attention projects to
+    ``kv_heads`` key and value heads; a gated MLP (SwiGLU) has two input projections.
+    """
+    t, q = tensor, s / context
+    h_kv = (kv_heads or a) * h // a
+    pointwise = q / t if sequence_parallel else q
+    up = 2 * f if gated else f
     return (
-        _elementwise("ln1", s * h, d),
-        _gemm("qkv", s, 3 * h, h, d, weights=True),
-        _gemm("scores", s * a, s, h // a, d, weights=False),
-        _elementwise("softmax", a * s * s, d),
-        _gemm("attend", s * a, h // a, s, d, weights=False),
-        _gemm("proj", s, h, h, d, weights=True),
-        _elementwise("residual1", s * h, d, passes=3),
-        _elementwise("ln2", s * h, d),
-        _gemm("mlp_up", s, f, h, d, weights=True),
-        _elementwise("gelu", s * f, d),
-        _gemm("mlp_down", s, h, f, d, weights=True),
-        _elementwise("residual2", s * h, d, passes=3),
+        _elementwise("ln1", pointwise * h, d),
+        _gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True),
+        _gemm("scores", q * a / t, s, h // a, d, weights=False),
+        _elementwise("softmax", a / t * q * s, d),
+        _gemm("attend", q * a / t, h // a, s, d, weights=False),
+        _gemm("proj", q, h, h / t, d, weights=True),
+        _elementwise("residual1", pointwise * h, d, passes=3),
+        _elementwise("ln2", pointwise * h, d),
+        _gemm("mlp_up", q, up / t, h, d, weights=True),
+        _elementwise("swiglu" if gated else "gelu", q * f / t, d, passes=3 if gated else 2),
+        _gemm("mlp_down", q, h, f / t, d, weights=True),
+        _elementwise("residual2", pointwise * h, d, passes=3),
     )
 
 
+ATTENTION_CORE = frozenset({"scores", "softmax", "attend"})
+"""The kernels selective recompute runs again in the backward (Korthikanti et al. 2022, §5)."""
+
+
 def embedding(s: int, h: int, d: int, *, tables: int) -> tuple[KernelSpec, ...]:
-    """Look-ups in ``tables`` embedding tables and their sum: memory-bound, all weight gradient."""
+    """Look-ups in ``tables`` embedding tables and their sum: memory-bound, all weight gradient
+    (``s`` is the tokens the device embeds; a vocabulary-parallel table writes all of them)."""
     return (_elementwise("lookup", s * h, d, passes=tables + 1, weights=True),)
 
 
-def lm_head(s: int, h: int, vocab: int, d: int) -> tuple[KernelSpec, ...]:
-    """Final layer norm, projection to the vocabulary, softmax and cross-entropy (fp32 logits)."""
+def lm_head(s: int, h: int, vocab: int, d: int, *, tensor: int = 1) -> tuple[KernelSpec, ...]:
+    """Final norm, projection to the vocabulary, softmax and cross-entropy (fp32 logits), on one
+    device's ``vocab / tensor`` slice of the vocabulary (Megatron's vocabulary-parallel head)."""
+    v = vocab / tensor
     return (
         _elementwise("ln_f", s * h, d),
-        _gemm("logits", s, vocab, h, d, weights=True),
-        KernelSpec(name="loss", bytes=3 * 4 * s * vocab),
+        _gemm("logits", s, v, h, d, weights=True),
+        KernelSpec(name="loss", bytes=3 * 4 * s * v),
     )
 
 

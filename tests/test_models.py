@@ -138,6 +138,7 @@ def test_model_flop_per_sample_sums_forward_and_backward():
 SMALL = {
     "gpt": dict(layers=3, hidden=64, heads=4, seq_len=32, vocab=100),
     "bert": dict(layers=3, hidden=64, heads=4, seq_len=32, vocab=100),
+    "llama": dict(layers=2, hidden=64, heads=4, kv_heads=2, seq_len=32, vocab=100),
     "vgg": dict(depth=11, image_size=64, num_classes=10),
     "mlp": dict(layers=3, hidden=16),
 }
@@ -221,7 +222,7 @@ def _error(preset, **params) -> SpecError:
 def test_unknown_preset_lists_valid_names():
     error = _error("resnet")
     assert error.key == "preset"
-    assert "bert, gpt, mlp, vgg" in error.problem
+    assert "bert, gpt, llama, mlp, vgg" in error.problem
 
 
 def test_unknown_param_is_named_with_the_valid_ones():

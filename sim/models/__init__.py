@@ -29,7 +29,7 @@ Conventions shared by every generator (``s`` sequence length, ``h`` hidden size,
   also runs softmax and cross-entropy in fp32).
 * The last layer computes the loss, a scalar per micro-batch: its output bytes are 0.
 
-One module per family: ``sim.models.transformer`` (gpt, bert), ``sim.models.vgg``,
+One module per family: ``sim.models.transformer`` (gpt, bert, llama), ``sim.models.vgg``,
 ``sim.models.mlp``; the layers they share are in ``sim.models.layers`` and the parameter
 table and its checks in ``sim.models.params``. A built model remembers its generator and
 parameters (``ModelSpec.preset``).
@@ -43,15 +43,17 @@ from typing import Any, Callable, Mapping
 from sim.errors import SpecError
 from sim.models.mlp import mlp
 from sim.models.params import PRESET_PARAMS, REQUIRED, names
-from sim.models.transformer import bert, gpt
+from sim.models.transformer import bert, gpt, llama
 from sim.models.vgg import vgg
-from sim.specs import ModelSpec
+from sim.parallelism import Shard
+from sim.model_spec import ModelSpec
 
-__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "build_model", "model_flop_per_sample"]
+__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "build_model", "model_flop_per_sample",
+           "shard_model"]
 
 
 MODEL_PRESETS: Mapping[str, Callable[..., ModelSpec]] = MappingProxyType(
-    {"bert": bert, "gpt": gpt, "mlp": mlp, "vgg": vgg}
+    {"bert": bert, "gpt": gpt, "llama": llama, "mlp": mlp, "vgg": vgg}
 )
 """Preset name -> generator taking the preset's parameters as keywords."""
 
@@ -65,6 +67,29 @@ def build_model(preset: str, **params: Any) -> ModelSpec:
     if preset not in MODEL_PRESETS:
         raise SpecError("preset", f"unknown model preset {preset!r}; valid: {names(MODEL_PRESETS)}")
     return MODEL_PRESETS[preset](**params)
+
+
+SHARDABLE = ("gpt", "llama")
+"""Presets whose layers can be built as one device of a tensor- or context-parallel group sees them."""
+
+
+def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
+    """``model`` as one device of a tensor- and context-parallel group holds and runs it.
+
+    The layers are rebuilt by the model's generator for that share (``sim.models.transformer``);
+    a whole shard returns ``model`` itself. A measured profile or a preset without a sharded form
+    is a ``SpecError`` keyed ``tensor_parallel`` (or ``context_parallel``) that says what to use.
+    """
+    if shard.is_whole:
+        return model
+    key = "tensor_parallel" if shard.tensor > 1 else "context_parallel"
+    if model.preset is None:
+        raise SpecError(key, f"{model.name} is a measured profile, whose layers cannot be split over devices; "
+                             f"use a built-in model ({' or '.join(SHARDABLE)}) to model {key.replace('_', ' ')}ism")
+    if model.preset.name not in SHARDABLE:
+        raise SpecError(key, f"preset {model.preset.name} is modelled whole; {key.replace('_', ' ')}ism is modelled "
+                             f"for {', '.join(SHARDABLE)}")
+    return MODEL_PRESETS[model.preset.name](shard=shard, **model.preset.values)
 
 
 def model_flop_per_sample(model: ModelSpec) -> float:

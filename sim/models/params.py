@@ -32,16 +32,17 @@ REQUIRED: Any = _Required()
 """The value ``PRESET_PARAMS`` gives to a parameter that the user must set."""
 
 
-def _transformer_params(tied_embeddings: bool) -> Mapping[str, Any]:
+def _transformer_params(tied_embeddings: bool, *, dtype: str = "fp16", kv_heads: bool = False) -> Mapping[str, Any]:
     shape = {key: REQUIRED for key in ("layers", "hidden", "heads", "seq_len", "vocab")}
-    extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": "fp16", "optimizer": "adam"}
-    return MappingProxyType(shape | extra)
+    extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": dtype, "optimizer": "adam"}
+    return MappingProxyType(shape | ({"kv_heads": None} if kv_heads else {}) | extra)
 
 
 PRESET_PARAMS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "bert": _transformer_params(tied_embeddings=True),
         "gpt": _transformer_params(tied_embeddings=False),
+        "llama": _transformer_params(tied_embeddings=False, dtype="bf16", kv_heads=True),
         "mlp": MappingProxyType(
             {"layers": REQUIRED, "hidden": REQUIRED, "input_size": None, "num_classes": 10}
             | {"dtype": "fp32", "optimizer": "adam"}
@@ -54,7 +55,8 @@ PRESET_PARAMS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 """Preset name -> {parameter: default, or ``REQUIRED``}.
 
-``None`` means a default computed from other parameters: ``ffn_hidden`` = 4 × ``hidden``,
+``None`` means a default computed from other parameters: ``ffn_hidden`` = 4 × ``hidden``
+(Llama: 2/3 of that, rounded up to a multiple of 256), ``kv_heads`` = ``heads``,
 ``input_size`` = ``hidden``. ``tied_embeddings``: the output projection reuses the token
 embedding matrix (GPT-2 and BERT do), so the head holds no copy of it. That is exact when the
 embedding and the head share a stage; across stages Megatron-LM keeps a second copy on the

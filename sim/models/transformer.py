@@ -1,123 +1,203 @@
-"""Transformers: GPT (a decoder) and BERT (an encoder with its masked-LM head).
+"""Transformers: GPT (a decoder), BERT (an encoder with its masked-LM head) and Llama.
 
-Both are an ``embedding``, ``layers`` identical blocks ``block_0`` .. ``block_{layers-1}``
-and a ``head`` that computes the loss. A block's parameters, FLOPs and stash follow
-Megatron-LM's counts (Narayanan et al., SC'21, §5.1) and the activation-memory count of
-Korthikanti et al. (MLSys'23, §4.1, Eq. 1), written for any dtype and MLP width; the
-conventions (what a stash holds, FLOPs per multiply-add) are ``sim.models``'.
+Each is an ``embedding``, ``layers`` identical blocks ``block_0`` .. ``block_{layers-1}`` and
+a ``head`` that computes the loss. A block's parameters, FLOPs and stash follow Megatron-LM's
+counts (Narayanan et al., SC'21, §5.1) and the activation-memory count of Korthikanti et al.
+(2022, §4.1, Eq. 1; ``sim.parallelism.block_activation_bytes``), written for any dtype and
+MLP width; the conventions (what a stash holds, FLOPs per multiply-add) are ``sim.models``'.
+
+Llama (Touvron et al. 2023; Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3) differs
+from GPT in four places: RMSNorm (a weight, no bias) instead of LayerNorm, rotary position
+embeddings (no position table), grouped-query attention (``kv_heads`` key and value heads),
+and a SwiGLU MLP of width ``ffn_hidden`` (three matrices, no biases); it has no dropout and
+its head is not tied to the embedding.
+
+Every layer can be built as one device of a tensor- and context-parallel group sees it
+(``Shard``): Megatron-LM's column- and row-parallel products and vocabulary-parallel
+embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti et al.
+§4.2.2) and ring attention over the sequence (Liu et al. 2023).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sim import kernels as K
 from sim.errors import SpecError
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.params import resolve
-from sim.specs import DTYPE_BYTES, LayerSpec, ModelSpec
+from sim.parallelism import BlockShape, Recompute, Shard, block_activation_bytes, tensor_parallel_collectives
+from sim.model_spec import LayerSpec, ModelSpec
+from sim.specs import DTYPE_BYTES
 
-__all__ = ["bert", "gpt"]
+__all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
 
 
-def _block_params(h: int, f: int) -> int:
-    """Parameters of one transformer block: 12h² + 13h when f = 4h.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Arch:
+    """What sets a transformer family apart."""
 
-    Narayanan et al., SC'21, §5.1 / Appendix: attention QKV and output projections with
-    biases 4h² + 4h; MLP h×f and f×h with biases 2hf + f + h; two layer norms 4h.
+    bias: bool
+    """Linear layers have biases (GPT, BERT) or not (Llama)."""
+    norm_params: int
+    """Parameters per hidden unit of a norm: 2 for LayerNorm (scale, shift), 1 for RMSNorm."""
+    position_table: bool
+    """A learned position embedding (GPT, BERT) rather than rotary embeddings (Llama)."""
+
+
+_ARCH = {
+    "gpt": _Arch(bias=True, norm_params=2, position_table=True),
+    "bert": _Arch(bias=True, norm_params=2, position_table=True),
+    "llama": _Arch(bias=False, norm_params=1, position_table=False),
+}
+
+
+def _block_params(shape: BlockShape, arch: _Arch, t: int) -> tuple[float, int]:
+    """(parameters on one device of a t-way group, parameter tensors) of one block.
+
+    GPT (Narayanan et al., SC'21, §5.1): QKV and output projections with biases 4h² + 4h, MLP
+    2hf + f + h, two LayerNorms 4h: 12h² + 13h when f = 4h. Column-parallel weights and biases
+    split over t; the row-parallel layers' biases and the norms are replicated (Shoeybi et al.
+    2019, §3). Grouped-query attention projects to h + 2·h_kv; a gated MLP has 2f inputs.
     """
-    return (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h
+    h, f, b = shape.hidden, shape.ffn_hidden, 1 if arch.bias else 0
+    h_kv = (shape.kv_heads or shape.heads) * h // shape.heads
+    up = 2 * f if shape.gated else f
+    split = h * (h + 2 * h_kv) + b * (h + 2 * h_kv) + h * h + h * up + b * up + f * h
+    replicated = 2 * b * h + 2 * arch.norm_params * h
+    # QKV, output projection, the MLP's two matrices and two norms: a weight each, and a bias
+    # each with biases (LayerNorm's shift counted as its bias)
+    return split / t + replicated, 12 if arch.bias else 6
 
 
-def _block_fwd_flop(s: int, h: int, f: int) -> int:
-    """Forward FLOPs of one block for one sample: 24sh² + 4s²h when f = 4h.
+def _block_fwd_flop(shape: BlockShape, shard: Shard) -> float:
+    """Forward FLOPs of one block for one sample on one device: 24sh² + 4s²h when f = 4h.
 
     Narayanan et al., SC'21, §5.1 (72·B·s·l·h²·(1 + s/6h) for forward and backward, the
-    backward being twice the forward): QKV and output projections 8sh², attention scores
-    and attention over values 4s²h, MLP 4shf. Causal masking is not subtracted (as there).
+    backward being twice the forward): QKV and output projections 8sh², attention scores and
+    attention over values 4s²h, MLP 4shf. Causal masking is not subtracted (as there). Each
+    device of a tensor-parallel group does 1/t of every product; context parallelism gives it
+    s/c of the queries.
     """
-    return 8 * s * h * h + 4 * s * s * h + 4 * s * h * f
+    s, h, f = shape.seq_len, shape.hidden, shape.ffn_hidden
+    h_kv = (shape.kv_heads or shape.heads) * h // shape.heads
+    up = 2 * f if shape.gated else f
+    q = s / shard.context
+    return 2 * q * (h * (h + 2 * h_kv) + h * h + h * up + f * h) / shard.tensor + 4 * q * s * h / shard.tensor
 
 
-def _block_stash_bytes(s: int, h: int, a: int, f: int, d: int) -> int:
-    """Bytes a block stashes for one sample, no recomputation, no tensor parallelism.
-
-    Korthikanti et al., MLSys'23, §4.1, Eq. 1 gives s·h·(34 + 5as/h) for 2-byte activations
-    and 1-byte dropout masks. Its terms, written for d bytes per element and MLP width f:
-    attention (5d + 1)·sh + (2d + 1)·as² (QKV input, Q, K, V, projection input, softmax
-    output, its dropout mask and output, output dropout mask); MLP (d + 1)·sh + 2d·sf
-    (first linear's input, GeLU input, second linear's input, dropout mask); two layer-norm
-    inputs 2d·sh. With d = 2 and f = 4h the sum is exactly Eq. 1.
-    """
-    return (8 * d + 2) * s * h + 2 * d * s * f + (2 * d + 1) * a * s * s
-
-
-def _transformer_block(name: str, s: int, h: int, a: int, f: int, d: int) -> LayerSpec:
-    return matmul_layer(
+def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) -> LayerSpec:
+    s, h, d, t, c = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context
+    params, tensors = _block_params(shape, arch, t)
+    degrees = dict(tensor_parallel=t, context_parallel=c, sequence_parallel=shard.sequence_parallel)
+    h_kv = (shape.kv_heads or shape.heads) * h // shape.heads
+    layer = matmul_layer(
         name,
-        params=_block_params(h, f),
-        fwd_flop=_block_fwd_flop(s, h, f),
-        stash_bytes=_block_stash_bytes(s, h, a, f, d),
-        output_bytes=s * h * d,
+        params=params,
+        fwd_flop=_block_fwd_flop(shape, shard),
+        stash_bytes=block_activation_bytes(shape, **degrees),
+        output_bytes=s * h * d / (c * t),
         d=d,
-        kernels=K.transformer_block(s, h, a, f, d),
-        tensors=12,  # weights and biases of QKV, projection, two MLP layers and two layer norms
+        kernels=K.transformer_block(s, h, shape.heads, shape.ffn_hidden, d, kv_heads=shape.kv_heads,
+                                    gated=shape.gated, tensor=t, context=c,
+                                    sequence_parallel=shard.sequence_parallel),
+        tensors=tensors,
     )
+    ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
+    return _with(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
+                 tp_collectives=tensor_parallel_collectives(shape, tensor_parallel=t,
+                                                            sequence_parallel=shard.sequence_parallel),
+                 cp_ring_bytes=ring)
 
 
-def _embedding(s: int, h: int, vocab: int, d: int, *, bert: bool) -> LayerSpec:
-    """Token and position embeddings (BERT adds two token types and a layer norm).
+def _with(layer: LayerSpec, **changes: Any) -> LayerSpec:
+    from dataclasses import replace
+
+    return replace(layer, **changes)
+
+
+def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tuple:
+    """Megatron's vocabulary-parallel embedding all-reduces its output in the forward (a
+    reduce-scatter with sequence parallelism, whose backward all-gathers); the head's input
+    goes through operator f (all-reduce of its gradient in the backward; with sequence
+    parallelism an all-gather forward and a reduce-scatter backward). The cross-entropy's
+    s-sized reductions are left out."""
+    from sim.parallelism import TensorParallelCollective as C
+
+    if shard.tensor <= 1:
+        return ()
+    nbytes = float(d * s / shard.context * h)
+    if shard.sequence_parallel:
+        kinds = (("all-gather", "forward"), ("reduce-scatter", "backward")) if head else \
+            (("reduce-scatter", "forward"), ("all-gather", "backward"))
+    else:
+        kinds = (("all-reduce", "backward"),) if head else (("all-reduce", "forward"),)
+    return tuple(C(kind=kind, phase=phase, bytes=nbytes) for kind, phase in kinds)
+
+
+def _embedding(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, bert: bool) -> LayerSpec:
+    """Token (and position) embeddings; BERT adds two token types and a layer norm.
 
     A look-up has no matmul: forward and backward get one nominal FLOP per element of each
     table read (or scatter-added into); all of the backward is weight gradient. The stash is
-    the token ids, the embedding dropout mask (Korthikanti et al., MLSys'23, §4.3) and, for
-    BERT, the layer norm's input.
+    the token ids, the embedding dropout mask (Korthikanti et al. 2022, §4.3) and, for BERT,
+    the layer norm's input. The token table splits over the vocabulary (t); the position and
+    token-type tables are replicated.
     """
-    tables = 3 if bert else 2
-    params = (vocab + s) * h + (2 * h + 2 * h if bert else 0)
-    ids_bytes = (2 if bert else 1) * s * TOKEN_ID_BYTES
-    stash = ids_bytes + MASK_BYTES * s * h + (d * s * h if bert else 0)
+    t, q = shard.tensor, s / shard.context
+    pointwise = q / t if shard.sequence_parallel else q
+    tables = (3 if bert else 2) if arch.position_table else 1
+    params = vocab * h / t + (s * h if arch.position_table else 0) + (2 * h + 2 * h if bert else 0)
+    ids_bytes = (2 if bert else 1) * q * TOKEN_ID_BYTES
+    masks = MASK_BYTES * pointwise * h if arch.bias else 0.0  # dropout (none in Llama)
+    stash = ids_bytes + masks + (d * pointwise * h if bert else 0)
     return LayerSpec(
         name="embedding",
         param_bytes=float(params * d),
         param_tensors=tables + (2 if bert else 0),
-        output_bytes=float(s * h * d),
+        output_bytes=float(q * h * d / t),
         stash_bytes=float(stash),
-        fwd_flop=float(tables * s * h),
-        bwd_flop=float(tables * s * h),
+        fwd_flop=float(tables * q * h),
+        bwd_flop=float(tables * q * h),
         wgrad_fraction=1.0,
-        kernels=K.embedding(s, h, d, tables=tables),
+        kernels=K.embedding(q, h, d, tables=tables),
+        tp_collectives=_edge_collectives(s, h, d, shard, head=False),
     )
 
 
-def _gpt_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
-    """Final layer norm, projection to the vocabulary, cross-entropy loss.
+def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:
+    """Final norm, projection to the vocabulary, cross-entropy loss.
 
     Forward 2·s·h·V (Narayanan et al., SC'21, §5.1: the 6·B·s·h·V term is forward and
-    backward). Stash: layer-norm input, projection input, fp32 logits — Korthikanti et al.,
-    MLSys'23, §4.3: 4·s·h·(1 + V/h) bytes for d = 2. A tied projection reuses the embedding's
-    matrix, so only the layer norm's 2h parameters are counted here.
+    backward). Stash: the norm's input, the projection's input, fp32 logits — Korthikanti et
+    al. 2022, §4.3: 4·s·h·(1 + V/h) bytes for d = 2, 4sh(1 + V/h)/t with tensor and sequence
+    parallelism. A tied projection reuses the embedding's matrix, so only the norm's
+    parameters are counted here. The vocabulary splits over t.
     """
-    params = 2 * h + (0 if tied else h * vocab)
-    return matmul_layer(
+    t, q = shard.tensor, s / shard.context
+    inputs = 2 * d * q * h / (t if shard.sequence_parallel else 1)
+    params = arch.norm_params * h + (0 if tied else h * vocab / t)
+    layer = matmul_layer(
         "head",
         params=params,
-        fwd_flop=2 * s * h * vocab,
-        stash_bytes=2 * d * s * h + LOSS_BYTES * s * vocab,
+        fwd_flop=2 * q * h * vocab / t,
+        stash_bytes=inputs + LOSS_BYTES * q * vocab / t,
         output_bytes=0,
         d=d,
-        kernels=K.lm_head(s, h, vocab, d),
-        tensors=2 + (0 if tied else 1),
+        kernels=K.lm_head(q, h, vocab, d, tensor=t),
+        tensors=arch.norm_params + (0 if tied else 1),
     )
+    return _with(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True))
 
 
-def _bert_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
+def _bert_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:
     """BERT's masked-LM head: dense h×h + GeLU + layer norm, projection to V with bias, loss.
 
     Parameters h² + h + 2h + V, plus h·V if the projection is not tied to the token
     embedding (Devlin et al., NAACL'19, tie it, as BERT's released code does). Forward
     2sh² + 2shV over every position. Stash: dense, GeLU, layer-norm and projection inputs,
-    and the fp32 logits (Korthikanti et al., MLSys'23, §4.3).
+    and the fp32 logits (Korthikanti et al. 2022, §4.3). Modelled whole (no tensor parallelism).
     """
     params = h * h + h + 2 * h + vocab + (0 if tied else h * vocab)
     return matmul_layer(
@@ -132,30 +212,74 @@ def _bert_head(s: int, h: int, vocab: int, d: int, *, tied: bool) -> LayerSpec:
     )
 
 
-def _transformer(preset: str, params: Mapping[str, Any]) -> ModelSpec:
+def llama_ffn_hidden(hidden: int) -> int:
+    """Llama's SwiGLU width when none is given: 2/3 of 4h, rounded up to a multiple of 256
+    (Touvron et al. 2023, "LLaMA", §2.2; the reference code's ``multiple_of``)."""
+    return 256 * -(-(8 * hidden // 3) // 256)
+
+
+def _check_divides(what: str, value: int, by: int, key: str, hint: str) -> None:
+    if value % by:
+        raise SpecError(key, f"{what} {value} is not divisible by {by}; {hint}")
+
+
+def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
+    """Megatron's constraints: t divides the heads, the key/value heads, the MLP width and the
+    vocabulary; c divides the sequence (twice c with causal load balancing, Megatron-Core)."""
+    t, c = shard.tensor, shard.context
+    if preset == "bert" and not shard.is_whole:
+        raise SpecError("tensor_parallel", "bert is modelled without tensor or context parallelism; use gpt or llama")
+    hint = "choose tensor_parallel among the common divisors, or change the model"
+    _check_divides("heads", p["heads"], t, "tensor_parallel", hint)
+    if p.get("kv_heads"):
+        _check_divides("kv_heads", p["kv_heads"], t, "tensor_parallel", hint)
+    _check_divides("ffn_hidden", p["ffn_hidden"], t, "tensor_parallel", hint)
+    _check_divides("vocab", p["vocab"], t, "tensor_parallel",
+                   "pad the vocabulary to a multiple of tensor_parallel as Megatron-LM does "
+                   "(--make-vocab-size-divisible-by)")
+    _check_divides("seq_len", p["seq_len"], 2 * c if c > 1 else 1, "context_parallel",
+                   "the sequence splits into 2·context_parallel chunks (Megatron-Core's causal load balancing)")
+
+
+def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) -> ModelSpec:
     p = resolve(preset, params)
     if p["ffn_hidden"] is None:
-        p["ffn_hidden"] = 4 * p["hidden"]
+        p["ffn_hidden"] = llama_ffn_hidden(p["hidden"]) if preset == "llama" else 4 * p["hidden"]
+    if preset == "llama" and p["kv_heads"] is None:
+        p["kv_heads"] = p["heads"]
+    shard = shard or Shard()
     s, h, a, f, vocab = p["seq_len"], p["hidden"], p["heads"], p["ffn_hidden"], p["vocab"]
     if h % a:
         divisors = [k for k in range(1, h + 1) if h % k == 0]
         near = min(divisors, key=lambda k: (abs(k - a), k))
         raise SpecError("heads", f"{a} does not divide hidden {h}; use a divisor of {h} such as {near}")
-    d = DTYPE_BYTES[p["dtype"]]
-    bert = preset == "bert"
-    layers = [_embedding(s, h, vocab, d, bert=bert)]
-    layers += [_transformer_block(f"block_{i}", s, h, a, f, d) for i in range(p["layers"])]
-    head = _bert_head if bert else _gpt_head
-    layers.append(head(s, h, vocab, d, tied=p["tied_embeddings"]))
-    input_bytes = (2 if bert else 1) * s * TOKEN_ID_BYTES
-    return chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
+    kv = p.get("kv_heads")
+    if kv is not None and a % kv:
+        raise SpecError("kv_heads", f"{kv} does not divide heads {a}; grouped-query attention needs heads % kv_heads == 0")
+    _check_shard(p, shard, preset)
+    arch, d, bert = _ARCH[preset], DTYPE_BYTES[p["dtype"]], preset == "bert"
+    llama = preset == "llama"
+    shape = BlockShape(seq_len=s, hidden=h, heads=a, ffn_hidden=f, kv_heads=kv, element_bytes=d,
+                       dropout=not llama, gated=llama)
+    layers = [_embedding(s, h, vocab, d, arch, shard, bert=bert)]
+    layers += [_transformer_block(f"block_{i}", shape, arch, shard) for i in range(p["layers"])]
+    head = _bert_head if bert else _lm_head
+    layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
+    input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
+    model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
+    return model if shard.is_whole else _with(model, shard=shard)
 
 
-def gpt(**params: Any) -> ModelSpec:
+def gpt(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
     """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``."""
-    return _transformer("gpt", params)
+    return _transformer("gpt", params, shard)
 
 
-def bert(**params: Any) -> ModelSpec:
+def bert(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
     """A BERT encoder with its masked-LM head; same layer names as ``gpt``."""
-    return _transformer("bert", params)
+    return _transformer("bert", params, shard)
+
+
+def llama(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
+    """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head)."""
+    return _transformer("llama", params, shard)
