@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.errors import ScheduleError
 from sim.schedule import GENERATORS, check_schedule, generate, lower, strip_communication
-from sim.schedule.ir import ActionKind, Schedule
+from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES, stage_ranks_for
+from sim.schedule.ir import ActionKind, OverlapFB, Schedule
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -162,3 +165,131 @@ def test_interleaved_rejects_microbatches_not_divisible_into_rounds() -> None:
     generate("interleaved", 4, 10, chunks=2)
     with pytest.raises(ScheduleError, match=r"num_microbatches=9 .* rounds .* = 2"):
         generate("interleaved", 4, 9, chunks=2)
+
+
+# --- zero bubble across chunks, looped BFS, the V-shaped schedules, per-stage DAPPLE ----------
+
+
+def _v_placement(num_ranks: int) -> tuple[int, ...]:
+    return tuple(range(num_ranks)) + tuple(reversed(range(num_ranks)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes, st.sampled_from(["zb-v", "dualpipe-v"]))
+def test_v_shaped_generators_are_valid_or_reject_microbatches(size, name) -> None:
+    num_ranks, num_microbatches = size
+    if name == "dualpipe-v" and num_microbatches < 2 * num_ranks:
+        with pytest.raises(ScheduleError, match=r"needs M >= 2·S"):
+            generate(name, num_ranks, num_microbatches)
+        return
+    schedule = generate(name, num_ranks, num_microbatches)
+    assert schedule.num_ranks == num_ranks and schedule.num_stages == 2 * num_ranks
+    assert schedule.stage_ranks == _v_placement(num_ranks)  # rank r holds r and 2S-1-r
+    _check_valid(schedule)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes, st.integers(1, 4), st.sampled_from(["interleaved-zb", "looped-bfs"]))
+def test_looped_generators_are_valid_or_reject_microbatches(size, chunks, name) -> None:
+    num_ranks, num_microbatches = size
+    rounds = max(1, num_microbatches // num_ranks)
+    if name == "interleaved-zb" and num_microbatches % rounds:
+        with pytest.raises(ScheduleError, match=r"multiple of the number of rounds"):
+            generate(name, num_ranks, num_microbatches, chunks=chunks)
+        return
+    schedule = generate(name, num_ranks, num_microbatches, chunks=chunks)
+    assert schedule.stage_ranks == tuple(s % num_ranks for s in range(num_ranks * chunks))
+    _check_valid(schedule)
+
+
+def test_looped_bfs_small_example() -> None:
+    # every micro-batch through chunk 0, then chunk 1; backwards from the last chunk and mb
+    assert str(generate("looped-bfs", 2, 2)).splitlines() == [
+        "0F0 0F1 2F0 2F1 2B1 2B0 0B1 0B0",
+        "1F0 1F1 3F0 3F1 3B1 3B0 1B1 1B0",
+    ]
+
+
+def test_interleaved_zb_small_example() -> None:
+    assert str(generate("interleaved-zb", 2, 4)).splitlines() == [
+        "0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 2I3 2W3 0I2 0W2 0I3 0W3",
+        "1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 3W3 1I3 1W2 1W3",
+    ]
+
+
+def test_zb_v_small_example() -> None:
+    assert str(generate("zb-v", 2, 4)).splitlines() == [
+        "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 0I2 0W2 0I3 0W3",
+        "1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 2I3 1I3 1W2 2W3 1W3",
+    ]
+
+
+def test_dualpipe_v_overlaps_forward_and_backward_in_its_main_phase() -> None:
+    schedule = generate("dualpipe-v", 2, 4)
+    assert str(schedule).splitlines() == [
+        ("0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0F3;3B1)OVERLAP_F_B (3F2;0B0)OVERLAP_F_B 3B2 (3F3;0B1)OVERLAP_F_B 3B3 "
+         "0I2 0W2 0I3 0W3"),
+        ("1F0 2F0 1F1 2F1 1F2 2B0 (2F2;1B0)OVERLAP_F_B (1F3;2B1)OVERLAP_F_B (2F3;1B1)OVERLAP_F_B 2B2 1B2 "
+         "2I3 1I3 2W3 1W3"),
+    ]
+    for acts in generate("dualpipe-v", 4, 16).ranks:
+        for step in acts:
+            if isinstance(step, OverlapFB):  # a pair joins the two legs of the V on one rank
+                assert {step.forward.stage, step.backward.stage} in ({r, 7 - r} for r in range(4))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "pattern"),
+    [
+        ("zb-v", {"chunks": 3}, r"zb-v: chunks=3, but a V-shaped schedule runs exactly 2 chunks per rank"),
+        ("dualpipe-v", {"chunks": 1}, r"chunks=1, .*\(as torch's ScheduleDualPipeV\)"),
+        ("looped-bfs", {"chunks": 0}, r"looped-bfs: chunks=0 must be an integer >= 1"),
+        ("interleaved-zb", {"chunks": "2"}, r"chunks='2'"),
+        ("dapple", {"policy": ("s-i",)}, r"1 per-stage policies for 4 stages"),
+        ("dapple", {"policy": "auto"}, r"'auto' is decided per stage from the plan's costs"),
+        ("dapple", {"policy": ("s-i", "auto", "s-i", "s-i")}, r"stage 1's policy is 'auto'"),
+    ],
+)
+def test_new_bad_parameters_are_named(name, params, pattern) -> None:
+    with pytest.raises(ScheduleError, match=pattern):
+        generate(name, 4, 8, **params)
+
+
+def test_dualpipe_v_needs_as_many_microbatches_as_stages() -> None:
+    generate("dualpipe-v", 4, 8)
+    with pytest.raises(ScheduleError, match=r"^dualpipe-v: num_microbatches=7 is fewer than the 8 stages"):
+        generate("dualpipe-v", 4, 7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes, st.data())
+def test_dapple_per_stage_policies_run_when_warmups_do_not_grow(size, data) -> None:
+    num_stages, num_microbatches = size
+    policy = tuple(data.draw(st.lists(st.sampled_from(["s-i", "2(s-i)-1"]), min_size=num_stages,
+                                      max_size=num_stages)))
+    heavy = [p == "2(s-i)-1" for p in policy]
+    warmups = [min(2 * (num_stages - i) - 1 if h else num_stages - i, num_microbatches) for i, h in enumerate(heavy)]
+    if any(a < b for a, b in itertools.pairwise(warmups)):
+        with pytest.raises(ScheduleError, match=r"which deadlocks"):
+            generate("dapple", num_stages, num_microbatches, policy=policy)
+        return
+    schedule = generate("dapple", num_stages, num_microbatches, policy=policy)
+    assert [_forwards_before_first_backward(acts) for acts in schedule.ranks] == warmups
+    _check_valid(schedule)
+
+
+def test_uniform_per_stage_policies_equal_the_named_policy() -> None:
+    for policy in ("s-i", "2(s-i)-1"):
+        assert generate("dapple", 4, 8, policy=(policy,) * 4) == generate("dapple", 4, 8, policy=policy)
+
+
+def test_stage_placement_of_each_family() -> None:
+    assert stage_ranks_for("zb-v", 3, 6) == (0, 1, 2, 2, 1, 0)
+    assert stage_ranks_for("dualpipe-v", 3, 5) is None
+    assert stage_ranks_for("interleaved-zb", 2, 6) == (0, 1, 0, 1, 0, 1)
+    assert stage_ranks_for("dapple", 3, 3) == (0, 1, 2)
+    assert stage_ranks_for("gpipe", 3, 6) is None
+    for name in sorted(GENERATORS):
+        schedule = generate(name, 2, 4)
+        assert stage_ranks_for(name, 2, schedule.num_stages) == schedule.stage_ranks
+    assert LOOPED_SCHEDULES | V_SCHEDULES <= set(GENERATORS)

@@ -3,7 +3,8 @@
 A schedule is checked the way a reviewer reads it, cheapest question first:
 
 1. shape — every action names a stage and micro-batch in range and sits on the rank that
-   owns its stage; no action appears twice;
+   owns its stage; no action appears twice; the two parts of an overlapped pair
+   (``(0F7;7B3)OVERLAP_F_B``) do not wait for each other, since they run at once;
 2. completeness — every (stage, micro-batch) has one F and either one B or one I and one W;
 3. order on a rank — B/I after its F, W after its I, ``REDUCE_GRAD`` after the stage's last
    backward; in a lowered schedule every cross-rank hop has its send after the producer and
@@ -28,7 +29,7 @@ import heapq
 from collections import deque
 
 from sim.errors import ScheduleError
-from sim.schedule.ir import ActionKind, Ref, Schedule, Where, wait_lists
+from sim.schedule.ir import ActionKind, OverlapFB, Ref, Schedule, Where, wait_lists
 
 __all__ = ["check_schedule", "format_grid", "run_ranks"]
 
@@ -41,6 +42,7 @@ _GRID_FULL = 40  # schedules up to this many steps are always shown whole
 def check_schedule(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` unless ``schedule`` is complete, placed right, deadlock-free."""
     where = _index(schedule)
+    _check_pairs(schedule)
     _check_complete(schedule, where)
     _check_order(schedule, where)
     if schedule.is_lowered:
@@ -72,25 +74,40 @@ def _index(schedule: Schedule) -> dict[Ref, Where]:
     owner = dict(enumerate(schedule.stage_ranks))
     valid_microbatches = {None, *range(schedule.num_microbatches)}
     for rank, acts in enumerate(schedule.ranks):
-        for index, a in enumerate(acts):
-            ref = (a.stage, a.kind, a.microbatch)
-            if owner.get(ref[0]) != rank or ref[2] not in valid_microbatches or ref in where:
-                _misplaced(schedule, where, (rank, index), ref)
-            where[ref] = (rank, index)
+        for index, step in enumerate(acts):
+            for a in step.parts:
+                ref = (a.stage, a.kind, a.microbatch)
+                if owner.get(ref[0]) != rank or ref[2] not in valid_microbatches or ref in where:
+                    _misplaced(schedule, where, (rank, index), ref)
+                where[ref] = (rank, index)
     return where
 
 
 def _misplaced(schedule: Schedule, where: dict[Ref, Where], pos: Where, ref: Ref) -> None:
     stage, _, mb = ref
+    step = schedule.ranks[pos[0]][pos[1]]
+    part = f"its part {_text(ref)} " if type(step) is OverlapFB else ""
     if not 0 <= stage < schedule.num_stages:
-        _fail(schedule, pos, f"names stage {stage}, valid stages are 0..{schedule.num_stages - 1}")
+        _fail(schedule, pos, f"{part}names stage {stage}, valid stages are 0..{schedule.num_stages - 1}")
     if mb is not None and not 0 <= mb < schedule.num_microbatches:
-        _fail(schedule, pos, f"names micro-batch {mb}, valid micro-batches are "
+        _fail(schedule, pos, f"{part}names micro-batch {mb}, valid micro-batches are "
               f"0..{schedule.num_microbatches - 1}")
     if schedule.stage_ranks[stage] != pos[0]:
-        _fail(schedule, pos, f"is on rank {pos[0]} but stage {stage} runs on rank "
+        _fail(schedule, pos, f"{part}is on rank {pos[0]} but stage {stage} runs on rank "
               f"{schedule.stage_ranks[stage]}")
-    _fail(schedule, pos, f"is a duplicate of step {where[ref][1]}")
+    _fail(schedule, pos, f"{part}is a duplicate of step {where[ref][1]}")
+
+
+def _check_pairs(schedule: Schedule) -> None:
+    """The parts of an OVERLAP_F_B run at once, so the backward may not need the forward."""
+    for rank, acts in enumerate(schedule.ranks):
+        for index, step in enumerate(acts):
+            if type(step) is not OverlapFB:
+                continue
+            fwd, bwd = step.forward, step.backward
+            if (fwd.stage, fwd.microbatch) == (bwd.stage, bwd.microbatch):
+                _fail(schedule, (rank, index), f"pairs {bwd} with the forward {fwd} it waits for; the two "
+                      "parts of a pair run at once, so pair a backward with another micro-batch's forward")
 
 
 def _check_complete(schedule: Schedule, where: dict[Ref, Where]) -> None:

@@ -1,23 +1,29 @@
 """Schedule generators: the compute order (F, B, I, W) of each rank for a named schedule.
 
-A pipeline splits a model into S stages on S ranks and a mini-batch into M micro-batches.
-Where the schedules differ is *when* each rank switches from forwards to backwards:
+A pipeline splits a model into stages on S ranks and a mini-batch into M micro-batches.
+Where the schedules differ is *when* each rank switches from forwards to backwards, and
+how many stages (model chunks) each rank holds:
 
-- ``gpipe`` runs every forward, then every backward (fill and drain; Huang et al.,
-  "GPipe", NeurIPS 2019). Simple, but every micro-batch's activations stay alive at once.
-- ``dapple`` (also ``1f1b``) starts backwards early: stage i runs only K_i forwards, then
-  alternates one backward and one forward (Fan et al., "DAPPLE", PPoPP 2021, §5), so at
-  most K_i micro-batches are alive on stage i.
-- ``interleaved`` gives each rank v model chunks (virtual stages) so the pipeline fills
-  v times faster (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
-  Clusters Using Megatron-LM", SC 2021, §2.2).
-- ``zb-h1`` splits each backward into I (input gradient, on the critical path) and W
-  (weight gradient, movable) and delays W's to fill bubbles (Qi et al., "Zero Bubble
-  Pipeline Parallelism", ICLR 2024, §2.1).
+- one stage per rank (this module):
+  - ``gpipe`` runs every forward, then every backward (fill and drain; Huang et al.,
+    "GPipe", NeurIPS 2019). Simple, but every micro-batch's activations stay alive at once.
+  - ``dapple`` (also ``1f1b``) starts backwards early: stage i runs only K_i forwards, then
+    alternates one backward and one forward (Fan et al., "DAPPLE", PPoPP 2021, §5), so at
+    most K_i micro-batches are alive on stage i.
+  - ``zb-h1`` splits each backward into I (input gradient, on the critical path) and W
+    (weight gradient, movable) and delays W's to fill bubbles (Qi et al., "Zero Bubble
+    Pipeline Parallelism", ICLR 2024, §2.1).
+- v chunks per rank, stage s on rank s mod S (``sim.schedule.looped``): ``interleaved``
+  (Narayanan et al., SC 2021, §2.2), ``interleaved-zb`` (Qi et al., ICLR 2024) and
+  ``looped-bfs`` (Lamy-Poirier, MLSys 2023);
+- two chunks per rank in a V, rank r holding stages r and 2S−1−r (``sim.schedule.vshape``):
+  ``zb-v`` (Qi et al., ICLR 2024, §6) and ``dualpipe-v`` (DeepSeek-V3 technical report, 2024).
 
 Every generator is ``fn(num_stages, num_microbatches, **params) -> Schedule`` and is an
-entry in :data:`GENERATORS`. Generators emit compute actions only; ``passes.lower`` adds
-communication. For non-interleaved schedules ``num_stages`` is also the number of ranks.
+entry in :data:`GENERATORS`; ``num_stages`` is the number of ranks (for the multi-chunk
+families the schedule has ``chunks`` times as many stages). Generators emit compute steps
+only; ``passes.lower`` adds communication. :func:`stage_ranks_for` says where each family
+puts its stages, which a plan must match.
 """
 
 from __future__ import annotations
@@ -27,68 +33,73 @@ from collections import deque
 from collections.abc import Callable
 
 from sim.errors import ScheduleError
+from sim.schedule.gen_common import check_sizes, single_chunk
 from sim.schedule.ir import Action, ActionKind, Schedule
-from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_warmup
+from sim.schedule.looped import interleaved, interleaved_zb, looped_bfs
+from sim.schedule.policy import DapplePolicy, StagePolicies, dapple_warmup
+from sim.schedule.vshape import V_CHUNKS, dualpipe_v, v_stage_ranks, zb_v
 
 __all__ = [
     "DAPPLE_POLICIES",
     "GENERATORS",
+    "LOOPED_SCHEDULES",
+    "V_SCHEDULES",
     "DapplePolicy",
     "dapple",
     "dapple_warmup",
+    "dualpipe_v",
     "generate",
     "gpipe",
     "interleaved",
+    "interleaved_zb",
+    "looped_bfs",
+    "stage_ranks_for",
     "zb_h1",
+    "zb_v",
 ]
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
 DAPPLE_POLICIES = tuple(p.value for p in DapplePolicy)
 """Warm-up policies of ``dapple`` as text: K_i = min(S−i, M) or min(2(S−i)−1, M) (DAPPLE §5;
-``sim.schedule.policy``)."""
-
-
-def _check_sizes(name: str, num_stages: int, num_microbatches: int) -> None:
-    for key, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScheduleError(f"{name}: {key}={value!r} must be an integer >= 1")
-
-
-def _single(name: str, num_stages: int, num_microbatches: int, orders: list[list[Action]]):
-    return Schedule(
-        name=name,
-        num_stages=num_stages,
-        num_microbatches=num_microbatches,
-        stage_ranks=tuple(range(num_stages)),
-        ranks=tuple(tuple(order) for order in orders),
-    )
+``sim.schedule.policy``), and ``auto``, which picks one of them per stage from costs."""
 
 
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
     """GPipe: all forwards in micro-batch order, then all backwards (torch's ``ScheduleGPipe``)."""
-    _check_sizes("gpipe", num_stages, num_microbatches)
+    check_sizes("gpipe", num_stages, num_microbatches)
     microbatches = range(num_microbatches)
     orders = [
         [Action(stage=s, kind=F, microbatch=m) for m in microbatches]
         + [Action(stage=s, kind=B, microbatch=m) for m in microbatches]
         for s in range(num_stages)
     ]
-    return _single("gpipe", num_stages, num_microbatches, orders)
+    return single_chunk("gpipe", num_stages, num_microbatches, orders)
 
 
-def dapple(num_stages: int, num_microbatches: int, *, policy: str = DapplePolicy.S_MINUS_I) -> Schedule:
+def dapple(num_stages: int, num_microbatches: int, *, policy: StagePolicies = DapplePolicy.S_MINUS_I) -> Schedule:
     """DAPPLE early backward (1F1B): K_i forwards, then B/F pairs, then the remaining Bs.
 
     ``policy="s-i"`` keeps K_i = min(S−i, M); ``"2(s-i)-1"`` warms up with
     K_i = min(2(S−i)−1, M), which DAPPLE (Fan et al., PPoPP'21, §5) uses when cross-stage
     communication is heavy enough that a rank would otherwise idle waiting for it
-    (:func:`sim.schedule.policy.dapple_warmup`).
+    (:func:`sim.schedule.policy.dapple_warmup`). A tuple gives each stage its own policy —
+    what ``policy: auto`` becomes once :func:`sim.schedule.policy.choose_dapple_policies`
+    has seen the plan's costs. K_i may not grow along the pipeline (K_i ≥ K_{i+1}): a stage
+    that warms up with fewer forwards than the next deadlocks.
     """
-    _check_sizes("dapple", num_stages, num_microbatches)
+    check_sizes("dapple", num_stages, num_microbatches)
+    warmups = [dapple_warmup(num_stages, num_microbatches, s, policy) for s in range(num_stages)]
+    for s in range(num_stages - 1):
+        if warmups[s] < warmups[s + 1]:
+            raise ScheduleError(
+                f"dapple: per-stage policies {[str(p) for p in policy]} warm stage {s} up with {warmups[s]} "
+                f"forwards but stage {s + 1} with {warmups[s + 1]}, which deadlocks; give stage {s} "
+                "2(s-i)-1 (sim.schedule.policy.choose_dapple_policies always chooses a valid set)"
+            )
     orders = []
     for s in range(num_stages):
-        warmup = dapple_warmup(num_stages, num_microbatches, s, policy)
+        warmup = warmups[s]
         order = [Action(stage=s, kind=F, microbatch=m) for m in range(warmup)]
         for m in range(num_microbatches - warmup):
             order.append(Action(stage=s, kind=B, microbatch=m))
@@ -98,69 +109,7 @@ def dapple(num_stages: int, num_microbatches: int, *, policy: str = DapplePolicy
             for m in range(num_microbatches - warmup, num_microbatches)
         ]
         orders.append(order)
-    return _single("dapple", num_stages, num_microbatches, orders)
-
-
-def interleaved(num_stages: int, num_microbatches: int, *, chunks: int = 2) -> Schedule:
-    """Interleaved 1F1B with ``chunks`` virtual stages per rank, in torch 2.13's order.
-
-    Narayanan et al. (SC'21, §2.2) place virtual stage s on rank s % S and run micro-batches
-    in rounds of S through one chunk before moving to the next (depth first). Like torch's
-    ``ScheduleInterleaved1F1B`` we allow any M whose rounds divide it: rounds =
-    max(1, M // S), each round has M / rounds micro-batches. Rank r warms up with
-    (v−1)·round + 2(S−1−r) forwards (capped at M·v), then alternates F and B, then drains Bs.
-    The k-th forward uses chunk (k // round) % v; the k-th backward after warm-up uses
-    chunk v−1−(k // round) % v; micro-batches of each chunk go in order.
-    """
-    _check_sizes("interleaved", num_stages, num_microbatches)
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ScheduleError(f"interleaved: chunks={chunks!r} must be an integer >= 1")
-    rounds = max(1, num_microbatches // num_stages)
-    if num_microbatches % rounds:
-        raise ScheduleError(
-            f"interleaved: num_microbatches={num_microbatches} is not a multiple of the "
-            f"number of rounds max(1, M // S) = {rounds}; use M < 2·S or a multiple of "
-            f"S={num_stages}"
-        )
-    per_round = num_microbatches // rounds
-    orders = [
-        _interleaved_rank(rank, num_stages, num_microbatches, chunks, per_round)
-        for rank in range(num_stages)
-    ]
-    return Schedule(
-        name="interleaved",
-        num_stages=num_stages * chunks,
-        num_microbatches=num_microbatches,
-        stage_ranks=tuple(s % num_stages for s in range(num_stages * chunks)),
-        ranks=tuple(tuple(order) for order in orders),
-    )
-
-
-def _interleaved_rank(rank: int, ranks: int, num_microbatches: int, chunks: int, per_round: int):
-    total = num_microbatches * chunks  # forwards (and backwards) on this rank
-    warmup = interleaved_warmup(ranks, rank, num_microbatches, chunks, per_round)
-    next_fwd = [0] * chunks
-    next_bwd = [0] * chunks
-    order: list[Action] = []
-
-    def forward(k: int) -> None:
-        chunk = (k // per_round) % chunks
-        order.append(Action(stage=chunk * ranks + rank, kind=F, microbatch=next_fwd[chunk]))
-        next_fwd[chunk] += 1
-
-    def backward(k: int) -> None:
-        chunk = chunks - 1 - ((k - warmup) // per_round) % chunks
-        order.append(Action(stage=chunk * ranks + rank, kind=B, microbatch=next_bwd[chunk]))
-        next_bwd[chunk] += 1
-
-    for k in range(warmup):
-        forward(k)
-    for k in range(warmup, total):
-        forward(k)
-        backward(k)
-    for k in range(total, total + warmup):
-        backward(k)
-    return order
+    return single_chunk("dapple", num_stages, num_microbatches, orders)
 
 
 def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
@@ -171,7 +120,7 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
     the leftover W's run at the end. Stage 0 runs each W right after its I; the last stage
     holds back up to S−1 W's, which shortens the chain of I's the earlier stages wait on.
     """
-    _check_sizes("zb-h1", num_stages, num_microbatches)
+    check_sizes("zb-h1", num_stages, num_microbatches)
     orders = []
     for s in range(num_stages):
         warmup = dapple_warmup(num_stages, num_microbatches, s, DapplePolicy.S_MINUS_I)
@@ -186,7 +135,7 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
                 order.append(Action(stage=s, kind=F, microbatch=warmup + m))
         order += [Action(stage=s, kind=W, microbatch=m) for m in pending]
         orders.append(order)
-    return _single("zb-h1", num_stages, num_microbatches, orders)
+    return single_chunk("zb-h1", num_stages, num_microbatches, orders)
 
 
 GENERATORS: dict[str, Callable[..., Schedule]] = {
@@ -195,8 +144,28 @@ GENERATORS: dict[str, Callable[..., Schedule]] = {
     "1f1b": dapple,
     "interleaved": interleaved,
     "zb-h1": zb_h1,
+    "interleaved-zb": interleaved_zb,
+    "looped-bfs": looped_bfs,
+    "zb-v": zb_v,
+    "dualpipe-v": dualpipe_v,
 }
 """Schedule name → generator ``fn(num_stages, num_microbatches, **params)``."""
+
+LOOPED_SCHEDULES = frozenset({"interleaved", "interleaved-zb", "looped-bfs"})
+"""Generators with v chunks per rank, stage s on rank s mod S (v from ``chunks``)."""
+
+V_SCHEDULES = frozenset({"zb-v", "dualpipe-v"})
+"""Generators with two chunks per rank in a V: stage s on rank s, then 2S−1−s."""
+
+
+def stage_ranks_for(name: str, num_ranks: int, num_stages: int) -> tuple[int, ...] | None:
+    """Where schedule ``name`` puts each of ``num_stages`` stages on ``num_ranks`` ranks, or
+    ``None`` when it cannot place that many (one per rank, a multiple for looped, 2S for V)."""
+    if name in V_SCHEDULES:
+        return v_stage_ranks(num_ranks) if num_stages == V_CHUNKS * num_ranks else None
+    if name in LOOPED_SCHEDULES:
+        return tuple(s % num_ranks for s in range(num_stages)) if num_stages % num_ranks == 0 else None
+    return tuple(range(num_stages)) if num_stages == num_ranks else None
 
 
 def generate(name: str, num_stages: int, num_microbatches: int, **params: object) -> Schedule:

@@ -14,18 +14,27 @@ An action is ``(stage, kind, microbatch)``. Its text is the one used by
   gradient only; Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024);
 - communication: ``2SEND_F0`` / ``3RECV_F0`` move an activation from stage 2 to stage 3,
   ``3SEND_B0`` / ``2RECV_B0`` move its gradient back;
-- ``2REDUCE_GRAD``: the all-reduce of stage 2's gradients across its replicas (no micro-batch).
+- ``2REDUCE_GRAD``: the all-reduce of stage 2's gradients across its replicas (no micro-batch);
+- a pair: ``(0F7;7B3)OVERLAP_F_B`` runs stage 0's forward of micro-batch 7 and stage 7's
+  backward of micro-batch 3 together, so the communication of one hides under the compute of
+  the other (DualPipe; DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1). It is one
+  step of its rank, an :class:`OverlapFB`, not an :class:`Action`: the two parts are ordinary
+  actions and every rule below applies to each of them, except that neither may wait for the
+  other. torch writes it the same way (``_Action(-1, OVERLAP_F_B, None, sub_actions)``).
 
-A schedule file has one line per rank, in rank order, actions separated by spaces; ``#``
-starts a comment. ``parse_schedule(str(s), name=s.name) == s`` for any schedule ``s``
-whose ranks all have actions and whose highest stage and micro-batch appear in it.
+A *step* is what one entry of a rank's list holds: an action or a pair (:data:`Step`);
+``step.parts`` gives the actions it runs (the action itself, or the pair's two).
+
+``str(step)`` and ``str(schedule)`` write the schedule file (one line per rank, steps
+separated by spaces); ``sim.schedule.text`` reads it back (``parse_action``,
+``parse_schedule``) and ``sim.schedule.torch_csv`` reads and writes torch's pipeline-order
+CSV of the same steps.
 
 Semantics (what an action waits for) are those of dataflow: see :func:`dependencies`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -34,17 +43,19 @@ from sim.errors import ScheduleError
 __all__ = [
     "COMM_KINDS",
     "COMPUTE_KINDS",
+    "OVERLAP_F_B",
     "Action",
     "ActionKind",
+    "OverlapFB",
     "Ref",
     "Schedule",
+    "Step",
     "Where",
     "dependencies",
-    "parse_action",
-    "parse_schedule",
     "positions",
     "wait_lists",
 ]
+
 
 
 class ActionKind(StrEnum):
@@ -98,32 +109,69 @@ class Action:
         """True for F, B, I and W."""
         return self.kind in COMPUTE_KINDS
 
+    @property
+    def parts(self) -> tuple[Action, ...]:
+        """The actions this step runs: itself (an :class:`OverlapFB` has two)."""
+        return (self,)
 
-_ACTION_RE = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|F|B|I|W)(\d*)")
-_FORM = "STAGE KIND [MICROBATCH], e.g. 2F0, 1SEND_F3, 0REDUCE_GRAD (kinds: " + ", ".join(
-    k.value for k in ActionKind
-) + ")"
+
+OVERLAP_F_B = "OVERLAP_F_B"
+"""torch's name for an overlapped forward-backward pair, as its text ends."""
 
 
-def parse_action(text: str) -> Action:
-    """Read one action from torch's text form (``"2F0"``); the inverse of ``str(action)``."""
-    match = _ACTION_RE.fullmatch(text.strip())
-    if match is None:
-        raise ScheduleError(f"bad action {text!r}: expected {_FORM}")
-    stage, kind_text, mb_text = match.groups()
-    kind = ActionKind(kind_text)
-    if kind is ActionKind.REDUCE_GRAD:
-        if mb_text:
-            raise ScheduleError(f"bad action {text!r}: REDUCE_GRAD takes no micro-batch")
-        return Action(stage=int(stage), kind=kind, microbatch=None)
-    if not mb_text:
-        raise ScheduleError(f"bad action {text!r}: {kind.value} needs a micro-batch; {_FORM}")
-    return Action(stage=int(stage), kind=kind, microbatch=int(mb_text))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverlapFB:
+    """A forward and a backward one rank runs at once: ``(0F7;7B3)OVERLAP_F_B``.
+
+    DualPipe (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1) pairs the forward
+    of one micro-batch with the backward of another so that each one's communication hides
+    under the other's compute; torch's ``ScheduleDualPipeV`` writes the pair as an
+    ``OVERLAP_F_B`` action whose ``sub_actions`` are the two. How much the two overlap in
+    time is the simulator's business; the IR only says they form one step. The parts are in
+    torch's order, forward first; they may not depend on each other (the checker says so).
+    A pair is not an :class:`ActionKind`: a kind names what one stage does to one
+    micro-batch, and a pair is two of those, so code that reads ``step.stage`` must look at
+    ``step.parts`` instead.
+    """
+
+    forward: Action
+    """The forward part (kind F)."""
+    backward: Action
+    """The backward part: a full backward B or an input-gradient backward I."""
+
+    def __post_init__(self) -> None:
+        if self.forward.kind is not ActionKind.F or self.backward.kind not in (ActionKind.B, ActionKind.I):
+            raise ScheduleError(
+                f"pair ({self.forward};{self.backward}){OVERLAP_F_B}: an overlapped pair is a forward "
+                f"then a backward, e.g. (0F7;7B3){OVERLAP_F_B} (B or I second)"
+            )
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward}){OVERLAP_F_B}"
+
+    @property
+    def kind(self) -> str:
+        """``"OVERLAP_F_B"``, torch's computation type (not an :class:`ActionKind`)."""
+        return OVERLAP_F_B
+
+    @property
+    def is_compute(self) -> bool:
+        """True: a pair runs layers."""
+        return True
+
+    @property
+    def parts(self) -> tuple[Action, Action]:
+        """The two actions, forward first (torch's ``sub_actions``)."""
+        return (self.forward, self.backward)
+
+
+Step = Action | OverlapFB
+"""One entry of a rank's list: an action, or an overlapped pair of two."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
-    """A whole pipeline schedule: one ordered action list per rank.
+    """A whole pipeline schedule: one ordered list of steps (actions or pairs) per rank.
 
     ``__post_init__`` checks only the shape; :func:`sim.schedule.check.check_schedule` checks
     that the actions are complete, well placed and free of deadlock.
@@ -137,8 +185,8 @@ class Schedule:
     """Micro-batches per iteration, >= 1."""
     stage_ranks: tuple[int, ...]
     """Rank that runs each stage (interleaved: stage s on rank s % num_ranks)."""
-    ranks: tuple[tuple[Action, ...], ...]
-    """Action list of each rank, in rank order."""
+    ranks: tuple[tuple[Step, ...], ...]
+    """Step list of each rank, in rank order (a step is an action or an overlapped pair)."""
 
     def __post_init__(self) -> None:
         if self.num_stages < 1 or self.num_microbatches < 1:
@@ -178,62 +226,13 @@ class Schedule:
         return self.to_text()
 
 
-def parse_schedule(text: str, *, name: str = "file") -> Schedule:
-    """Read a schedule file: one line per rank, ``#`` comments, blank lines ignored.
-
-    The number of stages and micro-batches are the largest indices plus one; each stage's
-    rank is the one line on which its compute actions appear.
-    """
-    ranks: list[tuple[Action, ...]] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        try:
-            ranks.append(tuple(parse_action(w) for w in words))
-        except ScheduleError as err:
-            raise ScheduleError(f"{name} line {line_no}: {err}") from None
-    if not ranks:
-        raise ScheduleError(f"{name}: no actions (expected one line of actions per rank)")
-    actions = [a for acts in ranks for a in acts]
-    num_stages = max(a.stage for a in actions) + 1
-    microbatches = [a.microbatch for a in actions if a.microbatch is not None]
-    if not microbatches:
-        raise ScheduleError(f"{name}: no action names a micro-batch")
-    return Schedule(
-        name=name,
-        num_stages=num_stages,
-        num_microbatches=max(microbatches) + 1,
-        stage_ranks=_derive_stage_ranks(ranks, num_stages, name),
-        ranks=tuple(ranks),
-    )
-
-
-def _derive_stage_ranks(
-    ranks: list[tuple[Action, ...]], num_stages: int, name: str
-) -> tuple[int, ...]:
-    owners: list[set[int]] = [set() for _ in range(num_stages)]
-    for rank, actions in enumerate(ranks):
-        for a in actions:
-            if a.kind in COMPUTE_KINDS:
-                owners[a.stage].add(rank)
-    for stage, found in enumerate(owners):
-        if len(found) != 1:
-            where = f"on ranks {sorted(found)}" if found else "on no rank"
-            raise ScheduleError(
-                f"{name}: stage {stage} has compute actions {where}; "
-                "each stage's F/B/I/W must appear on exactly one rank (line)"
-            )
-    return tuple(found.pop() for found in owners)
-
-
 # --- semantics -------------------------------------------------------------------------
 
 Ref = tuple[int, ActionKind, int | None]
 """An action as a plain ``(stage, kind, microbatch)`` tuple (hashes and compares in C)."""
 
 Where = tuple[int, int]
-"""Position of an action: ``(rank, index in that rank's list)``."""
+"""Position of a step: ``(rank, index in that rank's list)``."""
 
 
 def dependencies(
@@ -271,21 +270,27 @@ def dependencies(
 
 
 def positions(schedule: Schedule) -> dict[Ref, Where]:
-    """Where each action sits (for a duplicated action, its last place)."""
-    return {
-        (a.stage, a.kind, a.microbatch): (rank, index)
-        for rank, acts in enumerate(schedule.ranks)
-        for index, a in enumerate(acts)
-    }
+    """Where each action sits (for a duplicated action, its last place); both parts of a
+    pair sit at the pair's place."""
+    where: dict[Ref, Where] = {}
+    for rank, acts in enumerate(schedule.ranks):
+        for index, a in enumerate(acts):
+            if type(a) is OverlapFB:
+                for part in a.parts:
+                    where[(part.stage, part.kind, part.microbatch)] = (rank, index)
+            else:
+                where[(a.stage, a.kind, a.microbatch)] = (rank, index)
+    return where
 
 
 def wait_lists(
     schedule: Schedule, where: dict[Ref, Where] | None = None
 ) -> list[list[tuple[Where, ...]]]:
-    """For every rank and action, the positions of the actions it waits for.
+    """For every rank and step, the positions of the steps it waits for.
 
-    Raises :class:`ScheduleError` naming the first action whose dependency is absent;
-    ``sim.schedule.check.check_schedule`` explains such schedules better.
+    A pair waits for what either of its parts waits for. Raises :class:`ScheduleError`
+    naming the first action whose dependency is absent; ``sim.schedule.check.check_schedule``
+    explains such schedules better.
     """
     where = positions(schedule) if where is None else where
     lowered, owner, stages = schedule.is_lowered, schedule.stage_ranks, schedule.num_stages
@@ -295,15 +300,18 @@ def wait_lists(
     table: list[list[tuple[Where, ...]]] = []
     for rank, acts in enumerate(schedule.ranks):
         row: list[tuple[Where, ...]] = []
-        for index, a in enumerate(acts):
-            s, kind, m = a.stage, a.kind, a.microbatch
-            template = templates.get((s, kind))
-            if template is None:
-                deps = dependencies(a, num_stages=stages, stage_ranks=owner, lowered=lowered)
-                template = templates[(s, kind)] = tuple((d[0], d[1]) for d in deps)
-            found = tuple([get((s2, k2, m)) for s2, k2 in template])
-            if None in found:
-                found = tuple(_locate(where, (s2, k2, m), rank, index, a) for s2, k2 in template)
+        for index, step in enumerate(acts):
+            found: tuple[Where, ...] = ()
+            for a in step.parts:
+                s, kind, m = a.stage, a.kind, a.microbatch
+                template = templates.get((s, kind))
+                if template is None:
+                    deps = dependencies(a, num_stages=stages, stage_ranks=owner, lowered=lowered)
+                    template = templates[(s, kind)] = tuple((d[0], d[1]) for d in deps)
+                part = tuple([get((s2, k2, m)) for s2, k2 in template])
+                if None in part:
+                    part = tuple(_locate(where, (s2, k2, m), rank, index, a) for s2, k2 in template)
+                found = part if not found else found + part
             row.append(found)
         table.append(row)
     return table
@@ -324,3 +332,17 @@ def _locate(where: dict[Ref, Where], ref: Ref, rank: int, index: int, action: Ac
 def _ref_text(ref: Ref) -> str:
     stage, kind, mb = ref
     return f"{stage}{kind.value}" if mb is None else f"{stage}{kind.value}{mb}"
+
+
+# --- the text form's readers, kept importable from here ---------------------------------
+
+_TEXT_FORM = frozenset({"parse_action", "parse_schedule", "schedule_from_ranks"})
+
+
+def __getattr__(name: str):
+    """The text form's readers live in ``sim.schedule.text``; importing them from here still works."""
+    if name in _TEXT_FORM:
+        from sim.schedule import text
+
+        return getattr(text, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,13 @@ the lists, with torch.distributed.pipelining's meaning:
 - ``sSEND_Bm`` right after B or I of (s,m) when stage s−1 lives on another rank, and
   ``sRECV_Bm`` right before B or I of (s,m) when stage s+1 lives on another rank;
 - ``sREDUCE_GRAD`` right after the stage's last B or W (and after that action's send, so
-  the all-reduce never delays a neighbour).
+  the all-reduce never delays a neighbour);
+- an overlapped pair ``(0F7;7B3)OVERLAP_F_B`` is one step: the receives of both parts go
+  right before it (the forward's first), their sends right after it, as torch's
+  ``_add_send_recv`` issues them.
+
+A hand-off between two stages on the same rank — V-shaped placement's stage S−1 to stage S,
+or any interleaved chunk boundary that stays on one device — is local: no send, no receive.
 
 Sends are non-blocking and a receive blocks until its send was issued, so the lowered
 schedule waits on exactly what the compute schedule waited on: lowering a deadlock-free
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
+from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, OverlapFB, Schedule, Step
 
 __all__ = ["lower", "strip_communication"]
 
@@ -35,9 +41,13 @@ F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
 
 def strip_communication(schedule: Schedule) -> Schedule:
-    """Keep only compute actions (drop sends, receives and ``REDUCE_GRAD``)."""
-    ranks = tuple(tuple(a for a in acts if a.kind in COMPUTE_KINDS) for acts in schedule.ranks)
+    """Keep only compute steps (drop sends, receives and ``REDUCE_GRAD``)."""
+    ranks = tuple(tuple(a for a in acts if _is_compute(a)) for acts in schedule.ranks)
     return replace(schedule, ranks=ranks)
+
+
+def _is_compute(step: Step) -> bool:
+    return type(step) is OverlapFB or step.kind in COMPUTE_KINDS
 
 
 def lower(schedule: Schedule) -> Schedule:
@@ -50,38 +60,42 @@ def lower(schedule: Schedule) -> Schedule:
     return replace(schedule, ranks=ranks)
 
 
-def _last_weight_grad_positions(schedule: Schedule) -> set[tuple[int, int]]:
-    """(rank, index) of each stage's last B or W in its rank's list."""
+def _last_weight_grad_positions(schedule: Schedule) -> dict[tuple[int, int], list[int]]:
+    """(rank, index) of each stage's last B or W → the stages whose last one it is."""
     last: dict[int, tuple[int, int]] = {}
     for rank, acts in enumerate(schedule.ranks):
-        for index, a in enumerate(acts):
-            if a.kind is B or a.kind is W:
-                last[a.stage] = (rank, index)
-    return set(last.values())
+        for index, step in enumerate(acts):
+            for a in step.parts:
+                if a.kind is B or a.kind is W:
+                    last[a.stage] = (rank, index)
+    at: dict[tuple[int, int], list[int]] = {}
+    for stage, pos in sorted(last.items()):
+        at.setdefault(pos, []).append(stage)
+    return at
 
 
 def _lower_rank(
-    rank: int, acts: tuple[Action, ...], schedule: Schedule, last_grad: set[tuple[int, int]]
-) -> tuple[Action, ...]:
+    rank: int, acts: tuple[Step, ...], schedule: Schedule, last_grad: dict[tuple[int, int], list[int]]
+) -> tuple[Step, ...]:
     owner = schedule.stage_ranks
     last_stage = schedule.num_stages - 1
-    out: list[Action] = []
-    for index, a in enumerate(acts):
-        s, m = a.stage, a.microbatch
-        if a.kind is F:
-            if s > 0 and owner[s - 1] != owner[s]:
-                out.append(Action(stage=s, kind=ActionKind.RECV_F, microbatch=m))
-            out.append(a)
-            if s < last_stage and owner[s + 1] != owner[s]:
-                out.append(Action(stage=s, kind=ActionKind.SEND_F, microbatch=m))
-        elif a.kind is B or a.kind is I:
-            if s < last_stage and owner[s + 1] != owner[s]:
-                out.append(Action(stage=s, kind=ActionKind.RECV_B, microbatch=m))
-            out.append(a)
-            if s > 0 and owner[s - 1] != owner[s]:
-                out.append(Action(stage=s, kind=ActionKind.SEND_B, microbatch=m))
-        else:
-            out.append(a)
-        if (rank, index) in last_grad:
+    out: list[Step] = []
+    for index, step in enumerate(acts):
+        sends: list[Action] = []
+        for a in step.parts:
+            s, m = a.stage, a.microbatch
+            if a.kind is F:
+                if s > 0 and owner[s - 1] != owner[s]:
+                    out.append(Action(stage=s, kind=ActionKind.RECV_F, microbatch=m))
+                if s < last_stage and owner[s + 1] != owner[s]:
+                    sends.append(Action(stage=s, kind=ActionKind.SEND_F, microbatch=m))
+            elif a.kind is B or a.kind is I:
+                if s < last_stage and owner[s + 1] != owner[s]:
+                    out.append(Action(stage=s, kind=ActionKind.RECV_B, microbatch=m))
+                if s > 0 and owner[s - 1] != owner[s]:
+                    sends.append(Action(stage=s, kind=ActionKind.SEND_B, microbatch=m))
+        out.append(step)
+        out += sends
+        for s in last_grad.get((rank, index), ()):
             out.append(Action(stage=s, kind=ActionKind.REDUCE_GRAD, microbatch=None))
     return tuple(out)

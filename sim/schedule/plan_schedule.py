@@ -1,57 +1,92 @@
 """The schedule of a plan: which generator to run, or the hand-written file to trust.
 
-A plan names its schedule (``dapple`` with a policy, ``interleaved``, ...) or a
+A plan names its schedule (``dapple`` with a policy, ``interleaved``, ``zb-v``, ...) or a
 ``schedule_file``. Either way the result is the compute IR whose ranks are the plan's
 distinct device sets (``PlanSpec.device_groups``) and whose stages are the plan's stages.
-For ``interleaved`` the number of chunks is implied by the plan: stage ``s`` shares devices
-with stage ``s + R`` for R device sets, so v = stages / R.
+The number of chunks is implied by the plan: for the looped schedules (``interleaved``,
+``interleaved-zb``, ``looped-bfs``) stage ``s`` shares devices with stage ``s + R`` for R
+device sets, so v = stages / R; the V-shaped ones (``zb-v``, ``dualpipe-v``) have 2R stages,
+stage s on device set s and stage 2R−1−s on it too. A ``schedule_file`` is our text form or
+torch's pipeline-order CSV (``sim.schedule.torch_csv``), told apart by a ``.csv`` suffix or
+by its commas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from sim.errors import ScheduleError
-from sim.schedule.generators import generate
-from sim.schedule.ir import Schedule, parse_schedule
-from sim.schedule.check import check_schedule
 from sim.plan import PlanSpec
+from sim.schedule.check import check_schedule
+from sim.schedule.generators import LOOPED_SCHEDULES, generate
+from sim.schedule.ir import Schedule
+from sim.schedule.policy import DapplePolicy
+from sim.schedule.text import parse_schedule
+from sim.schedule.torch_csv import is_csv, parse_csv
 
-__all__ = ["schedule_for_plan", "parse_schedule_for_plan"]
+__all__ = ["parse_schedule_for_plan", "schedule_for_plan"]
 
 
-def schedule_for_plan(plan: PlanSpec, num_microbatches: int) -> Schedule:
-    """The compute-only schedule that ``plan`` runs for ``num_microbatches`` micro-batches."""
+def schedule_for_plan(
+    plan: PlanSpec, num_microbatches: int, *, stage_policies: Sequence[str] | None = None
+) -> Schedule:
+    """The compute-only schedule that ``plan`` runs for ``num_microbatches`` micro-batches.
+
+    ``stage_policies`` is what ``policy: auto`` decided for each stage
+    (``sim.schedule.policy.choose_dapple_policies`` on the plan's costs); a plan whose policy
+    is ``auto`` needs it, any other plan must not give it.
+    """
     if plan.custom_schedule is not None:
         return plan.custom_schedule
     num_ranks = len(plan.device_groups)
-    params = plan.params
-    if plan.schedule == "interleaved":
-        chunks = plan.num_stages // num_ranks
-        if plan.num_stages % num_ranks:
+    params = dict(plan.params)
+    if plan.schedule in LOOPED_SCHEDULES:
+        params["chunks"] = _looped_chunks(plan, num_ranks, params)
+    if params.get("policy") == DapplePolicy.AUTO:
+        if stage_policies is None:
             raise ScheduleError(
-                f"interleaved needs the same number of chunks on every device set; "
-                f"{plan.num_stages} stages over {num_ranks} device sets do not divide"
+                f"{plan.schedule}: policy 'auto' picks s-i or 2(s-i)-1 per stage from the plan's costs; "
+                "the caller must pass stage_policies (sim.schedule.policy.choose_dapple_policies)"
             )
-        if params.get("chunks", chunks) != chunks:
-            raise ScheduleError(
-                f"chunks: {params['chunks']} given, but the plan's {plan.num_stages} stages over "
-                f"{num_ranks} device sets make {chunks}; list {params['chunks'] * num_ranks} stages "
-                f"(stage s on device set s mod {num_ranks}) or drop chunks"
-            )
-        params = {**params, "chunks": chunks}
+        params["policy"] = tuple(stage_policies)
+    elif stage_policies is not None:
+        raise ScheduleError(
+            f"{plan.schedule}: stage_policies given, but the plan's policy is "
+            f"{params.get('policy', 'none')!r}, not 'auto'"
+        )
     return generate(plan.schedule, num_ranks, num_microbatches, **params)
 
 
+def _looped_chunks(plan: PlanSpec, num_ranks: int, params: dict) -> int:
+    chunks = plan.num_stages // num_ranks
+    if plan.num_stages % num_ranks:
+        raise ScheduleError(
+            f"{plan.schedule} needs the same number of chunks on every device set; "
+            f"{plan.num_stages} stages over {num_ranks} device sets do not divide"
+        )
+    if params.get("chunks", chunks) != chunks:
+        raise ScheduleError(
+            f"chunks: {params['chunks']} given, but the plan's {plan.num_stages} stages over "
+            f"{num_ranks} device sets make {chunks}; list {params['chunks'] * num_ranks} stages "
+            f"(stage s on device set s mod {num_ranks}) or drop chunks"
+        )
+    return chunks
+
+
 def parse_schedule_for_plan(plan: PlanSpec, num_microbatches: int, text: str) -> Schedule:
-    """Read a hand-written schedule for ``plan``, check it fits the plan and that it runs."""
+    """Read a hand-written schedule (text or torch CSV) for ``plan``, check it fits the plan
+    and that it runs."""
     name = Path(plan.schedule_file).name if plan.schedule_file else "schedule"
-    schedule = parse_schedule(text, name=name)
+    if is_csv(text, path=plan.schedule_file):
+        schedule, line = parse_csv(text, name=name), "row"
+    else:
+        schedule, line = parse_schedule(text, name=name), "line"
     num_ranks = len(plan.device_groups)
     if schedule.num_ranks != num_ranks:
         raise ScheduleError(
-            f"{name} has {schedule.num_ranks} lines (ranks) but the plan has {num_ranks} device sets; "
-            "write one line per device set, in the order the stages first use them"
+            f"{name} has {schedule.num_ranks} {line}s (ranks) but the plan has {num_ranks} device sets; "
+            f"write one {line} per device set, in the order the stages first use them"
         )
     if schedule.num_stages != plan.num_stages:
         raise ScheduleError(f"{name} names {schedule.num_stages} stages but the plan has {plan.num_stages}")
@@ -63,8 +98,8 @@ def parse_schedule_for_plan(plan: PlanSpec, num_microbatches: int, text: str) ->
     for stage, (rank, wanted) in enumerate(zip(schedule.stage_ranks, plan.stage_ranks)):
         if rank != wanted:
             raise ScheduleError(
-                f"{name} runs stage {stage} on line {rank + 1} but the plan puts it on device set {wanted} "
-                f"(line {wanted + 1})"
+                f"{name} runs stage {stage} on {line} {rank + 1} but the plan puts it on device set {wanted} "
+                f"({line} {wanted + 1})"
             )
     check_schedule(schedule)
     return schedule
