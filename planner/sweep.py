@@ -29,6 +29,10 @@ from typing import Any, Iterator, Mapping
 
 from planner.sweep_file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
 from planner.sweep_point import one_line, run_point
+from sim.errors import read_user_file
+from sim.input.strict import show_text
+from sim.jsonio import dumps
+from sim.userfiles import open_output, show_path
 
 __all__ = [
     "SweepError", "Sweep", "Point", "SweepResult", "load_sweep", "sweep_from_dict", "sweep_points",
@@ -87,13 +91,15 @@ class _InlineExecutor(Executor):
 
 
 @contextlib.contextmanager
-def open_executor(workers: int | None = None, dask: str | None = None) -> Iterator[tuple[Executor, int]]:
+def open_executor(workers: int | None = None, dask: str | None = None, *,
+                  source: str | None = None) -> Iterator[tuple[Executor, int]]:
     """(executor, parallelism): a local process pool (``workers`` processes, default
     min(CPUs, 4); one worker runs in-process), or with ``dask`` a Dask cluster's executor:
     ``"local"`` starts a ``LocalCluster`` of ``workers`` processes, anything else is a
-    scheduler address (``tcp://host:8786``)."""
+    scheduler address (``tcp://host:8786``). ``source`` (the sweep file) starts every error's line."""
+    prefix = f"{source}: " if source else ""
     if workers is not None and workers < 1:
-        raise SweepError(f"--workers {workers}: give a positive number of worker processes")
+        raise SweepError(f"{prefix}--workers {workers}: give a positive number of worker processes")
     count = workers or min(os.cpu_count() or 1, 4)
     if dask is None:
         if count == 1:
@@ -111,7 +117,7 @@ def open_executor(workers: int | None = None, dask: str | None = None) -> Iterat
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
-        raise SweepError("--dask needs Dask: pip install 'dask[distributed]'") from None
+        raise SweepError(f"{prefix}--dask needs Dask: pip install 'dask[distributed]'") from None
     cluster = None
     try:
         if dask == "local":
@@ -122,7 +128,8 @@ def open_executor(workers: int | None = None, dask: str | None = None) -> Iterat
             try:
                 client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
             except (OSError, TimeoutError, ValueError) as exc:
-                raise SweepError(f"--dask {dask}: cannot reach the scheduler ({one_line(str(exc))})") from None
+                raise SweepError(f"{prefix}--dask {show_text(dask)}: cannot reach the scheduler "
+                                 f"({show_text(one_line(str(exc)), 200)})") from None
         try:
             yield client.get_executor(pure=False), max(1, sum(client.nthreads().values()))
         finally:
@@ -151,6 +158,8 @@ def run_sweep(
     """
     started = time.perf_counter()
     out = Path(out) if out is not None else None
+    if out is not None:
+        _make_folder(out)  # before any point runs: an --out that cannot be written fails now
     done = _resume(sweep, out) if out is not None else {}
     pending = [p for p in sweep.points if p.id not in done]
     rows: dict[str, dict] = dict(done)
@@ -159,7 +168,7 @@ def run_sweep(
     if executor is not None or not pending:  # nothing to run: start no workers
         opened = contextlib.nullcontext((executor, 4))
     else:
-        opened = open_executor(workers, dask)
+        opened = open_executor(workers, dask, source=sweep.source)
     try:
         with opened as (pool, parallelism):
             lean = replace(sweep, points=(), plots=())  # what a worker needs: not every point
@@ -261,27 +270,42 @@ def _fingerprint(sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def _make_folder(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or "the path holds a NUL byte"
+        raise SweepError(f"--out {show_path(out)}: cannot create the folder ({reason})") from None
+
+
 def _resume(sweep: Sweep, out: Path) -> dict[str, dict]:
     """Rows already in ``out`` for this sweep's points (failed ones are tried again)."""
     meta = out / "sweep.json"
     if not meta.is_file():
         return {}
     try:
-        before = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise SweepError(f"{meta}: cannot read it; delete the folder or choose another --out") from None
+        before = json.loads(read_user_file(meta, "sweep record", SweepError))
+    except (SweepError, ValueError):
+        before = None
+    if not isinstance(before, dict):
+        raise SweepError(f"{show_path(meta)}: cannot read it; delete the folder or choose another --out")
     now = _fingerprint(sweep)
     for key, value in now.items():
         if before.get(key) != value:
             what = (f"{key} was {before.get(key)!r}, now {value!r}" if key != "base_sha256"
                     else "the base scenario changed")
-            raise SweepError(f"--out {out}: holds results of another sweep ({what}); choose another --out or delete it")
-    table = read_results(out)
-    if table is None:
-        return {}
-    wanted = {p.id for p in sweep.points}
-    records = table.astype(object).where(table.notna(), None).to_dict("records")
-    return {r["point"]: r for r in records if r["point"] in wanted and r.get("error") is None}
+            raise SweepError(f"--out {show_path(out)}: holds results of another sweep ({show_text(what)}); choose "
+                             "another --out or delete it")
+    try:
+        table = read_results(out)
+        if table is None:
+            return {}
+        wanted = {p.id for p in sweep.points}
+        records = table.astype(object).where(table.notna(), None).to_dict("records")
+        return {r["point"]: r for r in records if r["point"] in wanted and r.get("error") is None}
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged table (pyarrow's errors are ValueErrors)
+        raise SweepError(f"--out {show_path(out)}: cannot read the saved results ({exc.__class__.__name__}); delete "
+                         "results.csv and results.parquet to run every point again") from None
 
 
 def read_results(out: str | Path):
@@ -305,13 +329,11 @@ def _has_pyarrow() -> bool:
 
 
 def _save(sweep: Sweep, rows: Mapping[str, dict], out: Path) -> tuple[Path, ...]:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SweepError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    _make_folder(out)
     table = _table(sweep, rows)
     written = [out / "sweep.json", out / "results.csv"]
-    _atomic(written[0], lambda p: p.write_text(json.dumps(_fingerprint(sweep), indent=2, sort_keys=True) + "\n"))
+    record = dumps(_fingerprint(sweep), what=show_path(written[0]), error=SweepError, indent=2, sort_keys=True)
+    _atomic(written[0], lambda p: p.write_text(record + "\n"))
     _atomic(written[1], lambda p: table.to_csv(p, index=False))
     if _has_pyarrow():
         written.append(out / "results.parquet")
@@ -322,9 +344,16 @@ def _save(sweep: Sweep, rows: Mapping[str, dict], out: Path) -> tuple[Path, ...]
 
 
 def _atomic(path: Path, write) -> None:
+    """``write(temporary)``, then the temporary file replaces ``path``; an error names ``path``."""
     temporary = path.with_name(f".{path.name}.partial")
-    write(temporary)
-    os.replace(temporary, path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise SweepError(f"{show_path(path)}: cannot write it ({exc.strerror or exc.__class__.__name__}); free some "
+                         "space or choose another --out") from None
 
 
 def sweep_points(sweep: Sweep) -> list[dict[str, Any]]:
@@ -334,18 +363,27 @@ def sweep_points(sweep: Sweep) -> list[dict[str, Any]]:
 
 def write_plots(sweep: Sweep, table, out: str | Path) -> list[Path]:
     """Draw the sweep file's ``plots:`` from ``table`` into ``out``; returns the PNG paths."""
+    if not sweep.plots:
+        return []
+    import matplotlib.pyplot as plt
+
     from sim.plots.tables import TABLE_FIGURES
 
     written = []
-    for entry in sweep.plots:
+    for index, entry in enumerate(sweep.plots):
         spec = dict(entry)
         name = spec.pop("figure")
         file = spec.pop("file", None) or f"{name}.png"
-        fig = TABLE_FIGURES[name](table, **spec)
-        import matplotlib.pyplot as plt
-
+        try:
+            fig = TABLE_FIGURES[name](table, **spec)
+        except (KeyError, ValueError, TypeError) as exc:  # the arguments were checked when the sweep was read
+            raise SweepError(f"{sweep.source}: plots[{index}]: cannot draw {name} from the table "
+                             f"({exc.__class__.__name__}: {show_text(str(exc))}); the results are saved") from None
         path = Path(out) / file
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        try:
+            with open_output(path, "plot", binary=True, error=SweepError) as handle:
+                fig.savefig(handle, dpi=110, format="png")
+        finally:
+            plt.close(fig)
         written.append(path)
     return written

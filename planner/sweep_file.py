@@ -21,8 +21,11 @@ value may be any YAML (a scalar or a whole mapping such as a ``plan:``); it is a
 ``--set key=value`` and checked as strictly as the file. The axes ``planner`` and
 ``options.<field>`` (plan mode) and ``engine`` (simulate mode) vary the sweep itself.
 
-A sweep that cannot run (an unknown key, a value no point could use) fails here in one line
-naming the key; ``planner.sweep`` runs the points.
+A sweep that cannot run (an unknown key, a value no point could use, a plot of a column the
+table will not have) fails here in one line naming the key; ``planner.sweep`` runs the points.
+A sweep has at most ``MAX_POINTS`` points unless its ``max_points:`` raises the limit (to at
+most ``MAX_POINTS_LIMIT``): the points are counted before any is made. A value is never
+printed or hashed whole per point: each distinct value is written as JSON once.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,8 @@ from typing import Any
 import yaml
 
 from sim.errors import DappleError, read_user_file
+from sim.input.strict import show_text, show_value
+from sim.input.yaml_text import load_yaml
 
 __all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "planner_option",
            "column_value"]
@@ -46,6 +52,15 @@ SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults")
 MODES = ("simulate", "plan")
 PROBES_PER_KEY = 16
 """Distinct values of a key tried on the base before the sweep (a typo beyond is that point's error)."""
+MAX_POINTS = 100_000
+"""Most points of a sweep unless its ``max_points:`` says otherwise (a point takes 0.05 s to
+minutes: 100 000 are hours to months of work)."""
+MAX_POINTS_LIMIT = 1_000_000
+"""Highest ``max_points:`` (every point is held in memory, about 1 KiB each)."""
+MAX_INT = 2**63 - 1
+"""Largest integer a sweep value may be (the table's integer columns are 64-bit)."""
+_COLUMN_ARGUMENTS = {"gpus", "throughput", "hue", "style", "microbatches", "memory", "model", "by", "metric"}
+"""Arguments of ``sim.plots.tables``' figures that name a column of the table."""
 
 
 class SweepError(DappleError):
@@ -94,15 +109,12 @@ class Sweep:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check the sweep file at ``path``."""
+    from sim.userfiles import show_path
+
     path = Path(path)
     text = read_user_file(path, "sweep file", SweepError)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SweepError(f"{path}: not valid YAML{where}") from None
-    return sweep_from_dict(data, source=str(path), base_dir=path.resolve().parent, default_name=path.stem)
+    data = load_yaml(text, where=show_path(path), error=SweepError)
+    return sweep_from_dict(data, source=show_path(path), base_dir=path.resolve().parent, default_name=path.stem)
 
 
 def sweep_from_dict(
@@ -110,21 +122,17 @@ def sweep_from_dict(
 ) -> Sweep:
     """Check a sweep given as a mapping (a sweep file's contents); ``base`` is relative to ``base_dir``."""
     def fail(key: str, problem: str) -> SweepError:
-        return SweepError(f"{source}: {key}: {problem}")
+        return SweepError(f"{source}: {show_text(key, 200)}: {show_text(problem, 600)}")
 
     if not isinstance(data, dict):
         raise SweepError(f"{source}: a sweep is a mapping with base, mode and axes")
-    allowed = ("name", "base", "mode", "engine", "planner", "options", "axes", "points", "plots")
+    allowed = ("name", "base", "mode", "engine", "planner", "options", "axes", "points", "plots", "max_points")
     for key in data:
         if key not in allowed:
-            raise fail(str(key), f"unknown key; valid: {', '.join(allowed)}")
+            raise fail(show_text(str(key)), f"unknown key; valid: {', '.join(allowed)}")
     if "base" not in data or not isinstance(data["base"], str) or not data["base"]:
         raise fail("base", "missing; give the base scenario's path (relative to the sweep file)")
-    base = (Path(base_dir) / data["base"]).resolve()
-    try:
-        base_text = base.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        raise fail("base", f"cannot read scenario {data['base']!r} (looked for {base})") from None
+    base, base_text = _read_base(data["base"], base_dir, fail)
     mode = _choice(data, "mode", MODES, "simulate", fail)
     if mode == "plan" and "engine" in data:
         raise fail("engine", "only for mode: simulate (the planner settles its plans with the SimPy engine)")
@@ -144,39 +152,67 @@ def sweep_from_dict(
     checked.update((name, planner_option(name, value, f"options.{name}", fail)) for name, value in options.items())
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name:
-        raise fail("name", f"must be a non-empty string, got {name!r}")
+        raise fail("name", f"must be a non-empty string, got {show_value(name)}")
+    limit = data.get("max_points", MAX_POINTS)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_POINTS_LIMIT:
+        raise fail("max_points", f"must be an integer from 1 to {MAX_POINTS_LIMIT:,}, got {show_value(limit)}")
     axes = _axes(data.get("axes") or {}, mode, fail)
     explicit = _explicit_points(data.get("points"), mode, fail)
     clash = sorted({k for p in explicit for k, _, _ in p} & {k for k, _ in axes})
     if clash:
         raise fail(f"points.{clash[0]}", "is also an axis; vary a key in one place")
+    count = max(1, len(explicit)) * math.prod(len(pairs) for _, pairs in axes)
+    if count > limit:
+        sizes = " x ".join([str(len(explicit))] * bool(explicit) + [str(len(pairs)) for _, pairs in axes])
+        raise fail("axes", f"{sizes} = {count:,} points, more than max_points ({limit:,}); vary fewer values, or "
+                           f"raise max_points (at most {MAX_POINTS_LIMIT:,})")
     points, keys = _combine(explicit, axes)
     sweep = Sweep(
         name=name, base=str(base), base_text=base_text, mode=mode, engine=engine, planner=planner,
         options=tuple(sorted(checked.items())), points=points, axis_keys=keys, source=source,
-        plots=_plots(data.get("plots"), fail),
+        plots=_plots(data.get("plots"), fail, mode=mode, keys=keys, planners=_planners(planner, axes, explicit)),
     )
     _probe_keys(sweep, fail)
     return sweep
 
 
+def _read_base(base: str, base_dir: str | Path, fail) -> tuple[Path, str]:
+    """The base scenario's absolute path and text (read as a scenario file is, within its limits)."""
+    from sim.userfiles import show_path, user_file_problem
+
+    try:
+        path = (Path(base_dir) / base).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        reason = "the path holds a NUL byte" if isinstance(exc, ValueError) else getattr(exc, "strerror", None) \
+            or "a loop of symbolic links"
+        raise fail("base", f"cannot read scenario {show_path(base)!r} ({reason})") from None
+    problem = user_file_problem(path)
+    if problem is None:
+        try:
+            return path, read_user_file(path, "scenario", SweepError)
+        except SweepError as exc:  # changed since it was looked at, or not UTF-8
+            problem = str(exc).split(": ", 1)[-1]
+    raise fail("base", f"cannot read scenario {show_path(base)!r} (looked for {show_path(path)}: {problem})")
+
+
 def _choice(data: dict, key: str, choices, default, fail) -> str:
     value = data.get(key, default)
-    if value not in choices:
-        raise fail(key, f"unknown value {value!r}; valid: {', '.join(choices)}")
+    if not isinstance(value, str) or value not in choices:
+        raise fail(key, f"unknown value {show_value(value)}; valid: {', '.join(choices)}")
     return value
 
 
 def _sweep_key(key: Any, mode: str, fail, where: str) -> str:
     """A settable key: a dotted scenario key, or the sweep's own (planner, options.X, engine)."""
     if not isinstance(key, str) or not key or not all(key.split(".")):
-        raise fail(where, f"{key!r} is not a dotted key such as cluster.inter_node.bandwidth")
+        raise fail(where, f"{show_value(key)} is not a dotted key such as cluster.inter_node.bandwidth")
     head = key.split(".")[0]
     if (key == "engine" and mode == "simulate") or ((key == "planner" or head == "options") and mode == "plan"):
         return key
     if head not in SCENARIO_SECTIONS:
         own = "engine" if mode == "simulate" else "planner, options.<field>"
-        raise fail(where, f"{key!r} is not a scenario key (sections: {', '.join(SCENARIO_SECTIONS)}) nor {own}")
+        raise fail(where, f"{show_value(key)} is not a scenario key (sections: {', '.join(SCENARIO_SECTIONS)}) "
+                          f"nor {own}")
     return key
 
 
@@ -184,12 +220,14 @@ def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
     from planner.registry import PLANNERS
     from sim.engine.run import ENGINES
 
-    if key == "planner" and value not in PLANNERS:
-        raise fail(where, f"unknown planner {value!r}; valid: {', '.join(sorted(PLANNERS))}")
-    if key == "engine" and value not in ENGINES:
-        raise fail(where, f"unknown engine {value!r}; valid: {', '.join(ENGINES)}")
+    if key == "planner" and (not isinstance(value, str) or value not in PLANNERS):
+        raise fail(where, f"unknown planner {show_value(value)}; valid: {', '.join(sorted(PLANNERS))}")
+    if key == "engine" and (not isinstance(value, str) or value not in ENGINES):
+        raise fail(where, f"unknown engine {show_value(value)}; valid: {', '.join(ENGINES)}")
     if key.startswith("options."):
         planner_option(key.split(".", 1)[1], value, where, fail)
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value <= MAX_INT:
+        raise fail(where, f"{show_value(value)} is out of range; a number in a sweep is at most 2**63 - 1 in size")
 
 
 def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]:
@@ -198,14 +236,14 @@ def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]
         raise fail("axes", "must be a mapping of dotted keys to lists of values")
     axes = []
     for key, values in data.items():
-        where = f"axes.{key}"
+        where = f"axes.{show_text(str(key))}"
         key = _sweep_key(key, mode, fail, where)
         if isinstance(values, dict):
             pairs = [(value, str(label)) for label, value in values.items()]
         elif isinstance(values, list):
             pairs = [(value, column_value(value)) for value in values]
         else:
-            raise fail(where, f"must be a list of values or a mapping label: value, got {values!r}")
+            raise fail(where, f"must be a list of values or a mapping label: value, got {show_value(values)}")
         if not pairs:
             raise fail(where, "has no values")
         for i, (value, _) in enumerate(pairs):
@@ -222,10 +260,10 @@ def _explicit_points(data: Any, mode: str, fail) -> list[list[tuple[str, Any, An
     points = []
     for i, item in enumerate(data):
         if not isinstance(item, dict):
-            raise fail(f"points[{i}]", f"must be a mapping of dotted keys to values, got {item!r}")
+            raise fail(f"points[{i}]", f"must be a mapping of dotted keys to values, got {show_value(item)}")
         entries = []
         for key, value in item.items():
-            key = _sweep_key(key, mode, fail, f"points[{i}].{key}")
+            key = _sweep_key(key, mode, fail, f"points[{i}].{show_text(str(key))}")
             _check_value(key, value, mode, fail, f"points[{i}].{key}")
             entries.append((key, value, column_value(value)))
         points.append(entries)
@@ -238,13 +276,39 @@ def column_value(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+class _JsonOnce:
+    """``json.dumps(value, sort_keys=True, default=str)``, computed once per distinct object:
+    the points of a sweep share their axes' values, so a value is written once, not once a point."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[Any, str]] = {}
+
+    def __call__(self, value: Any) -> str:
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return json.dumps(value, sort_keys=True, default=str)
+        held = self._texts.get(id(value))
+        if held is None or held[0] is not value:
+            held = self._texts[id(value)] = (value, json.dumps(value, sort_keys=True, default=str))
+        return held[1]
+
+
+def _planners(planner: str, axes, explicit) -> set[str]:
+    """Every planner a sweep's points use (its ``planner:`` and the values of a ``planner`` axis)."""
+    names = {value for key, pairs in axes if key == "planner" for value, _ in pairs}
+    names |= {value for point in explicit for key, value, _ in point if key == "planner"}
+    return names or {planner}
+
+
 def _combine(explicit, axes) -> tuple[tuple[Point, ...], tuple[str, ...]]:
     keys = list(dict.fromkeys(k for p in explicit for k, _, _ in p)) + [k for k, _ in axes]
     points = []
+    text = _JsonOnce()
     for outer in explicit or [[]]:
         for combo in itertools.product(*(pairs for _, pairs in axes)):
             entries = list(outer) + [(key, value, column) for (key, _), (value, column) in zip(axes, combo)]
-            identity = json.dumps(sorted([k, v, c] for k, v, c in entries), sort_keys=True, default=str)
+            # json.dumps(sorted([k, v, c] ...), sort_keys=True, default=str), each value written once
+            identity = "[" + ", ".join(f"[{text(k)}, {text(v)}, {text(c)}]"
+                                       for k, v, c in sorted(entries, key=lambda e: e[0])) + "]"
             points.append(
                 Point(
                     index=len(points),
@@ -270,71 +334,109 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         raise fail(where, f"unknown planner option; valid: {', '.join(sorted(fields))}")
 
     def ints(v, low: int) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+        return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 10**9
 
     if name == "schedules":
         items = value if isinstance(value, list) else [value]
         out = []
         for item in items:
             item = {"name": item} if isinstance(item, str) else item
-            if not isinstance(item, dict) or item.get("name") not in GENERATORS or set(item) - {"name", "policy"} \
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in GENERATORS \
+                    or set(item) - {"name", "policy"} \
                     or item.get("policy", DapplePolicy.S_MINUS_I.value) not in DAPPLE_POLICIES:
-                raise fail(where, f"{item!r}: give schedule names ({', '.join(sorted(GENERATORS))}) or "
+                raise fail(where, f"{show_value(item)}: give schedule names ({', '.join(sorted(GENERATORS))}) or "
                                   f"{{name: dapple, policy: {DAPPLE_POLICIES[1]}}}")
             out.append((item["name"], tuple(sorted((k, v) for k, v in item.items() if k != "name"))))
         return tuple(out)
     if name == "placements":
         items = value if isinstance(value, list) else [value]
         if not items or any(p not in PLACEMENTS for p in items):
-            raise fail(where, f"must list placements from {', '.join(PLACEMENTS)}, got {value!r}")
+            raise fail(where, f"must list placements from {', '.join(PLACEMENTS)}, got {show_value(value)}")
         return tuple(items)
     if name == "recompute":
         items = value if isinstance(value, list) else [value]
         if not items or any(not isinstance(v, bool) for v in items):
-            raise fail(where, f"must be true, false or a list of them, got {value!r}")
+            raise fail(where, f"must be true, false or a list of them, got {show_value(value)}")
         return tuple(items)
     if name == "interleaved":
         if not isinstance(value, bool):
-            raise fail(where, f"must be true or false, got {value!r}")
+            raise fail(where, f"must be true or false, got {show_value(value)}")
         return value
     if name == "microbatch_sizes":
         items = value if isinstance(value, list) else [value]
         if value is not None and (not items or not all(ints(v, 1) for v in items)):
-            raise fail(where, f"must be a list of positive integers, got {value!r}")
+            raise fail(where, f"must be a list of positive integers, got {show_value(value)}")
         return None if value is None else tuple(items)
     if name == "max_stages":
         if value is not None and not ints(value, 1):
-            raise fail(where, f"must be a positive integer, got {value!r}")
+            raise fail(where, f"must be a positive integer, got {show_value(value)}")
         return value
     low = 0 if name in ("engine_top", "fast_budget_ops") else 1
     if not ints(value, low):  # engine_top, fast_top, fast_budget_ops, fast_max
-        raise fail(where, f"must be an integer >= {low}, got {value!r}")
+        raise fail(where, f"must be an integer from {low} to 10**9, got {show_value(value)}")
     return value
 
 
-def _plots(data: Any, fail) -> tuple:
+def _plots(data: Any, fail, *, mode: str, keys: tuple[str, ...], planners: set[str]) -> tuple:
+    """The ``plots:`` list, checked before any point runs: each argument has its figure's type,
+    and one that names a column names a column the table will have."""
     import inspect
 
+    from planner.sweep import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
     from sim.plots.tables import TABLE_FIGURES
 
     if data is None:
         return ()
     if not isinstance(data, list):
         raise fail("plots", "must be a list of {figure: NAME, file: NAME.png, ...arguments}")
+    columns = {"point", *keys, *COLUMNS, *(PLAN_COLUMNS if mode == "plan" else ()), *TAIL_COLUMNS}
     plots = []
     for i, item in enumerate(data):
         where = f"plots[{i}]"
-        if not isinstance(item, dict) or item.get("figure") not in TABLE_FIGURES:
+        if not isinstance(item, dict) or not isinstance(item.get("figure"), str) or item["figure"] not in TABLE_FIGURES:
             raise fail(where, f"needs figure: one of {', '.join(sorted(TABLE_FIGURES))}")
         params = inspect.signature(TABLE_FIGURES[item["figure"]]).parameters
         allowed = sorted(p for p, spec in params.items() if spec.kind is spec.KEYWORD_ONLY and p != "ax")
-        for key in item:
-            if key not in ("figure", "file") and key not in allowed:
-                raise fail(f"{where}.{key}", f"unknown argument of {item['figure']}; valid: {', '.join(allowed)}")
-        if not isinstance(item.get("file", "x.png"), str) or not item.get("file", "x.png").endswith(".png"):
-            raise fail(f"{where}.file", "must be a file name ending in .png")
+        for key, value in item.items():
+            if key in ("figure", "file"):
+                continue
+            if key not in allowed:
+                raise fail(f"{where}.{show_text(str(key))}", f"unknown argument of {item['figure']}; "
+                                                             f"valid: {', '.join(allowed)}")
+            annotation = params[key].annotation
+            if isinstance(annotation, str) and not _fits_annotation(annotation, value):
+                raise fail(f"{where}.{key}", f"must be {annotation.replace(' | ', ' or ')}, got {show_value(value)}")
+            named = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+            for column in named if key in _COLUMN_ARGUMENTS else ():
+                if column not in columns:
+                    raise fail(f"{where}.{key}", f"{show_value(column)} is not a column of the table; columns: "
+                                                 f"the axes ({', '.join(keys) or 'none'}) and {', '.join(COLUMNS)}")
+        file = item.get("file", "x.png")
+        if not isinstance(file, str) or not file.endswith(".png") or "/" in file or "\\" in file or "\0" in file \
+                or len(file.encode()) > 255:
+            raise fail(f"{where}.file", "must be a file name ending in .png (no folder, at most 255 bytes)")
+        if item["figure"] == "planner_comparison":
+            if "planner" not in keys:
+                raise fail(where, "planner_comparison needs a planner axis (axes: {planner: [dapple, dp, ...]})")
+            relative_to = item.get("relative_to")
+            if relative_to is not None and relative_to not in planners:
+                raise fail(f"{where}.relative_to", f"{show_value(relative_to)} is not a planner of the sweep; "
+                                                   f"valid: {', '.join(sorted(planners))}")
+        if item["figure"] == "oom_frontier" and item.get("value", "memory") not in ("memory", "throughput"):
+            raise fail(f"{where}.value", f"must be memory or throughput, got {show_value(item['value'])}")
         plots.append(tuple(item.items()))
     return tuple(plots)
+
+
+def _fits_annotation(annotation: str, value: Any) -> bool:
+    """Whether ``value`` has a type ``annotation`` (``str | list[str] | None``, ``float | None``,
+    ``bool``) allows; an annotation not understood here allows anything."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    tests = {"None": value is None, "str": isinstance(value, str), "bool": isinstance(value, bool),
+             "float": number, "int": number and isinstance(value, int),
+             "list[str]": isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)}
+    kinds = [kind.strip() for kind in annotation.split("|")]
+    return any(tests.get(kind, True) for kind in kinds)
 
 
 def _probe_keys(sweep: Sweep, fail) -> None:
@@ -345,31 +447,35 @@ def _probe_keys(sweep: Sweep, fail) -> None:
     Everything else may depend on the combination, and is each point's own result."""
     from sim.errors import ScenarioError
     from sim.input.scenario import apply_overrides, parse_scenario
+    from sim.userfiles import show_path
 
-    raw = yaml.safe_load(sweep.base_text)
+    raw = load_yaml(sweep.base_text, where=f"{sweep.source}: base: {show_path(sweep.base)}", error=SweepError)
     if not isinstance(raw, dict):
         raise fail("base", "the base scenario is not a mapping")
     seen: dict[str, set] = {}
+    text = _JsonOnce()
     for point in sweep.points:
         for key, value in point.settings:
-            identity = json.dumps(value, sort_keys=True, default=str)
             tried = seen.setdefault(key, set())
-            if identity in tried or len(tried) >= PROBES_PER_KEY or key.split(".")[0] not in SCENARIO_SECTIONS:
+            if len(tried) >= PROBES_PER_KEY or key.split(".")[0] not in SCENARIO_SECTIONS:
+                continue
+            identity = text(value)
+            if identity in tried:
                 continue
             tried.add(identity)
             override = {key: override_value(value)}
             try:
                 apply_overrides(raw, override)
             except ScenarioError as exc:
-                raise fail(key, str(exc).split(": ", 2)[-1]) from None
+                raise fail(show_text(key), str(exc).split(": ", 2)[-1]) from None
             try:
                 parse_scenario(sweep.base_text, source="", base_dir=Path(sweep.base).parent, overrides=override)
-            except ScenarioError as exc:
+            except DappleError as exc:
                 message = str(exc).removeprefix(": ")
                 named = message.split(": ", 1)[0]
                 related = named == key or key.startswith(named + ".") or named.startswith(key + ".")
                 if related and (": unknown key" in message or ": unknown value" in message):
-                    where = sweep.source if named == key else f"{sweep.source}: {key}"
+                    where = sweep.source if named == key else f"{sweep.source}: {show_text(key)}"
                     raise SweepError(f"{where}: {message}") from None
 
 

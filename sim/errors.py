@@ -47,11 +47,11 @@ class ScheduleError(DappleError):
         self.detail = detail
 
 
-def read_user_file(path: str | Path, what: str, error: type[DappleError] = DappleError) -> str:
-    """The text of a file a user named; a missing or unreadable one is ``error`` in one line."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: cannot read {what} ({exc.__class__.__name__})") from None
+def read_user_file(path: str | Path, what: str, error: type[DappleError] = DappleError, *,
+                   max_bytes: int | None = None) -> str:
+    """The text of a file a user named; a missing, unreadable, special (``/dev/zero``, a FIFO)
+    or oversized one is ``error`` in one line. The reader lives in ``sim.userfiles``."""
+    from sim.userfiles import INPUT_MAX_BYTES
+    from sim.userfiles import read_user_file as read
+
+    return read(path, what, error, max_bytes=INPUT_MAX_BYTES if max_bytes is None else max_bytes)

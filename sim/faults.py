@@ -2,14 +2,14 @@
 
 A scenario's ``faults:`` list injects any of four faults into a replay:
 
-* ``straggler`` — one device computes ``slowdown`` times slower from time ``from``
+* ``straggler`` — one device computes ``slowdown`` (1 to 1000) times slower from time ``from``
   (thermal throttling, a noisy neighbour): ``{type: straggler, device: 3, slowdown: 1.5, from: 0.2s}``;
 * ``jitter`` — every compute action of the chosen devices (all by default) takes its time
   times a random factor of mean 1: ``normal`` (``1 + spread·N(0, 1)``, at least 0.05),
   ``lognormal`` (``exp(spread·N(0, 1) − spread²/2)``) or ``uniform`` (``1 ± spread``),
   drawn from a seeded generator so a seed always gives the same replay:
   ``{type: jitter, distribution: normal, spread: 0.05, seed: 7}``;
-* ``slow_link`` — a port's bandwidth times ``factor``: a network card
+* ``slow_link`` — a port's bandwidth times ``factor`` (0.001 to 1): a network card
   (``nic``, global id ``node * nics_per_node + k``) or a GPU's intra-node port (``device``):
   ``{type: slow_link, nic: 1, factor: 0.25}``;
 * ``failure`` — a device dies at time ``at``: the iteration cannot finish, and the replay
@@ -34,10 +34,21 @@ __all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_
 
 JITTER_DISTRIBUTIONS = ("normal", "lognormal", "uniform")
 
+SLOWDOWN_RANGE = (1.0, 1000.0)
+"""A straggler's compute time factor: from 1 (not slow) to 1000."""
+FACTOR_RANGE = (0.001, 1.0)
+"""A slow link's bandwidth factor: from 0.001 (1000 times slower) to 1 (not slow)."""
+MAX_FAULT_TIME_S = 1e6
+"""Latest ``from`` or ``at`` (about 11.6 days; an iteration that long is not a plan)."""
+MAX_SEED = 2**63 - 1
+"""Largest jitter seed."""
 
-def _check_positive(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SpecError(key, f"must be a positive number, got {value!r}")
+
+def _check_range(key: str, value: Any, low: float, high: float) -> None:
+    """``value`` a number in [low, high], compared before any conversion (no overflow, NaN out)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() <= 200 else "a huge integer"
+        raise SpecError(key, f"must be a number from {low:g} to {high:g}, got {shown}")
 
 
 def _check_device(key: str, value: Any) -> None:
@@ -51,15 +62,14 @@ class Straggler:
 
     device: int
     slowdown: float
-    """Compute time factor, > 0 (1.5 = 50% slower)."""
+    """Compute time factor, 1 to 1000 (1.5 = 50% slower)."""
     from_s: float = 0.0
-    """Actions that start at or after this time are slow."""
+    """Actions that start at or after this time are slow; 0 to 1e6 seconds."""
 
     def __post_init__(self) -> None:
         _check_device("device", self.device)
-        _check_positive("slowdown", self.slowdown)
-        if not math.isfinite(self.from_s) or self.from_s < 0:
-            raise SpecError("from", f"must be a time >= 0, got {self.from_s!r}")
+        _check_range("slowdown", self.slowdown, *SLOWDOWN_RANGE)
+        _check_range("from", self.from_s, 0.0, MAX_FAULT_TIME_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,8 +90,8 @@ class Jitter:
             raise SpecError("spread", f"must be a number in [0, 10], got {self.spread!r}")
         if self.distribution == "uniform" and self.spread >= 1:
             raise SpecError("spread", f"a uniform spread must be below 1 (times stay positive), got {self.spread!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise SpecError("seed", f"must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise SpecError("seed", f"must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
         for device in self.devices or ():
             _check_device("devices", device)
 
@@ -94,11 +104,12 @@ class SlowLink:
     """A degraded port: a NIC or a GPU's intra-node port, at ``factor`` of its bandwidth."""
 
     factor: float
+    """Bandwidth factor, 0.001 to 1."""
     nic: int | None = None
     device: int | None = None
 
     def __post_init__(self) -> None:
-        _check_positive("factor", self.factor)
+        _check_range("factor", self.factor, *FACTOR_RANGE)
         if (self.nic is None) == (self.device is None):
             raise SpecError("nic", "give exactly one of nic (a network card) or device (a GPU's intra-node port)")
         if self.nic is not None:
@@ -113,11 +124,11 @@ class Failure:
 
     device: int
     at_s: float
+    """When, 0 to 1e6 seconds."""
 
     def __post_init__(self) -> None:
         _check_device("device", self.device)
-        if not math.isfinite(self.at_s) or self.at_s < 0:
-            raise SpecError("at", f"must be a time >= 0, got {self.at_s!r}")
+        _check_range("at", self.at_s, 0.0, MAX_FAULT_TIME_S)
 
 
 FAULT_TYPES = {"straggler": Straggler, "jitter": Jitter, "slow_link": SlowLink, "failure": Failure}

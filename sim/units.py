@@ -74,27 +74,45 @@ def parse_quantity(value: object, kind: str, *, default_unit: str | None = None)
     units, examples = _KINDS[kind]
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a {kind} quantity; write e.g. {examples}")
+    shown = _shown(value)
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        try:
+            number, unit = float(value), ""
+        except OverflowError:  # an integer of more than 308 digits
+            raise UnitError(f"{shown} is not a finite {kind}; write e.g. {examples}") from None
     elif isinstance(value, str):
-        match = _QUANTITY.match(value.strip())
+        match = _QUANTITY.match(value.strip()) if len(value) <= _MAX_CHARS else None
         if match is None:
-            raise UnitError(f"cannot read {value!r} as {kind}; write e.g. {examples}")
+            raise UnitError(f"cannot read {shown} as {kind}; write e.g. {examples}")
         number, unit = float(match["num"]), match["unit"]
     else:
-        raise UnitError(f"{value!r} is not a {kind} quantity; write e.g. {examples}")
+        raise UnitError(f"{shown} is not a {kind} quantity; write e.g. {examples}")
     if unit == "":
         if default_unit is None:
-            raise UnitError(f"{value!r} has no unit; write e.g. {examples}")
+            raise UnitError(f"{shown} has no unit; write e.g. {examples}")
         unit = default_unit
     factor = units.get(unit)
     if factor is None:
         hint = _unit_hint(unit, kind)
-        raise UnitError(f"unknown {kind} unit {unit!r} in {value!r}{hint}; write e.g. {examples}")
+        raise UnitError(f"unknown {kind} unit {_shown(unit)} in {shown}{hint}; write e.g. {examples}")
     result = number * factor
     if not math.isfinite(result):
-        raise UnitError(f"{value!r} is not a finite {kind}; write e.g. {examples}")
+        raise UnitError(f"{shown} is not a finite {kind}; write e.g. {examples}")
     return result
+
+
+_MAX_CHARS = 100
+"""Longest quantity text read (``16GiB`` is 5 characters)."""
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` for a message, at most 60 characters, never a 4300-digit integer's text."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<an integer of {len(str(abs(value))) if value.bit_length() < 13_000 else 'over 3900'} digits>"
+    if isinstance(value, str):
+        value = value[:60]
+    text = repr(value) if isinstance(value, (str, int, float)) else f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _unit_hint(unit: str, kind: str) -> str:

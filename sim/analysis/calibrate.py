@@ -88,47 +88,73 @@ def _bool(text: str) -> bool | None:
     return {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(text.strip().lower())
 
 
+MAX_ROWS = 10_000
+"""Most measured runs in one CSV (each distinct one is replayed at every step of the fit)."""
+MAX_INTEGER = 10**9
+"""Largest integer cell (a model dimension, a batch, a degree)."""
+MAX_ITERATION_TIME_S = 1e6
+"""Longest measured iteration, seconds."""
+
+
 def read_runs(path: str | Path) -> list[MeasuredRun]:
-    """Read a measured-run CSV; one line naming the file, line and column for any problem."""
+    """Read a measured-run CSV (at most 16 MiB and ``MAX_ROWS`` runs); one line naming the
+    file, line and column for any problem."""
+    from sim.userfiles import CSV_MAX_BYTES, show_path
+
     path = Path(path)
-    text = read_user_file(path, "CSV file")
+    shown = show_path(path)
+    text = read_user_file(path, "CSV file", max_bytes=CSV_MAX_BYTES)
     reader = csv.DictReader(text.splitlines())
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise DappleError(f"{path}: missing column {missing[0]!r}; the columns are {', '.join(COLUMNS)}")
-    runs = []
-    for line, row in enumerate(reader, start=2):
-        values: dict[str, Any] = {}
-        for name in COLUMNS:
-            raw = (row.get(name) or "").strip()
-            if name == "recompute":
-                flag = _bool(raw)
-                if flag is None:
-                    raise DappleError(f"{path}:{line}: recompute: {raw!r} is not 0/1/true/false")
-                values[name] = flag
-            elif name == "iteration_time_s":
-                try:
-                    values[name] = float(raw)
-                except ValueError:
-                    raise DappleError(f"{path}:{line}: iteration_time_s: {raw!r} is not a number") from None
-                if not math.isfinite(values[name]) or values[name] <= 0:
-                    raise DappleError(f"{path}:{line}: iteration_time_s: {raw!r} must be a positive time in seconds")
-            else:
-                if not raw.isdigit() or int(raw) < 1:
-                    raise DappleError(f"{path}:{line}: {name}: {raw!r} must be a positive integer")
-                values[name] = int(raw)
-        if values.pop("tp") > 1:
-            raise DappleError(f"{path}:{line}: tp: {row['tp'].strip()} > 1 is not modelled yet (tensor "
-                              "parallelism); remove the row or measure with tp = 1")
-        runs.append(MeasuredRun(line=line, **values))
+    try:
+        fieldnames = reader.fieldnames or []
+        missing = [c for c in COLUMNS if c not in fieldnames]
+        if missing:
+            raise DappleError(f"{shown}: missing column {missing[0]!r}; the columns are {', '.join(COLUMNS)}")
+        runs = []
+        for line, row in enumerate(reader, start=2):
+            if len(runs) >= MAX_ROWS:
+                raise DappleError(f"{shown}: more than {MAX_ROWS:,} runs; fit on a sample of them")
+            runs.append(_run(row, f"{shown}:{line}", line))
+    except csv.Error as exc:
+        raise DappleError(f"{shown}:{reader.line_num}: not a readable CSV ({exc})") from None
     if not runs:
-        raise DappleError(f"{path}: no runs (a header line and one row per measured run)")
+        raise DappleError(f"{shown}: no runs (a header line and one row per measured run)")
     return runs
+
+
+def _run(row: dict, where: str, line: int) -> MeasuredRun:
+    """One CSV row as a measured run; ``where`` is ``FILE:LINE`` for messages."""
+    values: dict[str, Any] = {}
+    for name in COLUMNS:
+        raw = (row.get(name) or "").strip()
+        shown = repr(raw if len(raw) <= 40 else raw[:37] + "...")
+        if name == "recompute":
+            flag = _bool(raw)
+            if flag is None:
+                raise DappleError(f"{where}: recompute: {shown} is not 0/1/true/false")
+            values[name] = flag
+        elif name == "iteration_time_s":
+            try:
+                values[name] = float(raw) if len(raw) <= 100 else math.nan
+            except ValueError:
+                raise DappleError(f"{where}: iteration_time_s: {shown} is not a number") from None
+            if not 0 < values[name] <= MAX_ITERATION_TIME_S:  # NaN fails too
+                raise DappleError(f"{where}: iteration_time_s: {shown} must be a positive time in seconds, at "
+                                  f"most {MAX_ITERATION_TIME_S:g}")
+        else:  # ASCII digits only: '²'.isdigit() is true, int('²') fails
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > 10 or not 1 <= int(raw) <= MAX_INTEGER:
+                raise DappleError(f"{where}: {name}: {shown} must be a positive integer, at most {MAX_INTEGER:,}")
+            values[name] = int(raw)
+    if values.pop("tp") > 1:
+        raise DappleError(f"{where}: tp: {row['tp'].strip()} > 1 is not modelled yet (tensor "
+                          "parallelism); remove the row or measure with tp = 1")
+    return MeasuredRun(line=line, **values)
 
 
 def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> Scenario:
     """The scenario of ``run`` on ``base``'s cluster, device, dtype and optimizer (see the module doc)."""
     from sim.models import build_model
+    from sim.parallelism import Recompute
     from sim.plan import PlanSpec, StageSpec, check_plan
     from sim.specs import TrainingSpec
 
@@ -147,7 +173,7 @@ def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> 
     bounds = [0] + [1 + (k * run.layers) // run.pp for k in range(1, run.pp)] + [run.layers + 2]
     stages = tuple(StageSpec(layers=(bounds[s], bounds[s + 1]), devices=tuple(range(s * run.dp, (s + 1) * run.dp)))
                    for s in range(run.pp))
-    plan = PlanSpec(stages=stages, schedule="dapple", recompute=run.recompute)
+    plan = PlanSpec(stages=stages, schedule="dapple", recompute=Recompute.of(run.recompute))
     check_plan(plan, num_layers=model.num_layers, num_devices=cluster.num_devices)
     return replace(base, name=f"{base.name}-row{run.line}", cluster=cluster, model=model, training=training,
                    plan=plan, faults=())

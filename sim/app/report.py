@@ -1,20 +1,23 @@
 """Reporting a replay: what ``dapple-sim simulate`` writes and prints.
 
 ``write_outputs`` saves the summary, the Perfetto trace, the per-action events and the
-plots; ``format_summary`` is the short table printed on stdout. The replay itself is
+plots, each through ``sim.userfiles.open_output`` (an output path that is a folder, a device
+or a full disk is one line naming the file) and the JSON through ``sim.jsonio`` (never NaN or
+Infinity); ``format_summary`` is the short table printed on stdout. The replay itself is
 ``sim.engine.run.run_scenario``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sim.engine.result import SimResult
 from sim.engine.trace import perfetto_trace, traced_devices
 from sim.errors import DappleError
+from sim.jsonio import write_json
 from sim.summary import Summary
 from sim.units import format_bytes, format_time
+from sim.userfiles import open_output, show_path
 
 __all__ = ["format_summary", "write_outputs"]
 
@@ -27,18 +30,20 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or "the path holds a NUL byte"
+        raise DappleError(f"--out {show_path(out)}: cannot create the folder ({reason})") from None
     written = []
     summary = out / "summary.json"
-    summary.write_text(json.dumps(result.summary(), indent=2, sort_keys=True) + "\n")
+    write_json(summary, result.summary(), indent=2, sort_keys=True)
     written.append(summary)
     trace = out / "trace.json"
     devices = list(result.workload.devices) if trace_all else None
-    trace.write_text(json.dumps(perfetto_trace(result, devices), separators=(",", ":")) + "\n")
+    write_json(trace, perfetto_trace(result, devices), separators=(",", ":"))
     written.append(trace)
     events = out / "events.csv"
-    result.events(traced_devices(result) if not trace_all else None).to_csv(events, index=False)
+    with open_output(events, "events") as handle:
+        result.events(traced_devices(result) if not trace_all else None).to_csv(handle, index=False)
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
@@ -46,12 +51,15 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
 
         figures.append(("faults.png", fault_impact_figure))
     for name, figure in figures:
-        fig = figure(result)
-        fig.savefig(out / name, dpi=110)
-        written.append(out / name)
         import matplotlib.pyplot as plt
 
-        plt.close(fig)
+        fig = figure(result)
+        try:
+            with open_output(out / name, "plot", binary=True) as handle:
+                fig.savefig(handle, dpi=110, format="png")
+        finally:
+            plt.close(fig)
+        written.append(out / name)
     return written
 
 

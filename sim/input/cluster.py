@@ -14,6 +14,14 @@ needs only what no rule of thumb can guess, its ``memory`` and its dense half-pr
 
     device: {name: held-out, memory: 80GiB, peak_flops: 100TFLOP/s}
     # peak_fp32_flops 6.25TFLOP/s (peak_flops / 16), memory_bandwidth 653.5GB/s, ...
+
+Every number has a valid range, checked here (``docs/scenario.md``): sizes, rates and
+latencies those of their kind (``sim.input.strict.QUANTITY_RANGES``: memory 1MiB to 1PiB,
+bandwidths 1B/s to 1PB/s, FLOP rates 1GFLOP/s to 1000PFLOP/s, latencies 0s to 10s), the
+fixed overheads 0s to 1s, the plain numbers ``DEVICE_NUMBER_RANGES``, and the cluster's
+counts ``MAX_NODES``, ``MAX_DEVICES_PER_NODE`` and ``MAX_DEVICES``. A number outside them
+(``memory_efficiency: 0``, ``matmul_half_dim: 1.0e+308``, ``bandwidth: 1e-320B/s``) would
+divide by zero or overflow to infinity inside the cost model.
 """
 
 from __future__ import annotations
@@ -35,6 +43,23 @@ _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandw
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead"}
 
 _REFERENCE = DEVICE_PRESETS["A100-80GB"]
+
+MAX_NODES = 100_000
+"""Most servers in a cluster."""
+MAX_DEVICES_PER_NODE = 1024
+"""Most devices (and network cards) in a server."""
+MAX_DEVICES = 2**20
+"""Most devices in a cluster (1 048 576)."""
+OVERHEAD_RANGE = (0.0, 1.0, "0s to 1s")
+"""Range of every fixed per-kernel, per-action and per-message overhead."""
+DEVICE_NUMBER_RANGES: Mapping[str, tuple[float, float, bool]] = MappingProxyType({
+    "efficiency": (0.01, 1.0, False),
+    "matmul_half_dim": (0.0, 1e6, False),
+    "memory_efficiency": (0.01, 1.0, False),
+})
+"""``cluster.device`` plain number -> (low, high, low excluded): efficiency and
+memory_efficiency in [0.01, 1] (the range ``dapple-sim calibrate`` fits them in; at a
+millionth of the peak a step would take years), matmul_half_dim in [0, 1e6]."""
 
 FP32_PEAK_DIVISOR: float = parse_flop_rate(_REFERENCE["peak_flops"]) / parse_flop_rate(_REFERENCE["peak_fp32_flops"])
 """``peak_flops`` over ``peak_fp32_flops`` of a custom device that gives no fp32 peak: 16.
@@ -82,13 +107,18 @@ def read_cluster(reader: StrictReader, data: Any) -> tuple[ClusterSpec, tuple[tu
     reader.keys(data, "cluster", allowed=_CLUSTER_KEYS,
                 required={"nodes", "devices_per_node", "device", "intra_node", "inter_node"})
     device, defaults = read_device(reader, data["device"])
+    nodes = reader.integer(data, "cluster", "nodes", maximum=MAX_NODES)
+    per_node = reader.integer(data, "cluster", "devices_per_node", maximum=MAX_DEVICES_PER_NODE)
+    if nodes * per_node > MAX_DEVICES:
+        raise reader.fail("cluster.nodes", f"{nodes} nodes of {per_node} devices are {nodes * per_node:,} devices, "
+                                           f"more than the {MAX_DEVICES:,} a cluster may have")
     cluster = reader.build(
         "cluster",
         ClusterSpec,
         name=reader.string(data, "cluster", "name") if "name" in data else "",
-        nodes=reader.integer(data, "cluster", "nodes"),
-        devices_per_node=reader.integer(data, "cluster", "devices_per_node"),
-        nics_per_node=reader.integer(data, "cluster", "nics_per_node", 1),
+        nodes=nodes,
+        devices_per_node=per_node,
+        nics_per_node=reader.integer(data, "cluster", "nics_per_node", 1, maximum=MAX_DEVICES_PER_NODE),
         device=device,
         intra_node=_link(reader, data["intra_node"], "cluster.intra_node"),
         inter_node=_link(reader, data["inter_node"], "cluster.inter_node"),
@@ -141,12 +171,13 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
         if "peak_fp32_flops" in values else derived["peak_fp32_flops"],
         memory_bandwidth_bytes_per_s=reader.quantity(values, key, "memory_bandwidth", parse_bandwidth)
         if "memory_bandwidth" in values else derived["memory_bandwidth"],
-        **{field: reader.number(values, key, field, CUSTOM_DEVICE_DEFAULTS[field])
-           for field in ("efficiency", "matmul_half_dim", "memory_efficiency")},
+        **{field: reader.number(values, key, field, CUSTOM_DEVICE_DEFAULTS[field], low=low, high=high,
+                                low_open=low_open)
+           for field, (low, high, low_open) in DEVICE_NUMBER_RANGES.items()},
         kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time,
-                                          CUSTOM_DEVICE_DEFAULTS["kernel_overhead"]),
+                                          CUSTOM_DEVICE_DEFAULTS["kernel_overhead"], bounds=OVERHEAD_RANGE),
         action_overhead_s=reader.quantity(values, key, "action_overhead", parse_time,
-                                          CUSTOM_DEVICE_DEFAULTS["action_overhead"]),
+                                          CUSTOM_DEVICE_DEFAULTS["action_overhead"], bounds=OVERHEAD_RANGE),
     )
     shown = {
         "peak_fp32_flops": format_flop_rate(derived["peak_fp32_flops"]),
@@ -172,8 +203,8 @@ def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
         bandwidth_bytes_per_s=reader.quantity(data, key, "bandwidth", parse_bandwidth),
         latency_s=reader.quantity(data, key, "latency", parse_time, "0s"),
         name=label,
-        send_overhead_s=reader.quantity(data, key, "send_overhead", parse_time, "0s"),
+        send_overhead_s=reader.quantity(data, key, "send_overhead", parse_time, "0s", bounds=OVERHEAD_RANGE),
         send_bandwidth_bytes_per_s=reader.quantity(data, key, "send_bandwidth", parse_bandwidth)
         if "send_bandwidth" in data else None,
-        recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s"),
+        recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s", bounds=OVERHEAD_RANGE),
     )

@@ -10,7 +10,9 @@ device's port at a ``factor`` of its bandwidth) and failures (a device stops at 
     - {type: jitter, spread: 0.05, seed: 7, devices: "0-7"}
 
 Every device and NIC id is checked against the cluster, so a fault can only name hardware
-that exists.
+that exists, and every number against its range (``sim.faults``): ``slowdown`` 1 to 1000,
+``factor`` 0.001 to 1, ``spread`` 0 to 10, ``seed`` 0 to 2**63 - 1, ``from`` and ``at`` 0s
+to 1e6s.
 """
 
 from __future__ import annotations
@@ -53,27 +55,29 @@ def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
 
 
 def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: ClusterSpec):
-    from sim.faults import Failure, Jitter, SlowLink, Straggler
+    from sim.faults import FACTOR_RANGE, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
 
+    times = (0.0, MAX_FAULT_TIME_S, "0s to 1e6s")
     if kind == "straggler":
         return reader.build(key, Straggler, device=_hardware_id(reader, item, key, "device", cluster.num_devices),
-                            slowdown=reader.number(item, key, "slowdown"),
-                            from_s=reader.quantity(item, key, "from", parse_time, "0s"))
+                            slowdown=reader.number(item, key, "slowdown", low=SLOWDOWN_RANGE[0],
+                                                   high=SLOWDOWN_RANGE[1]),
+                            from_s=reader.quantity(item, key, "from", parse_time, "0s", bounds=times))
     if kind == "failure":
         return reader.build(key, Failure, device=_hardware_id(reader, item, key, "device", cluster.num_devices),
-                            at_s=reader.quantity(item, key, "at", parse_time))
+                            at_s=reader.quantity(item, key, "at", parse_time, bounds=times))
     if kind == "slow_link":
         nics = cluster.nodes * cluster.nics_per_node
         return reader.build(
-            key, SlowLink, factor=reader.number(item, key, "factor"),
+            key, SlowLink, factor=reader.number(item, key, "factor", low=FACTOR_RANGE[0], high=FACTOR_RANGE[1]),
             nic=_hardware_id(reader, item, key, "nic", nics) if "nic" in item else None,
             device=_hardware_id(reader, item, key, "device", cluster.num_devices) if "device" in item else None,
         )
     devices = device_ids(reader, item["devices"], join_key(key, "devices"), cluster.num_devices) \
         if "devices" in item else None
     return reader.build(key, Jitter, distribution=reader.string(item, key, "distribution", "normal"),
-                        spread=reader.number(item, key, "spread", 0.05),
-                        seed=reader.integer(item, key, "seed", 0, minimum=0), devices=devices)
+                        spread=reader.number(item, key, "spread", 0.05, low=0.0, high=10.0),
+                        seed=reader.integer(item, key, "seed", 0, minimum=0, maximum=MAX_SEED), devices=devices)
 
 
 def _hardware_id(reader: StrictReader, data: dict, key: str, name: str, count: int) -> int:

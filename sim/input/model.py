@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from sim.errors import DappleError, SpecError
-from sim.input.strict import StrictReader, join_key
+from sim.input.strict import StrictReader, join_key, show_text
 from sim.model_spec import ModelSpec
 
 __all__ = ["read_model"]
@@ -37,9 +37,10 @@ def read_model(reader: StrictReader, data: Any) -> ModelSpec:
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
     from sim.input.profiles import load_profile
+    from sim.userfiles import PROFILE_MAX_BYTES
 
     reader.keys(data, "model", allowed=_PROFILE_KEYS, required={"profile", "profile_batch_size"})
-    path = reader.path(data["profile"], "model.profile", data_fallback=True)
+    path = reader.path(data["profile"], "model.profile", data_fallback=True, max_bytes=PROFILE_MAX_BYTES)
     try:
         return load_profile(
             path,
@@ -64,4 +65,4 @@ def _generated(reader: StrictReader, data: dict) -> ModelSpec:
     except SpecError as exc:
         raise reader.fail(join_key("model", exc.key), exc.problem) from None
     except (TypeError, ValueError) as exc:
-        raise reader.fail("model", f"cannot build preset {preset!r}: {exc}") from None
+        raise reader.fail("model", f"cannot build preset {preset!r}: {show_text(str(exc), 300)}") from None

@@ -17,6 +17,11 @@ store them per sample (divided by the profile batch size). A layer's stashed act
 output, as in both planners' memory estimates, unless the line ends with our optional
 ``, stash_size=S``: the bytes autograd actually saves for the layer's backward, which
 ``dapple-run profile`` measures.
+
+Limits (``docs/scenario.md``): a file of at most 16 MiB and ``MAX_NODES`` nodes; times from 0
+to ``MAX_TIME_MS`` milliseconds and sizes from 0 to ``MAX_BYTES`` (1 PiB) each; and the
+forward and backward times must add up to at least ``MIN_TOTAL_MS``, since a model that takes
+no time has an iteration time of 0 and infinite throughput.
 """
 
 from __future__ import annotations
@@ -27,15 +32,25 @@ from pathlib import Path
 
 from sim.errors import DappleError
 from sim.model_spec import LayerSpec, ModelSpec
+from sim.userfiles import PROFILE_MAX_BYTES, read_user_file, show_path, user_file_problem
 
 __all__ = ["ProfileError", "load_profile", "parse_profile"]
 
+MAX_NODES = 100_000
+"""Most nodes (layers) of a profile, as for a generated model."""
+MAX_TIME_MS = 1e7
+"""Longest forward or backward time of one node for one batch, milliseconds (about 2.8 hours)."""
+MAX_BYTES = 2.0**50
+"""Largest activation, parameter or stash size of one node, bytes (1 PiB)."""
+MIN_TOTAL_MS = 1e-3
+"""Least sum of every node's forward and backward time, milliseconds."""
+
 _NODE = re.compile(
-    r"^(?P<id>node\d+) -- (?P<name>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
+    r"^(?P<id>node\d{1,12}) -- (?P<name>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
     r"backward_compute_time=(?P<bwd>[^,]+), activation_size=(?P<act>\[[^\]]*\]|[^,]+), "
     r"parameter_size=(?P<param>[^,\s]+)(?:, stash_size=(?P<stash>[^,\s]+))?\s*$"
 )
-_EDGE = re.compile(r"^\s+(?P<src>node\d+) -- (?P<dst>node\d+)\s*$")
+_EDGE = re.compile(r"^\s+(?P<src>node\d{1,12}) -- (?P<dst>node\d{1,12})\s*$")
 
 
 class ProfileError(DappleError):
@@ -47,10 +62,10 @@ def load_profile(
 ) -> ModelSpec:
     """Read the profile at ``path``, measured at ``profile_batch_size`` samples per batch."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read profile ({exc.__class__.__name__}: {exc})") from None
+    problem = user_file_problem(path, max_bytes=PROFILE_MAX_BYTES)
+    if problem is not None:
+        raise ProfileError(f"{show_path(path)}: cannot read profile ({problem})")
+    text = read_user_file(path, "profile", ProfileError, max_bytes=PROFILE_MAX_BYTES)
     return parse_profile(
         text, profile_batch_size=profile_batch_size, name=path.stem, source=str(path), dtype=dtype, optimizer=optimizer
     )
@@ -69,6 +84,10 @@ def parse_profile(
     if isinstance(profile_batch_size, bool) or not isinstance(profile_batch_size, int) or profile_batch_size <= 0:
         raise ProfileError(f"{source}: profile_batch_size must be a positive integer, got {profile_batch_size!r}")
     nodes, edges = _read_lines(text, source)
+    total_ms = sum(node["fwd_ms"] + node["bwd_ms"] for node in nodes.values())
+    if total_ms < MIN_TOTAL_MS:
+        raise ProfileError(f"{source}: the forward and backward times add up to {total_ms:g} ms; a measured model "
+                           f"takes at least {MIN_TOTAL_MS:g} ms (is this profile empty of times?)")
     order = _topological_order(nodes, edges, source)
     position = {node: index for index, node in enumerate(order)}
     batch = float(profile_batch_size)
@@ -96,12 +115,17 @@ def parse_profile(
 
 
 def _number(text: str, what: str, where: str) -> float:
+    shown = text[:40] + ("..." if len(text) > 40 else "")
     try:
-        value = float(text)
+        value = float(text) if len(text) <= 100 else float("nan")
     except ValueError:
-        raise ProfileError(f"{where}: {what} {text!r} is not a number") from None
+        raise ProfileError(f"{where}: {what} {shown!r} is not a number") from None
     if not value >= 0 or value == float("inf"):
-        raise ProfileError(f"{where}: {what} {text!r} must be a finite number >= 0")
+        raise ProfileError(f"{where}: {what} {shown!r} must be a finite number >= 0")
+    high = MAX_TIME_MS if what.endswith("_time") else MAX_BYTES
+    if value > high:
+        limit = f"{high:g} ms" if what.endswith("_time") else "1 PiB (2**50 bytes)"
+        raise ProfileError(f"{where}: {what} {shown!r} must be a finite number >= 0 and at most {limit}")
     return value
 
 
@@ -123,6 +147,8 @@ def _read_lines(text: str, source: str) -> tuple[dict[str, dict], list[tuple[str
             )
         if match["id"] in nodes:
             raise ProfileError(f"{where}: {match['id']} is defined twice")
+        if len(nodes) >= MAX_NODES:
+            raise ProfileError(f"{where}: more than {MAX_NODES:,} nodes; a model has at most {MAX_NODES:,} layers")
         parts = match["act"].strip("[]").split(";")
         nodes[match["id"]] = {
             "name": match["name"].strip(),

@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from sim.errors import ScenarioError, read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
 from sim.input.plan_section import read_plan
-from sim.input.strict import DATA_DIR, StrictReader, show_value
+from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
+from sim.input.yaml_text import load_yaml
 from sim.plan import PlanSpec
 from sim.model_spec import ModelSpec
 from sim.specs import ClusterSpec, TrainingSpec
@@ -92,14 +91,8 @@ def parse_scenario(
     overrides: Mapping[str, str] | None = None,
     plan: Mapping[str, Any] | None = None,
 ) -> Scenario:
-    """Check scenario ``text`` (YAML) and build its specs."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ScenarioError(f"{source}: not valid YAML{where}: {problem}") from None
+    """Check scenario ``text`` (YAML, read within ``sim.input.yaml_text``'s limits) and build its specs."""
+    raw = load_yaml(text, where=source, error=ScenarioError)
     reader = StrictReader(source, base_dir or Path.cwd())
     if raw is None:
         raise ScenarioError(f"{source}: the file is empty; a scenario is a mapping with cluster, model, training (and plan)")
@@ -123,34 +116,49 @@ def parse_scenario(
                     device_defaults=device_defaults)
 
 
+_SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name"}
+"""Keys that take a name or a mapping: the mapping key a plain name stands for."""
+
+
 def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<scenario>") -> dict:
     """Return a copy of ``raw`` with each dotted key set to its value read as YAML.
 
     ``plan.stages.0.devices=[0, 1]`` indexes lists by number; missing mappings are created.
+    A ``--set`` that ``sim.command.parse_overrides`` could not split into KEY=VALUE is
+    reported here, where the file it applies to is known. A value is read as YAML within
+    ``sim.input.yaml_text``'s limits; what a message echoes of a key is at most 60 characters.
     """
+    from sim.command import MalformedOverride
+
     raw = copy.deepcopy(raw)
     for dotted, text in overrides.items():
-        try:
-            value = yaml.safe_load(text) if isinstance(text, str) else text
-        except yaml.YAMLError:
-            raise ScenarioError(f"{source}: --set {dotted}: cannot read value {text!r} as YAML") from None
+        shown = show_text(str(dotted))
+        if isinstance(text, MalformedOverride):
+            raise ScenarioError(f"{source}: {text.problem}")
+        value = load_yaml(text, where=f"{source}: --set {shown}", error=ScenarioError) if isinstance(text, str) \
+            else text
         parts = [p for p in str(dotted).split(".")]
         if not all(parts):
-            raise ScenarioError(f"{source}: --set {dotted!r}: write a dotted key such as training.microbatch_size")
+            raise ScenarioError(f"{source}: --set {shown!r}: write a dotted key such as training.microbatch_size")
         node = raw
         for depth, part in enumerate(parts):
             last = depth == len(parts) - 1
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise ScenarioError(f"{source}: --set {dotted}: {part!r} is not an index of a {len(node)}-item list")
+                if not (part.isascii() and part.isdigit()) or len(part) > 18 or int(part) >= len(node):
+                    raise ScenarioError(f"{source}: --set {shown}: {show_text(part)!r} is not an index of a "
+                                        f"{len(node)}-item list")
                 part = int(part)
             elif not isinstance(node, dict):
-                raise ScenarioError(f"{source}: --set {dotted}: {'.'.join(parts[:depth])} is not a mapping")
+                raise ScenarioError(f"{source}: --set {shown}: {show_text('.'.join(parts[:depth]))} is not a mapping")
             if last:
                 node[part] = value
             else:
                 if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
-                    node[part] = {}
+                    # a name written for a mapping keeps its meaning (``schedule: dapple`` is
+                    # ``{name: dapple}``, so --set plan.schedule.policy=... extends it)
+                    shorthand = _SHORTHANDS.get(tuple(str(x) for x in parts[:depth + 1]))
+                    old = node.get(part)
+                    node[part] = {shorthand: old} if shorthand and isinstance(old, str) else {}
                 node = node[part]
     return raw
 
