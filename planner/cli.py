@@ -20,18 +20,34 @@ points already there. Exit code 1 when some point failed (its ``error`` says why
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.command import add_scenario_options, parse_overrides, run_cli
+from sim import jsonio
+from sim.command import (
+    Stopwatch,
+    add_scenario_options,
+    add_verbosity_options,
+    configure_output,
+    parse_overrides,
+    progress,
+    run_cli,
+)
 from sim.errors import DappleError
 
 __all__ = ["main"]
 
-EPILOG = """examples:
+USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
+       dapple-plan sweep SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N] [-v | -q]"""
+
+EPILOG = """commands:
+  SCENARIO              plan one scenario: every planner, one row each (this page)
+  sweep SWEEP.yaml      a what-if study: every point of a sweep file into one table
+                        (dapple-plan sweep --help)
+
+examples:
   dapple-plan scenarios/bert48_v100_2x8.yaml --out out/plan
   dapple-plan scenarios/vgg19_v100_16x1.yaml --planner dapple --json > plan.json
   dapple-sim simulate scenarios/vgg19_v100_16x1.yaml --plan plan.json
@@ -57,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="dapple-plan",
+        usage=USAGE,
         description="Search data x pipeline parallel plans (partition, replicas per stage, placement, "
         "micro-batching, schedule, recompute) for a scenario, and compare planners by the SimPy engine.",
         epilog=EPILOG,
@@ -72,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="only try these micro-batch sizes (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", metavar="DIR", help="write best_plan.json and GPipe/DAPPLE plots of the best plan")
+    add_verbosity_options(parser)
     return parser
 
 
@@ -91,24 +109,41 @@ def _sweep_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, metavar="N",
                         help="worker processes (default min(CPUs, 4); 1 runs in this process)")
     parser.add_argument("--json", action="store_true", help="print counts and files as JSON instead of the table")
+    add_verbosity_options(parser)
     return parser
+
+
+_VERBOSITY = ("-v", "--verbose", "-q", "--quiet")
+
+DPI = 100
+"""Resolution of the written plots: 12-inch-wide charts, 1200 pixels across."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sweep"]:
-        sweep_args = _sweep_parser().parse_args(argv[1:])
+    # ``dapple-plan [-v|-q] sweep ...``: the verbosity flags may come before the word
+    lead = next((i for i, word in enumerate(argv) if word not in _VERBOSITY), len(argv))
+    if argv[lead:lead + 1] == ["sweep"]:
+        sweep_args = _sweep_parser().parse_args(argv[:lead] + argv[lead + 1:])
+        configure_output("dapple-plan", sweep_args)
         return run_cli("dapple-plan", lambda: _run_sweep(sweep_args))
     args = _parser().parse_args(argv)
+    configure_output("dapple-plan", args)
     return run_cli("dapple-plan", lambda: _run(args))
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from planner.sweep import load_sweep, run_sweep, write_plots
 
-    sweep = load_sweep(args.sweep)
-    result = run_sweep(sweep, args.out, workers=args.workers, dask=args.dask)
-    files = list(result.files) + write_plots(sweep, result.table, args.out)
+    watch = Stopwatch()
+    with watch.phase("read the sweep file"):
+        sweep = load_sweep(args.sweep)
+    with watch.phase(f"run {len(sweep.points)} points"):
+        result = run_sweep(sweep, args.out, workers=args.workers, dask=args.dask,
+                           progress=False if args.quiet else None)
+    with watch.phase("draw the plots"):
+        files = list(result.files) + write_plots(sweep, result.table, args.out)
+    watch.report()
     table = result.table
     failed = int(table["error"].notna().sum())
     counts = {
@@ -117,10 +152,14 @@ def _run_sweep(args: argparse.Namespace) -> int:
         "wall_s": result.wall_s, "files": [str(f) for f in files],
     }
     if args.json:
-        print(json.dumps(counts, indent=2, sort_keys=True))
+        print(jsonio.dumps(counts, indent=2, sort_keys=True))
     else:
         print(_sweep_table(sweep, table, counts))
     return 1 if failed else 0
+
+
+_CELL = 32
+"""Widest value of an axis column in the printed sweep table."""
 
 
 def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
@@ -133,7 +172,13 @@ def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
              f"in {counts['wall_s']:.1f} s; {counts['oom']} out of memory, {counts['failed']} failed"]
     shown = table.head(limit).astype(object).where(table.head(limit).notna(), None)
     columns = list(sweep.axis_keys)
-    widths = {c: max([len(c)] + [len(str(v)) for v in shown[c]]) for c in columns}
+    cut = {c: any(len(str(v)) > _CELL for v in shown[c]) for c in columns}
+
+    def cell(value) -> str:  # a whole mapping (a model, a plan) is cut; results.csv has it all
+        text = str(value)
+        return text if len(text) <= _CELL else text[:_CELL - 1] + "…"
+
+    widths = {c: max([len(c)] + [len(cell(v)) for v in shown[c]]) for c in columns}
     lines.append("  " + "  ".join(f"{c:<{widths[c]}}" for c in columns)
                  + f"  {'iteration':>10} {'samples/s':>10} {'peak mem':>10}  result")
     for _, row in shown.iterrows():
@@ -144,13 +189,16 @@ def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
             if sweep.mode == "plan":
                 outcome += f"  {row['plan_description'] or row['planner_note'] or ''}"
         lines.append(
-            "  " + "  ".join(f"{str(row[c]):<{widths[c]}}" for c in columns)
+            "  " + "  ".join(f"{cell(row[c]):<{widths[c]}}" for c in columns)
             + f"  {show(row['iteration_time_s'], format_time):>10}"
             f" {show(row['throughput_samples_per_s'], '{:.4g}'.format):>10}"
             f" {show(row['peak_memory_bytes'], format_bytes):>10}  {outcome}"
         )
     if len(table) > limit:
         lines.append(f"  ... {len(table) - limit} more rows")
+    if any(cut.values()):
+        long = ", ".join(c for c in columns if cut[c])
+        lines.append(f"  (long values of {long} are cut; results.csv has them whole)")
     lines.append("wrote " + ", ".join(counts["files"]))
     return "\n".join(lines)
 
@@ -163,37 +211,18 @@ def _run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides))
     options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None)
     names = args.planner or list(DEFAULT_PLANNERS)
+    watch = Stopwatch()
     started = time.perf_counter()
     results = {}
     for name in names:
-        with _progress(name) as tick:
+        with watch.phase(f"plan with {name}"), progress(f"{name}: replays", unit="plan") as tick:
             results[name] = get_planner(name)(scenario, options, progress=tick)
     report = _report(scenario, results, time.perf_counter() - started)
     if args.out:
-        _write(scenario, report, results, Path(args.out))
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else _table(report))
+        _write(scenario, report, results, Path(args.out), watch)
+    watch.report()
+    print(jsonio.dumps(report, indent=2, sort_keys=True) if args.json else _table(report))
     return 0 if report["best"] is not None else 1
-
-
-class _progress:
-    """A tqdm bar on stderr when it is a terminal; nothing otherwise."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.bar = name, None
-
-    def __enter__(self):
-        if sys.stderr.isatty():
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(desc=f"{self.name}: replays", unit="plan", leave=False)
-            except ImportError:
-                self.bar = None
-        return (lambda: self.bar.update(1)) if self.bar is not None else None
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _report(scenario, results, elapsed: float) -> dict[str, Any]:
@@ -233,7 +262,7 @@ def _table(report: dict[str, Any]) -> str:
             lines.append(f"  {name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>7}  {info['note']}")
             continue
         speedup = f"{plan['speedup_over_dp']:.2f}x" if plan["speedup_over_dp"] else "-"
-        schedule = plan["schedule"] if isinstance(plan["schedule"], str) else json.dumps(plan["schedule"])
+        schedule = schedule_text(plan["schedule"])
         lines.append(
             f"  {name:<10} {format_time(plan['iteration_time_s']):>10} {plan['throughput_samples_per_s']:>10.4g} "
             f"{format_bytes(plan['peak_memory_bytes']):>10} {speedup:>7}  {plan['description']}  "
@@ -247,13 +276,27 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write(scenario, report, results, out: Path) -> None:
+def schedule_text(schedule: str | dict[str, Any]) -> str:
+    """A plan file's ``schedule`` in one short form: ``dapple``, ``dapple/2(s-i)-1`` (a policy),
+    ``interleaved/chunks=2`` (any other parameter)."""
+    if isinstance(schedule, str):
+        return schedule
+    params = {k: v for k, v in schedule.items() if k != "name"}
+    return "/".join([str(schedule.get("name", "?"))] + [str(v) if k == "policy" else f"{k}={v}"
+                                                        for k, v in sorted(params.items())])
+
+
+def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None) -> None:
     from dataclasses import replace
 
     from planner.space import to_scenario
-    from sim.plots.tables import planner_comparison_figure
-    from sim.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
     from sim.engine.run import run_scenario
+    from sim.plots.tables import planner_comparison_figure
+    from sim.plots.timeline import (
+        gantt_figure,
+        memory_figure,
+        schedule_comparison_figure,
+    )
 
     if report["best"] is None:
         raise DappleError("no plan fits in memory; nothing to write")
@@ -261,28 +304,51 @@ def _write(scenario, report, results, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    (out / "best_plan.json").write_text(json.dumps(report["best"], indent=2, sort_keys=True) + "\n")
+    (out / "best_plan.json").write_text(jsonio.dumps(report["best"], indent=2, sort_keys=True) + "\n")
     winner = results[report["best"]["planner"]].best.candidate
-    import matplotlib.pyplot as plt
+    watch = watch or Stopwatch()
+    with watch.phase("load matplotlib"):
+        from sim.plots.style import pyplot
+
+        plt = pyplot()
 
     variants = [("gpipe", "gpipe", ())] if winner.chunks == 1 else []
     if winner.schedule == "gpipe":
         variants.append(("dapple", "dapple", ()))
     else:
         variants.append(("dapple" if winner.schedule == "dapple" else winner.schedule, winner.schedule, winner.params))
+    names = {label: schedule_text({"name": schedule, **dict(params)} if params else schedule)
+             for label, schedule, params in variants}
     replays = {}
-    for label, schedule, params in variants:
-        planned = to_scenario(scenario, replace(winner, schedule=schedule, params=params))
-        result = replays[label] = run_scenario(planned)
-        for kind, figure in (("gantt", gantt_figure), ("memory", memory_figure)):
-            fig = figure(result, title=f"best plan under {label}: {result.iteration_time_s * 1e3:.1f} ms")
-            fig.savefig(out / f"{kind}_{label}.png", dpi=110)
-            plt.close(fig)
-    for name, fig in (("schedules.png", schedule_comparison_figure(replays, title=f"{scenario.name}: best plan "
-                                                                   f"({report['best']['description']})")),
-                      ("planners.png", planner_comparison_figure(report))):
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+    files = [f"{kind}_{label}.png" for label, *_ in variants for kind in ("gantt", "memory")]
+    with progress("writing plots", total=len(variants) + len(files) + 2, unit="step") as tick:
+        step = tick or (lambda n=1, desc=None: None)
+        for label, schedule, params in variants:
+            step(0, desc=f"replaying the best plan under {label}")
+            with watch.phase(f"replay the best plan under {label}", into="replay the best plan's schedules"):
+                planned = to_scenario(scenario, replace(winner, schedule=schedule, params=params))
+                result = replays[label] = run_scenario(planned)
+            step(1)
+            s = result.summarize()
+            for kind, figure in (("gantt", gantt_figure), ("memory", memory_figure)):
+                step(0, desc=f"drawing {kind}_{label}.png")
+                with watch.phase(f"draw {kind}_{label}.png", into="draw the plots"):
+                    title = (f"best plan under {names[label]}: {result.iteration_time_s * 1e3:.1f} ms per iteration, "
+                             f"bubble {s.bubble_fraction:.1%}, {s.num_microbatches} micro-batches")
+                    fig = figure(result, title=title)
+                    fig.savefig(out / f"{kind}_{label}.png", dpi=DPI)
+                    plt.close(fig)
+                step(1)
+        for name, draw in (("schedules.png", lambda: schedule_comparison_figure(
+                               {names[label]: result for label, result in replays.items()},
+                               title=f"{scenario.name}: best plan ({report['best']['description']})")),
+                           ("planners.png", lambda: planner_comparison_figure(report))):
+            step(0, desc=f"drawing {name}")
+            with watch.phase(f"draw {name}", into="draw the plots"):
+                fig = draw()
+                fig.savefig(out / name, dpi=DPI)
+                plt.close(fig)
+            step(1)
 
 
 if __name__ == "__main__":

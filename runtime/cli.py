@@ -16,7 +16,6 @@ every subcommand) and the dispatch. Each subcommand lives in its own module:
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import sys
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 from runtime.profile_command import cmd_profile
 from runtime.run_command import cmd_run, report_failure
 from runtime.validate_command import cmd_validate
-from sim.command import add_scenario_options, parse_overrides, run_cli
+from sim.command import add_scenario_options, add_verbosity_options, configure_output, parse_overrides, run_cli
 from sim.errors import DappleError
 
 __all__ = ["COMMANDS", "main"]
@@ -40,9 +39,10 @@ EPILOG = """examples:
   dapple-run profile scenarios/gpt_tiny_cpu.yaml --out out/gpt-tiny-profile
   dapple-run validate scenarios/gpt_tiny_cpu.yaml --nproc 2 --out out/gpt-tiny-validation
 
-A run writes summary.json and trace.json (one row per action and device, the simulator's
-event-row format, seconds from the step's start) into --out (default: a new temporary
-folder). A profile writes profile.txt (the simulator's profile format), profile.json,
+A run writes summary.json, trace.json (a Chrome/Perfetto trace of the median step, laid out
+as dapple-sim simulate's: open both in https://ui.perfetto.dev) and events.csv (one row per
+action and device, the simulator's columns, seconds from the step's start) into --out
+(default: a new temporary folder). A profile writes profile.txt (the simulator's profile format), profile.json,
 cluster.yaml (measured links and device) and scenario.yaml (the scenario on the measured
 profile and cluster, ready for dapple-sim simulate).
 """
@@ -66,6 +66,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--timeout", type=float, default=45.0, metavar="S",
                         help="seconds any rank waits for a message or collective before it gives up (default 45)")
+    add_verbosity_options(parser, subcommand=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         "check it against a single-process reference, and profile layers and links for the simulator.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    add_verbosity_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = sub.add_parser(
         "run", help="train a few steps of the plan on N processes",
@@ -166,7 +167,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    configure_output("dapple-run", args)
     rank = os.environ.get("RANK")
     if rank not in (None, "0"):
         # under torchrun only rank 0 speaks for a bad input that every rank sees alike

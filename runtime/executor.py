@@ -16,6 +16,8 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
 After the list, a tied embedding split across stages sums its two copies' gradients, and
 one optimizer step runs. Each action's start and end (seconds after a barrier at the step's
 start) form a trace in the simulator's event-row format (``SimResult.event_rows``).
+``runtime.trace`` writes such rows as a Chrome/Perfetto trace laid out as the simulator's,
+and as its ``events.csv``.
 
 With ``recompute`` a forward keeps only its stage input and the backward runs it again
 (Chen et al., 2016, §3). Any exception, including a communication timeout, is re-raised as
@@ -40,6 +42,7 @@ from runtime.memory import SavedTensorMeter, static_bytes
 from runtime.models import input_dtype, make_optimizer, sample_shape, synthetic_batch
 from runtime.p2p import Mailbox
 from runtime.status import StatusBoard
+from sim.parallelism import Recompute
 from sim.schedule.ir import Action, ActionKind
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import schedule_for_plan
@@ -129,7 +132,7 @@ class RankExecutor:
         self.pipeline_rank = next(r for r, g in enumerate(groups) if self.rank in g)
         self.actions: tuple[Action, ...] = schedule.ranks[self.pipeline_rank]
         self._labels = [(str(a), a.kind.value, _STREAM.get(a.kind, "compute")) for a in self.actions]
-        self.recompute = plan.recompute
+        self.recompute = plan.recompute is Recompute.FULL
         self.timeout = timedelta(seconds=options.timeout_s)
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
@@ -376,3 +379,4 @@ def _row(device: int, stage: int, kind: str, microbatch: int | None, action: str
          start_s: float, end_s: float) -> dict[str, Any]:
     return {"device": device, "stage": stage, "kind": kind, "microbatch": microbatch, "action": action,
             "stream": stream, "start_s": start_s, "end_s": end_s}
+

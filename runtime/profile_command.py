@@ -9,10 +9,11 @@ saved and parameter bytes), the measured links, and the paths written.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
+from sim import jsonio
+from sim.command import Stopwatch, progress
 from sim.units import format_bytes, format_time
 
 __all__ = ["cmd_profile", "print_profile"]
@@ -32,14 +33,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
         return profile_worker(args, lambda measured: print_profile(
             profile_run.finish(runnable, args, out, measured["device"], measured["links"]), args.json))
-    result = profile_run.profile_here(runnable, args, out)
+    watch = Stopwatch()
+    what = "the layers" + ("" if args.no_links else " and the links")
+    with watch.phase(f"measure {what}"), progress(f"measuring {what}", unit="step"):
+        result = profile_run.profile_here(runnable, args, out)
+    watch.report()
     print_profile(result, args.json)
     return 0
 
 
 def print_profile(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print(jsonio.dumps(result, indent=2, sort_keys=True))
         return
     print(f"{'layer':<12} {'forward':>10} {'backward':>10} {'output':>10} {'saved':>10} {'params':>10}   "
           f"(batch of {result['batch_size']} on {result['device']['name']})")

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from runtime.config import RunnableScenario
+from sim import jsonio
 
 __all__ = ["finish", "profile_here"]
 
@@ -70,7 +71,7 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
         text = cluster_yaml(device_info, links, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node,
                             memory_share=cluster.devices_per_node if device.type == "cpu" else 1)
         (out / "cluster.yaml").write_text(text, encoding="utf-8")
-        (out / "links.json").write_text(json.dumps(links, indent=2) + "\n", encoding="utf-8")
+        (out / "links.json").write_text(jsonio.dumps(links, indent=2) + "\n", encoding="utf-8")
         result["cluster"] = str(out / "cluster.yaml")
         scenario_path = out / "scenario.yaml"
         scenario_path.write_text(_measured_scenario(runnable, yaml.safe_load(text)["cluster"], batch), encoding="utf-8")
@@ -82,7 +83,7 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
 def _measured_scenario(runnable: RunnableScenario, cluster: dict, batch: int) -> str:
     scenario, plan = runnable.scenario, runnable.plan
     schedule: Any = plan.schedule if not plan.schedule_params else {"name": plan.schedule, **plan.params}
-    plan_section: dict[str, Any] = {"recompute": plan.recompute,
+    plan_section: dict[str, Any] = {"recompute": plan.recompute.to_json(),
                                     "stages": [{"layers": list(s.layers), "devices": list(s.devices)} for s in plan.stages]}
     if plan.schedule_file:
         plan_section["schedule_file"] = str(Path(plan.schedule_file).resolve())

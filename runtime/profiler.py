@@ -39,6 +39,7 @@ from runtime.models import (
     sample_shape,
     synthetic_batch,
 )
+from sim import jsonio
 from sim.models import build_model
 
 __all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
@@ -149,8 +150,7 @@ def write_profile(layers: list[LayerProfile], folder: str | Path, *, device: str
     folder.mkdir(parents=True, exist_ok=True)
     text_path, json_path = folder / "profile.txt", folder / "profile.json"
     text_path.write_text(profile_text(layers), encoding="utf-8")
-    import json
 
     detail = {"device": device, "batch_size": layers[0].batch_size, "layers": [asdict(layer) for layer in layers]}
-    json_path.write_text(json.dumps(detail, indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(jsonio.dumps(detail, indent=2) + "\n", encoding="utf-8")
     return text_path, json_path

@@ -15,19 +15,27 @@ ranks leave in ``--out`` and from torchrun's log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import re
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from runtime.config import RunnableScenario, check_world, load_runnable
+from sim import jsonio
+from sim.command import Stopwatch, progress
 from sim.errors import DappleError
+from sim.parallelism import Recompute
 from sim.units import format_bytes, format_time
 
-__all__ = ["check_launch", "cmd_run", "print_run", "report_failure"]
+__all__ = ["check_launch", "cmd_run", "follow_steps", "print_run", "report_failure"]
+
+log = logging.getLogger(__name__)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -38,10 +46,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from runtime.worker import run_worker
 
         return run_worker(args, lambda summary: print_run(summary, args.json))
+    watch = Stopwatch()
     runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
     check_launch(runnable, args)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"dapple-run-{runnable.scenario.name}-"))
-    summary = _launch_run(args, out)
+    with watch.phase(f"run {args.warmup} + {args.steps} steps on {args.nproc} processes"):
+        summary = _launch_run(args, out)
+    watch.report()
     if summary is None:
         return report_failure(out, args.failure_code)
     print_run(summary, args.json)
@@ -49,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _append_csv(args.csv, runnable, summary)
     if args.check and not summary["check_passed"]:
         print(f"dapple-run: check failed: max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} "
-              f"(worst {summary['worst_grad']}), loss {summary['loss']:.7g} vs {summary['reference_loss']:.7g}",
+              f"(worst {summary['worst_grad']}), step 0's loss {summary['loss']:.7g} vs the unsplit model's "
+              f"{summary['reference_loss']:.7g}",
               file=sys.stderr)
         return 1
     return 0
@@ -74,7 +86,7 @@ def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) 
     row = {"hidden": values["hidden"], "heads": values["heads"], "layers": values["layers"],
            "seq_len": values["seq_len"], "vocab": values["vocab"], "microbatch_size": training.microbatch_size // dp,
            "global_batch_size": training.global_batch_size, "tp": 1, "dp": dp, "pp": runnable.plan.num_stages,
-           "recompute": int(runnable.plan.recompute), "iteration_time_s": summary["median_iteration_time_s"]}
+           "recompute": int(runnable.plan.recompute is Recompute.FULL), "iteration_time_s": summary["median_iteration_time_s"]}
     target = Path(path)
     new = not target.exists() or target.stat().st_size == 0
     try:
@@ -95,11 +107,54 @@ def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("failure-rank*.txt")) + list(out.glob("status-rank*")) + [out / "summary.json"]:
         stale.unlink(missing_ok=True)
-    code = launch(args.nproc, _worker_args(args, out), log_path=out / "torchrun.log")
+    with progress(f"starting {args.nproc} processes (torchrun)", total=args.warmup + args.steps, unit="step") as tick:
+        with follow_steps(out, args.nproc, tick):
+            code = launch(args.nproc, _worker_args(args, out), log_path=out / "torchrun.log")
     if code != 0:
         args.failure_code = code
         return None
     return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+
+
+@contextlib.contextmanager
+def follow_steps(out: Path, nproc: int, tick, every_s: float = 0.25):
+    """While the block runs, move ``tick`` (a progress bar's) to the step every rank has
+    reached, read from the status files the ranks keep in ``out`` (``runtime.status``); the
+    first time every rank has one, the processes have started."""
+    if tick is None:
+        yield
+        return
+    import threading
+
+    from runtime.status import read_status
+
+    stop, started = threading.Event(), time.perf_counter()
+
+    def follow() -> None:
+        shown, said = 0, ""
+        while not stop.wait(every_s):
+            status = read_status(out)
+            # "step K ACTION": step K under way; between steps a rank may say what it does
+            # instead of an action ("step 5 profiling": step 5 not begun)
+            steps = [int(text.split()[1]) + (0 if text.endswith(" profiling") else 1)
+                     for text in status.values() if text.startswith("step ")]
+            if len(steps) < nproc:
+                continue
+            if not said:
+                log.info("%d processes started in %.1f s", nproc, time.perf_counter() - started)
+            doing = "profiling" if any(text.endswith(" profiling") for text in status.values()) else "training"
+            reached = min(steps)
+            if reached > shown or doing != said:
+                tick(max(0, reached - shown), desc=doing)
+                shown, said = max(shown, reached), doing
+
+    thread = threading.Thread(target=follow, name="dapple-run-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def check_launch(runnable: RunnableScenario, args: argparse.Namespace) -> None:
@@ -181,7 +236,7 @@ def _bytes(value: float | None) -> str:
 
 def print_run(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(jsonio.dumps(summary, indent=2, sort_keys=True))
         return
     times = summary["iteration_times_s"]
     print(f"{summary['name']}: {summary['schedule']}, {summary['num_stages']} stages, "
@@ -189,7 +244,10 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
           f"({summary['backend']}, {summary['device_type']})")
     print(f"iteration {format_time(summary['median_iteration_time_s'])} (median of {len(times)} steps; "
           f"min {format_time(min(times))}, max {format_time(max(times))})   "
-          f"throughput {summary['throughput_samples_per_s']:.1f} samples/s   loss {summary['losses'][-1]:.5g}")
+          f"throughput {summary['throughput_samples_per_s']:.1f} samples/s")
+    losses = summary["losses"]
+    print(f"loss: step 0 {losses[0]:.7g}, last step ({len(losses) - 1}) {losses[-1]:.7g} "
+          f"({summary['warmup_steps']} warm-up + {len(times)} measured steps of training)")
     print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'peak activations':>17}")
     for d in summary["devices"]:
         stages = ",".join(map(str, d["stages"]))
@@ -197,7 +255,11 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
               f"{_bytes(d['peak_activation_bytes']):>17}")
     if "max_abs_grad_diff" in summary:
         verdict = "passed" if summary["check_passed"] else "FAILED"
-        print(f"check: loss {summary['loss']:.7g} vs reference {summary['reference_loss']:.7g}, "
+        print(f"check: step 0's loss {summary['loss']:.7g} vs the unsplit model's {summary['reference_loss']:.7g}, "
               f"max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} (max relative "
               f"{summary['max_rel_grad_diff']:.3g}): {verdict}")
-    print(f"trace: {summary['trace']}")
+    step = summary.get("events_step_time_s")
+    print(f"trace: {summary['trace']} (the median step, step {summary.get('events_step', '?')}"
+          + (f", {format_time(step)}" if step else "") + "; open in https://ui.perfetto.dev)")
+    if summary.get("events_csv"):
+        print(f"events: {summary['events_csv']}")

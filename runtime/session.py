@@ -60,6 +60,8 @@ def run_session(
     starts = [] if between is None else [options.warmup_steps + options.steps * k // slices for k in range(slices)]
     for step in range(options.warmup_steps + options.steps):
         if step in starts:
+            if status is not None:
+                status.set(step, "profiling")  # what a launcher's progress bar shows meanwhile
             between(starts.index(step))
         records.append(executor.step(step, keep_grads=options.check and step == 0, count_activations=step == 0))
     mine = {
@@ -107,7 +109,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
         "num_microbatches": scenario.training.num_microbatches,
         "microbatch_size": scenario.training.microbatch_size,
         "global_batch_size": scenario.training.global_batch_size,
-        "recompute": plan.recompute,
+        "recompute": plan.recompute.to_json(),
         "backend": dist.get_backend(),
         "device_type": device.type,
         "world_size": len(ranks),
@@ -122,6 +124,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
             for r in sorted(ranks, key=lambda r: r["rank"])
         ],
         "events_step": typical,
+        "events_step_time_s": step_times[typical],
         "events": sorted((row for r in ranks for row in r["rows_by_step"][typical]),
                          key=lambda e: (e["device"], e["start_s"], e["end_s"])),
     }

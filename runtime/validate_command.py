@@ -12,11 +12,12 @@ drifts and reports the median round.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from runtime.run_command import check_launch
+from sim import jsonio
+from sim.command import Stopwatch, progress
 from sim.errors import DappleError
 
 __all__ = ["cmd_validate"]
@@ -41,25 +42,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.slices < 1:
         raise DappleError(f"--slices: {args.slices}; give 1 or more")
     reports = []
+    watch = Stopwatch()
     try:
         for round_ in range(args.rounds):
             folder = out if args.rounds == 1 else out / f"round{round_ + 1}"
-            if args.rounds > 1:
-                print(f"round {round_ + 1}/{args.rounds}: profile and run, simulate", file=sys.stderr, flush=True)
-            reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps, out=folder,
-                                    warmup=args.warmup, slices=args.slices, repeats=args.repeats, seed=args.seed,
-                                    timeout=args.timeout))
+            name = "validate" if args.rounds == 1 else f"round {round_ + 1}/{args.rounds}"
+            with progress(name, total=args.warmup + args.steps, unit="step") as tick:
+                reports.append(validate(runnable, nproc=args.nproc, backend=args.backend, steps=args.steps,
+                                        out=folder, warmup=args.warmup, slices=args.slices, repeats=args.repeats,
+                                        seed=args.seed, timeout=args.timeout, tick=_named(tick, name), watch=watch))
     except ProcessRaisedException as failed:
         print(f"dapple-run: error: the run failed: {_last_line(str(failed))}", file=sys.stderr)
         return 1
     report = reports[0] if args.rounds == 1 else combine_rounds(reports)
-    paths = write_report(report, out)
+    with watch.phase("write the report and its charts"):
+        paths = write_report(report, out)
+    watch.report()
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(jsonio.dumps(report, indent=2, sort_keys=True))
     else:
         print(format_report(report))
+        traces = report.get("traces") or {}
         print("report: " + ", ".join(str(p) for p in paths))
+        if traces:
+            print(f"traces (open side by side in https://ui.perfetto.dev): {traces['predicted']}, {traces['measured']}")
     return 0
+
+
+def _named(tick, name: str):
+    """``tick`` with every description prefixed by ``name`` (the round, with ``--rounds``)."""
+    if tick is None:
+        return None
+    return lambda n=1, desc=None: tick(n, desc=None if desc is None else f"{name}: {desc}")
 
 
 def _last_line(text: str) -> str:

@@ -18,12 +18,13 @@
 4. **compare** per iteration, per stage, per action and per device (``sim.analysis.validation``).
 
 The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
-chart and the per-device memory chart.
+chart and the per-device memory chart. ``validate`` also writes the prediction and the
+median measured step as Chrome/Perfetto traces (``trace_predicted.json``,
+``trace_measured.json``), laid out alike.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from argparse import Namespace
@@ -33,6 +34,7 @@ from typing import Any
 import yaml
 
 from runtime.config import RunnableScenario
+from sim import jsonio
 from sim.cost import split_samples
 
 __all__ = ["combine_rounds", "measure_action_overhead", "measure_optimizer", "validate", "write_report"]
@@ -153,21 +155,31 @@ def _profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, 
 
 
 def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int, warmup_steps: int, slices: int,
-                     repeats: int, seed: int, timeout: float):
+                     repeats: int, seed: int, timeout: float, status_folder: str | None = None):
     """Run the plan with the profile taking turns with it: before each of ``slices`` runs of
     consecutive steps, every rank profiles (``_profile_slice``). Rank 0's run summary (None
-    elsewhere) and this rank's profile slices."""
+    elsewhere) and this rank's profile slices, each with the ``seconds`` it took. With
+    ``status_folder`` each rank keeps its status file there (``runtime.status``), which
+    the launcher's progress bar follows."""
+    import torch.distributed as dist
+
     from runtime.executor import ExecOptions
     from runtime.session import SessionOptions, run_session
+    from runtime.status import StatusBoard
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
 
     def between(k: int) -> None:
+        start = time.perf_counter()
         profiles.append(_profile_slice(runnable, device, batch, warmup=3 if k == 0 else 1, repeats=per_slice))
+        profiles[-1]["seconds"] = time.perf_counter() - start
 
+    status = StatusBoard(status_folder, dist.get_rank()) if status_folder else None
     options = SessionOptions(steps=steps, warmup_steps=warmup_steps, execution=ExecOptions(seed=seed, timeout_s=timeout))
-    summary = run_session(runnable, options, device, between=between, slices=slices)
+    summary = run_session(runnable, options, device, status=status, between=between, slices=slices)
+    if status is not None:
+        status.close()
     return summary, profiles
 
 
@@ -270,8 +282,13 @@ def validate(
     repeats: int = 20,
     seed: int = 0,
     timeout: float = 45.0,
+    tick=None,
+    watch=None,
 ) -> dict[str, Any]:
     """Profile, run, simulate and compare; the report (``sim.analysis.validation.compare``).
+
+    ``tick(n, desc=...)`` (a progress bar's, over the ``warmup + steps`` steps) hears what
+    is under way; ``watch`` (a ``sim.command.Stopwatch``) times the phases.
 
     The links are measured first (``runtime.profile_run``, 2 fresh processes). Then
     ``nproc`` processes run ``warmup + steps`` steps of the plan, and before each of
@@ -284,25 +301,41 @@ def validate(
     prediction, against the median of all measured steps; every turn's own prediction and
     steps are in the report's ``slices``.
     """
+    import tempfile
+
     from runtime import profile_run
     from runtime.launch import spawn
+    from runtime.run_command import follow_steps
+    from runtime.trace import write_traces
     from sim.analysis.validation import compare, predicted_view
+    from sim.command import Stopwatch
 
+    watch = watch or Stopwatch()
+    say = tick or (lambda n=1, desc=None: None)
     plan, training = runnable.plan, runnable.scenario.training
     slices = max(1, min(slices, steps))
     # the largest slice of the least replicated stage
     batch = split_samples(training.microbatch_size, min(stage.num_replicas for stage in plan.stages))[0]
     args = Namespace(backend=backend, batch_size=batch, warmup=3, repeats=10, no_links=False, timeout=timeout)
-    profile = profile_run.profile_here(runnable, args, out / "profile")  # links, the device, the scenario's frame
-    results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,
-                    backend=backend, timeout_s=max(timeout, 600.0))
+    say(0, desc="measuring the device and the links")
+    with watch.phase("measure the device and the links"):
+        profile = profile_run.profile_here(runnable, args, out / "profile")  # links, the device, the scenario's frame
+    say(0, desc=f"starting {nproc} processes")
+    with watch.phase(f"run {warmup} + {steps} steps taking turns with {slices} profiles"), \
+            tempfile.TemporaryDirectory(prefix="dapple-validate-status-") as folder, \
+            follow_steps(Path(folder), nproc, tick):
+        results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,
+                        folder if tick is not None else None, backend=backend, timeout_s=max(timeout, 600.0))
     measured = results[0][0]
     per_rank = [profiles for _, profiles in results]
+    watch.add("of which profiling between the steps (rank 0)", sum(p.get("seconds", 0.0) for p in per_rank[0]))
     frame, device = Path(profile["scenario"]), profile["device"]["name"]
-    turns, middle, predicted, (layers, optimizer, action_overhead) = _predict_turns(
-        frame, device, per_rank, measured["iteration_times_s"], plan)
-    if len(turns) > 1:  # the measured scenario next to the links is the median turn's
-        _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
+    say(0, desc=f"simulating {len(per_rank[0])} profiles")
+    with watch.phase(f"simulate {len(per_rank[0])} profiles"):
+        turns, middle, predicted, (layers, optimizer, action_overhead) = _predict_turns(
+            frame, device, per_rank, measured["iteration_times_s"], plan)
+        if len(turns) > 1:  # the measured scenario next to the links is the median turn's
+            _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
     memory = "allocator" if backend == "nccl" else "counted"
     report = compare(
         predicted_view(predicted, memory=memory),
@@ -318,6 +351,7 @@ def validate(
                  "layers": [_as_dict(layer) for layer in layers], "slices": len(turns), "slice": middle + 1},
     )
     report["slices"] = turns if len(turns) > 1 else []
+    report["traces"] = write_traces(predicted, measured, out, scenario=runnable.scenario.name)
     return report
 
 
@@ -352,7 +386,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]
-    paths[0].write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    paths[0].write_text(jsonio.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for path, figure in zip(paths[1:], (validation_gantt_figure, validation_memory_figure)):
         fig = figure(report)
         fig.savefig(path, dpi=110)

@@ -2,7 +2,7 @@
 
 A worker loads the scenario itself (every rank reads the same file), checks that the plan
 fits the world it was started in, initialises ``torch.distributed`` and runs. Rank 0 writes
-``summary.json`` and ``trace.json`` into the output folder and, when a user started torchrun
+``summary.json``, ``trace.json`` and ``events.csv`` into the output folder and, when a user started torchrun
 directly, prints the result. A failure is written to ``failure-rank{r}.txt`` (one line that
 names the rank and the action) before the process exits with code 1, so the launcher can
 report it after torchrun has stopped the others.
@@ -11,7 +11,6 @@ report it after torchrun has stopped the others.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -20,8 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import check_world, load_runnable
-from runtime.launch import LAUNCHED_ENV, init_distributed, leave_process_group, worker_env
+from runtime.launch import (
+    LAUNCHED_ENV,
+    init_distributed,
+    leave_process_group,
+    worker_env,
+)
 from runtime.status import StatusBoard, write_failure
+from sim import jsonio
 from sim.errors import DappleError
 
 __all__ = ["default_out", "profile_worker", "run_worker", "write_run_outputs"]
@@ -34,13 +39,20 @@ def default_out(name: str) -> Path:
 
 
 def write_run_outputs(summary: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Write ``trace.json`` (event rows) and ``summary.json``; return the summary with paths."""
+    """Write ``trace.json`` (a Chrome/Perfetto trace of the median step, laid out as the
+    simulator's), ``events.csv`` (its event rows) and ``summary.json``; return the summary
+    with their paths."""
+    from runtime.trace import measured_trace, write_events
+
     out.mkdir(parents=True, exist_ok=True)
     events = summary.pop("events")
     trace = out / "trace.json"
-    trace.write_text(json.dumps(events, indent=1) + "\n", encoding="utf-8")
-    summary["trace"] = str(trace)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    metadata = {"scenario": summary.get("name"), "step": summary.get("events_step"), "backend": summary.get("backend")}
+    trace.write_text(jsonio.dumps(measured_trace(events, metadata=metadata), separators=(",", ":")) + "\n",
+                     encoding="utf-8")
+    write_events(events, out / "events.csv")
+    summary["trace"], summary["events_csv"] = str(trace), str(out / "events.csv")
+    (out / "summary.json").write_text(jsonio.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
 
 

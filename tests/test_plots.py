@@ -176,3 +176,106 @@ def test_validation_figure_reads_the_recorded_schema():
         devices = sorted(d["device"] for d in run["predicted"]["devices"])
         assert [t.get_text() for t in fig.axes[3].get_yticklabels()] == [f"dev {d}" for d in devices]
         assert ("PLACEHOLDER" in fig._suptitle.get_text()) == bool(run.get("placeholder"))
+
+
+# --- what a reader of a Gantt chart needs: a key, colours by kind, numbers, chunks ------------------
+
+
+def _numbers(ax):
+    """(x, y, text) of the micro-batch numbers a Gantt chart drew (one collection of glyphs)."""
+    found = [c for c in ax.collections if hasattr(c, "numbers")]
+    return [(x, y, t) for c in found for (x, y), t in zip(c.get_offsets(), c.numbers)]
+
+
+def _bars(ax):
+    from matplotlib.patches import Rectangle
+
+    return [p for p in ax.patches if isinstance(p, Rectangle)]
+
+
+def test_gantt_has_a_key_and_colours_by_kind_with_the_micro_batch_written_in_each_bar():
+    from matplotlib.colors import to_hex
+
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
+    from sim.plots.timeline import KINDS
+
+    # 16 micro-batches: the old palette repeated after 10, so mb 11's backward looked like a forward
+    result = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml",
+                                        {"plan.schedule": "gpipe", "training.microbatch_size": "8"}))
+    assert result.workload.num_microbatches == 16
+    fig = plots.gantt_figure(result)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["forward (F)", "backward (B)"] and "optimizer step" in labels
+    assert any(label.startswith("number: micro-batch") for label in labels)
+    events = [e for e in result.event_rows([0]) if e["kind"] in ("F", "B")]
+    bars = [b for b in _bars(ax) if abs(b.get_y() + b.get_height() / 2) < 1e-9]  # device 0's row
+    colours = {to_hex(b.get_facecolor()) for b in bars if b.get_height() == pytest.approx(0.7)}
+    assert colours >= {KINDS["F"][0], KINDS["B"][0]}
+    assert len(colours - {"#000000"}) == 2  # one colour per kind, whatever the micro-batch
+    numbers = sorted(int(t) for _, y, t in _numbers(ax) if abs(y) < 1e-9)
+    assert numbers == sorted(e["microbatch"] for e in events)  # every F and B of device 0 is numbered
+
+
+def test_an_interleaved_plans_chunks_are_hatched_and_in_the_key():
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
+
+    result = run_scenario(load_scenario(SCENARIOS / "gpt1.3b_h100_interleaved.yaml"))
+    fig = plots.gantt_figure(result)
+    ax = fig.axes[0]
+    hatches = {b.get_hatch() for b in _bars(ax)}
+    assert None in hatches and len(hatches - {None}) == 1  # chunk 0 plain, chunk 1 hatched
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "model chunk 0 (plain)" in labels and "model chunk 1" in labels
+
+
+def test_many_micro_batches_are_numbered_every_kth_above_and_below_the_rows():
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
+
+    result = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml",
+                                        {"training.global_batch_size": "1024", "training.microbatch_size": "16"}))
+    assert result.workload.num_microbatches == 64
+    fig = plots.gantt_figure(result)
+    ax = fig.axes[0]
+    numbers = {int(t) for *_, t in _numbers(ax)}
+    assert numbers and all(m % 4 == 0 for m in numbers) and len(numbers) <= 16
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("every 4th" in label and "forward above the row" in label for label in labels)
+
+
+def test_memory_figure_zooms_on_small_runs_and_draws_the_capacity_when_near():
+    from sim.engine.run import run_scenario
+    from sim.input.scenario import load_scenario
+
+    small = run_scenario(load_scenario(SCENARIOS / "gpt_tiny_cpu.yaml"))  # a few MiB of 4 GiB
+    ax = plots.memory_figure(small).axes[0]
+    peak = small.summary()["peak_memory_bytes"] / 2**20
+    low, high = ax.get_ylim()
+    assert ax.get_ylabel() == "memory (MiB)" and peak < high < 1.5 * peak and low > 0
+    assert any("capacity 4GiB" in t.get_text() and "above the scale" in t.get_text()
+               for t in ax.get_legend().get_texts())
+    near = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB"}))
+    ax = plots.memory_figure(near).axes[0]
+    (capacity,) = [line for line in ax.get_lines() if line.get_label() == "capacity 6GiB"]
+    assert list(capacity.get_ydata()) == [6, 6] and ax.get_ylim() == (0.0, pytest.approx(6 * 1.06))
+
+
+def test_validation_memory_title_fits_in_its_figure():
+    data = json.loads((REPO / "notebooks" / "data" / "validation_cpu.json").read_text())
+    fig = plots.validation_memory_figure(data["runs"][0])
+    fig.canvas.draw()
+    box = fig.axes[0].title.get_window_extent()
+    width, height = fig.canvas.get_width_height()
+    assert box.x0 >= 0 and box.x1 <= width and box.y1 <= height
+
+
+def test_sweep_legends_are_titled_with_their_axis_key():
+    table = _table([
+        {"cluster_devices": n, "throughput_samples_per_s": v, "model.hidden": h}
+        for h, values in ((2048, (10.0, 20.0)), (4096, (5.0, 12.0))) for n, v in zip((8, 16), values)
+    ])
+    fig = plots.throughput_vs_gpus_figure(table, hue="model.hidden")
+    assert fig.axes[0].get_legend().get_title().get_text() == "model.hidden"

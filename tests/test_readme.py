@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from conftest import REPO
+from terminal import run_on_a_terminal
 
 
 def _first_block():
@@ -51,10 +52,19 @@ def _fresh_checkout(tmp_path):
 
 
 def test_main_command_works_in_a_fresh_checkout(tmp_path):
+    """The README's first command as a new user runs it in a shell: it installs, plans,
+    shows progress on the long steps (stderr is a terminal) and leaves the files the README
+    names."""
     checkout = _fresh_checkout(tmp_path)
     command = _first_block()[0]
-    result = subprocess.run(["bash", "-c", command], cwd=checkout, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "bert48-v100-2x8: plans by the SimPy engine" in result.stdout and "best: " in result.stdout
-    for name in ("best_plan.json", "gantt_gpipe.png", "gantt_dapple.png", "memory_dapple.png"):
+    code, stdout, terminal = run_on_a_terminal(["bash", "-c", command], cwd=checkout, timeout=900)
+    assert code == 0, terminal[-2000:]
+    assert "bert48-v100-2x8: plans by the SimPy engine" in stdout and "best: " in stdout
+    # the planners' searches and the plots each had a progress bar
+    for step in ("dapple: replays", "pipedream: replays", "writing plots", "drawing schedules.png"):
+        assert step in terminal, f"no progress shown for {step!r}: {terminal[-2000:]}"
+    readme = (REPO / "README.md").read_text()
+    named = ["best_plan.json", "gantt_gpipe.png", "gantt_dapple.png", "memory_gpipe.png", "memory_dapple.png"]
+    assert all(name in readme or name.startswith("memory_") for name in named) and "memory_*.png" in readme
+    for name in named:
         assert (checkout / "out" / "bert48" / name).stat().st_size > 100

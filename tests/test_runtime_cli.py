@@ -58,8 +58,14 @@ def test_a_checked_run_end_to_end(tmp_path):
     assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
     assert [d["device"] for d in summary["devices"]] == [0, 1]
     assert all(d["peak_memory_bytes"] > d["peak_activation_bytes"] > 0 for d in summary["devices"])
-    rows = json.loads(Path(summary["trace"]).read_text())
-    assert {r["action"] for r in rows if r["device"] == 1} >= {"1RECV_F0", "1F0", "1B0", "1SEND_B0", "OPTIM"}
+    # the event rows are in events.csv (the simulator's columns); trace.json is a Chrome trace of them
+    import csv
+
+    with open(summary["events_csv"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert {r["action"] for r in rows if r["device"] == "1"} >= {"1RECV_F0", "1F0", "1B0", "1SEND_B0", "OPTIM"}
+    trace = json.loads(Path(summary["trace"]).read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 1} >= {"1F0", "OPTIM"}
 
 
 @pytest.mark.dist

@@ -147,35 +147,58 @@ def _pct(value: float | None) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The human-readable table of a ``compare`` report."""
+    """The human-readable table of a ``compare`` report: a header, then predicted, measured
+    and error per row; with turns of profile and run, one row per turn under it, so that
+    the headline's two numbers can be found in the rows (its prediction is one turn's, its
+    measurement the median of every step)."""
     p, m, e = report["predicted"], report["measured"], report["error"]
+    steps = len(m.get("iteration_times_s") or []) or report.get("steps", "")
+    turns = report.get("slices") or []
+    chosen = (report.get("profile") or {}).get("slice")
+    width = 22
+    row = lambda label, pred, meas, err, note="": (  # noqa: E731
+        f"  {label:<{width}} {pred:>10} {meas:>10} {err:>8}" + (f"   {note}" if note else ""))
+    if turns and chosen:
+        headline = f"turn {chosen}'s prediction (the median turn) vs the median of all {steps} steps"
+    else:
+        headline = f"vs the median of {steps} measured steps"
     lines = [
         f"{report.get('scenario', '')}: {report.get('schedule', '')}, predicted vs measured "
         f"({report.get('backend', '')}, {report.get('nproc', '')} processes, {report.get('steps', '')} steps)",
-        f"  iteration time  {format_time(p['iteration_time_s']):>10} {format_time(m['iteration_time_s']):>10} "
-        f"{_pct(e['iteration_time_frac']):>8}",
+        row("", "predicted", "measured", "error"),
+        row("iteration time", format_time(p["iteration_time_s"]), format_time(m["iteration_time_s"]),
+            _pct(e["iteration_time_frac"]), headline),
     ]
     measured_stages = {s["stage"]: s["compute_s"] for s in m["stages"]}
     for stage, err in zip(p["stages"], e["stages"]):
-        lines.append(f"  stage {stage['stage']} compute {format_time(stage['compute_s']):>10} "
-                     f"{format_time(measured_stages.get(stage['stage'], 0.0)):>10} {_pct(err['compute_frac']):>8}")
+        lines.append(row(f"stage {stage['stage']} compute", format_time(stage["compute_s"]),
+                         format_time(measured_stages.get(stage["stage"], 0.0)), _pct(err["compute_frac"]),
+                         "F/B/I/W time in one step, per device" if stage is p["stages"][0] else ""))
     measured_devices = {d["device"]: d for d in m["devices"]}
     for device, err in zip(p["devices"], e["devices"]):
-        lines.append(f"  device {device['device']} peak  {format_bytes(device['peak_memory_bytes']):>10} "
-                     f"{format_bytes(measured_devices[device['device']]['peak_memory_bytes'] or 0):>10} "
-                     f"{_pct(err['peak_memory_frac']):>8}")
+        lines.append(row(f"device {device['device']} peak memory", format_bytes(device["peak_memory_bytes"]),
+                         format_bytes(measured_devices[device["device"]]["peak_memory_bytes"] or 0),
+                         _pct(err["peak_memory_frac"])))
+    if turns:
+        errors = [t["iteration_time_frac"] for t in turns]
+        measured = [t["measured_s"] for t in turns]
+        lines.append(f"  {len(turns)} turns of profile and run; each turn's profile predicts the steps run right "
+                     "after it (their median):")
+        lines.append(row("  turn", "predicted", "measured", "error"))
+        for turn in turns:
+            mark = "the prediction above" if turn["slice"] == chosen else ""
+            lines.append(row(f"  {turn['slice']}", format_time(turn["predicted_s"]), format_time(turn["measured_s"]),
+                             _pct(turn["iteration_time_frac"]), mark))
+        lines.append(row("  all steps", "", format_time(m["iteration_time_s"]), "",
+                         f"the median of all {steps} steps, the measurement above"))
+        lines.append(f"  the turns' own errors: median {_pct(statistics.median(errors))}, from {_pct(min(errors))} "
+                     f"to {_pct(max(errors))}; measured iteration {format_time(min(measured))} to "
+                     f"{format_time(max(measured))} across turns (how much the machine drifted)")
     if report.get("rounds"):
         errors = [r["iteration_time_frac"] for r in report["rounds"]]
         lines.append(f"  {len(errors)} rounds: iteration-time error median {_pct(e['iteration_time_frac_median'])} "
                      f"(from {_pct(min(errors))} to {_pct(max(errors))}); this table is round "
                      f"{report['median_round']}, the one nearest the median")
-    if report.get("slices"):
-        turns = report["slices"]
-        errors = [t["iteration_time_frac"] for t in turns]
-        measured = [t["measured_s"] for t in turns]
-        lines.append(f"  {len(turns)} turns of profile and run: each turn's own error from {_pct(min(errors))} to "
-                     f"{_pct(max(errors))}; measured iteration {format_time(min(measured))} to "
-                     f"{format_time(max(measured))} (how much the machine drifted)")
     actions = e["actions"]
     if actions["duration_mean_abs_frac"] is not None:
         lines.append(f"  actions: {actions['matched']} matched, mean |duration error| "

@@ -7,13 +7,21 @@ stderr (plus, for a broken schedule, the rank × step grid) and never a tracebac
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sim.command import add_scenario_options, parse_overrides, run_cli
+from sim import jsonio
+from sim.command import (
+    Stopwatch,
+    add_scenario_options,
+    add_verbosity_options,
+    configure_output,
+    parse_overrides,
+    progress,
+    quiet,
+    run_cli,
+)
 from sim.errors import DappleError
 
 __all__ = ["main"]
@@ -35,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    add_verbosity_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     check = sub.add_parser(
@@ -96,10 +104,19 @@ def _parser() -> argparse.ArgumentParser:
     schedule.add_argument("name", metavar="NAME", help=f"schedule: {', '.join(sorted(GENERATORS))}")
     schedule.add_argument("--stages", type=int, required=True, metavar="S", help="pipeline ranks (devices in a pipeline)")
     schedule.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per iteration")
-    schedule.add_argument("--chunks", type=int, metavar="V", help="model chunks per rank (interleaved only)")
-    schedule.add_argument("--policy", choices=DAPPLE_POLICIES, help="warm-up policy K_i (dapple/1f1b only)")
+    schedule.add_argument("--chunks", type=int, metavar="V",
+                          help="model chunks per rank (interleaved, interleaved-zb, looped-bfs; zb-v and dualpipe-v: 2)")
+    schedule.add_argument("--policy", type=_policy_arg, metavar="P",
+                          help=f"warm-up policy K_i (dapple/1f1b only): {', '.join(DAPPLE_POLICIES[:2])}, or one per "
+                          "stage separated by commas (what 'auto' decides from costs)")
     schedule.add_argument("--lower", action="store_true", help="add SEND/RECV and REDUCE_GRAD actions")
-    schedule.add_argument("--grid", action="store_true", help="print a rank x step grid instead of lines")
+    layout = schedule.add_mutually_exclusive_group()
+    layout.add_argument("--grid", action="store_true", help="print a rank x step grid instead of lines")
+    layout.add_argument("--csv", action="store_true",
+                        help="print torch's pipeline-order CSV (what _PipelineScheduleRuntime._load_csv reads; "
+                        "with --lower, its compute_comms format)")
+    for command in (check, simulate, calibrate, schedule):
+        add_verbosity_options(command, subcommand=True)
     return parser
 
 
@@ -109,7 +126,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     info = describe(scenario)
-    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
+    print(jsonio.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
     return 0
 
 
@@ -118,38 +135,62 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from sim.engine.run import run_scenario
     from sim.input.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
-    result = run_scenario(
-        scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
-    )
-    summary = result.summarize()
-    if args.out:
-        write_outputs(result, args.out, trace_all=args.trace_all)
-    print(json.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json else format_summary(summary, result))
+    watch = Stopwatch()
+    with progress("reading the scenario", total=3 if args.out else 2, unit="phase") as tick:
+        with watch.phase("read the scenario"):
+            scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
+        _tick(tick, f"replaying on the {args.engine} engine")
+        with watch.phase(f"replay ({args.engine})"):
+            result = run_scenario(
+                scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
+            )
+            summary = result.summarize()
+        if args.out:
+            _tick(tick, f"writing {args.out}")
+            with watch.phase("load pandas and matplotlib"):  # most of a small run's writing: said apart
+                import pandas  # noqa: F401 - events.csv
+
+                from sim.plots.style import pyplot
+
+                pyplot()
+            with watch.phase("write summary, trace, events and plots"):
+                write_outputs(result, args.out, trace_all=args.trace_all)
+        _tick(tick, "done")
+    watch.report()
+    print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json else format_summary(summary, result))
     return 0
+
+
+def _tick(tick, desc: str) -> None:
+    if tick is not None:
+        tick(1, desc=desc)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from sim.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
     from sim.input.scenario import load_scenario
 
+    watch = Stopwatch()
     base = load_scenario(args.scenario)
     fit_runs = read_runs(args.fit)
     test_runs = read_runs(args.test) if args.test else None
-    result = calibrate(base, fit_runs, source=args.fit)
+    with watch.phase(f"fit {len(fit_runs)} runs"), progress(f"fitting {len(fit_runs)} runs"):
+        result = calibrate(base, fit_runs, source=args.fit)
     report: dict = {"params": result["params"], "fit": result["fit"]}
     if test_runs is not None:
-        report["test"] = score_runs(base, test_runs, result["params"], source=args.test)
+        with watch.phase(f"predict {len(test_runs)} runs"), progress(f"predicting {len(test_runs)} runs"):
+            report["test"] = score_runs(base, test_runs, result["params"], source=args.test)
+    watch.report()
     snippet = params_yaml(result["params"], runs=len(fit_runs), mape=result["fit"]["mape"])
     if args.out:
         try:
             Path(args.out).write_text(snippet, encoding="utf-8")
         except OSError as exc:
             raise DappleError(f"--out {args.out}: cannot write ({exc.strerror})") from None
-    for note in result["notes"]:
+    for note in result["notes"] if not quiet() else ():
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(jsonio.dumps(report, indent=2, sort_keys=True))
         return 0
     print(snippet, end="")
     for name in ("fit", "test"):
@@ -166,9 +207,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
+    from sim.schedule.check import check_schedule, format_grid
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
-    from sim.schedule.check import check_schedule, format_grid
 
     params: dict[str, object] = {}
     if args.chunks is not None:
@@ -179,8 +220,25 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     if args.lower:
         schedule = lower(schedule)
     check_schedule(schedule)
+    if args.csv:
+        from sim.schedule.torch_csv import to_csv
+
+        sys.stdout.write(to_csv(schedule))
+        return 0
     print(format_grid(schedule) if args.grid else schedule.to_text())
     return 0
+
+
+def _policy_arg(text: str) -> str | tuple[str, ...]:
+    """``--policy``: one DAPPLE policy, or one per stage separated by commas."""
+    from sim.schedule.generators import DAPPLE_POLICIES
+
+    parts = tuple(part.strip() for part in text.split(","))
+    bad = [part for part in parts if part not in DAPPLE_POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"invalid policy {bad[0]!r}; valid: {', '.join(DAPPLE_POLICIES)}, "
+                                         "or one per stage separated by commas")
+    return parts[0] if len(parts) == 1 else parts
 
 
 def _plan(path: str | None):
@@ -199,7 +257,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    configure_output("dapple-sim", args)
     return run_cli("dapple-sim", lambda: COMMANDS[args.command](args))
 
 

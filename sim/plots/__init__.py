@@ -1,6 +1,7 @@
 """Figures: one function per figure, each returning a matplotlib ``Figure``.
 
-``sim.plots.timeline`` draws one replay (Gantt chart, memory over time, schedules stacked),
+``sim.plots.timeline`` draws one replay (Gantt chart, memory over time, schedules stacked;
+the Gantt drawing and its key are ``sim.plots.gantt``'s),
 ``sim.plots.tables`` a what-if study's table and the planners compared, and
 ``sim.plots.validation`` a prediction against its measurement and a faulty replay against
 its fault-free twin. The names below are re-exported for notebooks (``from sim import plots``).

@@ -95,7 +95,8 @@ def throughput_vs_gpus_figure(table, *, gpus: str = "cluster_devices", throughpu
     ax.set_ylabel("samples/s")
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(handles=handles, fontsize="small")
+        keys = " / ".join(c for c in (hue, style) if c)  # what the labels are values of: model.hidden, ...
+        ax.legend(handles=handles, fontsize="small", title=keys or None, title_fontsize="small")
     ax.set_title(title or "Throughput of the best plan that fits, by GPU count")
     fig.tight_layout()
     return fig

@@ -2,8 +2,8 @@
 replay against its fault-free twin.
 
 ``validation_gantt_figure`` draws the predicted and the measured timelines one above the
-other on the same time axis (one row per device; forwards light and backwards dark in the
-colour of their micro-batch, as ``sim.plots.timeline.gantt_figure`` does), and
+other on the same time axis (one row per device, in ``sim.plots.timeline.gantt_figure``'s
+colours and key), and
 ``validation_memory_figure`` the predicted and measured peak memory of every device with the
 relative error. Both read only the JSON report (``sim.analysis.validation.compare``), so a recorded
 report can be drawn again without the simulator or torch.
@@ -15,46 +15,56 @@ from typing import Any, Mapping
 
 from sim.plots.style import GiB as _GiB
 from sim.plots.style import pyplot as _pyplot
-from sim.plots.timeline import LEGEND, draw_gantt
+from sim.plots.gantt import add_key, draw_gantt
 
 __all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_gantt_figure", "validation_memory_figure"]
 
 
-def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = None) -> None:
-    """Draw event rows (``SimResult.event_rows`` format) as a Gantt chart on ``ax``."""
-    plt = _pyplot()
-    cmap = plt.get_cmap("tab20")
+def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = None, end_s: float | None = None,
+              key: bool = True) -> list:
+    """Draw event rows (``SimResult.event_rows`` format) as a Gantt chart on ``ax``, with the
+    same colours and key as ``sim.plots.timeline.gantt_figure``; the time axis runs to
+    ``end_s`` (default: the last event's end)."""
     devices = sorted({row["device"] for row in rows})
-    index = {d: i for i, d in enumerate(devices)}
     count = num_microbatches or 1 + max((row["microbatch"] or 0 for row in rows), default=0)
-    for row in rows:
-        start, width = row["start_s"] * 1e3, (row["end_s"] - row["start_s"]) * 1e3
-        if width <= 0:
-            continue
-        y = index[row["device"]]
-        kind = row["kind"]
-        if kind in ("F", "B", "I", "W"):
-            m = row["microbatch"] or 0
-            colour = cmap((m % 20) / 20.0 if count > 10 else m / max(count, 10))
-            ax.barh(y, width, left=start, height=0.7, color=colour, alpha=0.45 if kind == "F" else 1.0,
-                    edgecolor="white", linewidth=0.3, hatch="///" if kind == "W" else None)
-        elif kind == "REDUCE_GRAD":
-            ax.barh(y + 0.42, width, left=start, height=0.14, color="0.55")
-    ax.set_yticks(range(len(devices)), [f"dev {d}" for d in devices])
-    ax.invert_yaxis()
+    end = end_s if end_s is not None else max((row["end_s"] for row in rows), default=0.0)
+    return draw_gantt(ax, rows, [(d, 1) for d in devices], count, end, key=key)
+
+
+def _step_end_s(side: dict[str, Any]) -> float:
+    """When the drawn step ended: its last event (the slowest rank's optimizer step). A
+    measured side draws one step (the median one), whose time need not be the median."""
+    return max((row["end_s"] for row in side.get("events", [])), default=side["iteration_time_s"])
 
 
 def validation_gantt_figure(report: dict[str, Any]) -> Any:
-    """Predicted (top) and measured (bottom) timelines of one step on a shared time axis."""
+    """Predicted (top) and measured (bottom) timelines of one step on a shared time axis.
+
+    Each panel's dotted line is the end of the step it draws: for the prediction its
+    iteration time, for the measurement the step whose time is the median (with an even
+    number of steps the upper of the two middle ones, so the title gives both).
+    """
     plt = _pyplot()
     predicted, measured = report["predicted"], report["measured"]
     num_devices = len(predicted["devices"])
-    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(12, 1.2 * num_devices + 2.5))
+    fig, axes = plt.subplots(2, 1, sharex=True, figsize=(12, 1.0 * num_devices + 2.8))
+    end_s = max(_step_end_s(predicted), _step_end_s(measured), predicted["iteration_time_s"])
+    num_mb = 1 + max((row["microbatch"] or 0 for side in (predicted, measured) for row in side["events"]), default=0)
+    handles = []
     for ax, side, label in ((axes[0], predicted, "predicted"), (axes[1], measured, "measured")):
-        draw_rows(ax, side["events"])
-        ax.axvline(side["iteration_time_s"] * 1e3, color="black", linestyle=":", linewidth=1)
-        ax.set_title(f"{label}: {side['iteration_time_s'] * 1e3:.2f} ms per iteration")
-    axes[1].set_xlabel("time since the step started (ms)")
+        handles += draw_rows(ax, side["events"], num_microbatches=num_mb, end_s=end_s, key=False)
+        step_s = _step_end_s(side) if label == "measured" else side["iteration_time_s"]
+        ax.axvline(step_s * 1e3, color="black", linestyle=":", linewidth=1)
+        if label == "measured":
+            steps = len(side.get("iteration_times_s") or [])
+            title = (f"measured: the median step, {step_s * 1e3:.2f} ms (median of {steps} steps: "
+                     f"{side['iteration_time_s'] * 1e3:.2f} ms)")
+        else:
+            title = f"predicted: {step_s * 1e3:.2f} ms per iteration"
+        ax.set_title(title, loc="left", fontsize="medium")
+        ax.set_xlabel("")
+    add_key(axes[0], handles)
+    axes[1].set_xlabel("time since the step started (ms); dotted: the end of the step drawn")
     error = report["error"]["iteration_time_frac"]
     fig.suptitle(f"{report.get('scenario', '')} ({report.get('schedule', '')}): iteration time error "
                  f"{error:+.1%}" if error is not None else report.get("scenario", ""))
@@ -68,21 +78,24 @@ def validation_memory_figure(report: dict[str, Any]) -> Any:
     predicted = report["predicted"]["devices"]
     measured = {d["device"]: d for d in report["measured"]["devices"]}
     errors = {e["device"]: e["peak_memory_frac"] for e in report["error"]["devices"]}
-    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(predicted) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(predicted) + 2), 4.2))
     unit, name = (_GiB, "GiB") if max(d["peak_memory_bytes"] for d in predicted) > _GiB else (2.0**20, "MiB")
+    top = 0.0
     for i, device in enumerate(predicted):
         p = device["peak_memory_bytes"] / unit
         m = (measured[device["device"]]["peak_memory_bytes"] or 0) / unit
+        top = max(top, p, m)
         ax.bar(i - 0.2, p, width=0.4, color="tab:blue", label="predicted" if i == 0 else None)
         ax.bar(i + 0.2, m, width=0.4, color="tab:orange", label="measured" if i == 0 else None)
         if errors.get(device["device"]) is not None:
             ax.annotate(f"{errors[device['device']]:+.1%}", (i, max(p, m)), ha="center", va="bottom")
     ax.set_xticks(range(len(predicted)), [f"dev {d['device']}" for d in predicted])
-    kind = "parameters, gradients, optimizer state and saved activations" if report.get("memory") == "counted" \
+    kind = "parameters, gradients, optimizer state\nand saved activations" if report.get("memory") == "counted" \
         else "allocator peak"
     ax.set_ylabel(f"peak memory ({name})")
+    ax.set_ylim(0, top * 1.25 or 1.0)  # room for the error labels and the key above the bars
     ax.set_title(f"peak memory per device ({kind})", fontsize="medium")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
 
@@ -121,7 +134,7 @@ def validation_figure(run: Mapping[str, Any], *, title: str | None = None) -> An
     plt = _pyplot()
     predicted, measured, error = run["predicted"], run["measured"], run.get("error", {})
     fig = plt.figure(figsize=(12, 9.5))
-    grid = fig.add_gridspec(3, 3, height_ratios=[1.15, 1, 1], hspace=0.55, wspace=0.32)
+    grid = fig.add_gridspec(3, 3, height_ratios=[1.15, 1, 1], hspace=0.55, wspace=0.32, right=0.84)
     colours = {"predicted": "C0", "measured": "C1"}
 
     ax = fig.add_subplot(grid[0, 0])
@@ -155,17 +168,22 @@ def validation_figure(run: Mapping[str, Any], *, title: str | None = None) -> An
     end_s = max([r["end_s"] for r in predicted.get("events", []) + measured.get("events", [])]
                 + [predicted["iteration_time_s"], measured["iteration_time_s"]])
     rows = [(d, 1) for d in devices]
-    first = None
+    first, handles, gantts = None, [], []
     for row, (label, side) in enumerate((("predicted", predicted), ("measured", measured)), start=1):
         ax = fig.add_subplot(grid[row, :], sharex=first)
         first = first or ax
+        gantts.append(ax)
         events = side.get("events", [])
         num_mb = max([e["microbatch"] for e in events if e.get("microbatch") is not None] + [0]) + 1
-        draw_gantt(ax, events, rows, num_mb, end_s)
-        ax.set_title(f"{label}: {side['iteration_time_s'] * 1e3:.3g} ms", loc="left", fontsize="medium",
-                     color=colours[label])
+        handles += draw_gantt(ax, events, rows, num_mb, end_s, key=False)
+        if label == "measured" and events:  # one step drawn, the median one: its time need not be the median
+            heading = (f"measured: the median step, {_step_end_s(side) * 1e3:.3g} ms (median of the steps "
+                       f"{side['iteration_time_s'] * 1e3:.3g} ms)")
+        else:
+            heading = f"{label}: {side['iteration_time_s'] * 1e3:.3g} ms"
+        ax.set_title(heading, loc="left", fontsize="medium", color=colours[label])
+    add_key(gantts[0], handles)
     flag = "  [PLACEHOLDER DATA]" if run.get("placeholder") else ""
     fig.suptitle(title or f"{run.get('scenario', '')}: {run.get('schedule', '')} on {run.get('nproc', '?')} "
                  f"{run.get('backend', '')} processes, {run.get('steps', '?')} steps{flag}", fontsize="large")
-    fig.text(0.5, 0.01, LEGEND, ha="center", va="bottom", fontsize="small", color="0.3")
     return fig

@@ -1,0 +1,245 @@
+"""Drawing a Gantt chart of event rows: what every device did, with its key.
+
+The rows are ``SimResult.event_rows``'s (a replay's, or a measured run's: both use them).
+The colour says what an action is: forward blue, backward orange, zero bubble's
+input-gradient backward (I) red and weight-gradient backward (W) green, so the colours never
+repeat whatever the number of micro-batches; the number in a bar is its micro-batch. With
+many micro-batches (or bars too narrow for a number) every k-th is numbered, forwards above
+the row and backwards below, and where bars are too narrow for white edges neighbouring
+micro-batches alternate two shades of their colour. An interleaved plan's model chunks on
+one device are told apart by hatching (chunk 0 plain, chunk 1 ``///``, ...). The gradient
+all-reduce is a grey bar under the row and the optimizer step a black one. ``gantt_key``
+is the legend of what was drawn; ``add_key`` puts one (or several charts' merged) to the
+right of the axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND", "OPTIMIZER_COLOUR",
+           "add_key", "draw_gantt", "gantt_key", "merge_keys"]
+
+KINDS = {
+    "F": ("#4e79a7", "forward (F)"),
+    "B": ("#f28e2b", "backward (B)"),
+    "I": ("#e15759", "input-gradient backward (I)"),
+    "W": ("#59a14f", "weight-gradient backward (W)"),
+}
+"""Compute kind -> (colour, its name in the key)."""
+
+ALLREDUCE_COLOUR = "0.55"
+OPTIMIZER_COLOUR = "black"
+CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "+++")
+"""Hatch of model chunk k on a device (interleaved): chunk 0 plain."""
+
+LABEL_EVERY_MICROBATCHES = 32
+"""Above this many micro-batches (or where bars are too narrow for their numbers) only every
+k-th micro-batch is numbered, about 16 numbers a row, above and below the row; bars too
+narrow for white edges alternate two shades instead."""
+
+LEGEND = ("colour: blue forward, orange backward, red input-gradient backward (I), green weight-gradient "
+          "backward (W); number: micro-batch; hatched: a device's 2nd, 3rd ... model chunk; grey under the "
+          "row: gradient all-reduce; black: optimizer step")
+
+
+def _shade(colour: str, microbatch: int | None, alternate: bool):
+    """The kind's colour; with ``alternate``, a little lighter for odd micro-batches, so that
+    neighbours stay apart where bars are too narrow for white edges."""
+    from matplotlib.colors import to_rgb
+
+    rgb = to_rgb(colour)
+    if alternate and microbatch is not None and microbatch % 2:
+        rgb = tuple(0.7 * c + 0.3 for c in rgb)
+    return rgb
+
+
+def _darker(colour: str):
+    from matplotlib.colors import to_rgb
+
+    return tuple(0.6 * c for c in to_rgb(colour))
+
+
+def _chunks(events) -> dict[tuple[int, int], int]:
+    """(device, stage) -> which of the device's model chunks the stage is (0 for most plans)."""
+    stages: dict[int, set[int]] = {}
+    for row in events:
+        if row["kind"] in KINDS:
+            stages.setdefault(row["device"], set()).add(row["stage"])
+    return {(d, s): k for d, owned in stages.items() for k, s in enumerate(sorted(owned))}
+
+
+_LABEL_PT = 6.0
+"""Font size of the micro-batch numbers."""
+_NICE_STEPS = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256, 500, 1000)
+
+
+def _label_pt(text: str) -> float:
+    """Width in points a number needs (digits are about 0.62 em wide, plus a margin)."""
+    return 0.62 * _LABEL_PT * len(text) + 2.0
+
+
+def _labelling(widths_pt: list[float], num_mb: int) -> tuple[int, bool]:
+    """(k, inside): number every k-th micro-batch, inside its bars or, where the bars are
+    too narrow, above (forward) and below (backward) the row.
+
+    Inside when the typical bar holds the widest number; else every k-th with k the
+    smallest nice step that leaves each number room, and at least enough to keep about
+    ``LABEL_EVERY_MICROBATCHES // 2`` numbers per row.
+    """
+    import statistics
+
+    widest = _label_pt(str(max(num_mb - 1, 0)))
+    typical = statistics.median(widths_pt) if widths_pt else widest
+    if typical >= widest and num_mb <= LABEL_EVERY_MICROBATCHES:
+        return 1, True
+    need = max(widest / max(typical, 1e-6) * 1.3, num_mb / (LABEL_EVERY_MICROBATCHES // 2))
+    return next((k for k in _NICE_STEPS if k >= need), _NICE_STEPS[-1]), False
+
+
+def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: float, *, key: bool = True) -> list:
+    """Bars of compute ``events`` (event-row dicts) on one row per (device, devices it stands
+    for), with the key (``gantt_key``) to the right of the axes unless ``key`` is False.
+    Returns the key's handles (to merge the keys of several charts into one).
+
+    Bars are patches added as plain artists: ``barh`` costs about 1 ms a bar in matplotlib's
+    unit handling and ``add_patch`` a third of that in updating the data limits, which are
+    set once here; with hundreds of bars that was most of a plan's plotting time.
+    """
+    from matplotlib.patches import Rectangle
+
+    index = {d: i for i, (d, _) in enumerate(rows)}
+    chunks = _chunks(events)
+    span_ms = max(end_s * 1e3 * 1.01, 1e-9)
+    # points per millisecond, from the axes' share of the figure (before layout: close enough)
+    pt_per_ms = ax.get_position().width * ax.figure.get_figwidth() * 72 / span_ms
+    drawn = [row for row in events if row["device"] in index and row["end_s"] > row["start_s"]]
+    widths = [(row["end_s"] - row["start_s"]) * 1e3 * pt_per_ms for row in drawn if row["kind"] in KINDS]
+    every, inside = _labelling(widths, num_mb)
+    narrow = bool(widths) and sorted(widths)[len(widths) // 2] < 4.0  # white edges would hide the colours
+    half = 0.35 if inside else 0.25  # bars' half height; thinner ones leave room for numbers above and below
+    seen: set[str] = set()
+    numbers: list[tuple[float, float, str, str, Any]] = []
+    for row in drawn:
+        y = index[row["device"]]
+        start, width = row["start_s"] * 1e3, (row["end_s"] - row["start_s"]) * 1e3
+        kind = row["kind"]
+        if kind in KINDS:
+            m = row["microbatch"]
+            colour = KINDS[kind][0]
+            chunk = chunks.get((row["device"], row["stage"]), 0)
+            hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] or None
+            ax.add_artist(Rectangle((start, y - half), width, 2 * half, facecolor=_shade(colour, m, narrow),
+                                   edgecolor="none" if narrow else "white", linewidth=0.4, hatch=hatch,
+                                   hatchcolor=_darker(colour)))
+            seen.add(kind)
+            if chunk:
+                seen.add(f"chunk{chunk}")
+            if m is None or m % every:
+                continue
+            if inside:
+                if width * pt_per_ms >= _label_pt(str(m)):
+                    numbers.append((start + width / 2, y, str(m), "center", "white" if not hatch else "black"))
+            else:  # forwards' numbers above the row, backwards' below
+                above = kind == "F"
+                numbers.append((start, y - half - 0.01 if above else y + half + 0.01, str(m),
+                                "above" if above else "below", _darker(colour)))
+        elif kind == "REDUCE_GRAD":
+            ax.add_artist(Rectangle((start, y + half), width, 0.14, facecolor=ALLREDUCE_COLOUR, edgecolor="none"))
+            seen.add(kind)
+        elif kind == "OPTIM":
+            ax.add_artist(Rectangle((start, y - half), width, 2 * half, facecolor=OPTIMIZER_COLOUR, edgecolor="none"))
+            seen.add(kind)
+    _draw_numbers(ax, numbers, _LABEL_PT if inside else _LABEL_PT - 0.5)
+    labels = [f"dev {d}" + (f" (x{n})" if n > 1 else "") for d, n in rows]
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set_ylim(len(rows) - 0.5, -0.5 if inside else -0.75)  # first device on top, room for its numbers
+    ax.set_xlabel("time (ms)")
+    ax.set_xlim(0, end_s * 1e3 * 1.01)
+    handles = gantt_key(seen, every=every, inside=inside, alternate=narrow)
+    if key:
+        add_key(ax, handles)
+    return handles
+
+
+def merge_keys(handles) -> list:
+    """Several charts' key handles as one key: each label once (its first handle), what the
+    numbers mean last."""
+    first: dict[str, Any] = {}
+    for handle in handles:
+        first.setdefault(handle.get_label(), handle)
+    order = [name for _, name in KINDS.values()] + ["lighter", "gradient all-reduce", "optimizer step", "model chunk",
+                                                     "number"]
+
+    def rank(handle) -> tuple[int, str]:
+        label = handle.get_label()
+        return next((i for i, start in enumerate(order) if label.startswith(start)), len(order)), label
+
+    return sorted(first.values(), key=rank)
+
+
+def add_key(ax, handles) -> None:
+    """A Gantt chart's key to the right of ``ax``; ``handles`` may hold several charts' keys
+    (``merge_keys``)."""
+    ax.legend(handles=merge_keys(handles), loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="x-small",
+              frameon=False, borderaxespad=0.0, handlelength=1.6)
+
+
+def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt: float) -> None:
+    """The micro-batch numbers ``(x, y, text, where, colour)`` (``where``: ``center``, or
+    ``above``/``below`` the point, left-aligned) as one collection of glyph outlines.
+
+    A Text artist per number costs about half a millisecond to lay out and draw, and a
+    Gantt chart of 16 devices holds a thousand numbers: drawn as one collection they take a
+    few milliseconds. The numbers are kept as ``collection.numbers``, the texts in order."""
+    if not numbers:
+        return
+    from matplotlib.collections import PathCollection
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+    from matplotlib.transforms import Affine2D
+
+    font = FontProperties(size=size_pt)
+    shapes: dict[tuple[str, str], Any] = {}
+    for _, _, text, where, _ in numbers:
+        if (text, where) in shapes:
+            continue
+        path = TextPath((0, 0), text, prop=font)
+        box = path.get_extents()
+        dx = -(box.x0 + box.x1) / 2 if where == "center" else -box.x0
+        dy = {"center": -(box.y0 + box.y1) / 2, "above": -box.y0, "below": -box.y1}[where]
+        shapes[text, where] = path.transformed(Affine2D().translate(dx, dy))
+    collection = PathCollection([shapes[text, where] for _, _, text, where, _ in numbers],
+                                offsets=[(x, y) for x, y, *_ in numbers], offset_transform=ax.transData,
+                                transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points
+                                facecolors=[colour for *_, colour in numbers], edgecolors="none", linewidths=0,
+                                zorder=3)
+    collection.numbers = [text for _, _, text, _, _ in numbers]
+    ax.add_collection(collection, autolim=False)
+
+
+def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = False) -> list:
+    """Legend handles for what a Gantt chart drew: the kinds in ``seen`` (``F``, ``B``, ``I``,
+    ``W``, ``REDUCE_GRAD``, ``OPTIM``, ``chunk1``...) and what the numbers are."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=colour, label=name) for kind, (colour, name) in KINDS.items() if kind in seen]
+    if alternate:
+        handles.append(Patch(facecolor=_shade(KINDS["F"][0], 1, True), label="lighter: odd micro-batch"))
+    if "REDUCE_GRAD" in seen:
+        handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label="gradient all-reduce"))
+    if "OPTIM" in seen:
+        handles.append(Patch(facecolor=OPTIMIZER_COLOUR, label="optimizer step"))
+    chunks = sorted(int(k[5:]) for k in seen if k.startswith("chunk"))
+    if chunks:
+        handles.append(Patch(facecolor="0.85", label="model chunk 0 (plain)"))
+        handles += [Patch(facecolor="0.85", hatch=CHUNK_HATCHES[k % len(CHUNK_HATCHES)], hatchcolor="0.3",
+                          label=f"model chunk {k}") for k in chunks]
+    if inside:
+        numbers = "number: micro-batch"
+    else:
+        numbers = "number: micro-batch" + (f" (every {every}th)" if every > 1 else "") + \
+            ";\nforward above the row,\nbackward below"
+    handles.append(Line2D([], [], linestyle="", label=numbers))  # no marker: the text says it
+    return handles
