@@ -33,7 +33,8 @@ from sim.plan import PlanSpec
 from sim.specs import TrainingSpec
 from sim.summary import Summary
 
-__all__ = ["Evaluation", "Rejection", "RejectionKind", "count_rejections", "evaluate", "evaluation_row"]
+__all__ = ["Evaluation", "Rejection", "RejectionKind", "check_plannable", "count_rejections", "evaluate",
+           "evaluation_row"]
 
 
 class RejectionKind(str, Enum):
@@ -126,6 +127,18 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
         candidate=candidate, engine=engine, plan=planned.plan, training=planned.training, summary=summary,
         rejection=rejection, replayed_ops=sum(len(cls.ops) for cls in result.workload.classes),
     )
+
+
+def check_plannable(scenario: Scenario) -> None:
+    """A scenario whose faults stop every iteration has no plan to find: one line saying so."""
+    from sim.faults import Failure
+
+    failing = [i for i, fault in enumerate(scenario.faults) if isinstance(fault, Failure)]
+    if failing:
+        raise DappleError(
+            f"{scenario.path or scenario.name}: faults[{failing[0]}]: a device failure stops every plan's iteration, "
+            "so there is no plan to choose; remove the failure to plan (dapple-sim simulate shows what it costs)"
+        )
 
 
 def _rejected(candidate: Candidate, engine: str, kind: RejectionKind, exc: DappleError) -> Evaluation:

@@ -24,7 +24,7 @@ import itertools
 import time
 
 from planner.costs import CostTables
-from planner.evaluation import evaluate
+from planner.evaluation import check_plannable, evaluate
 from planner.search import PlannerResult
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.collectives import ring_bytes, ring_s, ring_steps
@@ -89,6 +89,7 @@ def _compositions(total: int, parts: int):
 
 def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
     started = time.perf_counter()
+    check_plannable(scenario)
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     if n > MAX_DEVICES or layers > MAX_LAYERS:
         raise DappleError(

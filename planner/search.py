@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from planner.costs import CostTables
-from planner.evaluation import Evaluation, count_rejections, evaluate
+from planner.evaluation import Evaluation, check_plannable, count_rejections, evaluate
 from planner.space import Candidate, PlannerOptions
 from sim.analytic import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
@@ -129,6 +129,7 @@ def settle(
     progress=None,
 ) -> PlannerResult:
     """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine."""
+    check_plannable(scenario)
     tables = CostTables(scenario)
     capacity = scenario.cluster.device.memory_bytes
     scored = []

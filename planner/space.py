@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.errors import DappleError
+from sim.parallelism import Recompute
 from sim.plan import PlanSpec, StageSpec
 from sim.schedule.policy import DapplePolicy
 from sim.input.scenario import Scenario
@@ -103,10 +104,11 @@ class Candidate:
         return tuple(groups[s % sets] for s in range(self.num_stages))
 
     def describe(self) -> str:
-        """``layers 0–26 × 8 | layers 27–52 × 8`` (chunks of one device set are marked ``@k``)."""
+        """``layers [0, 27) × 8 | layers [27, 53) × 8``: half-open ranges, as plan files and
+        scenarios write a stage's ``layers: [0, 27]`` (chunks of one device set are marked ``@k``)."""
         sets = self.num_stages // self.chunks
         return " | ".join(
-            f"layers {a}–{b - 1} × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
+            f"layers [{a}, {b}) × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
             for s, (a, b, r) in enumerate(zip(self.bounds, self.bounds[1:], self.replicas))
         )
 
@@ -173,7 +175,7 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
         for a, b, devices in zip(candidate.bounds, candidate.bounds[1:], groups)
     )
     plan = PlanSpec(stages=stages, schedule=candidate.schedule, schedule_params=candidate.params,
-                    recompute=candidate.recompute)
+                    recompute=Recompute.of(candidate.recompute))
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)

@@ -10,14 +10,22 @@ A point never raises: a bad value or an impossible plan is its ``error``, in one
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from planner.sweep_file import Point, Sweep, SweepError, column_value, override_value, planner_option
+from planner.sweep_file import (
+    Point,
+    Sweep,
+    SweepError,
+    column_value,
+    override_value,
+    planner_option,
+)
+from sim import jsonio
 from sim.errors import DappleError
+from sim.parallelism import Recompute
 from sim.summary import metrics_row
 
 __all__ = ["one_line", "run_point"]
@@ -69,7 +77,7 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         from sim.engine.run import run_scenario
 
         result = run_scenario(scenario, engine=engine)
-        row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute)
+        row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute is Recompute.FULL)
         return row
     return {**row, **_plan(scenario, planner, options)}
 
@@ -88,5 +96,5 @@ def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
         **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
         "recompute": best.candidate.recompute, "schedule": column_value(row["schedule"]),
         "plan_description": row["description"], "plan_placement": row["placement"],
-        "plan_json": json.dumps(best.plan_file(), sort_keys=True), "planner_note": found.note or None,
+        "plan_json": jsonio.dumps(best.plan_file(), sort_keys=True), "planner_note": found.note or None,
     }

@@ -21,6 +21,7 @@ from typing import Any
 from sim.errors import DappleError
 from sim.input.scenario import Scenario, load_scenario
 from sim.models import build_model
+from sim.parallelism import Recompute, Sharding
 from sim.plan import PlanSpec
 from sim.model_spec import ModelSpec
 
@@ -119,7 +120,23 @@ def load_runnable(
         raise DappleError(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
+    _check_runtime_supports(scenario.plan, str(path))
     return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path)))
+
+
+def _check_runtime_supports(plan: PlanSpec, source: str) -> None:
+    """The runtime runs data × pipeline plans with full or no recompute; anything else is one
+    line before launch (the simulator models it: ``dapple-sim simulate``)."""
+    unsupported = [
+        ("plan.tensor_parallel", plan.tensor_parallel > 1),
+        ("plan.context_parallel", plan.context_parallel > 1),
+        ("plan.sharding", plan.sharding is not Sharding.NONE),
+        ("plan.recompute", plan.recompute is Recompute.SELECTIVE),
+    ]
+    for key, present in unsupported:
+        if present:
+            raise DappleError(f"{source}: {key}: not supported by the runtime yet (it runs data x pipeline plans "
+                              "with recompute none or full); dapple-sim simulate models this plan")
 
 
 def check_world(plan: PlanSpec, world_size: int) -> None:

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from sim.model_spec import ModelSpec
+from sim.kernels import ATTENTION_CORE
+from sim.parallelism import Recompute, Sharding, StateBytes, model_state_bytes
 from sim.specs import DTYPE_BYTES, DeviceSpec
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "attention_core_s", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
            "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost", "static_bytes"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
@@ -147,6 +149,17 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
         + launches * tensors * device.kernel_overhead_s
 
 
+def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
+    """Forward time of a layer's attention core (scores, softmax, attention over values), which
+    selective recompute runs again in the backward; 0 for a layer without one."""
+    total = 0.0
+    for k in layer.kernels:
+        if k.name in ATTENTION_CORE and samples:
+            dims = (k.rows * samples, k.cols, k.inner) if k.flop > 0 else None
+            total += kernel_time_s(k.flop * samples, k.bytes * samples + k.fixed_bytes, device, dtype, dims)
+    return total
+
+
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
     """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica."""
     params = model.param_bytes(start, end)
@@ -166,13 +179,17 @@ class StageCost:
     wgrad_s: float
     """Part of ``bwd_s`` that computes weight gradients (the W of zero-bubble schedules)."""
     param_bytes: float
-    """Parameter bytes held by the replica."""
+    """Parameter bytes of the layers on this device (its tensor-parallel share, unsharded by ZeRO)."""
     static_bytes: float
-    """Parameters, gradients and optimizer state held by the replica at rest."""
+    """Parameters, gradients and optimizer state held by the device at rest (``states.total``)."""
+    states: StateBytes
+    """``static_bytes`` by kind, as data-parallel sharding leaves them (``sim.parallelism``)."""
     optimizer_s: float
     """The replica's optimizer step over the stage's parameters, seconds."""
     stash_bytes: float
     """Activation bytes the slice keeps from its forward until its backward."""
+    rebuilt_bytes: float = 0.0
+    """Full recompute: the activations the backward rebuilds at once (the largest checkpointed segment's)."""
     input_bytes: float
     """Bytes of the slice's stage input (what the previous stage sends)."""
     output_bytes: float
@@ -186,38 +203,73 @@ def stage_cost(
     end: int,
     samples: int,
     *,
-    recompute: bool = False,
+    recompute: Recompute | bool = Recompute.NONE,
+    data_parallel: int = 1,
+    sharding: Sharding = Sharding.NONE,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``.
 
-    With ``recompute`` the backward includes a second forward and only the stage input is
-    stashed (Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3).
+    ``model`` holds one device's share of each layer (``sim.models.shard_model``). With full
+    recompute the backward includes a second forward and the forward keeps only checkpoints:
+    the input of each transformer block (Megatron-LM's ``--recompute-granularity full``,
+    Korthikanti et al. 2022, Table 2) and of each run of other layers (for a stage of those
+    alone, its input: Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3);
+    the backward rebuilds one checkpointed segment at a time; with selective
+    recompute the backward runs attention's score, softmax and value products again and the
+    stash leaves out their s×s tensors (Korthikanti et al. 2022, §5). ``data_parallel``
+    devices hold the same parameters; ``sharding`` divides their states over them (ZeRO,
+    Rajbhandari et al. 2020, §5) and with it the optimizer step, which each device runs on
+    its shard.
     """
-    fwd_s = bwd_s = wgrad_s = stash = 0.0
-    for layer in model.layers[start:end]:
+    recompute = Recompute.of(recompute)
+    fwd_s = bwd_s = wgrad_s = stash = again_s = checkpoints = rebuilt = segment = 0.0
+    opened = False
+    for k, layer in enumerate(model.layers[start:end], start=start):
         layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
         fwd_s += layer_fwd
         bwd_s += layer_bwd
         wgrad_s += layer_wgrad
-        stash += layer.stash_bytes * samples
+        if recompute is Recompute.SELECTIVE:
+            stash += layer.selective_stash * samples
+            again_s += attention_core_s(layer, device, model.dtype, samples)
+        else:
+            stash += layer.stash_bytes * samples
+        # full recompute checkpoints segments: a transformer block on its own (its checkpoint_bytes),
+        # any run of other layers from the input of its first (for them alone: the stage input)
+        if layer.checkpoint_bytes is not None:
+            checkpoints += layer.checkpoint_bytes * samples
+            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples), 0.0
+            opened = False
+        else:
+            if not opened:
+                checkpoints += model.boundary_bytes[k] * samples
+                opened = True
+            segment += layer.stash_bytes * samples
+            rebuilt = max(rebuilt, segment)
     input_bytes = model.boundary_bytes[start] * samples
-    if recompute:
+    if recompute is Recompute.FULL:  # checkpoints kept; the backward reruns one segment at a time
         bwd_s += fwd_s
-        stash = input_bytes
+        stash = checkpoints
+    bwd_s += again_s
     if samples and end > start:  # the recomputed forward runs inside the backward's action
         fwd_s += device.action_overhead_s
         bwd_s += device.action_overhead_s
     params = model.param_bytes(start, end)
     tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end])
+    states = model_state_bytes(params, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
+                               data_parallel=data_parallel, sharding=sharding)
+    stepped = params if sharding is Sharding.NONE else params / data_parallel
     return StageCost(
         samples=samples,
         fwd_s=fwd_s,
         bwd_s=bwd_s,
         wgrad_s=wgrad_s,
         param_bytes=params,
-        static_bytes=static_bytes(model, start, end),
-        optimizer_s=optimizer_step_s(device, model.optimizer, model.dtype, params, tensors),
+        static_bytes=states.total,
+        states=states,
+        optimizer_s=optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors),
         stash_bytes=stash,
+        rebuilt_bytes=rebuilt if recompute is Recompute.FULL else 0.0,
         input_bytes=input_bytes,
         output_bytes=model.boundary_bytes[end] * samples,
     )

@@ -51,6 +51,10 @@ class LayerSpec:
     param_tensors: int | None = None
     """Parameter tensors (weights, biases) the optimizer steps one by one; None: two (a weight
     and a bias) for a layer with parameters, as a measured profile does not say."""
+    checkpoint_bytes: float | None = None
+    """What it keeps per sample under full recompute: its input, checkpointed (Korthikanti et al.
+    2022, Table 2: 2sbh per transformer block, 2sbh/t with sequence parallelism); None: the bytes
+    of the cut before it (``ModelSpec.boundary_bytes``)."""
     selective_stash_bytes: float | None = None
     """What it stashes per sample under selective recompute (Korthikanti et al. 2022, §5: all but
     attention's s×s tensors); None: the same as ``stash_bytes`` (nothing to recompute)."""

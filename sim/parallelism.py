@@ -59,6 +59,21 @@ class Recompute(str, Enum):
     FULL = "full"
     """Only the block's input; the backward runs the forward again (Chen et al. 2016)."""
 
+    def __bool__(self) -> bool:
+        """Whether anything is recomputed (``none`` is false, as ``recompute: false`` reads)."""
+        return self is not Recompute.NONE
+
+    def to_json(self) -> bool | str:
+        """What plan files write: ``false`` and ``true`` for none and full (as older files do), else the name."""
+        return {Recompute.NONE: False, Recompute.FULL: True}.get(self, self.value)
+
+    @classmethod
+    def of(cls, value: "Recompute | bool | str") -> "Recompute":
+        """A mode from what users and older plan files write: ``true``/``false`` mean full/none."""
+        if isinstance(value, bool):
+            return cls.FULL if value else cls.NONE
+        return cls(value)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shard:

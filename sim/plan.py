@@ -10,6 +10,13 @@ The distinct device sets, in order of first use, are the pipeline *ranks* of the
 IR. With ``interleaved`` a device set runs several stages (model chunks): stage ``s`` runs
 on device set ``s mod R``.
 
+Inside a stage, devices are laid out as in Megatron-LM: tensor-parallel groups of
+``tensor_parallel`` consecutive ids (innermost), then context-parallel groups, then the
+data-parallel replicas; a stage's device count is replicas × ``context_parallel`` ×
+``tensor_parallel``, and DAPPLE's uneven replica counts per stage stay. ``sharding`` says how
+data parallelism shards the model states (ZeRO-1/2/3, FSDP) and ``recompute`` what a block
+keeps for its backward (``sim.parallelism``).
+
 ``PlanSpec.__post_init__`` checks what a plan alone can get wrong; ``check_plan`` checks it
 against a model's layer count and a cluster's device count.
 """
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.errors import SpecError
+from sim.parallelism import Recompute, Shard, Sharding
 
 if TYPE_CHECKING:
     from sim.schedule.ir import Schedule
@@ -71,16 +79,43 @@ class PlanSpec:
     or ``file`` when ``custom_schedule`` comes from a hand-written ``schedule_file``."""
     schedule_params: tuple[tuple[str, object], ...] = ()
     """Extra parameters of the generator as sorted (name, value) pairs, e.g. ``(("policy", "2(s-i)-1"),)``."""
-    recompute: bool = False
-    """Recompute each stage's forward before its backward, stashing only the stage input."""
+    recompute: Recompute = Recompute.NONE
+    """What a stage keeps for its backward: everything (``none``), all but attention's s×s
+    tensors (``selective``), or only its input, running the forward again (``full``)."""
     schedule_file: str | None = None
     """Path of a hand-written schedule (one line per rank), if the plan names one."""
     custom_schedule: Schedule | None = None
     """The parsed, checked hand-written schedule."""
+    tensor_parallel: int = 1
+    """t: devices of a tensor-parallel group (consecutive ids inside each replica)."""
+    sequence_parallel: bool = False
+    """Megatron-style sequence parallelism over the tensor-parallel group (needs t > 1)."""
+    context_parallel: int = 1
+    """c: devices of a context-parallel (ring attention) group inside each replica."""
+    sharding: Sharding = Sharding.NONE
+    """How data parallelism shards parameters, gradients and optimizer states."""
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise SpecError("stages", "a plan needs at least one stage")
+        if not isinstance(self.recompute, Recompute):
+            raise SpecError("recompute", f"must be one of {', '.join(r.value for r in Recompute)}, got {self.recompute!r}")
+        if not isinstance(self.sharding, Sharding):
+            raise SpecError("sharding", f"must be one of {', '.join(s.value for s in Sharding)}, got {self.sharding!r}")
+        for key in ("tensor_parallel", "context_parallel"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(key, f"must be an integer >= 1, got {value!r}")
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise SpecError("sequence_parallel", "needs tensor_parallel > 1 (it splits the sequence over that group)")
+        group = self.group_size
+        for index, stage in enumerate(self.stages):
+            if len(stage.devices) % group:
+                raise SpecError(
+                    f"stages[{index}].devices",
+                    f"{len(stage.devices)} devices are not a multiple of context_parallel × tensor_parallel = {group}; "
+                    f"give a multiple of {group} (replicas × {self.context_parallel} × {self.tensor_parallel})",
+                )
         used: dict[int, tuple[int, ...]] = {}
         for group in self.device_groups:
             for device in group:
@@ -95,6 +130,44 @@ class PlanSpec:
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def group_size(self) -> int:
+        """Devices of one data-parallel replica: ``context_parallel × tensor_parallel``."""
+        return self.context_parallel * self.tensor_parallel
+
+    @property
+    def shard(self) -> Shard:
+        """One device's share of every layer."""
+        return Shard(tensor=self.tensor_parallel, context=self.context_parallel,
+                     sequence_parallel=self.sequence_parallel)
+
+    def replicas(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The data-parallel replicas of a stage, each its ``group_size`` devices in layout order
+        (tensor-parallel rank innermost, then context-parallel rank)."""
+        devices, n = self.stages[stage].devices, self.group_size
+        return tuple(devices[i:i + n] for i in range(0, len(devices), n))
+
+    def num_replicas(self, stage: int) -> int:
+        """Data-parallel replicas of a stage (its devices over ``group_size``)."""
+        return len(self.stages[stage].devices) // self.group_size
+
+    def tensor_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The stage's tensor-parallel groups: ``tensor_parallel`` consecutive devices each."""
+        devices, t = self.stages[stage].devices, self.tensor_parallel
+        return tuple(devices[i:i + t] for i in range(0, len(devices), t))
+
+    def context_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The stage's context-parallel groups: in each replica, the devices of one tensor rank."""
+        t = self.tensor_parallel
+        return tuple(replica[k::t] for replica in self.replicas(stage) for k in range(t))
+
+    def gradient_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """Devices that hold the same parameters and sum their gradients: one group per tensor
+        rank, over every replica and context rank (Megatron's data-parallel group with context
+        parallelism folded in)."""
+        t, devices = self.tensor_parallel, self.stages[stage].devices
+        return tuple(devices[k::t] for k in range(t))
 
     @property
     def params(self) -> dict[str, object]:
@@ -153,13 +226,27 @@ def check_plan(plan: PlanSpec, *, num_layers: int, num_devices: int) -> None:
         )
     ranks = plan.stage_ranks
     num_ranks = len(plan.device_groups)
-    if any(rank != index % num_ranks for index, rank in enumerate(ranks)) and plan.schedule != "file":
+    from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES
+    from sim.schedule.vshape import v_stage_ranks
+
+    if plan.schedule in V_SCHEDULES and ranks != v_stage_ranks(num_ranks):
         raise SpecError(
             "stages",
-            f"stages reuse device sets in the order {list(ranks)}; stage s must run on device set s mod {num_ranks}",
+            f"{plan.schedule} runs two chunks per device set in a V: stage s on device set s and stage "
+            f"2R-1-s on it too, so {num_ranks} device sets take {2 * num_ranks} stages in the order "
+            f"{list(v_stage_ranks(num_ranks))}; the stages use device sets in the order {list(ranks)}",
         )
-    if num_ranks != plan.num_stages and plan.schedule not in ("interleaved", "file"):
-        raise SpecError(
-            "stages",
-            f"stages share devices, which only the interleaved schedule (or a schedule_file) supports, not {plan.schedule!r}",
-        )
+    looped = plan.schedule in LOOPED_SCHEDULES
+    if plan.schedule not in V_SCHEDULES and plan.schedule != "file":
+        if any(rank != index % num_ranks for index, rank in enumerate(ranks)):
+            raise SpecError(
+                "stages",
+                f"stages reuse device sets in the order {list(ranks)}; stage s must run on device set s mod {num_ranks}",
+            )
+        if num_ranks != plan.num_stages and not looped:
+            shared = ", ".join(sorted((LOOPED_SCHEDULES | V_SCHEDULES) - {"interleaved"}))
+            raise SpecError(
+                "stages",
+                f"stages share devices, which only the interleaved schedule (or {shared}, or a schedule_file) "
+                f"supports, not {plan.schedule!r}",
+            )

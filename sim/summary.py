@@ -20,7 +20,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceSummary", "FailureDetail", "FaultImpact", "IdleGrowth", "OomDetail", "Summary", "metrics_row"]
+__all__ = ["DeviceSummary", "FailureDetail", "FaultImpact", "IdleGrowth", "MemoryBreakdown", "OomDetail", "Parallelism",
+           "Summary", "metrics_row"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """The plan's degrees: how many devices share each dimension of the work."""
+
+    tensor: int
+    context: int
+    pipeline: int
+    """Pipeline ranks (distinct device sets)."""
+    data: int
+    """Data-parallel replicas of the widest stage (stages may differ: DAPPLE's uneven plans)."""
+    sharding: str
+    sequence_parallel: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "context": self.context, "pipeline": self.pipeline, "data": self.data,
+                "sharding": self.sharding, "sequence_parallel": self.sequence_parallel}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """A device's bytes by kind at its peak: states at rest, then what the iteration adds."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    """Stashed activations held at the peak."""
+    buffers: float
+    """Communication buffers held at the peak: received activations and gradients, gathered parameters."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "buffers": self.buffers}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,9 +80,12 @@ class DeviceSummary:
     """Peak of the stashed activations alone (no parameters, no receive buffers)."""
     bytes_sent: float
     bytes_received: float
+    memory_breakdown: MemoryBreakdown | None = None
+    """``peak_memory_bytes`` by kind (``memory_breakdown_bytes`` in JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "memory_breakdown_bytes": None if self.memory_breakdown is None else self.memory_breakdown.to_json(),
             "device": self.device, "stage": self.stage, "stages": list(self.stages), "busy_s": self.busy_s,
             "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_time_s": self.peak_memory_time_s,
@@ -144,6 +183,11 @@ class Summary:
     devices: tuple[DeviceSummary, ...]
     failure: FailureDetail | None = None
     fault_impact: FaultImpact | None = None
+    parallelism: Parallelism | None = None
+    tokens_per_s: float | None = None
+    """Training tokens per second (transformers: samples × sequence length)."""
+    model_flops_per_device_per_s: float | None = None
+    """Model FLOPs (as MFU counts them) per device per second."""
 
     @property
     def oom(self) -> bool:
@@ -166,6 +210,9 @@ class Summary:
             "schedule": self.schedule, "num_stages": self.num_stages, "num_microbatches": self.num_microbatches,
             "num_devices": self.num_devices, "device_classes": self.device_classes,
             "devices": [d.to_json() for d in self.devices],
+            "parallelism": None if self.parallelism is None else self.parallelism.to_json(),
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_device_per_s": self.model_flops_per_device_per_s,
         }
         if self.failure is not None:
             data["failure"] = self.failure.to_json()

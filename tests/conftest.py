@@ -40,6 +40,7 @@ def synthetic_scenario(
     in order; with ``ranks`` (interleaved), stage s uses the devices of rank ``ranks[s]``;
     ``send_overhead_s``, ``send_bandwidth`` and ``recv_overhead_s`` are both links' charges
     on the compute streams for sending and receiving."""
+    from sim.parallelism import Recompute
     from sim.plan import PlanSpec, StageSpec
     from sim.input.scenario import Scenario
     from sim.model_spec import LayerSpec, ModelSpec
@@ -72,6 +73,7 @@ def synthetic_scenario(
                                               recv_overhead_s=recv_overhead_s))
     microbatch_size = microbatch_size or max(replicas)
     plan = PlanSpec(stages=tuple(StageSpec(layers=(s, s + 1), devices=groups[ranks[s]]) for s in range(num_stages)),
-                    schedule=schedule, schedule_params=tuple(sorted(dict(params).items())), recompute=recompute)
+                    schedule=schedule, schedule_params=tuple(sorted(dict(params).items())),
+                    recompute=Recompute.of(recompute))
     training = TrainingSpec(global_batch_size=microbatch_size * microbatches, microbatch_size=microbatch_size)
     return Scenario(name="synthetic", cluster=cluster, model=model, training=training, plan=plan)

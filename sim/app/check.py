@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.cost import split_samples, stage_cost
+from sim.models import shard_model
 from sim.input.scenario import Scenario
 from sim.units import format_bytes, format_time
 
@@ -54,26 +55,39 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         return info
     info["schedule"] = plan.schedule if plan.custom_schedule is None else f"file:{plan.schedule_file}"
     info["schedule_params"] = plan.params
-    info["recompute"] = plan.recompute
+    info["recompute"] = plan.recompute.to_json()
     info["num_stages"] = plan.num_stages
+    info["parallelism"] = {"tensor": plan.tensor_parallel, "context": plan.context_parallel,
+                           "pipeline": len(plan.device_groups), "sequence_parallel": plan.sequence_parallel,
+                           "sharding": plan.sharding.value,
+                           "data": max(plan.num_replicas(s) for s in range(plan.num_stages))}
+    info["group_spans"] = _group_spans(plan, cluster)
+    for name, spans in info["group_spans"].items():
+        if spans == "across servers" and name != "data-parallel":  # data parallelism across servers is the norm
+            info["warnings"].append(f"{name} groups span servers: their collectives cross the NICs "
+                                    f"(keep {name} groups inside a server of {cluster.devices_per_node} devices)")
     at_rest: dict[int, float] = {}
+    at_rest_by_kind: dict[int, dict[str, float]] = {}
     stages_of: dict[int, list[int]] = {}
+    part = shard_model(model, plan.shard)
     for index, stage in enumerate(plan.stages):
         start, end = stage.layers
-        slices = split_samples(training.microbatch_size, stage.num_replicas)
-        cost = stage_cost(model, cluster.device, start, end, max(slices), recompute=plan.recompute)
+        replicas = plan.num_replicas(index)
+        slices = split_samples(training.microbatch_size, replicas)
+        cost = stage_cost(part, cluster.device, start, end, max(slices), recompute=plan.recompute,
+                          data_parallel=len(plan.gradient_groups(index)[0]), sharding=plan.sharding)
         idle = sum(1 for n in slices if n == 0)
         if idle:
             info["warnings"].append(
-                f"stage {index}: a micro-batch of {training.microbatch_size} samples over {stage.num_replicas} "
-                f"replicas leaves {idle} replicas idle; use microbatch_size >= {stage.num_replicas}"
+                f"stage {index}: a micro-batch of {training.microbatch_size} samples over {replicas} "
+                f"replicas leaves {idle} replicas idle; use microbatch_size >= {replicas}"
             )
         info["stages"].append(
             {
                 "stage": index,
                 "layers": [start, end],
                 "devices": list(stage.devices),
-                "replicas": stage.num_replicas,
+                "replicas": replicas,
                 "samples_per_replica": list(slices),
                 "param_bytes": cost.param_bytes,
                 "fwd_s": cost.fwd_s,
@@ -84,6 +98,9 @@ def describe(scenario: Scenario) -> dict[str, Any]:
         )
         for device in stage.devices:
             at_rest[device] = at_rest.get(device, 0.0) + cost.static_bytes
+            kinds = at_rest_by_kind.setdefault(device, {"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0})
+            for kind in kinds:
+                kinds[kind] += getattr(cost.states, kind)
             stages_of.setdefault(device, []).append(index)
     capacity = cluster.device.memory_bytes
     for device in sorted(at_rest):
@@ -93,6 +110,7 @@ def describe(scenario: Scenario) -> dict[str, Any]:
                 "node": cluster.node_of(device),
                 "stages": stages_of[device],
                 "memory_at_rest_bytes": at_rest[device],
+                "memory_at_rest_by_kind_bytes": at_rest_by_kind[device],
                 "fits_at_rest": at_rest[device] <= capacity,
             }
         )
@@ -106,6 +124,19 @@ def describe(scenario: Scenario) -> dict[str, Any]:
     if unused:
         info["warnings"].append(f"{unused} of the cluster's {cluster.num_devices} devices are not used by the plan")
     return info
+
+
+def _group_spans(plan, cluster) -> dict[str, str]:
+    """Whether each kind of group (tensor, context, data) stays inside one server."""
+    kinds = {"tensor-parallel": plan.tensor_groups, "context-parallel": plan.context_groups,
+             "data-parallel": plan.gradient_groups}
+    spans = {}
+    for name, groups_of in kinds.items():
+        groups = [g for s in range(plan.num_stages) for g in groups_of(s) if len(g) > 1]
+        if groups:
+            across = any(len({cluster.node_of(d) for d in g}) > 1 for g in groups)
+            spans[name] = "across servers" if across else "inside one server"
+    return spans
 
 
 def _ranges(ids: list[int]) -> str:
@@ -143,19 +174,27 @@ def format_description(info: dict[str, Any]) -> str:
     ]
     if info["num_stages"] is not None:
         params = "".join(f", {k}={v}" for k, v in sorted(info.get("schedule_params", {}).items()))
-        recompute = ", recompute" if info.get("recompute") else ""
+        recompute = info.get("recompute")
+        recompute = "" if recompute is False else f", recompute {'full' if recompute is True else recompute}"
         lines.append(f"plan: {info['num_stages']} stages, schedule {info['schedule']}{params}{recompute}")
+        degrees = info["parallelism"]
+        lines.append(f"parallelism: tensor {degrees['tensor']}{' + sequence' if degrees['sequence_parallel'] else ''}"
+                     f" x context {degrees['context']} x pipeline {degrees['pipeline']} x data {degrees['data']}, "
+                     f"sharding {degrees['sharding']}"
+                     + "".join(f"; {name} groups {span}" for name, span in info["group_spans"].items()))
         header = f"  {'stage':>5} {'layers':>9} {'replicas':>8} {'fwd/mb':>9} {'bwd/mb':>9} {'at rest':>10}"
         lines.append(header)
         for stage in info["stages"]:
-            layers = f"{stage['layers'][0]}-{stage['layers'][1] - 1}"
+            layers = f"[{stage['layers'][0]}, {stage['layers'][1]})"
             lines.append(
                 f"  {stage['stage']:>5} {layers:>9} {stage['replicas']:>8} {format_time(stage['fwd_s']):>9} "
                 f"{format_time(stage['bwd_s']):>9} {format_bytes(stage['memory_at_rest_bytes']):>10}"
             )
-        peak = max(d["memory_at_rest_bytes"] for d in info["devices"])
+        top = max(info["devices"], key=lambda d: d["memory_at_rest_bytes"])
+        kinds = ", ".join(f"{kind} {format_bytes(value)}" for kind, value in top["memory_at_rest_by_kind_bytes"].items())
         lines.append(
-            f"memory at rest: at most {format_bytes(peak)} per device of {format_bytes(info['device_memory_bytes'])}"
+            f"memory at rest: at most {format_bytes(top['memory_at_rest_bytes'])} per device of "
+            f"{format_bytes(info['device_memory_bytes'])} ({kinds})"
         )
     for warning in info["warnings"]:
         lines.append(f"warning: {warning}")

@@ -10,6 +10,13 @@ counts and ring steps of ``sim.collectives`` (the closed forms the planners use 
   a ring all-reduce of each GPU's shard across the servers through the NICs (phase 1), a
   ring all-gather inside each server (phase 2).
 
+With tensor parallelism each tensor rank's devices (over the replicas and context ranks,
+``PlanSpec.gradient_groups``) reduce their share; the groups run side by side in the same
+phases. With ``sharding: optimizer`` or ``gradients`` the all-reduce becomes a reduce-scatter
+and an all-gather of the same bytes (Megatron's distributed optimizer, ZeRO-1/2); with
+``full`` only the reduce-scatter is left (the parameters are gathered per action,
+``sim.engine.groups``).
+
 Flows are labelled ``("AR", stage, phase)``; each phase also carries its latency, one link
 latency per ring step, which the replay adds after the phase's slowest flow.
 """
@@ -20,6 +27,7 @@ from collections import defaultdict
 
 from sim.collectives import ring_bytes, ring_steps
 from sim.engine.workload import Collective, FlowKind
+from sim.parallelism import Sharding
 
 __all__ = ["allreduce_flows", "build_collectives"]
 
@@ -33,39 +41,47 @@ def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, f
     """
     flows, latency = [], {}
     for s, stage in enumerate(plan.stages):
-        if stage.num_replicas < 2:
-            continue
         grad_bytes = model.param_bytes(*stage.layers)
-        by_node = defaultdict(list)
-        for d in sorted(stage.devices):
-            by_node[cluster.node_of(d)].append(d)
-        groups = [by_node[n] for n in sorted(by_node)]
-        widest = max(len(g) for g in groups)
-        if widest > 1:
-            # one server: the whole ring all-reduce in one phase; several: its two halves
-            halves = 2 if len(groups) == 1 else 1
-            for phase in (0,) if len(groups) == 1 else (0, 2):
-                latency[(s, phase)] = ring_steps(widest, halves=halves) * cluster.intra_node.latency_s
-                for g in groups:
-                    n = len(g)
-                    for i, d in enumerate(g if n > 1 else []):
-                        flows.append((d, g[(i + 1) % n], ("AR", s, phase), ring_bytes(n, grad_bytes, halves=halves)))
-        if len(groups) > 1:
-            k = len(groups)
-            latency[(s, 1)] = ring_steps(k) * cluster.inter_node.latency_s
-            for j, g in enumerate(groups):
-                nxt = groups[(j + 1) % k]
-                for i, d in enumerate(g):
-                    # each GPU carries its 1/n shard of the cross-server ring
-                    flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_bytes(k, grad_bytes) / len(g)))
+        if plan.sharding is Sharding.FULL:
+            grad_bytes *= 0.5  # only the gradients' reduce-scatter: the parameters are gathered per action
+        for group in plan.gradient_groups(s):
+            if len(group) < 2:
+                continue
+            _group_allreduce(s, group, grad_bytes, cluster, flows, latency)
     return flows, latency
+
+
+def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
+    """One gradient group's ring (one server) or hierarchical (several) all-reduce."""
+    by_node = defaultdict(list)
+    for d in sorted(group):
+        by_node[cluster.node_of(d)].append(d)
+    groups = [by_node[n] for n in sorted(by_node)]
+    widest = max(len(g) for g in groups)
+    if widest > 1:
+        # one server: the whole ring all-reduce in one phase; several: its two halves
+        halves = 2 if len(groups) == 1 else 1
+        for phase in (0,) if len(groups) == 1 else (0, 2):
+            latency[(s, phase)] = ring_steps(widest, halves=halves) * cluster.intra_node.latency_s
+            for g in groups:
+                n = len(g)
+                for i, d in enumerate(g if n > 1 else []):
+                    flows.append((d, g[(i + 1) % n], ("AR", s, phase), ring_bytes(n, grad_bytes, halves=halves)))
+    if len(groups) > 1:
+        k = len(groups)
+        latency[(s, 1)] = ring_steps(k) * cluster.inter_node.latency_s
+        for j, g in enumerate(groups):
+            nxt = groups[(j + 1) % k]
+            for i, d in enumerate(g):
+                # each GPU carries its 1/n shard of the cross-server ring
+                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_bytes(k, grad_bytes) / len(g)))
 
 
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:
     """One :class:`Collective` per stage with replicas: its phases' flow kinds, in phase order."""
     result = []
     for s, stage in enumerate(plan.stages):
-        if stage.num_replicas < 2:
+        if len(plan.gradient_groups(s)[0]) < 2:
             continue
         phases = []
         for phase in (0, 1, 2):
@@ -79,7 +95,7 @@ def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dic
                 stage=s,
                 participants=participants,
                 phases=tuple(phases),
-                bytes=model.param_bytes(*stage.layers),
+                bytes=model.param_bytes(*stage.layers),  # one device's share (tensor parallelism)
             )
         )
     return result

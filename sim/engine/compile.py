@@ -9,7 +9,12 @@ The engine (``sim.engine.replay``) and the fast path (``sim.engine.fastpath``) r
   replicas like ``torch.tensor_split``, ``sim.cost.sample_ranges``) and what each action
   costs it in time and memory (``sim.cost.stage_cost``);
 * the flows and the ports they cross (``sim.engine.flows``), the gradient all-reduces
-  (``sim.engine.collectives``);
+  (``sim.engine.collectives``) and the collectives inside each replica's tensor- and
+  context-parallel groups and FSDP's gathers (``sim.engine.groups``);
+* with tensor or context parallelism every device holds its share of each layer
+  (``sim.models.shard_model``): the costs, the bytes between stages and the gradients are
+  that share's; a micro-batch splits over a stage's data-parallel replicas, and every device
+  of a replica processes its replica's samples;
 * the faults each device and port carries (stragglers, failures, jitter, slow links).
 
 Devices that must behave identically are merged into classes (``sim.engine.symmetry``); with
@@ -20,18 +25,32 @@ check the reduction.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from sim.cost import sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
 from sim.engine.flows import PortTable, flow_kinds, kinds_by_class, p2p_flows
+from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
 from sim.engine.symmetry import refine
-from sim.engine.workload import COMPUTE, RECV, REDUCE, SEND, DeviceClass, Op, Workload
+from sim.engine.workload import (
+    COMPUTE,
+    GROUP,
+    RECV,
+    REDUCE,
+    SEND,
+    DeviceClass,
+    Op,
+    Workload,
+)
 from sim.faults import jitter_factors
 from sim.input.scenario import Scenario
-from sim.models import model_flop_per_sample
-from sim.schedule.ir import ActionKind
+from sim.model_spec import ModelSpec
+from sim.models import mfu_flop_per_sample, shard_model
+from sim.parallelism import Recompute, Sharding, StateBytes
+from sim.schedule.ir import ActionKind, Schedule
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import schedule_for_plan
+from sim.summary import Parallelism
 
 __all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload"]
 
@@ -48,14 +67,16 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     if not schedule.is_lowered:
         schedule = lower(schedule)
     stage_ranks, groups = plan.stage_ranks, plan.device_groups
+    whole, model = model, shard_model(model, plan.shard)
     devices = sorted(d for g in groups for d in g)
     local = {d: i for i, d in enumerate(devices)}
     rank_of = {d: r for r, g in enumerate(groups) for d in g}
-    samples = {s: sample_ranges(training.microbatch_size, st.devices) for s, st in enumerate(plan.stages)}
+    samples = {s: _replica_samples(plan, s, training.microbatch_size) for s in range(plan.num_stages)}
     stages_of_rank = [tuple(s for s, r in enumerate(stage_ranks) if r == rank) for rank in range(len(groups))]
 
     ar_flows, ar_latency = allreduce_flows(plan, model, cluster)
-    flows = p2p_flows(plan, model, training.microbatch_size) + ar_flows
+    g_flows, g_latency = group_flows(plan, model, cluster, samples)
+    flows = p2p_flows(plan, model, training.microbatch_size) + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
     nic_local = {n: i for i, n in enumerate(nic_ids)}
     faults = FaultView(scenario.faults, cluster)
@@ -82,13 +103,13 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     for d in devices:
         members[class_of[d]].append(d)
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
+    group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
     by_class = kinds_by_class(kinds)
-    classes = tuple(
-        _device_class(index, tuple(members[index]), scenario, schedule, rank_of, stages_of_rank, samples, kinds,
-                      collectives, by_class, faults)
-        for index in range(len(members))
-    )
-    flop = model_flop_per_sample(model) if all(not layer.is_measured for layer in model.layers) else None
+    context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
+                       stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
+                       group_of=group_of, by_class=by_class, faults=faults)
+    classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
+    flop = mfu_flop_per_sample(whole)
     return Workload(
         name=scenario.name,
         schedule=schedule,
@@ -98,13 +119,33 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
         kinds=tuple(kinds),
         port_classes=ports.classes(),
         collectives=tuple(collectives),
+        group_collectives=tuple(group_colls),
         device_memory_bytes=cluster.device.memory_bytes,
         flop_per_iteration=flop * training.global_batch_size if flop else None,
         peak_flop_per_s=cluster.device.peak_flop_per_s_for(model.dtype),
         schedule_name=plan.schedule if plan.custom_schedule is None else "file",
         num_stages=plan.num_stages,
-        recompute=plan.recompute,
+        recompute=plan.recompute is Recompute.FULL,
+        parallelism=Parallelism(tensor=plan.tensor_parallel, context=plan.context_parallel, pipeline=len(groups),
+                                data=max(plan.num_replicas(s) for s in range(plan.num_stages)),
+                                sharding=plan.sharding.value, sequence_parallel=plan.sequence_parallel),
+        tokens_per_sample=_tokens_per_sample(whole),
     )
+
+
+def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:
+    """Device -> the samples of a micro-batch its replica processes (``sim.cost.sample_ranges``
+    over the stage's data-parallel replicas; every device of a replica gets the replica's)."""
+    replicas = plan.replicas(stage)
+    ranges = sample_ranges(microbatch_size, tuple(range(len(replicas))))
+    return {d: ranges[r] for r, replica in enumerate(replicas) for d in replica}
+
+
+def _tokens_per_sample(model) -> int | None:
+    """A transformer's sequence length (what ``tokens_per_s`` counts per sample)."""
+    if model.preset is None or "seq_len" not in model.preset.values:
+        return None
+    return model.preset.values["seq_len"]
 
 
 def _slice(ranges: dict[int, tuple[int, int]], device: int) -> int:
@@ -145,33 +186,57 @@ class FaultView:
         return self.slow_nics.get(nic, 1.0)
 
 
-def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, samples, kinds, collectives, by_class,
-                  faults: FaultView):
-    plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
-    rank = rank_of[devices[0]]
-    stages = stages_of_rank[rank]
-    slices = tuple(_slice(samples[s], devices[0]) for s in stages)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    """What building one class's ops needs from the compilation (read-only)."""
+
+    scenario: Scenario
+    model: ModelSpec
+    """One device's share of every layer."""
+    schedule: Schedule
+    rank_of: dict
+    stages_of_rank: list
+    samples: dict
+    kinds: list
+    collectives: list
+    group_of: dict
+    """``(label, class) -> index`` of the class's group collectives."""
+    by_class: tuple
+    faults: FaultView
+
+
+def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> DeviceClass:
+    plan, cluster = ctx.scenario.plan, ctx.scenario.cluster
+    rank = ctx.rank_of[devices[0]]
+    stages = ctx.stages_of_rank[rank]
+    slices = tuple(_slice(ctx.samples[s], devices[0]) for s in stages)
     costs, full_stash = {}, {}
     for s, n in zip(stages, slices):
         start, end = plan.stages[s].layers
-        costs[s] = stage_cost(model, cluster.device, start, end, n, recompute=plan.recompute)
-        full_stash[s] = stage_cost(model, cluster.device, start, end, n).stash_bytes
-    out_kinds, in_kinds = by_class[0][index], by_class[1][index]
-    collective_of = {c.stage: c.index for c in collectives}
-    templates: dict[tuple, dict] = {}  # (stage, kind) -> the op's fields but text and micro-batch
+        data = len(plan.gradient_groups(s)[0])
+        costs[s] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
+                              data_parallel=data, sharding=plan.sharding)
+        full_stash[s] = costs[s].rebuilt_bytes  # what a recomputing backward rebuilds at once
+    out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
+    collective_of = {c.stage: c.index for c in ctx.collectives}
+    templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
     ops = []
-    for a in schedule.ranks[rank]:
+    for a in ctx.schedule.ranks[rank]:
         key = (a.stage, a.kind)
         if key not in templates:
-            templates[key] = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute, kinds, out_kinds,
-                                        in_kinds, collective_of)
-        ops.append(Op(text=str(a), microbatch=a.microbatch, **templates[key]))
-    jitter = faults.jitter_for(devices[0])
+            gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
+                if plan.sharding is Sharding.FULL else 0.0
+            fields = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute is Recompute.FULL,
+                                ctx.kinds, out_kinds, in_kinds, collective_of)
+            templates[key] = _with_groups(a, fields, index, ctx.group_of, gather)
+        ops += [Op(text=str(a), microbatch=a.microbatch, **fields) for fields in templates[key]]
+    jitter = ctx.faults.jitter_for(devices[0])
     if jitter is not None:  # a jittered device is alone in its class (its signature is unique)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
         for i, factor in zip(compute, jitter_factors(jitter, devices[0], len(compute))):
             ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
-    straggler, failure = faults.stragglers.get(devices[0]), faults.failures.get(devices[0])
+    straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
+    states = [costs[s].states for s in stages]
     return DeviceClass(
         index=index,
         devices=devices,
@@ -180,6 +245,8 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
         samples=slices,
         ops=tuple(ops),
         static_bytes=sum(costs[s].static_bytes for s in stages),
+        states=StateBytes(parameters=sum(x.parameters for x in states), gradients=sum(x.gradients for x in states),
+                          optimizer=sum(x.optimizer for x in states)),
         optimizer_s=sum(costs[s].optimizer_s for s in stages),
         slowdown=straggler.slowdown if straggler else 1.0,
         slow_from_s=straggler.from_s if straggler else 0.0,
@@ -187,15 +254,35 @@ def _device_class(index, devices, scenario, schedule, rank_of, stages_of_rank, s
     )
 
 
-def _op_fields(action, cost, full_stash, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
+def _with_groups(action, fields: dict, cls: int, group_of: dict, gather_bytes: float) -> list[dict]:
+    """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
+    FSDP's gather) and followed by its blocking ones (tensor parallelism)."""
+    kind = action.kind
+    if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
+        return [fields]
+    phase = "F" if kind is ActionKind.F else "B"
+    before, after = [], []
+    for name in ("FS", "CP", "TP"):
+        index = group_of.get(((name, action.stage, phase), cls))
+        if index is None:
+            continue
+        op = dict(code=GROUP, collective=index, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
+        (before if name in OVERLAPPED else after).append(op)
+    if gather_bytes and before:
+        fields = {**fields, "gather_bytes": gather_bytes}
+    return before + [fields] + after
+
+
+def _op_fields(action, cost, rebuilt_bytes, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
     """Time and memory of one action on one device (see the module docstring), as Op fields."""
     s, kind = action.stage, action.kind
     base = dict(stage=s, kind=kind)
     recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
     recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
-    # with recompute the forward stashes only its input and the backward rebuilds the rest
-    kept = full_stash if recompute else cost.stash_bytes
-    rebuilt = full_stash if recompute else 0.0
+    # with full recompute the forward stashes its layers' inputs and the backward rebuilds one
+    # layer's activations at a time (``rebuilt_bytes``: the largest layer's)
+    kept = rebuilt_bytes if recompute else cost.stash_bytes
+    rebuilt = rebuilt_bytes if recompute else 0.0
     extra = cost.stash_bytes if recompute else 0.0
     f = WGRAD_STASH_FRACTION
     if kind is ActionKind.F:

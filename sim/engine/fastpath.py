@@ -199,10 +199,14 @@ class _PlanState:
         self.arrived: dict[tuple, list] = {}
         self.waiting: dict[tuple, int] = {}
         self.issued: dict[int, list] = {}
+        self.group_issued: dict[tuple, dict] = {}
+        self.group_end: dict[tuple, float] = {}
+        self.group_waiting: dict[tuple, list] = {}
+        self.pending_s = [0.0] * n
         self.ready = list(range(n - 1, -1, -1))
 
     def run(self) -> None:
-        from sim.engine.workload import COMPUTE, RECV, SEND, recv_mailbox
+        from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, recv_mailbox
 
         classes = self.w.classes
         while self.ready:
@@ -216,11 +220,23 @@ class _PlanState:
                     rec.op_times[i] = (now, end)
                     if op.alloc_bytes:
                         rec.memory.append((now, op.alloc_bytes))
+                    end = max(end, self.pending_s[c])  # the collectives that ran beside it
+                    self.pending_s[c] = 0.0
+                    if op.gather_bytes:
+                        rec.buffers += [(now, op.gather_bytes), (end, -op.gather_bytes)]
                     if op.free_bytes:
                         rec.memory.append((end, -op.free_bytes))
                     if op.buffer_bytes:
                         rec.buffers.append((end, -op.buffer_bytes))
                     now = end
+                elif op.code == GROUP:
+                    end = self._group(c, i, op, now)
+                    if end is None:
+                        break  # the rest of its group has not issued it yet
+                    if op.overlap:
+                        self.pending_s[c] = max(self.pending_s[c], end)
+                    else:
+                        now = max(now, end)
                 elif op.code == SEND:
                     self._send(c, i, op, now)
                     now += op.duration_s * (slowdown if now >= slow_from else 1.0)
@@ -281,6 +297,25 @@ class _PlanState:
             self.coll_free[p] = end
             self.records[p].op_times[index] = (start, end)
 
+    def _group(self, c: int, i: int, op, now: float) -> float | None:
+        """When one action's group collective ends, or None while some participant has not issued it."""
+        key = (op.collective, op.microbatch, op.kind)
+        end = self.group_end.get(key)
+        if end is not None:
+            return end
+        coll = self.w.group_collectives[op.collective]
+        issued = self.group_issued.setdefault(key, {})
+        issued.setdefault(c, (i, now))
+        if len(issued) < len(coll.participants):
+            self.group_waiting.setdefault(key, []).append(c)
+            return None
+        start = max(t for _, t in issued.values())
+        end = self.group_end[key] = start + collective_duration_s(self.w, coll)
+        for p, (index, _) in issued.items():
+            self.records[p].op_times[index] = (start, end)
+        self.ready += self.group_waiting.pop(key, [])
+        return end
+
     def _finish(self) -> None:
         from sim.errors import ScheduleError
 
@@ -298,5 +333,6 @@ def collective_duration_s(workload, collective) -> float:
     """An all-reduce alone: each phase lasts its slowest flow plus one latency per ring step."""
     total = 0.0
     for kinds, latency in collective.phases:
-        total += max(workload.kinds[k].bytes / workload.kinds[k].static_rate_bytes_per_s for k in kinds) + latency
+        total += max((workload.kinds[k].bytes / workload.kinds[k].static_rate_bytes_per_s for k in kinds),
+                     default=0.0) + latency
     return total

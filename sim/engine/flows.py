@@ -30,17 +30,26 @@ __all__ = ["PortTable", "flow_kinds", "kinds_by_class", "p2p_flows"]
 
 
 def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, float]]:
-    """Split-concat between neighbouring stages on different ranks: (src, dst, label, bytes)."""
+    """Split-concat between neighbouring stages on different ranks: (src, dst, label, bytes).
+
+    The micro-batch splits over each stage's data-parallel replicas; with tensor or context
+    parallelism the device at one position of a replica (its tensor and context rank) sends
+    its share to the device at the same position of each overlapping replica of the next
+    stage (Megatron sends each tensor rank's 1/t of the activation; ``model`` is that share).
+    """
     flows = []
     ranks = plan.stage_ranks
     for s in range(plan.num_stages - 1):
         if ranks[s] == ranks[s + 1]:
             continue
         per_sample = model.boundary_bytes[plan.stages[s].layers[1]]
-        senders, receivers = plan.stages[s].devices, plan.stages[s + 1].devices
-        for src, dst, start, end in sample_overlaps(microbatch_size, senders, receivers):
-            flows.append((src, dst, ("F", s), per_sample * (end - start)))
-            flows.append((dst, src, ("B", s + 1), per_sample * (end - start)))
+        senders, receivers = plan.replicas(s), plan.replicas(s + 1)
+        for position in range(plan.group_size):
+            column = tuple(replica[position] for replica in senders)
+            target = tuple(replica[position] for replica in receivers)
+            for src, dst, start, end in sample_overlaps(microbatch_size, column, target):
+                flows.append((src, dst, ("F", s), per_sample * (end - start)))
+                flows.append((dst, src, ("B", s + 1), per_sample * (end - start)))
     return flows
 
 
@@ -160,7 +169,7 @@ def kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:
     out_kinds: dict[int, dict] = defaultdict(lambda: defaultdict(list))
     in_kinds: dict[int, dict] = defaultdict(lambda: defaultdict(list))
     for k in kinds:
-        if k.label[0] != "AR":
+        if k.label[0] in ("F", "B"):
             out_kinds[k.src_class][k.label].append(k.index)
             in_kinds[k.dst_class][k.label].append(k.index)
     return out_kinds, in_kinds

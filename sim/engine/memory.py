@@ -52,6 +52,10 @@ class MemoryTimeline:
     final_bytes: float
     peak_activation_bytes: float
     """Peak of the stashed activations alone (no parameters, no receive buffers)."""
+    activations_at_peak_bytes: float = 0.0
+    """Stashed activations held when the total peaks."""
+    buffers_at_peak_bytes: float = 0.0
+    """Communication buffers (received data, gathered parameters) held when the total peaks."""
 
 
 def _frees_first(event: tuple[float, float]) -> tuple[float, bool]:
@@ -60,18 +64,21 @@ def _frees_first(event: tuple[float, float]) -> tuple[float, bool]:
 
 def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
     """The memory of one device of ``cls`` from its class's ``record``."""
-    events = sorted(record.memory + record.buffers, key=_frees_first)
+    events = sorted([(t, d, 0) for t, d in record.memory] + [(t, d, 1) for t, d in record.buffers],
+                    key=lambda e: (e[0], e[1] > 0))
     total, times, values = cls.static_bytes, [0.0], [cls.static_bytes]
     peak, peak_t = total, 0.0
-    for t, delta in events:
+    held, at_peak = [0.0, 0.0], (0.0, 0.0)  # activations, buffers
+    for t, delta, kind in events:
         total += delta
+        held[kind] += delta
         if t == times[-1]:
             values[-1] = total  # frees come first at one instant, so the last value is its peak
         else:
             times.append(t)
             values.append(total)
         if total > peak:
-            peak, peak_t = total, t
+            peak, peak_t, at_peak = total, t, (held[0], held[1])
     stash = stash_peak = 0.0
     for _, delta in sorted(record.memory, key=_frees_first):
         stash += delta
@@ -83,6 +90,7 @@ def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
     return MemoryTimeline(
         times_s=tuple(times), bytes=tuple(values), peak_bytes=peak, peak_time_s=peak_t,
         peak_live_microbatches=best, final_bytes=total, peak_activation_bytes=stash_peak,
+        activations_at_peak_bytes=at_peak[0], buffers_at_peak_bytes=at_peak[1],
     )
 
 

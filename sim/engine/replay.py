@@ -14,7 +14,11 @@ Every device has four streams, as a GPU running NCCL does:
   posted ahead, as ``batch_isend_irecv`` does, so a transfer starts when its send does);
 * a collective stream: ``REDUCE_GRAD`` issues the stage's gradient all-reduce without
   blocking; it starts when every replica has issued it and has finished its previous
-  all-reduce, and runs its phases' flows through the same ports as everything else.
+  all-reduce, and runs its phases' flows through the same ports as everything else;
+* group collectives (``GROUP`` ops, ``sim.engine.groups``): one action's collective inside a
+  replica's tensor- or context-parallel group or FSDP's gathers starts when every class of
+  the group has issued it; a tensor-parallel one holds the compute stream until it ends, the
+  others run beside the next compute op, which ends no earlier than they do.
 
 After its last action a device waits for its all-reduces and runs the optimizer step; the
 iteration ends with the last optimizer step. Memory (``sim.engine.result``) is recorded as
@@ -37,7 +41,7 @@ import simpy
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
 from sim.engine.result import Recorder, SimResult
-from sim.engine.workload import COMPUTE, RECV, SEND, Workload, mailbox, recv_mailbox
+from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, recv_mailbox
 
 __all__ = ["simulate"]
 
@@ -85,6 +89,9 @@ class _Replay:
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
         self.collective_done: dict[int, simpy.Event] = {}
+        self.group_issued: dict[tuple, list] = {}
+        self.group_done: dict[tuple, simpy.Event] = {}
+        self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
         self.failure: dict | None = None
         self.processes = [self.env.process(self._device(c)) for c in range(n)]
         for c, cls in enumerate(workload.classes):
@@ -121,10 +128,18 @@ class _Replay:
                 start = env.now
                 if op.alloc_bytes:
                     rec.memory.append((start, op.alloc_bytes))
+                if op.gather_bytes:
+                    rec.buffers.append((start, op.gather_bytes))
                 duration = op.duration_s * (cls.slowdown if start >= cls.slow_from_s else 1.0)
                 if duration > 0:
                     yield env.timeout(duration)
                 rec.op_times[i] = (start, env.now)
+                pending = [e for e in self.pending[c] if not e.processed]
+                self.pending[c] = []
+                if pending:  # the action ends with the collectives that ran beside it
+                    yield simpy.AllOf(env, pending)
+                if op.gather_bytes:
+                    rec.buffers.append((env.now, -op.gather_bytes))
                 if op.free_bytes:
                     rec.memory.append((env.now, -op.free_bytes))
                 if op.buffer_bytes:
@@ -133,6 +148,12 @@ class _Replay:
                 self._queue_send(c, i, op)
                 if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
                     yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
+            elif code == GROUP:
+                done = self._join_group(c, i, op)
+                if op.overlap:
+                    self.pending[c].append(done)
+                elif not done.processed:
+                    yield done
             elif code == RECV:
                 start = env.now
                 key = recv_mailbox(c, op)
@@ -229,21 +250,46 @@ class _Replay:
         if earlier:
             yield simpy.AllOf(self.env, earlier)
         start = self.env.now
+        yield from self._phases(coll)
+        for c, i, _ in issued:
+            self.records[c].op_times[i] = (start, self.env.now)
+        done.succeed()
+
+    def _phases(self, coll):
+        """Run a collective's phases one after another: each phase's flows together, then its latency."""
         for kinds, latency in coll.phases:
-            phase = self.env.event()
-            remaining = [len(kinds)]
+            if kinds:
+                phase = self.env.event()
+                remaining = [len(kinds)]
 
-            def left(phase=phase, remaining=remaining) -> None:
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    phase.succeed()
+                def left(phase=phase, remaining=remaining) -> None:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        phase.succeed()
 
-            for k in kinds:
-                self.net.transfer(self.w.kinds[k], left)
-            yield phase
+                for k in kinds:
+                    self.net.transfer(self.w.kinds[k], left)
+                yield phase
             if latency > 0:
                 yield self.env.timeout(latency)
-        for c, i, _ in issued:
+
+    # --- group collectives (tensor- and context-parallel groups, FSDP) ------------------------
+
+    def _join_group(self, c: int, i: int, op) -> simpy.Event:
+        """Issue class ``c``'s part of one action's group collective; the event fires when it ends."""
+        key = (op.collective, op.microbatch, op.kind)
+        coll = self.w.group_collectives[op.collective]
+        issued = self.group_issued.setdefault(key, [])
+        issued.append((c, i))
+        done = self.group_done.setdefault(key, self.env.event())
+        if len(issued) == len(coll.participants):
+            self.env.process(self._group(coll, issued, done))
+        return done
+
+    def _group(self, coll, issued, done: simpy.Event):
+        start = self.env.now
+        yield from self._phases(coll)
+        for c, i in issued:
             self.records[c].op_times[i] = (start, self.env.now)
         done.succeed()
 

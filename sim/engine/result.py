@@ -27,6 +27,7 @@ from sim.summary import (
     FailureDetail,
     FaultImpact,
     IdleGrowth,
+    MemoryBreakdown,
     OomDetail,
     Summary,
 )
@@ -113,6 +114,11 @@ class SimResult:
                     peak_memory_time_s=mem.peak_time_s, peak_activation_microbatches=mem.peak_live_microbatches,
                     peak_activation_bytes=mem.peak_activation_bytes, bytes_sent=record.bytes_sent,
                     bytes_received=record.bytes_received,
+                    memory_breakdown=MemoryBreakdown(
+                        parameters=cls.states.parameters, gradients=cls.states.gradients,
+                        optimizer=cls.states.optimizer, activations=mem.activations_at_peak_bytes,
+                        buffers=mem.buffers_at_peak_bytes,
+                    ),
                 )
                 for device in cls.devices
             ]
@@ -140,6 +146,11 @@ class SimResult:
             device_classes=len(w.classes),
             devices=tuple(devices),
             failure=None if finished else self._failure(total_busy, len(devices)),
+            parallelism=w.parallelism,
+            tokens_per_s=(w.global_batch_size * w.tokens_per_sample / T
+                          if w.tokens_per_sample and T > 0 and finished else None),
+            model_flops_per_device_per_s=(w.flop_per_iteration / (T * len(devices))
+                                          if w.flop_per_iteration and T > 0 and finished else None),
             fault_impact=self._impact(devices) if self.baseline is not None and self.baseline.iteration_time_s
             else None,
         )

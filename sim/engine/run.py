@@ -36,6 +36,15 @@ def run_scenario(
         )
     if engine not in ENGINES:
         raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if engine == "fast":
+        from sim.faults import Failure
+
+        failing = [i for i, fault in enumerate(scenario.faults) if isinstance(fault, Failure)]
+        if failing:
+            raise DappleError(
+                f"{scenario.path or scenario.name}: faults[{failing[0]}]: a device failure stops the iteration, and "
+                "device failures need the SimPy engine to replay; use --engine simpy"
+            )
     workload = compile_workload(scenario, symmetric=symmetric)
     log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
     if engine == "fast":

@@ -10,7 +10,10 @@ thing, compiled once by ``sim.engine.compile.compile_workload``. This module hol
   (split-concat activations and gradients, all-reduce phases; ``sim.engine.flows``), each
   crossing :class:`PortClass` es with a weight;
 * :class:`Collective`: one stage's gradient all-reduce as phases of flow kinds
-  (``sim.engine.collectives``);
+  (``sim.engine.collectives``), or one action's collective inside a replica's group: the
+  tensor-parallel all-reduces (or sequence-parallel gathers and scatters) that block the
+  compute stream, the context-parallel ring's key/value blocks and FSDP's parameter
+  gathers that overlap it (``GROUP`` ops);
 * :func:`mailbox`: where the replay counts a point-to-point flow's arrival, the one key both
   the sending and the receiving side use.
 """
@@ -20,13 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sim.parallelism import StateBytes
 from sim.schedule.ir import ActionKind, Schedule
+from sim.summary import Parallelism
 
 __all__ = [
     "COMPUTE",
     "SEND",
     "RECV",
     "REDUCE",
+    "GROUP",
     "Collective",
     "DeviceClass",
     "FlowKind",
@@ -37,8 +43,9 @@ __all__ = [
     "recv_mailbox",
 ]
 
-COMPUTE, SEND, RECV, REDUCE = 0, 1, 2, 3
-"""Op codes: run on the compute stream, issue flows, wait for flows, join an all-reduce."""
+COMPUTE, SEND, RECV, REDUCE, GROUP = 0, 1, 2, 3, 4
+"""Op codes: run on the compute stream, issue flows, wait for flows, join an all-reduce, join
+a collective of the device's group for one action (blocking, or overlapping the next compute)."""
 
 
 
@@ -109,7 +116,14 @@ class Op(NamedTuple):
     flows: tuple[int, ...] = ()
     """SEND: flow kinds to start; RECV: flow kinds to wait for."""
     collective: int = -1
-    """REDUCE: index of the all-reduce, or −1 when the stage has one replica."""
+    """REDUCE: index of the all-reduce in ``Workload.collectives``, or −1 when the stage has one
+    replica; GROUP: index in ``Workload.group_collectives``."""
+    overlap: bool = False
+    """GROUP: the collective runs beside the next compute op, which ends no earlier than it
+    (ring attention, FSDP's prefetched gathers); otherwise the compute stream waits for it
+    (Megatron's tensor-parallel collectives)."""
+    gather_bytes: float = 0.0
+    """COMPUTE: bytes of gathered parameters it holds while it runs (FSDP), freed when it ends."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +139,8 @@ class DeviceClass:
     ops: tuple[Op, ...]
     static_bytes: float
     """Parameters, gradients and optimizer state held at rest, per device."""
+    states: StateBytes
+    """``static_bytes`` by kind (parameters, gradients, optimizer state)."""
     optimizer_s: float
     """Optimizer step over the parameters of its stages (``sim.cost.optimizer_step_s``)."""
     slowdown: float = 1.0
@@ -161,6 +177,8 @@ class Workload:
     kinds: tuple[FlowKind, ...]
     port_classes: tuple[PortClass, ...]
     collectives: tuple[Collective, ...]
+    group_collectives: tuple[Collective, ...]
+    """Per-action collectives of tensor- and context-parallel groups and FSDP (``GROUP`` ops)."""
     device_memory_bytes: float
     flop_per_iteration: float | None
     """Model FLOPs of one iteration when the model's FLOPs are known (for MFU)."""
@@ -168,6 +186,9 @@ class Workload:
     schedule_name: str
     num_stages: int
     recompute: bool
+    parallelism: Parallelism
+    tokens_per_sample: int | None = None
+    """Tokens in one sample (the sequence length of a transformer), for ``tokens_per_s``."""
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.errors import ScenarioError, read_user_file
+from sim.input.strict import show_text, show_value
+from sim.parallelism import Sharding
 from sim.plan import PlanSpec
 from sim.specs import TrainingSpec
 
-__all__ = ["PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
+__all__ = ["PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
 
-PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages"}
+PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "context_parallel", "sharding")
+"""The plan's parallel degrees; a plan file writes those that differ from their defaults."""
+
+PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages", *PARALLEL_KEYS}
 """Keys of a plan file (extra keys such as metrics are ignored when they start with ``_``
 or are listed in ``IGNORED_KEYS``)."""
 
@@ -38,39 +43,73 @@ IGNORED_KEYS = {
 def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
     """The plan-file form of ``plan`` for ``training`` (JSON-ready)."""
     schedule: Any = plan.schedule if not plan.schedule_params else {"name": plan.schedule, **plan.params}
-    return {
+    data = {
         "schedule": schedule,
         "num_microbatches": training.num_microbatches,
         "microbatch_size": training.microbatch_size,
-        "recompute": plan.recompute,
+        "recompute": plan.recompute.to_json(),
         "stages": [{"layers": list(stage.layers), "devices": list(stage.devices)} for stage in plan.stages],
     }
+    defaults = {"tensor_parallel": 1, "sequence_parallel": False, "context_parallel": 1, "sharding": Sharding.NONE}
+    for key in PARALLEL_KEYS:
+        value = getattr(plan, key)
+        if value != defaults[key]:
+            data[key] = value.value if isinstance(value, Sharding) else value
+    return data
 
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """Read a plan file; a missing, unreadable or non-JSON file is a one-line error."""
+    from sim.input.yaml_text import check_nesting
+    from sim.userfiles import show_path
+
     path = Path(path)
+    shown = show_path(path)
     text = read_user_file(path, "plan file", ScenarioError)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant, parse_int=_number(int), parse_float=_number(float))
     except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        raise ScenarioError(f"{shown}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except _Refused as exc:
+        raise ScenarioError(f"{shown}: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(f"{shown}: nested too deep to read (a plan nests 4 deep)") from None
+    check_nesting(data, where=shown)
     if isinstance(data, dict) and "best" in data and isinstance(data["best"], dict):
         data = data["best"]  # the planner's --json output: take its best plan
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a plan file is a JSON object with {', '.join(sorted(PLAN_KEYS))}")
+        raise ScenarioError(f"{shown}: a plan file is a JSON object with {', '.join(sorted(PLAN_KEYS))}")
     return data
+
+
+class _Refused(Exception):
+    """A number the plan reader does not take."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not a number a plan can hold; write a finite number")
+
+
+def _number(kind: type):
+    """``json.loads``' reader of a number: at most 100 characters (and never 4300-digit integers)."""
+    def read(text: str):
+        if len(text) > 100:
+            raise _Refused(f"a number of {len(text)} characters; numbers here have at most 100")
+        return kind(text)
+    return read
 
 
 def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
     """Return scenario mapping ``raw`` with its plan and micro-batch size taken from ``plan``."""
     unknown = sorted(k for k in plan if k not in PLAN_KEYS and k not in IGNORED_KEYS and not str(k).startswith("_"))
     if unknown:
-        raise ScenarioError(f"{source}: {unknown[0]}: unknown plan key; valid: {', '.join(sorted(PLAN_KEYS))}")
+        raise ScenarioError(f"{source}: {show_text(str(unknown[0]))}: unknown plan key; "
+                            f"valid: {', '.join(sorted(PLAN_KEYS))}")
     if "stages" not in plan:
         raise ScenarioError(f"{source}: stages: missing from the plan file")
     merged = dict(raw)
     section = {"stages": plan["stages"], "recompute": plan.get("recompute", False)}
+    section.update((key, plan[key]) for key in PARALLEL_KEYS if key in plan)
     if "schedule" in plan:
         section["schedule"] = plan["schedule"]
     merged["plan"] = section
@@ -83,7 +122,7 @@ def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
     if wanted is not None and isinstance(global_batch, int) and isinstance(size, int) and size > 0 \
             and global_batch // size != wanted:
         raise ScenarioError(
-            f"{source}: num_microbatches: the plan says {wanted} but the scenario's global batch {global_batch} "
+            f"{source}: num_microbatches: the plan says {show_value(wanted)} but the scenario's global batch {global_batch} "
             f"over micro-batches of {size} gives {global_batch // size}"
         )
     return merged

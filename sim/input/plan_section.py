@@ -11,24 +11,39 @@ orders their forwards and backwards, or a schedule file written in
       - {layers: [0, 27], devices: "0-7"}
       - {layers: [27, 53], devices: "8-15"}
 
+The plan's parallel degrees hold for every stage: ``tensor_parallel``, ``sequence_parallel``,
+``context_parallel``, ``sharding`` (none | optimizer | gradients | full) and ``recompute``
+(none | selective | full; ``true``/``false`` mean full/none). Without ``stages``, a grid:
+``pipeline_parallel`` and ``data_parallel`` build a uniform plan in Megatron-LM's rank order
+(tensor-parallel rank innermost, then context, then data, then pipeline), the layers (the
+embedding and the head count as layers) cut into stages of balanced compute; with
+``schedule: interleaved`` and ``chunks: v`` the grid has v·p stages, stage s on device set
+s mod p.
+
 Beyond the keys, the plan is checked as a whole (``sim.plan.check_plan``: the ranges cover
-the model without gaps or overlaps, no device is used twice), and its schedule is generated
-(or parsed and checked) once here, so a schedule that cannot run is a scenario error.
+the model without gaps or overlaps, no device is used twice; the degrees divide the model's
+heads, MLP width, vocabulary and sequence), and its schedule is generated (or parsed and
+checked) once here, so a schedule that cannot run is a scenario error.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from sim.errors import ScenarioError, ScheduleError, SpecError
+from sim.userfiles import read_user_file
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
+from sim.models import shard_model
+from sim.parallelism import Recompute, Shard, Sharding
 from sim.plan import PlanSpec, StageSpec, check_plan
 from sim.model_spec import ModelSpec
 from sim.specs import ClusterSpec, TrainingSpec
 
 __all__ = ["read_plan"]
+
+_PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parallel", "sequence_parallel",
+              "context_parallel", "sharding", "pipeline_parallel", "data_parallel"}
 
 
 def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
@@ -36,32 +51,45 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
     from sim.schedule.plan_schedule import parse_schedule_for_plan, schedule_for_plan
 
     data = reader.mapping(data, "plan")
-    reader.keys(data, "plan", allowed={"schedule", "schedule_file", "stages", "recompute"}, required={"stages"})
+    reader.keys(data, "plan", allowed=_PLAN_KEYS)
     if "schedule" in data and "schedule_file" in data:
         raise reader.fail("plan", "give either 'schedule' (a generator name) or 'schedule_file', not both")
-    stages_raw = data["stages"]
-    if not isinstance(stages_raw, list) or not stages_raw:
-        raise reader.fail("plan.stages", f"must be a non-empty list of {{layers: [start, end], devices: [...]}}, got {show_value(stages_raw)}")
-    stages = tuple(_stage(reader, item, f"plan.stages[{i}]", cluster.num_devices) for i, item in enumerate(stages_raw))
     name, params = ("file", {}) if "schedule_file" in data else _schedule_name(reader, data.get("schedule", "dapple"))
+    degrees = _degrees(reader, data)
+    if "stages" in data:
+        for key in ("pipeline_parallel", "data_parallel"):
+            if key in data:
+                raise reader.fail(f"plan.{key}", "give either stages or the grid (pipeline_parallel, data_parallel), "
+                                                 "not both")
+        stages_raw = data["stages"]
+        if not isinstance(stages_raw, list) or not stages_raw:
+            raise reader.fail("plan.stages", f"must be a non-empty list of {{layers: [start, end], devices: [...]}}, "
+                                             f"got {show_value(stages_raw)}")
+        stages = tuple(_stage(reader, item, f"plan.stages[{i}]", cluster.num_devices) for i, item in enumerate(stages_raw))
+    elif "pipeline_parallel" in data or "data_parallel" in data:
+        stages = _grid(reader, data, degrees, cluster, model, name, params)
+    else:
+        raise reader.fail("plan", "stages: missing; list the stages, or give the grid pipeline_parallel and "
+                                  "data_parallel (e.g. pipeline_parallel: 4, data_parallel: 2)")
     plan = reader.build(
         "plan",
         PlanSpec,
         stages=stages,
         schedule=name,
         schedule_params=tuple(sorted(params.items())),
-        recompute=reader.boolean(data, "plan", "recompute", False),
         schedule_file=str(reader.path(data["schedule_file"], "plan.schedule_file", data_fallback=False))
         if "schedule_file" in data
         else None,
+        **degrees,
     )
     try:
         check_plan(plan, num_layers=model.num_layers, num_devices=cluster.num_devices)
+        shard_model(model, plan.shard)  # the degrees divide the heads, the MLP, the vocabulary, the sequence
     except SpecError as exc:
         raise reader.fail(join_key("plan", exc.key), exc.problem) from None
     try:
         if plan.schedule_file is not None:
-            text = Path(plan.schedule_file).read_text(encoding="utf-8")
+            text = read_user_file(plan.schedule_file, "schedule file", ScenarioError)
             plan = replace(plan, custom_schedule=parse_schedule_for_plan(plan, training.num_microbatches, text))
         else:
             schedule_for_plan(plan, training.num_microbatches)
@@ -102,3 +130,80 @@ def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> Stage
         raise reader.fail(join_key(key, "layers"), f"must be [start, end] (two integers, end exclusive), got {show_value(layers)}")
     devices = device_ids(reader, data["devices"], join_key(key, "devices"), num_devices)
     return reader.build(key, StageSpec, layers=(layers[0], layers[1]), devices=devices)
+
+
+def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
+    """The plan-wide parallel settings (``PlanSpec`` fields)."""
+    recompute = data.get("recompute", False)
+    if not isinstance(recompute, bool) and not (isinstance(recompute, str) and recompute in {r.value for r in Recompute}):
+        raise reader.fail("plan.recompute", f"must be none, selective or full (true/false: full/none), "
+                                            f"got {show_value(recompute)}")
+    sharding = reader.string(data, "plan", "sharding", Sharding.NONE.value, choices={s.value for s in Sharding})
+    return dict(
+        recompute=Recompute.of(recompute),
+        tensor_parallel=reader.integer(data, "plan", "tensor_parallel", 1),
+        sequence_parallel=reader.boolean(data, "plan", "sequence_parallel", False),
+        context_parallel=reader.integer(data, "plan", "context_parallel", 1),
+        sharding=Sharding(sharding),
+    )
+
+
+def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,
+          params: dict) -> tuple[StageSpec, ...]:
+    """A uniform plan in Megatron-LM's rank order, its layers cut into stages of balanced compute."""
+    from sim.cost import layer_times_s
+
+    p = reader.integer(data, "plan", "pipeline_parallel", 1)
+    d = reader.integer(data, "plan", "data_parallel", 1)
+    chunks = params.get("chunks", 2) if name == "interleaved" else 1
+    group = d * degrees["context_parallel"] * degrees["tensor_parallel"]
+    if p * group > cluster.num_devices:
+        raise reader.fail("plan", f"pipeline_parallel {p} × data_parallel {d} × context_parallel "
+                                  f"{degrees['context_parallel']} × tensor_parallel {degrees['tensor_parallel']} = "
+                                  f"{p * group} devices, but the cluster has {cluster.num_devices}")
+    if p * chunks > model.num_layers:
+        raise reader.fail("plan.pipeline_parallel", f"{p * chunks} stages for a model of {model.num_layers} layers; "
+                                                    f"use at most {model.num_layers // chunks}")
+    shard = Shard(tensor=degrees["tensor_parallel"], context=degrees["context_parallel"],
+                  sequence_parallel=degrees["sequence_parallel"])
+    try:
+        part = shard_model(model, shard)
+    except SpecError as exc:
+        raise reader.fail(join_key("plan", exc.key), exc.problem) from None
+    cost = [sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in part.layers]
+    bounds = balanced_cuts(cost, p * chunks)
+    sets = [tuple(range(r * group, (r + 1) * group)) for r in range(p)]
+    return tuple(StageSpec(layers=(a, b), devices=sets[s % p]) for s, (a, b) in enumerate(zip(bounds, bounds[1:])))
+
+
+def balanced_cuts(costs: list[float], parts: int) -> tuple[int, ...]:
+    """Boundaries ``(0, b1, ..., len(costs))`` of ``parts`` contiguous, non-empty ranges whose
+    largest sum is the least possible (the linear partition problem; binary search on the
+    bound with a greedy check, exact for non-negative costs)."""
+    n = len(costs)
+    if parts >= n:
+        return tuple(range(n + 1))[: parts + 1]
+
+    def cuts_for(bound: float) -> list[int] | None:
+        cuts, total = [0], 0.0
+        for i, c in enumerate(costs):
+            # a new range when this layer would pass the bound, or when every layer left must
+            # start a range of its own for all the parts to be non-empty
+            if i > cuts[-1] and (total + c > bound or n - i == parts - len(cuts)):
+                cuts.append(i)
+                total = 0.0
+            total += c
+            if total > bound or len(cuts) > parts:
+                return None
+        return cuts + [n] if len(cuts) == parts else None
+
+    low, high = max(costs), sum(costs)
+    best = cuts_for(high) or [round(k * n / parts) for k in range(parts)] + [n]
+    for _ in range(60):
+        mid = (low + high) / 2
+        found = cuts_for(mid)
+        if found is None:
+            low = mid
+        else:
+            high, best = mid, found
+    return tuple(best)

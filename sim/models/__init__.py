@@ -41,15 +41,16 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from sim.errors import SpecError
+from sim.model_spec import ModelSpec
 from sim.models.mlp import mlp
 from sim.models.params import PRESET_PARAMS, REQUIRED, names
 from sim.models.transformer import bert, gpt, llama
 from sim.models.vgg import vgg
 from sim.parallelism import Shard
-from sim.model_spec import ModelSpec
+from sim.specs import DTYPE_BYTES
 
-__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "build_model", "model_flop_per_sample",
-           "shard_model"]
+__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "build_model", "mfu_flop_per_sample",
+           "model_flop_per_sample", "shard_model"]
 
 
 MODEL_PRESETS: Mapping[str, Callable[..., ModelSpec]] = MappingProxyType(
@@ -95,3 +96,22 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
 def model_flop_per_sample(model: ModelSpec) -> float:
     """Forward plus backward FLOPs of every layer for one sample (the numerator of MFU)."""
     return sum(layer.fwd_flop + layer.bwd_flop for layer in model.layers)
+
+
+def mfu_flop_per_sample(model: ModelSpec) -> float | None:
+    """Model FLOPs of one sample's training step, as MFU counts them; None for a measured profile.
+
+    A transformer (gpt, bert, llama): per token 6N + 12·L·h·s, N the non-embedding parameters
+    (the blocks'), L layers, h hidden, s sequence length (Chowdhery et al. 2022, "PaLM",
+    Appendix B); recomputation is not counted. Other generated models: their layers' forward
+    and backward FLOPs (``model_flop_per_sample``).
+    """
+    if any(layer.is_measured for layer in model.layers):
+        return None
+    values = model.preset.values if model.preset is not None else {}
+    if model.preset is None or model.preset.name not in ("gpt", "bert", "llama"):
+        return model_flop_per_sample(model)
+    width = DTYPE_BYTES[model.dtype]
+    blocks = sum(layer.param_bytes for layer in model.layers if layer.name.startswith("block_")) / width
+    s, h, layers = values["seq_len"], values["hidden"], values["layers"]
+    return s * (6 * blocks + 12 * layers * h * s)

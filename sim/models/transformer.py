@@ -106,6 +106,7 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) 
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
     return _with(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
+                 checkpoint_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.FULL),
                  tp_collectives=tensor_parallel_collectives(shape, tensor_parallel=t,
                                                             sequence_parallel=shard.sequence_parallel),
                  cp_ring_bytes=ring)
