@@ -15,14 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from planner.sweep_file import (
-    Point,
-    Sweep,
-    SweepError,
-    column_value,
-    override_value,
-    planner_option,
-)
+from planner.sweep_checks import planner_option
+from planner.sweep_file import Point, Sweep, SweepError, column_value, override_value
 from sim import jsonio
 from sim.errors import DappleError
 from sim.parallelism import Recompute
