@@ -12,7 +12,9 @@ compared with DAPPLE's on equal terms (synchronous training, same cost model):
 * ``even`` — equal numbers of layers per stage on all devices with the GPipe schedule (the
   best stage count and micro-batch size);
 * ``dp`` — pure data parallelism: every device holds the whole model; micro-batches are
-  gradient accumulation steps (the fewest that fit in memory wins, if any does).
+  gradient accumulation steps, each one forward and one backward in turn (the 1F1B order of
+  a one-stage pipeline, as a training loop with accumulation runs them: only one
+  micro-batch's activations are alive at a time).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from planner.costs import CostTables
 from planner.search import PlannerResult, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.input.scenario import Scenario
+from sim.schedule.policy import DapplePolicy
 
 __all__ = ["pipedream_planner", "even_planner", "dp_planner"]
 
@@ -32,8 +35,8 @@ def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> Pl
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     candidates = [
-        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="gpipe",
-                  recompute=recompute)
+        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
+                  params=(("policy", DapplePolicy.S_MINUS_I.value),), recompute=recompute)
         for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in options.recompute
     ]

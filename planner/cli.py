@@ -208,7 +208,10 @@ def _run(args: argparse.Namespace) -> int:
     from planner.space import PlannerOptions
     from sim.input.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario, parse_overrides(args.overrides))
+    scenario = load_scenario(args.scenario, parse_overrides(args.overrides), ignore_plan=True)
+    bad = [size for size in args.microbatch_size or () if size < 1]
+    if bad:
+        raise DappleError(f"--microbatch-size {bad[0]}: give a positive number of samples per micro-batch")
     options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None)
     names = args.planner or list(DEFAULT_PLANNERS)
     watch = Stopwatch()
@@ -248,13 +251,14 @@ def _report(scenario, results, elapsed: float) -> dict[str, Any]:
     ranked = sorted((r.best.iteration_time_s, name) for name, r in results.items() if r.best)
     best = dict(planners[ranked[0][1]]["plan"], planner=ranked[0][1]) if ranked else None
     return {"scenario": scenario.name, "best": best, "planners": planners, "search_time_s": elapsed,
-            "dp_fits": dp_time is not None}
+            "dp_fits": dp_time is not None, "scenario_plan_ignored": scenario.ignored_plan}
 
 
 def _table(report: dict[str, Any]) -> str:
     from sim.units import format_bytes, format_time
 
-    lines = [f"{report['scenario']}: plans by the SimPy engine (search {report['search_time_s']:.1f} s)",
+    ignored = "; the scenario's own plan is ignored" if report.get("scenario_plan_ignored") else ""
+    lines = [f"{report['scenario']}: plans by the SimPy engine (search {report['search_time_s']:.1f} s{ignored})",
              f"  {'planner':<10} {'iteration':>10} {'samples/s':>10} {'peak mem':>10} {'vs dp':>7}  plan"]
     for name, info in report["planners"].items():
         plan = info["plan"]

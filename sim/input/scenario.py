@@ -66,21 +66,27 @@ class Scenario:
     """``(key, value used)`` for each ``cluster.device`` key the file left out and a documented
     default filled in (``sim.input.cluster.CUSTOM_DEVICE_DEFAULTS``), in that table's order;
     empty for a preset device. ``dapple-sim check`` reports them."""
+    ignored_plan: bool = False
+    """The file had a plan that the loader was asked to ignore (the planner chooses its own)."""
 
 
 # --- loading -------------------------------------------------------------------------------
 
 
 def load_scenario(
-    path: str | Path, overrides: Mapping[str, str] | None = None, *, plan: Mapping[str, Any] | None = None
+    path: str | Path, overrides: Mapping[str, str] | None = None, *, plan: Mapping[str, Any] | None = None,
+    ignore_plan: bool = False,
 ) -> Scenario:
     """Read and check the scenario at ``path``; ``overrides`` maps dotted keys to YAML values.
 
-    ``plan`` (a plan file's mapping, see ``sim.input.plan_file``) replaces the scenario's plan.
+    ``plan`` (a plan file's mapping, see ``sim.input.plan_file``) replaces the scenario's plan;
+    ``ignore_plan`` leaves the file's plan out before anything checks it (the planner's view:
+    a plan written for another cluster must not stop a search on this one).
     """
     path = Path(path)
     text = read_user_file(path, "scenario file", ScenarioError)
-    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides, plan=plan)
+    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent, overrides=overrides, plan=plan,
+                          ignore_plan=ignore_plan)
 
 
 def parse_scenario(
@@ -90,6 +96,7 @@ def parse_scenario(
     base_dir: Path | None = None,
     overrides: Mapping[str, str] | None = None,
     plan: Mapping[str, Any] | None = None,
+    ignore_plan: bool = False,
 ) -> Scenario:
     """Check scenario ``text`` (YAML, read within ``sim.input.yaml_text``'s limits) and build its specs."""
     raw = load_yaml(text, where=source, error=ScenarioError)
@@ -104,6 +111,9 @@ def parse_scenario(
         raw = merge_plan(raw, plan, source=source)
     if overrides:
         raw = apply_overrides(raw, overrides, source=source)
+    ignored = ignore_plan and raw.get("plan") is not None
+    if ignore_plan:
+        raw = {key: value for key, value in raw.items() if key != "plan"}
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
                 required={"cluster", "model", "training"})
     name = reader.string(raw, "", "name", Path(source).stem)
@@ -113,7 +123,7 @@ def parse_scenario(
     faults = read_faults(reader, raw.get("faults", []), cluster)
     plan = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
     return Scenario(name=name, cluster=cluster, model=model, training=training, plan=plan, faults=faults, path=source,
-                    device_defaults=device_defaults)
+                    device_defaults=device_defaults, ignored_plan=ignored)
 
 
 _SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name"}
