@@ -167,7 +167,7 @@ def _scatter(free: list[list[int]], count: int) -> list[int]:
 def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     """``scenario`` with ``candidate`` as its plan and micro-batch size (checked)."""
     from sim.plan import check_plan
-    from sim.schedule.plan_schedule import schedule_for_plan
+    from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 
     groups = candidate.devices(scenario.cluster)
     stages = tuple(
@@ -179,5 +179,6 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
-    schedule_for_plan(plan, training.num_microbatches)
+    schedule_for_plan(plan, training.num_microbatches,
+                      stage_policies=dapple_stage_policies(plan, scenario.model, scenario.cluster, training))
     return replace(scenario, plan=plan, training=training)

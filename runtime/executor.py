@@ -45,7 +45,7 @@ from runtime.status import StatusBoard
 from sim.parallelism import Recompute
 from sim.schedule.ir import Action, ActionKind
 from sim.schedule.passes import lower
-from sim.schedule.plan_schedule import schedule_for_plan
+from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 
 __all__ = ["ActionError", "ExecOptions", "RankExecutor", "StepRecord"]
 
@@ -125,7 +125,8 @@ class RankExecutor:
         self.microbatch_size = scenario.training.microbatch_size
         self.num_mb = scenario.training.num_microbatches
         self.batch = scenario.training.global_batch_size
-        schedule = lower(schedule_for_plan(plan, self.num_mb))
+        policies = dapple_stage_policies(plan, scenario.model, scenario.cluster, scenario.training)
+        schedule = lower(schedule_for_plan(plan, self.num_mb, stage_policies=policies))
         if dist.get_backend() == "nccl":
             check_message_order(plan, schedule, self.microbatch_size)
         groups = plan.device_groups

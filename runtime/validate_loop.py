@@ -113,6 +113,7 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     chunks).
     """
     from runtime.stage_timing import time_stage
+    from sim.schedule.plan_schedule import dapple_stage_policies
 
     plan, training = runnable.plan, runnable.scenario.training
     if len(plan.device_groups) != plan.num_stages:
@@ -122,7 +123,11 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     start, end = plan.stages[stage].layers
     profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
                 "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
-    timed = time_stage(runnable, stage, plan.schedule, m, device, params=dict(plan.schedule_params),
+    params = dict(plan.schedule_params)
+    decided = dapple_stage_policies(plan, runnable.scenario.model, runnable.scenario.cluster, training)
+    if decided is not None:  # policy auto: the run's order, as the executor decides it
+        params["policy"] = decided
+    timed = time_stage(runnable, stage, plan.schedule, m, device, params=params,
                        repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
     per_pass = max(1, len(timed) // repeats)
     extra = [seconds - profiled[kind] for kind, seconds in timed]

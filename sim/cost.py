@@ -34,7 +34,7 @@ from sim.kernels import ATTENTION_CORE
 from sim.parallelism import Recompute, Sharding, StateBytes, model_state_bytes
 from sim.specs import DTYPE_BYTES, DeviceSpec
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "attention_core_s", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "overlapped_pair_s", "attention_core_s", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
            "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost", "static_bytes"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
@@ -47,6 +47,18 @@ parameter (read 3, write 1): 8 launches, 18 passes; AdamW adds the decay ``mul_`
 ``add_``; with momentum, ``mul_`` and ``add_`` of the buffer then the parameter's ``add_``.
 Foreach and fused implementations (torch's default on GPUs) launch fewer kernels, which a
 calibrated ``kernel_overhead`` absorbs."""
+
+
+def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) -> float:
+    """Seconds an overlapped forward-backward pair (``OverlapFB``) holds its device.
+
+    DualPipe runs the forward of one micro-batch beside the backward of another so that one
+    hides under the other (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1); how
+    much it hides is the scenario's ``plan.schedule.overlap_efficiency`` e in [0, 1]:
+    F + B − e·min(F, B). With e = 0 the two share the device (F + B); with e = 1 the shorter
+    hides fully (max(F, B)).
+    """
+    return forward_s + backward_s - efficiency * min(forward_s, backward_s)
 
 
 def split_samples(num_samples: int, num_replicas: int) -> tuple[int, ...]:

@@ -94,6 +94,10 @@ class PlanSpec:
     """c: devices of a context-parallel (ring attention) group inside each replica."""
     sharding: Sharding = Sharding.NONE
     """How data parallelism shards parameters, gradients and optimizer states."""
+    overlap_efficiency: float = 0.0
+    """e in [0, 1]: how much of the shorter part of an overlapped forward-backward pair
+    (``dualpipe-v``'s ``OVERLAP_F_B``) hides under the longer; the pair takes F + B − e·min(F, B)
+    (``sim.cost.overlapped_pair_s``). 0: the two share the device (F + B); 1: max(F, B)."""
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -106,6 +110,9 @@ class PlanSpec:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(key, f"must be an integer >= 1, got {value!r}")
+        e = self.overlap_efficiency
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0.0 <= e <= 1.0:
+            raise SpecError("schedule.overlap_efficiency", f"must be a number in [0, 1], got {e!r}")
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise SpecError("sequence_parallel", "needs tensor_parallel > 1 (it splits the sequence over that group)")
         group = self.group_size

@@ -28,7 +28,8 @@ ONE_TO_TWO = "[{layers: [0, 2], devices: [0]}, {layers: [2, 5], devices: [1, 2]}
 
 TWO_RANKS = {
     "gpipe": (GPT, {"plan.schedule": "gpipe"}),
-    "dapple": (GPT, {"plan.schedule": "dapple"}),
+    # s-i written out: torch's Schedule1F1B peer and the K_0/M activation ratio are s-i's
+    "dapple": (GPT, {"plan.schedule": "{name: dapple, policy: s-i}"}),
     "interleaved": (GPT, {"plan.schedule": "interleaved", "plan.stages": INTERLEAVED}),
     "zb-h1": (GPT, {"plan.schedule": "zb-h1"}),
     "dapple-recompute": (GPT, {"plan.recompute": "true"}),
@@ -62,7 +63,7 @@ def _cases(device, cases: dict, peer: tuple[str, ...]):
         summary = run_session(load_runnable(path, overrides), SessionOptions(steps=1, check=True), device)
         results[name] = summary
     for schedule in peer:
-        runnable = load_runnable(GPT, {"plan.schedule": schedule})
+        runnable = load_runnable(GPT, TWO_RANKS[schedule][1])  # dapple: s-i, the order Schedule1F1B runs
         results[f"peer-{schedule}"] = run_peer(runnable, device, steps=1, keep_grads=True)
     if peer:  # which connections a gloo rank's activations and gradients travel on
         import torch.distributed as dist

@@ -137,7 +137,9 @@ def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path)
     from runtime.stage_timing import predict_stages, profiled_scenario, time_stage
 
     torch.set_num_threads(1)
-    runnable = load_runnable(GPT, {"plan.schedule": schedule})
+    # time_stage runs generate(schedule) with no parameters, i.e. dapple's s-i: predict that order
+    written = "{name: dapple, policy: s-i}" if schedule == "dapple" else schedule
+    runnable = load_runnable(GPT, {"plan.schedule": written})
     scenario = profiled_scenario(runnable, torch.device("cpu"), tmp_path, repeats=2)
     predicted = predict_stages(scenario, memory="counted")
     for stage in range(2):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sim.cost import sample_ranges, stage_cost
+from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
 from sim.engine.flows import PortTable, flow_kinds, kinds_by_class, p2p_flows
 from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
@@ -47,9 +47,9 @@ from sim.input.scenario import Scenario
 from sim.model_spec import ModelSpec
 from sim.models import mfu_flop_per_sample, shard_model
 from sim.parallelism import Recompute, Sharding, StateBytes
-from sim.schedule.ir import ActionKind, Schedule
+from sim.schedule.ir import ActionKind, OverlapFB, Schedule
 from sim.schedule.passes import lower
-from sim.schedule.plan_schedule import schedule_for_plan
+from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 from sim.summary import Parallelism
 
 __all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload"]
@@ -63,7 +63,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     """Compile ``scenario`` (which must have a plan) for replay."""
     plan, cluster, model, training = scenario.plan, scenario.cluster, scenario.model, scenario.training
     assert plan is not None, "the caller checks that the scenario has a plan"
-    schedule = schedule_for_plan(plan, training.num_microbatches)
+    schedule = schedule_for_plan(plan, training.num_microbatches,
+                                 stage_policies=dapple_stage_policies(plan, model, cluster, training))
     if not schedule.is_lowered:
         schedule = lower(schedule)
     stage_ranks, groups = plan.stage_ranks, plan.device_groups
@@ -221,7 +222,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
     ops = []
-    for a in ctx.schedule.ranks[rank]:
+    def template(a) -> list:
         key = (a.stage, a.kind)
         if key not in templates:
             gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
@@ -229,7 +230,14 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
             fields = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute is Recompute.FULL,
                                 ctx.kinds, out_kinds, in_kinds, collective_of)
             templates[key] = _with_groups(a, fields, index, ctx.group_of, gather)
-        ops += [Op(text=str(a), microbatch=a.microbatch, **fields) for fields in templates[key]]
+        return templates[key]
+
+    efficiency = plan.overlap_efficiency
+    for step in ctx.schedule.ranks[rank]:
+        if type(step) is OverlapFB:
+            ops += _pair_ops(step, template(step.forward), template(step.backward), efficiency)
+            continue
+        ops += [Op(text=str(step), microbatch=step.microbatch, **fields) for fields in template(step)]
     jitter = ctx.faults.jitter_for(devices[0])
     if jitter is not None:  # a jittered device is alone in its class (its signature is unique)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
@@ -252,6 +260,28 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         slow_from_s=straggler.from_s if straggler else 0.0,
         fails_at_s=failure.at_s if failure else None,
     )
+
+
+def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], efficiency: float) -> list[Op]:
+    """An overlapped pair as the ops of its forward, then those of its backward.
+
+    Each part keeps its memory (the forward allocates its stash when the pair starts, the
+    backward frees when the pair ends) and its group collectives; the two compute ops share
+    the pair's time, ``sim.cost.overlapped_pair_s`` (F + B − e·min(F, B)), in proportion to
+    their own. The lowering pass has already put both parts' receives before the pair and
+    their sends after it.
+    """
+    fwd_s = sum(f["duration_s"] for f in forward if f["code"] == COMPUTE)
+    bwd_s = sum(f["duration_s"] for f in backward if f["code"] == COMPUTE)
+    total = fwd_s + bwd_s
+    scale = overlapped_pair_s(fwd_s, bwd_s, efficiency) / total if total > 0 else 1.0
+    ops = []
+    for part, fields_list in ((pair.forward, forward), (pair.backward, backward)):
+        for fields in fields_list:
+            if fields["code"] == COMPUTE and scale != 1.0:
+                fields = {**fields, "duration_s": fields["duration_s"] * scale}
+            ops.append(Op(text=str(part), microbatch=part.microbatch, **fields))
+    return ops
 
 
 def _with_groups(action, fields: dict, cls: int, group_of: dict, gather_bytes: float) -> list[dict]:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.errors import DappleError, ScheduleError
-from sim.schedule.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, wait_lists
+from sim.cost import overlapped_pair_s
+from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
 from sim.schedule.check import check_schedule, run_ranks
 
 if TYPE_CHECKING:
@@ -43,8 +44,9 @@ class Timing:
     """Time from the first action's start (0) to the last action's end, in seconds."""
     busy_s: tuple[float, ...]
     """Per rank: seconds spent in compute actions (F, B, I, W)."""
-    actions: tuple[tuple[int, Action, float, float], ...]
-    """``(rank, action, start_s, end_s)`` for every action, by rank then list order."""
+    actions: tuple[tuple[int, Step, float, float], ...]
+    """``(rank, step, start_s, end_s)`` for every step (an action or an overlapped pair), by
+    rank then list order."""
     peak_inflight_microbatches: tuple[int, ...]
     """Per stage: most micro-batches whose F is done and whose backward (B, or W when the
     backward is split) is not — the activations the stage must hold at once."""
@@ -64,6 +66,7 @@ def time_schedule(
     *,
     wgrad_s: Sequence[float] | None = None,
     comm_s: float = 0.0,
+    overlap_efficiency: float = 0.0,
 ) -> Timing:
     """Time ``schedule``; ``fwd_s``/``bwd_s``/``wgrad_s`` give one micro-batch's seconds per stage.
 
@@ -72,13 +75,26 @@ def time_schedule(
     is not checked up front (that would double the cost); one that cannot run raises the
     checker's :class:`ScheduleError`, but a runnable one with, say, a duplicated action is
     timed as written — call :func:`sim.schedule.check.check_schedule` first for untrusted input.
+
+    An overlapped pair ``(0F7;7B3)OVERLAP_F_B`` is one step that takes
+    ``sim.cost.overlapped_pair_s(F, B, overlap_efficiency)``: F + B by default (the two share
+    the device), max(F, B) with ``overlap_efficiency=1``.
     """
-    duration = _durations(schedule, fwd_s, bwd_s, wgrad_s)
+    table = _durations(schedule, fwd_s, bwd_s, wgrad_s)
     if not (math.isfinite(comm_s) and comm_s >= 0):
         raise DappleError(f"fastpath: comm_s={comm_s!r} must be a finite number >= 0")
+    if not (math.isfinite(overlap_efficiency) and 0.0 <= overlap_efficiency <= 1.0):
+        raise DappleError(f"fastpath: overlap_efficiency={overlap_efficiency!r} must be in [0, 1]")
+
+    def duration(step: Step) -> float:
+        if type(step) is OverlapFB:
+            f, b = step.forward, step.backward
+            return overlapped_pair_s(table[f.kind][f.stage], table[b.kind][b.stage], overlap_efficiency)
+        return table[step.kind][step.stage]
+
     times = _run(schedule, duration, comm_s)
     busy = tuple(
-        math.fsum(duration[a.kind][a.stage] for a in acts if a.kind in COMPUTE_KINDS)
+        math.fsum(duration(a) for a in acts if a.is_compute)
         for acts in schedule.ranks
     )
     return Timing(
@@ -120,7 +136,8 @@ def _run(schedule: Schedule, duration, comm_s: float):
         pos, order = run_ranks(waits)
         if any(pos[r] < len(waits[r]) for r in range(schedule.num_ranks)):
             raise ScheduleError("deadlock")
-        if any(not 0 <= a.stage < schedule.num_stages for acts in schedule.ranks for a in acts):
+        if any(not 0 <= a.stage < schedule.num_stages for acts in schedule.ranks for step in acts
+               for a in step.parts):
             raise ScheduleError("stage out of range")
     except (ScheduleError, IndexError):
         check_schedule(schedule)  # a malformed schedule: explain it with the checker's grid
@@ -136,7 +153,7 @@ def _run(schedule: Schedule, duration, comm_s: float):
                 start = ready
         a = schedule.ranks[rank][i]
         begin[rank][i] = start
-        free[rank] = end[rank][i] = start + duration[a.kind][a.stage]
+        free[rank] = end[rank][i] = start + duration(a)
     return [
         list(zip([rank] * len(acts), acts, begin[rank], end[rank]))
         for rank, acts in enumerate(schedule.ranks)
@@ -148,12 +165,13 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
     live = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
     for acts in schedule.ranks:
-        split = {a.stage for a in acts if a.kind is ActionKind.W}
-        for a in acts:
+        # a pair counts its forward, then its backward; a micro-batch's activations die at its
+        # B or, when its backward is split, its W (DualPipeV splits some of a stage's and not others)
+        for a in (a for step in acts for a in step.parts):
             if a.kind is ActionKind.F:
                 live[a.stage] += 1
                 peak[a.stage] = max(peak[a.stage], live[a.stage])
-            elif a.kind is ActionKind.W or (a.kind is ActionKind.B and a.stage not in split):
+            elif a.kind is ActionKind.W or a.kind is ActionKind.B:
                 live[a.stage] -= 1
     return tuple(peak)
 

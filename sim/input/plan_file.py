@@ -42,7 +42,11 @@ IGNORED_KEYS = {
 
 def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
     """The plan-file form of ``plan`` for ``training`` (JSON-ready)."""
-    schedule: Any = plan.schedule if not plan.schedule_params else {"name": plan.schedule, **plan.params}
+    # the generator's parameters (a dapple policy of auto is decided again from the scenario's
+    # costs, the same way for the same scenario) and how much an overlapped pair hides
+    params = {**plan.params, **({"overlap_efficiency": plan.overlap_efficiency} if plan.overlap_efficiency else {})}
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+    schedule: Any = plan.schedule if not params else {"name": plan.schedule, **params}
     data = {
         "schedule": schedule,
         "num_microbatches": training.num_microbatches,

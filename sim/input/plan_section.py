@@ -48,13 +48,14 @@ _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parall
 
 def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
     """The plan of a scenario's ``plan:`` mapping, checked against the cluster, model and training."""
-    from sim.schedule.plan_schedule import parse_schedule_for_plan, schedule_for_plan
+    from sim.schedule.plan_schedule import dapple_stage_policies, parse_schedule_for_plan, schedule_for_plan
 
     data = reader.mapping(data, "plan")
     reader.keys(data, "plan", allowed=_PLAN_KEYS)
     if "schedule" in data and "schedule_file" in data:
         raise reader.fail("plan", "give either 'schedule' (a generator name) or 'schedule_file', not both")
     name, params = ("file", {}) if "schedule_file" in data else _schedule_name(reader, data.get("schedule", "dapple"))
+    overlap_efficiency = params.pop("overlap_efficiency", 0.0)
     degrees = _degrees(reader, data)
     if "stages" in data:
         for key in ("pipeline_parallel", "data_parallel"):
@@ -80,6 +81,7 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
         schedule_file=str(reader.path(data["schedule_file"], "plan.schedule_file", data_fallback=False))
         if "schedule_file" in data
         else None,
+        overlap_efficiency=overlap_efficiency,
         **degrees,
     )
     try:
@@ -92,7 +94,8 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
             text = read_user_file(plan.schedule_file, "schedule file", ScenarioError)
             plan = replace(plan, custom_schedule=parse_schedule_for_plan(plan, training.num_microbatches, text))
         else:
-            schedule_for_plan(plan, training.num_microbatches)
+            schedule_for_plan(plan, training.num_microbatches,
+                              stage_policies=dapple_stage_policies(plan, model, cluster, training))
     except ScheduleError as exc:
         key = "plan.schedule_file" if plan.schedule_file else "plan.schedule"
         raise ScenarioError(f"{reader.source}: {key}: {exc}" + (f"\n{exc.detail}" if exc.detail else "")) from None
@@ -108,14 +111,24 @@ def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
     if isinstance(value, str):
         value = {"name": value}
     data = reader.mapping(value, "plan.schedule")
-    reader.keys(data, "plan.schedule", allowed={"name", "policy", "chunks"}, required={"name"})
+    reader.keys(data, "plan.schedule", allowed={"name", "policy", "chunks", "overlap_efficiency"}, required={"name"})
     name = reader.string(data, "plan.schedule", "name", choices=GENERATORS)
-    params = {}
+    params: dict[str, Any] = {}
     if "policy" in data:
         params["policy"] = reader.string(data, "plan.schedule", "policy", choices={p.value for p in DapplePolicy})
+    elif name in _AUTO_BY_DEFAULT:
+        params["policy"] = DapplePolicy.AUTO.value  # the paper's rule per stage (issue 19 item 5)
     if "chunks" in data:
         params["chunks"] = reader.integer(data, "plan.schedule", "chunks")
+    if "overlap_efficiency" in data:  # how much an OVERLAP_F_B pair hides (sim.cost.overlapped_pair_s)
+        params["overlap_efficiency"] = reader.number(data, "plan.schedule", "overlap_efficiency", low=0.0, high=1.0)
     return name, params
+
+
+_AUTO_BY_DEFAULT = frozenset({"dapple"})
+"""Schedules whose policy, when the scenario gives none, is ``auto``: ``s-i`` or ``2(s-i)-1`` per
+stage from the plan's costs (``sim.schedule.plan_schedule.dapple_stage_policies``); ``1f1b``
+keeps the textbook ``s-i``."""
 
 
 def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> StageSpec:

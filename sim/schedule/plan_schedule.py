@@ -25,7 +25,52 @@ from sim.schedule.policy import DapplePolicy
 from sim.schedule.text import parse_schedule
 from sim.schedule.torch_csv import is_csv, parse_csv
 
-__all__ = ["parse_schedule_for_plan", "schedule_for_plan"]
+__all__ = ["dapple_stage_policies", "parse_schedule_for_plan", "schedule_for_plan"]
+
+
+def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str, ...] | None:
+    """What ``policy: auto`` decides for each of ``plan``'s stages, or None when the plan's
+    policy is not ``auto`` (pass the result to :func:`schedule_for_plan` as ``stage_policies``).
+
+    ``sim.schedule.policy.choose_dapple_policies`` on the plan's costs, as one replica
+    spends them on its largest slice of a micro-batch (``sim.cost.stage_cost`` on one
+    device's share of the layers, ``sim.models.shard_model``):
+
+    - ``compute_s[i]``: stage i's forward plus backward;
+    - ``transfer_s[i]``: cut i's round trip, activation and gradient, each
+      ``latency + bytes / bandwidth`` of the link between the two stages' devices (intra-node
+      when both stages sit on one server, else inter-node), for the larger of the two sides'
+      per-device slices; 0 when the two stages share devices;
+    - ``max_warmup[i]``: the micro-batches whose stash fits beside the stage's model states in
+      a device's memory.
+    """
+    from sim.cost import split_samples, stage_cost
+    from sim.models import shard_model
+    from sim.schedule.policy import choose_dapple_policies
+
+    if plan.custom_schedule is not None or plan.params.get("policy") != DapplePolicy.AUTO:
+        return None
+    part, device = shard_model(model, plan.shard), cluster.device
+    size, m = training.microbatch_size, training.num_microbatches
+    slices = [split_samples(size, len(plan.replicas(s)))[0] for s in range(plan.num_stages)]
+    compute, room = [], []
+    for s, stage in enumerate(plan.stages):
+        cost = stage_cost(part, device, *stage.layers, slices[s], recompute=plan.recompute,
+                          data_parallel=len(plan.gradient_groups(s)[0]), sharding=plan.sharding)
+        compute.append(cost.fwd_s + cost.bwd_s)
+        free = device.memory_bytes - cost.static_bytes
+        room.append(m if cost.stash_bytes <= 0 else max(0, min(m, int(free // cost.stash_bytes))))
+    transfer = []
+    for s in range(plan.num_stages - 1):
+        if plan.stage_ranks[s] == plan.stage_ranks[s + 1]:
+            transfer.append(0.0)
+            continue
+        nodes = {cluster.node_of(d) for d in plan.stages[s].devices + plan.stages[s + 1].devices}
+        link = cluster.intra_node if len(nodes) == 1 else cluster.inter_node
+        nbytes = part.boundary_bytes[plan.stages[s].layers[1]] * max(slices[s], slices[s + 1])
+        transfer.append(2 * (link.latency_s + nbytes / link.bandwidth_bytes_per_s) if nbytes else 0.0)
+    chosen = choose_dapple_policies(compute_s=compute, transfer_s=transfer, num_microbatches=m, max_warmup=room)
+    return tuple(p.value for p in chosen)
 
 
 def schedule_for_plan(
