@@ -30,6 +30,7 @@ EPILOG = """examples:
   dapple-sim simulate scenarios/bert48_v100_2x8.yaml --out out/bert48
   dapple-sim simulate scenarios/bert48_v100_2x8.yaml --set plan.schedule=gpipe --json
   dapple-sim check scenarios/bert48_v100_2x8.yaml
+  dapple-sim compare scenarios/bert48_v100_2x8.yaml --schedules gpipe,dapple,zb-v --out out/compare
   dapple-sim check scenarios/bert48_v100_2x8.yaml --set training.microbatch_size=32 --json
   dapple-sim schedule dapple --stages 4 --microbatches 8
   dapple-sim schedule interleaved --stages 2 --microbatches 4 --chunks 2 --lower
@@ -79,6 +80,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--trace-all", action="store_true", help="trace every device even in large clusters")
 
+    compare = sub.add_parser(
+        "compare",
+        help="replay a scenario's plan under several schedules, side by side",
+        description="Replay SCENARIO's plan under each schedule in --schedules, its stages laid out the way each "
+        "schedule expects (one per device set; two per device set looped for interleaved; a V for zb-v and "
+        "dualpipe-v), and print one row per schedule: iteration time, bubble, peak memory of the largest device "
+        "and OOM. A schedule that cannot run the plan gets a row saying why. With --out, also write "
+        "schedules.png (stacked Gantt and memory charts) and compare.json.",
+    )
+    compare.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file with a plan")
+    from sim.app.compare import DEFAULT_SCHEDULES
+
+    compare.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES), metavar="A,B,...",
+                         help=f"schedules to compare, separated by commas (default {','.join(DEFAULT_SCHEDULES)})")
+    add_scenario_options(compare)
+    compare.add_argument("--engine", choices=("simpy", "fast"), default="simpy",
+                         help="simpy: discrete-event engine with link contention (default); fast: contention-free")
+    compare.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    compare.add_argument("--out", metavar="DIR", help="write schedules.png and compare.json into DIR")
+
     calibrate = sub.add_parser(
         "calibrate",
         help="fit the kernel cost model to measured iteration times",
@@ -115,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     layout.add_argument("--csv", action="store_true",
                         help="print torch's pipeline-order CSV (what _PipelineScheduleRuntime._load_csv reads; "
                         "with --lower, its compute_comms format)")
-    for command in (check, simulate, calibrate, schedule):
+    for command in (check, simulate, compare, calibrate, schedule):
         add_verbosity_options(command, subcommand=True)
     return parser
 
@@ -158,6 +179,38 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         _tick(tick, "done")
     watch.report()
     print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json else format_summary(summary, result))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from sim.app.compare import format_rows, parse_schedules, plan_variants, run_variants
+    from sim.input.scenario import load_scenario
+
+    schedules = parse_schedules(args.schedules)
+    watch = Stopwatch()
+    with watch.phase("read the scenario"):
+        scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
+        variants = plan_variants(scenario, schedules)
+    with watch.phase(f"replay {len(variants)} schedules ({args.engine})"), progress(f"replaying {len(variants)} schedules"):
+        rows, results = run_variants(scenario, variants, engine=args.engine)
+    if args.out:
+        out = Path(args.out)
+        with watch.phase("write compare.json and schedules.png"):
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "compare.json").write_text(jsonio.dumps(rows, indent=2, sort_keys=True) + "\n")
+            except OSError as exc:
+                raise DappleError(f"--out {out}: cannot write ({exc.strerror})") from None
+            if results:
+                from sim.plots.style import pyplot
+                from sim.plots.timeline import schedule_comparison_figure
+
+                plt = pyplot()
+                fig = schedule_comparison_figure(results, title=f"{scenario.name}: one plan, {len(results)} schedules")
+                fig.savefig(out / "schedules.png", dpi=100)
+                plt.close(fig)
+    watch.report()
+    print(jsonio.dumps(rows, indent=2, sort_keys=True) if args.json else format_rows(rows, title=scenario.name))
     return 0
 
 
@@ -250,6 +303,7 @@ def _plan(path: str | None):
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check": _cmd_check,
     "simulate": _cmd_simulate,
+    "compare": _cmd_compare,
     "calibrate": _cmd_calibrate,
     "schedule": _cmd_schedule,
 }
