@@ -131,7 +131,10 @@ class RankExecutor:
             check_message_order(plan, schedule, self.microbatch_size)
         groups = plan.device_groups
         self.pipeline_rank = next(r for r, g in enumerate(groups) if self.rank in g)
-        self.actions: tuple[Action, ...] = schedule.ranks[self.pipeline_rank]
+        # an overlapped forward-backward pair (dualpipe-v) runs its parts one after the other on
+        # one device, as torch's runtime does when it cannot overlap them
+        self.actions: tuple[Action, ...] = tuple(part for step in schedule.ranks[self.pipeline_rank]
+                                                 for part in step.parts)
         self._labels = [(str(a), a.kind.value, _STREAM.get(a.kind, "compute")) for a in self.actions]
         self.recompute = plan.recompute is Recompute.FULL
         self.timeout = timedelta(seconds=options.timeout_s)

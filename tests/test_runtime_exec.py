@@ -23,6 +23,10 @@ INTERLEAVED = (
     "[{layers: [0, 2], devices: [0]}, {layers: [2, 3], devices: [1]},"
     " {layers: [3, 4], devices: [0]}, {layers: [4, 6], devices: [1]}]"
 )
+VSHAPE = (  # zb-v and dualpipe-v: stages s and 2R-1-s on device set s
+    "[{layers: [0, 2], devices: [0]}, {layers: [2, 3], devices: [1]},"
+    " {layers: [3, 4], devices: [1]}, {layers: [4, 6], devices: [0]}]"
+)
 TWO_TO_ONE = "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2]}]"
 ONE_TO_TWO = "[{layers: [0, 2], devices: [0]}, {layers: [2, 5], devices: [1, 2]}]"
 
@@ -32,6 +36,10 @@ TWO_RANKS = {
     "dapple": (GPT, {"plan.schedule": "{name: dapple, policy: s-i}"}),
     "interleaved": (GPT, {"plan.schedule": "interleaved", "plan.stages": INTERLEAVED}),
     "zb-h1": (GPT, {"plan.schedule": "zb-h1"}),
+    "zb-v": (GPT, {"plan.schedule": "zb-v", "plan.stages": VSHAPE}),
+    "dualpipe-v": (GPT, {"plan.schedule": "dualpipe-v", "plan.stages": VSHAPE}),  # its pairs run in order
+    "interleaved-zb": (GPT, {"plan.schedule": "interleaved-zb", "plan.stages": INTERLEAVED}),
+    "looped-bfs": (GPT, {"plan.schedule": "looped-bfs", "plan.stages": INTERLEAVED}),
     "dapple-recompute": (GPT, {"plan.recompute": "true"}),
     "gpipe-tied": (GPT, {"plan.schedule": "gpipe", "model.tied_embeddings": "true"}),
 }
