@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="compare the first step's loss and gradients with the unsplit model in one process")
     run.add_argument("--no-memory", action="store_true", help="do not count saved activations (counted in the first step only; "
                      "without them no CPU peak memory is reported)")
-    run.add_argument("--fail-at", metavar="RANK:ACTION[:exit]",
-                     help="testing: make RANK raise (or exit, killing itself) at ACTION of the first step, e.g. 1:1B2")
+    run.add_argument("--fail-at", metavar="RANK:ACTION[:exit|term|stop]",
+                     help="testing: make RANK raise at ACTION of the first step (or exit, killing itself; term: "
+                          "SIGTERM to itself; stop: SIGSTOP, freezing it), e.g. 1:1B2")
     validate = sub.add_parser(
         "validate", help="profile, simulate, run and compare: predicted against measured",
         description="Measure the links on this machine, run the plan for real on N local processes while they "
@@ -134,9 +135,9 @@ def _parser() -> argparse.ArgumentParser:
 def _fail_at(text: str | None) -> tuple[int, str, str] | None:
     if text is None:
         return None
-    match = re.fullmatch(r"(\d+):([0-9A-Z_]+)(?::(raise|exit))?", text.strip())
+    match = re.fullmatch(r"(\d+):([0-9A-Z_]+)(?::(raise|exit|term|stop))?", text.strip())
     if match is None:
-        raise DappleError(f"--fail-at {text!r}: write RANK:ACTION[:exit], e.g. 1:1B2")
+        raise DappleError(f"--fail-at {text!r}: write RANK:ACTION[:exit|term|stop], e.g. 1:1B2")
     return int(match[1]), match[2], match[3] or "raise"
 
 

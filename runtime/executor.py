@@ -27,6 +27,7 @@ With ``recompute`` a forward keeps only its stage input and the backward runs it
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -76,7 +77,8 @@ class ExecOptions:
     lookahead: int = 2
     """Receives posted ahead of the action that consumes them."""
     fail_at: tuple[int, str, str] | None = None
-    """(rank, action text, ``raise`` or ``exit``): inject a failure at that action of the first step."""
+    """(rank, action text, ``raise``, ``exit``, ``term`` or ``stop``): inject a failure at that action of
+    the first step (``term``/``stop``: the rank sends itself SIGTERM or SIGSTOP)."""
     lr: float = 1e-3
     """Learning rate of the optimizer."""
 
@@ -219,6 +221,9 @@ class RankExecutor:
             return
         if fail[2] == "exit":
             os._exit(17)  # a rank that dies without a word, as a crash or the OOM killer would
+        if fail[2] in ("term", "stop"):  # stopped from outside, or frozen (a hung driver, a debugger)
+            os.kill(os.getpid(), signal.SIGTERM if fail[2] == "term" else signal.SIGSTOP)
+            return
         raise RuntimeError("injected fault (--fail-at)")
 
     def _run(self, index: int, action: Action, batch) -> None:

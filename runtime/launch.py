@@ -90,16 +90,57 @@ def torchrun_command(nproc: int, module_args: Sequence[str]) -> list[str]:
             "-m", "runtime", *module_args]
 
 
+FROZEN_GRACE_S = 3.0
+"""Seconds after a rank reports a failure before the launcher kills ranks that are frozen
+(stopped: SIGSTOP, a debugger), which torchrun's SIGTERM cannot end."""
+
+
 def launch(nproc: int, module_args: Sequence[str], *, log_path: Path, timeout_s: float | None = None) -> int:
-    """Run torchrun with workers' output going to ``log_path``; returns its exit code."""
+    """Run torchrun with workers' output going to ``log_path``; returns its exit code.
+
+    The workers' status folder is ``log_path``'s: once a rank has written a failure there,
+    a rank whose process is stopped is killed after ``FROZEN_GRACE_S`` (and recorded as frozen,
+    ``runtime.status.write_frozen``), so every rank is gone soon after the others' timeouts.
+    """
+    import time
+
     env = {**os.environ, LAUNCHED_ENV: "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    folder = Path(log_path).parent
     with open(log_path, "w", encoding="utf-8") as log:
+        child = subprocess.Popen(torchrun_command(nproc, module_args), stdout=log, stderr=subprocess.STDOUT, env=env)
+        started, failed_at = time.monotonic(), None
+        while child.poll() is None:
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                child.kill()
+                child.wait()
+                return 124
+            if failed_at is None and any(folder.glob("failure-rank*.txt")):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FROZEN_GRACE_S:
+                _kill_frozen(folder)
+            time.sleep(0.2)
+    return child.returncode
+
+
+def _kill_frozen(folder: Path) -> None:
+    """SIGKILL every worker whose process is stopped (state ``T`` in /proc) and record its rank."""
+    import signal
+
+    from runtime.status import write_frozen
+
+    for pid_file in folder.glob("pid-rank*"):
+        rank = int(pid_file.name.removeprefix("pid-rank"))
         try:
-            done = subprocess.run(torchrun_command(nproc, module_args), stdout=log, stderr=subprocess.STDOUT,
-                                  env=env, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            return 124
-    return done.returncode
+            pid = int(pid_file.read_text(encoding="utf-8"))
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue  # gone already, or no /proc here
+        if state in ("T", "t"):
+            write_frozen(folder, rank)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _spawned(rank: int, fn: Callable, args: tuple, nproc: int, init_file: str, backend: str, timeout_s: float,

@@ -197,16 +197,31 @@ def report_failure(out: Path, code: int) -> int:
     A rank that raised left a failure file; a rank that died (killed, crashed) left none, and
     torchrun's log gives its exit code. A death comes first: the others' errors are then
     only their lost connection to it. Among raised failures the earliest is the cause. A rank
-    ended by SIGTERM is one torchrun stopped after another failed, so it is a cause only when
-    nothing else failed.
+    ended by SIGTERM is usually one torchrun stopped after another failed, so it is a cause
+    only when torchrun observed it failing first (its "Root Cause"), when every raised failure is
+    a lost connection (the others only lost it), or when nothing else failed.
     """
-    from runtime.status import read_failures, read_status
+    from runtime.status import read_failures, read_frozen, read_status
 
     failures, status = read_failures(out), read_status(out)
+    frozen = read_frozen(out)
+    if frozen:  # the others timed out waiting for it: it is the cause, whatever they raised
+        cause = frozen[0]
+        where = f" at {status[cause]}" if cause in status else ""
+        others = [f"rank {rank} at {text}" for rank, text in sorted(status.items()) if rank != cause]
+        stopped = f"; stopped: {', '.join(others)}" if others else ""
+        print(f"dapple-run: error: rank {cause} stopped responding{where} (its process was frozen; killed)"
+              f"{stopped}; log: {out / 'torchrun.log'}", file=sys.stderr)
+        return 1
     log = out / "torchrun.log"
     exits = _failed_ranks(log)
     dead = sorted(rank for rank in exits if rank not in failures)
     crashed = [rank for rank in dead if exits[rank] != str(-signal.SIGTERM)]
+    root = _root_cause(log)
+    lost = failures and all(any(sign in message for sign in _LOST_PEER) for _, message in failures.values())
+    terminated = [rank for rank in dead if rank not in crashed]
+    if terminated and (root in terminated or lost):  # stopped from outside: the others only lost it
+        crashed = [root if root in terminated else terminated[0], *crashed]
     dead = crashed or ([] if failures else dead)
     if dead:
         cause = dead[0]
@@ -221,6 +236,17 @@ def report_failure(out: Path, code: int) -> int:
     stopped = f"; stopped: {', '.join(others)}" if others else ""
     print(f"dapple-run: error: {message}{stopped}; log: {log}", file=sys.stderr)
     return 1
+
+
+_LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused")
+"""What gloo says when the rank at the other end of a connection is gone."""
+
+
+def _root_cause(log: Path) -> int | None:
+    """The rank torchrun observed failing first (its "Root Cause" section), if it says."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    match = re.search(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", text, flags=re.S)
+    return int(match[1]) if match else None
 
 
 def _failed_ranks(log: Path) -> dict[int, str]:

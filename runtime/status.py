@@ -10,10 +10,11 @@ that raised also leaves ``failure-rank{r}.txt`` with its one-line message.
 from __future__ import annotations
 
 import mmap
+import os
 import time
 from pathlib import Path
 
-__all__ = ["StatusBoard", "read_failures", "read_status", "write_failure"]
+__all__ = ["StatusBoard", "read_failures", "read_frozen", "read_status", "write_failure", "write_frozen"]
 
 _SIZE = 64
 
@@ -25,6 +26,8 @@ class StatusBoard:
         path = Path(folder) / f"status-rank{rank}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\0" * _SIZE)
+        # the launcher finds a frozen rank by its process id (``runtime.launch``)
+        (path.parent / f"pid-rank{rank}").write_text(str(os.getpid()), encoding="utf-8")
         self._file = open(path, "r+b")  # noqa: SIM115 — held open for the map's life
         self._map = mmap.mmap(self._file.fileno(), _SIZE)
 
@@ -62,3 +65,13 @@ def read_failures(folder: str | Path) -> dict[int, tuple[float, str]]:
         stamp, _, message = path.read_text(encoding="utf-8").strip().partition(" ")
         found[int(path.stem.removeprefix("failure-rank"))] = (float(stamp), message)
     return found
+
+
+def write_frozen(folder: str | Path, rank: int) -> None:
+    """Record that the launcher found ``rank`` stopped (frozen) and killed it."""
+    (Path(folder) / f"frozen-rank{rank}").write_text(f"{time.time():.6f}\n", encoding="utf-8")
+
+
+def read_frozen(folder: str | Path) -> list[int]:
+    """Ranks the launcher found frozen, in rank order."""
+    return sorted(int(p.name.removeprefix("frozen-rank")) for p in Path(folder).glob("frozen-rank*"))

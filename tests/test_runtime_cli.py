@@ -70,8 +70,10 @@ def test_a_checked_run_end_to_end(tmp_path):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("fail_at", "expected"), [("1:1B1", "rank 1 failed at action 1B1 (step 0): RuntimeError"),
-                                                   ("0:0F2:exit", "rank 0 died at step 0 0F2")],
-                         ids=["raises", "dies"])
+                                                   ("0:0F2:exit", "rank 0 died at step 0 0F2"),
+                                                   # stopped from outside: the survivor only lost its peer
+                                                   ("1:1B1:term", "rank 1 died at step 0 1B1 (exit code -15)")],
+                         ids=["raises", "dies", "terminated"])
 def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expected):
     start = time.monotonic()
     result = _dapple_run("run", GPT, "--nproc", 2, "--steps", 1, "--fail-at", fail_at, "--out", tmp_path, timeout=90)
@@ -79,6 +81,19 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expecte
     assert result.returncode == 1
     assert expected in result.stderr, result.stderr
     assert "stopped: rank" in result.stderr  # where the other rank was when torchrun stopped it
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
+    # rank 1 freezes (SIGSTOP); rank 0 times out waiting for it (--timeout 45 s by default), and
+    # the launcher kills the stopped process, which torchrun's SIGTERM cannot end
+    start = time.monotonic()
+    result = _dapple_run("run", GPT, "--nproc", 2, "--steps", 1, "--fail-at", "1:1B1:stop", "--out", tmp_path,
+                         timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    assert "rank 1 stopped responding at step 0 1B1 (its process was frozen; killed)" in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1
 
 
@@ -127,7 +142,8 @@ Root Cause (first observed failure):
     (True, 1, -15, "rank 1 failed at action 1B1"),   # the other rank was stopped by torchrun
     (False, 17, -15, "rank 1 died at step 0 1B1 (exit code 17)"),
     (True, 1, -9, "rank 0 died at step 0 0RECV_B1 (exit code -9)"),  # a kill is a cause
-    (False, -15, -15, "rank 0 died at step 0 0RECV_B1 (exit code -15)"),  # nothing else to blame
+    # both ended by SIGTERM, no one raised: torchrun observed rank 1 first, so it was stopped first
+    (False, -15, -15, "rank 1 died at step 0 1B1 (exit code -15)"),
 ], ids=["raised-and-stopped", "crashed-and-stopped", "raised-and-killed", "all-stopped"])
 def test_the_cause_of_a_failure_is_the_rank_torchrun_did_not_stop(tmp_path, capsys, raised, first_code,
                                                                   other_code, expected):
