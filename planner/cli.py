@@ -308,7 +308,7 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    (out / "best_plan.json").write_text(jsonio.dumps(report["best"], indent=2, sort_keys=True) + "\n")
+    jsonio.write_json(out / "best_plan.json", report["best"], what="plan file", indent=2, sort_keys=True)
     winner = results[report["best"]["planner"]].best.candidate
     watch = watch or Stopwatch()
     with watch.phase("load matplotlib"):
@@ -339,9 +339,7 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
                 with watch.phase(f"draw {kind}_{label}.png", into="draw the plots"):
                     title = (f"best plan under {names[label]}: {result.iteration_time_s * 1e3:.1f} ms per iteration, "
                              f"bubble {s.bubble_fraction:.1%}, {s.num_microbatches} micro-batches")
-                    fig = figure(result, title=title)
-                    fig.savefig(out / f"{kind}_{label}.png", dpi=DPI)
-                    plt.close(fig)
+                    _save(figure(result, title=title), out / f"{kind}_{label}.png", plt)
                 step(1)
         for name, draw in (("schedules.png", lambda: schedule_comparison_figure(
                                {names[label]: result for label, result in replays.items()},
@@ -349,10 +347,19 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
                            ("planners.png", lambda: planner_comparison_figure(report))):
             step(0, desc=f"drawing {name}")
             with watch.phase(f"draw {name}", into="draw the plots"):
-                fig = draw()
-                fig.savefig(out / name, dpi=DPI)
-                plt.close(fig)
+                _save(draw(), out / name, plt)
             step(1)
+
+
+def _save(fig, path: Path, plt) -> None:
+    """Save a figure through ``sim.userfiles.open_output`` (a folder, device or FIFO there is one line)."""
+    from sim.userfiles import open_output
+
+    try:
+        with open_output(path, "plot", binary=True) as handle:
+            fig.savefig(handle, dpi=DPI, format="png")
+    finally:
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,11 @@ def test_a_non_positive_microbatch_size_is_one_line(capsys):
     assert plan_main([BERT, "--microbatch-size", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "dapple-plan: error: --microbatch-size 0: give a positive number of samples per micro-batch"
+
+
+def test_an_unwritable_out_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "best_plan.json").mkdir()
+    assert plan_main([BERT, "--planner", "dp", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("best_plan.json: cannot write plan file (it is a folder, not a file; remove it or "
+                            "choose another --out)")
