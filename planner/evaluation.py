@@ -107,11 +107,6 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
 
     try:
         planned = to_scenario(scenario, candidate)
-    except ScheduleError as exc:
-        return _rejected(candidate, engine, RejectionKind.INVALID_SCHEDULE, exc)
-    except DappleError as exc:
-        return _rejected(candidate, engine, RejectionKind.INVALID_PLAN, exc)
-    try:
         result = run_scenario(planned, engine=engine)
     except ScheduleError as exc:
         return _rejected(candidate, engine, RejectionKind.INVALID_SCHEDULE, exc)
@@ -131,12 +126,12 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
 
 def check_plannable(scenario: Scenario) -> None:
     """A scenario whose faults stop every iteration has no plan to find: one line saying so."""
-    from sim.faults import Failure
+    from sim.faults import first_failure
 
-    failing = [i for i, fault in enumerate(scenario.faults) if isinstance(fault, Failure)]
-    if failing:
+    failing = first_failure(scenario.faults)
+    if failing is not None:
         raise DappleError(
-            f"{scenario.path or scenario.name}: faults[{failing[0]}]: a device failure stops every plan's iteration, "
+            f"{scenario.path or scenario.name}: faults[{failing}]: a device failure stops every plan's iteration, "
             "so there is no plan to choose; remove the failure to plan (dapple-sim simulate shows what it costs)"
         )
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from sim.errors import SpecError
 
-__all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_factors"]
+__all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_factors", "first_failure"]
 
 JITTER_DISTRIBUTIONS = ("normal", "lognormal", "uniform")
 
@@ -144,3 +144,8 @@ def jitter_factors(jitter: Jitter, device: int, count: int) -> list[float]:
     if jitter.distribution == "lognormal":
         return [math.exp(s * rng.gauss(0.0, 1.0) - s * s / 2) for _ in range(count)]
     return [max(0.05, 1.0 + s * rng.gauss(0.0, 1.0)) for _ in range(count)]
+
+
+def first_failure(faults) -> int | None:
+    """Index in ``faults`` of the first ``Failure``, or None: a failure stops every iteration."""
+    return next((i for i, fault in enumerate(faults) if isinstance(fault, Failure)), None)

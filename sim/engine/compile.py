@@ -211,13 +211,12 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     rank = ctx.rank_of[devices[0]]
     stages = ctx.stages_of_rank[rank]
     slices = tuple(_slice(ctx.samples[s], devices[0]) for s in stages)
-    costs, full_stash = {}, {}
+    costs = {}
     for s, n in zip(stages, slices):
         start, end = plan.stages[s].layers
         data = len(plan.gradient_groups(s)[0])
         costs[s] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
                               data_parallel=data, sharding=plan.sharding)
-        full_stash[s] = costs[s].rebuilt_bytes  # what a recomputing backward rebuilds at once
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
@@ -227,7 +226,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         if key not in templates:
             gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
                 if plan.sharding is Sharding.FULL else 0.0
-            fields = _op_fields(a, costs[a.stage], full_stash[a.stage], plan.recompute is Recompute.FULL,
+            fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL,
                                 ctx.kinds, out_kinds, in_kinds, collective_of)
             templates[key] = _with_groups(a, fields, index, ctx.group_of, gather)
         return templates[key]
@@ -303,16 +302,16 @@ def _with_groups(action, fields: dict, cls: int, group_of: dict, gather_bytes: f
     return before + [fields] + after
 
 
-def _op_fields(action, cost, rebuilt_bytes, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
+def _op_fields(action, cost, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
     """Time and memory of one action on one device (see the module docstring), as Op fields."""
     s, kind = action.stage, action.kind
     base = dict(stage=s, kind=kind)
     recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
     recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
     # with full recompute the forward stashes its layers' inputs and the backward rebuilds one
-    # layer's activations at a time (``rebuilt_bytes``: the largest layer's)
-    kept = rebuilt_bytes if recompute else cost.stash_bytes
-    rebuilt = rebuilt_bytes if recompute else 0.0
+    # checkpointed segment at a time (``StageCost.rebuilt_bytes``: the largest segment's)
+    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
+    rebuilt = cost.rebuilt_bytes if recompute else 0.0
     extra = cost.stash_bytes if recompute else 0.0
     f = WGRAD_STASH_FRACTION
     if kind is ActionKind.F:

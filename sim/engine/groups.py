@@ -48,6 +48,11 @@ def _ring(devices: tuple[int, ...], label: tuple, nbytes: float) -> list[tuple[i
     return [(d, devices[(i + 1) % n], label, nbytes) for i, d in enumerate(devices)] if n > 1 and nbytes > 0 else []
 
 
+def _link(cluster, group: tuple[int, ...]):
+    """The link a group's ring crosses: inside a server, or between servers if it spans them."""
+    return cluster.intra_node if len({cluster.node_of(d) for d in group}) == 1 else cluster.inter_node
+
+
 def _tp_bytes_and_steps(layers, samples: int, t: int, phase: str) -> tuple[float, int]:
     """Bytes one device sends and ring steps of the stage's tensor-parallel collectives in ``phase``."""
     nbytes, steps = 0.0, 0
@@ -79,7 +84,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 if full:  # the recomputed forward repeats the forward's collectives inside the backward
                     bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
                 flows += _ring(group, ("TP", s, "F"), fwd) + _ring(group, ("TP", s, "B"), bwd)
-                link = cluster.intra_node if cluster.node_of(group[0]) == cluster.node_of(group[-1]) else cluster.inter_node
+                link = _link(cluster, group)
                 latency[("TP", s, "F")] = fwd_steps * link.latency_s
                 latency[("TP", s, "B")] = bwd_steps * link.latency_s
         if c > 1:
@@ -88,7 +93,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 start, end = samples[s][group[0]]
                 flows += _ring(group, ("CP", s, "F"), ring * (end - start))
                 flows += _ring(group, ("CP", s, "B"), 2 * ring * (end - start))
-                link = cluster.intra_node if cluster.node_of(group[0]) == cluster.node_of(group[-1]) else cluster.inter_node
+                link = _link(cluster, group)
                 latency[("CP", s, "F")] = latency[("CP", s, "B")] = (c - 1) * link.latency_s
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
@@ -96,9 +101,8 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 n = len(group)
                 for phase in ("F", "B"):
                     flows += _ring(group, ("FS", s, phase), ring_bytes(n, params, halves=1))
-                spans = len({cluster.node_of(d) for d in group}) > 1
-                link = cluster.inter_node if spans else cluster.intra_node
-                latency[("FS", s, "F")] = latency[("FS", s, "B")] = ring_steps(n, halves=1) * link.latency_s
+                steps_s = ring_steps(n, halves=1) * _link(cluster, group).latency_s
+                latency[("FS", s, "F")] = latency[("FS", s, "B")] = steps_s
     return flows, latency
 
 

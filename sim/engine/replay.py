@@ -134,10 +134,11 @@ class _Replay:
                 if duration > 0:
                     yield env.timeout(duration)
                 rec.op_times[i] = (start, env.now)
-                pending = [e for e in self.pending[c] if not e.processed]
-                self.pending[c] = []
-                if pending:  # the action ends with the collectives that ran beside it
-                    yield simpy.AllOf(env, pending)
+                if self.pending[c]:  # the action ends with the collectives that ran beside it
+                    pending = [e for e in self.pending[c] if not e.processed]
+                    self.pending[c] = []
+                    if pending:
+                        yield simpy.AllOf(env, pending)
                 if op.gather_bytes:
                     rec.buffers.append((env.now, -op.gather_bytes))
                 if op.free_bytes:

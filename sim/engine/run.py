@@ -37,12 +37,12 @@ def run_scenario(
     if engine not in ENGINES:
         raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "fast":
-        from sim.faults import Failure
+        from sim.faults import first_failure
 
-        failing = [i for i, fault in enumerate(scenario.faults) if isinstance(fault, Failure)]
-        if failing:
+        failing = first_failure(scenario.faults)
+        if failing is not None:
             raise DappleError(
-                f"{scenario.path or scenario.name}: faults[{failing[0]}]: a device failure stops the iteration, and "
+                f"{scenario.path or scenario.name}: faults[{failing}]: a device failure stops the iteration, and "
                 "device failures need the SimPy engine to replay; use --engine simpy"
             )
     workload = compile_workload(scenario, symmetric=symmetric)

@@ -20,7 +20,7 @@ embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from sim import kernels as K
@@ -105,17 +105,11 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) 
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
-    return _with(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
+    return replace(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
                  checkpoint_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.FULL),
                  tp_collectives=tensor_parallel_collectives(shape, tensor_parallel=t,
                                                             sequence_parallel=shard.sequence_parallel),
                  cp_ring_bytes=ring)
-
-
-def _with(layer: LayerSpec, **changes: Any) -> LayerSpec:
-    from dataclasses import replace
-
-    return replace(layer, **changes)
 
 
 def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tuple:
@@ -189,7 +183,7 @@ def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, t
         kernels=K.lm_head(q, h, vocab, d, tensor=t),
         tensors=arch.norm_params + (0 if tied else 1),
     )
-    return _with(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True))
+    return replace(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True))
 
 
 def _bert_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:
@@ -268,7 +262,7 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) ->
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
     model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
-    return model if shard.is_whole else _with(model, shard=shard)
+    return model if shard.is_whole else replace(model, shard=shard)
 
 
 def gpt(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
