@@ -1,4 +1,4 @@
-"""Baseline planners behind the same interface as DAPPLE's: PipeDream, even split, data parallel.
+"""Baseline planners behind the same interface as DAPPLE's: Megatron's grid, PipeDream, even split, data parallel.
 
 Each returns a ``PlannerResult`` whose best plan the SimPy engine settled, so they are
 compared with DAPPLE's on equal terms (synchronous training, same cost model):
@@ -11,6 +11,13 @@ compared with DAPPLE's on equal terms (synchronous training, same cost model):
   we do (with DAPPLE's schedule, devices in order);
 * ``even`` — equal numbers of layers per stage on all devices with the GPipe schedule (the
   best stage count and micro-batch size);
+* ``megatron`` — the grid search a Megatron-LM user runs (Narayanan et al., SC'21, §3.3's
+  heuristics searched exhaustively): uniform tensor × context × pipeline × data degrees over
+  the layouts DAPPLE's planner tries (``planner.layouts``), layers split evenly by compute
+  (no uneven stages, one replica count), devices in Megatron's order (Append First), 1F1B or
+  interleaved with every chunk count the stages allow, each micro-batch size that gives every
+  replica whole samples, and per grid point the cheapest recompute and sharding modes whose
+  estimated memory fits;
 * ``dp`` — pure data parallelism: every device holds the whole model; micro-batches are
   gradient accumulation steps, each one forward and one backward in turn (the 1F1B order of
   a one-stage pipeline, as a training loop with accumulation runs them: only one
@@ -22,13 +29,69 @@ from __future__ import annotations
 import math
 import time
 
+from dataclasses import replace
+
 from planner.costs import CostTables
-from planner.search import PlannerResult, settle
+from planner.layouts import layouts, levels
+from planner.search import PlannerResult, analytic_score, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import Scenario
 from sim.schedule.policy import DapplePolicy
 
-__all__ = ["pipedream_planner", "even_planner", "dp_planner"]
+__all__ = ["grid_candidates", "megatron_planner", "pipedream_planner", "even_planner", "dp_planner"]
+
+GRID_LEVELS = 2
+"""Cheapest fitting (recompute, sharding) levels kept per grid point."""
+
+
+def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    started = time.perf_counter()
+    return settle("megatron", scenario, grid_candidates(scenario, options), options, started=started,
+                  progress=progress)
+
+
+def grid_candidates(scenario: Scenario, options: PlannerOptions) -> list[Candidate]:
+    """The Megatron grid's candidates (the module docstring); DAPPLE's planner ranks them too."""
+    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    gbs = scenario.training.global_batch_size
+    capacity = scenario.cluster.device.memory_bytes
+    order = levels(scenario, options)
+    policy = (("policy", DapplePolicy.S_MINUS_I.value),)
+    candidates = []
+    for t, c in layouts(scenario, options):
+        tables = CostTables(scenario, tensor_parallel=t, context_parallel=c)
+        units = n // (t * c)
+        weights = [sum(tables.compute_s(k, k + 1, 1)) for k in range(layers)]
+        for stages in range(1, min(layers, units, options.max_stages or units) + 1):
+            if units % stages:
+                continue
+            dp = units // stages
+            bounds = balanced_cuts(weights, stages)
+            for microbatch_size in microbatch_sizes(gbs, options):
+                if microbatch_size % dp:
+                    continue  # every replica gets whole, equal slices
+                M = gbs // microbatch_size
+                shapes = [("dapple", policy, 1)]
+                if options.interleaved and stages > 1 and M % stages == 0:
+                    shapes += [("interleaved", (), v) for v in options.chunks if layers >= stages * v]
+                for name, params, v in shapes:
+                    cut = bounds if v == 1 else balanced_cuts(weights, stages * v)
+                    base = Candidate(bounds=cut, replicas=(dp,) * (stages * v), microbatch_size=microbatch_size,
+                                     schedule=name, params=params, chunks=v, tensor_parallel=t,
+                                     context_parallel=c)
+                    fitting = []
+                    for recompute, sharding in order:
+                        if sharding.value != "none" and dp * c == 1:
+                            continue
+                        candidate = replace(base, recompute=recompute, sharding=sharding)
+                        _, peak = analytic_score(tables, scenario, candidate)
+                        if peak <= capacity:
+                            fitting.append(candidate)
+                            if len(fitting) >= GRID_LEVELS:
+                                break
+                    candidates += fitting or [replace(base, recompute=order[-1][0], sharding=order[-1][1])]
+    return candidates
 
 
 def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:

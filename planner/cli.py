@@ -271,12 +271,19 @@ def _table(report: dict[str, Any]) -> str:
             f"  {name:<10} {format_time(plan['iteration_time_s']):>10} {plan['throughput_samples_per_s']:>10.4g} "
             f"{format_bytes(plan['peak_memory_bytes']):>10} {speedup:>7}  {plan['description']}  "
             f"[{schedule}, micro-batch {plan['microbatch_size']} x {plan['num_microbatches']}, {plan['placement']}"
-            f"{', recompute' if plan['recompute'] else ''}]"
+            f"{', ' + plan['layout'].replace(' · ', ', ') if plan.get('layout') else ''}]"
         )
     if not report["dp_fits"] and "dp" in report["planners"]:
         lines.append("  (pure data parallelism does not fit in memory)")
     best = report["best"]
-    lines.append(f"best: {best['planner']}: {best['description']}" if best else "no plan fits in memory")
+    if best is None:
+        lines.append("no plan fits in memory")
+    else:
+        times = sorted((info["plan"]["iteration_time_s"], name) for name, info in report["planners"].items()
+                       if info["plan"] is not None)
+        margin = (f" ({times[1][0] / times[0][0]:.2f}x faster than {times[1][1]}, the next best)"
+                  if len(times) > 1 and times[0][0] > 0 else "")
+        lines.append(f"best: {best['planner']}{margin}: {best['description']}")
     return "\n".join(lines)
 
 
@@ -316,7 +323,9 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
 
         plt = pyplot()
 
-    variants = [("gpipe", "gpipe", ())] if winner.chunks == 1 else []
+    # GPipe's all-forwards-first order beside the winner's own; over looped chunks that order is
+    # torch's ScheduleLoopedBFS (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism")
+    variants = [("gpipe", "gpipe", ())] if winner.chunks == 1 else [("looped-bfs", "looped-bfs", ())]
     if winner.schedule == "gpipe":
         variants.append(("dapple", "dapple", ()))
     else:

@@ -1,76 +1,168 @@
 """Analytic costs the planners search with: stage times, transfers, all-reduce and memory.
 
 The search looks at far more candidates than it can replay, so it scores them with closed
-forms computed from prefix sums over the layers (O(1) per stage):
+forms computed from prefix sums over the layers (O(1) per stage). One ``CostTables`` holds
+one *layout* of the model: the share of every layer that one device of a tensor-parallel
+group of t and a context-parallel group of c holds (``sim.models.shard_model``, with
+Megatron's sequence parallelism whenever t > 1), so every figure below is per device:
 
 * a stage's forward and backward time for its slice of a micro-batch (the cost model of
-  ``sim.cost``, tabulated once per slice size);
+  ``sim.cost``, tabulated once per slice size), with what the recompute mode adds (the
+  forward again under ``full``; attention's core under ``selective``: ``sim.cost.stage_cost``),
+  the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
+  flows: ring bytes over one server's ports plus a latency per ring step), and the
+  context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
+  action takes the longer of the two (``sim.engine.groups``);
 * a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
-  are the cut's activations for the whole micro-batch and the bandwidth is that of the
-  ports carrying it in parallel (each receiving GPU's port inside a server; the receiving
+  are the cut's activations (each device's share) and the bandwidth is that of the ports
+  carrying them in parallel (each receiving GPU's port inside a server; the receiving
   servers' NICs between servers);
 * a stage's gradient all-reduce, alpha-beta (``sim.collectives``, as the engine's flows): ring
-  inside a server, hierarchical (reduce-scatter, cross-server ring on each shard through the
-  NICs, all-gather) across servers;
-* a stage's memory per device: parameters, gradients and optimizer state, plus the
-  activations of the micro-batches alive at once (``min(S−i, M)`` under DAPPLE, ``M`` under
-  GPipe), or only stage inputs with recompute.
+  inside a server, hierarchical across servers, for each of the t gradient groups (the t
+  groups share the servers' NICs); ``sharding: full`` leaves only the reduce-scatter;
+* a stage's memory per device: parameters, gradients and optimizer state as sharding leaves
+  them (``sim.parallelism.model_state_bytes``), plus the activations of the micro-batches
+  alive at once (``planner.memory`` counts them from the schedule).
 
-These are estimates for ranking; the fast path and the SimPy engine settle the choice.
+These are estimates for ranking; ``planner.memory`` checks memory with the engine's own
+per-stage costs before a replay, and the fast path and the SimPy engine settle the choice.
 """
 
 from __future__ import annotations
 
 from itertools import accumulate
 
-from sim.collectives import hierarchical_allreduce_s
-from sim.cost import layer_times_s, optimizer_step_s, split_samples
+from sim.collectives import ring_bytes, ring_s, ring_steps
+from sim.cost import attention_core_s, layer_times_s, optimizer_step_s, split_samples
 from sim.input.scenario import Scenario
+from sim.models import shard_model
+from sim.parallelism import Recompute, Shard, Sharding, model_state_bytes
 
 __all__ = ["CostTables"]
 
+_HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
+
+
+def _prefix(values) -> list[float]:
+    return [0.0, *accumulate(values)]
+
 
 class CostTables:
-    """Prefix sums of a model's per-sample costs on a cluster's device."""
+    """Prefix sums of one layout's per-device, per-sample costs on a cluster's device.
 
-    def __init__(self, scenario: Scenario) -> None:
-        model, cluster = scenario.model, scenario.cluster
+    ``tensor_parallel`` and ``context_parallel`` choose the layout; a measured profile has only
+    the whole one (``shard_model`` raises ``SpecError`` for any other).
+    """
+
+    def __init__(self, scenario: Scenario, *, tensor_parallel: int = 1, context_parallel: int = 1) -> None:
+        shard = Shard(tensor=tensor_parallel, context=context_parallel, sequence_parallel=tensor_parallel > 1)
+        model = shard_model(scenario.model, shard)
+        cluster = scenario.cluster
         self.cluster = cluster
         self.model = model
-        self._times: dict[int, tuple[list[float], list[float]]] = {}
-        self._stash = [0.0, *accumulate(layer.stash_bytes for layer in model.layers)]
-        self._params = [0.0, *accumulate(layer.param_bytes for layer in model.layers)]
-        self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in model.layers)]
+        self.tensor_parallel, self.context_parallel = tensor_parallel, context_parallel
+        self.unit = tensor_parallel * context_parallel
+        self._times: dict[int, tuple[list[float], ...]] = {}
+        layers = model.layers
+        self._stash = _prefix(layer.stash_bytes for layer in layers)
+        self._selective = _prefix(layer.selective_stash for layer in layers)
+        self._checkpoints = _prefix(layer.checkpoint_bytes or 0.0 for layer in layers)
+        self._is_block = [layer.checkpoint_bytes is not None for layer in layers]
+        self._params = _prefix(layer.param_bytes for layer in layers)
+        self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
+        self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
+        t = tensor_parallel
+        self._tp = {
+            phase: (_prefix(sum(ring_bytes(t, c.bytes, halves=_HALVES[c.kind]) for c in layer.tp_collectives
+                                if c.phase == phase) for layer in layers),
+                    _prefix(sum(ring_steps(t, halves=_HALVES[c.kind]) for c in layer.tp_collectives
+                                if c.phase == phase) for layer in layers))
+            for phase in ("forward", "backward")
+        } if t > 1 else None
+        self.optimizer_factor = model.optimizer_state_bytes_per_param_byte
         self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
-    def compute_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
-        """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples."""
+    def _table(self, samples: int) -> tuple[list[float], ...]:
         if samples not in self._times:  # prefix sums per slice size (kernel times are not linear in it)
-            times = [layer_times_s(layer, self.cluster.device, self.model.dtype, samples) for layer in self.model.layers]
-            self._times[samples] = ([0.0, *accumulate(t[0] for t in times)], [0.0, *accumulate(t[1] for t in times)])
-        fwd, bwd = self._times[samples]
-        overhead = self.cluster.device.action_overhead_s if end > start else 0.0  # as sim.cost.stage_cost
-        return fwd[end] - fwd[start] + overhead, bwd[end] - bwd[start] + overhead
+            device, dtype = self.cluster.device, self.model.dtype
+            times = [layer_times_s(layer, device, dtype, samples) for layer in self.model.layers]
+            again = [attention_core_s(layer, device, dtype, samples) for layer in self.model.layers]
+            self._times[samples] = (_prefix(t[0] for t in times), _prefix(t[1] for t in times), _prefix(again))
+        return self._times[samples]
+
+    def compute_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
+                  *, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> tuple[float, float]:
+        """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples, the
+        recompute mode's extra work and the layout's collectives included."""
+        if end <= start:
+            return 0.0, 0.0
+        recompute = Recompute.of(recompute)
+        fwd, bwd, again = self._table(samples)
+        overhead = self.cluster.device.action_overhead_s  # as sim.cost.stage_cost
+        f = fwd[end] - fwd[start]
+        b = bwd[end] - bwd[start]
+        if recompute is Recompute.FULL:
+            b += f
+        elif recompute is Recompute.SELECTIVE:
+            b += again[end] - again[start]
+        if self._tp is not None and samples:
+            link = self.cluster.intra_node
+            (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
+            tp_f = (fb[end] - fb[start]) * samples / link.bandwidth_bytes_per_s + (fs[end] - fs[start]) * link.latency_s
+            tp_b = (bb[end] - bb[start]) * samples / link.bandwidth_bytes_per_s + (bs[end] - bs[start]) * link.latency_s
+            f, b = f + tp_f, b + tp_b + (tp_f if recompute is Recompute.FULL else 0.0)
+        beside_f = beside_b = 0.0
+        if self.context_parallel > 1 and samples:
+            ring = self._ring_s(self.context_parallel, (self._cp_ring[end] - self._cp_ring[start]) * samples,
+                                halves=None)
+            beside_f, beside_b = ring, 2 * ring
+        if sharding is Sharding.FULL and data_parallel > 1:
+            gather = self._gather_s(start, end, data_parallel)
+            beside_f, beside_b = max(beside_f, gather), max(beside_b, gather)
+        return max(f, beside_f) + overhead, max(b, beside_b) + overhead
+
+    def _ring_s(self, members: int, nbytes: float, *, halves: int | None) -> float:
+        """A ring over ``members`` devices of one server (``halves=None``: c − 1 steps of ``nbytes`` each)."""
+        link = self.cluster.intra_node if members * self.tensor_parallel <= self.cluster.devices_per_node \
+            else self.cluster.inter_node
+        if halves is None:
+            return (members - 1) * (nbytes / link.bandwidth_bytes_per_s + link.latency_s)
+        return ring_s(members, nbytes, link.bandwidth_bytes_per_s, link.latency_s, halves=halves)
+
+    def _gather_s(self, start: int, end: int, data_parallel: int) -> float:
+        """FSDP's all-gather of the stage's parameters over its gradient group, per action."""
+        n = data_parallel * self.context_parallel
+        link = self.cluster.inter_node if n * self.unit > self.cluster.devices_per_node else self.cluster.intra_node
+        return ring_s(n, self.param_bytes(start, end), link.bandwidth_bytes_per_s, link.latency_s, halves=1)
 
     def param_bytes(self, start: int, end: int) -> float:
         return self._params[end] - self._params[start]
 
-    def static_bytes(self, start: int, end: int) -> float:
-        """Parameters, gradients and optimizer state of layers ``[start, end)``."""
-        return (self._params[end] - self._params[start]) * self.state_factor
+    def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+        """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
+        over ``data_parallel`` replicas (times the context-parallel degree: they hold the same)."""
+        if sharding is Sharding.NONE:
+            return self.param_bytes(start, end) * self.state_factor
+        return model_state_bytes(self.param_bytes(start, end), optimizer_bytes_per_param_byte=self.optimizer_factor,
+                                 data_parallel=data_parallel * self.context_parallel, sharding=sharding).total
 
-    def stash_bytes(self, start: int, end: int, samples: int, *, recompute: bool) -> float:
-        """Activations one micro-batch slice keeps until its backward."""
-        if recompute:
-            return self.model.boundary_bytes[start] * samples
-        return (self._stash[end] - self._stash[start]) * samples
+    def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
+        """Activations one micro-batch slice keeps until its backward (at most what the engine counts:
+        under full recompute each block's checkpoint and the stage input)."""
+        recompute = Recompute.of(recompute)
+        if recompute is Recompute.FULL:
+            head = 0.0 if end <= start or self._is_block[start] else self.model.boundary_bytes[start]
+            return (self._checkpoints[end] - self._checkpoints[start] + head) * samples
+        prefix = self._selective if recompute is Recompute.SELECTIVE else self._stash
+        return (prefix[end] - prefix[start]) * samples
 
     def transfer_s(self, boundary: int, microbatch_size: int, receivers: int, nodes: int, intra: bool) -> float:
         """One micro-batch's activations (or gradients) across cut ``boundary``.
 
-        ``receivers`` GPUs on ``nodes`` servers receive in parallel; inside one server each
-        has its port, between servers the receiving servers' NICs carry it.
+        ``receivers`` replicas (units of t·c devices) on ``nodes`` servers receive in parallel;
+        inside one server each device has its port, between servers the receiving servers'
+        NICs carry every device's share.
         """
         nbytes = self.model.boundary_bytes[boundary] * microbatch_size
         if nbytes == 0:
@@ -78,16 +170,31 @@ class CostTables:
         c = self.cluster
         if intra:
             return c.intra_node.latency_s + nbytes / (receivers * c.intra_node.bandwidth_bytes_per_s)
-        return c.inter_node.latency_s + nbytes / (nodes * c.nics_per_node * c.inter_node.bandwidth_bytes_per_s)
+        return c.inter_node.latency_s + nbytes * self.unit / (nodes * c.nics_per_node * c.inter_node.bandwidth_bytes_per_s)
 
-    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int) -> float:
-        """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` GPUs on each of ``nodes`` servers."""
-        return hierarchical_allreduce_s(self.param_bytes(start, end), per_node, nodes, self.cluster)
+    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE) -> float:
+        """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` replicas on each of
+        ``nodes`` servers: each of the t gradient groups has ``per_node × c`` devices per server,
+        and the t groups share the servers' NICs."""
+        grad = self.param_bytes(start, end) * (0.5 if sharding is Sharding.FULL else 1.0)
+        members = per_node * self.context_parallel
+        if grad == 0 or members * nodes <= 1:
+            return 0.0
+        intra, inter, c = self.cluster.intra_node, self.cluster.inter_node, self.cluster
+        time = ring_s(members, grad, intra.bandwidth_bytes_per_s, intra.latency_s) if members > 1 else 0.0
+        if nodes > 1:
+            share = min(c.nics_per_node, members * self.tensor_parallel) / self.tensor_parallel
+            time += ring_s(nodes, grad, share * inter.bandwidth_bytes_per_s, inter.latency_s)
+        return time
 
-    def optimizer_s(self, start: int, end: int) -> float:
-        """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``)."""
+    def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+        """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``); sharded
+        states step 1/(replicas × c) of the parameters."""
+        stepped = self.param_bytes(start, end)
+        if sharding is not Sharding.NONE:
+            stepped /= data_parallel * self.context_parallel
         return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
-                                self.param_bytes(start, end), self._tensors[end] - self._tensors[start])
+                                stepped, self._tensors[end] - self._tensors[start])
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

@@ -5,7 +5,8 @@ fast path or the SimPy engine. The ``Evaluation`` it returns carries the plan, t
 sizes and the replay's typed ``Summary``, built once; a candidate that cannot run carries a
 ``Rejection`` instead, whose ``kind`` the planners' reports count:
 
-* ``out_of_memory`` — the replay finds a device over its capacity;
+* ``out_of_memory`` — a device is over its capacity: by ``planner.memory``'s count before any
+  replay (the candidate is then not replayed), or in the replay;
 * ``invalid_plan`` — the candidate is not a plan of this model on this cluster (too many
   replicas, a micro-batch that does not divide the global batch, ...);
 * ``invalid_schedule`` — the schedule cannot run this plan (a micro-batch count the
@@ -25,13 +26,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
 
-from planner.space import Candidate, to_scenario
+from planner.memory import MemoryEstimate, plan_peak_bytes
+from planner.space import Candidate, planned
 from sim.errors import DappleError, ScheduleError
 from sim.input.plan_file import plan_to_dict
 from sim.input.scenario import Scenario
 from sim.plan import PlanSpec
 from sim.specs import TrainingSpec
 from sim.summary import Summary
+from sim.units import format_bytes
 
 __all__ = ["Evaluation", "Rejection", "RejectionKind", "check_plannable", "count_rejections", "evaluate",
            "evaluation_row"]
@@ -69,6 +72,8 @@ class Evaluation:
     rejection: Rejection | None = None
     replayed_ops: int = 0
     """Actions of every device class the replay ran: the work it cost (``PlannerOptions`` budgets)."""
+    estimate: MemoryEstimate | None = None
+    """``planner.memory``'s count of the peak, made before the replay."""
 
     @property
     def ok(self) -> bool:
@@ -91,6 +96,13 @@ class Evaluation:
         return 0.0 if self.summary is None else self.summary.peak_memory_bytes
 
     @property
+    def memory_bytes(self) -> float | None:
+        """The peak the replay found, else the one counted before it (None: not a valid plan)."""
+        if self.summary is not None:
+            return self.summary.peak_memory_bytes
+        return None if self.estimate is None else self.estimate.peak_bytes
+
+    @property
     def throughput_samples_per_s(self) -> float:
         return 0.0 if self.summary is None else self.summary.throughput_samples_per_s or 0.0
 
@@ -106,8 +118,17 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
     from sim.engine.run import run_scenario
 
     try:
-        planned = to_scenario(scenario, candidate)
-        result = run_scenario(planned, engine=engine)
+        scenario_of, schedule = planned(scenario, candidate)
+        estimate = plan_peak_bytes(scenario_of, schedule)
+        capacity = scenario.cluster.device.memory_bytes
+        if estimate.peak_bytes > capacity:
+            message = (f"device {estimate.device} runs out of memory: it needs {format_bytes(estimate.peak_bytes)} "
+                       f"of {format_bytes(capacity)} ({format_bytes(estimate.static_bytes)} of model states, "
+                       f"{format_bytes(estimate.activation_bytes)} of activations)")
+            return Evaluation(candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training,
+                              estimate=estimate,
+                              rejection=Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=message))
+        result = run_scenario(scenario_of, engine=engine)
     except ScheduleError as exc:
         return _rejected(candidate, engine, RejectionKind.INVALID_SCHEDULE, exc)
     except DappleError as exc:
@@ -119,8 +140,8 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
     elif summary.oom_detail is not None:
         rejection = Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=summary.oom_detail.message)
     return Evaluation(
-        candidate=candidate, engine=engine, plan=planned.plan, training=planned.training, summary=summary,
-        rejection=rejection, replayed_ops=sum(len(cls.ops) for cls in result.workload.classes),
+        candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training, summary=summary,
+        rejection=rejection, replayed_ops=sum(len(cls.ops) for cls in result.workload.classes), estimate=estimate,
     )
 
 
@@ -151,6 +172,7 @@ def evaluation_row(evaluation: Evaluation) -> dict[str, Any]:
     row = evaluation.plan_file()
     row.update(
         description=evaluation.candidate.describe(),
+        layout=evaluation.candidate.layout(),
         placement=evaluation.candidate.placement,
         iteration_time_s=evaluation.iteration_time_s,
         throughput_samples_per_s=evaluation.throughput_samples_per_s,

@@ -1,8 +1,9 @@
 """Exhaustive search for small cases: the engine's optimum over the whole space.
 
 Every partition of the layers into contiguous stages, every way to give the stages replicas
-(at most the cluster's devices), every placement policy, micro-batch size, schedule and
-recompute setting is a candidate. Replaying each with the SimPy engine would take hours,
+(at most the cluster's devices), every placement policy, micro-batch size, schedule,
+recompute mode and sharding mode is a candidate (data × pipeline parallelism: the space
+DAPPLE's planner is checked against, without tensor or context parallelism). Replaying each with the SimPy engine would take hours,
 so the search is branch and bound on a lower bound that no replay can beat: whatever the
 network does, stage s's devices compute ``M·(F_s + B_s)`` after the first micro-batch's
 forwards through the stages before it, and the last micro-batch's gradient then goes back
@@ -30,6 +31,7 @@ from planner.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.collectives import ring_bytes, ring_s, ring_steps
 from sim.errors import DappleError
 from sim.input.scenario import Scenario
+from sim.parallelism import Sharding
 
 __all__ = ["MAX_DEVICES", "MAX_LAYERS", "exhaustive_planner", "lower_bound_s"]
 
@@ -46,11 +48,13 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
     fwd, bwd, tail = [], [], []
     groups = candidate.devices(cluster) if cluster is not None else None
     for s, (a, b, r) in enumerate(zip(candidate.bounds, candidate.bounds[1:], candidate.replicas)):
-        f, bk = tables.compute_s(a, b, CostTables.slice_of(candidate.microbatch_size, r))
+        f, bk = tables.compute_s(a, b, CostTables.slice_of(candidate.microbatch_size, r), candidate.recompute)
         fwd.append(f)
-        bwd.append(bk + (f if candidate.recompute else 0.0))
+        bwd.append(bk)
         reduce_s = _allreduce_floor_s(tables, a, b, groups[s]) if groups is not None else 0.0
-        tail.append(reduce_s + tables.optimizer_s(a, b))
+        if candidate.sharding is Sharding.FULL:
+            reduce_s *= 0.5  # only the gradients' reduce-scatter
+        tail.append(reduce_s + tables.optimizer_s(a, b, r, candidate.sharding))
     best = 0.0
     for s in range(len(fwd)):
         head = sum(fwd[:s]) + num_microbatches * (fwd[s] + bwd[s])
@@ -80,6 +84,17 @@ def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> flo
     return time_s
 
 
+def _surely_over(tables: CostTables, candidate: Candidate, capacity: float) -> bool:
+    """Whether a stage's states and one micro-batch's activations already pass ``capacity``
+    (every schedule keeps at least one alive), so no replay can fit the candidate."""
+    for a, b, r in zip(candidate.bounds, candidate.bounds[1:], candidate.replicas):
+        samples = CostTables.slice_of(candidate.microbatch_size, r)
+        if tables.static_bytes(a, b, r, candidate.sharding) \
+                + tables.stash_bytes(a, b, samples, recompute=candidate.recompute) > capacity:
+            return True
+    return False
+
+
 def _compositions(total: int, parts: int):
     """Tuples of ``parts`` positive integers summing to ``total``."""
     for cuts in itertools.combinations(range(1, total), parts - 1):
@@ -98,6 +113,7 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
         )
     tables = CostTables(scenario)
     gbs = scenario.training.global_batch_size
+    capacity = scenario.cluster.device.memory_bytes
     bounded = []
     for stages in range(1, min(n, layers, options.max_stages or n) + 1):
         for sizes in _compositions(layers, stages):
@@ -105,12 +121,16 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
             for used in range(stages, n + 1):
                 for replicas in _compositions(used, stages):
                     for microbatch_size in microbatch_sizes(gbs, options):
-                        for (name, params), placement, recompute in itertools.product(
-                            options.schedules, options.placements, options.recompute
+                        for (name, params), placement, recompute, sharding in itertools.product(
+                            options.schedules, options.placements, options.recompute, options.sharding
                         ):
+                            if sharding is not Sharding.NONE and max(replicas) == 1:
+                                continue  # nothing to shard over
                             candidate = Candidate(bounds=bounds, replicas=replicas, microbatch_size=microbatch_size,
                                                   schedule=name, params=params, recompute=recompute,
-                                                  placement=placement)
+                                                  placement=placement, sharding=sharding)
+                            if _surely_over(tables, candidate, capacity):
+                                continue
                             bound = lower_bound_s(tables, candidate, gbs // microbatch_size, scenario.cluster)
                             bounded.append((bound, candidate))
     bounded.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from planner.baselines import dp_planner, even_planner, pipedream_planner
+from planner.baselines import dp_planner, even_planner, megatron_planner, pipedream_planner
 from planner.dapple import dapple_planner
 from planner.exhaustive import exhaustive_planner
 from planner.search import PlannerResult
@@ -14,6 +14,7 @@ __all__ = ["PLANNERS", "DEFAULT_PLANNERS", "get_planner"]
 
 PLANNERS: dict[str, Callable[..., PlannerResult]] = {
     "dapple": dapple_planner,
+    "megatron": megatron_planner,
     "pipedream": pipedream_planner,
     "even": even_planner,
     "dp": dp_planner,
@@ -21,7 +22,7 @@ PLANNERS: dict[str, Callable[..., PlannerResult]] = {
 }
 """Name -> ``fn(scenario, options, progress=None) -> PlannerResult``."""
 
-DEFAULT_PLANNERS = ("dapple", "pipedream", "even", "dp")
+DEFAULT_PLANNERS = ("dapple", "megatron", "pipedream", "even", "dp")
 """What ``dapple-plan`` runs without ``--planner``."""
 
 

@@ -30,9 +30,11 @@ from planner.evaluation import Evaluation, check_plannable, count_rejections, ev
 from planner.space import Candidate, PlannerOptions
 from sim.analytic import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
+from sim.parallelism import Recompute, Sharding
 from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_peak_inflight
+from sim.units import format_bytes
 
-__all__ = ["PlannerResult", "analytic_score", "no_fit_note", "settle"]
+__all__ = ["PlannerResult", "TablesCache", "analytic_score", "no_fit_note", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -55,39 +57,58 @@ class PlannerResult:
     note: str = ""
 
 
+class TablesCache:
+    """One ``CostTables`` per layout (tensor × context degree) of a scenario, built on first use."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self._tables: dict[tuple[int, int], CostTables] = {}
+
+    def __call__(self, candidate: Candidate) -> CostTables:
+        key = (candidate.tensor_parallel, candidate.context_parallel)
+        if key not in self._tables:
+            self._tables[key] = CostTables(self.scenario, tensor_parallel=key[0], context_parallel=key[1])
+        return self._tables[key]
+
+
 def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
     """(estimated iteration seconds, estimated peak bytes per device) of ``candidate``.
 
     DAPPLE's pivot latency with each cut as a stage of its own (``sim.analytic.extend_pipeline``,
     as ``planner.dapple``'s DP); the micro-batches alive on stage i are M under GPipe, K_i
-    otherwise (``sim.schedule.policy.dapple_warmup``).
+    otherwise (``sim.schedule.policy.dapple_warmup``). ZB-H1 (Qi et al., ICLR'24, §3.1) fills
+    the 1F1B bubble with the weight-gradient halves of the backwards: (S−1)·2W less, W ≈ B/2.
+    ``tables`` is the candidate's layout's.
     """
     if candidate.chunks > 1:
         return _interleaved_score(tables, scenario, candidate)
     cluster, microbatch_size = scenario.cluster, candidate.microbatch_size
     M = scenario.training.global_batch_size // microbatch_size
     groups = candidate.devices(cluster)
-    S = candidate.num_stages
+    S, unit, sharding = candidate.num_stages, candidate.unit, candidate.sharding
     policy = dict(candidate.params).get("policy", DapplePolicy.S_MINUS_I)
-    fold, peak = PIPELINE_START, 0.0
+    fold, peak, backward = PIPELINE_START, 0.0, 0.0
     for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
-        samples = CostTables.slice_of(microbatch_size, len(devices))
-        f, bk = tables.compute_s(a, b, samples)
-        if candidate.recompute:
-            bk += f
+        replicas = len(devices) // unit
+        samples = CostTables.slice_of(microbatch_size, replicas)
+        f, bk = tables.compute_s(a, b, samples, candidate.recompute, data_parallel=replicas, sharding=sharding)
+        backward = max(backward, bk)
         nodes = {cluster.node_of(d) for d in devices}
         comm = 0.0
         if s > 0:
             previous = {cluster.node_of(d) for d in groups[s - 1]}
-            comm = tables.transfer_s(a, microbatch_size, len(devices), len(nodes), len(nodes | previous) == 1)
-        per_node = math.ceil(len(devices) / len(nodes))
+            comm = tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)
+        per_node = math.ceil(replicas / len(nodes))
         # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e)
-        tail = tables.allreduce_s(a, b, per_node, len(nodes)) + tables.optimizer_s(a, b)
+        tail = tables.allreduce_s(a, b, per_node, len(nodes), sharding) + tables.optimizer_s(a, b, replicas, sharding)
         fold = extend_pipeline(fold, f, bk, comm, tail, M)
         alive = M if candidate.schedule == "gpipe" else dapple_warmup(S, M, s, policy)
         stash = tables.stash_bytes(a, b, samples, recompute=candidate.recompute)
-        peak = max(peak, tables.static_bytes(a, b) + alive * stash)
-    return fold.total_s, peak
+        peak = max(peak, tables.static_bytes(a, b, replicas, sharding) + alive * stash)
+    latency = fold.total_s
+    if candidate.schedule == "zb-h1":
+        latency -= (S - 1) * backward
+    return latency, peak
 
 
 def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
@@ -100,19 +121,21 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
     cluster, microbatch_size, v = scenario.cluster, candidate.microbatch_size, candidate.chunks
     M = scenario.training.global_batch_size // microbatch_size
     groups = candidate.devices(cluster)
-    R = candidate.num_stages // v
+    R, sharding = candidate.num_stages // v, candidate.sharding
     busy, stash, static, tail, comm = [0.0] * R, [0.0] * R, [0.0] * R, [0.0] * R, 0.0
     for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
-        g, samples = s % R, CostTables.slice_of(microbatch_size, len(devices))
-        f, bk = tables.compute_s(a, b, samples)
-        busy[g] += f + bk + (f if candidate.recompute else 0.0)
+        replicas = len(devices) // candidate.unit
+        g, samples = s % R, CostTables.slice_of(microbatch_size, replicas)
+        f, bk = tables.compute_s(a, b, samples, candidate.recompute, data_parallel=replicas, sharding=sharding)
+        busy[g] += f + bk
         stash[g] += tables.stash_bytes(a, b, samples, recompute=candidate.recompute) / v
-        static[g] += tables.static_bytes(a, b)
+        static[g] += tables.static_bytes(a, b, replicas, sharding)
         nodes = {cluster.node_of(d) for d in devices}
-        tail[g] += tables.allreduce_s(a, b, math.ceil(len(devices) / len(nodes)), len(nodes)) + tables.optimizer_s(a, b)
+        tail[g] += tables.allreduce_s(a, b, math.ceil(replicas / len(nodes)), len(nodes), sharding) \
+            + tables.optimizer_s(a, b, replicas, sharding)
         if s > 0:
             previous = {cluster.node_of(d) for d in groups[s - 1]}
-            comm += 2 * tables.transfer_s(a, microbatch_size, len(devices), len(nodes), len(nodes | previous) == 1)
+            comm += 2 * tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)
     latency = M * max(busy) + (sum(busy) + comm) / v + max(tail)
     # M is a multiple of R for these candidates, so each round has R micro-batches
     peak = max(static[r] + interleaved_peak_inflight(R, r, M, v, R) * stash[r] for r in range(R))
@@ -128,28 +151,35 @@ def settle(
     started: float,
     progress=None,
 ) -> PlannerResult:
-    """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine."""
+    """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine.
+
+    A candidate whose estimated peak is well over the device's memory (1.25×: the estimate is
+    rough) is ranked after every other; ``planner.evaluation.evaluate`` then counts the exact
+    peak before it replays one, so a candidate that cannot fit costs no replay.
+    """
     check_plannable(scenario)
-    tables = CostTables(scenario)
+    tables = TablesCache(scenario)
     capacity = scenario.cluster.device.memory_bytes
     scored = []
     for candidate in dict.fromkeys(candidates):  # drop duplicates, keep order
-        latency, peak = analytic_score(tables, scenario, candidate)
+        latency, peak = analytic_score(tables(candidate), scenario, candidate)
         # an estimate well over capacity is skipped; near it, the replay decides
         scored.append((peak > 1.25 * capacity, latency, candidate))
     scored.sort(key=lambda item: (item[0], item[1], item[2].num_stages, repr(item[2])))
     result = PlannerResult(planner=name, best=None, candidates_scored=len(scored))
-    # interleaved estimates are rougher: they get their own few replays, not the others' share
-    plain = [item for item in scored if item[2].chunks == 1]
-    chunked = [item for item in scored if item[2].chunks > 1][: INTERLEAVED_REPLAYS]
-    queue = plain[: options.fast_top] + chunked + plain[options.fast_top :]
-    must = min(options.fast_top, len(plain)) + len(chunked)
-    fast, spent_ops = [], 0
-    for index, (_, _, candidate) in enumerate(queue[: options.fast_max]):
-        if index >= must and spent_ops >= options.fast_budget_ops:
+    # interleaved and zero-bubble estimates are rougher: they get their own few replays
+    plain = [item for item in scored if item[2].chunks == 1 and item[2].schedule != "zb-h1"]
+    variants = [item for item in scored if item[2].chunks > 1][:INTERLEAVED_REPLAYS] \
+        + [item for item in scored if item[2].schedule == "zb-h1"][:INTERLEAVED_REPLAYS]
+    queue = plain[: options.fast_top] + variants + plain[options.fast_top :]
+    must = min(options.fast_top, len(plain)) + len(variants)
+    fast, spent_ops, replayed = [], 0, 0
+    for index, (_, _, candidate) in enumerate(queue):
+        if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
             break  # the analytic ranking is trusted beyond what the budget allows
         evaluation = evaluate(scenario, candidate, engine="fast")
         fast.append(evaluation)
+        replayed += evaluation.summary is not None
         if index >= must:
             spent_ops += evaluation.replayed_ops
         if progress is not None:
@@ -165,18 +195,31 @@ def settle(
     ok = sorted((e for e in settled if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
     result.best = ok[0] if ok else None
     if result.best is None:
-        result.note = no_fit_note(fast)
+        result.note = no_fit_note(fast, scenario)
     result.search_time_s = time.perf_counter() - started
     log.info("%s: %d scored, %d replayed, best %s", name, len(scored), len(result.evaluations),
              result.best.iteration_time_s if result.best else None)
     return result
 
 
-def no_fit_note(evaluations: list[Evaluation]) -> str:
-    """Why nothing fits: the rejections counted by kind, and the first reason in sorted order."""
+def no_fit_note(evaluations: list[Evaluation], scenario: Scenario | None = None) -> str:
+    """Why nothing fits: the smallest peak memory found and on what, what would make it fit,
+    and the rejections counted by kind."""
     counts = count_rejections(evaluations)
     reasons = sorted({e.rejected for e in evaluations if e.rejected})
     if not reasons:
         return "no candidate fits: nothing to evaluate"
     kinds = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
-    return f"no candidate fits: {reasons[0]} ({kinds})"
+    sized = [e for e in evaluations if e.memory_bytes is not None]
+    if scenario is None or not sized:
+        return f"no candidate fits: {reasons[0]} ({kinds})"
+    smallest = min(sized, key=lambda e: (e.memory_bytes, repr(e.candidate)))
+    capacity = scenario.cluster.device.memory_bytes
+    need = smallest.memory_bytes / capacity
+    layout = smallest.candidate.layout() or "no tensor parallelism, sharding or recompute"
+    return (f"no plan fits: the smallest peak found is {format_bytes(smallest.memory_bytes)} per device of "
+            f"{format_bytes(capacity)} ({smallest.candidate.describe()}; {layout}); it would fit with about "
+            f"{need:.1f}x the devices (the model's states spread over more stages and replicas), "
+            f"{'full sharding, ' if smallest.candidate.sharding is not Sharding.FULL else ''}"
+            f"{'full recompute, ' if smallest.candidate.recompute is not Recompute.FULL else ''}"
+            f"or a device with more memory ({kinds})")

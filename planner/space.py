@@ -10,8 +10,18 @@ A *candidate* is a point of DAPPLE's space (Fan et al., PPoPP'21, §4):
   replicas over the servers, one device per server in turn). Placement decides which
   transfers and all-reduces stay on NVLink and which cross the network;
 * the micro-batch size (hence the number of micro-batches, global batch / size);
-* the schedule (``gpipe``, ``dapple`` with either warm-up policy, ``interleaved``) and
-  whether to recompute activations.
+* the schedule (``gpipe``, ``dapple`` with either warm-up policy, ``zb-h1``, ``interleaved``
+  with its chunk count);
+
+and the dimensions of the parallelism issue's 4D plans (``sim.plan.PlanSpec``):
+
+* the tensor-parallel degree t (with Megatron's sequence parallelism whenever t > 1) and the
+  context-parallel degree c: every data-parallel replica of a stage is a *unit* of t·c
+  consecutive devices, placed as one (``place`` places units; with t·c dividing the server
+  size a unit never crosses a server, so tensor parallelism stays on NVLink, as Megatron-LM
+  requires of it);
+* the data-parallel sharding (``none``/``optimizer``/``gradients``/``full``: ZeRO-1/2/3) and
+  the recompute mode (``none``/``selective``/``full``).
 
 ``to_scenario`` turns a candidate into a checked plan; ``planner.evaluation`` replays it.
 """
@@ -21,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.errors import DappleError
-from sim.parallelism import Recompute
+from sim.parallelism import Recompute, Sharding
 from sim.plan import PlanSpec, StageSpec
 from sim.schedule.policy import DapplePolicy
 from sim.input.scenario import Scenario
@@ -34,6 +44,7 @@ __all__ = [
     "PlannerOptions",
     "microbatch_sizes",
     "place",
+    "planned",
     "to_scenario",
 ]
 
@@ -44,8 +55,15 @@ FAST_BUDGET_OPS = 250_000
 """Actions the fast path replays beyond ``fast_top`` by default: on a 2-core machine about what
 half a second of replays used to buy, for the 16-GPU paper scenarios (``benchmarks/planner_bench.py``)."""
 
-SCHEDULES = (("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("gpipe", ()))
-"""(schedule, parameters) the planner tries by default."""
+SCHEDULES = (("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("gpipe", ()),
+             ("zb-h1", ()))
+"""(schedule, parameters) the planner tries by default (``interleaved`` comes from ``chunks``)."""
+
+RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+SHARDING = (Sharding.NONE, Sharding.OPTIMIZER, Sharding.GRADIENTS, Sharding.FULL)
+CONTEXT_PARALLEL_FROM = 16384
+"""Sequences at least this long also try context parallelism (shorter ones gain nothing from it
+that tensor parallelism does not give: Megatron-Core enables it for long-context training)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,11 +75,22 @@ class PlannerOptions:
     placements: tuple[str, ...] = PLACEMENTS
     """Placement policies to try."""
     interleaved: bool = True
-    """Also try Megatron's interleaved schedule (two chunks per device set) on uniform plans."""
-    recompute: tuple[bool, ...] = (False, True)
-    """Recompute settings to try (True only matters when memory is tight)."""
+    """Also try Megatron's interleaved schedule on uniform plans (``chunks`` model chunks per device set)."""
+    chunks: tuple[int, ...] = (2, 3, 4)
+    """Model chunks per device set the interleaved schedule tries."""
+    recompute: tuple[Recompute | bool, ...] = RECOMPUTE
+    """Recompute modes to try (``True``/``False`` read as full/none); the cheapest that fits wins a tie."""
+    sharding: tuple[Sharding, ...] = SHARDING
+    """Data-parallel sharding modes to try."""
+    tensor_parallel: tuple[int, ...] | None = None
+    """Tensor-parallel degrees to try; None: every degree the model allows that divides the server."""
+    context_parallel: tuple[int, ...] | None = None
+    """Context-parallel degrees to try; None: 1, and for sequences of ``CONTEXT_PARALLEL_FROM``
+    tokens or more every degree the model allows up to the server size."""
     microbatch_sizes: tuple[int, ...] | None = None
-    """Micro-batch sizes to try; None: divisors of the global batch giving 1 to 64 micro-batches."""
+    """Micro-batch sizes to try; None: divisors of the global batch giving 1 to ``max_microbatches`` micro-batches."""
+    max_microbatches: int = 128
+    """Most micro-batches per iteration the default micro-batch sizes give."""
     max_stages: int | None = None
     """Most pipeline stages; None: up to the number of layers and devices."""
     engine_top: int = 3
@@ -87,54 +116,107 @@ class Candidate:
     microbatch_size: int
     schedule: str = "dapple"
     params: tuple = ()
-    recompute: bool = False
+    recompute: Recompute = Recompute.NONE
+    """What stages keep for their backward (``True``/``False`` are read as full/none)."""
     placement: str = "append"
     chunks: int = 1
     """Model chunks per device set (``interleaved``): stage s runs on the devices of stage
     s mod (stages / chunks)."""
+    tensor_parallel: int = 1
+    context_parallel: int = 1
+    sharding: Sharding = Sharding.NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recompute, Recompute):
+            object.__setattr__(self, "recompute", Recompute.of(self.recompute))
 
     @property
     def num_stages(self) -> int:
         return len(self.replicas)
 
+    @property
+    def unit(self) -> int:
+        """Devices of one data-parallel replica: ``tensor_parallel × context_parallel``."""
+        return self.tensor_parallel * self.context_parallel
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Megatron's sequence parallelism, on whenever tensor parallelism is: it needs no more
+        communication and cuts the activations the tensor group repeats (Korthikanti et al. 2022, §4.2.2)."""
+        return self.tensor_parallel > 1
+
     def devices(self, cluster: ClusterSpec) -> tuple[tuple[int, ...], ...]:
         """Device ids of every stage: placed device sets, reused by later chunks."""
         sets = self.num_stages // self.chunks
-        groups = place(self.replicas[:sets], cluster, self.placement)
+        groups = place(self.replicas[:sets], cluster, self.placement, unit=self.unit)
         return tuple(groups[s % sets] for s in range(self.num_stages))
+
+    def layout(self) -> str:
+        """``tensor 8 · sequence parallel · sharding optimizer · recompute selective``: what is not
+        plain data × pipeline parallelism (empty for a DAPPLE plan of its own space)."""
+        parts = []
+        if self.tensor_parallel > 1:
+            parts += [f"tensor {self.tensor_parallel}", "sequence parallel"]
+        if self.context_parallel > 1:
+            parts.append(f"context {self.context_parallel}")
+        if self.sharding is not Sharding.NONE:
+            parts.append(f"sharding {self.sharding.value}")
+        if self.recompute is not Recompute.NONE:
+            parts.append(f"recompute {self.recompute.value}")
+        return " · ".join(parts)
 
     def describe(self) -> str:
         """``layers [0, 27) × 8 | layers [27, 53) × 8``: half-open ranges, as plan files and
-        scenarios write a stage's ``layers: [0, 27]`` (chunks of one device set are marked ``@k``)."""
+        scenarios write a stage's ``layers: [0, 27]``. Interleaved plans with one replica count
+        are written ``8 device sets × 2, 3 chunks each: layers [0, 6) [6, 8) ...`` (chunk k on
+        device set k mod 8); others mark each chunk's device set ``@k``."""
         sets = self.num_stages // self.chunks
+        if self.chunks > 1 and len(set(self.replicas)) == 1:
+            ranges = " ".join(f"[{a}, {b})" for a, b in zip(self.bounds, self.bounds[1:]))
+            return f"{sets} device sets × {self.replicas[0]}, {self.chunks} chunks each: layers {ranges}"
         return " | ".join(
             f"layers [{a}, {b}) × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
             for s, (a, b, r) in enumerate(zip(self.bounds, self.bounds[1:], self.replicas))
         )
 
 
-def microbatch_sizes(global_batch_size: int, options: PlannerOptions, max_microbatches: int = 64) -> tuple[int, ...]:
-    """Micro-batch sizes to try: divisors of the global batch, 1 to ``max_microbatches`` micro-batches."""
+def microbatch_sizes(global_batch_size: int, options: PlannerOptions) -> tuple[int, ...]:
+    """Micro-batch sizes to try: divisors of the global batch, 1 to ``options.max_microbatches`` micro-batches."""
     if options.microbatch_sizes is not None:
         return tuple(m for m in options.microbatch_sizes if global_batch_size % m == 0)
     return tuple(
         d for d in range(1, global_batch_size + 1)
-        if global_batch_size % d == 0 and global_batch_size // d <= max_microbatches
+        if global_batch_size % d == 0 and global_batch_size // d <= options.max_microbatches
     )
 
 
-def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str) -> tuple[tuple[int, ...], ...]:
-    """Device ids of every stage under a placement policy (stages placed in order)."""
-    free = [list(range(n * cluster.devices_per_node, (n + 1) * cluster.devices_per_node)) for n in range(cluster.nodes)]
-    if sum(replicas) > cluster.num_devices:
-        raise DappleError(f"{sum(replicas)} replicas need more than the cluster's {cluster.num_devices} devices")
+def unit_grid(cluster: ClusterSpec, unit: int) -> tuple[int, int]:
+    """(servers, units per server) of the cluster seen in units of ``unit`` consecutive devices:
+    a unit that spans servers (t·c above the server size) makes one "server" of those it spans."""
+    per_node = cluster.devices_per_node
+    if unit <= per_node:
+        return cluster.nodes, per_node // unit
+    return cluster.num_devices // unit, 1
+
+
+def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit: int = 1) -> tuple[tuple[int, ...], ...]:
+    """Device ids of every stage under a placement policy (stages placed in order).
+
+    ``replicas`` counts units of ``unit`` consecutive devices (a replica's tensor- and
+    context-parallel group); each is placed whole, so unit k holds devices ``k·unit`` to
+    ``(k+1)·unit − 1``.
+    """
+    nodes, per_node = unit_grid(cluster, unit)
+    free = [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)]
+    if sum(replicas) * unit > cluster.num_devices:
+        raise DappleError(f"{sum(replicas) * unit} devices are more than the cluster's {cluster.num_devices}")
     placed = []
     for count in replicas:
         if policy == "scatter":
-            devices = _scatter(free, count)
+            units = _scatter(free, count)
         else:
-            devices = _fill(free, count, cluster.devices_per_node, fresh=policy == "fresh")
-        placed.append(tuple(sorted(devices)))
+            units = _fill(free, count, per_node, fresh=policy == "fresh")
+        placed.append(tuple(d for u in sorted(units) for d in range(u * unit, (u + 1) * unit)))
     return tuple(placed)
 
 
@@ -166,6 +248,11 @@ def _scatter(free: list[list[int]], count: int) -> list[int]:
 
 def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     """``scenario`` with ``candidate`` as its plan and micro-batch size (checked)."""
+    return planned(scenario, candidate)[0]
+
+
+def planned(scenario: Scenario, candidate: Candidate):
+    """(``scenario`` with ``candidate``'s plan, the schedule that plan runs), both checked."""
     from sim.plan import check_plan
     from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 
@@ -175,10 +262,12 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
         for a, b, devices in zip(candidate.bounds, candidate.bounds[1:], groups)
     )
     plan = PlanSpec(stages=stages, schedule=candidate.schedule, schedule_params=candidate.params,
-                    recompute=Recompute.of(candidate.recompute))
+                    recompute=candidate.recompute, tensor_parallel=candidate.tensor_parallel,
+                    sequence_parallel=candidate.sequence_parallel, context_parallel=candidate.context_parallel,
+                    sharding=candidate.sharding)
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
-    schedule_for_plan(plan, training.num_microbatches,
-                      stage_policies=dapple_stage_policies(plan, scenario.model, scenario.cluster, training))
-    return replace(scenario, plan=plan, training=training)
+    schedule = schedule_for_plan(plan, training.num_microbatches,
+                                 stage_policies=dapple_stage_policies(plan, scenario.model, scenario.cluster, training))
+    return replace(scenario, plan=plan, training=training), schedule

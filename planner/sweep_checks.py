@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from sim.input.strict import show_text, show_value
+from sim.parallelism import Recompute
 
 __all__ = ["check_plots", "planner_option"]
 
@@ -54,9 +55,10 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         return tuple(items)
     if name == "recompute":
         items = value if isinstance(value, list) else [value]
-        if not items or any(not isinstance(v, bool) for v in items):
-            raise fail(where, f"must be true, false or a list of them, got {show_value(value)}")
-        return tuple(items)
+        modes = {"none", "selective", "full"}
+        if not items or any(not isinstance(v, bool) and v not in modes for v in items):
+            raise fail(where, f"must be true, false, none, selective, full or a list of them, got {show_value(value)}")
+        return tuple(Recompute.of(v) for v in items)
     if name == "interleaved":
         if not isinstance(value, bool):
             raise fail(where, f"must be true or false, got {show_value(value)}")

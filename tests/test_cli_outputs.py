@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.cli import schedule_text
+
 from conftest import REPO, SCENARIOS
 from terminal import run_on_a_terminal
 
@@ -136,18 +138,23 @@ def _dapple_plan(*args: str) -> list[str]:
 
 
 def test_dapple_plan_shows_progress_on_a_terminal_and_where_the_time_went(tmp_path):
-    code, stdout, terminal = run_on_a_terminal(_dapple_plan(BERT, "--out", str(tmp_path / "a"), "-v"), REPO)
+    code, stdout, terminal = run_on_a_terminal(_dapple_plan(BERT, "--out", str(tmp_path / "a"), "-v",
+                                                            "--planner", "dapple", "--planner", "dp"), REPO)
     assert code == 0, terminal[-2000:]
-    assert "dapple: replays" in terminal and "writing plots" in terminal and "drawing gantt_dapple.png" in terminal
+    best = json.loads((tmp_path / "a" / "best_plan.json").read_text())
+    own = schedule_text(best["schedule"]).split("/")[0]
+    assert "dapple: replays" in terminal and "writing plots" in terminal and f"drawing gantt_{own}.png" in terminal
     assert "dapple-plan: time: plan with dapple" in terminal and "draw the plots" in terminal
-    for name in ("best_plan.json", "gantt_gpipe.png", "gantt_dapple.png", "memory_gpipe.png", "memory_dapple.png",
-                 "schedules.png", "planners.png"):
+    for kind in ("gantt", "memory"):  # the all-forwards-first order and the best plan's own
+        drawn = sorted(p.name for p in (tmp_path / "a").glob(f"{kind}_*.png"))
+        assert len(drawn) == 2 and f"{kind}_{own}.png" in drawn, drawn
+    for name in ["best_plan.json", "schedules.png", "planners.png"] + drawn:
         assert (tmp_path / "a" / name).stat().st_size > 100
     # printed as the files write it: half-open layer ranges, one schedule format
-    assert "layers [0, 28) × 8 | layers [28, 53) × 8" in stdout and "[dapple/2(s-i)-1, micro-batch 8 x 16" in stdout
+    assert f"best: dapple (" in stdout and best["description"] in stdout and "layers [0, " in stdout
+    assert f"[{schedule_text(best['schedule'])}, micro-batch {best['microbatch_size']} x " in stdout
     assert '{"name"' not in stdout and "–" not in stdout
-    best = json.loads((tmp_path / "a" / "best_plan.json").read_text())
-    assert [s["layers"] for s in best["stages"]] == [[0, 28], [28, 53]]
+    assert best["stages"][0]["layers"][0] == 0 and best["stages"][-1]["layers"][1] == 53
     # -q on a terminal: the results only
     code, stdout, terminal = run_on_a_terminal(_dapple_plan(BERT, "-q", "--planner", "even"), REPO)
     assert code == 0 and terminal == "" and "best: even" in stdout

@@ -16,6 +16,7 @@ from planner.exhaustive import exhaustive_planner, lower_bound_s
 from planner.space import Candidate, PlannerOptions, place
 from sim.input.scenario import Scenario, load_scenario
 from sim.model_spec import LayerSpec, ModelSpec
+from sim.parallelism import Sharding
 from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 
 
@@ -49,21 +50,31 @@ def _random_instance(seed: int) -> Scenario:
     boundary = (0.0,) + tuple(rng.choice([1e4, 1e5, 1e6]) for _ in range(num_layers - 1)) + (0.0,)
     model = ModelSpec(name=f"random-{seed}", layers=layers, boundary_bytes=boundary, dtype="fp32", optimizer="sgd")
     gbs = rng.choice([8, 16])
-    return Scenario(name=f"random-{seed}", cluster=_cluster(nodes, per_node), model=model,
+    # memory from plenty to less than any plan needs: a share of the whole model's states and
+    # of four samples' activations on one device
+    whole = 2 * sum(layer.param_bytes for layer in layers) + 4 * sum(layer.stash_bytes for layer in layers)
+    memory = whole * rng.choice([1e3, 1.0, 0.6, 0.4, 0.25, 0.02])
+    return Scenario(name=f"random-{seed}", cluster=_cluster(nodes, per_node, memory=memory), model=model,
                     training=TrainingSpec(global_batch_size=gbs, microbatch_size=gbs), plan=None)
 
 
 SMALL = PlannerOptions(schedules=(("dapple", ()),), placements=("append", "scatter"), recompute=(False,),
-                       microbatch_sizes=(2, 4), interleaved=False)
+                       sharding=(Sharding.NONE,), microbatch_sizes=(2, 4), interleaved=False)
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_dapple_is_within_two_percent_of_the_exhaustive_optimum(seed):
+    """4-8 devices on 1-8 servers, random layer costs and memory: DAPPLE's planner finds a plan
+    whenever one fits, never 2% slower than the engine's optimum, and says why when none does."""
     scenario = _random_instance(seed)
     exhaustive = exhaustive_planner(scenario, SMALL)
     dapple = dapple_planner(scenario, SMALL)
-    assert exhaustive.best is not None and dapple.best is not None
+    if exhaustive.best is None:
+        assert dapple.best is None and dapple.note.startswith("no plan fits: the smallest peak found is ")
+        return
+    assert dapple.best is not None, dapple.note
     assert dapple.best.engine == exhaustive.best.engine == "simpy"
+    assert dapple.best.peak_memory_bytes <= scenario.cluster.device.memory_bytes
     assert dapple.best.iteration_time_s <= 1.02 * exhaustive.best.iteration_time_s
 
 
@@ -85,7 +96,7 @@ def test_memory_is_checked_and_the_reason_kept():
     evaluation = evaluate(tiny, candidate)
     assert not evaluation.ok and "runs out of memory" in evaluation.rejected
     result = dp_planner(tiny, SMALL)
-    assert result.best is None and "no candidate fits" in result.note
+    assert result.best is None and "no plan fits" in result.note
 
 
 def test_baselines_follow_their_rules():
@@ -114,8 +125,9 @@ def test_plan_command_json_and_plan_file_round_trip(tmp_path, capsys):
     best = report["best"]
     assert best["planner"] == "dapple" and best["microbatch_size"] == 16
     assert best["iteration_time_s"] <= report["planners"]["dp"]["plan"]["iteration_time_s"]
-    for name in ("best_plan.json", "gantt_gpipe.png", "gantt_dapple.png", "memory_gpipe.png", "memory_dapple.png"):
-        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "best_plan.json").stat().st_size > 0
+    for kind in ("gantt", "memory"):  # the all-forwards-first order and the best plan's own
+        assert len([p for p in tmp_path.glob(f"{kind}_*.png") if p.stat().st_size > 0]) == 2
     assert sim_main(["simulate", scenario, "--plan", str(tmp_path / "best_plan.json"), "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     assert simulated["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-9)
@@ -141,7 +153,8 @@ def test_interleaved_candidates_reuse_device_sets_and_run():
     from planner.space import to_scenario
 
     scenario = load_scenario(SCENARIOS / "gpt1.3b_h100_interleaved.yaml")
-    variants = _interleaved([(0.0, (0, 13, 26), (4, 4), 4)], 64, PlannerOptions(placements=("append",), recompute=(False,)))
+    base = Candidate(bounds=(0, 13, 26), replicas=(4, 4), microbatch_size=4)
+    variants = _interleaved([base], 64, PlannerOptions(placements=("append",), chunks=(2,)))
     assert len(variants) == 1
     candidate = variants[0]
     assert candidate.bounds == (0, 6, 13, 19, 26) and candidate.chunks == 2

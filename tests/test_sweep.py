@@ -271,8 +271,10 @@ def test_plan_mode_rows_hold_a_plan_file_that_replays_to_the_same_time():
     assert list(table.columns[-6:]) == ["plan_description", "plan_placement", "plan_json", "planner_note",
                                         "error", "wall_s"]
     assert table["error"].isna().all()
-    nothing = table[table["cluster.device"] == "1GiB"]
-    assert nothing["oom"].all() and nothing["planner_note"].str.startswith("no candidate fits").all()
+    small = table[table["cluster.device"] == "1GiB"].set_index("planner")
+    # pure data parallelism cannot hold VGG-19 in 1 GiB; DAPPLE's planner shards and recomputes until it does
+    assert small.loc["dp", "oom"] and small.loc["dp", "planner_note"].startswith("no plan fits")
+    assert not small.loc["dapple", "oom"] and small.loc["dapple", "peak_memory_bytes"] <= 2**30
     for _, row in table[table["cluster.device"] == "16GiB"].iterrows():
         plan = json.loads(row["plan_json"])
         assert row["microbatch_size"] in (32, 64) and not row["oom"]

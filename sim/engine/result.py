@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline
-from sim.engine.workload import COMPUTE, RECV, REDUCE, SEND, Workload
+from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 from sim.summary import (
     DeviceSummary,
     FailureDetail,
@@ -216,4 +216,4 @@ class SimResult:
         return pd.DataFrame(self.event_rows(devices), columns=columns)
 
 
-_STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce"}
+_STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce", GROUP: "group"}

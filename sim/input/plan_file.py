@@ -35,7 +35,7 @@ or are listed in ``IGNORED_KEYS``)."""
 
 IGNORED_KEYS = {
     "metrics", "planner", "placement", "engine", "iteration_time_s", "throughput_samples_per_s",
-    "peak_memory_bytes", "oom", "speedup_over_dp", "description",
+    "peak_memory_bytes", "oom", "speedup_over_dp", "description", "layout",
 }
 """Keys a planner may add next to a plan; they describe it and are not read back."""
 

@@ -119,7 +119,7 @@ def parse_scenario(
     name = reader.string(raw, "", "name", Path(source).stem)
     cluster, device_defaults = read_cluster(reader, raw["cluster"])
     model = read_model(reader, raw["model"])
-    training = _training(reader, raw["training"])
+    training = _training(reader, raw["training"], planning=ignore_plan)
     faults = read_faults(reader, raw.get("faults", []), cluster)
     plan = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
     return Scenario(name=name, cluster=cluster, model=model, training=training, plan=plan, faults=faults, path=source,
@@ -176,13 +176,13 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
 # --- sections ---------------------------------------------------------------------------
 
 
-def _training(reader: StrictReader, data: Any) -> TrainingSpec:
+def _training(reader: StrictReader, data: Any, *, planning: bool = False) -> TrainingSpec:
+    """The training sizes; the planner (``planning``) chooses the micro-batch size itself, so
+    there it may be left out (it then defaults to the global batch)."""
     data = reader.mapping(data, "training")
     reader.keys(data, "training", allowed={"global_batch_size", "microbatch_size"},
-                required={"global_batch_size", "microbatch_size"})
-    return reader.build(
-        "training",
-        TrainingSpec,
-        global_batch_size=reader.integer(data, "training", "global_batch_size"),
-        microbatch_size=reader.integer(data, "training", "microbatch_size"),
-    )
+                required={"global_batch_size"} if planning else {"global_batch_size", "microbatch_size"})
+    global_batch_size = reader.integer(data, "training", "global_batch_size")
+    microbatch = reader.integer(data, "training", "microbatch_size") if "microbatch_size" in data or not planning \
+        else global_batch_size
+    return reader.build("training", TrainingSpec, global_batch_size=global_batch_size, microbatch_size=microbatch)
