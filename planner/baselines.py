@@ -21,7 +21,8 @@ compared with DAPPLE's on equal terms (synchronous training, same cost model):
 * ``dp`` — pure data parallelism: every device holds the whole model; micro-batches are
   gradient accumulation steps, each one forward and one backward in turn (the 1F1B order of
   a one-stage pipeline, as a training loop with accumulation runs them: only one
-  micro-batch's activations are alive at a time).
+  micro-batch's activations are alive at a time), with the cheapest ZeRO sharding and
+  recompute modes whose memory fits (as DeepSpeed users and FSDP users train).
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions) -> list[Candida
     """The Megatron grid's candidates (the module docstring); DAPPLE's planner ranks them too."""
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     gbs = scenario.training.global_batch_size
-    capacity = scenario.cluster.device.memory_bytes
     order = levels(scenario, options)
     policy = (("policy", DapplePolicy.S_MINUS_I.value),)
     candidates = []
@@ -80,30 +80,37 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions) -> list[Candida
                     base = Candidate(bounds=cut, replicas=(dp,) * (stages * v), microbatch_size=microbatch_size,
                                      schedule=name, params=params, chunks=v, tensor_parallel=t,
                                      context_parallel=c)
-                    fitting = []
-                    for recompute, sharding in order:
-                        if sharding.value != "none" and dp * c == 1:
-                            continue
-                        candidate = replace(base, recompute=recompute, sharding=sharding)
-                        _, peak = analytic_score(tables, scenario, candidate)
-                        if peak <= capacity:
-                            fitting.append(candidate)
-                            if len(fitting) >= GRID_LEVELS:
-                                break
-                    candidates += fitting or [replace(base, recompute=order[-1][0], sharding=order[-1][1])]
+                    candidates += cheapest_levels(tables, scenario, base, order)
     return candidates
 
 
 def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
-    candidates = [
-        Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
-                  params=(("policy", DapplePolicy.S_MINUS_I.value),), recompute=recompute)
-        for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options)
-        for recompute in options.recompute
-    ]
+    tables, order = CostTables(scenario), levels(scenario, options)
+    candidates = []
+    for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
+        base = Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
+                         params=(("policy", DapplePolicy.S_MINUS_I.value),))
+        candidates += cheapest_levels(tables, scenario, base, order)
     return settle("dp", scenario, candidates, options, started=started, progress=progress)
+
+
+def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, order, keep: int = GRID_LEVELS
+                    ) -> list[Candidate]:
+    """``base`` under the first ``keep`` (recompute, sharding) levels of ``order`` whose estimated
+    peak fits, or under the last (the most frugal) if none does."""
+    capacity = scenario.cluster.device.memory_bytes
+    fitting = []
+    for recompute, sharding in order:
+        if sharding.value != "none" and max(base.replicas) * base.context_parallel == 1:
+            continue  # nothing to shard over
+        candidate = replace(base, recompute=recompute, sharding=sharding)
+        if analytic_score(tables, scenario, candidate)[1] <= capacity:
+            fitting.append(candidate)
+            if len(fitting) >= keep:
+                break
+    return fitting or [replace(base, recompute=order[-1][0], sharding=order[-1][1])]
 
 
 def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:

@@ -1,15 +1,16 @@
 """``dapple-plan``: find the fastest plan that fits, compare it with the obvious ones, and
 run what-if sweeps.
 
-Runs DAPPLE's planner and the baselines (PipeDream's planner, even split with GPipe, pure
-data parallelism) on a scenario's model, cluster and global batch, and prints one row per
-planner: its plan, the SimPy engine's iteration time, samples/s, peak memory per device and
-speed-up over pure data parallelism. ``--json`` prints ``{"best": ..., "planners": {...},
+Runs DAPPLE's planner over the 4D space (``planner.dapple``: tensor, context, pipeline and
+data parallelism, sharding, recompute, schedule, placement) and the baselines (Megatron's
+uniform grid, PipeDream's planner, even split with GPipe, pure data parallelism) on a
+scenario's model, cluster and global batch, and prints one row per planner: its plan, the
+SimPy engine's iteration time, samples/s, peak memory per device and speed-up over pure data
+parallelism, then the winner and its margin over the next best. ``--json`` prints ``{"best": ..., "planners": {...},
 "search_time_s": ...}`` with every plan in the plan-file form that ``dapple-sim simulate
 --plan`` and ``dapple-run --plan`` read. ``--out DIR`` writes ``best_plan.json``, the
-Gantt and memory plots of the best plan under GPipe and under DAPPLE (an interleaved best
-plan is plotted under its own schedule only: GPipe needs one chunk per device set), both
-stacked in ``schedules.png``, and the planners' bars in ``planners.png``.
+Gantt and memory plots of the best plan under GPipe's all-forwards-first order (LoopedBFS
+for an interleaved plan) and under its own schedule, both stacked in ``schedules.png``, and the planners' bars in ``planners.png``.
 
 ``dapple-plan sweep SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N]`` runs a
 what-if study (``planner.sweep``): every point of the sweep file, on a local process pool
@@ -74,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dapple-plan",
         usage=USAGE,
-        description="Search data x pipeline parallel plans (partition, replicas per stage, placement, "
-        "micro-batching, schedule, recompute) for a scenario, and compare planners by the SimPy engine.",
+        description="Search 4D parallel plans (tensor and context degree, partition, replicas per stage, "
+        "placement, micro-batching, schedule, sharding, recompute) for a scenario, and compare planners by the "
+        "SimPy engine. The scenario's plan and micro-batch size are ignored: the planners choose them.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -142,10 +142,17 @@ class CostTables:
     def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
         over ``data_parallel`` replicas (times the context-parallel degree: they hold the same)."""
+        params = self._params[end] - self._params[start]
         if sharding is Sharding.NONE:
-            return self.param_bytes(start, end) * self.state_factor
-        return model_state_bytes(self.param_bytes(start, end), optimizer_bytes_per_param_byte=self.optimizer_factor,
-                                 data_parallel=data_parallel * self.context_parallel, sharding=sharding).total
+            return params * self.state_factor
+        d = data_parallel * self.context_parallel
+        if d == 1:
+            return params * self.state_factor
+        if sharding is Sharding.OPTIMIZER:  # sim.parallelism.model_state_bytes, spelled out on the DP's hot path
+            return params * (2.0 + self.optimizer_factor / d)
+        if sharding is Sharding.GRADIENTS:
+            return params * (1.0 + (1.0 + self.optimizer_factor) / d)
+        return params * self.state_factor / d
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
         """Activations one micro-batch slice keeps until its backward (at most what the engine counts:

@@ -67,10 +67,12 @@ SLACK = 0.03
 """A partial plan is dropped only when another beats it by this fraction in every quantity:
 the latency model is an estimate, so near-ties survive for the replays to separate."""
 UNIFORM_ABOVE = 64
-"""Above this many devices, stages share one replica count."""
+"""Above this many units, stages share one replica count."""
+EVERY_COUNT_UP_TO = 16
+"""Up to this many units a stage may have any replica count; above, only counts that divide them."""
 KEEP_PER_BATCH = 16
 """Complete plans kept per micro-batch size for re-scoring."""
-UNEVEN_BATCHES = 3
+UNEVEN_BATCHES = 2
 """Micro-batch sizes (the best by their uniform grids) searched with uneven replica counts."""
 POOL = 64
 """Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
@@ -95,8 +97,10 @@ def _replica_choices(num_units: int) -> list[tuple[int, ...]]:
     """Replica-count sets to run the DP with: every count (small clusters), and one uniform
     count per run (DP x PP grids), whose best partitions the free DP may rank lower."""
     uniform = [(r,) for r in range(1, num_units + 1) if num_units % r == 0]
-    if num_units <= UNIFORM_ABOVE:
+    if num_units <= EVERY_COUNT_UP_TO:
         return [tuple(range(1, num_units + 1))] + uniform
+    if num_units <= UNIFORM_ABOVE:  # uneven, from the counts that divide the cluster (32 + 16 + 16, ...)
+        return [tuple(r for (r,) in uniform)] + uniform
     return uniform
 
 
@@ -114,6 +118,7 @@ def partitions(
     per_node: int | None = None,
     recompute: Recompute = Recompute.NONE,
     memory_sharding: Sharding = Sharding.NONE,
+    pressure: list | None = None,
 ) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
     """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP.
 
@@ -121,9 +126,11 @@ def partitions(
     size by default). Partial plans whose estimate already exceeds ``bound`` are dropped:
     extending a plan never lowers its estimate. A stage must fit in memory with
     ``memory_sharding`` and at least one micro-batch alive, and the stages that follow it
-    must not make more alive than it has room for (the module docstring).
+    must not make more alive than it has room for (the module docstring). ``pressure``, if
+    given, gets an entry when memory dropped or limited an extension (more recompute could help).
     """
     per_node = per_node or tables.cluster.devices_per_node
+    exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
     M = num_microbatches
     capacity = tables.cluster.device.memory_bytes
     last = len(cuts) - 1
@@ -141,10 +148,14 @@ def partitions(
             for cj in range(ci + 1, last + 1):
                 b = cuts[cj]
                 if tables.static_bytes(a, b, widest, memory_sharding) > capacity:
+                    if pressure is not None and not pressure:
+                        pressure.append((ci, cj))
                     break  # longer stages only hold more parameters
                 for r in replica_set:
                     if g + r > num_devices:
                         break
+                    if exact and (num_devices - g - r) > r * (last - cj):
+                        continue  # a grid must use every unit: too few cuts left for its stages
                     first, final = g // per_node, (g + r - 1) // per_node
                     crosses = ci > 0 and (g - 1) // per_node != final
                     cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
@@ -153,6 +164,8 @@ def partitions(
                                                       crosses, recompute, memory_sharding, capacity)
                     f, bk, comm, tail, room = stage_cost[cost_key]
                     if room < 1:
+                        if pressure is not None and not pressure:
+                            pressure.append(cost_key)
                         continue  # not even one micro-batch's activations fit beside the states
                     target = frontier[cj].setdefault(g + r, [])
                     # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
@@ -161,6 +174,8 @@ def partitions(
                         j, most = record[1], record[5]
                         if room < M and j + room < most:
                             most = j + int(room)
+                            if pressure is not None and not pressure:
+                                pressure.append(cost_key)
                         if j + 1 > most:
                             continue  # its stages after would keep more alive than it holds
                         extended = extend_pipeline(record[0], f, bk, comm, tail, M)
@@ -169,6 +184,8 @@ def partitions(
                         _insert(target, (extended, j + 1, (ci, g), index, r, most))
     finished = []
     for g in sorted(frontier[last]):
+        if exact and g != num_devices:
+            continue
         for index, record in enumerate(frontier[last][g]):
             bounds, replicas = _trace(frontier, cuts, (last, g), index)
             finished.append((record[0].total_s, bounds, replicas))
@@ -296,12 +313,13 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
         uniform, general = [x for x in choices if len(x) == 1], [x for x in choices if len(x) > 1]
         for recompute in recomputes:
             bounds_of: dict[int, float] = {}
+            pressure: list = []  # whether memory limited this mode's DP (else more recompute only costs time)
 
             def run(microbatch_size: int, replica_set: tuple[int, ...]) -> None:
                 stages = min(max_stages, 2 * (gbs // microbatch_size))
                 plans = partitions(tables, cuts, num_units, microbatch_size, gbs // microbatch_size, replica_set,
                                    stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size], per_node=per_node,
-                                   recompute=recompute, memory_sharding=frugal)
+                                   recompute=recompute, memory_sharding=frugal, pressure=pressure)
                 for score, b, r in plans:
                     found.append((score, Candidate(bounds=b, replicas=r, microbatch_size=microbatch_size,
                                                    recompute=recompute, tensor_parallel=t, context_parallel=c)))
@@ -311,11 +329,16 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
             for microbatch_size in microbatch_sizes(gbs, options):
                 bounds_of[microbatch_size] = math.inf
                 for replica_set in uniform:  # DP x PP grids first: cheap, and they bound the rest
-                    run(microbatch_size, replica_set)
+                    r = replica_set[0]
+                    # a grid uses every unit in at most max_stages stages, and gives every replica a sample
+                    if num_units // r <= max_stages and microbatch_size >= r:
+                        run(microbatch_size, replica_set)
             # uneven replicas for the micro-batch sizes whose grids look best
             for microbatch_size in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
                 for replica_set in general:
                     run(microbatch_size, replica_set)
+            if not pressure:
+                break  # memory limited nothing: recomputing more would only cost time
     found.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
     pool = [base for _, base in found[:POOL]]
     cache: dict[tuple[int, int], CostTables] = {}

@@ -71,7 +71,9 @@ class Evaluation:
     """The replay's summary (None when nothing was replayed)."""
     rejection: Rejection | None = None
     replayed_ops: int = 0
-    """Actions of every device class the replay ran: the work it cost (``PlannerOptions`` budgets)."""
+    """Actions of every device the replay compiled (a class's ops once per member device): the
+    work it cost, which grows with the cluster even where symmetry makes the replay cheap
+    (``PlannerOptions`` budgets it)."""
     estimate: MemoryEstimate | None = None
     """``planner.memory``'s count of the peak, made before the replay."""
 
@@ -141,7 +143,7 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") 
         rejection = Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=summary.oom_detail.message)
     return Evaluation(
         candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training, summary=summary,
-        rejection=rejection, replayed_ops=sum(len(cls.ops) for cls in result.workload.classes), estimate=estimate,
+        rejection=rejection, replayed_ops=sum(len(cls.ops) * len(cls.devices) for cls in result.workload.classes), estimate=estimate,
     )
 
 

@@ -197,8 +197,11 @@ def settle(
     if result.best is None:
         result.note = no_fit_note(fast, scenario)
     result.search_time_s = time.perf_counter() - started
-    log.info("%s: %d scored, %d replayed, best %s", name, len(scored), len(result.evaluations),
-             result.best.iteration_time_s if result.best else None)
+    unreplayed = sum(1 for e in fast if e.summary is None)
+    log.info("%s: tiers: %d scored by closed forms, %d counted for memory (%d over it, not replayed), "
+             "%d replayed on the fast path, %d settled by the engine; best %s", name, len(scored), len(fast),
+             unreplayed, len(fast) - unreplayed, len(settled),
+             f"{result.best.iteration_time_s:.6g} s" if result.best else "none")
     return result
 
 

@@ -51,9 +51,10 @@ __all__ = [
 PLACEMENTS = ("fresh", "append", "scatter")
 """DAPPLE's device placement policies (§4.2)."""
 
-FAST_BUDGET_OPS = 250_000
-"""Actions the fast path replays beyond ``fast_top`` by default: on a 2-core machine about what
-half a second of replays used to buy, for the 16-GPU paper scenarios (``benchmarks/planner_bench.py``)."""
+FAST_BUDGET_OPS = 150_000
+"""Actions (of every device) the fast path's replays may compile beyond ``fast_top`` by default:
+a few dozen replays of the 16-GPU paper scenarios, a handful at a thousand GPUs
+(``benchmarks/planner_bench.py``)."""
 
 SCHEDULES = (("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("gpipe", ()),
              ("zb-h1", ()))
@@ -98,10 +99,10 @@ class PlannerOptions:
     fast_top: int = 8
     """Candidates the fast path scores after the analytic model, at least."""
     fast_budget_ops: int = FAST_BUDGET_OPS
-    """Beyond ``fast_top``, keep scoring with the fast path until its replays have run this many
-    actions (ops of every device class): a count of work, so the answer is the same on any
+    """Beyond ``fast_top``, keep scoring with the fast path until its replays have compiled this
+    many actions (ops of every device): a count of work, so the answer is the same on any
     machine and under any load."""
-    fast_max: int = 200
+    fast_max: int = 64
     """Candidates the fast path scores at most."""
 
 
@@ -221,15 +222,18 @@ def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit:
 
 
 def _fill(free: list[list[int]], count: int, per_node: int, *, fresh: bool) -> list[int]:
-    """Fresh First takes whole unused servers first; Append First the most used server first."""
+    """Fresh First takes whole unused servers first; Append First the most used server first.
+
+    One ordering is enough: each take either empties a server or ends the stage's count.
+    """
     def order(node: int):
         used = per_node - len(free[node])
         return (used > 0, node) if fresh else (-(used > 0) * used, node)
 
     taken: list[int] = []
-    while len(taken) < count:
-        nodes = sorted((n for n in range(len(free)) if free[n]), key=order)
-        node = nodes[0]
+    for node in sorted((n for n in range(len(free)) if free[n]), key=order):
+        if len(taken) == count:
+            break
         take = min(count - len(taken), len(free[node]))
         taken += free[node][:take]
         del free[node][:take]

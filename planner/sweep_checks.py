@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from sim.input.strict import show_text, show_value
-from sim.parallelism import Recompute
+from sim.parallelism import Recompute, Sharding
 
 __all__ = ["check_plots", "planner_option"]
 
@@ -68,6 +68,19 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         if value is not None and (not items or not all(ints(v, 1) for v in items)):
             raise fail(where, f"must be a list of positive integers, got {show_value(value)}")
         return None if value is None else tuple(items)
+    if name == "sharding":
+        items = value if isinstance(value, list) else [value]
+        modes = [m.value for m in Sharding]
+        if not items or any(v not in modes for v in items):
+            raise fail(where, f"must be one of {', '.join(modes)} or a list of them, got {show_value(value)}")
+        return tuple(Sharding(v) for v in items)
+    if name in ("tensor_parallel", "context_parallel", "chunks"):
+        items = value if isinstance(value, list) else [value]
+        if value is None and name != "chunks":
+            return None
+        if not items or not all(ints(v, 1) for v in items):
+            raise fail(where, f"must be a positive integer or a list of them, got {show_value(value)}")
+        return tuple(items)
     if name == "max_stages":
         if value is not None and not ints(value, 1):
             raise fail(where, f"must be a positive integer, got {show_value(value)}")
