@@ -36,7 +36,7 @@ from sim.collectives import ring_bytes, ring_s, ring_steps
 from sim.cost import attention_core_s, layer_times_s, optimizer_step_s, split_samples
 from sim.input.scenario import Scenario
 from sim.models import shard_model
-from sim.parallelism import Recompute, Shard, Sharding, model_state_bytes
+from sim.parallelism import Recompute, Shard, Sharding
 
 __all__ = ["CostTables"]
 

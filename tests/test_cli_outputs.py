@@ -151,7 +151,7 @@ def test_dapple_plan_shows_progress_on_a_terminal_and_where_the_time_went(tmp_pa
     for name in ["best_plan.json", "schedules.png", "planners.png"] + drawn:
         assert (tmp_path / "a" / name).stat().st_size > 100
     # printed as the files write it: half-open layer ranges, one schedule format
-    assert f"best: dapple (" in stdout and best["description"] in stdout and "layers [0, " in stdout
+    assert "best: dapple (" in stdout and best["description"] in stdout and "layers [0, " in stdout
     assert f"[{schedule_text(best['schedule'])}, micro-batch {best['microbatch_size']} x " in stdout
     assert '{"name"' not in stdout and "–" not in stdout
     assert best["stages"][0]["layers"][0] == 0 and best["stages"][-1]["layers"][1] == 53

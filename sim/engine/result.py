@@ -192,7 +192,7 @@ class SimResult:
         for cls, rec in zip(self.workload.classes, self.records):
             members = [d for d in cls.devices if wanted is None or d in wanted]
             for op, times in zip(cls.ops, rec.op_times):
-                if times is None:
+                if times is None or op.code == GROUP:  # a group collective runs inside or beside its action's row
                     continue
                 start, end = times
                 for device in members:
@@ -216,4 +216,4 @@ class SimResult:
         return pd.DataFrame(self.event_rows(devices), columns=columns)
 
 
-_STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce", GROUP: "group"}
+_STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce"}

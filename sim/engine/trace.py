@@ -18,7 +18,7 @@ __all__ = ["perfetto_trace", "traced_devices"]
 TRACE_ALL_LIMIT = 64
 """Clusters of at most this many devices trace every device by default."""
 
-_THREADS = {"compute": 0, "send": 1, "recv": 2, "allreduce": 3, "group": 4}
+_THREADS = {"compute": 0, "send": 1, "recv": 2, "allreduce": 3}
 
 
 def traced_devices(result: SimResult, limit: int = TRACE_ALL_LIMIT) -> list[int]:
