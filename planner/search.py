@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from planner.costs import CostTables
 from planner.evaluation import Evaluation, check_plannable, count_rejections, evaluate
@@ -55,6 +56,12 @@ class PlannerResult:
     """Candidates scored analytically."""
     search_time_s: float = 0.0
     note: str = ""
+
+
+@lru_cache(maxsize=8192)
+def servers_of(devices: tuple[int, ...], per_node: int) -> frozenset[int]:
+    """The servers a device set spans (cached: candidates share their placements' sets)."""
+    return frozenset(d // per_node for d in devices)
 
 
 class TablesCache:
@@ -93,10 +100,10 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
         samples = CostTables.slice_of(microbatch_size, replicas)
         f, bk = tables.compute_s(a, b, samples, candidate.recompute, data_parallel=replicas, sharding=sharding)
         backward = max(backward, bk)
-        nodes = {cluster.node_of(d) for d in devices}
+        nodes = servers_of(devices, cluster.devices_per_node)
         comm = 0.0
         if s > 0:
-            previous = {cluster.node_of(d) for d in groups[s - 1]}
+            previous = servers_of(groups[s - 1], cluster.devices_per_node)
             comm = tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)
         per_node = math.ceil(replicas / len(nodes))
         # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e)
@@ -130,11 +137,11 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
         busy[g] += f + bk
         stash[g] += tables.stash_bytes(a, b, samples, recompute=candidate.recompute) / v
         static[g] += tables.static_bytes(a, b, replicas, sharding)
-        nodes = {cluster.node_of(d) for d in devices}
+        nodes = servers_of(devices, cluster.devices_per_node)
         tail[g] += tables.allreduce_s(a, b, math.ceil(replicas / len(nodes)), len(nodes), sharding) \
             + tables.optimizer_s(a, b, replicas, sharding)
         if s > 0:
-            previous = {cluster.node_of(d) for d in groups[s - 1]}
+            previous = servers_of(groups[s - 1], cluster.devices_per_node)
             comm += 2 * tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)
     latency = M * max(busy) + (sum(busy) + comm) / v + max(tail)
     # M is a multiple of R for these candidates, so each round has R micro-batches

@@ -29,6 +29,7 @@ and the dimensions of the parallelism issue's 4D plans (``sim.plan.PlanSpec``):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from sim.errors import DappleError
 from sim.parallelism import Recompute, Sharding
@@ -200,8 +201,10 @@ def unit_grid(cluster: ClusterSpec, unit: int) -> tuple[int, int]:
     return cluster.num_devices // unit, 1
 
 
+@lru_cache(maxsize=4096)
 def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit: int = 1) -> tuple[tuple[int, ...], ...]:
-    """Device ids of every stage under a placement policy (stages placed in order).
+    """Device ids of every stage under a placement policy (stages placed in order; cached: the
+    candidates of one partition share it).
 
     ``replicas`` counts units of ``unit`` consecutive devices (a replica's tensor- and
     context-parallel group); each is placed whole, so unit k holds devices ``k·unit`` to
