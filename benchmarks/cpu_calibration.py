@@ -53,7 +53,7 @@ def measure_base() -> None:
     cluster["device"].update(efficiency=0.5, matmul_half_dim=16, kernel_overhead="20us", memory_efficiency=0.5)
     doc = {"name": "cpu-calibration-base", "cluster": cluster,
            "model": {"preset": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128,
-                     "dtype": "fp32", "optimizer": "adam"},
+                     "dtype": "fp32", "optimizer": "adam", "tied_embeddings": False},
            "training": {"global_batch_size": 8, "microbatch_size": 4}}
     BASE.write_text("# This machine's CPU core and gloo links, measured by benchmarks/cpu_calibration.py;\n"
                     "# the device's kernel-model values are starting points for dapple-sim calibrate.\n"

@@ -41,7 +41,7 @@ class CostTables:
         self._stash = [0.0, *accumulate(layer.stash_bytes for layer in model.layers)]
         self._params = [0.0, *accumulate(layer.param_bytes for layer in model.layers)]
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in model.layers)]
-        self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
+        self.state_factor = 1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
     def compute_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
@@ -54,11 +54,13 @@ class CostTables:
         return fwd[end] - fwd[start] + overhead, bwd[end] - bwd[start] + overhead
 
     def param_bytes(self, start: int, end: int) -> float:
-        return self._params[end] - self._params[start]
+        """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
+        ``ModelSpec.stage_param_bytes``)."""
+        return self._params[end] - self._params[start] + self.model.tied_copy_bytes(start, end)
 
     def static_bytes(self, start: int, end: int) -> float:
         """Parameters, gradients and optimizer state of layers ``[start, end)``."""
-        return (self._params[end] - self._params[start]) * self.state_factor
+        return self.param_bytes(start, end) * self.state_factor
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: bool) -> float:
         """Activations one micro-batch slice keeps until its backward."""
@@ -82,12 +84,15 @@ class CostTables:
 
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int) -> float:
         """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` GPUs on each of ``nodes`` servers."""
-        return hierarchical_allreduce_s(self.param_bytes(start, end), per_node, nodes, self.cluster)
+        return hierarchical_allreduce_s(self.param_bytes(start, end) * self.model.grad_bytes_per_param_byte,
+                                        per_node, nodes, self.cluster)
 
     def optimizer_s(self, start: int, end: int) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``)."""
+        copy = 1 if self.model.tied_copy_bytes(start, end) > 0 else 0
         return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
-                                self.param_bytes(start, end), self._tensors[end] - self._tensors[start])
+                                self.param_bytes(start, end), self._tensors[end] - self._tensors[start] + copy,
+                                implementation=self.model.optimizer_implementation, grad_dtype=self.model.grad_dtype)
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:
