@@ -313,16 +313,19 @@ def params_yaml(params: dict[str, float], *, runs: int, mape: float) -> str:
     """The fitted values as a ``cluster`` snippet (``device`` and ``intra_node`` keys) to merge into a scenario."""
     from sim.units import format_time
 
+    def time(value_s: float) -> str:  # a time fitted to its lower bound prints as 0s, not 1e-11ns
+        return format_time(value_s if value_s >= 1e-12 else 0.0, 6)
+
     return "\n".join([
         f"# Fitted by dapple-sim calibrate on {runs} measured runs (MAPE {mape:.1%}); merge under cluster.",
         "cluster:",
         "  device:",
         f"    efficiency: {params['efficiency']:.6g}",
         f"    matmul_half_dim: {params['matmul_half_dim']:.6g}",
-        f"    kernel_overhead: {format_time(params['kernel_overhead_s'], 6)}",
+        f"    kernel_overhead: {time(params['kernel_overhead_s'])}",
         f"    memory_efficiency: {params['memory_efficiency']:.6g}",
-        f"    action_overhead: {format_time(params['action_overhead_s'], 6)}",
-        f"    kernel_issue: {format_time(params['kernel_issue_s'], 6)}",
+        f"    action_overhead: {time(params['action_overhead_s'])}",
+        f"    kernel_issue: {time(params['kernel_issue_s'])}",
         "  intra_node:",
         f"    collective_efficiency: {params['collective_efficiency']:.6g}",
         "",
