@@ -106,6 +106,10 @@ def test_a_scenario_names_the_implementation_and_gets_fused_by_default_on_a_gpu_
     named = parse_scenario(BASE, overrides={"model.optimizer": "{name: adamw, implementation: foreach}"})
     assert (named.model.optimizer, named.model.optimizer_implementation) == ("adamw", "foreach")
     assert parse_scenario(BASE, overrides={"model.optimizer": "sgd"}).model.optimizer == "sgd"  # the plain form
+    # --set into a plain name keeps it, as for plan.schedule and cluster.device
+    kept = parse_scenario(BASE.replace("vocab: 1024}", "vocab: 1024, optimizer: adamw}"),
+                          overrides={"model.optimizer.implementation": "foreach"}).model
+    assert (kept.optimizer, kept.optimizer_implementation) == ("adamw", "foreach")
     custom = parse_scenario(BASE, overrides={"cluster.device": "{name: cpu, memory: 8GiB, peak_flops: 1TFLOP/s}"})
     assert custom.model.optimizer_implementation == "for-loop"  # what torch runs on a CPU
     # the stage's step uses it

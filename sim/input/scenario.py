@@ -137,7 +137,7 @@ def default_optimizer_implementation(cluster: ClusterSpec) -> str:
     return "fused" if cluster.device.name in DEVICE_PRESETS else "for-loop"
 
 
-_SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name"}
+_SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name", ("model", "optimizer"): "name"}
 """Keys that take a name or a mapping: the mapping key a plain name stands for."""
 
 
