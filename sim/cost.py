@@ -40,6 +40,7 @@ __all__ = ["OPTIMIZER_KERNELS", "StageCost", "overlapped_pair_s", "attention_cor
            "optimizer_step_kernels", "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost",
            "static_bytes", "tied_allreduce_s"]
 
+
 def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) -> float:
     """Seconds an overlapped forward-backward pair (``OverlapFB``) holds its device.
 
@@ -135,7 +136,7 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
 
 
 def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
-    """Forward time of a layer's attention core (scores, softmax, attention over values), which
+    """Forward time of a layer's attention core (scores, softmax, its dropout, attention over values), which
     selective recompute runs again in the backward; 0 for a layer without one."""
     total = 0.0
     for k in layer.kernels:
