@@ -190,7 +190,9 @@ def test_device_lists_are_counted_before_ranges_are_expanded():
 
 def _profile(tmp_path: Path, lines: str) -> str:
     (tmp_path / "p.txt").write_text(lines)
-    return (TINY.read_text()
+    text = TINY.read_text()
+    assert "  tied_embeddings: false\n" in text  # a generator's parameter, not a profile's
+    return (text.replace("  tied_embeddings: false\n", "")
             .replace("  preset: gpt\n  layers: 4\n  hidden: 64\n  heads: 4\n  seq_len: 32\n  vocab: 128\n  dtype: fp32\n",
                      f"  profile: {tmp_path / 'p.txt'}\n  profile_batch_size: 1\n")
             .replace("layers: [0, 3]", "layers: [0, 1]").replace("layers: [3, 6]", "layers: [1, 2]"))
