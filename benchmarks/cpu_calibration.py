@@ -53,7 +53,7 @@ def measure_base() -> None:
     cluster["device"].update(efficiency=0.5, matmul_half_dim=16, kernel_overhead="20us", memory_efficiency=0.5)
     doc = {"name": "cpu-calibration-base", "cluster": cluster,
            "model": {"preset": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128,
-                     "dtype": "fp32", "optimizer": "adam"},
+                     "dtype": "fp32", "optimizer": "adam", "tied_embeddings": False},
            "training": {"global_batch_size": 8, "microbatch_size": 4}}
     BASE.write_text("# This machine's CPU core and gloo links, measured by benchmarks/cpu_calibration.py;\n"
                     "# the device's kernel-model values are starting points for dapple-sim calibrate.\n"
@@ -132,8 +132,10 @@ def fit_and_test(fit_rows: int) -> None:
     if runs[fit_rows:]:
         parts.append(("test", score_runs(base, runs[fit_rows:], fitted["params"], source=str(RUNS))))
     print(params_yaml(fitted["params"], runs=len(runs[:fit_rows]), mape=fitted["fit"]["mape"]))
+    for note in fitted["notes"]:  # a parameter at a bound of its physical range, too few runs
+        print(f"note: {note}")
     for name, part in parts:
-        print(f"{name}: {len(part['rows'])} runs, MAPE {part['mape']:.1%}, Kendall tau {part['kendall_tau']:.3f}")
+        print(f"{name}: {len(part['rows'])} runs, MAPE {part['mape']:.2%}, Kendall tau {part['kendall_tau']:.3f}")
         print(f"  {'hidden':>6} {'heads':>5} {'layers':>6} {'seq':>4} {'vocab':>5} {'mb':>3} {'gbs':>4} {'dp':>3} "
               f"{'pp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>7}")
         for r in part["rows"]:

@@ -80,7 +80,8 @@ class CostTables:
             for phase in ("forward", "backward")
         } if t > 1 else None
         self.optimizer_factor = model.optimizer_state_bytes_per_param_byte
-        self.state_factor = 2.0 + model.optimizer_state_bytes_per_param_byte
+        self.grad_factor = model.grad_bytes_per_param_byte
+        self.state_factor = 1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
     def _table(self, samples: int) -> tuple[list[float], ...]:
@@ -109,8 +110,9 @@ class CostTables:
         if self._tp is not None and samples:
             link = self.cluster.intra_node
             (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
-            tp_f = (fb[end] - fb[start]) * samples / link.bandwidth_bytes_per_s + (fs[end] - fs[start]) * link.latency_s
-            tp_b = (bb[end] - bb[start]) * samples / link.bandwidth_bytes_per_s + (bs[end] - bs[start]) * link.latency_s
+            rate = link.bandwidth_bytes_per_s * link.collective_efficiency
+            tp_f = (fb[end] - fb[start]) * samples / rate + (fs[end] - fs[start]) * link.latency_s
+            tp_b = (bb[end] - bb[start]) * samples / rate + (bs[end] - bs[start]) * link.latency_s
             f, b = f + tp_f, b + tp_b + (tp_f if recompute is Recompute.FULL else 0.0)
         beside_f = beside_b = 0.0
         if self.context_parallel > 1 and samples:
@@ -134,24 +136,26 @@ class CostTables:
         """FSDP's all-gather of the stage's parameters over its gradient group, per action."""
         n = data_parallel * self.context_parallel
         link = self.cluster.inter_node if n * self.unit > self.cluster.devices_per_node else self.cluster.intra_node
-        return ring_s(n, self.param_bytes(start, end), link.bandwidth_bytes_per_s, link.latency_s, halves=1)
+        return ring_s(n, self.param_bytes(start, end) / link.collective_efficiency, link.bandwidth_bytes_per_s,
+                      link.latency_s, halves=1)
 
     def param_bytes(self, start: int, end: int) -> float:
-        return self._params[end] - self._params[start]
+        """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
+        ``ModelSpec.stage_param_bytes``)."""
+        return self._params[end] - self._params[start] + self.model.tied_copy_bytes(start, end)
 
     def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
         over ``data_parallel`` replicas (times the context-parallel degree: they hold the same)."""
-        params = self._params[end] - self._params[start]
-        if sharding is Sharding.NONE:
-            return params * self.state_factor
+        params = self.param_bytes(start, end)
         d = data_parallel * self.context_parallel
-        if d == 1:
+        if sharding is Sharding.NONE or d == 1:
             return params * self.state_factor
-        if sharding is Sharding.OPTIMIZER:  # sim.parallelism.model_state_bytes, spelled out on the DP's hot path
-            return params * (2.0 + self.optimizer_factor / d)
+        g, o = self.grad_factor, self.optimizer_factor  # sim.parallelism.model_state_bytes, on the DP's hot path
+        if sharding is Sharding.OPTIMIZER:
+            return params * (1.0 + g + o / d)
         if sharding is Sharding.GRADIENTS:
-            return params * (1.0 + (1.0 + self.optimizer_factor) / d)
+            return params * (1.0 + (g + o) / d)
         return params * self.state_factor / d
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
@@ -182,26 +186,31 @@ class CostTables:
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE) -> float:
         """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` replicas on each of
         ``nodes`` servers: each of the t gradient groups has ``per_node × c`` devices per server,
-        and the t groups share the servers' NICs."""
-        grad = self.param_bytes(start, end) * (0.5 if sharding is Sharding.FULL else 1.0)
+        and the t groups share the servers' NICs; rings move at the links' collective bandwidth
+        (``sim.collectives.ring_flow_bytes``)."""
+        grad = self.param_bytes(start, end) * self.grad_factor * (0.5 if sharding is Sharding.FULL else 1.0)
         members = per_node * self.context_parallel
         if grad == 0 or members * nodes <= 1:
             return 0.0
         intra, inter, c = self.cluster.intra_node, self.cluster.inter_node, self.cluster
-        time = ring_s(members, grad, intra.bandwidth_bytes_per_s, intra.latency_s) if members > 1 else 0.0
+        time = ring_s(members, grad / intra.collective_efficiency, intra.bandwidth_bytes_per_s, intra.latency_s) \
+            if members > 1 else 0.0
         if nodes > 1:
             share = min(c.nics_per_node, members * self.tensor_parallel) / self.tensor_parallel
-            time += ring_s(nodes, grad, share * inter.bandwidth_bytes_per_s, inter.latency_s)
+            time += ring_s(nodes, grad / inter.collective_efficiency, share * inter.bandwidth_bytes_per_s,
+                           inter.latency_s)
         return time
 
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
-        """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``); sharded
-        states step 1/(replicas × c) of the parameters."""
+        """Optimizer step of layers ``[start, end)`` (``sim.cost.optimizer_step_s``, by the model's
+        implementation); sharded states step 1/(replicas × c) of the parameters."""
         stepped = self.param_bytes(start, end)
         if sharding is not Sharding.NONE:
             stepped /= data_parallel * self.context_parallel
+        copy = 1 if self.model.tied_copy_bytes(start, end) > 0 else 0
         return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
-                                stepped, self._tensors[end] - self._tensors[start])
+                                stepped, self._tensors[end] - self._tensors[start] + copy,
+                                implementation=self.model.optimizer_implementation, grad_dtype=self.model.grad_dtype)
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

@@ -64,9 +64,9 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
 
 def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> float:
     """The hierarchical all-reduce of ``sim.collectives`` (as the engine compiles it: the widest
-    server sets the ring inside, the smallest each GPU's shard across) with every flow at full
-    port bandwidth."""
-    cluster, grad = tables.cluster, tables.param_bytes(start, end)
+    server sets the ring inside, the smallest each GPU's shard across) with every flow at its
+    link's full collective bandwidth (``LinkSpec.collective_bandwidth_bytes_per_s``)."""
+    cluster, grad = tables.cluster, tables.param_bytes(start, end) * tables.model.grad_bytes_per_param_byte
     if len(devices) < 2 or grad == 0:
         return 0.0
     per_node: dict[int, int] = {}
@@ -77,10 +77,11 @@ def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> flo
     time_s = 0.0
     if widest > 1:
         halves = 2 if k == 1 else 1  # one server: the whole ring; several: reduce-scatter and all-gather
-        time_s += halves * ring_s(widest, grad, intra.bandwidth_bytes_per_s, intra.latency_s, halves=1)
+        time_s += halves * ring_s(widest, grad, intra.collective_bandwidth_bytes_per_s, intra.latency_s, halves=1)
     if k > 1:
         smallest = min(per_node.values())
-        time_s += ring_bytes(k, grad) / smallest / inter.bandwidth_bytes_per_s + ring_steps(k) * inter.latency_s
+        time_s += (ring_bytes(k, grad) / smallest / inter.collective_bandwidth_bytes_per_s
+                   + ring_steps(k) * inter.latency_s)
     return time_s
 
 

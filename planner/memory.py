@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.collectives import embedding_group_link
 from sim.cost import split_samples, stage_cost
 from sim.engine.compile import WGRAD_STASH_FRACTION
 from sim.input.scenario import Scenario
@@ -46,12 +47,13 @@ def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
     plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
     model = shard_model(scenario.model, plan.shard)
     full = plan.recompute is Recompute.FULL
+    tied = embedding_group_link(plan, cluster)
     costs = []
     for s, stage in enumerate(plan.stages):
         samples = split_samples(training.microbatch_size, plan.num_replicas(s))[0]
         data = len(plan.gradient_groups(s)[0])
         cost = stage_cost(model, cluster.device, *stage.layers, samples, recompute=plan.recompute,
-                          data_parallel=data, sharding=plan.sharding)
+                          data_parallel=data, sharding=plan.sharding, tied_link=tied)
         gather = cost.param_bytes * (1 - 1 / data) if plan.sharding is Sharding.FULL else 0.0
         costs.append((cost, gather))
     ranks = plan.stage_ranks

@@ -5,16 +5,16 @@ them into what one replica of a stage spends on its slice of one micro-batch:
 
 * time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
   planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum of its kernels
-  (``sim.kernels``), each the larger of its FLOPs over the size-dependent matrix rate and its
-  bytes over the memory bandwidth, plus a launch overhead; a layer with FLOPs but no kernels
+  (``sim.kernels``), each the largest of its FLOPs over the size-dependent matrix rate, its
+  bytes over the memory bandwidth and the host's time to issue it; a layer with FLOPs but no kernels
   costs ``FLOPs / (device peak for the dtype × device efficiency)``;
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
   (``DeviceSpec.action_overhead_s``);
-* the optimizer step: the element-wise kernels torch's single-tensor optimizers launch for
-  every parameter tensor (``OPTIMIZER_KERNELS``), memory-bound over the fp32 elements, plus
-  their launch overheads;
-* memory at rest: parameters, their gradients and the optimizer state
-  (``ModelSpec.optimizer_state_bytes_per_param_byte``);
+* the optimizer step of the scenario's implementation (fused, foreach or for-loop:
+  ``sim.optimizer``), memory-bound over its bytes or bound by issuing its launches;
+* memory at rest: parameters, their gradients (in ``ModelSpec.grad_dtype``) and the optimizer
+  state (``ModelSpec.optimizer_state_bytes_per_param_byte``); a tied embedding split over two
+  stages keeps a copy on the head's and all-reduces its gradient between them;
 * activations: the bytes a forward stashes until its backward; with recompute only the
   stage input is stashed and the forward runs again before the backward.
 
@@ -29,24 +29,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
+from sim.collectives import ring_s
 from sim.model_spec import ModelSpec
 from sim.kernels import ATTENTION_CORE
+from sim.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 from sim.parallelism import Recompute, Sharding, StateBytes, model_state_bytes
-from sim.specs import DTYPE_BYTES, DeviceSpec
+from sim.specs import DeviceSpec, LinkSpec
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "overlapped_pair_s", "attention_core_s", "kernel_time_s", "layer_times_s", "optimizer_step_kernels",
-           "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost", "static_bytes"]
-
-OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
-"""Per parameter tensor, the kernels of one step of torch's single-tensor optimizer
-(``torch.optim``'s for-loop implementation, the one it uses on CPU): (launches, passes over
-the tensor's fp32 elements, each read or write one pass). Adam: the step counter, ``lerp_``
-of the first moment (read 2, write 1), ``mul_`` and ``addcmul_`` of the second (2 + 3),
-``sqrt``, ``div`` and ``add_`` of the denominator (2 each), ``addcdiv_`` into the
-parameter (read 3, write 1): 8 launches, 18 passes; AdamW adds the decay ``mul_``. SGD is one
-``add_``; with momentum, ``mul_`` and ``add_`` of the buffer then the parameter's ``add_``.
-Foreach and fused implementations (torch's default on GPUs) launch fewer kernels, which a
-calibrated ``kernel_overhead`` absorbs."""
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "overlapped_pair_s", "attention_core_s", "kernel_time_s", "layer_times_s",
+           "optimizer_step_kernels", "optimizer_step_s", "sample_overlaps", "sample_ranges", "split_samples", "stage_cost",
+           "static_bytes", "tied_allreduce_s"]
 
 
 def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) -> float:
@@ -91,8 +83,16 @@ def sample_overlaps(microbatch_size: int, senders: tuple[int, ...],
 
 def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
                   dims: tuple[float, float, float] | None = None) -> float:
-    """One kernel call of ``flop`` FLOPs on an (M, N, K) product moving ``nbytes`` bytes
-    (``sim.kernels``' roofline with its dimension-dependent matrix efficiency)."""
+    """One kernel call of ``flop`` FLOPs on an (M, N, K) product moving ``nbytes`` bytes.
+
+    Its device time is ``sim.kernels``' roofline with the dimension-dependent matrix
+    efficiency. The host issues kernels asynchronously, at best one per ``kernel_issue_s``
+    (the framework's and the driver's work per launch, about 5 to 25 µs per PyTorch operator),
+    so the device runs ahead of it only while kernels last longer than that: a kernel takes
+    ``max(device time, kernel_issue_s)``, not their sum, and a layer of tiny kernels costs its
+    kernel count times the issue time whatever its size. ``kernel_overhead_s`` is added on top
+    where nothing overlaps it (a CPU runs its kernels in the thread that issues them).
+    """
     compute = 0.0
     if flop > 0:
         efficiency = device.efficiency
@@ -102,7 +102,7 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
                 efficiency /= 1.0 + half / size
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
-    return max(compute, memory) + device.kernel_overhead_s
+    return max(compute, memory, device.kernel_issue_s) + device.kernel_overhead_s
 
 
 def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float, float]:
@@ -128,41 +128,15 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
             bwd += kernel_time_s(flop, nbytes, device, dtype, (m, inner, n)) + weight_grad
             wgrad += weight_grad if k.weights else 0.0
         else:  # an element-wise backward reads the gradient and what it saved, writes one
-            back = kernel_time_s(0.0, 2 * (k.bytes * samples + k.fixed_bytes), device, dtype)
+            moved = 2 * k.bytes if k.bwd_bytes is None else k.bwd_bytes
+            back = kernel_time_s(0.0, moved * samples + 2 * k.fixed_bytes, device, dtype)
             bwd += back
             wgrad += back if k.weights else 0.0
     return fwd, bwd, wgrad
 
 
-def optimizer_step_kernels(optimizer: str, dtype: str, param_bytes: float) -> tuple[float, int]:
-    """(bytes moved, launches per parameter tensor) of one optimizer step over ``param_bytes``.
-
-    ``OPTIMIZER_KERNELS``' passes over the fp32 elements; with 16-bit parameters, also the
-    gradients' copy into fp32 and the updated fp32 master weights' copy back (read one,
-    write the other: 6 bytes per element each way, two launches).
-    """
-    launches, passes = OPTIMIZER_KERNELS[optimizer]
-    width = DTYPE_BYTES[dtype]
-    elements = param_bytes / width
-    nbytes = passes * 4.0 * elements
-    if width < 4:
-        nbytes += 2 * (width + 4.0) * elements
-        launches += 2
-    return nbytes, launches
-
-
-def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes: float, tensors: int) -> float:
-    """One optimizer step over ``tensors`` parameter tensors of ``param_bytes`` bytes in all:
-    memory-bound (``optimizer_step_kernels``) plus a launch overhead per kernel and tensor."""
-    if param_bytes <= 0:
-        return 0.0
-    nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes)
-    return nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency) \
-        + launches * tensors * device.kernel_overhead_s
-
-
 def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
-    """Forward time of a layer's attention core (scores, softmax, attention over values), which
+    """Forward time of a layer's attention core (scores, softmax, its dropout, attention over values), which
     selective recompute runs again in the backward; 0 for a layer without one."""
     total = 0.0
     for k in layer.kernels:
@@ -173,9 +147,26 @@ def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> flo
 
 
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
-    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica."""
-    params = model.param_bytes(start, end)
-    return params * (2.0 + model.optimizer_state_bytes_per_param_byte)
+    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica
+    (a tied embedding's second copy included, ``ModelSpec.stage_param_bytes``)."""
+    params = model.stage_param_bytes(start, end)
+    return params * (1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte)
+
+
+def tied_allreduce_s(model: ModelSpec, start: int, end: int, link: LinkSpec | None) -> float:
+    """Seconds of the tied embedding's gradient all-reduce for a stage of layers ``[start, end)``.
+
+    A stage that holds one end of a tied embedding (the embedding or the head, not both) sums
+    the matrix's gradient with the other end's before the optimizer step: Megatron-LM's
+    ``_allreduce_embedding_grads`` over its embedding group (the first and last pipeline
+    stage's devices of one tensor rank), a ring of 2 over ``link`` at its collective bandwidth
+    (``sim.collectives.ring_s``), alone on the link. 0 without a link, or when the stage holds
+    both ends or none.
+    """
+    if link is None or model.tied_ends(start, end) != 1:
+        return 0.0
+    grad_bytes = model.tied_bytes * model.grad_bytes_per_param_byte
+    return ring_s(2, grad_bytes, link.collective_bandwidth_bytes_per_s, link.latency_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,7 +188,11 @@ class StageCost:
     states: StateBytes
     """``static_bytes`` by kind, as data-parallel sharding leaves them (``sim.parallelism``)."""
     optimizer_s: float
-    """The replica's optimizer step over the stage's parameters, seconds."""
+    """The replica's optimizer step over the stage's parameters, seconds, after the tied
+    embedding's gradient all-reduce (``tied_allreduce_s``, included)."""
+    tied_allreduce_s: float = 0.0
+    """The part of ``optimizer_s`` that all-reduces a tied embedding's gradient between its two
+    stages (``sim.cost.tied_allreduce_s``), seconds."""
     stash_bytes: float
     """Activation bytes the slice keeps from its forward until its backward."""
     rebuilt_bytes: float = 0.0
@@ -218,6 +213,7 @@ def stage_cost(
     recompute: Recompute | bool = Recompute.NONE,
     data_parallel: int = 1,
     sharding: Sharding = Sharding.NONE,
+    tied_link: LinkSpec | None = None,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``.
 
@@ -231,7 +227,9 @@ def stage_cost(
     stash leaves out their s×s tensors (Korthikanti et al. 2022, §5). ``data_parallel``
     devices hold the same parameters; ``sharding`` divides their states over them (ZeRO,
     Rajbhandari et al. 2020, §5) and with it the optimizer step, which each device runs on
-    its shard.
+    its shard. A stage that holds the head of a tied embedding but not the embedding keeps its
+    own copy of the matrix (memory and optimizer step), and a stage holding either end alone
+    all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
     """
     recompute = Recompute.of(recompute)
     fwd_s = bwd_s = wgrad_s = stash = again_s = checkpoints = rebuilt = segment = 0.0
@@ -266,11 +264,16 @@ def stage_cost(
     if samples and end > start:  # the recomputed forward runs inside the backward's action
         fwd_s += device.action_overhead_s
         bwd_s += device.action_overhead_s
-    params = model.param_bytes(start, end)
-    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end])
+    params = model.stage_param_bytes(start, end)
+    copy = model.tied_copy_bytes(start, end) > 0
+    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + (1 if copy else 0)
     states = model_state_bytes(params, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
-                               data_parallel=data_parallel, sharding=sharding)
+                               data_parallel=data_parallel, sharding=sharding,
+                               grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
     stepped = params if sharding is Sharding.NONE else params / data_parallel
+    tied_s = tied_allreduce_s(model, start, end, tied_link)
+    step_s = optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
+                              implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
     return StageCost(
         samples=samples,
         fwd_s=fwd_s,
@@ -279,7 +282,8 @@ def stage_cost(
         param_bytes=params,
         static_bytes=states.total,
         states=states,
-        optimizer_s=optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors),
+        optimizer_s=step_s + tied_s,
+        tied_allreduce_s=tied_s,
         stash_bytes=stash,
         rebuilt_bytes=rebuilt if recompute is Recompute.FULL else 0.0,
         input_bytes=input_bytes,

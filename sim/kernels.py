@@ -2,15 +2,17 @@
 
 "FLOPs divided by peak times one efficiency" misses three things measured pipelines show:
 small matrix products run far below peak, element-wise work (layer norms, softmax, GeLU,
-residual adds) is bound by memory bandwidth, and every kernel launch costs a fixed
-overhead. So a generated layer lists its forward kernels, each with, per sample, its FLOPs
+residual adds) is bound by memory bandwidth, and no kernel runs faster than the host can
+issue it. So a generated layer lists its forward kernels, each with, per sample, its FLOPs
 and the bytes it reads and writes, plus the bytes it reads once per call (its weights). The
 cost model (``sim.cost.kernel_time_s``) turns a kernel on ``n`` samples into
 
-    t = max( n·flop / (peak · eff(n·flop)),  (n·bytes + fixed_bytes) / (bandwidth · mem_eff) ) + overhead,
+    t = max( n·flop / (peak · eff(n·flop)),  (n·bytes + fixed_bytes) / (bandwidth · mem_eff),  issue ) + overhead,
 
-the roofline bound (Williams, Waterman & Patterson, CACM 2009) with a matrix efficiency that
-rises with the product's dimensions and saturates:
+the roofline bound (Williams, Waterman & Patterson, CACM 2009), floored by the host's time to
+issue the kernel (the device runs kernels asynchronously, so it waits for a kernel only if the
+host has not issued it yet), with a matrix efficiency that rises with the product's dimensions
+and saturates:
 
     eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N)),
 
@@ -26,19 +28,20 @@ the overhead and ``mem_eff`` are device parameters (``sim.specs.DeviceSpec``) th
 
 A backward runs every matrix product twice (the input gradient and, for a layer with
 weights, the weight gradient; attention's products without weights have two input
-gradients) and every element-wise kernel once over twice the bytes.
+gradients) and every element-wise kernel once over twice the bytes, unless the kernel says
+what its backward moves (``KernelSpec.bwd_bytes``).
 
 Transformer kernels follow Megatron-LM's layer (Shoeybi et al., 2019; FLOPs as in
 Narayanan et al., SC'21, §5.1): layer norm, QKV projection, attention scores, softmax,
-attention over values, output projection, residual add, layer norm, MLP up, GeLU, MLP down,
-residual add.
+attention dropout (GPT, BERT), attention over values, output projection, residual add, layer
+norm, MLP up, GeLU, MLP down, residual add.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ATTENTION_CORE", "KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
+__all__ = ["ATTENTION_CORE", "ATTENTION_DROPOUT_MASK_BYTES", "KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
 
@@ -61,6 +64,9 @@ class KernelSpec:
     """Bytes read once per call, whatever the samples (weights)."""
     weights: bool = False
     """Its backward computes a weight gradient."""
+    bwd_bytes: float | None = None
+    """Bytes per sample its backward reads and writes (element-wise kernels); None: twice
+    ``bytes`` (the gradient and what it saved read, one gradient written)."""
 
 
 def _gemm(name: str, m: float, n: float, k: float, d: int, *, weights: bool) -> KernelSpec:
@@ -77,7 +83,8 @@ def _elementwise(name: str, elements: float, d: int, *, passes: int = 2, weights
 
 
 def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int | None = None, gated: bool = False,
-                      tensor: int = 1, context: int = 1, sequence_parallel: bool = False) -> tuple[KernelSpec, ...]:
+                      tensor: int = 1, context: int = 1, sequence_parallel: bool = False,
+                      dropout: bool = False) -> tuple[KernelSpec, ...]:
     """One pre-norm transformer block on s tokens of width h, a heads, MLP width f, as one device
     of a tensor-parallel group of ``tensor`` and a context-parallel group of ``context`` runs it.
 
@@ -88,16 +95,25 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     residual adds run on every token of the device's s/c, or on s/(c·t) of them with sequence
     parallelism (Korthikanti et al. 2022, §4.2.2). Grouped-query attention projects to
     ``kv_heads`` key and value heads; a gated MLP (SwiGLU) has two input projections.
+    With ``dropout`` (GPT, BERT) the attention probabilities go through a dropout of their own
+    (Megatron-LM's ``attention_dropout`` after the fused scale-mask-softmax, the s×s tensors
+    Korthikanti et al. 2022, §4.1 count: its output and 1-byte mask): it reads the
+    probabilities and writes them and the mask, and its backward reads the gradient and the
+    mask and writes one gradient (``ATTENTION_DROPOUT_MASK_BYTES``).
     """
     t, q = tensor, s / context
     h_kv = (kv_heads or a) * h // a
     pointwise = q / t if sequence_parallel else q
     up = 2 * f if gated else f
+    probs = a / t * q * s
+    drop = (KernelSpec(name="attention_dropout", bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs,
+                       bwd_bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs),) if dropout else ()
     return (
         _elementwise("ln1", pointwise * h, d),
         _gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True),
         _gemm("scores", q * a / t, s, h // a, d, weights=False),
-        _elementwise("softmax", a / t * q * s, d),
+        _elementwise("softmax", probs, d),
+        *drop,
         _gemm("attend", q * a / t, h // a, s, d, weights=False),
         _gemm("proj", q, h, h / t, d, weights=True),
         _elementwise("residual1", pointwise * h, d, passes=3),
@@ -109,8 +125,13 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     )
 
 
-ATTENTION_CORE = frozenset({"scores", "softmax", "attend"})
-"""The kernels selective recompute runs again in the backward (Korthikanti et al. 2022, §5)."""
+ATTENTION_CORE = frozenset({"scores", "softmax", "attention_dropout", "attend"})
+"""The kernels selective recompute runs again in the backward (Korthikanti et al. 2022, §5: the
+QKᵀ product, softmax, softmax dropout and attention over V)."""
+
+ATTENTION_DROPOUT_MASK_BYTES = 1
+"""Bytes per element of the attention dropout's mask (a ``torch.bool``; Korthikanti et al. 2022,
+§4.1 count as² bytes for it)."""
 
 
 def embedding(s: int, h: int, d: int, *, tables: int) -> tuple[KernelSpec, ...]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.errors import SpecError
-from sim.specs import non_negative, optimizer_state_factor
+from sim.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, non_negative, optimizer_state_factor
 
 __all__ = ["LayerSpec", "ModelPreset", "ModelSpec"]
 
@@ -142,6 +142,15 @@ class ModelSpec:
     """Training dtype of parameters and activations: fp32, tf32, fp16 or bf16."""
     optimizer: str = "adam"
     """Optimizer whose state is kept per parameter: sgd, momentum, adam, adamw."""
+    optimizer_implementation: str = "fused"
+    """How its step runs: ``fused``, ``foreach`` or ``for-loop`` (``sim.specs.OPTIMIZER_IMPLEMENTATIONS``)."""
+    grad_dtype: str | None = None
+    """Dtype gradients are accumulated and reduced in; None: the parameters' dtype. ``fp32`` with
+    16-bit parameters is Megatron-LM's ``main_grad`` (``--accumulate-allreduce-grads-in-fp32``)."""
+    tied_layers: tuple[int, int] | None = None
+    """(embedding, head) layer indices of a head tied to the token embedding; None: untied."""
+    tied_bytes: float = 0.0
+    """Bytes of the tied matrix (one device's share), counted once, in the embedding's layer."""
     source: str = ""
     """Where the model came from (a profile path or a preset description)."""
     preset: ModelPreset | None = None
@@ -162,6 +171,14 @@ class ModelSpec:
         for k, value in enumerate(self.boundary_bytes):
             non_negative(f"boundary_bytes[{k}]", value)
         optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
+        if self.optimizer_implementation not in OPTIMIZER_IMPLEMENTATIONS:
+            raise SpecError("optimizer.implementation", f"unknown implementation {self.optimizer_implementation!r}; "
+                                                        f"valid: {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
+        if self.grad_dtype is not None and self.grad_dtype not in DTYPE_BYTES:
+            raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
+        non_negative("tied_bytes", self.tied_bytes)
+        if self.tied_layers is not None and not all(0 <= k < len(self.layers) for k in self.tied_layers):
+            raise SpecError("tied_layers", f"must name two of the {len(self.layers)} layers, got {self.tied_layers!r}")
 
     @property
     def num_layers(self) -> int:
@@ -171,6 +188,30 @@ class ModelSpec:
     def optimizer_state_bytes_per_param_byte(self) -> float:
         return optimizer_state_factor(self.optimizer, self.dtype)
 
+    @property
+    def grad_bytes_per_param_byte(self) -> float:
+        """Gradient bytes per parameter byte: 2 for fp32 gradients of 16-bit parameters, else 1."""
+        return DTYPE_BYTES[self.grad_dtype or self.dtype] / DTYPE_BYTES[self.dtype]
+
     def param_bytes(self, start: int = 0, end: int | None = None) -> float:
-        """Parameter bytes of layers ``[start, end)``."""
+        """Parameter bytes of layers ``[start, end)``, each counted once (a tied matrix in the embedding)."""
         return sum(layer.param_bytes for layer in self.layers[start:end])
+
+    def tied_ends(self, start: int, end: int) -> int:
+        """How many ends of a tied embedding layers ``[start, end)`` hold: 0, 1 or 2."""
+        if self.tied_layers is None:
+            return 0
+        return sum(start <= k < end for k in self.tied_layers)
+
+    def tied_copy_bytes(self, start: int, end: int) -> float:
+        """Bytes of the tied matrix's second copy that layers ``[start, end)`` hold: the head's
+        stage keeps its own when the embedding is on another stage (Megatron-LM's last stage
+        allocates ``word_embeddings`` and keeps it in step through the embedding group's
+        all-reduce, ``_allreduce_embedding_grads``); 0 when both ends share the stage."""
+        if self.tied_layers is None or self.tied_ends(start, end) != 1:
+            return 0.0
+        return self.tied_bytes if start <= self.tied_layers[1] < end else 0.0
+
+    def stage_param_bytes(self, start: int, end: int) -> float:
+        """Parameter bytes a stage of layers ``[start, end)`` holds: ``param_bytes`` plus a tied copy."""
+        return self.param_bytes(start, end) + self.tied_copy_bytes(start, end)

@@ -181,21 +181,24 @@ class StateBytes:
 
 
 def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: float, data_parallel: int,
-                      sharding: Sharding = Sharding.NONE) -> StateBytes:
+                      sharding: Sharding = Sharding.NONE, grad_bytes_per_param_byte: float = 1.0) -> StateBytes:
     """Parameters, gradients and optimizer state per device for ``param_bytes`` of parameters
     (already divided by tensor parallelism and the pipeline), over ``data_parallel`` replicas.
 
     ZeRO (Rajbhandari et al. 2020, §5.1, Figure 1): with 2-byte weights and Adam (12 bytes of
     state per parameter) a device holds 16Ψ unsharded, 4Ψ + 12Ψ/d with the optimizer state
     sharded (ZeRO-1), 2Ψ + 14Ψ/d with gradients too (ZeRO-2), 16Ψ/d with parameters too
-    (ZeRO-3, FSDP).
+    (ZeRO-3, FSDP). Gradients kept in fp32 for 16-bit weights (Megatron-LM's ``main_grad``,
+    ``grad_bytes_per_param_byte`` 2) make it 18Ψ unsharded, Megatron-LM's count for "bf16
+    param, fp32 grads" (its distributed-optimizer guide, ``docs/source/distrib_optimizer.md``).
     """
     d = data_parallel
+    grads = param_bytes * grad_bytes_per_param_byte
     optimizer = param_bytes * optimizer_bytes_per_param_byte
     sharded = {Sharding.NONE: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}[sharding]
     return StateBytes(
         parameters=param_bytes / d if sharded >= 3 else param_bytes,
-        gradients=param_bytes / d if sharded >= 2 else param_bytes,
+        gradients=grads / d if sharded >= 2 else grads,
         optimizer=optimizer / d if sharded >= 1 else optimizer,
     )
 

@@ -25,6 +25,7 @@ from sim.errors import SpecError
 __all__ = [
     "DTYPE_BYTES",
     "MAX_MICROBATCHES",
+    "OPTIMIZER_IMPLEMENTATIONS",
     "OPTIMIZER_STATES",
     "DeviceSpec",
     "LinkSpec",
@@ -41,6 +42,13 @@ DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 """fp32 state tensors each optimizer keeps per parameter (Adam: first and second moment)."""
+
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+"""How an optimizer step runs (``sim.cost.optimizer_step_kernels``): ``fused``, one multi-tensor
+kernel doing the whole update in one pass (apex/Transformer Engine ``FusedAdam`` as Megatron-LM
+and DeepSpeed use it, torch's ``fused=True``); ``foreach``, one multi-tensor launch per
+element-wise operation (torch's ``foreach=True``, its default on CUDA); ``for-loop``, every
+operation once per tensor (torch's single-tensor path, its default on CPUs)."""
 
 
 def optimizer_state_factor(optimizer: str, dtype: str) -> float:
@@ -103,7 +111,12 @@ class DeviceSpec:
     """Size of a matrix product's dimension at which it loses half its efficiency to tiling
     (D of ``sim.kernels``); 0: no size effect."""
     kernel_overhead_s: float = 0.0
-    """Fixed cost of every kernel launch, seconds."""
+    """Fixed cost of every kernel added to its time, seconds: where the host runs the kernel
+    itself (a CPU, whose dispatcher and kernel share a thread) nothing overlaps it. 0 on GPUs."""
+    kernel_issue_s: float = 0.0
+    """Seconds the host (framework and driver) takes to issue one kernel to the device, which
+    runs it asynchronously: a kernel takes at least this long, however little work it has
+    (``sim.cost.kernel_time_s``: the larger of device time and issue time). 0: no floor."""
     memory_efficiency: float = 1.0
     """Fraction of ``memory_bandwidth`` element-wise kernels achieve, in (0, 1]."""
     action_overhead_s: float = 0.0
@@ -121,6 +134,8 @@ class DeviceSpec:
         if self.efficiency > 1:
             raise SpecError("efficiency", f"must be in (0, 1], got {self.efficiency!r}")
         non_negative("action_overhead", self.action_overhead_s)
+        non_negative("kernel_overhead", self.kernel_overhead_s)
+        non_negative("kernel_issue", self.kernel_issue_s)
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
         """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""
@@ -152,14 +167,26 @@ class LinkSpec:
     recv_overhead_s: float = 0.0
     """Seconds each received message costs the receiver's compute stream (on a CPU the
     transport thread that takes it in competes with the compute for a core)."""
+    collective_efficiency: float = 1.0
+    """Share of ``bandwidth`` a collective's ring reaches through this port, in (0, 1]: NCCL's
+    bus bandwidth over the port's figure (nccl-tests' ``all_reduce_perf`` on 8 A100 over
+    NVSwitch: about 230 GB/s of 300 GB/s at 1 GiB). Point-to-point transfers use ``bandwidth``."""
 
     def __post_init__(self) -> None:
         positive("bandwidth", self.bandwidth_bytes_per_s)
+        positive("collective_efficiency", self.collective_efficiency)
+        if self.collective_efficiency > 1:
+            raise SpecError("collective_efficiency", f"must be in (0, 1], got {self.collective_efficiency!r}")
         non_negative("latency", self.latency_s)
         non_negative("send_overhead", self.send_overhead_s)
         non_negative("recv_overhead", self.recv_overhead_s)
         if self.send_bandwidth_bytes_per_s is not None:
             positive("send_bandwidth", self.send_bandwidth_bytes_per_s)
+
+    @property
+    def collective_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth a ring collective reaches through the port: ``bandwidth × collective_efficiency``."""
+        return self.bandwidth_bytes_per_s * self.collective_efficiency
 
     def send_issue_s(self, nbytes: float) -> float:
         """Seconds one send of ``nbytes`` holds up the sender's compute stream."""

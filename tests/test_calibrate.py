@@ -40,11 +40,10 @@ def test_kernel_time_is_a_roofline_with_size_dependent_efficiency():
     # a large product is compute-bound at close to e_max of peak
     big = kernel_time_s(2 * 8192**3, 3 * 2 * 8192**2, device, "bf16", (8192, 8192, 8192))
     D = device.matmul_half_dim
-    assert big == pytest.approx(2 * 8192**3 / (peak * device.efficiency) * (1 + D / 8192) ** 2
-                                + device.kernel_overhead_s)
+    assert device.kernel_overhead_s == 0  # a GPU preset: launches overlap, the issue time is a floor
+    assert big == pytest.approx(2 * 8192**3 / (peak * device.efficiency) * (1 + D / 8192) ** 2)
     # an element-wise kernel is bound by memory bandwidth
-    assert kernel_time_s(0.0, 1e9, device, "bf16") == pytest.approx(1e9 / (bw * device.memory_efficiency)
-                                                                      + device.kernel_overhead_s)
+    assert kernel_time_s(0.0, 1e9, device, "bf16") == pytest.approx(1e9 / (bw * device.memory_efficiency))
     # per FLOP, a product with a small dimension is slower than a large one
     small = kernel_time_s(2 * 8192 * 64 * 8192, 0.0, device, "bf16", (8192, 64, 8192))
     assert small / (8192 * 64 * 8192) > big / 8192**3
@@ -58,7 +57,8 @@ def test_time_per_sample_falls_as_the_micro_batch_grows():
 
 
 def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tensor():
-    device = replace(BASE.cluster.device, kernel_overhead_s=5e-6, memory_efficiency=0.5)
+    # a host that runs its kernels itself (no issue-time floor, an overhead per launch), for-loop
+    device = replace(BASE.cluster.device, kernel_overhead_s=5e-6, kernel_issue_s=0.0, memory_efficiency=0.5)
     bw = device.memory_bandwidth_bytes_per_s * 0.5
     # fp32 Adam: 8 launches and 18 passes over every parameter tensor
     assert optimizer_step_s(device, "adam", "fp32", 4e6, 10) == pytest.approx(18 * 4e6 / bw + 8 * 10 * 5e-6)
@@ -72,12 +72,14 @@ def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tens
 
     assert set(OPTIMIZER_KERNELS) == set(OPTIMIZER_STATES)  # every optimizer a scenario accepts has a step cost
     # a GPT block steps 12 tensors (four linear layers' and two layer norms' weights and biases)
-    model = build_model("gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp32")
+    model = build_model("gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp32",
+                        tied_embeddings=False)
     cost = stage_cost(model, device, 1, 3, 1)
     assert [layer.optimizer_tensors for layer in model.layers] == [2, 12, 12, 3]  # the head's own projection
     tied = build_model("gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=128, tied_embeddings=True)
     assert tied.layers[-1].optimizer_tensors == 2  # the embedding steps the tied matrix
-    assert cost.optimizer_s == pytest.approx(optimizer_step_s(device, "adam", "fp32", cost.param_bytes, 24))
+    assert cost.optimizer_s == pytest.approx(optimizer_step_s(device, "adam", "fp32", cost.param_bytes, 24,
+                                                              implementation=model.optimizer_implementation))
 
 
 def test_action_overhead_is_paid_once_per_forward_and_per_backward():
@@ -215,12 +217,13 @@ def test_calibrate_command(tmp_path, capsys):
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert set(report) == {"params", "fit", "test"}
-    assert "note: 5 distinct configurations for 5 parameters" in captured.err  # few runs: said, not hidden
+    assert "note: 5 distinct configurations for 7 parameters" in captured.err  # few runs: said, not hidden
     assert report["fit"]["mape"] < 0.01 and report["test"]["mape"] < 0.05
     assert report["test"]["kendall_tau"] > 0.9 and len(report["test"]["rows"]) == 5
     assert {"measured_s", "predicted_s"} <= set(report["test"]["rows"][0])
     snippet = out.read_text()
     assert "cluster:" in snippet and "matmul_half_dim:" in snippet and "kernel_overhead:" in snippet
+    assert "kernel_issue:" in snippet and "collective_efficiency:" in snippet
     # the snippet's values go under cluster.device as they are
     import yaml
 
@@ -229,6 +232,33 @@ def test_calibrate_command(tmp_path, capsys):
         {"name": "A100-80GB", **fitted}, default_flow_style=True)})
     assert merged.cluster.device.name == "A100-80GB"
     assert merged.cluster.device.efficiency == pytest.approx(report["params"]["efficiency"], rel=1e-5)
+
+
+def test_runs_faster_than_the_model_allows_end_a_parameter_at_its_physical_bound_and_name_it():
+    # all-reduce-heavy runs (2 replicas of a wide model on short sequences) measured on a link 20
+    # times as fast as the base's: no efficiency within [0.01, 1] follows them, so the fit ends
+    # one at a bound, says which, and every value stays physical
+    from sim.analysis.calibrate import PARAMS
+
+    base = replace(BASE, model=replace(BASE.model, dtype="fp32"))
+    intra = base.cluster.intra_node
+    fast = replace(base, cluster=replace(base.cluster, intra_node=replace(
+        intra, bandwidth_bytes_per_s=20 * intra.bandwidth_bytes_per_s, collective_efficiency=1.0)))
+    runs = [MeasuredRun(hidden=h, heads=h // 64, layers=layers, seq_len=16, vocab=1024, microbatch_size=1,
+                        global_batch_size=2, dp=2, pp=1, recompute=False, iteration_time_s=1.0, line=k + 2)
+            for k, (h, layers) in enumerate((h, layers) for h in (1024, 2048, 4096) for layers in (1, 2, 4))]
+    times = predict([row_scenario(fast, run) for run in runs])
+    result = calibrate(base, [replace(run, iteration_time_s=t) for run, t in zip(runs, times)])
+    params = result["params"]
+    stopped = [name for name in PARAMS if any(note.startswith(f"{name} stopped at the end of its range")
+                                              for note in result["notes"])]
+    assert stopped
+    for name in ("efficiency", "memory_efficiency", "collective_efficiency"):
+        assert 0.01 <= params[name] <= 1.0
+    assert all(params[name] >= 0 for name in ("kernel_overhead_s", "kernel_issue_s", "action_overhead_s"))
+    for name in stopped:
+        if name.endswith("efficiency"):
+            assert params[name] in (pytest.approx(0.01), pytest.approx(1.0))
 
 
 def test_kendall_tau():

@@ -33,7 +33,7 @@ plan:
 """
 
 ALL_DEFAULTS = ["peak_fp32_flops", "memory_bandwidth", "efficiency", "matmul_half_dim", "memory_efficiency",
-                "kernel_overhead", "action_overhead"]
+                "kernel_overhead", "kernel_issue", "action_overhead"]
 
 
 def _scenario(device: str = HELD_OUT, model: str = PROFILE_MODEL, plan: str = PROFILE_PLAN) -> str:
@@ -64,7 +64,7 @@ def test_minimal_custom_device_is_read_with_derived_rates_and_simulates(tmp_path
     assert device.peak_fp32_flop_per_s == pytest.approx(100e12 / (312 / 19.5))
     assert device.memory_bandwidth_bytes_per_s == pytest.approx(100e12 * 2039e9 / 312e12)
     assert (device.efficiency, device.matmul_half_dim, device.memory_efficiency) == (0.5, 0.0, 1.0)
-    assert (device.kernel_overhead_s, device.action_overhead_s) == (0.0, 0.0)
+    assert (device.kernel_overhead_s, device.kernel_issue_s, device.action_overhead_s) == (0.0, 0.0, 0.0)
 
     assert main(["simulate", path, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

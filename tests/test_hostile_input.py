@@ -211,12 +211,13 @@ NUMBER_KEYS = [
     ("cluster", "device", "peak_flops"), ("cluster", "device", "memory_bandwidth"),
     ("cluster", "device", "efficiency"), ("cluster", "device", "matmul_half_dim"),
     ("cluster", "device", "memory_efficiency"), ("cluster", "device", "kernel_overhead"),
+    ("cluster", "device", "kernel_issue"), ("cluster", "intra_node", "collective_efficiency"),
     ("cluster", "intra_node", "bandwidth"), ("cluster", "intra_node", "latency"),
     ("cluster", "inter_node", "send_overhead"), ("model", "hidden"), ("model", "vocab"),
     ("training", "global_batch_size"), ("faults", 0, "slowdown"), ("faults", 0, "from"),
 ]
 UNITS = {"memory": "B", "peak_flops": "FLOP/s", "memory_bandwidth": "B/s", "bandwidth": "B/s", "kernel_overhead": "s",
-         "latency": "s", "send_overhead": "s", "from": "s"}
+         "kernel_issue": "s", "latency": "s", "send_overhead": "s", "from": "s"}
 EDGE_NUMBERS = ["0", "-1", "1", "0.01", "1.0e+308", "-1.0e+308", "5.0e-324", "1.0e-320", ".inf", "-.inf", ".nan",
                 "1000", "1000000", "1.0e+15", "1.0e+18", "9" * 19, "9" * 99, "9" * 101, "9" * 400, "9" * 5000]
 
@@ -483,7 +484,9 @@ EDGES_IN_RANGE = {
     ("cluster", "device", "memory_efficiency"): [0.01, 1],
     ("cluster", "device", "matmul_half_dim"): [0, 1000000],
     ("cluster", "device", "kernel_overhead"): ["0s", "1s"],
+    ("cluster", "device", "kernel_issue"): ["0s", "1s"],
     ("cluster", "device", "action_overhead"): ["0s", "1s"],
+    ("cluster", "intra_node", "collective_efficiency"): [0.01, 1],
     ("cluster", "intra_node", "bandwidth"): ["1B/s", "1PB/s"],
     ("cluster", "intra_node", "latency"): ["0s", "10s"],
     ("cluster", "intra_node", "send_overhead"): ["0s", "1s"],

@@ -101,7 +101,9 @@ def test_tensor_parallel_collectives_per_action_are_megatrons_four_per_block():
     # 4 blocks x 2 all-reduces of s·h fp16 per sample, 2 samples; the embedding's one all-reduce;
     # each of the 2 ranks sends a ring all-reduce's 2(t−1)/t of it
     s, h = 32, 64
-    per_allreduce = ring_bytes(2, 2 * s * h * 2, halves=2)
+    # each of the 2 ranks sends a ring all-reduce's 2(t−1)/t of it, charged at the link's collective
+    # bandwidth (bytes / collective_efficiency, sim.collectives.ring_flow_bytes)
+    per_allreduce = ring_bytes(2, 2 * s * h * 2, halves=2) / scenario.cluster.intra_node.collective_efficiency
     assert forward[0].bytes == pytest.approx((4 * 2 + 1) * per_allreduce)
     ops = workload.classes[0].ops
     texts = [(op.code, op.text) for op in ops[:3]]

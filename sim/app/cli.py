@@ -32,6 +32,7 @@ EPILOG = """examples:
   dapple-sim check scenarios/bert48_v100_2x8.yaml
   dapple-sim compare scenarios/bert48_v100_2x8.yaml --schedules gpipe,dapple,zb-v --out out/compare
   dapple-sim check scenarios/bert48_v100_2x8.yaml --set training.microbatch_size=32 --json
+  dapple-sim published --out out/published
   dapple-sim schedule dapple --stages 4 --microbatches 8
   dapple-sim schedule interleaved --stages 2 --microbatches 4 --chunks 2 --lower
 """
@@ -104,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         "calibrate",
         help="fit the kernel cost model to measured iteration times",
         description="Fit the device's cost-model parameters (efficiency, matmul_half_dim, kernel_overhead, "
-        "memory_efficiency, action_overhead) to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
+        "kernel_issue, memory_efficiency, action_overhead) and the intra-node link's collective_efficiency, each "
+        "within its physical range (a parameter that ends at a bound is named), to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
         "microbatch_size (per replica), global_batch_size, tp, dp, pp, recompute, iteration_time_s), on "
         "BASE_SCENARIO's cluster, device, dtype and optimizer; then predict TEST.csv's runs with them.",
     )
@@ -113,6 +115,18 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--test", metavar="TEST.csv", help="measured runs to predict with the fitted parameters")
     calibrate.add_argument("--json", action="store_true", help="print params, fit and test errors as JSON")
     calibrate.add_argument("--out", metavar="PARAMS.yaml", help="write the fitted cluster.device snippet here")
+
+    published = sub.add_parser(
+        "published",
+        help="predict published training runs with the shipped presets (nothing fitted)",
+        description="Replay the published-runs suite (default scenarios/published/suite.yaml: Korthikanti et al. "
+        "2022's Table 5 iteration times and Figure 1 memory) with the shipped presets and print predicted against "
+        "published, the relative error of each row and each table's mean and worst. With --out, also write "
+        "published.json and published.png.",
+    )
+    published.add_argument("--suite", metavar="SUITE.yaml", help="suite file (default: the shipped one)")
+    published.add_argument("--json", action="store_true", help="print the rows and each table's errors as JSON")
+    published.add_argument("--out", metavar="DIR", help="write published.json and published.png into DIR")
 
     schedule = sub.add_parser(
         "schedule",
@@ -136,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     layout.add_argument("--csv", action="store_true",
                         help="print torch's pipeline-order CSV (what _PipelineScheduleRuntime._load_csv reads; "
                         "with --lower, its compute_comms format)")
-    for command in (check, simulate, compare, calibrate, schedule):
+    for command in (check, simulate, compare, calibrate, published, schedule):
         add_verbosity_options(command, subcommand=True)
     return parser
 
@@ -259,6 +273,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_published(args: argparse.Namespace) -> int:
+    from sim.app.published import DEFAULT_SUITE, format_results, read_suite, run_suite, suite_json, write_outputs
+
+    watch = Stopwatch()
+    with watch.phase("read the suite"):
+        rows = read_suite(args.suite or DEFAULT_SUITE)
+    with watch.phase(f"replay {len(rows)} published rows"), progress(f"replaying {len(rows)} published rows"):
+        results = run_suite(rows)
+    if args.out:
+        with watch.phase("write published.json and published.png"):
+            write_outputs(results, args.out)
+    watch.report()
+    print(jsonio.dumps(suite_json(results), indent=2, sort_keys=True) if args.json else format_results(results))
+    return 0
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from sim.schedule.check import check_schedule, format_grid
     from sim.schedule.generators import generate
@@ -305,6 +335,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": _cmd_simulate,
     "compare": _cmd_compare,
     "calibrate": _cmd_calibrate,
+    "published": _cmd_published,
     "schedule": _cmd_schedule,
 }
 

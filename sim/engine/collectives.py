@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.collectives import ring_bytes, ring_steps
+from sim.collectives import ring_flow_bytes, ring_steps
 from sim.engine.workload import Collective, FlowKind
 from sim.parallelism import Sharding
 
@@ -41,7 +41,7 @@ def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, f
     """
     flows, latency = [], {}
     for s, stage in enumerate(plan.stages):
-        grad_bytes = model.param_bytes(*stage.layers)
+        grad_bytes = model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte
         if plan.sharding is Sharding.FULL:
             grad_bytes *= 0.5  # only the gradients' reduce-scatter: the parameters are gathered per action
         for group in plan.gradient_groups(s):
@@ -66,7 +66,8 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
             for g in groups:
                 n = len(g)
                 for i, d in enumerate(g if n > 1 else []):
-                    flows.append((d, g[(i + 1) % n], ("AR", s, phase), ring_bytes(n, grad_bytes, halves=halves)))
+                    flows.append((d, g[(i + 1) % n], ("AR", s, phase),
+                                  ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)))
     if len(groups) > 1:
         k = len(groups)
         latency[(s, 1)] = ring_steps(k) * cluster.inter_node.latency_s
@@ -74,7 +75,7 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
             nxt = groups[(j + 1) % k]
             for i, d in enumerate(g):
                 # each GPU carries its 1/n shard of the cross-server ring
-                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_bytes(k, grad_bytes) / len(g)))
+                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_flow_bytes(k, grad_bytes, cluster.inter_node) / len(g)))
 
 
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from sim.collectives import embedding_group_link
 from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
 from sim.engine.flows import PortTable, flow_kinds, kinds_by_class, p2p_flows
@@ -216,7 +217,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         start, end = plan.stages[s].layers
         data = len(plan.gradient_groups(s)[0])
         costs[s] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
-                              data_parallel=data, sharding=plan.sharding)
+                              data_parallel=data, sharding=plan.sharding, tied_link=embedding_group_link(plan, cluster))
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch

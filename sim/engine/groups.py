@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.collectives import ring_bytes, ring_steps
+from sim.collectives import ring_bytes, ring_flow_bytes, ring_steps
 from sim.engine.workload import Collective, FlowKind
 from sim.parallelism import Recompute, Sharding
 
@@ -83,8 +83,9 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 bwd, bwd_steps = _tp_bytes_and_steps(layers, end - start, t, "backward")
                 if full:  # the recomputed forward repeats the forward's collectives inside the backward
                     bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
-                flows += _ring(group, ("TP", s, "F"), fwd) + _ring(group, ("TP", s, "B"), bwd)
                 link = _link(cluster, group)
+                fwd, bwd = fwd / link.collective_efficiency, bwd / link.collective_efficiency  # as ring_flow_bytes
+                flows += _ring(group, ("TP", s, "F"), fwd) + _ring(group, ("TP", s, "B"), bwd)
                 latency[("TP", s, "F")] = fwd_steps * link.latency_s
                 latency[("TP", s, "B")] = bwd_steps * link.latency_s
         if c > 1:
@@ -100,7 +101,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
             for group in plan.gradient_groups(s):
                 n = len(group)
                 for phase in ("F", "B"):
-                    flows += _ring(group, ("FS", s, phase), ring_bytes(n, params, halves=1))
+                    flows += _ring(group, ("FS", s, phase), ring_flow_bytes(n, params, _link(cluster, group), halves=1))
                 steps_s = ring_steps(n, halves=1) * _link(cluster, group).latency_s
                 latency[("FS", s, "F")] = latency[("FS", s, "B")] = steps_s
     return flows, latency

@@ -39,8 +39,9 @@ __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
-                "matmul_half_dim", "kernel_overhead", "memory_efficiency", "action_overhead"}
-_LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead"}
+                "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead"}
+_LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
+              "collective_efficiency"}
 
 _REFERENCE = DEVICE_PRESETS["A100-80GB"]
 
@@ -84,6 +85,7 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "matmul_half_dim": 0,
         "memory_efficiency": 1,
         "kernel_overhead": "0s",
+        "kernel_issue": "0s",
         "action_overhead": "0s",
     }
 )
@@ -92,8 +94,8 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
 The two rates are derived from ``peak_flops`` by the A100's ratios (``FP32_PEAK_DIVISOR``,
 ``MEMORY_BYTES_PER_FLOP``). The kernel model's numbers are ``DeviceSpec``'s defaults (see
 ``sim.kernels``): large matrix products reach half the peak whatever their size, element-wise
-kernels the full memory bandwidth, and neither a kernel launch nor the framework around a
-stage's forward or backward costs a fixed overhead. Fit them to measured runs with
+kernels the full memory bandwidth, and neither a kernel launch (no overhead, no issue-time
+floor) nor the framework around a stage's forward or backward costs a fixed time. Fit them to measured runs with
 ``dapple-sim calibrate``. A preset device gives every key itself, so takes none of these.
 """
 
@@ -176,6 +178,8 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
            for field, (low, high, low_open) in DEVICE_NUMBER_RANGES.items()},
         kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time,
                                           CUSTOM_DEVICE_DEFAULTS["kernel_overhead"], bounds=OVERHEAD_RANGE),
+        kernel_issue_s=reader.quantity(values, key, "kernel_issue", parse_time,
+                                       CUSTOM_DEVICE_DEFAULTS["kernel_issue"], bounds=OVERHEAD_RANGE),
         action_overhead_s=reader.quantity(values, key, "action_overhead", parse_time,
                                           CUSTOM_DEVICE_DEFAULTS["action_overhead"], bounds=OVERHEAD_RANGE),
     )
@@ -207,4 +211,5 @@ def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
         send_bandwidth_bytes_per_s=reader.quantity(data, key, "send_bandwidth", parse_bandwidth)
         if "send_bandwidth" in data else None,
         recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s", bounds=OVERHEAD_RANGE),
+        collective_efficiency=reader.number(data, key, "collective_efficiency", 1.0, low=0.01, high=1.0),
     )

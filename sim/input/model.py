@@ -26,13 +26,36 @@ __all__ = ["read_model"]
 _PROFILE_KEYS = {"profile", "profile_batch_size", "optimizer", "dtype", "name"}
 
 
-def read_model(reader: StrictReader, data: Any) -> ModelSpec:
-    """The model of a scenario's ``model:`` mapping."""
+def read_model(reader: StrictReader, data: Any, *, default_implementation: str = "fused") -> ModelSpec:
+    """The model of a scenario's ``model:`` mapping; an optimizer that names no implementation
+    gets ``default_implementation`` (the scenario's: fused on a preset GPU, else for-loop)."""
     data = reader.mapping(data, "model")
     if ("profile" in data) == ("preset" in data):
         raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
+    optimizer = _optimizer(reader, data.get("optimizer"), default_implementation)
+    if optimizer["name"] is not None:
+        data = {**data, "optimizer": optimizer["name"]}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data)
+    model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
+
+
+def _optimizer(reader: StrictReader, value: Any, default_implementation: str) -> dict[str, Any]:
+    """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32}``:
+    the name (None: the model's default), the step's implementation, the gradients' dtype."""
+    from sim.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
+
+    if value is None or isinstance(value, str):
+        return {"name": value, "implementation": default_implementation, "grad_dtype": None}
+    data = reader.mapping(value, "model.optimizer")
+    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype"}, required={"name"})
+    return {
+        "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES),
+        "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
+                                        choices=set(OPTIMIZER_IMPLEMENTATIONS)),
+        "grad_dtype": reader.string(data, "model.optimizer", "grad_dtype", choices=DTYPE_BYTES)
+        if "grad_dtype" in data else None,
+    }
 
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:

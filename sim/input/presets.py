@@ -14,7 +14,16 @@ Kernel-model defaults (``sim.kernels``: matrix efficiency e_max, the dimension D
 product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
 starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``.
 The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
-it depends on the framework and the host, not the device. A preset gives every key, so a
+it depends on the framework and the host, not the device.
+Kernels run asynchronously on a GPU, so a launch adds no ``kernel_overhead`` of its own; the
+host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.cost.kernel_time_s``):
+10 µs, a PyTorch operator's CPU-side work from Python to ``cudaLaunchKernel`` (the CUDA API's
+overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead"; a
+framework adds microseconds of dispatch per operator on top).
+Intra-node ``collective_efficiency``: NCCL's bus bandwidth over the port's figure (nccl-tests'
+``all_reduce_perf``): 8 A100 on NVSwitch reach about 230 GB/s of 300 GB/s at 1 GiB (0.77); H100
+and H200 NVSwitch servers about 75–80% (0.78). The V100 servers' and every network link's are
+left at 1.0: no measurement is cited for them. A preset gives every key, so a
 scenario on one takes none of the custom-device defaults (``sim.input.cluster``).
 NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
 NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
@@ -39,7 +48,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "memory_bandwidth": "900GB/s",
             "efficiency": 0.7,
             "matmul_half_dim": 32,
-            "kernel_overhead": "5us",
+            "kernel_overhead": "0s",
+            "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
         },
@@ -50,7 +60,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "memory_bandwidth": "2039GB/s",
             "efficiency": 0.75,
             "matmul_half_dim": 48,
-            "kernel_overhead": "4us",
+            "kernel_overhead": "0s",
+            "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
         },
@@ -61,7 +72,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "memory_bandwidth": "3350GB/s",
             "efficiency": 0.7,
             "matmul_half_dim": 64,
-            "kernel_overhead": "4us",
+            "kernel_overhead": "0s",
+            "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
         },
@@ -72,7 +84,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "memory_bandwidth": "4800GB/s",
             "efficiency": 0.7,
             "matmul_half_dim": 64,
-            "kernel_overhead": "4us",
+            "kernel_overhead": "0s",
+            "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
         },
@@ -100,7 +113,7 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "nodes": 2,
             "devices_per_node": 8,
             "device": "A100-80GB",
-            "intra_node": {"bandwidth": "300GB/s", "latency": "3us", "name": "NVSwitch"},
+            "intra_node": {"bandwidth": "300GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.77},
             "inter_node": {"bandwidth": "200Gb/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
         },
@@ -108,7 +121,7 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "nodes": 4,
             "devices_per_node": 8,
             "device": "H100-80GB",
-            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch"},
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
             "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
         },
@@ -116,7 +129,7 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "nodes": 4,
             "devices_per_node": 8,
             "device": "H200-141GB",
-            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch"},
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
             "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
         },

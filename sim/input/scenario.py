@@ -41,7 +41,8 @@ from sim.plan import PlanSpec
 from sim.model_spec import ModelSpec
 from sim.specs import ClusterSpec, TrainingSpec
 
-__all__ = ["DATA_DIR", "Scenario", "load_scenario", "parse_scenario", "apply_overrides"]
+__all__ = ["DATA_DIR", "Scenario", "apply_overrides", "default_optimizer_implementation", "load_scenario",
+           "parse_scenario"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +119,7 @@ def parse_scenario(
                 required={"cluster", "model", "training"})
     name = reader.string(raw, "", "name", Path(source).stem)
     cluster, device_defaults = read_cluster(reader, raw["cluster"])
-    model = read_model(reader, raw["model"])
+    model = read_model(reader, raw["model"], default_implementation=default_optimizer_implementation(cluster))
     training = _training(reader, raw["training"], planning=ignore_plan)
     faults = read_faults(reader, raw.get("faults", []), cluster)
     plan = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
@@ -126,7 +127,17 @@ def parse_scenario(
                     device_defaults=device_defaults, ignored_plan=ignored)
 
 
-_SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name"}
+def default_optimizer_implementation(cluster: ClusterSpec) -> str:
+    """The optimizer implementation a scenario gets when it names none: ``fused`` on a preset
+    device (GPUs, where Megatron-LM and DeepSpeed run apex's or Transformer Engine's
+    ``FusedAdam``), ``for-loop`` on a custom device (what torch runs on a CPU, the device
+    ``dapple-run profile`` measures)."""
+    from sim.input.presets import DEVICE_PRESETS
+
+    return "fused" if cluster.device.name in DEVICE_PRESETS else "for-loop"
+
+
+_SHORTHANDS = {("plan", "schedule"): "name", ("cluster", "device"): "name", ("model", "optimizer"): "name"}
 """Keys that take a name or a mapping: the mapping key a plain name stands for."""
 
 

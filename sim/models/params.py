@@ -41,7 +41,7 @@ def _transformer_params(tied_embeddings: bool, *, dtype: str = "fp16", kv_heads:
 PRESET_PARAMS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "bert": _transformer_params(tied_embeddings=True),
-        "gpt": _transformer_params(tied_embeddings=False),
+        "gpt": _transformer_params(tied_embeddings=True),
         "llama": _transformer_params(tied_embeddings=False, dtype="bf16", kv_heads=True),
         "mlp": MappingProxyType(
             {"layers": REQUIRED, "hidden": REQUIRED, "input_size": None, "num_classes": 10}
@@ -58,9 +58,11 @@ PRESET_PARAMS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 ``None`` means a default computed from other parameters: ``ffn_hidden`` = 4 × ``hidden``
 (Llama: 2/3 of that, rounded up to a multiple of 256), ``kv_heads`` = ``heads``,
 ``input_size`` = ``hidden``. ``tied_embeddings``: the output projection reuses the token
-embedding matrix (GPT-2 and BERT do), so the head holds no copy of it. That is exact when the
-embedding and the head share a stage; across stages Megatron-LM keeps a second copy on the
-last stage (Narayanan et al., SC'21), which this count leaves out.
+embedding matrix (GPT-2, BERT and Megatron-LM's GPT, whose ``--untie-embeddings-and-output-weights``
+is off by default), so the head's layer does not count it. When the embedding and the head are
+on different stages the head's stage keeps a second copy, and the two copies' gradients are
+all-reduced before the optimizer step, as Megatron-LM's embedding group does
+(``ModelSpec.tied_copy_bytes``, ``sim.cost.stage_cost``).
 """
 
 _BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})

@@ -101,7 +101,7 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) 
         d=d,
         kernels=K.transformer_block(s, h, shape.heads, shape.ffn_hidden, d, kv_heads=shape.kv_heads,
                                     gated=shape.gated, tensor=t, context=c,
-                                    sequence_parallel=shard.sequence_parallel),
+                                    sequence_parallel=shard.sequence_parallel, dropout=shape.dropout),
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
@@ -262,6 +262,9 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) ->
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
     model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
+    if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
+        table = vocab * h / (1 if bert else shard.tensor) * d
+        model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
     return model if shard.is_whole else replace(model, shard=shard)
 
 
