@@ -30,7 +30,7 @@ __all__ = [
     "runnable_model",
 ]
 
-RUNNABLE_PRESETS = ("gpt", "mlp")
+RUNNABLE_PRESETS = ("gpt", "llama", "mlp")
 """Presets that ``runtime.models`` can build as torch modules."""
 
 
@@ -39,7 +39,7 @@ class ModelConfig:
     """A built-in model's preset and its complete shape parameters (defaults filled in)."""
 
     preset: str
-    """``gpt`` or ``mlp``."""
+    """``gpt``, ``llama`` or ``mlp``."""
     params: tuple[tuple[str, Any], ...]
     """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved
     (the checked model's ``ModelSpec.preset.params``)."""

@@ -20,7 +20,7 @@ import torch
 
 from runtime.comm import Piece, pieces_between
 from runtime.config import RunnableScenario
-from runtime.models import StageModule, build_layers, num_layers
+from runtime.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from sim.cost import sample_ranges
 
 __all__ = ["Holdings", "LocalStage", "hold_stages"]
@@ -102,7 +102,7 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
 
 def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tuple[int, ...], torch.nn.Parameter | None]:
     model, plan = runnable.model, runnable.plan
-    if model.preset != "gpt" or not model.values["tied_embeddings"]:
+    if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
         return (), None
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
@@ -111,5 +111,5 @@ def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tu
     if 0 in layers:
         return devices, layers[0].token.weight
     if last_layer in layers:
-        return devices, layers[last_layer].proj
+        return devices, layers[last_layer].proj.weight
     return devices, None

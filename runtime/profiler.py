@@ -35,6 +35,7 @@ from runtime.models import (
     build_layer,
     input_dtype,
     layer_param_bytes,
+    TRANSFORMERS,
     num_layers,
     sample_shape,
     synthetic_batch,
@@ -96,7 +97,7 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``."""
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
-    if is_head and config.preset == "gpt" and config.values["tied_embeddings"]:
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         layer.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
     x, labels = _layer_input(config, index, batch_size, device, seed)
     x.requires_grad_(x.is_floating_point())
@@ -118,8 +119,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
     bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
     params = layer_param_bytes(layer)
-    if is_head and config.preset == "gpt" and config.values["tied_embeddings"]:
-        params -= layer.proj.numel() * layer.proj.element_size()  # the embedding's bytes, as sim.models counts
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
+        params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
     name = build_model(config.preset, **config.values).layers[index].name
     return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
                         stash_bytes=stash_bytes, param_bytes=params)
