@@ -58,13 +58,14 @@ def tag(stage: int, microbatch: int, backward: bool, num_microbatches: int) -> i
 
 
 class ReplicaGroups:
-    """A process group for each device set with more than one device (gradient all-reduce),
+    """A process group for each gradient group with more than one device (the gradient
+    all-reduce: ``PlanSpec.gradient_groups``, a stage's devices of one tensor rank),
     and one for a tied embedding's two stages. Every rank creates every group, in the same
     order, as ``torch.distributed.new_group`` requires."""
 
     def __init__(self, plan: PlanSpec, tied_devices: tuple[int, ...] = ()) -> None:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        wanted = [tuple(sorted(stage.devices)) for stage in plan.stages]
+        wanted = [tuple(sorted(group)) for s in range(plan.num_stages) for group in plan.gradient_groups(s)]
         if tied_devices:
             wanted.append(tuple(sorted(tied_devices)))
         for devices in wanted:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.distributed.tensor import DTensor
 
 __all__ = ["SavedTensorMeter", "static_bytes"]
 
@@ -37,8 +38,14 @@ class _Saved:
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
-    """(address, bytes) of the storage behind ``tensor`` (one device per rank: addresses are unique)."""
+    """(address, bytes) of the storage behind ``tensor`` (one device per rank: addresses are
+    unique); a DTensor's is its local shard's, what this device stores."""
+    if isinstance(tensor, DTensor):
+        with torch.no_grad():
+            tensor = tensor.to_local()
     storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:  # FSDP2's resharded parameters: freed storage, nothing held
+        return 0, 0
     return storage.data_ptr(), storage.nbytes()
 
 
@@ -72,8 +79,13 @@ class SavedTensorMeter:
             self.current_bytes -= key[1]
 
     def _pack(self, tensor: torch.Tensor):
-        key = _storage_key(tensor)
-        if key[0] in self._excluded:
+        if isinstance(tensor, torch.nn.Parameter):  # FSDP2's gathered parameters are parameters too
+            return tensor
+        try:
+            key = _storage_key(tensor)
+        except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
+            return tensor
+        if key[0] in self._excluded or key[1] == 0:
             return tensor
         self._acquire(key)
         return _Saved(tensor, self, key)

@@ -36,6 +36,7 @@ from sim.specs import DTYPE_BYTES
 
 __all__ = [
     "OPTIMIZERS",
+    "OPTIMIZER_CLASSES",
     "TORCH_DTYPES",
     "TRANSFORMERS",
     "lm_loss",
@@ -211,28 +212,41 @@ class StageModule(nn.Module):
         self.start = min(layers)
         self.is_last = is_last
         self.layers = nn.ModuleDict({str(k): layers[k] for k in sorted(layers)})
+        self.enter = None
+        """Applied to the stage input first (tensor parallelism: gather the sequence)."""
+        self.leave = None
+        """Applied to the stage output last (tensor parallelism: keep this device's part)."""
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         modules = list(self.layers.values())
         body = modules[:-1] if self.is_last else modules
+        if self.enter is not None:
+            x = self.enter(x)
         for layer in body:
             x = layer(x)
-        return modules[-1](x, labels) if self.is_last else x
+        if self.is_last:
+            return modules[-1](x, labels)
+        return x if self.leave is None else self.leave(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's output before the loss (for ``torch.distributed.pipelining``)."""
         modules = list(self.layers.values())
+        if self.enter is not None:
+            x = self.enter(x)
         for layer in modules[:-1]:
             x = layer(x)
         return modules[-1].logits(x)
 
 
-OPTIMIZERS = {
-    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
-    "momentum": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
-    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
-    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+OPTIMIZER_CLASSES = {
+    "sgd": (torch.optim.SGD, {}),
+    "momentum": (torch.optim.SGD, {"momentum": 0.9}),
+    "adam": (torch.optim.Adam, {}),
+    "adamw": (torch.optim.AdamW, {}),
 }
+"""``ModelSpec.optimizer`` name -> (torch optimizer class, keyword arguments besides ``lr``)."""
+
+OPTIMIZERS = {name: (lambda params, lr, c=c, kw=kw: c(params, lr=lr, **kw)) for name, (c, kw) in OPTIMIZER_CLASSES.items()}
 """``ModelSpec.optimizer`` name -> ``fn(params, lr)`` building the torch optimizer."""
 
 

@@ -162,16 +162,20 @@ def test_shipped_4d_scenarios_simulate_and_fit(name):
     assert parts == pytest.approx(summary.devices[0].peak_memory_bytes)
 
 
-def test_the_runtime_refuses_4d_plans_before_launch_in_one_line(tmp_path):
+def test_the_runtime_refuses_what_it_cannot_run_before_launch_in_one_line(tmp_path):
     from runtime.config import load_runnable
 
-    path = tmp_path / "tp.yaml"
-    path.write_text(f"""
+    for plan, key in [("context_parallel: 2, data_parallel: 1", "plan.context_parallel"),
+                      ("sharding: gradients, data_parallel: 2", "plan.sharding"),
+                      ("recompute: selective, data_parallel: 2", "plan.recompute")]:
+        path = tmp_path / "4d.yaml"
+        path.write_text(f"""
 cluster: {{preset: a100-nvlink-8, nodes: 1}}
 model: {MODEL}
 training: {{global_batch_size: 8, microbatch_size: 4}}
-plan: {{schedule: dapple, tensor_parallel: 2, pipeline_parallel: 2, data_parallel: 1}}
+plan: {{schedule: dapple, pipeline_parallel: 2, {plan}}}
 """)
-    with pytest.raises(Exception) as info:
-        load_runnable(path)
-    assert "plan.tensor_parallel: not supported by the runtime yet" in str(info.value)
+        with pytest.raises(Exception) as info:
+            load_runnable(path)
+        message = str(info.value)
+        assert f"{key}: not supported by the runtime" in message and "\n" not in message
