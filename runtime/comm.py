@@ -15,9 +15,12 @@ receives can be posted before their sends without being matched to the wrong mes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
+from runtime.tensor_parallel import local_tensor
 from sim.cost import sample_overlaps, sample_ranges
 from sim.errors import DappleError
 from sim.plan import PlanSpec
@@ -25,6 +28,7 @@ from sim.schedule.ir import ActionKind, Schedule
 
 __all__ = [
     "Piece",
+    "all_reduce_grads",
     "ReplicaGroups",
     "check_message_order",
     "message_orders",
@@ -115,3 +119,20 @@ def check_message_order(plan: PlanSpec, lowered: Schedule, microbatch_size: int)
                 f"schedule {lowered.name!r}: device {dst} receives messages from device {src} in another order "
                 "than they are sent; NCCL matches messages by order, so run this schedule with --backend gloo"
             )
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta) -> None:
+    """Sum the gradients of ``params`` over ``group`` in one flat buffer."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [local_tensor(p.grad) for p in params]  # a DTensor's shard: this tensor rank's part
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group, async_op=True).wait(timeout)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n

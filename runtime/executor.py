@@ -47,10 +47,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from runtime.comm import ReplicaGroups, check_message_order, tag
+from runtime.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
 from runtime.config import RunnableScenario
-from runtime.holdings import LocalStage, hold_stages
-from runtime.holdings import position
+from runtime.exec_types import ActionError, ExecOptions, StepRecord
+from runtime.holdings import LocalStage, hold_stages, position
 from runtime.memory import SavedTensorMeter
 from runtime.models import input_dtype, sample_shape, synthetic_batch
 from runtime.p2p import Mailbox
@@ -66,55 +66,6 @@ __all__ = ["ActionError", "ExecOptions", "RankExecutor", "StepRecord"]
 
 K = ActionKind
 _STREAM = {K.SEND_F: "send", K.SEND_B: "send", K.RECV_F: "recv", K.RECV_B: "recv", K.REDUCE_GRAD: "allreduce"}
-
-
-class ActionError(RuntimeError):
-    """A rank failed while running an action; the message names both."""
-
-    def __init__(self, rank: int, action: str, step: int, cause: BaseException) -> None:
-        super().__init__(f"rank {rank} failed at action {action} (step {step}): {type(cause).__name__}: {cause}")
-        self.rank, self.action, self.step = rank, action, step
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecOptions:
-    """How a rank executes (not what: that is the scenario)."""
-
-    seed: int = 0
-    """Seed of the weights and of the synthetic data."""
-    track_memory: bool = True
-    """Count saved activations with saved-tensor hooks during the steps that ask for it (the
-    session counts the first step only: the same schedule on the same shapes saves the same
-    tensors every step, and the hooks cost a Python call per saved tensor)."""
-    timeout_s: float = 45.0
-    """Longest wait for any receive or collective before the rank gives up."""
-    lookahead: int = 2
-    """Receives posted ahead of the action that consumes them."""
-    fail_at: tuple[int, str, str] | None = None
-    """(rank, action text, ``raise``, ``exit``, ``term`` or ``stop``): inject a failure at that action of
-    the first step (``term``/``stop``: the rank sends itself SIGTERM or SIGSTOP)."""
-    lr: float = 1e-3
-    """Learning rate of the optimizer."""
-
-
-@dataclass(slots=True, kw_only=True)
-class StepRecord:
-    """What one rank measured in one step."""
-
-    time_s: float
-    """From the barrier at the step's start to the end of the optimizer step."""
-    loss: float
-    """This rank's share of the step's loss (sum of its scaled slice losses; 0 off the last stage)."""
-    state_bytes: dict[str, int]
-    """Parameters, gradients and optimizer state at the step's end, by kind (this device's shards)."""
-    peak_activation_bytes: float | None
-    """Peak bytes of saved activations, when this step counted them."""
-    allocator_peak_bytes: float | None
-    """``torch.cuda.max_memory_allocated`` during the step (GPU only)."""
-    rows: list[dict[str, Any]]
-    """Trace rows in ``SimResult.event_rows`` format."""
-    grads: dict[str, torch.Tensor] | None = None
-    """Gradients by parameter name before the optimizer step (only when asked)."""
 
 
 @dataclass(slots=True)
@@ -406,12 +357,12 @@ class RankExecutor:
         if group is None or self.sharding is Sharding.FULL:
             return
         params = [p for p in st.params if p is not self.tied_param]
-        _all_reduce_grads(params, group, self.timeout)
+        all_reduce_grads(params, group, self.timeout)
 
     def _reduce_tied(self) -> None:
         if not self.tied_devices or self.rank not in self.tied_devices:
             return
-        _all_reduce_grads([self.tied_param], self.groups.group(self.tied_devices), self.timeout)
+        all_reduce_grads([self.tied_param], self.groups.group(self.tied_devices), self.timeout)
 
     def _named_grads(self) -> dict[str, torch.Tensor]:
         grads = {}
@@ -422,23 +373,6 @@ class RankExecutor:
                     grad = grad.full_tensor()
                 grads[name] = grad.detach().to("cpu", copy=True)
         return grads
-
-
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta) -> None:
-    """Sum the gradients of ``params`` over ``group`` in one flat buffer."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [local_tensor(p.grad) for p in params]  # a DTensor's shard: this tensor rank's part
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group, async_op=True).wait(timeout)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
-        offset += n
 
 
 def _barrier(device: torch.device) -> None:

@@ -274,11 +274,19 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
     losses = summary["losses"]
     print(f"loss: step 0 {losses[0]:.7g}, last step ({len(losses) - 1}) {losses[-1]:.7g} "
           f"({summary['warmup_steps']} warm-up + {len(times)} measured steps of training)")
-    print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'peak activations':>17}")
+    degrees = summary.get("parallelism")
+    if degrees:
+        print(f"parallelism: tensor {degrees['tensor']}{' (sequence parallel)' if degrees['sequence_parallel'] else ''}, "
+              f"context {degrees['context']}, pipeline {degrees['pipeline']}, data {degrees['data']}, "
+              f"sharding {degrees['sharding']}")
+    print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'parameters':>11} {'gradients':>10} "
+          f"{'optimizer':>10} {'activations':>12}")
     for d in summary["devices"]:
         stages = ",".join(map(str, d["stages"]))
+        kinds = d.get("memory_breakdown_bytes") or {}
         print(f"  {d['device']:>6}  {stages:<10} {_bytes(d['peak_memory_bytes']):>12} "
-              f"{_bytes(d['peak_activation_bytes']):>17}")
+              f"{_bytes(kinds.get('parameters')):>11} {_bytes(kinds.get('gradients')):>10} "
+              f"{_bytes(kinds.get('optimizer')):>10} {_bytes(d['peak_activation_bytes']):>12}")
     if "max_abs_grad_diff" in summary:
         verdict = "passed" if summary["check_passed"] else "FAILED"
         print(f"check: step 0's loss {summary['loss']:.7g} vs the unsplit model's {summary['reference_loss']:.7g}, "
