@@ -220,7 +220,9 @@ def report_failure(out: Path, code: int) -> int:
     root = _root_cause(log)
     lost = failures and all(any(sign in message for sign in _LOST_PEER) for _, message in failures.values())
     terminated = [rank for rank in dead if rank not in crashed]
-    if terminated and (root in terminated or lost):  # stopped from outside: the others only lost it
+    # stopped from outside: the others only lost it (unless another rank crashed on its own:
+    # with more than two ranks torchrun then SIGTERMs the bystanders, which are not the cause)
+    if terminated and not crashed and (root in terminated or lost):
         crashed = [root if root in terminated else terminated[0], *crashed]
     dead = crashed or ([] if failures else dead)
     if dead:

@@ -84,6 +84,28 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expecte
     assert result.stderr.count("\n") == 1
 
 
+TP2_PP2 = ("--set", "cluster.devices_per_node=4", "--set", "plan.tensor_parallel=2",
+           "--set", "plan.stages=[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]")
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("fail_at", "expected"), [
+    ("1:0F1:exit", "rank 1 died at step 0 0F1 (exit code 17)"),  # rank 0 waits inside a tensor-parallel collective
+    pytest.param("1:0F1", "rank 1 failed at action 0F1 (step 0): RuntimeError", marks=pytest.mark.slow),
+    pytest.param("1:0F1:stop", "rank 1 stopped responding at step 0 0F1 (its process was frozen; killed)",
+                 marks=pytest.mark.slow),
+], ids=["dies", "raises", "frozen"])
+def test_a_rank_failing_inside_a_tensor_parallel_collective_stops_every_rank(tmp_path, fail_at, expected):
+    start = time.monotonic()
+    result = _dapple_run("run", GPT, "--nproc", 4, *TP2_PP2, "--steps", 1, "--fail-at", fail_at, "--out", tmp_path,
+                         timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr
+    assert "stopped: rank 0 at step 0 0F1" in result.stderr  # its tensor-parallel partner, inside the collective
+    assert result.stderr.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
     # rank 1 freezes (SIGSTOP); rank 0 times out waiting for it (--timeout 45 s by default), and
