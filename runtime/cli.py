@@ -58,7 +58,7 @@ def _run_options(parser: argparse.ArgumentParser, *, steps: int, warmup: int) ->
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt or mlp)")
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt, llama or mlp)")
     add_scenario_options(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                         help="gloo: one CPU process per device (default); nccl: one GPU per process")

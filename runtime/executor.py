@@ -35,7 +35,6 @@ With ``recompute`` a forward keeps only its stage input and the backward runs it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -56,7 +55,7 @@ from runtime.models import input_dtype, sample_shape, synthetic_batch
 from runtime.p2p import Mailbox
 from runtime.sharding import RankOptimizer, state_bytes
 from runtime.status import StatusBoard
-from runtime.tensor_parallel import local_tensor
+from runtime.tensor_parallel import local_tensor, loss_parallel_if
 from sim.parallelism import Recompute, Sharding
 from sim.schedule.ir import Action, ActionKind
 from sim.schedule.passes import lower
@@ -156,7 +155,7 @@ class RankExecutor:
         t0 = time.perf_counter()
         if dev.type != "cpu":
             self.mailbox.start()
-        with self._loss_parallel():
+        with loss_parallel_if(self.tensor_parallel):
             rows += self._actions(step, t0, batch)
         start = time.perf_counter()
         try:
@@ -200,15 +199,6 @@ class RankExecutor:
             rows.append(_row(self.rank, action.stage, kind, action.microbatch, text, stream, start - t0,
                              time.perf_counter() - t0))
         return rows
-
-    def _loss_parallel(self):
-        """``loss_parallel`` over the step with tensor parallelism (forward and backward of the
-        vocabulary-sharded cross-entropy both run inside it), else nothing."""
-        if self.tensor_parallel == 1:
-            return contextlib.nullcontext()
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
 
     def _gradient_group(self, s: int) -> tuple[int, ...]:
         """The devices that sum stage ``s``'s gradients with this rank."""

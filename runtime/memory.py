@@ -108,12 +108,18 @@ class SavedTensorMeter:
         return _Saved(tensor, self, key)
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
 def static_bytes(module_params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> int:
-    """Parameters, their gradients (as many bytes once they exist) and optimizer state."""
+    """Parameters, their gradients (as many bytes once they exist) and optimizer state (a
+    DTensor's: this device's shard)."""
     total = 0
     for p in module_params:
-        total += p.numel() * p.element_size() * (2 if p.grad is not None else 1)
+        total += _local_bytes(p) * (2 if p.grad is not None else 1)
     if optimizer is not None:
         for state in optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+            total += sum(_local_bytes(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
     return total

@@ -162,8 +162,10 @@ def build_layers(
 
 
 def layer_param_bytes(module: nn.Module) -> int:
-    """Bytes of the parameters registered in ``module``."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes of the parameters registered in ``module`` (a DTensor's: this device's shard)."""
+    from runtime.tensor_parallel import local_tensor
+
+    return sum(local_tensor(p).numel() * p.element_size() for p in module.parameters())
 
 
 def sample_shape(config: ModelConfig, cut: int) -> tuple[int, ...]:

@@ -76,7 +76,7 @@ def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) 
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
                           f"{runnable.model.preset!r}")
-    replicas = {stage.num_replicas for stage in runnable.plan.stages}
+    replicas = {runnable.plan.num_replicas(s) for s in range(runnable.plan.num_stages)}
     if len(replicas) != 1 or runnable.plan.schedule == "interleaved":
         raise DappleError("--csv: the calibration CSV needs one replica count for every stage and one stage per "
                           "device set (dp x pp); this plan has " + ("interleaved chunks" if len(replicas) == 1

@@ -50,8 +50,8 @@ from runtime.layers import Embedding, LMHead, TransformerBlock
 from runtime.models import StageModule
 from sim.plan import PlanSpec
 
-__all__ = ["MESH_DIMS", "gather_sequence", "local_tensor", "parallelize_stage", "scatter_sequence",
-           "set_layout", "settle_grads", "stage_mesh", "uniform_layout"]
+__all__ = ["MESH_DIMS", "gather_sequence", "local_tensor", "loss_parallel_if", "parallelize_layer",
+           "parallelize_stage", "scatter_sequence", "set_layout", "settle_grads", "stage_mesh", "uniform_layout"]
 
 MESH_DIMS = ("data", "context", "tensor")
 """Names of a device set's mesh dimensions, outermost first (Megatron's order)."""
@@ -113,33 +113,51 @@ def _block_plan(sequence_parallel: bool) -> dict:
     return layer_plan
 
 
+def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Cut one layer (embedding, block or head) over ``mesh`` (1D, the tensor dimension), in place."""
+    if isinstance(layer, Embedding):
+        out = Shard(1) if sequence_parallel else Replicate()
+        parallelize_module(layer.token, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=out))
+        if sequence_parallel and layer.position is not None:
+            layer.scatter = lambda table: scatter_sequence(table, mesh, dim=0)
+    elif isinstance(layer, TransformerBlock):
+        blk = _block_plan(sequence_parallel)
+        if layer.mlp.w3 is not None:
+            blk["mlp.w3"] = ColwiseParallel()
+        parallelize_module(layer, mesh, blk)
+    elif isinstance(layer, LMHead):
+        head = {"proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                        output_layouts=Shard(-1), use_local_output=False)}
+        if sequence_parallel:
+            head["norm"] = SequenceParallel()
+        parallelize_module(layer, mesh, head)
+    else:
+        raise AssertionError(f"no tensor-parallel plan for {type(layer).__name__}")
+
+
 def parallelize_stage(module: StageModule, mesh: DeviceMesh, *, sequence_parallel: bool, first: bool) -> None:
-    """Cut every layer of ``module`` over ``mesh`` (1D, the tensor dimension), in place.
+    """Cut every layer of ``module`` over ``mesh`` (1D, the tensor dimension), in place, and
+    make its input and output this device's 1/t of the sequence.
 
     ``first``: the stage holds the embedding (its input is token ids, not a 1/t sequence part).
     """
     for layer in module.layers.values():
-        if isinstance(layer, Embedding):
-            out = Shard(1) if sequence_parallel else Replicate()
-            parallelize_module(layer.token, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=out))
-            if sequence_parallel and layer.position is not None:
-                layer.scatter = lambda table: scatter_sequence(table, mesh, dim=0)
-        elif isinstance(layer, TransformerBlock):
-            blk = _block_plan(sequence_parallel)
-            if layer.mlp.w3 is not None:
-                blk["mlp.w3"] = ColwiseParallel()
-            parallelize_module(layer, mesh, blk)
-        elif isinstance(layer, LMHead):
-            head = {"proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
-                                            output_layouts=Shard(-1), use_local_output=False)}
-            if sequence_parallel:
-                head["norm"] = SequenceParallel()
-            parallelize_module(layer, mesh, head)
-        else:
-            raise AssertionError(f"no tensor-parallel plan for {type(layer).__name__}")
+        parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
     if not sequence_parallel:  # stage boundaries carry 1/t of the sequence (the scatter-gather)
         module.enter = None if first else (lambda x: gather_sequence(x, mesh))
         module.leave = None if module.is_last else (lambda x: scatter_sequence(x, mesh))
+
+
+def loss_parallel_if(tensor_parallel: int):
+    """``loss_parallel()`` with tensor parallelism (the vocabulary-sharded cross-entropy's
+    forward and backward both run inside it), else a context that does nothing."""
+    import contextlib
+
+    if tensor_parallel == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
