@@ -89,10 +89,16 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
     orders must be equal.
     """
     orders: dict[tuple[int, int], tuple[list, list]] = {}
-    num_mb, stages = lowered.num_microbatches, plan.stages
+    num_mb = lowered.num_microbatches
 
     def note(src: int, dst: int, message_tag: int, side: int) -> None:
         orders.setdefault((src, dst), ([], []))[side].append(message_tag)
+
+    def pieces(first: int) -> list[Piece]:
+        """Stage ``first`` to ``first + 1``: every position of a replica talks to the same position."""
+        return [p for at in range(plan.group_size)
+                for p in pieces_between(microbatch_size, tuple(r[at] for r in plan.replicas(first)),
+                                        tuple(r[at] for r in plan.replicas(first + 1)))]
 
     for actions in lowered.ranks:
         for a in actions:
@@ -100,12 +106,12 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
             if a.kind is ActionKind.SEND_F or a.kind is ActionKind.RECV_F:
                 first = s if a.kind is ActionKind.SEND_F else s - 1
                 side = 0 if a.kind is ActionKind.SEND_F else 1
-                for p in pieces_between(microbatch_size, stages[first].devices, stages[first + 1].devices):
+                for p in pieces(first):
                     note(p.src, p.dst, tag(first, m, False, num_mb), side)
             elif a.kind is ActionKind.SEND_B or a.kind is ActionKind.RECV_B:
                 later = s if a.kind is ActionKind.SEND_B else s + 1
                 side = 0 if a.kind is ActionKind.SEND_B else 1
-                for p in pieces_between(microbatch_size, stages[later - 1].devices, stages[later].devices):
+                for p in pieces(later - 1):
                     note(p.dst, p.src, tag(later, m, True, num_mb), side)
     return orders
 

@@ -76,6 +76,9 @@ def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) 
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
                           f"{runnable.model.preset!r}")
+    if runnable.plan.group_size > 1 or runnable.plan.sharding.value != "none":
+        raise DappleError("--csv: the calibration CSV describes data x pipeline plans; this plan has tensor, "
+                          "context or sharded data parallelism")
     replicas = {runnable.plan.num_replicas(s) for s in range(runnable.plan.num_stages)}
     if len(replicas) != 1 or runnable.plan.schedule == "interleaved":
         raise DappleError("--csv: the calibration CSV needs one replica count for every stage and one stage per "

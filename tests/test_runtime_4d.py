@@ -145,3 +145,30 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, messag
     with pytest.raises(DappleError) as info:
         load_runnable(GPT, overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_each_tensor_rank_talks_to_the_same_tensor_rank_of_the_next_stage():
+    from runtime.comm import message_orders
+    from runtime.config import load_runnable
+    from sim.schedule.passes import lower
+    from sim.schedule.plan_schedule import schedule_for_plan
+
+    runnable = load_runnable(GPT, {**SIX_RANKS["tp2-2:1"], "plan.schedule": "gpipe"})
+    lowered = lower(schedule_for_plan(runnable.plan, runnable.scenario.training.num_microbatches))
+    pairs = sorted(message_orders(runnable.plan, lowered, runnable.scenario.training.microbatch_size))
+    # replicas (0, 1) and (2, 3) feed (4, 5): tensor rank 0 to 4, tensor rank 1 to 5, and back
+    assert pairs == [(0, 4), (1, 5), (2, 4), (3, 5), (4, 0), (4, 2), (5, 1), (5, 3)]
+
+
+def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
+    from runtime.collapse import collapsed_stages, expand_view
+    from runtime.config import load_runnable
+
+    plan = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
+    assert collapsed_stages(plan) == [{"layers": [0, 3], "devices": [0, 1]}, {"layers": [3, 6], "devices": [2]}]
+    view = {"iteration_time_s": 1.0, "devices": [{"device": g, "peak_memory_bytes": 10.0 * g} for g in range(3)],
+            "events": [{"device": 2, "action": "1F0", "start_s": 0.0, "end_s": 1.0}]}
+    expanded = expand_view(view, plan)
+    assert [(d["device"], d["peak_memory_bytes"]) for d in expanded["devices"]] == \
+        [(0, 0.0), (1, 0.0), (2, 10.0), (3, 10.0), (4, 20.0), (5, 20.0)]
+    assert [e["device"] for e in expanded["events"]] == [4, 5]
