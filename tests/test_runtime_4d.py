@@ -98,6 +98,9 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
     # step 1's loss is computed with the weights after step 0's optimizer step
     assert four_ranks["tp2-dp2-zero1"]["losses"][1] == pytest.approx(four_ranks["tp2-dp2"]["losses"][1], rel=1e-5)
     assert two_ranks["dp2-fsdp"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
+    # and the tensor-parallel optimizer step (Adam on DTensor shards) as the 2D run's
+    assert four_ranks["tp2-dp2"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
+    assert four_ranks["tp2-pp2-sp"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
 
 
 def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, two_ranks):
