@@ -133,13 +133,11 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
     unsupported = [
         ("plan.context_parallel", plan.context_parallel > 1,
-         "torch's experimental context_parallel (ring attention through CUDA SDPA kernels) is not wired "
-         "into the runtime"),
+         "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
+         "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
         ("plan.sharding", plan.sharding is Sharding.GRADIENTS,
          "torch has no ZeRO-2 optimizer apart from FSDP2; use sharding: optimizer (ZeroRedundancyOptimizer) "
          "or full (fully_shard)"),
-        ("plan.sharding", plan.sharding is Sharding.FULL and plan.tensor_parallel > 1,
-         "full sharding runs with tensor_parallel 1 (FSDP2 over tensor-parallel DTensors is not wired up)"),
         ("plan.sharding", plan.sharding is Sharding.FULL and (split_schedule or plan.recompute is Recompute.FULL),
          "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
          "looped-bfs) and without recompute"),

@@ -16,7 +16,9 @@ The plan's ``sharding`` (``sim.parallelism.Sharding``, ZeRO's stages: Rajbhandar
   dimension; gradients accumulate unsharded over the micro-batches
   (``set_requires_gradient_sync(False)``) and the stage's last backward on this rank
   reduce-scatters them. The gradient divide factor is 1: the executor already scales each
-  slice's loss by its share of the global batch, so gradients sum.
+  slice's loss by its share of the global batch, so gradients sum. With tensor parallelism
+  FSDP2 shards the tensor-parallel DTensors over the data dimension (2D, torchtitan's
+  ``apply_fsdp`` after ``apply_tp``).
 * ``gradients`` (ZeRO-2): torch offers no sharded-gradient optimizer besides FSDP2 itself,
   so ``runtime.config`` refuses it before launch.
 

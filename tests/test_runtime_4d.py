@@ -27,6 +27,8 @@ FOUR_RANKS = {
     "tp2-pp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": TP2_PP2},
     "tp2-dp2": {**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4},
     "tp2-dp2-zero1": {**FOUR, "plan.tensor_parallel": "2", "plan.sharding": "optimizer", "plan.stages": ONE_STAGE_4},
+    "tp2-dp2-fsdp-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.sharding": "full",
+                        "plan.stages": ONE_STAGE_4},  # FSDP2 over the data dimension of tensor-parallel DTensors
 }
 TWO_RANKS = {
     "dp2": {"plan.stages": ONE_STAGE_2},
@@ -101,6 +103,7 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
     # and the tensor-parallel optimizer step (Adam on DTensor shards) as the 2D run's
     assert four_ranks["tp2-dp2"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
     assert four_ranks["tp2-pp2-sp"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
+    assert four_ranks["tp2-dp2-fsdp-sp"]["losses"][1] == pytest.approx(two_ranks["dp2"]["losses"][1], rel=1e-5)
 
 
 def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, two_ranks):
@@ -109,7 +112,8 @@ def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, 
 
     for summary, overrides in [(four_ranks["tp2-pp2"], FOUR_RANKS["tp2-pp2"]),
                                (four_ranks["tp2-dp2-zero1"], FOUR_RANKS["tp2-dp2-zero1"]),
-                               (two_ranks["dp2-fsdp"], TWO_RANKS["dp2-fsdp"])]:
+                               (two_ranks["dp2-fsdp"], TWO_RANKS["dp2-fsdp"]),
+                               (four_ranks["tp2-dp2-fsdp-sp"], FOUR_RANKS["tp2-dp2-fsdp-sp"])]:
         predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
         for measured, device in zip(summary["devices"], predicted.devices):
             kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
