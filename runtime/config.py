@@ -138,9 +138,9 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("plan.sharding", plan.sharding is Sharding.GRADIENTS,
          "torch has no ZeRO-2 optimizer apart from FSDP2; use sharding: optimizer (ZeroRedundancyOptimizer) "
          "or full (fully_shard)"),
-        ("plan.sharding", plan.sharding is Sharding.FULL and (split_schedule or plan.recompute is Recompute.FULL),
+        ("plan.sharding", plan.sharding is Sharding.FULL and split_schedule,
          "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
-         "looped-bfs) and without recompute"),
+         "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
         ("plan.recompute", plan.recompute is Recompute.SELECTIVE,
          "it recomputes all of a stage (recompute: full) or nothing"),
         ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),

@@ -33,6 +33,7 @@ FOUR_RANKS = {
 TWO_RANKS = {
     "dp2": {"plan.stages": ONE_STAGE_2},
     "dp2-fsdp": {"plan.sharding": "full", "plan.stages": ONE_STAGE_2},
+    "dp2-fsdp-recompute": {"plan.sharding": "full", "plan.recompute": "true", "plan.stages": ONE_STAGE_2},
     "llama-tp2": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
                   "plan.stages": ONE_STAGE_2},
 }
