@@ -124,7 +124,9 @@ class RankExecutor:
         for index, a in enumerate(self.actions):
             if a.kind in (K.B, K.W):
                 self.last_backward[a.stage] = index
-        self.meter = SavedTensorMeter(self.params)
+        gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
+            if plan.sharding is Sharding.FULL else None
+        self.meter = SavedTensorMeter(self.params, current=gathered)
         # gloo: activations and gradients on connections of their own (see runtime.p2p)
         directions = (dist.new_group(), dist.new_group()) if device.type == "cpu" else (None, None)
         self.mailbox = Mailbox(self.actions, self._envelopes, device=device, timeout=self.timeout,

@@ -52,13 +52,17 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
 class SavedTensorMeter:
     """Current and peak bytes of saved activations, counted by storage."""
 
-    def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, parameters: Iterable[torch.Tensor] = (), current=None) -> None:
+        """``current``: a callable returning the parameters as they are now, checked at each
+        saved tensor (FSDP2 swaps a layer's sharded parameters for gathered ones during its
+        forward; what a layer saves of those is the gathered parameter, not an activation)."""
         self.current_bytes = 0
         """Bytes of the activations saved now."""
         self.peak_bytes = 0
         """Highest ``current_bytes`` since the last ``reset_peak``."""
         self._refs: dict[tuple, int] = {}
         self._excluded = {_storage_key(p)[0] for p in parameters}
+        self._current = current
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.current_bytes
@@ -86,6 +90,8 @@ class SavedTensorMeter:
         except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
             return tensor
         if key[0] in self._excluded or key[1] == 0:
+            return tensor
+        if self._current is not None and key[0] in {_storage_key(p)[0] for p in self._current()}:
             return tensor
         self._acquire(key)
         return _Saved(tensor, self, key)

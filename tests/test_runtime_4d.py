@@ -180,3 +180,9 @@ def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
     assert [(d["device"], d["peak_memory_bytes"]) for d in expanded["devices"]] == \
         [(0, 0.0), (1, 0.0), (2, 10.0), (3, 10.0), (4, 20.0), (5, 20.0)]
     assert [e["device"] for e in expanded["events"]] == [4, 5]
+
+
+def test_fsdp_gathered_parameters_are_not_counted_as_activations(two_ranks):
+    # a layer saves its gathered weight for the backward: a parameter (a buffer to the simulator), not an activation
+    for sharded, whole in zip(two_ranks["dp2-fsdp"]["devices"], two_ranks["dp2"]["devices"]):
+        assert sharded["memory_breakdown_bytes"]["activations"] == whole["memory_breakdown_bytes"]["activations"]
