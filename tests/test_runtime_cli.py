@@ -119,6 +119,25 @@ def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
+def test_a_tensor_parallel_profile_measures_one_group_and_its_collectives(tmp_path):
+    from runtime.cli import main
+    from sim.input.scenario import load_scenario
+
+    overrides = [word for pair in zip(TP2_PP2[::2], TP2_PP2[1::2]) for word in pair]
+    overrides += ["--set", "plan.sequence_parallel=true"]
+    assert main(["profile", GPT, *overrides, "--out", str(tmp_path), "--warmup", "1", "--repeats", "2"]) == 0
+    collectives = json.loads((tmp_path / "collectives.json").read_text())
+    assert {row["kind"] for row in collectives} == {"all-gather", "reduce-scatter"}  # sequence parallelism's
+    assert all(row["ranks"] == 2 and row["seconds"] > 0 for row in collectives)
+    scenario = load_scenario(tmp_path / "scenario.yaml")  # one device per tensor-parallel group
+    assert [list(stage.devices) for stage in scenario.plan.stages] == [[0], [1]]
+    whole = load_scenario(GPT).model
+    # one device's share: a block's parameters split over 2 but its norms' and output biases'
+    assert whole.layers[1].param_bytes / 2 < scenario.model.layers[1].param_bytes < whole.layers[1].param_bytes * 0.6
+    assert "all-gather of" in (tmp_path / "scenario.yaml").read_text()
+
+
 def test_profile_loads_in_the_simulator(tmp_path):
     from runtime.cli import main
     from sim.input.profiles import load_profile
