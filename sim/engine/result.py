@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline
-from sim.engine.workload import COMPUTE, RECV, REDUCE, SEND, Workload
+from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 from sim.summary import (
     DeviceSummary,
     FailureDetail,
@@ -192,7 +192,7 @@ class SimResult:
         for cls, rec in zip(self.workload.classes, self.records):
             members = [d for d in cls.devices if wanted is None or d in wanted]
             for op, times in zip(cls.ops, rec.op_times):
-                if times is None:
+                if times is None or op.code == GROUP:  # a group collective runs inside or beside its action's row
                     continue
                 start, end = times
                 for device in members:
