@@ -6,9 +6,13 @@ peak memory and trace rows on rank 0. The iteration time of a step is the slowes
 (from the barrier at the step's start to the end of its optimizer step); the reported
 median is over the measured steps only, and the trace rows are those of the step whose time
 is the median. Saved activations are counted in the first step
-(every step saves the same tensors; the timed steps then run without hooks). With ``check``
-the first step's gradients (before the optimizer touches them) and loss are compared with
-``runtime.grad_check``'s reference.
+(every step saves the same tensors; the timed steps then run without hooks). Each device's
+memory is also reported by the simulator's kinds (``memory_breakdown_bytes``: parameters,
+gradients and optimizer state as this device stores them, its shards under tensor
+parallelism and sharding, and the peak of its saved activations), next to the plan's
+degrees (``parallelism``). With ``check`` the first step's gradients (before the optimizer
+touches them, gathered to full tensors) and loss are compared with ``runtime.grad_check``'s
+reference.
 """
 
 from __future__ import annotations
