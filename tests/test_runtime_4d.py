@@ -186,3 +186,13 @@ def test_fsdp_gathered_parameters_are_not_counted_as_activations(two_ranks):
     # a layer saves its gathered weight for the backward: a parameter (a buffer to the simulator), not an activation
     for sharded, whole in zip(two_ranks["dp2-fsdp"]["devices"], two_ranks["dp2"]["devices"]):
         assert sharded["memory_breakdown_bytes"]["activations"] == whole["memory_breakdown_bytes"]["activations"]
+
+
+def test_uniform_plans_are_one_4d_mesh_and_uneven_ones_a_mesh_per_device_set():
+    from runtime.config import load_runnable
+    from runtime.tensor_parallel import set_layout, uniform_layout
+
+    assert uniform_layout(load_runnable(GPT, FOUR_RANKS["tp2-pp2"]).plan)
+    uneven = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
+    assert not uniform_layout(uneven)
+    assert [set_layout(uneven, g) for g in range(2)] == [[0, 1, 2, 3], [4, 5]]
