@@ -52,7 +52,8 @@ class StepRecord:
     time_s: float
     """From the barrier at the step's start to the end of the optimizer step."""
     loss: float
-    """This rank's share of the step's loss (sum of its scaled slice losses; 0 off the last stage)."""
+    """This rank's share of the step's loss (sum of its scaled slice losses; 0 off the last stage and
+    on a replica's devices after its first: a tensor-parallel group counts its loss once)."""
     state_bytes: dict[str, int]
     """Parameters, gradients and optimizer state at the step's end, by kind (this device's shards)."""
     peak_activation_bytes: float | None
