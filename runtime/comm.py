@@ -128,7 +128,9 @@ def check_message_order(plan: PlanSpec, lowered: Schedule, microbatch_size: int)
 
 
 def all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta) -> None:
-    """Sum the gradients of ``params`` over ``group`` in one flat buffer."""
+    """Sum the gradients of ``params`` over ``group`` in one flat buffer; plain gradients
+    become views of it, a DTensor's local shard gets the sum copied back (its gradient keeps
+    its placement)."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -138,7 +140,10 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group, async_op=True).wait(timeout)
     offset = 0
-    for g in grads:
+    for p, g in zip(params, grads):
         n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
+        if g is p.grad:
+            p.grad = flat[offset:offset + n].view_as(g)
+        else:
+            g.copy_(flat[offset:offset + n].view_as(g))
         offset += n
