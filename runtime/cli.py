@@ -38,6 +38,8 @@ EPILOG = """examples:
   torchrun --nproc-per-node 2 -m runtime run scenarios/gpt_tiny_cpu.yaml --check
   dapple-run profile scenarios/gpt_tiny_cpu.yaml --out out/gpt-tiny-profile
   dapple-run validate scenarios/gpt_tiny_cpu.yaml --nproc 2 --out out/gpt-tiny-validation
+  dapple-run run scenarios/gpt_tiny_cpu.yaml --nproc 4 --check --set cluster.devices_per_node=4 \\
+      --set plan.tensor_parallel=2 --set "plan.stages=[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"
 
 A run writes summary.json, trace.json (a Chrome/Perfetto trace of the median step, laid out
 as dapple-sim simulate's: open both in https://ui.perfetto.dev) and events.csv (one row per
@@ -58,7 +60,7 @@ def _run_options(parser: argparse.ArgumentParser, *, steps: int, warmup: int) ->
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt or mlp)")
+    parser.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with a built-in model (preset: gpt, llama or mlp)")
     add_scenario_options(parser)
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                         help="gloo: one CPU process per device (default); nccl: one GPU per process")

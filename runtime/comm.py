@@ -15,9 +15,12 @@ receives can be posted before their sends without being matched to the wrong mes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
+from runtime.tensor_parallel import local_tensor
 from sim.cost import sample_overlaps, sample_ranges
 from sim.errors import DappleError
 from sim.plan import PlanSpec
@@ -25,6 +28,7 @@ from sim.schedule.ir import ActionKind, Schedule
 
 __all__ = [
     "Piece",
+    "all_reduce_grads",
     "ReplicaGroups",
     "check_message_order",
     "message_orders",
@@ -58,13 +62,14 @@ def tag(stage: int, microbatch: int, backward: bool, num_microbatches: int) -> i
 
 
 class ReplicaGroups:
-    """A process group for each device set with more than one device (gradient all-reduce),
+    """A process group for each gradient group with more than one device (the gradient
+    all-reduce: ``PlanSpec.gradient_groups``, a stage's devices of one tensor rank),
     and one for a tied embedding's two stages. Every rank creates every group, in the same
     order, as ``torch.distributed.new_group`` requires."""
 
     def __init__(self, plan: PlanSpec, tied_devices: tuple[int, ...] = ()) -> None:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        wanted = [tuple(sorted(stage.devices)) for stage in plan.stages]
+        wanted = [tuple(sorted(group)) for s in range(plan.num_stages) for group in plan.gradient_groups(s)]
         if tied_devices:
             wanted.append(tuple(sorted(tied_devices)))
         for devices in wanted:
@@ -84,10 +89,16 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
     orders must be equal.
     """
     orders: dict[tuple[int, int], tuple[list, list]] = {}
-    num_mb, stages = lowered.num_microbatches, plan.stages
+    num_mb = lowered.num_microbatches
 
     def note(src: int, dst: int, message_tag: int, side: int) -> None:
         orders.setdefault((src, dst), ([], []))[side].append(message_tag)
+
+    def pieces(first: int) -> list[Piece]:
+        """Stage ``first`` to ``first + 1``: every position of a replica talks to the same position."""
+        return [p for at in range(plan.group_size)
+                for p in pieces_between(microbatch_size, tuple(r[at] for r in plan.replicas(first)),
+                                        tuple(r[at] for r in plan.replicas(first + 1)))]
 
     for actions in lowered.ranks:
         for a in actions:
@@ -95,12 +106,12 @@ def message_orders(plan: PlanSpec, lowered: Schedule, microbatch_size: int) -> d
             if a.kind is ActionKind.SEND_F or a.kind is ActionKind.RECV_F:
                 first = s if a.kind is ActionKind.SEND_F else s - 1
                 side = 0 if a.kind is ActionKind.SEND_F else 1
-                for p in pieces_between(microbatch_size, stages[first].devices, stages[first + 1].devices):
+                for p in pieces(first):
                     note(p.src, p.dst, tag(first, m, False, num_mb), side)
             elif a.kind is ActionKind.SEND_B or a.kind is ActionKind.RECV_B:
                 later = s if a.kind is ActionKind.SEND_B else s + 1
                 side = 0 if a.kind is ActionKind.SEND_B else 1
-                for p in pieces_between(microbatch_size, stages[later - 1].devices, stages[later].devices):
+                for p in pieces(later - 1):
                     note(p.dst, p.src, tag(later, m, True, num_mb), side)
     return orders
 
@@ -114,3 +125,25 @@ def check_message_order(plan: PlanSpec, lowered: Schedule, microbatch_size: int)
                 f"schedule {lowered.name!r}: device {dst} receives messages from device {src} in another order "
                 "than they are sent; NCCL matches messages by order, so run this schedule with --backend gloo"
             )
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta) -> None:
+    """Sum the gradients of ``params`` over ``group`` in one flat buffer; plain gradients
+    become views of it, a DTensor's local shard gets the sum copied back (its gradient keeps
+    its placement)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [local_tensor(p.grad) for p in params]  # a DTensor's shard: this tensor rank's part
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group, async_op=True).wait(timeout)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        if g is p.grad:
+            p.grad = flat[offset:offset + n].view_as(g)
+        else:
+            g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n

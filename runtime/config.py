@@ -30,7 +30,7 @@ __all__ = [
     "runnable_model",
 ]
 
-RUNNABLE_PRESETS = ("gpt", "mlp")
+RUNNABLE_PRESETS = ("gpt", "llama", "mlp")
 """Presets that ``runtime.models`` can build as torch modules."""
 
 
@@ -39,7 +39,7 @@ class ModelConfig:
     """A built-in model's preset and its complete shape parameters (defaults filled in)."""
 
     preset: str
-    """``gpt`` or ``mlp``."""
+    """``gpt``, ``llama`` or ``mlp``."""
     params: tuple[tuple[str, Any], ...]
     """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved
     (the checked model's ``ModelSpec.preset.params``)."""
@@ -120,23 +120,42 @@ def load_runnable(
         raise DappleError(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
-    _check_runtime_supports(scenario.plan, str(path))
+    _check_runtime_supports(scenario.plan, scenario.model, str(path))
     return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path)))
 
 
-def _check_runtime_supports(plan: PlanSpec, source: str) -> None:
-    """The runtime runs data × pipeline plans with full or no recompute; anything else is one
-    line before launch (the simulator models it: ``dapple-sim simulate``)."""
+def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
+    """What the runtime runs: data × pipeline × tensor (with or without sequence
+    parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1) or full (FSDP2),
+    recompute none or full. Anything else is one line before launch (the simulator models
+    it: ``dapple-sim simulate``)."""
+    values = model.preset.values if model.preset is not None else {}
+    split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
     unsupported = [
-        ("plan.tensor_parallel", plan.tensor_parallel > 1),
-        ("plan.context_parallel", plan.context_parallel > 1),
-        ("plan.sharding", plan.sharding is not Sharding.NONE),
-        ("plan.recompute", plan.recompute is Recompute.SELECTIVE),
+        ("plan.context_parallel", plan.context_parallel > 1,
+         "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
+         "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
+        ("plan.sharding", plan.sharding is Sharding.GRADIENTS,
+         "torch has no ZeRO-2 optimizer apart from FSDP2; use sharding: optimizer (ZeroRedundancyOptimizer) "
+         "or full (fully_shard)"),
+        ("plan.sharding", plan.sharding is Sharding.FULL and split_schedule,
+         "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
+         "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
+        ("plan.recompute", plan.recompute is Recompute.SELECTIVE,
+         "it recomputes all of a stage (recompute: full) or nothing"),
+        ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
+         "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),
+        ("model.tied_embeddings", plan.sharding is Sharding.FULL and bool(values.get("tied_embeddings")),
+         "FSDP2 shards the embedding and the head as separate units; set tied_embeddings: false"),
+        ("model.seq_len", plan.tensor_parallel > 1 and values.get("seq_len", 0) % plan.tensor_parallel != 0,
+         f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
+        ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
+         "tensor parallelism runs the gpt and llama presets"),
     ]
-    for key, present in unsupported:
+    for key, present, why in unsupported:
         if present:
-            raise DappleError(f"{source}: {key}: not supported by the runtime yet (it runs data x pipeline plans "
-                              "with recompute none or full); dapple-sim simulate models this plan")
+            raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
+                              "this plan")
 
 
 def check_world(plan: PlanSpec, world_size: int) -> None:

@@ -11,7 +11,16 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
   (zero-bubble's split backward; a stage whose input needs no gradient does all in W);
 * ``SEND_F``/``SEND_B``: non-blocking sends of the split-concat pieces (``runtime.comm``);
   ``RECV_F``/``RECV_B``: wait for the pieces, posted up to ``lookahead`` receives early;
-* ``REDUCE_GRAD``: all-reduce (sum) of the stage's gradients among its replicas.
+* ``REDUCE_GRAD``: all-reduce (sum) of the stage's gradients among the devices that hold
+  the same parameters (``PlanSpec.gradient_groups``: one tensor rank over the replicas);
+  DTensor gradients first take their parameter's placement (``settle_grads``); with
+  ``sharding: full`` FSDP2 has reduce-scattered them in the stage's last backward.
+
+With tensor parallelism every device of a replica runs the same action list on the
+replica's samples; its stage modules are cut over the device set's mesh
+(``runtime.tensor_parallel``), the messages carry its 1/t of the sequence, and the whole step
+runs inside ``loss_parallel`` (the head's loss on vocabulary-sharded logits). The loss is
+counted once per replica, on its first device.
 
 After the list, a tied embedding split across stages sums its two copies' gradients, and
 one optimizer step runs. Each action's start and end (seconds after a barrier at the step's
@@ -35,15 +44,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
-from runtime.comm import ReplicaGroups, check_message_order, tag
+from runtime.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
 from runtime.config import RunnableScenario
-from runtime.holdings import LocalStage, hold_stages
-from runtime.memory import SavedTensorMeter, static_bytes
-from runtime.models import input_dtype, make_optimizer, sample_shape, synthetic_batch
+from runtime.exec_types import ActionError, ExecOptions, StepRecord
+from runtime.holdings import LocalStage, hold_stages, position
+from runtime.memory import SavedTensorMeter
+from runtime.models import input_dtype, sample_shape, synthetic_batch
 from runtime.p2p import Mailbox
+from runtime.sharding import RankOptimizer, state_bytes
 from runtime.status import StatusBoard
-from sim.parallelism import Recompute
+from runtime.tensor_parallel import local_tensor, loss_parallel_if
+from sim.parallelism import Recompute, Sharding
 from sim.schedule.ir import Action, ActionKind
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
@@ -52,55 +65,6 @@ __all__ = ["ActionError", "ExecOptions", "RankExecutor", "StepRecord"]
 
 K = ActionKind
 _STREAM = {K.SEND_F: "send", K.SEND_B: "send", K.RECV_F: "recv", K.RECV_B: "recv", K.REDUCE_GRAD: "allreduce"}
-
-
-class ActionError(RuntimeError):
-    """A rank failed while running an action; the message names both."""
-
-    def __init__(self, rank: int, action: str, step: int, cause: BaseException) -> None:
-        super().__init__(f"rank {rank} failed at action {action} (step {step}): {type(cause).__name__}: {cause}")
-        self.rank, self.action, self.step = rank, action, step
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecOptions:
-    """How a rank executes (not what: that is the scenario)."""
-
-    seed: int = 0
-    """Seed of the weights and of the synthetic data."""
-    track_memory: bool = True
-    """Count saved activations with saved-tensor hooks during the steps that ask for it (the
-    session counts the first step only: the same schedule on the same shapes saves the same
-    tensors every step, and the hooks cost a Python call per saved tensor)."""
-    timeout_s: float = 45.0
-    """Longest wait for any receive or collective before the rank gives up."""
-    lookahead: int = 2
-    """Receives posted ahead of the action that consumes them."""
-    fail_at: tuple[int, str, str] | None = None
-    """(rank, action text, ``raise``, ``exit``, ``term`` or ``stop``): inject a failure at that action of
-    the first step (``term``/``stop``: the rank sends itself SIGTERM or SIGSTOP)."""
-    lr: float = 1e-3
-    """Learning rate of the optimizer."""
-
-
-@dataclass(slots=True, kw_only=True)
-class StepRecord:
-    """What one rank measured in one step."""
-
-    time_s: float
-    """From the barrier at the step's start to the end of the optimizer step."""
-    loss: float
-    """This rank's share of the step's loss (sum of its scaled slice losses; 0 off the last stage)."""
-    static_bytes: float
-    """Parameters, gradients and optimizer state at the step's end."""
-    peak_activation_bytes: float | None
-    """Peak bytes of saved activations, when this step counted them."""
-    allocator_peak_bytes: float | None
-    """``torch.cuda.max_memory_allocated`` during the step (GPU only)."""
-    rows: list[dict[str, Any]]
-    """Trace rows in ``SimResult.event_rows`` format."""
-    grads: dict[str, torch.Tensor] | None = None
-    """Gradients by parameter name before the optimizer step (only when asked)."""
 
 
 @dataclass(slots=True)
@@ -140,13 +104,29 @@ class RankExecutor:
         self._labels = [(str(a), a.kind.value, _STREAM.get(a.kind, "compute")) for a in self.actions]
         self.recompute = plan.recompute is Recompute.FULL
         self.timeout = timedelta(seconds=options.timeout_s)
-        held = hold_stages(runnable, self.rank, seed=options.seed, device=device)
+        self.tensor_parallel, self.sharding = plan.tensor_parallel, plan.sharding
+        self.mesh = None
+        if plan.group_size > 1 or plan.sharding is not Sharding.NONE:
+            from runtime.tensor_parallel import stage_mesh
+
+            self.mesh = stage_mesh(plan, self.rank, device.type)
+        self.counts_loss = position(plan, self.rank) == 0
+        held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
         self.groups = ReplicaGroups(plan, self.tied_devices)
         unique = {id(p): p for st in self.stages.values() for p in st.params}
         self.params = list(unique.values())
-        self.optimizer = make_optimizer(scenario.model.optimizer, self.params, options.lr)
-        self.meter = SavedTensorMeter(self.params)
+        gradient_groups = {s: self.groups.group(self._gradient_group(s)) for s in self.stages}
+        self.optimizer = RankOptimizer.build(scenario.model.optimizer, options.lr,
+                                             {s: st.params for s, st in self.stages.items()}, plan.sharding,
+                                             gradient_groups)
+        self.last_backward = {}  # stage -> index of its last B or W on this rank (FSDP's gradient sync)
+        for index, a in enumerate(self.actions):
+            if a.kind in (K.B, K.W):
+                self.last_backward[a.stage] = index
+        gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
+            if plan.sharding is Sharding.FULL else None
+        self.meter = SavedTensorMeter(self.params, current=gathered)
         # gloo: activations and gradients on connections of their own (see runtime.p2p)
         directions = (dist.new_group(), dist.new_group()) if device.type == "cpu" else (None, None)
         self.mailbox = Mailbox(self.actions, self._envelopes, device=device, timeout=self.timeout,
@@ -158,7 +138,7 @@ class RankExecutor:
         """Run the action list once, then the optimizer; ``step`` picks the data."""
         dev, opts = self.device, self.options
         self.counting = count_activations and opts.track_memory
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         needs_data = any(st.index == 0 or st.module.is_last for st in self.stages.values())
         batch = synthetic_batch(self.runnable.model, self.batch, step=step, seed=opts.seed, device=dev) if needs_data else None
         self.slots: dict[tuple[int, int], _Slot] = {}
@@ -177,20 +157,8 @@ class RankExecutor:
         t0 = time.perf_counter()
         if dev.type != "cpu":
             self.mailbox.start()
-        for index, action in enumerate(self.actions):
-            text, kind, stream = self._labels[index]
-            if self.status is not None:
-                self.status.set(step, text)
-            start = time.perf_counter()
-            try:
-                self._maybe_fail(step, text)
-                self._run(index, action, batch)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-            except Exception as exc:
-                raise ActionError(self.rank, text, step, exc) from exc
-            rows.append(_row(self.rank, action.stage, kind, action.microbatch, text, stream, start - t0,
-                             time.perf_counter() - t0))
+        with loss_parallel_if(self.tensor_parallel):
+            rows += self._actions(step, t0, batch)
         start = time.perf_counter()
         try:
             self.mailbox.drain()
@@ -209,11 +177,34 @@ class RankExecutor:
         rows.append(_row(self.rank, min(self.stages), "OPTIM", None, "OPTIM", "compute", start - t0, end - t0))
         self.slots.clear()
         return StepRecord(
-            time_s=end - t0, loss=float(self.loss), static_bytes=float(static_bytes(self.params, self.optimizer)),
+            time_s=end - t0, loss=float(self.loss), state_bytes=state_bytes(self.params, self.optimizer),
             peak_activation_bytes=float(self.meter.peak_bytes) if self.counting else None,
             allocator_peak_bytes=float(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
             rows=rows, grads=grads,
         )
+
+    def _actions(self, step: int, t0: float, batch) -> list[dict[str, Any]]:
+        """Run this rank's action list once; its trace rows."""
+        rows, dev = [], self.device
+        for index, action in enumerate(self.actions):
+            text, kind, stream = self._labels[index]
+            if self.status is not None:
+                self.status.set(step, text)
+            start = time.perf_counter()
+            try:
+                self._maybe_fail(step, text)
+                self._run(index, action, batch)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+            except Exception as exc:
+                raise ActionError(self.rank, text, step, exc) from exc
+            rows.append(_row(self.rank, action.stage, kind, action.microbatch, text, stream, start - t0,
+                             time.perf_counter() - t0))
+        return rows
+
+    def _gradient_group(self, s: int) -> tuple[int, ...]:
+        """The devices that sum stage ``s``'s gradients with this rank."""
+        return next(g for g in self.runnable.plan.gradient_groups(s) if self.rank in g)
 
     def _maybe_fail(self, step: int, text: str) -> None:
         fail = self.options.fail_at
@@ -227,6 +218,7 @@ class RankExecutor:
         raise RuntimeError("injected fault (--fail-at)")
 
     def _run(self, index: int, action: Action, batch) -> None:
+        self._index = index
         kind, s, m = action.kind, action.stage, action.microbatch
         if kind is K.F:
             self._forward(s, m, batch)
@@ -283,12 +275,13 @@ class RankExecutor:
                 slot.kept = self.meter.hold(slot.inp)
         else:
             slot.out = self._apply_watched(st, slot)
-        if st.module.is_last:
+        if st.module.is_last and self.counts_loss:
             self.loss += slot.out.detach().float()
 
     def _apply(self, st: LocalStage, slot: _Slot) -> torch.Tensor:
         if st.module.is_last:
-            return st.module(slot.inp, slot.labels) * (st.size / self.batch)
+            loss = st.module(slot.inp, slot.labels) * (st.size / self.batch)
+            return local_tensor(loss)  # a replicated DTensor under tensor parallelism
         return st.module(slot.inp)
 
     def _apply_watched(self, st: LocalStage, slot: _Slot) -> torch.Tensor:
@@ -308,6 +301,8 @@ class RankExecutor:
             slot.kept = None
         out, grad = slot.out, (None if st.module.is_last else slot.grad_out)
         needs_input = slot.inp.requires_grad
+        if self.sharding is Sharding.FULL and not inputs_only:  # FSDP2 reduce-scatters in the last one only
+            st.module.set_requires_gradient_sync(self.last_backward[s] == self._index)
         if inputs_only:
             if needs_input:
                 (slot.grad_in,) = torch.autograd.grad(out, [slot.inp], grad, retain_graph=True)
@@ -340,41 +335,36 @@ class RankExecutor:
             cut, message_tag = plan.stages[s].layers[1], tag(s + 1, m, True, self.num_mb)
             peers = [(piece.dst, piece) for piece in st.recv_b]
         shape, dtype = sample_shape(model, cut), input_dtype(model, cut)
+        if self.tensor_parallel > 1:  # each device sends its 1/t of the sequence
+            shape = (shape[0] // self.tensor_parallel, *shape[1:])
         return [(peer, (piece.end - piece.start, *shape), dtype, message_tag) for peer, piece in peers]
 
     def _reduce(self, s: int) -> None:
         st = self.stages[s]
-        group = self.groups.group(self.runnable.plan.stages[s].devices)
-        if group is None:
+        if self.tensor_parallel > 1:
+            from runtime.tensor_parallel import settle_grads
+
+            settle_grads(st.params)
+        group = self.groups.group(self._gradient_group(s))
+        if group is None or self.sharding is Sharding.FULL:
             return
         params = [p for p in st.params if p is not self.tied_param]
-        _all_reduce_grads(params, group, self.timeout)
+        all_reduce_grads(params, group, self.timeout)
 
     def _reduce_tied(self) -> None:
         if not self.tied_devices or self.rank not in self.tied_devices:
             return
-        _all_reduce_grads([self.tied_param], self.groups.group(self.tied_devices), self.timeout)
+        all_reduce_grads([self.tied_param], self.groups.group(self.tied_devices), self.timeout)
 
     def _named_grads(self) -> dict[str, torch.Tensor]:
         grads = {}
         for st in self.stages.values():
             for name, p in st.module.named_parameters():
-                grads[name] = p.grad.detach().to("cpu", copy=True) if p.grad is not None else torch.zeros_like(p, device="cpu")
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                if isinstance(grad, DTensor):  # a collective over the mesh: every rank gathers, in order
+                    grad = grad.full_tensor()
+                grads[name] = grad.detach().to("cpu", copy=True)
         return grads
-
-
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, timeout: timedelta) -> None:
-    """Sum the gradients of ``params`` over ``group`` in one flat buffer."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group, async_op=True).wait(timeout)
-    offset = 0
-    for p, g in zip(params, grads):
-        n = g.numel()
-        p.grad = flat[offset:offset + n].view_as(g)
-        offset += n
 
 
 def _barrier(device: torch.device) -> None:

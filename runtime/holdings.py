@@ -7,6 +7,14 @@ the same seeds a single process would use), which samples of a micro-batch are i
 whether the neighbouring stage runs on the same rank (then tensors are handed over
 without communication).
 
+With tensor (and context) parallelism a micro-batch splits over a stage's data-parallel
+replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples,
+and the device at one position of a replica (its tensor rank) exchanges pieces with the
+device at the same position of the neighbouring stage's replicas (as
+``sim.engine.flows.p2p_flows``). Its layers are cut over its device set's mesh
+(``runtime.tensor_parallel``) and, with ``sharding: full``, sharded by FSDP2
+(``runtime.sharding``) before anyone sees their parameters.
+
 A tied GPT embedding whose head sits on another device set is held twice (the embedding's
 matrix and the head's copy); ``tied_devices`` is the union of both sets, whose gradients of
 that matrix are summed after the step.
@@ -20,10 +28,11 @@ import torch
 
 from runtime.comm import Piece, pieces_between
 from runtime.config import RunnableScenario
-from runtime.models import StageModule, build_layers, num_layers
+from runtime.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from sim.cost import sample_ranges
+from sim.parallelism import Sharding
 
-__all__ = ["Holdings", "LocalStage", "hold_stages"]
+__all__ = ["Holdings", "LocalStage", "column", "hold_stages", "position"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -65,8 +74,23 @@ class Holdings:
     """This rank's copy of that matrix, if it holds one."""
 
 
-def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device) -> Holdings:
-    """Build what ``rank`` holds of ``runnable``'s plan."""
+def position(plan, rank: int) -> int:
+    """``rank``'s place inside its data-parallel replica: ``context rank × t + tensor rank``."""
+    for s in range(plan.num_stages):
+        for replica in plan.replicas(s):
+            if rank in replica:
+                return replica.index(rank)
+    raise AssertionError(f"rank {rank} is in no stage")
+
+
+def column(plan, s: int, at: int) -> tuple[int, ...]:
+    """The devices at position ``at`` of every replica of stage ``s``, in replica order."""
+    return tuple(replica[at] for replica in plan.replicas(s))
+
+
+def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None) -> Holdings:
+    """Build what ``rank`` holds of ``runnable``'s plan (``mesh``: its device set's
+    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding)."""
     plan = runnable.plan
     pipeline_rank = next(r for r, group in enumerate(plan.device_groups) if rank in group)
     mine = [s for s in range(plan.num_stages) if plan.stage_ranks[s] == pipeline_rank]
@@ -74,22 +98,30 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
     indices = [k for s in mine for k in range(*plan.stages[s].layers)]
     layers = build_layers(runnable.model, indices, seed=seed, device=device)
     stages = {
-        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer)
+        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
         for s in mine
     }
     tied_devices, tied_param = _tied(runnable, layers, last_layer)
     return Holdings(stages=stages, tied_devices=tied_devices, tied_param=tied_param)
 
 
-def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int) -> LocalStage:
+def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, mesh) -> LocalStage:
     plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
-    spec, owner = plan.stages[s], plan.stage_ranks
+    owner, at = plan.stage_ranks, position(plan, rank)
     module = StageModule(layers, is_last=last_layer in layers)
-    start, end = sample_ranges(microbatch_size, spec.devices)[rank]
+    if plan.tensor_parallel > 1:
+        from runtime.tensor_parallel import parallelize_stage
+
+        parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
+    if plan.sharding is Sharding.FULL:
+        from runtime.sharding import shard_stage
+
+        shard_stage(module, mesh["data"])
+    start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]
-    into = pieces_between(microbatch_size, plan.stages[s - 1].devices, spec.devices) if prev_remote else ()
-    out_of = pieces_between(microbatch_size, spec.devices, plan.stages[s + 1].devices) if next_remote else ()
+    into = pieces_between(microbatch_size, column(plan, s - 1, at), column(plan, s, at)) if prev_remote else ()
+    out_of = pieces_between(microbatch_size, column(plan, s, at), column(plan, s + 1, at)) if next_remote else ()
     params = list(module.parameters())
     borrowed = [w for w in getattr(layers.get(last_layer), "borrowed", ()) if all(w is not p for p in params)]
     return LocalStage(
@@ -102,7 +134,7 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
 
 def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tuple[int, ...], torch.nn.Parameter | None]:
     model, plan = runnable.model, runnable.plan
-    if model.preset != "gpt" or not model.values["tied_embeddings"]:
+    if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
         return (), None
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
@@ -111,5 +143,5 @@ def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tu
     if 0 in layers:
         return devices, layers[0].token.weight
     if last_layer in layers:
-        return devices, layers[last_layer].proj
+        return devices, layers[last_layer].proj.weight
     return devices, None

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.distributed.tensor import DTensor
 
 __all__ = ["SavedTensorMeter", "static_bytes"]
 
@@ -37,21 +38,31 @@ class _Saved:
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
-    """(address, bytes) of the storage behind ``tensor`` (one device per rank: addresses are unique)."""
+    """(address, bytes) of the storage behind ``tensor`` (one device per rank: addresses are
+    unique); a DTensor's is its local shard's, what this device stores."""
+    if isinstance(tensor, DTensor):
+        with torch.no_grad():
+            tensor = tensor.to_local()
     storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:  # FSDP2's resharded parameters: freed storage, nothing held
+        return 0, 0
     return storage.data_ptr(), storage.nbytes()
 
 
 class SavedTensorMeter:
     """Current and peak bytes of saved activations, counted by storage."""
 
-    def __init__(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, parameters: Iterable[torch.Tensor] = (), current=None) -> None:
+        """``current``: a callable returning the parameters as they are now, checked at each
+        saved tensor (FSDP2 swaps a layer's sharded parameters for gathered ones during its
+        forward; what a layer saves of those is the gathered parameter, not an activation)."""
         self.current_bytes = 0
         """Bytes of the activations saved now."""
         self.peak_bytes = 0
         """Highest ``current_bytes`` since the last ``reset_peak``."""
         self._refs: dict[tuple, int] = {}
         self._excluded = {_storage_key(p)[0] for p in parameters}
+        self._current = current
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.current_bytes
@@ -72,8 +83,15 @@ class SavedTensorMeter:
             self.current_bytes -= key[1]
 
     def _pack(self, tensor: torch.Tensor):
-        key = _storage_key(tensor)
-        if key[0] in self._excluded:
+        if isinstance(tensor, torch.nn.Parameter):  # FSDP2's gathered parameters are parameters too
+            return tensor
+        try:
+            key = _storage_key(tensor)
+        except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
+            return tensor
+        if key[0] in self._excluded or key[1] == 0:
+            return tensor
+        if self._current is not None and key[0] in {_storage_key(p)[0] for p in self._current()}:
             return tensor
         self._acquire(key)
         return _Saved(tensor, self, key)
@@ -96,12 +114,18 @@ class SavedTensorMeter:
         return _Saved(tensor, self, key)
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
 def static_bytes(module_params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> int:
-    """Parameters, their gradients (as many bytes once they exist) and optimizer state."""
+    """Parameters, their gradients (as many bytes once they exist) and optimizer state (a
+    DTensor's: this device's shard)."""
     total = 0
     for p in module_params:
-        total += p.numel() * p.element_size() * (2 if p.grad is not None else 1)
+        total += _local_bytes(p) * (2 if p.grad is not None else 1)
     if optimizer is not None:
         for state in optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+            total += sum(_local_bytes(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
     return total

@@ -22,6 +22,7 @@ from torch import nn
 
 from runtime.config import RunnableScenario
 from runtime.models import (
+    TRANSFORMERS,
     StageModule,
     build_layers,
     lm_loss,
@@ -51,7 +52,7 @@ def check_peer_plan(runnable: RunnableScenario, world_size: int) -> None:
         raise DappleError("the torch peer runs uniform plans only: one device per stage, one stage per rank")
     if sorted(d for stage in plan.stages for d in stage.devices) != list(range(world_size)):
         raise DappleError(f"the plan's devices must be the ranks 0-{world_size - 1}")
-    if runnable.model.preset == "gpt" and runnable.model.values["tied_embeddings"]:
+    if runnable.model.preset in TRANSFORMERS and runnable.model.values["tied_embeddings"]:
         raise DappleError("the torch peer cannot tie embeddings across stages; set tied_embeddings: false")
 
 
@@ -67,7 +68,7 @@ class _PeerStage(nn.Module):
 
 
 def _loss_fn(preset: str):
-    if preset == "gpt":
+    if preset in TRANSFORMERS:
         return lm_loss
     return lambda logits, labels: torch.nn.functional.cross_entropy(logits.float(), labels)
 

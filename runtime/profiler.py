@@ -35,6 +35,7 @@ from runtime.models import (
     build_layer,
     input_dtype,
     layer_param_bytes,
+    TRANSFORMERS,
     num_layers,
     sample_shape,
     synthetic_batch,
@@ -82,53 +83,72 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch.device, seed: int):
+def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch.device, seed: int,
+                 sequence_share: int = 1):
     inputs, labels = synthetic_batch(config, batch_size, step=0, seed=seed, device=device)
     if index == 0:
         return inputs, labels
     generator = torch.Generator().manual_seed(seed + index)
-    x = torch.randn((batch_size, *sample_shape(config, index)), generator=generator)
+    shape = sample_shape(config, index)
+    shape = (shape[0] // sequence_share, *shape[1:])
+    x = torch.randn((batch_size, *shape), generator=generator)
     return x.to(device=device, dtype=input_dtype(config, index)), labels
 
 
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
-                  warmup: int = 3, repeats: int = 10, seed: int = 0) -> LayerProfile:
-    """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``."""
+                  warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
+                  sequence_parallel: bool = False) -> LayerProfile:
+    """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
+
+    With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
+    is one device's share (``runtime.tensor_parallel.parallelize_layer``): its times include
+    its tensor-parallel collectives, its bytes are this device's, its output bytes the 1/t of
+    the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
+    the sequence too.
+    """
+    from runtime.tensor_parallel import loss_parallel_if, parallelize_layer
+
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
-    if is_head and config.preset == "gpt" and config.values["tied_embeddings"]:
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         layer.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
-    x, labels = _layer_input(config, index, batch_size, device, seed)
+    t = 1 if mesh is None else mesh.size()
+    if mesh is not None:
+        parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
+    x, labels = _layer_input(config, index, batch_size, device, seed, t if sequence_parallel else 1)
     x.requires_grad_(x.is_floating_point())
 
     def forward():
-        return layer(x, labels) if is_head else layer(x)
+        out = layer(x, labels) if is_head else layer(x)
+        return out.to_local() if is_head and mesh is not None else out  # the loss, replicated
 
-    fwd_s = _median_time(forward, device, warmup, repeats)  # with autograd recording, as in training
-    meter = SavedTensorMeter(layer.parameters())
-    with meter.watching():
-        out = forward()
-    stash_bytes = meter.current_bytes
-    output_bytes = 0 if is_head else out.numel() * out.element_size()
-    grad = None if is_head else torch.ones_like(out)
-    del out
+    with loss_parallel_if(t):
+        fwd_s = _median_time(forward, device, warmup, repeats)  # with autograd recording, as in training
+        meter = SavedTensorMeter(layer.parameters())
+        with meter.watching():
+            out = forward()
+        stash_bytes = meter.current_bytes
+        output_bytes = 0 if is_head else out.numel() * out.element_size() // (1 if sequence_parallel else t)
+        grad = None if is_head else torch.ones_like(out)
+        del out
 
-    def backward(out):
-        out.backward(grad)
+        def backward(out):
+            out.backward(grad)
 
-    bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
+        bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
     params = layer_param_bytes(layer)
-    if is_head and config.preset == "gpt" and config.values["tied_embeddings"]:
-        params -= layer.proj.numel() * layer.proj.element_size()  # the embedding's bytes, as sim.models counts
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
+        params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
     name = build_model(config.preset, **config.values).layers[index].name
     return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
                         stash_bytes=stash_bytes, param_bytes=params)
 
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
-                   repeats: int = 10, seed: int = 0) -> list[LayerProfile]:
-    """Every layer of the model, in order."""
-    return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed)
+                   repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False) -> list[LayerProfile]:
+    """Every layer of the model, in order (with ``mesh``: one device's share of each)."""
+    return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
+                          sequence_parallel=sequence_parallel)
             for k in range(num_layers(config))]
 
 

@@ -76,7 +76,10 @@ def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) 
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
                           f"{runnable.model.preset!r}")
-    replicas = {stage.num_replicas for stage in runnable.plan.stages}
+    if runnable.plan.group_size > 1 or runnable.plan.sharding.value != "none":
+        raise DappleError("--csv: the calibration CSV describes data x pipeline plans; this plan has tensor, "
+                          "context or sharded data parallelism")
+    replicas = {runnable.plan.num_replicas(s) for s in range(runnable.plan.num_stages)}
     if len(replicas) != 1 or runnable.plan.schedule == "interleaved":
         raise DappleError("--csv: the calibration CSV needs one replica count for every stage and one stage per "
                           "device set (dp x pp); this plan has " + ("interleaved chunks" if len(replicas) == 1
@@ -220,7 +223,9 @@ def report_failure(out: Path, code: int) -> int:
     root = _root_cause(log)
     lost = failures and all(any(sign in message for sign in _LOST_PEER) for _, message in failures.values())
     terminated = [rank for rank in dead if rank not in crashed]
-    if terminated and (root in terminated or lost):  # stopped from outside: the others only lost it
+    # stopped from outside: the others only lost it (unless another rank crashed on its own:
+    # with more than two ranks torchrun then SIGTERMs the bystanders, which are not the cause)
+    if terminated and not crashed and (root in terminated or lost):
         crashed = [root if root in terminated else terminated[0], *crashed]
     dead = crashed or ([] if failures else dead)
     if dead:
@@ -274,11 +279,19 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
     losses = summary["losses"]
     print(f"loss: step 0 {losses[0]:.7g}, last step ({len(losses) - 1}) {losses[-1]:.7g} "
           f"({summary['warmup_steps']} warm-up + {len(times)} measured steps of training)")
-    print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'peak activations':>17}")
+    degrees = summary.get("parallelism")
+    if degrees:
+        print(f"parallelism: tensor {degrees['tensor']}{' (sequence parallel)' if degrees['sequence_parallel'] else ''}, "
+              f"context {degrees['context']}, pipeline {degrees['pipeline']}, data {degrees['data']}, "
+              f"sharding {degrees['sharding']}")
+    print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'parameters':>11} {'gradients':>10} "
+          f"{'optimizer':>10} {'activations':>12}")
     for d in summary["devices"]:
         stages = ",".join(map(str, d["stages"]))
+        kinds = d.get("memory_breakdown_bytes") or {}
         print(f"  {d['device']:>6}  {stages:<10} {_bytes(d['peak_memory_bytes']):>12} "
-              f"{_bytes(d['peak_activation_bytes']):>17}")
+              f"{_bytes(kinds.get('parameters')):>11} {_bytes(kinds.get('gradients')):>10} "
+              f"{_bytes(kinds.get('optimizer')):>10} {_bytes(d['peak_activation_bytes']):>12}")
     if "max_abs_grad_diff" in summary:
         verdict = "passed" if summary["check_passed"] else "FAILED"
         print(f"check: step 0's loss {summary['loss']:.7g} vs the unsplit model's {summary['reference_loss']:.7g}, "

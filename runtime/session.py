@@ -6,9 +6,13 @@ peak memory and trace rows on rank 0. The iteration time of a step is the slowes
 (from the barrier at the step's start to the end of its optimizer step); the reported
 median is over the measured steps only, and the trace rows are those of the step whose time
 is the median. Saved activations are counted in the first step
-(every step saves the same tensors; the timed steps then run without hooks). With ``check``
-the first step's gradients (before the optimizer touches them) and loss are compared with
-``runtime.grad_check``'s reference.
+(every step saves the same tensors; the timed steps then run without hooks). Each device's
+memory is also reported by the simulator's kinds (``memory_breakdown_bytes``: parameters,
+gradients and optimizer state as this device stores them, its shards under tensor
+parallelism and sharding, and the peak of its saved activations), next to the plan's
+degrees (``parallelism``). With ``check`` the first step's gradients (before the optimizer
+touches them, gathered to full tensors) and loss are compared with ``runtime.grad_check``'s
+reference.
 """
 
 from __future__ import annotations
@@ -80,16 +84,21 @@ def run_session(
     return _summary(runnable, options, gathered, device)
 
 
-def _memory(records: list) -> dict[str, float | None]:
+def _memory(records: list) -> dict[str, Any]:
     """Peak memory of one rank: the allocator's on a GPU; on a CPU the largest static bytes
-    (parameters, gradients, optimizer state) plus the peak of the counted activations."""
+    (parameters, gradients, optimizer state) plus the peak of the counted activations. By
+    kind (``memory_breakdown_bytes``, the simulator's keys): the model states this device
+    stores at the end of its fullest step and the peak of the counted activations; receive
+    buffers and gathered parameters are not counted (``buffers`` is None)."""
     counted = [r.peak_activation_bytes for r in records if r.peak_activation_bytes is not None]
     activations = max(counted) if counted else None
+    states = max((r.state_bytes for r in records), key=lambda kinds: sum(kinds.values()))
     if records[0].allocator_peak_bytes is not None:
         peak = max(r.allocator_peak_bytes for r in records)
     else:
-        peak = None if activations is None else max(r.static_bytes for r in records) + activations
-    return {"peak_memory_bytes": peak, "peak_activation_bytes": activations}
+        peak = None if activations is None else sum(states.values()) + activations
+    breakdown = {**{kind: float(value) for kind, value in states.items()}, "activations": activations, "buffers": None}
+    return {"peak_memory_bytes": peak, "peak_activation_bytes": activations, "memory_breakdown_bytes": breakdown}
 
 
 def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[dict], device) -> dict[str, Any]:
@@ -110,6 +119,10 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
         "microbatch_size": scenario.training.microbatch_size,
         "global_batch_size": scenario.training.global_batch_size,
         "recompute": plan.recompute.to_json(),
+        "parallelism": {"tensor": plan.tensor_parallel, "sequence_parallel": plan.sequence_parallel,
+                        "context": plan.context_parallel, "pipeline": len(plan.device_groups),
+                        "data": max(plan.num_replicas(s) for s in range(plan.num_stages)),
+                        "sharding": plan.sharding.value},
         "backend": dist.get_backend(),
         "device_type": device.type,
         "world_size": len(ranks),
@@ -120,7 +133,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
         "losses": losses,
         "devices": [
             {"device": r["rank"], "stages": r["stages"], "peak_memory_bytes": r["peak_memory_bytes"],
-             "peak_activation_bytes": r["peak_activation_bytes"]}
+             "peak_activation_bytes": r["peak_activation_bytes"], "memory_breakdown_bytes": r["memory_breakdown_bytes"]}
             for r in sorted(ranks, key=lambda r: r["rank"])
         ],
         "events_step": typical,

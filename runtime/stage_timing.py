@@ -27,6 +27,7 @@ from runtime.config import RunnableScenario
 from runtime.memory import SavedTensorMeter, static_bytes
 from runtime.models import StageModule, build_layers, input_dtype, make_optimizer, num_layers, sample_shape
 from runtime.models import synthetic_batch
+from runtime.tensor_parallel import local_tensor, loss_parallel_if, parallelize_stage
 from sim.cost import split_samples
 from sim.schedule.generators import generate
 from sim.schedule.ir import ActionKind
@@ -39,12 +40,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _boundary_shape(runnable: RunnableScenario, cut: int) -> tuple[int, ...]:
+    """One sample of the tensor a stage receives at ``cut`` (1/t of the sequence with tensor parallelism)."""
+    shape, t = sample_shape(runnable.model, cut), runnable.plan.tensor_parallel
+    return (shape[0] // t, *shape[1:]) if t > 1 and cut > 0 else shape
+
+
 def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int, device: torch.device):
     inputs, labels = synthetic_batch(runnable.model, samples, step=step, seed=0, device=device)
     if start == 0:
         return inputs, labels
     generator = torch.Generator(device="cpu").manual_seed(1000 + step)
-    x = torch.randn((samples, *sample_shape(runnable.model, start)), generator=generator)
+    x = torch.randn((samples, *_boundary_shape(runnable, start)), generator=generator)
     return x.to(device=device, dtype=input_dtype(runnable.model, start)).requires_grad_(True), labels
 
 
@@ -66,9 +73,9 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
             began = time.perf_counter()
             if meter is not None:
                 with meter.watching():
-                    outputs[m] = module(x, labels) if module.is_last else module(x)
+                    outputs[m] = local_tensor(module(x, labels) if module.is_last else module(x))
             else:
-                outputs[m] = module(x, labels) if module.is_last else module(x)
+                outputs[m] = local_tensor(module(x, labels) if module.is_last else module(x))
         else:
             out = outputs.pop(m)
             grad = None if module.is_last else make_grad(m)
@@ -83,7 +90,7 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
 
 def time_stage(
     runnable: RunnableScenario, stage: int, schedule: str, num_microbatches: int, device: torch.device,
-    *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0,
+    *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0, tp_mesh=None,
 ) -> dict[str, float]:
     """Time and peak memory of ``stage`` running its rank's actions of ``schedule`` alone.
 
@@ -94,17 +101,20 @@ def time_stage(
     each timed action's kind (``"F"`` or ``"B"``) and seconds, over all repeats, without
     the making of synthetic inputs and gradients. With ``idle_s`` the thread sleeps that
     long before each action, as a rank waiting for its data does in a run (its time is not
-    counted).
+    counted). With ``tp_mesh`` (a 1D tensor-parallel mesh whose ranks all call this together)
+    the stage is one device's share, as the executor holds it.
     """
     plan, training = runnable.plan, runnable.scenario.training
     start, end = plan.stages[stage].layers
-    samples = split_samples(training.microbatch_size, plan.stages[stage].num_replicas)[-1]  # the smallest slice
+    samples = split_samples(training.microbatch_size, plan.num_replicas(stage))[-1]  # the smallest slice
     module = StageModule(build_layers(runnable.model, range(start, end), seed=0, device=device),
                          is_last=end == num_layers(runnable.model))
+    if tp_mesh is not None:  # one device's share; the group's other ranks time the stage with it
+        parallelize_stage(module, tp_mesh, sequence_parallel=plan.sequence_parallel, first=start == 0)
     optimizer = make_optimizer(runnable.scenario.model.optimizer, list(module.parameters()), lr=1e-3)
     actions = [a for a in generate(schedule, plan.num_stages, num_microbatches, **(params or {})).ranks[stage]
                if a.kind in (ActionKind.F, ActionKind.B)]
-    out_shape = (samples, *sample_shape(runnable.model, end)) if not module.is_last else None
+    out_shape = (samples, *_boundary_shape(runnable, end)) if not module.is_last else None
     timings, peak, activations, each = [], 0.0, 0.0, []
     for step in range(repeats + 1):  # the first pass builds the optimizer state and warms up
         def make_input(m: int, step: int = step):
@@ -117,7 +127,8 @@ def time_stage(
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
-        times = _run_actions(module, actions, make_input, make_grad, meter, device, idle_s)
+        with loss_parallel_if(1 if tp_mesh is None else tp_mesh.size()):
+            times = _run_actions(module, actions, make_input, make_grad, meter, device, idle_s)
         elapsed = sum(seconds for _, seconds in times)
         if meter is not None:
             activations = float(meter.peak_bytes)
@@ -146,7 +157,7 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     from sim.input.scenario import parse_scenario
 
     scenario, folder = runnable.scenario, Path(folder)
-    fewest = min(stage.num_replicas for stage in scenario.plan.stages)
+    fewest = min(scenario.plan.num_replicas(s) for s in range(scenario.plan.num_stages))
     batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats)
     write_profile(layers, folder, device=device.type)

@@ -37,126 +37,7 @@ from runtime.config import RunnableScenario
 from sim import jsonio
 from sim.cost import split_samples
 
-__all__ = ["combine_rounds", "measure_action_overhead", "measure_optimizer", "validate", "write_report"]
-
-
-CPU_IDLE_S = 0.5e-3
-"""Seconds the CPU stage timing of ``measure_action_overhead`` sleeps before each action.
-In a run a rank waits for its data between actions, and an action that starts after the
-thread has slept runs slower than one right after another (the core and its caches have
-gone to other work). On a 2-vCPU host this idle brought the timed actions from about 9%
-to about 4% below the same actions in a run; a lone process on that host, with no other
-rank keeping the machine busy, slows down far more after such a sleep (about 2x), which is
-why the per-stage timing of ``benchmarks/gpu_stage_timing.py`` does not idle."""
-
-CACHE_FLUSH_BYTES = 64 * 2**20
-"""Bytes written between two timed optimizer steps: more than a CPU's last-level cache or a
-GPU's L2, so every step starts cold, as in a run, where the step's forwards and backwards
-have passed through the caches since the last one."""
-
-
-def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] | None = None,
-                      repeats: int = 10) -> dict[str, float]:
-    """Seconds of one optimizer step over ``layers`` (default: the whole model), each from
-    cold caches (``CACHE_FLUSH_BYTES``), and the memory bandwidth that makes the simulator's
-    charge match it.
-
-    The simulator charges a step its bytes over the memory bandwidth
-    (``sim.cost.optimizer_step_kernels``; the measured scenario has no launch overhead).
-    """
-    import statistics
-
-    import torch
-
-    from runtime.models import build_layers, make_optimizer, num_layers
-    from sim.cost import optimizer_step_kernels
-
-    indices = list(range(num_layers(runnable.model))) if layers is None else layers
-    modules = build_layers(runnable.model, indices, seed=0, device=device)
-    params = [p for module in modules.values() for p in module.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    optimizer = make_optimizer(runnable.scenario.model.optimizer, params, lr=1e-3)
-    scratch = torch.zeros(CACHE_FLUSH_BYTES // 4, dtype=torch.float32, device=device)
-    times = []
-    for index in range(repeats + 2):
-        scratch.add_(1.0)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if index >= 2:
-            times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
-    model = runnable.scenario.model
-    step_bytes, _ = optimizer_step_kernels(model.optimizer, model.dtype, param_bytes)
-    return {"optimizer_s": seconds, "implied_bandwidth_bytes_per_s": step_bytes / seconds}
-
-
-def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list, device, *,
-                            repeats: int = 3) -> list[float]:
-    """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled
-    times, one sample per repeat.
-
-    The stage runs its rank's F and B actions of the plan's schedule with the stage's
-    layers chained, an optimizer step between repeats and, on a CPU, an idle of
-    ``CPU_IDLE_S`` before each action, as in a run (``runtime.stage_timing``);
-    what one pass of the action list takes beyond the sum of its layers' profiled forward and
-    backward times (each layer timed alone, on warm caches), spread evenly over its
-    actions, is one sample of the framework's fixed cost per action and of the layers'
-    effect on each other's caches, the first forward's cold caches after the optimizer step
-    included. The caller takes the median of the samples, which a moment when the host holds
-    the process back does not move. Empty for plans whose stages share a rank (interleaved
-    chunks).
-    """
-    from runtime.stage_timing import time_stage
-    from sim.schedule.plan_schedule import dapple_stage_policies
-
-    plan, training = runnable.plan, runnable.scenario.training
-    if len(plan.device_groups) != plan.num_stages:
-        return []
-    m = training.num_microbatches
-    samples = split_samples(training.microbatch_size, plan.stages[stage].num_replicas)[-1]  # the smallest slice
-    start, end = plan.stages[stage].layers
-    profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
-                "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
-    params = dict(plan.schedule_params)
-    decided = dapple_stage_policies(plan, runnable.scenario.model, runnable.scenario.cluster, training)
-    if decided is not None:  # policy auto: the run's order, as the executor decides it
-        params["policy"] = decided
-    timed = time_stage(runnable, stage, plan.schedule, m, device, params=params,
-                       repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
-    per_pass = max(1, len(timed) // repeats)
-    extra = [seconds - profiled[kind] for kind, seconds in timed]
-    return [sum(extra[k:k + per_pass]) / per_pass for k in range(0, len(extra), per_pass)]
-
-
-def _profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, repeats: int) -> dict[str, Any]:
-    """One turn of the profile on this rank, all ranks together: every layer (a barrier
-    before each, so that the ranks time the same layer at the same moment, sharing the
-    machine's cores, caches and memory bandwidth as in the run), then the optimizer step
-    over this rank's stages and their per-action overhead."""
-    import torch.distributed as dist
-
-    from runtime.models import num_layers
-    from runtime.profiler import profile_layer
-
-    layers = []
-    for index in range(num_layers(runnable.model)):
-        dist.barrier()
-        layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0))
-    rank = dist.get_rank()
-    stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
-    mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
-    dist.barrier()
-    optimizer = measure_optimizer(runnable, device, layers=mine, repeats=max(3, repeats))
-    dist.barrier()
-    overheads = [v for s in stages for v in measure_action_overhead(runnable, s, layers, device, repeats=3)]
-    dist.barrier()
-    return {"layers": layers, "optimizer": optimizer, "overheads": overheads}
+__all__ = ["combine_rounds", "validate", "write_report"]
 
 
 def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int, warmup_steps: int, slices: int,
@@ -171,13 +52,20 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     from runtime.executor import ExecOptions
     from runtime.session import SessionOptions, run_session
     from runtime.status import StatusBoard
+    from runtime.validate_profile import profile_slice
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
+    tp_mesh = None
+    if runnable.plan.tensor_parallel > 1:  # every rank builds every group's mesh; each profiles with its own
+        from runtime.tensor_parallel import stage_mesh
+
+        tp_mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)["tensor"]
 
     def between(k: int) -> None:
         start = time.perf_counter()
-        profiles.append(_profile_slice(runnable, device, batch, warmup=3 if k == 0 else 1, repeats=per_slice))
+        profiles.append(profile_slice(runnable, device, batch, warmup=3 if k == 0 else 1, repeats=per_slice,
+                                      tp_mesh=tp_mesh))
         profiles[-1]["seconds"] = time.perf_counter() - start
 
     status = StatusBoard(status_folder, dist.get_rank()) if status_folder else None
@@ -320,7 +208,7 @@ def validate(
     plan, training = runnable.plan, runnable.scenario.training
     slices = max(1, min(slices, steps))
     # the largest slice of the least replicated stage
-    batch = split_samples(training.microbatch_size, min(stage.num_replicas for stage in plan.stages))[0]
+    batch = split_samples(training.microbatch_size, min(plan.num_replicas(s) for s in range(plan.num_stages)))[0]
     args = Namespace(backend=backend, batch_size=batch, warmup=3, repeats=10, no_links=False, timeout=timeout)
     say(0, desc="measuring the device and the links")
     with watch.phase("measure the device and the links"):
@@ -342,8 +230,13 @@ def validate(
         if len(turns) > 1:  # the measured scenario next to the links is the median turn's
             _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
     memory = "allocator" if backend == "nccl" else "counted"
+    view = predicted_view(predicted, memory=memory)
+    if plan.tensor_parallel > 1:  # each simulated device is one tensor-parallel group (runtime.collapse)
+        from runtime.collapse import expand_view
+
+        view = expand_view(view, plan)
     report = compare(
-        predicted_view(predicted, memory=memory),
+        view,
         measured,
         scenario=runnable.scenario.name,
         schedule=runnable.plan.schedule,
@@ -357,6 +250,9 @@ def validate(
     )
     report["slices"] = turns if len(turns) > 1 else []
     report["traces"] = write_traces(predicted, measured, out, scenario=runnable.scenario.name)
+    if plan.tensor_parallel > 1:
+        report["collapsed"] = ("each simulated device is one tensor-parallel group; its layers were measured as one "
+                               "device's share, collectives included (runtime.collapse)")
     return report
 
 

@@ -84,6 +84,27 @@ def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expecte
     assert result.stderr.count("\n") == 1
 
 
+TP2_PP2 = ("--set", "cluster.devices_per_node=4", "--set", "plan.tensor_parallel=2",
+           "--set", "plan.stages=[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]")
+
+
+@pytest.mark.slow  # 4 torchrun workers; the report's logic for 4 ranks is tested without processes below
+@pytest.mark.parametrize(("fail_at", "expected"), [
+    ("1:0F1:exit", "rank 1 died at step 0 0F1 (exit code 17)"),  # rank 0 waits inside a tensor-parallel collective
+    ("1:0F1", "rank 1 failed at action 0F1 (step 0): RuntimeError"),
+    ("1:0F1:stop", "rank 1 stopped responding at step 0 0F1 (its process was frozen; killed)"),
+], ids=["dies", "raises", "frozen"])
+def test_a_rank_failing_inside_a_tensor_parallel_collective_stops_every_rank(tmp_path, fail_at, expected):
+    start = time.monotonic()
+    result = _dapple_run("run", GPT, "--nproc", 4, *TP2_PP2, "--steps", 1, "--fail-at", fail_at, "--out", tmp_path,
+                         timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr
+    assert "stopped: rank 0 at step 0 0F1" in result.stderr  # its tensor-parallel partner, inside the collective
+    assert result.stderr.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
     # rank 1 freezes (SIGSTOP); rank 0 times out waiting for it (--timeout 45 s by default), and
@@ -95,6 +116,25 @@ def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
     assert result.returncode == 1
     assert "rank 1 stopped responding at step 0 1B1 (its process was frozen; killed)" in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_profile_measures_one_group_and_its_collectives(tmp_path):
+    from runtime.cli import main
+    from sim.input.scenario import load_scenario
+
+    overrides = [word for pair in zip(TP2_PP2[::2], TP2_PP2[1::2]) for word in pair]
+    overrides += ["--set", "plan.sequence_parallel=true"]
+    assert main(["profile", GPT, *overrides, "--out", str(tmp_path), "--warmup", "1", "--repeats", "2"]) == 0
+    collectives = json.loads((tmp_path / "collectives.json").read_text())
+    assert {row["kind"] for row in collectives} == {"all-gather", "reduce-scatter"}  # sequence parallelism's
+    assert all(row["ranks"] == 2 and row["seconds"] > 0 for row in collectives)
+    scenario = load_scenario(tmp_path / "scenario.yaml")  # one device per tensor-parallel group
+    assert [list(stage.devices) for stage in scenario.plan.stages] == [[0], [1]]
+    whole = load_scenario(GPT).model
+    # one device's share: a block's parameters split over 2 but its norms' and output biases'
+    assert whole.layers[1].param_bytes / 2 < scenario.model.layers[1].param_bytes < whole.layers[1].param_bytes * 0.6
+    assert "all-gather of" in (tmp_path / "scenario.yaml").read_text()
 
 
 def test_profile_loads_in_the_simulator(tmp_path):
@@ -160,6 +200,39 @@ def test_the_cause_of_a_failure_is_the_rank_torchrun_did_not_stop(tmp_path, caps
                                                                    other_code=other_code))
     assert _report_failure(tmp_path, 1) == 1
     assert expected in capsys.readouterr().err
+
+
+_FOUR_RANK_REPORT = """Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 17 (pid: 11)
+[2]:
+  rank      : 2 (local_rank: 2)
+  exitcode  : -15 (pid: 12)  (SIGTERM)
+[3]:
+  rank      : 3 (local_rank: 3)
+  exitcode  : -15 (pid: 13)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 10)
+"""
+
+
+def test_a_crash_is_the_cause_when_torchrun_stops_the_bystanders_of_four_ranks(tmp_path, capsys):
+    # rank 1 died inside a tensor-parallel step; its partner rank 0 raised on the lost
+    # connection; torchrun SIGTERMed ranks 2 and 3, which are not the cause
+    from runtime.cli import _report_failure
+    from runtime.status import StatusBoard, write_failure
+
+    for rank, action in ((0, "0F1"), (1, "0F1"), (2, "1F0"), (3, "1F0")):
+        board = StatusBoard(tmp_path, rank)
+        board.set(0, action)
+        board.close()
+    write_failure(tmp_path, 0, "rank 0 failed at action 0F1 (step 0): RuntimeError: Connection closed by peer")
+    (tmp_path / "torchrun.log").write_text(_FOUR_RANK_REPORT)
+    assert _report_failure(tmp_path, 1) == 1
+    assert "rank 1 died at step 0 0F1 (exit code 17)" in capsys.readouterr().err
 
 
 def _links(device, sizes):

@@ -24,13 +24,16 @@ from sim.models import build_model
 from sim.plan import PlanSpec, StageSpec
 
 GPT = {"preset": "gpt", "layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 50, "dtype": "fp32"}
+LLAMA = {"preset": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seq_len": 8, "vocab": 50,
+         "dtype": "fp32"}
 MLP = {"preset": "mlp", "layers": 3, "hidden": 16, "input_size": 12, "num_classes": 5}
 
 
 @pytest.mark.parametrize(
     "raw",
-    [GPT, {**GPT, "tied_embeddings": True}, {**GPT, "dtype": "bf16", "ffn_hidden": 48}, MLP, {**MLP, "dtype": "fp16"}],
-    ids=["gpt", "gpt-tied", "gpt-bf16-ffn", "mlp", "mlp-fp16"],
+    [GPT, {**GPT, "tied_embeddings": True}, {**GPT, "dtype": "bf16", "ffn_hidden": 48}, MLP, {**MLP, "dtype": "fp16"},
+     LLAMA, {**LLAMA, "tied_embeddings": True}],
+    ids=["gpt", "gpt-tied", "gpt-bf16-ffn", "mlp", "mlp-fp16", "llama-gqa", "llama-tied"],
 )
 def test_param_bytes_per_layer_equal_the_model_spec(raw):
     config = model_config(raw)
@@ -44,7 +47,7 @@ def test_tied_head_on_its_own_stage_holds_a_copy_of_the_token_matrix():
     config = model_config({**GPT, "tied_embeddings": True})
     head = build_layers(config, range(3, 4))[3]
     embedding = build_layers(config, range(1))[0]
-    assert torch.equal(head.proj, embedding.token.weight)  # same seed, same values
+    assert torch.equal(head.proj.weight, embedding.token.weight)  # same seed, same values
 
 
 def test_stages_compose_to_the_whole_model():
@@ -119,7 +122,7 @@ def test_a_plan_must_use_exactly_the_launched_ranks():
 def test_profile_models_and_missing_plans_are_rejected(tmp_path):
     with pytest.raises(DappleError, match="model.profile: a measured profile has no layers to run"):
         load_runnable(SCENARIOS / "bert48_v100_2x8.yaml")
-    with pytest.raises(DappleError, match="vgg.*runnable presets: gpt, mlp"):
+    with pytest.raises(DappleError, match="vgg.*runnable presets: gpt, llama, mlp"):
         model_config({"preset": "vgg"})
     text = (SCENARIOS / "gpt_tiny_cpu.yaml").read_text()
     no_plan = tmp_path / "no_plan.yaml"

@@ -95,6 +95,33 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
         assert path.stat().st_size > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2-pp2", "tp2-pp2-sp"])
+def test_a_tensor_parallel_run_memory_by_kind_within_two_percent_of_the_prediction(tmp_path, sequence_parallel):
+    pytest.importorskip("torch")
+    from runtime.config import load_runnable
+    from runtime.validate_loop import validate
+
+    runnable = load_runnable(GPT, {"cluster.devices_per_node": "4", "plan.tensor_parallel": "2",
+                                   "plan.sequence_parallel": str(sequence_parallel).lower(),
+                                   "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"})
+    report = validate(runnable, nproc=4, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
+    print(format_report(report))  # the iteration-time error, for the log
+    assert "collapsed" in report and report["error"]["iteration_time_frac"] is not None
+    assert sorted(d["device"] for d in report["error"]["devices"]) == [0, 1, 2, 3]
+    for device in report["error"]["devices"]:
+        assert abs(device["peak_memory_frac"]) <= 0.02, device
+        assert set(device["memory_by_kind_frac"]) == {"parameters", "gradients", "optimizer", "activations"}
+        assert all(abs(frac) <= 0.02 for frac in device["memory_by_kind_frac"].values()), device
+    assert "    activations" in format_report(report)
+    # the measured scenario: one device per tensor-parallel group, one device's share of each layer
+    from sim.input.scenario import load_scenario
+
+    measured = load_scenario(report["profile"]["scenario"])
+    assert [list(stage.devices) for stage in measured.plan.stages] == [[0], [1]]
+    assert measured.plan.tensor_parallel == 1
+
+
 def test_validate_rejects_zero_slices(capsys):
     from runtime.cli import main
 

@@ -12,7 +12,9 @@ reports relative errors ``(predicted − measured) / measured``:
   GPU the allocator sees everything, so the prediction's full peak is compared; on a CPU
   the runtime counts parameters, gradients, optimizer state and saved activations (with
   saved-tensor hooks), so the prediction's static bytes plus its activation peak is
-  compared (``memory="counted"``) — receive buffers are not counted on either side.
+  compared (``memory="counted"``) — receive buffers are not counted on either side; and
+  each device's memory by kind (``MEMORY_KINDS``: parameters, gradients, optimizer state,
+  activations at their peak), when the measurement reports it.
 
 Everything here is plain data in and out (``report`` is JSON-ready), so the recorded
 report can be read back by notebooks without the simulator or torch.
@@ -27,7 +29,10 @@ from typing import Any
 from sim.engine.result import SimResult
 from sim.units import format_bytes, format_time
 
-__all__ = ["MEMORY_MODES", "compare", "format_report", "predicted_view"]
+__all__ = ["MEMORY_KINDS", "MEMORY_MODES", "compare", "format_report", "predicted_view"]
+
+MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
+"""The kinds of ``sim.summary.MemoryBreakdown`` a counted run measures (its buffers are not)."""
 
 MEMORY_MODES = ("counted", "allocator")
 """``counted``: static + saved activations (CPU runs); ``allocator``: everything (GPU runs)."""
@@ -45,8 +50,12 @@ def predicted_view(result: SimResult, *, memory: str = "counted") -> dict[str, A
     devices = []
     for entry in summary.devices:
         peak = entry.peak_memory_bytes if memory == "allocator" else statics[entry.device] + entry.peak_activation_bytes
+        kinds = None
+        if entry.memory_breakdown is not None:
+            kinds = {kind: getattr(entry.memory_breakdown, kind) for kind in MEMORY_KINDS[:3]}
+            kinds["activations"] = entry.peak_activation_bytes
         devices.append({"device": entry.device, "stages": list(entry.stages), "peak_memory_bytes": peak,
-                        "peak_activation_bytes": entry.peak_activation_bytes})
+                        "peak_activation_bytes": entry.peak_activation_bytes, "memory_breakdown_bytes": kinds})
     return {"iteration_time_s": result.iteration_time_s, "devices": devices, "events": rows}
 
 
@@ -112,7 +121,8 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any], **context: Any)
     measured_view = {
         "iteration_time_s": measured_time,
         "iteration_times_s": measured.get("iteration_times_s", [measured_time]),
-        "devices": [{k: d.get(k) for k in ("device", "stages", "peak_memory_bytes", "peak_activation_bytes")}
+        "devices": [{k: d.get(k) for k in ("device", "stages", "peak_memory_bytes", "peak_activation_bytes",
+                                           "memory_breakdown_bytes")}
                     for d in measured["devices"]],
         "events": measured["events"],
     }
@@ -126,20 +136,35 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any], **context: Any)
     device_errors = [
         {"device": d["device"],
          "peak_memory_frac": _frac(d["peak_memory_bytes"], measured_devices[d["device"]]["peak_memory_bytes"]),
-         "compute_frac": _frac(d["compute_s"], measured_devices[d["device"]]["compute_s"])}
+         "compute_frac": _frac(d["compute_s"], measured_devices[d["device"]]["compute_s"]),
+         "memory_by_kind_frac": _by_kind(d.get("memory_breakdown_bytes"),
+                                         measured_devices[d["device"]].get("memory_breakdown_bytes"))}
         for d in predicted["devices"] if d["device"] in measured_devices
     ]
+    by_kind = [abs(v) for e in device_errors for v in (e["memory_by_kind_frac"] or {}).values() if v is not None]
     measured_stages = {s["stage"]: s["compute_s"] for s in measured_view["stages"]}
     memory = [abs(e["peak_memory_frac"]) for e in device_errors if e["peak_memory_frac"] is not None]
     error = {
         "iteration_time_frac": _frac(predicted["iteration_time_s"], measured_time),
         "peak_memory_frac": max(memory) if memory else None,
+        "memory_by_kind_frac": max(by_kind) if by_kind else None,
         "devices": device_errors,
         "stages": [{"stage": s["stage"], "compute_frac": _frac(s["compute_s"], measured_stages.get(s["stage"]))}
                    for s in predicted["stages"]],
         "actions": _actions(predicted["events"], measured_view["events"], measured_time or 0.0),
     }
     return {**context, "predicted": predicted, "measured": measured_view, "error": error}
+
+
+def _by_kind(predicted: dict | None, measured: dict | None) -> dict[str, float | None] | None:
+    """Per kind, (predicted − measured) / measured; a kind both sides hold none of is exact (0)."""
+    if not predicted or not measured:
+        return None
+    fracs = {}
+    for kind in MEMORY_KINDS:
+        p, m = predicted.get(kind), measured.get(kind)
+        fracs[kind] = 0.0 if p == 0 and m == 0 else _frac(p, m)
+    return fracs
 
 
 def _pct(value: float | None) -> str:
@@ -179,6 +204,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(row(f"device {device['device']} peak memory", format_bytes(device["peak_memory_bytes"]),
                          format_bytes(measured_devices[device["device"]]["peak_memory_bytes"] or 0),
                          _pct(err["peak_memory_frac"])))
+        kinds, measured_kinds = device.get("memory_breakdown_bytes"), \
+            measured_devices[device["device"]].get("memory_breakdown_bytes")
+        for kind in MEMORY_KINDS if kinds and measured_kinds and err.get("memory_by_kind_frac") else ():
+            lines.append(row(f"  {kind}", format_bytes(kinds[kind] or 0), format_bytes(measured_kinds[kind] or 0),
+                             _pct(err["memory_by_kind_frac"][kind])))
     if turns:
         errors = [t["iteration_time_frac"] for t in turns]
         measured = [t["measured_s"] for t in turns]

@@ -1,0 +1,201 @@
+"""4D plans on real gloo ranks: tensor (and sequence) parallelism, ZeRO-1 and FSDP2 train one
+step exactly like the unsplit model in one process (rtol 1e-5, fp32), and a sharded optimizer
+steps to the same weights as an unsharded one.
+
+All cases of one world size share one set of processes (one spawn per world size).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.tensor.parallel")
+
+from conftest import SCENARIOS
+
+pytestmark = pytest.mark.dist
+
+GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
+TP2_PP2 = "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"
+ONE_STAGE_4 = "[{layers: [0, 6], devices: [0, 1, 2, 3]}]"
+ONE_STAGE_2 = "[{layers: [0, 6], devices: [0, 1]}]"
+FOUR = {"cluster.devices_per_node": "4"}
+
+FOUR_RANKS = {
+    "tp2-pp2": {**FOUR, "plan.tensor_parallel": "2", "plan.stages": TP2_PP2},
+    "tp2-pp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": TP2_PP2},
+    "tp2-dp2-zero1": {**FOUR, "plan.tensor_parallel": "2", "plan.sharding": "optimizer", "plan.stages": ONE_STAGE_4},
+}
+TWO_RANKS = {
+    "dp2": {"plan.stages": ONE_STAGE_2},
+    "dp2-fsdp": {"plan.sharding": "full", "plan.stages": ONE_STAGE_2},
+    "llama-tp2": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
+                  "plan.stages": ONE_STAGE_2},
+}
+SLOW_FOUR_RANKS = {  # schedules with split backwards, chunks and recompute under tensor parallelism; 2D FSDP
+    "tp2-dp2-fsdp-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.sharding": "full",
+                        "plan.stages": ONE_STAGE_4},  # FSDP2 over the data dimension of tensor-parallel DTensors
+    "tp2-pp2-zb-h1-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true",
+                         "plan.schedule": "zb-h1", "plan.stages": TP2_PP2},
+    "tp2-pp2-recompute": {**FOUR, "plan.tensor_parallel": "2", "plan.recompute": "true", "plan.stages": TP2_PP2},
+    "tp2-interleaved": {**FOUR, "plan.tensor_parallel": "2", "plan.schedule": "interleaved",
+                        "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 3], devices: [2, 3]},"
+                                       " {layers: [3, 4], devices: [0, 1]}, {layers: [4, 6], devices: [2, 3]}]"},
+    "llama-tp2-sp-dp2-zero1": {**FOUR, "model.preset": "llama", "plan.tensor_parallel": "2",
+                               "plan.sequence_parallel": "true", "plan.sharding": "optimizer",
+                               "plan.stages": ONE_STAGE_4},
+}
+SLOW_TWO_RANKS = {
+    "dp2": {"plan.stages": ONE_STAGE_2},
+    "dp2-fsdp-recompute": {"plan.sharding": "full", "plan.recompute": "true", "plan.stages": ONE_STAGE_2},
+}
+SIX_RANKS = {  # DAPPLE's uneven plan: 2 replicas (tensor 2 each) feeding 1
+    "tp2-2:1": {"cluster.devices_per_node": "6", "plan.tensor_parallel": "2", "training.microbatch_size": "3",
+                "training.global_batch_size": "12",
+                "plan.stages": "[{layers: [0, 3], devices: [0, 1, 2, 3]}, {layers: [3, 6], devices: [4, 5]}]"},
+    "tp2-sp-2:1-gpipe": {"cluster.devices_per_node": "6", "plan.tensor_parallel": "2", "plan.sequence_parallel": "true",
+                         "plan.schedule": "gpipe", "training.microbatch_size": "3", "training.global_batch_size": "12",
+                         "plan.stages": "[{layers: [0, 3], devices: [0, 1, 2, 3]}, {layers: [3, 6], devices: [4, 5]}]"},
+}
+
+
+def _cases(device, cases: dict):
+    from runtime.config import load_runnable
+    from runtime.session import SessionOptions, run_session
+
+    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
+            for name, overrides in cases.items()}
+
+
+def _spawn(nproc: int, cases: dict):
+    from runtime.launch import spawn
+
+    return spawn(_cases, nproc, cases)[0]
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return _spawn(4, FOUR_RANKS)
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return _spawn(2, TWO_RANKS)
+
+
+def _assert_matches(summary):
+    assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
+    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(FOUR_RANKS))
+def test_four_rank_4d_plans_match_the_unsplit_model(four_ranks, name):
+    _assert_matches(four_ranks[name])
+
+
+@pytest.mark.parametrize("name", sorted(TWO_RANKS))
+def test_two_rank_plans_match_the_unsplit_model(two_ranks, name):
+    _assert_matches(two_ranks[name])
+
+
+def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
+    # step 1's loss is computed with the weights after step 0's optimizer step: ZeRO-1 over
+    # tensor-parallel shards, FSDP2 and Adam on DTensor shards step to the 2D run's weights
+    expected = two_ranks["dp2"]["losses"][1]
+    assert four_ranks["tp2-dp2-zero1"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+    assert two_ranks["dp2-fsdp"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+    assert four_ranks["tp2-pp2-sp"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+
+
+def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, two_ranks):
+    from runtime.config import load_runnable
+    from sim.engine.run import run_scenario
+
+    for summary, overrides in [(four_ranks["tp2-pp2"], FOUR_RANKS["tp2-pp2"]),
+                               (four_ranks["tp2-dp2-zero1"], FOUR_RANKS["tp2-dp2-zero1"]),
+                               (two_ranks["dp2-fsdp"], TWO_RANKS["dp2-fsdp"])]:
+        predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
+        for measured, device in zip(summary["devices"], predicted.devices):
+            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=0.02)
+            assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
+            # ZeRO-1 shards by whole tensors (torch's greedy partition), not exactly 1/d of the bytes
+            rel = 0.25 if overrides.get("plan.sharding") == "optimizer" else 0.02
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=rel)
+
+
+@pytest.mark.slow
+def test_more_4d_plans_match_the_unsplit_model():
+    results = {**_spawn(4, SLOW_FOUR_RANKS), **_spawn(2, SLOW_TWO_RANKS)}
+    for name in [*SLOW_FOUR_RANKS, *SLOW_TWO_RANKS]:
+        _assert_matches(results[name])
+    # 2D FSDP steps to the weights of the plain data-parallel run
+    assert results["tp2-dp2-fsdp-sp"]["losses"][1] == pytest.approx(results["dp2"]["losses"][1], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_an_uneven_dapple_plan_with_tensor_parallelism_matches_the_unsplit_model():
+    results = _spawn(6, SIX_RANKS)
+    for name in SIX_RANKS:
+        _assert_matches(results[name])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"plan.context_parallel": "2", "plan.stages": ONE_STAGE_2}, "plan.context_parallel: not supported by the runtime"),
+    ({"plan.sharding": "gradients", "plan.stages": ONE_STAGE_2}, "plan.sharding: not supported by the runtime"),
+    ({"plan.tensor_parallel": "2", "model.tied_embeddings": "true", "plan.stages": ONE_STAGE_2},
+     "model.tied_embeddings: not supported by the runtime"),
+    ({"plan.sharding": "full", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
+     "plan.sharding: not supported by the runtime"),
+], ids=["context", "gradients", "tied-tp", "fsdp-zb"])
+def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, message):
+    from runtime.config import load_runnable
+    from sim.errors import DappleError
+
+    with pytest.raises(DappleError) as info:
+        load_runnable(GPT, overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_each_tensor_rank_talks_to_the_same_tensor_rank_of_the_next_stage():
+    from runtime.comm import message_orders
+    from runtime.config import load_runnable
+    from sim.schedule.passes import lower
+    from sim.schedule.plan_schedule import schedule_for_plan
+
+    runnable = load_runnable(GPT, {**SIX_RANKS["tp2-2:1"], "plan.schedule": "gpipe"})
+    lowered = lower(schedule_for_plan(runnable.plan, runnable.scenario.training.num_microbatches))
+    pairs = sorted(message_orders(runnable.plan, lowered, runnable.scenario.training.microbatch_size))
+    # replicas (0, 1) and (2, 3) feed (4, 5): tensor rank 0 to 4, tensor rank 1 to 5, and back
+    assert pairs == [(0, 4), (1, 5), (2, 4), (3, 5), (4, 0), (4, 2), (5, 1), (5, 3)]
+
+
+def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
+    from runtime.collapse import collapsed_stages, expand_view
+    from runtime.config import load_runnable
+
+    plan = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
+    assert collapsed_stages(plan) == [{"layers": [0, 3], "devices": [0, 1]}, {"layers": [3, 6], "devices": [2]}]
+    view = {"iteration_time_s": 1.0, "devices": [{"device": g, "peak_memory_bytes": 10.0 * g} for g in range(3)],
+            "events": [{"device": 2, "action": "1F0", "start_s": 0.0, "end_s": 1.0}]}
+    expanded = expand_view(view, plan)
+    assert [(d["device"], d["peak_memory_bytes"]) for d in expanded["devices"]] == \
+        [(0, 0.0), (1, 0.0), (2, 10.0), (3, 10.0), (4, 20.0), (5, 20.0)]
+    assert [e["device"] for e in expanded["events"]] == [4, 5]
+
+
+def test_fsdp_gathered_parameters_are_not_counted_as_activations(two_ranks):
+    # a layer saves its gathered weight for the backward: a parameter (a buffer to the simulator), not an activation
+    for sharded, whole in zip(two_ranks["dp2-fsdp"]["devices"], two_ranks["dp2"]["devices"]):
+        assert sharded["memory_breakdown_bytes"]["activations"] == whole["memory_breakdown_bytes"]["activations"]
+
+
+def test_uniform_plans_are_one_4d_mesh_and_uneven_ones_a_mesh_per_device_set():
+    from runtime.config import load_runnable
+    from runtime.tensor_parallel import set_layout, uniform_layout
+
+    assert uniform_layout(load_runnable(GPT, FOUR_RANKS["tp2-pp2"]).plan)
+    uneven = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
+    assert not uniform_layout(uneven)
+    assert [set_layout(uneven, g) for g in range(2)] == [[0, 1, 2, 3], [4, 5]]
