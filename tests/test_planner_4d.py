@@ -148,3 +148,19 @@ def test_a_4d_plan_file_round_trips_through_dapple_plan_and_simulate(tmp_path, c
     assert sim_main(["simulate", str(path), "--plan", str(tmp_path / "plan.json"), "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     assert simulated["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-9)
+
+
+def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():
+    from planner.sweep_checks import planner_option
+
+    def fail(where, message):
+        return ValueError(f"{where}: {message}")
+
+    assert planner_option("sharding", ["none", "full"], "options.sharding", fail) == (Sharding.NONE, Sharding.FULL)
+    assert planner_option("recompute", ["selective", True], "options.recompute", fail) == (
+        Recompute.SELECTIVE, Recompute.FULL)
+    assert planner_option("tensor_parallel", [1, 8], "options.tensor_parallel", fail) == (1, 8)
+    with pytest.raises(ValueError, match="options.sharding: must be one of none, optimizer, gradients, full"):
+        planner_option("sharding", ["zero3"], "options.sharding", fail)
+    with pytest.raises(ValueError, match="options.chunks: must be a positive integer or a list of them"):
+        planner_option("chunks", [0], "options.chunks", fail)
