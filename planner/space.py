@@ -52,7 +52,7 @@ __all__ = [
 PLACEMENTS = ("fresh", "append", "scatter")
 """DAPPLE's device placement policies (§4.2)."""
 
-FAST_BUDGET_OPS = 150_000
+FAST_BUDGET_OPS = 40_000
 """Actions (of every device) the fast path's replays may compile beyond ``fast_top`` by default:
 a few dozen replays of the 16-GPU paper scenarios, a handful at a thousand GPUs
 (``benchmarks/planner_bench.py``)."""
