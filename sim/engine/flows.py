@@ -26,7 +26,7 @@ from sim.engine.workload import FlowKind, PortClass
 if TYPE_CHECKING:
     from sim.engine.compile import FaultView
 
-__all__ = ["PortTable", "flow_kinds", "kinds_by_class", "p2p_flows"]
+__all__ = ["PortTable", "flow_kinds", "flow_paths", "kinds_by_class", "p2p_flows", "static_rates"]
 
 
 def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, float]]:
@@ -72,23 +72,23 @@ class PortTable:
             sizes[("nic-in", card_of[n])] += 1
         self.sizes = sizes
 
-    def path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[int, int], tuple[float, float], float]:
-        """(real port keys, port class ids, their bandwidths, latency) of a transfer src -> dst."""
+    def real_path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[float, float], float]:
+        """(real port keys, their bandwidths, latency) of a transfer src -> dst."""
         c, f = self.cluster, self.faults
         if c.node_of(src) == c.node_of(dst):
             real = (("out", src), ("in", dst))
-            keys = (("out", self.class_of[src]), ("in", self.class_of[dst]))
             link = c.intra_node
             factors = (f.slow_ports.get(src, 1.0), f.slow_ports.get(dst, 1.0))
         else:
-            nics = (c.nic_of(src), c.nic_of(dst))
-            real = (("nic-out", nics[0]), ("nic-in", nics[1]))
-            keys = (("nic-out", self.card_of[nics[0]]), ("nic-in", self.card_of[nics[1]]))
+            real = (("nic-out", c.nic_of(src)), ("nic-in", c.nic_of(dst)))
             link = c.inter_node
-            factors = (f.nic_factor(nics[0]), f.nic_factor(nics[1]))
-        bandwidths = tuple(link.bandwidth_bytes_per_s * factor for factor in factors)
-        ids = tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
-        return real, ids, bandwidths, link.latency_s
+            factors = (f.nic_factor(real[0][1]), f.nic_factor(real[1][1]))
+        return real, tuple(link.bandwidth_bytes_per_s * factor for factor in factors), link.latency_s
+
+    def class_ids(self, real: tuple[tuple, tuple], bandwidths: tuple[float, float]) -> tuple[int, int]:
+        """The port classes of a path's real ports."""
+        keys = tuple((name, self.class_of[port] if name in ("out", "in") else self.card_of[port]) for name, port in real)
+        return tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
 
     def link(self, src: int, dst: int):
         """The ``LinkSpec`` of a transfer src -> dst."""
@@ -113,37 +113,49 @@ def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
     return label if label[0] == "AR" else (label, together[src])
 
 
-def flow_kinds(flows, class_of, together, ports: PortTable) -> list[FlowKind]:
+def flow_paths(flows, ports: PortTable) -> list[tuple[tuple, tuple, float]]:
+    """Each flow's real ports, their bandwidths and its latency (``PortTable.real_path``)."""
+    return [ports.real_path(src, dst) for src, dst, _, _ in flows]
+
+
+def static_rates(flows, paths, together) -> list[float]:
+    """Each flow's rate when only the operation it belongs to runs (``_operation``): its slowest
+    port's bandwidth over the real flows of that operation crossing it."""
+    op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+    operations = [_operation(label, src, together) for src, _, label, _ in flows]
+    for operation, (real, _, _) in zip(operations, paths):
+        load = op_port_load[operation]
+        for port in real:
+            load[port] += 1
+    return [min(bw / op_port_load[operation][port] for bw, port in zip(bandwidths, real))
+            for operation, (real, bandwidths, _) in zip(operations, paths)]
+
+
+def flow_kinds(flows, paths, rates, class_of, ports: PortTable, *, by_rate: bool = False) -> list[FlowKind]:
     """Group real flows into kinds (same label, classes and bytes), sorted by their key.
 
-    A kind's static rate is what its slowest port gives it when only the operation it
-    belongs to runs (``_operation``): the port's bandwidth over the real flows of that
-    operation crossing it. ``together`` maps a device to its class with the reduction on,
-    so that the operations are the same with ``symmetric=False``.
+    ``rates`` are the flows' static rates (:func:`static_rates`); a kind's is its first flow's.
+    With ``by_rate`` flows of different rates or latencies are different kinds (classes of a
+    contention-free replay, ``sim.engine.symmetry.refine_behaviour``, may mix them).
     """
     grouped: dict[tuple, list] = defaultdict(list)
-    op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
-    paths = []
-    for src, dst, label, nbytes in flows:
-        real, ids, bandwidths, latency = ports.path(src, dst)
-        paths.append((real, ids, bandwidths, latency))
-        grouped[(label, class_of[src], class_of[dst], round(nbytes, 6))].append(len(paths) - 1)
-        for port in real:
-            op_port_load[_operation(label, src, together)][port] += 1
+    port_ids = [ports.class_ids(real, bandwidths) for real, bandwidths, _ in paths]  # numbered in flow order
+    for i, ((src, dst, label, nbytes), (_, _, latency)) in enumerate(zip(flows, paths)):
+        key = (label, class_of[src], class_of[dst], round(nbytes, 6))
+        grouped[key + ((rates[i], latency) if by_rate else ())].append(i)
     counts = defaultdict(int)
     for d in class_of:
         counts[class_of[d]] += 1
     kinds = []
-    for (label, src_class, dst_class, _), members in sorted(grouped.items(), key=lambda item: repr(item[0])):
+    for (label, src_class, dst_class, *_), members in sorted(grouped.items(),
+                                                            key=lambda item: (repr(item[0][:4]), item[0][4:])):
         src, dst, _, nbytes = flows[members[0]]
-        real, ids, bandwidths, latency = paths[members[0]]
+        latency, ids = paths[members[0]][2], port_ids[members[0]]
         per_port = defaultdict(int)
         for m in members:
-            for port_id in paths[m][1]:
+            for port_id in port_ids[m]:
                 per_port[port_id] += 1
         weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
-        loads = op_port_load[_operation(label, src, together)]
-        static_rate = min(bw / loads[port] for bw, port in zip(bandwidths, real))
         link = ports.link(src, dst)
         kinds.append(
             FlowKind(
@@ -154,7 +166,7 @@ def flow_kinds(flows, class_of, together, ports: PortTable) -> list[FlowKind]:
                 bytes=nbytes,
                 latency_s=latency,
                 ports=weights,
-                static_rate_bytes_per_s=static_rate,
+                static_rate_bytes_per_s=rates[members[0]],
                 send_bytes_per_device=nbytes * len(members) / counts[src_class],
                 recv_bytes_per_device=nbytes * len(members) / counts[dst_class],
                 issue_s=link.send_issue_s(nbytes) * len(members) / counts[src_class],

@@ -48,6 +48,9 @@ __all__ = ["simulate"]
 
 def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
     """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path."""
+    if contention and not workload.contention:
+        raise ValueError("this workload's classes are exact only without contention: compile it with "
+                         "compile_workload(..., contention=True) to replay it with contention")
     with _gc_paused():
         replay = _Replay(workload, contention)
         replay.env.run()
