@@ -110,7 +110,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     by_class = kinds_by_class(kinds)
     context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
-                       group_of=group_of, by_class=by_class, faults=faults)
+                       group_of=group_of, by_class=by_class, faults=faults, rank_texts={})
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     flop = mfu_flop_per_sample(whole)
     return Workload(
@@ -174,6 +174,13 @@ class _Context:
     """``(label, class) -> index`` of the class's group collectives."""
     by_class: tuple
     faults: FaultView
+    rank_texts: dict
+
+    def texts(self, rank: int) -> list[str]:
+        """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
+        if rank not in self.rank_texts:
+            self.rank_texts[rank] = [str(step) for step in self.schedule.ranks[rank]]
+        return self.rank_texts[rank]
 
 
 def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> DeviceClass:
@@ -202,11 +209,16 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         return templates[key]
 
     efficiency = plan.overlap_efficiency
-    for step in ctx.schedule.ranks[rank]:
+    rows: dict[tuple, list[tuple]] = {}  # template key -> each op's fields after the micro-batch
+    for step, text in zip(ctx.schedule.ranks[rank], ctx.texts(rank)):
         if type(step) is OverlapFB:
             ops += _pair_ops(step, template(step.forward), template(step.backward), efficiency)
             continue
-        ops += [Op(text=str(step), microbatch=step.microbatch, **fields) for fields in template(step)]
+        key = (step.stage, step.kind)
+        if key not in rows:
+            rows[key] = [_op_row(fields) for fields in template(step)]
+        mb = step.microbatch
+        ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
     jitter = ctx.faults.jitter_for(devices[0])
     if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
@@ -229,6 +241,15 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         slow_from_s=straggler.from_s if straggler else 0.0,
         fails_at_s=failure.at_s if failure else None,
     )
+
+
+_new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
+
+
+def _op_row(fields: dict) -> tuple:
+    """An op's fields as (code, stage, kind, the fields after the micro-batch in ``Op`` order)."""
+    rest = tuple(fields.get(name, Op._field_defaults[name]) for name in Op._fields[5:])
+    return fields["code"], fields["stage"], fields["kind"], rest
 
 
 def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], efficiency: float) -> list[Op]:
