@@ -26,6 +26,15 @@ allocations and frees over time per device class. Classes of identical devices
 (``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 
+**Events per action** (the hot path, every device distinct): a compute action is one
+timeout; a ``SEND`` none of its own, and each of its flows one event when it has left and one
+when it arrives after the link latency (with contention, flows that start or end at one
+instant share one rate recomputation and one wake-up instead of the first); a ``RECV`` one
+event when it has to wait, none when its data is in; ``REDUCE_GRAD`` none on the compute
+stream (its all-reduce is one process per stage). Measured on 256 BERT-48 devices in 16 stages
+without symmetry: 0.94 events per action with contention (1.55 with jitter on every device,
+which spreads flows over more instants), 1.2 without; at most 2 on every path.
+
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
 raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
 out of events rather than spinning, so this never hangs.
