@@ -102,16 +102,26 @@ class Network:
     def _recompute(self) -> None:
         self.recompute_pending = False
         now = self.env.now
-        affected = set().union(*(self.on_port[p] for p in self.dirty)) if self.dirty else set()
-        self.dirty.clear()
+        dirty, on_port, flows, heap = self.dirty, self.on_port, self.flows, self.heap
+        bandwidth, load, push = self.bandwidth, self.load, heapq.heappush
+        if len(dirty) == 1:
+            affected = on_port[next(iter(dirty))]
+        else:
+            affected = set().union(*(on_port[p] for p in dirty)) if dirty else set()
+        dirty.clear()
         for fid in sorted(affected):
-            flow = self.flows[fid]
+            flow = flows[fid]
             flow.remaining -= flow.rate * (now - flow.since)
             flow.since = now
-            flow.rate = min(self.bandwidth[p] / self.load[p] for p, _ in flow.kind.ports)
+            rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
+            for p, _ in flow.kind.ports:
+                share = bandwidth[p] / load[p]
+                if share < rate:
+                    rate = share
+            flow.rate = rate
             flow.version += 1
-            finish = now + max(flow.remaining, 0.0) / flow.rate
-            heapq.heappush(self.heap, (finish, fid, flow.version))
+            remaining = flow.remaining
+            push(heap, (now + (remaining if remaining > 0.0 else 0.0) / rate, fid, flow.version))
         self._arm()
 
     def _arm(self) -> None:

@@ -132,31 +132,36 @@ class _Replay:
     def _actions(self, c: int):
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
-        ops = cls.ops
+        ops, position, times, memory, buffers = cls.ops, self.position, rec.op_times, rec.memory, rec.buffers
+        timeout = env.timeout
+        slowdown, slow_from = cls.slowdown, cls.slow_from_s
+        slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
         for i, op in enumerate(ops):
-            self.position[c] = i
-            code = op.code
+            position[c] = i
+            code = op[0]
             if code == COMPUTE:
                 start = env.now
-                if op.alloc_bytes:
-                    rec.memory.append((start, op.alloc_bytes))
+                if op[6]:
+                    memory.append((start, op[6]))
                 if op.gather_bytes:
-                    rec.buffers.append((start, op.gather_bytes))
-                duration = op.duration_s * (cls.slowdown if start >= cls.slow_from_s else 1.0)
+                    buffers.append((start, op.gather_bytes))
+                duration = op[5] * slowdown if slow and start >= slow_from else op[5]
                 if duration > 0:
-                    yield env.timeout(duration)
-                rec.op_times[i] = (start, env.now)
+                    yield timeout(duration)
+                end = env.now
+                times[i] = (start, end)
                 if self.pending[c]:  # the action ends with the collectives that ran beside it
                     pending = [e for e in self.pending[c] if not e.processed]
                     self.pending[c] = []
                     if pending:
                         yield simpy.AllOf(env, pending)
+                        end = env.now
                 if op.gather_bytes:
-                    rec.buffers.append((env.now, -op.gather_bytes))
-                if op.free_bytes:
-                    rec.memory.append((env.now, -op.free_bytes))
-                if op.buffer_bytes:
-                    rec.buffers.append((env.now, -op.buffer_bytes))
+                    buffers.append((end, -op.gather_bytes))
+                if op[7]:
+                    memory.append((end, -op[7]))
+                if op[8]:
+                    buffers.append((end, -op[8]))
             elif code == SEND:
                 self._queue_send(c, i, op)
                 if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
