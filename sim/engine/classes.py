@@ -56,6 +56,8 @@ class Symmetry:
         until nothing splits. Without faults this is the equitable partition.
         """
         structural, _ = self.equitable(with_faults=False)
+        if not self.faults.any:  # fault-free: the equitable classes, exact in either model, as ever
+            return structural, static_rates(self.flows, paths, dict(zip(self.devices, structural)))
         n, local, flows = len(self.devices), self.local, self.flows
         p2p = range(num_p2p)
         incoming = [[] for _ in range(n)]
@@ -100,6 +102,8 @@ class FaultView:
         self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
         self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
         self.jitters = [f for f in faults if isinstance(f, Jitter)]
+        self.any = bool(faults)
+        """Whether the scenario has faults at all."""
         self.slow_ports: dict[int, float] = {}
         self.slow_nics: dict[int, float] = {}
         for f in faults:
