@@ -223,7 +223,8 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
         for i, factor in zip(compute, jitter_factors(jitter[0], jitter[1], len(compute))):
-            ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
+            op = ops[i]
+            ops[i] = _new_tuple(Op, op[:5] + (op[5] * factor,) + op[6:])  # op._replace(duration_s=...)
     straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
     states = [costs[s].states for s in stages]
     return DeviceClass(
