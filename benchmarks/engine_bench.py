@@ -9,8 +9,8 @@ servers of 8 V100s, 64 micro-batches of 2 samples per replica, DAPPLE's schedule
 * ``straggler`` — one device 1.5 times slower: partial symmetry splits only what waits for it
   (without contention; with contention the exact classes are the equitable partition).
 
-Each case runs in its own process (so ``peak MB``, the process's peak resident memory, is the
-case's) and prints compile and replay seconds, device classes, actions (every action of
+Each case runs in its own process (so ``peak MB``, the process's peak resident memory before
+the references run, is the case's) and prints compile and replay seconds, device classes, actions (every action of
 every device), and the replay's time as a ratio to two references the benchmark runs on the
 same actions in the same process: ``heapq``, a bare heapq event loop over every device's
 compiled ops with the fast path's rules (no contention, no memory, no symmetry), and
@@ -231,6 +231,7 @@ def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: b
            "actions": sum(len(c.ops) * len(c.devices) for c in workload.classes),
            "compile_s": t1 - t0, "replay_s": t2 - t1, "summary_s": t3 - t2,
            "iteration_s": summary.iteration_time_s}
+    row["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the references
     if references:
         every = workload if regime in ("no-symmetry", "jitter") and not contention else \
             compile_workload(scenario, symmetric=False, contention=False)
@@ -240,7 +241,6 @@ def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: b
         row["naive_iteration_s"] = naive_simpy(every)
         t6 = time.perf_counter()
         row["heapq_s"], row["naive_s"] = t5 - t4, t6 - t5
-    row["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
 
 
