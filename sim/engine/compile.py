@@ -85,7 +85,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     flows = p2p + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
     faults = FaultView(scenario.faults, cluster, plan)
-    paths = flow_paths(flows, PortTable(cluster, {}, {}, (), (), faults))
+    paths = flow_paths(flows, cluster, faults)
     slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
     sym = Symmetry(devices, nic_ids, flows, cluster, faults, rank_of, slices)
     # identical devices issue each operation together (``static_rates``), with or without the reduction
@@ -100,7 +100,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     class_of = {d: device_class[i] for i, d in enumerate(devices)}
     card_of = {n: card_class[i] for i, n in enumerate(nic_ids)}
 
-    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, faults)
+    ports = PortTable(cluster, class_of, card_of, devices, nic_ids)
     kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention)
     members = defaultdict(list)
     for d in devices:

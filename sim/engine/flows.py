@@ -56,11 +56,10 @@ def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, 
 class PortTable:
     """Real port ids, their classes and bandwidths (a degraded port has its own class)."""
 
-    def __init__(self, cluster, class_of, card_of, devices, nic_ids, faults: FaultView):
+    def __init__(self, cluster, class_of, card_of, devices, nic_ids):
         self.cluster = cluster
         self.class_of = class_of
         self.card_of = card_of
-        self.faults = faults
         self.ids: dict[tuple, int] = {}
         self.info: list[tuple[str, float, int]] = []  # name, bandwidth, size
         sizes = defaultdict(int)
@@ -71,19 +70,6 @@ class PortTable:
             sizes[("nic-out", card_of[n])] += 1
             sizes[("nic-in", card_of[n])] += 1
         self.sizes = sizes
-
-    def real_path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[float, float], float]:
-        """(real port keys, their bandwidths, latency) of a transfer src -> dst."""
-        c, f = self.cluster, self.faults
-        if c.node_of(src) == c.node_of(dst):
-            real = (("out", src), ("in", dst))
-            link = c.intra_node
-            factors = (f.slow_ports.get(src, 1.0), f.slow_ports.get(dst, 1.0))
-        else:
-            real = (("nic-out", c.nic_of(src)), ("nic-in", c.nic_of(dst)))
-            link = c.inter_node
-            factors = (f.nic_factor(real[0][1]), f.nic_factor(real[1][1]))
-        return real, tuple(link.bandwidth_bytes_per_s * factor for factor in factors), link.latency_s
 
     def class_ids(self, real: tuple[tuple, tuple], bandwidths: tuple[float, float]) -> tuple[int, int]:
         """The port classes of a path's real ports."""
@@ -113,9 +99,21 @@ def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
     return label if label[0] == "AR" else (label, together[src])
 
 
-def flow_paths(flows, ports: PortTable) -> list[tuple[tuple, tuple, float]]:
-    """Each flow's real ports, their bandwidths and its latency (``PortTable.real_path``)."""
-    return [ports.real_path(src, dst) for src, dst, _, _ in flows]
+def flow_paths(flows, cluster, faults: FaultView) -> list[tuple[tuple, tuple[float, float], float]]:
+    """Each flow's (real port keys, their bandwidths, latency): inside a server the sender's
+    out-port and the receiver's in-port, between servers their NICs; a slow link's factor applied."""
+    paths = []
+    for src, dst, _, _ in flows:
+        if cluster.node_of(src) == cluster.node_of(dst):
+            real = (("out", src), ("in", dst))
+            link = cluster.intra_node
+            factors = (faults.slow_ports.get(src, 1.0), faults.slow_ports.get(dst, 1.0))
+        else:
+            real = (("nic-out", cluster.nic_of(src)), ("nic-in", cluster.nic_of(dst)))
+            link = cluster.inter_node
+            factors = (faults.nic_factor(real[0][1]), faults.nic_factor(real[1][1]))
+        paths.append((real, tuple(link.bandwidth_bytes_per_s * factor for factor in factors), link.latency_s))
+    return paths
 
 
 def static_rates(flows, paths, together) -> list[float]:
