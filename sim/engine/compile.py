@@ -110,7 +110,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     by_class = kinds_by_class(kinds)
     context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
-                       group_of=group_of, by_class=by_class, faults=faults, rank_texts={})
+                       group_of=group_of, by_class=by_class, faults=faults, rank_texts={}, stage_costs={})
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     flop = mfu_flop_per_sample(whole)
     return Workload(
@@ -175,6 +175,8 @@ class _Context:
     by_class: tuple
     faults: FaultView
     rank_texts: dict
+    stage_costs: dict
+    """``(stage, samples) -> StageCost``, filled as classes need them."""
 
     def texts(self, rank: int) -> list[str]:
         """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
@@ -190,10 +192,12 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     slices = tuple(_slice(ctx.samples[s], devices[0]) for s in stages)
     costs = {}
     for s, n in zip(stages, slices):
-        start, end = plan.stages[s].layers
-        data = len(plan.gradient_groups(s)[0])
-        costs[s] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
-                              data_parallel=data, sharding=plan.sharding)
+        if (s, n) not in ctx.stage_costs:  # the same for every class of the stage with this slice
+            start, end = plan.stages[s].layers
+            data = len(plan.gradient_groups(s)[0])
+            ctx.stage_costs[(s, n)] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
+                                                 data_parallel=data, sharding=plan.sharding)
+        costs[s] = ctx.stage_costs[(s, n)]
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
