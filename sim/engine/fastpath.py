@@ -205,7 +205,7 @@ class _PlanState:
     """Per-class cursors and clocks of a contention-free replay."""
 
     def __init__(self, workload) -> None:
-        from sim.engine.result import Recorder
+        from sim.engine.result import OpTimes, Recorder
 
         self.w = workload
         n = len(workload.classes)
@@ -213,7 +213,7 @@ class _PlanState:
         self.clock = [0.0] * n
         self.send_free = [0.0] * n
         self.coll_free = [0.0] * n
-        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=OpTimes(len(c.ops))) for c in workload.classes]
         self.arrived: dict[tuple, list] = {}
         self.waiting: dict[tuple, int] = {}
         self.issued: dict[int, list] = {}
@@ -243,7 +243,7 @@ class _PlanState:
             c = ready.pop()
             cls = classes[c]
             ops, i, now, rec = cls.ops, self.cursor[c], self.clock[c], records[c]
-            times, memory, buffers = rec.op_times, rec.memory, rec.buffers
+            starts, ends, memory, buffers = rec.op_times.start, rec.op_times.end, rec.memory, rec.buffers
             slowdown, slow_from = cls.slowdown, cls.slow_from_s
             slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
             n = len(ops)
@@ -252,7 +252,7 @@ class _PlanState:
                 code = op[0]
                 if code == COMPUTE:
                     end = now + (op[5] * slowdown if slow and now >= slow_from else op[5])
-                    times[i] = (now, end)
+                    starts[i], ends[i] = now, end
                     if op[6]:
                         memory.append((now, op[6]))
                     if pending[c] > end:  # the collectives that ran beside it
@@ -276,7 +276,7 @@ class _PlanState:
                         rec.bytes_sent += kind.send_bytes_per_device
                         self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
                     send_free[c] = done
-                    times[i] = (start, done)
+                    starts[i], ends[i] = start, done
                     if op[5]:
                         now += op[5] * slowdown if slow and now >= slow_from else op[5]
                 elif code == RECV:
@@ -291,7 +291,7 @@ class _PlanState:
                     else:
                         arrival = now
                     end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
-                    times[i] = (now, end)
+                    starts[i], ends[i] = now, end
                     now = end
                 elif code == GROUP:
                     end = self._group(c, i, op, now)

@@ -49,7 +49,7 @@ import simpy
 
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
-from sim.engine.result import Recorder, SimResult
+from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, recv_mailbox
 
 __all__ = ["simulate"]
@@ -91,7 +91,7 @@ class _Replay:
         self.env = simpy.Environment()
         self.net = Network(self.env, workload, contention=contention)
         n = len(workload.classes)
-        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=OpTimes(len(c.ops))) for c in workload.classes]
         self.position = [0] * n
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
@@ -132,7 +132,8 @@ class _Replay:
     def _actions(self, c: int):
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
-        ops, position, times, memory, buffers = cls.ops, self.position, rec.op_times, rec.memory, rec.buffers
+        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers
+        starts, ends = rec.op_times.start, rec.op_times.end
         timeout = env.timeout
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
@@ -149,7 +150,7 @@ class _Replay:
                 if duration > 0:
                     yield timeout(duration)
                 end = env.now
-                times[i] = (start, end)
+                starts[i], ends[i] = start, end
                 if self.pending[c]:  # the action ends with the collectives that ran beside it
                     pending = [e for e in self.pending[c] if not e.processed]
                     self.pending[c] = []
