@@ -46,7 +46,7 @@ _EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("kind", "remaining", "rate", "since", "version", "done")
+    __slots__ = ("kind", "remaining", "rate", "since", "version", "done", "finish")
 
     def __init__(self, kind, done: Callable[[], None], now: float) -> None:
         self.kind = kind
@@ -55,6 +55,8 @@ class _Flow:
         self.since = now
         self.version = 0
         self.done = done
+        self.finish = math.nan
+        """When its heap entry of this ``version`` says it ends."""
 
 
 class Network:
@@ -118,10 +120,13 @@ class Network:
                 share = bandwidth[p] / load[p]
                 if share < rate:
                     rate = share
-            flow.rate = rate
-            flow.version += 1
             remaining = flow.remaining
-            push(heap, (now + (remaining if remaining > 0.0 else 0.0) / rate, fid, flow.version))
+            finish = now + (remaining if remaining > 0.0 else 0.0) / rate
+            if rate == flow.rate and finish == flow.finish:
+                continue  # its heap entry still holds exactly this finish: no new entry to sift
+            flow.rate, flow.finish = rate, finish
+            flow.version += 1
+            push(heap, (finish, fid, flow.version))
         self._arm()
 
     def _arm(self) -> None:
