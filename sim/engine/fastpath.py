@@ -198,7 +198,9 @@ def replay(workload) -> "SimResult":
         raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
     state = _PlanState(workload)
     state.run()
-    return SimResult(workload, state.records, engine="fast", contention=False)
+    records = state.records
+    del state  # its mailboxes go before the memory timelines are built (the peak of a large replay)
+    return SimResult(workload, records, engine="fast", contention=False)
 
 
 class _PlanState:

@@ -65,7 +65,9 @@ def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
         replay.env.run()
     if replay.failure is None:
         replay.check_finished()
-    return SimResult(workload, replay.records, engine="simpy", contention=contention, failure=replay.failure)
+    records, failure = replay.records, replay.failure
+    del replay  # the environment, ports and mailboxes go before the memory timelines are built
+    return SimResult(workload, records, engine="simpy", contention=contention, failure=failure)
 
 
 @contextmanager
