@@ -282,8 +282,8 @@ def main() -> None:
         print(f"{gpus:>6} {regime:<12} {engine:<9} {row['classes']:>7} {row['actions']:>9} {row['compile_s']:>9.2f} "
               f"{row['replay_s']:>9.2f} {total:>8.2f} {row['peak_mb']:>8.0f} {ratio('heapq_s')} {ratio('naive_s')} {refs_s}",
               flush=True)
-        if engine != "simpy" and "heapq_iteration_s" in row and regime in ("symmetric", "no-symmetry"):
-            # without faults the references replay the same model: they must agree with the engine
+        if engine != "simpy" and "heapq_iteration_s" in row:
+            # without contention the references replay the same model: they must agree with the engine
             assert abs(row["heapq_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
             assert abs(row["naive_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
 
