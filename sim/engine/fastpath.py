@@ -245,7 +245,9 @@ class _PlanState:
             c = ready.pop()
             cls = classes[c]
             ops, i, now, rec = cls.ops, self.cursor[c], self.clock[c], records[c]
-            starts, ends, memory, buffers = rec.op_times.start, rec.op_times.end, rec.memory, rec.buffers
+            starts, ends, buffers = rec.op_times.start, rec.op_times.end, rec.buffers
+            memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append
+            buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
             slowdown, slow_from = cls.slowdown, cls.slow_from_s
             slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
             n = len(ops)
@@ -256,16 +258,20 @@ class _PlanState:
                     end = now + (op[5] * slowdown if slow and now >= slow_from else op[5])
                     starts[i], ends[i] = now, end
                     if op[6]:
-                        memory.append((now, op[6]))
+                        memory_at(now)
+                        memory_delta(op[6])
                     if pending[c] > end:  # the collectives that ran beside it
                         end = pending[c]
                     pending[c] = 0.0
                     if op.gather_bytes:
-                        buffers += [(now, op.gather_bytes), (end, -op.gather_bytes)]
+                        buffers.append((now, op.gather_bytes))
+                        buffers.append((end, -op.gather_bytes))
                     if op[7]:
-                        memory.append((end, -op[7]))
+                        memory_at(end)
+                        memory_delta(-op[7])
                     if op[8]:
-                        buffers.append((end, -op[8]))
+                        buffer_at(end)
+                        buffer_delta(-op[8])
                     now = end
                 elif code == SEND:
                     start = send_free[c] if send_free[c] > now else now

@@ -134,7 +134,7 @@ class _Replay:
     def _actions(self, c: int):
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
-        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers
+        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers  # ``Deltas``
         starts, ends = rec.op_times.start, rec.op_times.end
         timeout = env.timeout
         slowdown, slow_from = cls.slowdown, cls.slow_from_s

@@ -34,7 +34,7 @@ from sim.summary import (
     Summary,
 )
 
-__all__ = ["OpTimes", "OutOfMemory", "Recorder", "SimResult"]
+__all__ = ["Deltas", "OpTimes", "OutOfMemory", "Recorder", "SimResult"]
 
 
 class OpTimes:
@@ -64,6 +64,28 @@ class OpTimes:
             yield None if start != start else (start, end)
 
 
+class Deltas:
+    """``(time_s, bytes delta)`` events in any order, kept as two flat lists (not a tuple each:
+    the numbers are the replay's own objects, shared); iterating gives the pairs back. The
+    replays' hot loops append to ``times`` and ``deltas`` directly."""
+
+    __slots__ = ("times", "deltas")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.deltas: list[float] = []
+
+    def append(self, event: tuple[float, float]) -> None:
+        self.times.append(event[0])
+        self.deltas.append(event[1])
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __iter__(self):
+        return zip(self.times, self.deltas)
+
+
 @dataclass(slots=True)
 class Recorder:
     """What happened to one device class during a replay (mutable, filled by the replay)."""
@@ -71,9 +93,9 @@ class Recorder:
     op_times: OpTimes
     """Per op: (start_s, end_s), None if it never ran (a failed replay). SEND: send stream
     busy; RECV: waiting; REDUCE: the all-reduce."""
-    memory: list[tuple[float, float]] = field(default_factory=list)
+    memory: Deltas = field(default_factory=Deltas)
     """(time_s, bytes delta) of activations (stash) per device of the class, in any order."""
-    buffers: list[tuple[float, float]] = field(default_factory=list)
+    buffers: Deltas = field(default_factory=Deltas)
     """(time_s, bytes delta) of receive buffers per device of the class, in any order."""
     optimizer: tuple[float, float] = (0.0, 0.0)
     """Start and end of the optimizer step."""
