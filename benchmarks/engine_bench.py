@@ -1,70 +1,303 @@
-"""Benchmark the SimPy engine and the fast path on large DAPPLE plans.
+"""Benchmark the SimPy engine and the fast path at scale, with and without symmetry.
 
-Prints one row per cluster size: GPUs, device classes after symmetry reduction, simulated
-actions (every action of every device), wall time of compiling the workload, of the SimPy
-replay (contention, all-reduce and memory tracking on), and of the fast path, with actions
-per second. ``--no-symmetry`` replays every device separately (the reduction's cost check).
+Case (issue 20): BERT-48 (the DAPPLE authors' V100 profile) in 16 stages x R replicas on
+servers of 8 V100s, 64 micro-batches of 2 samples per replica, DAPPLE's schedule. Regimes:
 
-    python benchmarks/engine_bench.py [--gpus 64 256 1024 4096] [--no-symmetry]
+* ``symmetric`` — no faults: one class per stage;
+* ``no-symmetry`` — every device replayed on its own (``symmetric=False``);
+* ``jitter`` — seeded jitter on every device, drawn per device (every device its own class);
+* ``straggler`` — one device 1.5 times slower: partial symmetry splits only what waits for it
+  (without contention; with contention the exact classes are the equitable partition).
+
+Each case runs in its own process (so ``peak MB``, the process's peak resident memory before
+the references run, is the case's) and prints compile and replay seconds, device classes, actions (every action of
+every device), and the replay's time as a ratio to two references the benchmark runs on the
+same actions in the same process: ``heapq``, a bare heapq event loop over every device's
+compiled ops with the fast path's rules (no contention, no memory, no symmetry), and
+``naive``, a naive SimPy model of the same (one process per device, one event per action);
+where the references run, the replay and each reference are timed ``--repeat`` times and the
+fastest run kept (the machine may be shared).
+The SimPy engine runs with contention (``simpy``) and without (``simpy-nc``, which the naive
+model matches); the fast path (``fast``) equals ``simpy-nc``, which the benchmark checks.
+
+    python benchmarks/engine_bench.py [--gpus 1024 4096 16384] [--regimes ...] [--engines ...]
+    python benchmarks/engine_bench.py --two-stages 65536    # 2 stages x 32,768 replicas
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
+import json
+import resource
+import subprocess
+import sys
 import time
 
-from sim.engine.replay import simulate
-from sim.engine.fastpath import replay
-from sim.input.scenario import parse_scenario
-from sim.engine.compile import compile_workload
-
 TEMPLATE = """
-name: bench-{gpus}
+name: bert48-{gpus}
 cluster: {{preset: v100-nvlink-8, nodes: {nodes}}}
-model: {{preset: gpt, layers: 30, hidden: 2048, heads: 16, seq_len: 1024, vocab: 50257, dtype: fp16}}
-training: {{global_batch_size: {gbs}, microbatch_size: {microbatch_size}}}
+model: {{profile: profiles/dapple-v100/bert-48-pbs-2.txt, profile_batch_size: 2, optimizer: adam}}
+training: {{global_batch_size: {gbs}, microbatch_size: {mbs}}}
 plan:
   schedule: dapple
   stages:
 {stages}
+faults: {faults}
 """
+FAULTS = {
+    "symmetric": "[]",
+    "no-symmetry": "[]",
+    "jitter": "[{type: jitter, spread: 0.05, seed: 7}]",
+    "straggler": "[{type: straggler, device: 70, slowdown: 1.5}]",
+}
+ENGINES = ("simpy", "simpy-nc", "fast")
+LAYERS = 53
 
 
-def scenario_text(gpus: int, num_stages: int = 16, num_microbatches: int = 64) -> str:
+def scenario_text(gpus: int, regime: str, num_stages: int = 16, num_microbatches: int = 64) -> str:
     replicas = gpus // num_stages
-    layers = 32  # embedding + 30 blocks + head
-    bounds = [round(i * layers / num_stages) for i in range(num_stages + 1)]
+    bounds = [round(i * LAYERS / num_stages) for i in range(num_stages + 1)]
     stages = "\n".join(
         f"    - {{layers: [{bounds[s]}, {bounds[s + 1]}], devices: '{s * replicas}-{(s + 1) * replicas - 1}'}}"
         for s in range(num_stages)
     )
-    microbatch_size = 2 * replicas
-    return TEMPLATE.format(
-        gpus=gpus, nodes=gpus // 8, gbs=microbatch_size * num_microbatches, microbatch_size=microbatch_size, stages=stages
-    )
+    mbs = 2 * replicas
+    return TEMPLATE.format(gpus=gpus, nodes=max(1, gpus // 8), gbs=mbs * num_microbatches, mbs=mbs,
+                           stages=stages, faults=FAULTS[regime])
+
+
+# --- references: the same actions, without the engine ------------------------------------------
+
+
+def bare_heapq(workload) -> float:
+    """A plain heapq event loop over every class's ops, one event per action, with the fast
+    path's rules: ops in order, a SEND's flows arrive after bytes / static rate + latency
+    (one SEND at a time per device), a RECV waits for every flow, an all-reduce or group
+    collective starts when every member has issued it. Returns the last device's end."""
+    from sim.engine.fastpath import collective_duration_s
+    from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
+
+    classes, kinds = workload.classes, workload.kinds
+    stride = max(workload.num_microbatches, 1)
+    boxes: dict = {}
+    box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride for k in kinds]
+    flow_s = [k.bytes / k.static_rate_bytes_per_s for k in kinds]
+    coll_s = [collective_duration_s(workload, c) for c in workload.collectives]
+    group_s = [collective_duration_s(workload, c) for c in workload.group_collectives]
+    pos, send_free = [0] * len(classes), [0.0] * len(classes)
+    arrived: dict = {}
+    waiting: dict = {}
+    joined: dict = {}
+    heap = [(0.0, c) for c in range(len(classes))]
+    last_op, reduced = [0.0] * len(classes), [0.0] * len(classes)
+    while heap:
+        now, c = heapq.heappop(heap)
+        cls = classes[c]
+        ops = cls.ops
+        if pos[c] == len(ops):
+            last_op[c] = now
+            continue
+        op = ops[pos[c]]
+        code = op.code
+        if code == COMPUTE:
+            pos[c] += 1
+            heapq.heappush(heap, (now + op.duration_s * (cls.slowdown if now >= cls.slow_from_s else 1.0), c))
+        elif code == SEND:
+            start = max(now, send_free[c])
+            for k in op.flows:
+                key = box[k] + op.microbatch
+                got = arrived.setdefault(key, [0, 0.0])
+                got[0] += 1
+                got[1] = max(got[1], start + flow_s[k] + kinds[k].latency_s)
+                send_free[c] = max(send_free[c], start + flow_s[k])
+                if key in waiting and got[0] == len(classes[waiting[key]].ops[pos[waiting[key]]].flows):
+                    heapq.heappush(heap, (got[1], waiting.pop(key)))
+            pos[c] += 1
+            heapq.heappush(heap, (now, c))
+        elif code == RECV and op.flows:
+            key = box[op.flows[0]] + op.microbatch
+            got = arrived.get(key)
+            if got is None or got[0] < len(op.flows):
+                waiting[key] = c
+                continue
+            pos[c] += 1
+            heapq.heappush(heap, (max(now, got[1]), c))
+        elif code in (REDUCE, GROUP) and op.collective >= 0:
+            coll = (workload.collectives if code == REDUCE else workload.group_collectives)[op.collective]
+            key = (code, op.collective, op.microbatch, op.kind)
+            members = joined.setdefault(key, [])
+            members.append((now, c))
+            pos[c] += 1
+            if code == REDUCE:
+                heapq.heappush(heap, (now, c))  # the all-reduce does not block the compute stream
+            if len(members) == len(coll.participants):
+                finish = max(t for t, _ in members) + (coll_s if code == REDUCE else group_s)[op.collective]
+                for _, member in members:
+                    if code == GROUP:
+                        heapq.heappush(heap, (finish, member))
+                    else:
+                        reduced[member] = finish
+        else:
+            pos[c] += 1
+            heapq.heappush(heap, (now, c))
+    return max(max(a, b) + cls.optimizer_s for a, b, cls in zip(last_op, reduced, classes))
+
+
+def naive_simpy(workload) -> float:
+    """A naive SimPy model of the same actions: one process per device, a timeout per compute
+    action and per flow, an event per receive and per collective (no contention, no memory)."""
+    import simpy
+
+    from sim.engine.fastpath import collective_duration_s
+    from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
+
+    env = simpy.Environment()
+    classes, kinds = workload.classes, workload.kinds
+    stride = max(workload.num_microbatches, 1)
+    boxes: dict = {}
+    box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride for k in kinds]
+    need = {b: box.count(b) for b in set(box)}  # a RECV waits for every kind into its mailbox
+    counts: dict = {}
+    events: dict = {}
+    joined: dict = {}
+
+    def arrive(key, need):
+        counts[key] = counts.get(key, 0) + 1
+        if key not in events:
+            events[key] = env.event()
+        if counts[key] == need:
+            events[key].succeed()
+
+    send_free = [0.0] * len(classes)
+
+    def device(c):
+        cls, last = classes[c], None
+        for op in cls.ops:
+            if op.code == COMPUTE:
+                yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
+            elif op.code == SEND:  # one SEND at a time leaves a device
+                start = max(env.now, send_free[c])
+                for k in op.flows:
+                    kind, key = kinds[k], box[k] + op.microbatch
+                    left = start + kind.bytes / kind.static_rate_bytes_per_s
+                    send_free[c] = max(send_free[c], left)
+                    t = env.timeout(left + kind.latency_s - env.now)
+                    t.callbacks.append(lambda _, key=key, n=need[box[k]]: arrive(key, n))
+            elif op.code == RECV and op.flows:
+                key = box[op.flows[0]] + op.microbatch
+                if counts.get(key, 0) < len(op.flows):
+                    if key not in events:
+                        events[key] = env.event()
+                    yield events[key]
+            elif op.code in (REDUCE, GROUP) and op.collective >= 0:
+                coll = (workload.collectives if op.code == REDUCE else workload.group_collectives)[op.collective]
+                key = (op.code, op.collective, op.microbatch, op.kind)
+                joined.setdefault(key, [env.event(), 0])[1] += 1
+                done = joined[key][0]
+                if joined[key][1] == len(coll.participants):
+                    env.timeout(collective_duration_s(workload, coll)).callbacks.append(lambda _, e=done: e.succeed())
+                if op.code == GROUP:
+                    yield done
+                else:
+                    last = done
+        if last is not None and not last.processed:
+            yield last
+        yield env.timeout(cls.optimizer_s)
+
+    for c in range(len(classes)):
+        env.process(device(c))
+    env.run()
+    return env.now
+
+
+# --- one case ---------------------------------------------------------------------------------
+
+
+def _best_of(repeat: int, run) -> tuple[float, object]:
+    """The fastest of ``repeat`` runs (seconds) and the last result: the machine may be shared."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: bool, repeat: int = 1) -> dict:
+    from sim.engine.compile import compile_workload
+    from sim.engine.fastpath import replay
+    from sim.engine.replay import simulate
+    from sim.input.scenario import parse_scenario
+
+    scenario = parse_scenario(scenario_text(gpus, regime, num_stages), source=f"bench-{gpus}")
+    contention = engine == "simpy"
+    t0 = time.perf_counter()
+    workload = compile_workload(scenario, symmetric=regime != "no-symmetry", contention=contention)
+    t1 = time.perf_counter()
+    replay_s, result = _best_of(repeat, lambda: replay(workload) if engine == "fast"
+                                else simulate(workload, contention=contention))
+    t2 = time.perf_counter()
+    summary = result.summarize()
+    t3 = time.perf_counter()
+    row = {"gpus": gpus, "regime": regime, "engine": engine, "classes": len(workload.classes),
+           "actions": sum(len(c.ops) * len(c.devices) for c in workload.classes),
+           "compile_s": t1 - t0, "replay_s": replay_s, "summary_s": t3 - t2,
+           "iteration_s": summary.iteration_time_s}
+    row["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the references
+    if references:
+        every = workload if regime in ("no-symmetry", "jitter") and not contention else \
+            compile_workload(scenario, symmetric=False, contention=False)
+        row["heapq_s"], row["heapq_iteration_s"] = _best_of(repeat, lambda: bare_heapq(every))
+        row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_simpy(every))
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
-    parser.add_argument("--no-symmetry", action="store_true", help="replay every device separately")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--regimes", nargs="+", default=list(FAULTS), choices=list(FAULTS))
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--two-stages", type=int, metavar="GPUS", help="only 2 stages of GPUS/2 replicas, symmetric")
+    parser.add_argument("--no-references", action="store_true", help="skip the heapq loop and the naive model")
+    parser.add_argument("--references-up-to", type=int, default=4096, help="largest GPU count to run them at")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="replays and references timed this many times where the references run (best kept)")
+    parser.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print(f"{'GPUs':>6} {'classes':>8} {'actions':>10} {'compile s':>10} {'engine s':>9} "
-          f"{'engine act/s':>13} {'fast s':>8} {'fast act/s':>12} {'iteration s':>12}")
-    for gpus in args.gpus:
-        scenario = parse_scenario(scenario_text(gpus), source=f"bench-{gpus}")
-        t0 = time.perf_counter()
-        workload = compile_workload(scenario, symmetric=not args.no_symmetry)
-        t1 = time.perf_counter()
-        result = simulate(workload, contention=True)
-        t2 = time.perf_counter()
-        fast = replay(workload)
-        t3 = time.perf_counter()
-        actions = sum(len(c.ops) * len(c.devices) for c in workload.classes)
-        print(f"{gpus:>6} {len(workload.classes):>8} {actions:>10} {t1 - t0:>10.3f} {t2 - t1:>9.3f} "
-              f"{actions / (t2 - t1):>13.3g} {t3 - t2:>8.3f} {actions / (t3 - t2):>12.3g} "
-              f"{result.iteration_time_s:>12.4f}")
-        assert abs(fast.iteration_time_s - simulate(workload, contention=False).iteration_time_s) < 1e-9 * fast.iteration_time_s
+    if args.case:
+        gpus, regime, engine, stages, refs, repeat = (args.case + ["1"])[:6]
+        print(json.dumps(run_case(int(gpus), regime, engine, int(stages), refs == "1", int(repeat))))
+        return
+    cases = [(g, r, e, 16) for g in args.gpus for r in args.regimes for e in args.engines]
+    if args.two_stages:
+        cases = [(args.two_stages, "symmetric", e, 2) for e in args.engines]
+    print(f"{'GPUs':>6} {'regime':<12} {'engine':<9} {'classes':>7} {'actions':>9} {'compile s':>9} {'replay s':>9} "
+          f"{'total s':>8} {'peak MB':>8} {'/heapq':>7} {'/naive':>7} {'heapq s':>8} {'naive s':>8}")
+    for gpus, regime, engine, stages in cases:
+        refs = not args.no_references and gpus <= args.references_up_to and stages == 16
+        command = [sys.executable, __file__, "--case", str(gpus), regime, engine, str(stages), "1" if refs else "0",
+                   str(args.repeat if refs else 1)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{gpus:>6} {regime:<12} {engine:<9} over {args.timeout:g} s")
+            continue
+        if done.returncode != 0:
+            print(f"{gpus:>6} {regime:<12} {engine:<9} failed: {done.stderr.strip().splitlines()[-1]}")
+            continue
+        row = json.loads(done.stdout)
+        total = row["compile_s"] + row["replay_s"] + row["summary_s"]
+        ratio = (lambda key: f"{row['replay_s'] / row[key]:>7.2f}" if key in row else f"{'-':>7}")
+        refs_s = (f"{row['heapq_s']:>8.2f} {row['naive_s']:>8.2f}" if "heapq_s" in row else f"{'-':>8} {'-':>8}")
+        print(f"{gpus:>6} {regime:<12} {engine:<9} {row['classes']:>7} {row['actions']:>9} {row['compile_s']:>9.2f} "
+              f"{row['replay_s']:>9.2f} {total:>8.2f} {row['peak_mb']:>8.0f} {ratio('heapq_s')} {ratio('naive_s')} {refs_s}",
+              flush=True)
+        if engine != "simpy" and "heapq_iteration_s" in row:
+            # without contention the references replay the same model: they must agree with the engine
+            assert abs(row["heapq_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
+            assert abs(row["naive_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
 
 
 if __name__ == "__main__":

@@ -71,13 +71,20 @@ def sample_overlaps(microbatch_size: int, senders: tuple[int, ...],
                     receivers: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
     """Split-concat between two stages: ``(sender, receiver, start, end)`` for every non-empty
     overlap of a sender's and a receiver's samples, by sender then receiver."""
-    send, recv = sample_ranges(microbatch_size, senders), sample_ranges(microbatch_size, receivers)
-    overlaps = []
-    for src, (a0, a1) in send.items():
-        for dst, (b0, b1) in recv.items():
+    # both lists of ranges are sorted and tile [0, microbatch_size): a merge, O(senders + receivers)
+    send = list(sample_ranges(microbatch_size, senders).items())
+    recv = list(sample_ranges(microbatch_size, receivers).items())
+    overlaps, j = [], 0
+    for src, (a0, a1) in send:
+        while j < len(recv) and recv[j][1][1] <= a0:
+            j += 1
+        k = j
+        while k < len(recv) and recv[k][1][0] < a1:
+            dst, (b0, b1) = recv[k]
             lo, hi = max(a0, b0), min(a1, b1)
             if hi > lo:
                 overlaps.append((src, dst, lo, hi))
+            k += 1
     return overlaps
 
 

@@ -8,7 +8,12 @@ A scenario's ``faults:`` list injects any of four faults into a replay:
   times a random factor of mean 1: ``normal`` (``1 + spread·N(0, 1)``, at least 0.05),
   ``lognormal`` (``exp(spread·N(0, 1) − spread²/2)``) or ``uniform`` (``1 ± spread``),
   drawn from a seeded generator so a seed always gives the same replay:
-  ``{type: jitter, distribution: normal, spread: 0.05, seed: 7}``;
+  ``{type: jitter, distribution: normal, spread: 0.05, seed: 7}``. ``per`` says who draws one
+  sequence of factors: ``device`` (the default: every device its own, so every device is its own
+  symmetry class), ``replica`` (the devices of one data-parallel replica, which run in lock-step
+  in Megatron) or ``stage`` (every device of a pipeline rank: classes stay as without jitter).
+  Draws are named by the device, or by the lowest device of its replica or device set, never
+  by a class, so they do not change with ``--no-symmetry``;
 * ``slow_link`` — a port's bandwidth times ``factor`` (0.001 to 1): a network card
   (``nic``, global id ``node * nics_per_node + k``) or a GPU's intra-node port (``device``):
   ``{type: slow_link, nic: 1, factor: 0.25}``;
@@ -30,9 +35,11 @@ from typing import Any
 
 from sim.errors import SpecError
 
-__all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_factors", "first_failure"]
+__all__ = ["FAULT_TYPES", "Failure", "Jitter", "SlowLink", "Straggler", "jitter_factors", "jitter_key", "first_failure"]
 
 JITTER_DISTRIBUTIONS = ("normal", "lognormal", "uniform")
+JITTER_PER = ("device", "replica", "stage")
+"""Who draws one sequence of jitter factors (``Jitter.per``)."""
 
 SLOWDOWN_RANGE = (1.0, 1000.0)
 """A straggler's compute time factor: from 1 (not slow) to 1000."""
@@ -82,8 +89,14 @@ class Jitter:
     seed: int = 0
     devices: tuple[int, ...] | None = None
     """Devices whose actions jitter; None: every device."""
+    per: str = "device"
+    """Who draws one sequence of factors: each ``device`` its own; every device of a data-parallel
+    ``replica`` (its tensor and context group) the same; every device of a ``stage`` (a pipeline
+    rank's device set) the same. Coarser draws keep more devices in one symmetry class."""
 
     def __post_init__(self) -> None:
+        if self.per not in JITTER_PER:
+            raise SpecError("per", f"unknown {self.per!r}; valid: {', '.join(JITTER_PER)}")
         if self.distribution not in JITTER_DISTRIBUTIONS:
             raise SpecError("distribution", f"unknown {self.distribution!r}; valid: {', '.join(JITTER_DISTRIBUTIONS)}")
         if isinstance(self.spread, bool) or not isinstance(self.spread, (int, float)) or not 0 <= self.spread <= 10:
@@ -135,9 +148,16 @@ FAULT_TYPES = {"straggler": Straggler, "jitter": Jitter, "slow_link": SlowLink, 
 """``type:`` name -> spec class."""
 
 
-def jitter_factors(jitter: Jitter, device: int, count: int) -> list[float]:
-    """``count`` factors for ``device``'s compute actions, in order (same seed, same factors)."""
-    rng = random.Random(f"{jitter.seed}:{device}")
+def jitter_key(jitter: Jitter, device: int, first: int) -> int | str:
+    """What names a device's draws: the device itself (``per: device``), or the lowest device of
+    its replica (``replica``) or of its stage's device set (``stage``), ``first``."""
+    return device if jitter.per == "device" else f"{jitter.per}:{first}"
+
+
+def jitter_factors(jitter: Jitter, key: int | str, count: int) -> list[float]:
+    """``count`` factors for the compute actions drawn under ``key`` (:func:`jitter_key`; a device
+    id for ``per: device``), in order: the same seed and key give the same factors."""
+    rng = random.Random(f"{jitter.seed}:{key}")
     s = jitter.spread
     if jitter.distribution == "uniform":
         return [1.0 + rng.uniform(-s, s) for _ in range(count)]

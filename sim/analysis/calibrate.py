@@ -220,7 +220,7 @@ def predict(scenarios: list[Scenario], x=None) -> list[float]:
     from sim.engine.fastpath import replay
     from sim.engine.compile import compile_workload
 
-    return [replay(compile_workload(s if x is None else _with_params(s, x))).iteration_time_s for s in scenarios]
+    return [replay(compile_workload(s if x is None else _with_params(s, x), contention=False)).iteration_time_s for s in scenarios]
 
 
 def _start(cluster) -> list[float]:

@@ -69,7 +69,8 @@ def format_summary(summary: Summary, result: SimResult) -> str:
     mode = summary.engine + (", contention" if summary.contention else ", no contention")
     lines = [
         f"{summary.name}: {summary.schedule}, {summary.num_stages} stages, "
-        f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices ({mode})",
+        f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices in "
+        f"{summary.device_classes} classes ({mode})",
     ]
     if summary.failure is not None:
         lines.append(f"FAILED: {summary.failure.message}")

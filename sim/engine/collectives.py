@@ -81,12 +81,16 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:
     """One :class:`Collective` per stage with replicas: its phases' flow kinds, in phase order."""
     result = []
+    by_label: dict[tuple, list[int]] = defaultdict(list)  # one pass over the kinds, not one per phase
+    for k in kinds:
+        if k.label[0] == "AR":
+            by_label[k.label].append(k.index)
     for s, stage in enumerate(plan.stages):
         if len(plan.gradient_groups(s)[0]) < 2:
             continue
         phases = []
         for phase in (0, 1, 2):
-            members = tuple(k.index for k in kinds if k.label == ("AR", s, phase))
+            members = tuple(by_label.get(("AR", s, phase), ()))
             if members:
                 phases.append((members, latency[(s, phase)]))
         participants = tuple(sorted({class_of[d] for d in stage.devices}))

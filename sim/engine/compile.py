@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from sim.collectives import embedding_group_link
 from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
-from sim.engine.flows import PortTable, flow_kinds, kinds_by_class, p2p_flows
+from sim.engine.flows import PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, static_rates
 from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
-from sim.engine.symmetry import refine
+from sim.engine.classes import FaultView, Symmetry, group_members
 from sim.engine.workload import (
     COMPUTE,
     GROUP,
@@ -60,8 +60,13 @@ WGRAD_STASH_FRACTION = 0.5
 weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
 
 
-def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
-    """Compile ``scenario`` (which must have a plan) for replay."""
+def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: bool = True) -> Workload:
+    """Compile ``scenario`` (which must have a plan) for replay.
+
+    ``contention=False`` compiles for a contention-free replay (the fast path, the SimPy engine
+    with ``contention=False``): its classes need only be exact without contention, which lets a
+    fault split far fewer of them (``sim.engine.symmetry.refine_behaviour``).
+    """
     plan, cluster, model, training = scenario.plan, scenario.cluster, scenario.model, scenario.training
     assert plan is not None, "the caller checks that the scenario has a plan"
     schedule = schedule_for_plan(plan, training.num_microbatches,
@@ -71,36 +76,33 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     stage_ranks, groups = plan.stage_ranks, plan.device_groups
     whole, model = model, shard_model(model, plan.shard)
     devices = sorted(d for g in groups for d in g)
-    local = {d: i for i, d in enumerate(devices)}
     rank_of = {d: r for r, g in enumerate(groups) for d in g}
     samples = {s: _replica_samples(plan, s, training.microbatch_size) for s in range(plan.num_stages)}
     stages_of_rank = [tuple(s for s, r in enumerate(stage_ranks) if r == rank) for rank in range(len(groups))]
 
     ar_flows, ar_latency = allreduce_flows(plan, model, cluster)
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
-    flows = p2p_flows(plan, model, training.microbatch_size) + ar_flows + g_flows
+    p2p = p2p_flows(plan, model, training.microbatch_size)
+    flows = p2p + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
-    nic_local = {n: i for i, n in enumerate(nic_ids)}
-    faults = FaultView(scenario.faults, cluster)
-    initial = [
-        (rank_of[d], tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]), faults.device_signature(d))
-        for d in devices
-    ]
-    edges = [
-        (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
-        for src, dst, label, nbytes in flows
-    ]
-    device_class, card_class = refine(initial, [nic_local[cluster.nic_of(d)] for d in devices], edges, len(nic_ids),
-                                      [faults.nic_factor(n) for n in nic_ids])
-    # identical devices issue each operation together, with or without the reduction
-    together = {d: device_class[local[d]] for d in devices}
+    faults = FaultView(scenario.faults, cluster, plan)
+    paths = flow_paths(flows, cluster, faults)
+    slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
+    sym = Symmetry(devices, nic_ids, flows, cluster, faults, rank_of, slices)
+    # identical devices issue each operation together (``static_rates``), with or without the reduction
+    if contention:
+        device_class, card_class = sym.equitable(with_faults=True)
+        rates = static_rates(flows, paths, {d: device_class[i] for i, d in enumerate(devices)})
+    else:
+        device_class, rates = sym.behaviour(len(p2p), paths, group_members(plan, g_flows))
+        card_class = list(range(len(nic_ids)))  # a contention-free replay never reads port loads
     if not symmetric:
         device_class, card_class = list(range(len(devices))), list(range(len(nic_ids)))
-    class_of = {d: device_class[local[d]] for d in devices}
-    card_of = {n: card_class[nic_local[n]] for n in nic_ids}
+    class_of = {d: device_class[i] for i, d in enumerate(devices)}
+    card_of = {n: card_class[i] for i, n in enumerate(nic_ids)}
 
-    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, faults)
-    kinds = flow_kinds(flows, class_of, together, ports)
+    ports = PortTable(cluster, class_of, card_of, devices, nic_ids)
+    kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention)
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
@@ -109,7 +111,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
     by_class = kinds_by_class(kinds)
     context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
-                       group_of=group_of, by_class=by_class, faults=faults)
+                       group_of=group_of, by_class=by_class, faults=faults, rank_texts={}, stage_costs={})
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     flop = mfu_flop_per_sample(whole)
     return Workload(
@@ -132,6 +134,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True) -> Workload:
                                 data=max(plan.num_replicas(s) for s in range(plan.num_stages)),
                                 sharding=plan.sharding.value, sequence_parallel=plan.sequence_parallel),
         tokens_per_sample=_tokens_per_sample(whole),
+        contention=contention or not symmetric,
     )
 
 
@@ -155,39 +158,6 @@ def _slice(ranges: dict[int, tuple[int, int]], device: int) -> int:
     return end - start
 
 
-class FaultView:
-    """The scenario's faults, as the compiler asks about them."""
-
-    def __init__(self, faults: tuple, cluster) -> None:
-        from sim.faults import Failure, Jitter, SlowLink, Straggler
-
-        self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
-        self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
-        self.jitters = [f for f in faults if isinstance(f, Jitter)]
-        self.slow_ports: dict[int, float] = {}
-        self.slow_nics: dict[int, float] = {}
-        for f in faults:
-            if isinstance(f, SlowLink):
-                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
-                table[key] = table.get(key, 1.0) * f.factor
-
-    def jitter_for(self, device: int):
-        return next((j for j in self.jitters if j.applies_to(device)), None)
-
-    def device_signature(self, device: int) -> tuple:
-        """What makes a device unlike its replicas (a jittered device is unlike every other)."""
-        straggler, failure = self.stragglers.get(device), self.failures.get(device)
-        return (
-            (straggler.slowdown, straggler.from_s) if straggler else None,
-            failure.at_s if failure else None,
-            self.slow_ports.get(device, 1.0),
-            device if self.jitter_for(device) is not None else None,
-        )
-
-    def nic_factor(self, nic: int) -> float:
-        return self.slow_nics.get(nic, 1.0)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Context:
     """What building one class's ops needs from the compilation (read-only)."""
@@ -205,6 +175,15 @@ class _Context:
     """``(label, class) -> index`` of the class's group collectives."""
     by_class: tuple
     faults: FaultView
+    rank_texts: dict
+    stage_costs: dict
+    """``(stage, samples) -> StageCost``, filled as classes need them."""
+
+    def texts(self, rank: int) -> list[str]:
+        """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
+        if rank not in self.rank_texts:
+            self.rank_texts[rank] = [str(step) for step in self.schedule.ranks[rank]]
+        return self.rank_texts[rank]
 
 
 def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> DeviceClass:
@@ -214,10 +193,13 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     slices = tuple(_slice(ctx.samples[s], devices[0]) for s in stages)
     costs = {}
     for s, n in zip(stages, slices):
-        start, end = plan.stages[s].layers
-        data = len(plan.gradient_groups(s)[0])
-        costs[s] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
-                              data_parallel=data, sharding=plan.sharding, tied_link=embedding_group_link(plan, cluster))
+        if (s, n) not in ctx.stage_costs:  # the same for every class of the stage with this slice
+            start, end = plan.stages[s].layers
+            data = len(plan.gradient_groups(s)[0])
+            ctx.stage_costs[(s, n)] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
+                                                 data_parallel=data, sharding=plan.sharding,
+                                                 tied_link=embedding_group_link(plan, cluster))
+        costs[s] = ctx.stage_costs[(s, n)]
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
@@ -233,16 +215,22 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         return templates[key]
 
     efficiency = plan.overlap_efficiency
-    for step in ctx.schedule.ranks[rank]:
+    rows: dict[tuple, list[tuple]] = {}  # template key -> each op's fields after the micro-batch
+    for step, text in zip(ctx.schedule.ranks[rank], ctx.texts(rank)):
         if type(step) is OverlapFB:
             ops += _pair_ops(step, template(step.forward), template(step.backward), efficiency)
             continue
-        ops += [Op(text=str(step), microbatch=step.microbatch, **fields) for fields in template(step)]
+        key = (step.stage, step.kind)
+        if key not in rows:
+            rows[key] = [_op_row(fields) for fields in template(step)]
+        mb = step.microbatch
+        ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
     jitter = ctx.faults.jitter_for(devices[0])
-    if jitter is not None:  # a jittered device is alone in its class (its signature is unique)
+    if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
-        for i, factor in zip(compute, jitter_factors(jitter, devices[0], len(compute))):
-            ops[i] = ops[i]._replace(duration_s=ops[i].duration_s * factor)
+        for i, factor in zip(compute, jitter_factors(jitter[0], jitter[1], len(compute))):
+            op = ops[i]
+            ops[i] = _new_tuple(Op, op[:5] + (op[5] * factor,) + op[6:])  # op._replace(duration_s=...)
     straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
     states = [costs[s].states for s in stages]
     return DeviceClass(
@@ -260,6 +248,15 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         slow_from_s=straggler.from_s if straggler else 0.0,
         fails_at_s=failure.at_s if failure else None,
     )
+
+
+_new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
+
+
+def _op_row(fields: dict) -> tuple:
+    """An op's fields as (code, stage, kind, the fields after the micro-batch in ``Op`` order)."""
+    rest = tuple(fields.get(name, Op._field_defaults[name]) for name in Op._fields[5:])
+    return fields["code"], fields["stage"], fields["kind"], rest
 
 
 def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], efficiency: float) -> list[Op]:

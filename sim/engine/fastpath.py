@@ -198,14 +198,16 @@ def replay(workload) -> "SimResult":
         raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
     state = _PlanState(workload)
     state.run()
-    return SimResult(workload, state.records, engine="fast", contention=False)
+    records = state.records
+    del state  # its mailboxes go before the memory timelines are built (the peak of a large replay)
+    return SimResult(workload, records, engine="fast", contention=False)
 
 
 class _PlanState:
     """Per-class cursors and clocks of a contention-free replay."""
 
     def __init__(self, workload) -> None:
-        from sim.engine.result import Recorder
+        from sim.engine.result import OpTimes, Recorder
 
         self.w = workload
         n = len(workload.classes)
@@ -213,7 +215,7 @@ class _PlanState:
         self.clock = [0.0] * n
         self.send_free = [0.0] * n
         self.coll_free = [0.0] * n
-        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=OpTimes(len(c.ops))) for c in workload.classes]
         self.arrived: dict[tuple, list] = {}
         self.waiting: dict[tuple, int] = {}
         self.issued: dict[int, list] = {}
@@ -224,76 +226,105 @@ class _PlanState:
         self.ready = list(range(n - 1, -1, -1))
 
     def run(self) -> None:
-        from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, recv_mailbox
+        """Run every class until it waits; a delivery or a collective wakes its waiters.
 
-        classes = self.w.classes
-        while self.ready:
-            c = self.ready.pop()
-            ops, i, now, rec = classes[c].ops, self.cursor[c], self.clock[c], self.records[c]
-            slowdown, slow_from = classes[c].slowdown, classes[c].slow_from_s
-            while i < len(ops):
+        The hot loop keeps its state in locals and looks flows up in flat per-kind tables:
+        a mailbox is an int, ``box * num_microbatches + microbatch``.
+        """
+        from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
+
+        classes, kinds, records = self.w.classes, self.w.kinds, self.records
+        stride = max(self.w.num_microbatches, 1)
+        boxes: dict[tuple, int] = {}
+        kind_box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
+                    if k.label[0] in ("F", "B") else -1 for k in kinds]
+        kind_s = [k.bytes / k.static_rate_bytes_per_s for k in kinds]
+        arrived, waiting, ready, pending = self.arrived, self.waiting, self.ready, self.pending_s
+        send_free = self.send_free
+        while ready:
+            c = ready.pop()
+            cls = classes[c]
+            ops, i, now, rec = cls.ops, self.cursor[c], self.clock[c], records[c]
+            starts, ends, buffers = rec.op_times.start, rec.op_times.end, rec.buffers
+            memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append
+            buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
+            slowdown, slow_from = cls.slowdown, cls.slow_from_s
+            slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
+            n = len(ops)
+            while i < n:
                 op = ops[i]
-                if op.code == COMPUTE:
-                    end = now + op.duration_s * (slowdown if now >= slow_from else 1.0)
-                    rec.op_times[i] = (now, end)
-                    if op.alloc_bytes:
-                        rec.memory.append((now, op.alloc_bytes))
-                    end = max(end, self.pending_s[c])  # the collectives that ran beside it
-                    self.pending_s[c] = 0.0
+                code = op[0]
+                if code == COMPUTE:
+                    end = now + (op[5] * slowdown if slow and now >= slow_from else op[5])
+                    starts[i], ends[i] = now, end
+                    if op[6]:
+                        memory_at(now)
+                        memory_delta(op[6])
+                    if pending[c] > end:  # the collectives that ran beside it
+                        end = pending[c]
+                    pending[c] = 0.0
                     if op.gather_bytes:
-                        rec.buffers += [(now, op.gather_bytes), (end, -op.gather_bytes)]
-                    if op.free_bytes:
-                        rec.memory.append((end, -op.free_bytes))
-                    if op.buffer_bytes:
-                        rec.buffers.append((end, -op.buffer_bytes))
+                        buffers.append((now, op.gather_bytes))
+                        buffers.append((end, -op.gather_bytes))
+                    if op[7]:
+                        memory_at(end)
+                        memory_delta(-op[7])
+                    if op[8]:
+                        buffer_at(end)
+                        buffer_delta(-op[8])
                     now = end
-                elif op.code == GROUP:
+                elif code == SEND:
+                    start = send_free[c] if send_free[c] > now else now
+                    done, mb = start, op[4]
+                    for k in op.flows:
+                        sent = start + kind_s[k]
+                        if sent > done:
+                            done = sent
+                        kind = kinds[k]
+                        rec.bytes_sent += kind.send_bytes_per_device
+                        self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
+                    send_free[c] = done
+                    starts[i], ends[i] = start, done
+                    if op[5]:
+                        now += op[5] * slowdown if slow and now >= slow_from else op[5]
+                elif code == RECV:
+                    flows = op.flows
+                    if flows:
+                        key = kind_box[flows[0]] + op[4]
+                        got = arrived.get(key)
+                        if got is None or got[0] < len(flows):
+                            waiting[key] = c
+                            break
+                        arrival = got[1] if got[1] > now else now
+                    else:
+                        arrival = now
+                    end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
+                    starts[i], ends[i] = now, end
+                    now = end
+                elif code == GROUP:
                     end = self._group(c, i, op, now)
                     if end is None:
                         break  # the rest of its group has not issued it yet
                     if op.overlap:
-                        self.pending_s[c] = max(self.pending_s[c], end)
-                    else:
-                        now = max(now, end)
-                elif op.code == SEND:
-                    self._send(c, i, op, now)
-                    now += op.duration_s * (slowdown if now >= slow_from else 1.0)
-                elif op.code == RECV:
-                    key = recv_mailbox(c, op)
-                    got = self.arrived.get(key)
-                    if len(op.flows) and (got is None or got[0] < len(op.flows)):
-                        self.waiting[key] = c
-                        break
-                    arrival = max(now, got[1] if got else now)
-                    end = arrival + op.duration_s * (slowdown if arrival >= slow_from else 1.0)
-                    rec.op_times[i] = (now, end)
-                    now = end
+                        if end > pending[c]:
+                            pending[c] = end
+                    elif end > now:
+                        now = end
                 else:
                     self._reduce(c, i, op, now)
                 i += 1
             self.cursor[c], self.clock[c] = i, now
         self._finish()
 
-    def _send(self, c: int, i: int, op, now: float) -> None:
-        from sim.engine.workload import mailbox
-
-        start = max(now, self.send_free[c])
-        done = start
-        rec = self.records[c]
-        for k in op.flows:
-            kind = self.w.kinds[k]
-            sent = start + kind.bytes / kind.static_rate_bytes_per_s
-            done = max(done, sent)
-            rec.bytes_sent += kind.send_bytes_per_device
-            self._deliver(mailbox(kind, op.microbatch), sent + kind.latency_s, kind)
-        self.send_free[c] = done
-        rec.op_times[i] = (start, done)
-
-    def _deliver(self, key: tuple, when: float, kind) -> None:
-        got = self.arrived.setdefault(key, [0, 0.0])
-        got[0] += 1
-        got[1] = max(got[1], when)
-        rec = self.records[key[0]]
+    def _deliver(self, key: int, when: float, kind) -> None:
+        got = self.arrived.get(key)
+        if got is None:
+            self.arrived[key] = [1, when if when > 0.0 else 0.0]
+        else:
+            got[0] += 1
+            if when > got[1]:
+                got[1] = when
+        rec = self.records[kind.dst_class]
         rec.bytes_received += kind.recv_bytes_per_device
         rec.buffers.append((when, kind.recv_bytes_per_device))
         waiter = self.waiting.pop(key, None)

@@ -24,9 +24,9 @@ from sim.cost import sample_overlaps
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:
-    from sim.engine.compile import FaultView
+    from sim.engine.classes import FaultView
 
-__all__ = ["PortTable", "flow_kinds", "kinds_by_class", "p2p_flows"]
+__all__ = ["PortTable", "flow_kinds", "flow_paths", "kinds_by_class", "p2p_flows", "static_rates"]
 
 
 def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, float]]:
@@ -56,11 +56,10 @@ def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, 
 class PortTable:
     """Real port ids, their classes and bandwidths (a degraded port has its own class)."""
 
-    def __init__(self, cluster, class_of, card_of, devices, nic_ids, faults: FaultView):
+    def __init__(self, cluster, class_of, card_of, devices, nic_ids):
         self.cluster = cluster
         self.class_of = class_of
         self.card_of = card_of
-        self.faults = faults
         self.ids: dict[tuple, int] = {}
         self.info: list[tuple[str, float, int]] = []  # name, bandwidth, size
         sizes = defaultdict(int)
@@ -72,23 +71,10 @@ class PortTable:
             sizes[("nic-in", card_of[n])] += 1
         self.sizes = sizes
 
-    def path(self, src: int, dst: int) -> tuple[tuple[tuple, tuple], tuple[int, int], tuple[float, float], float]:
-        """(real port keys, port class ids, their bandwidths, latency) of a transfer src -> dst."""
-        c, f = self.cluster, self.faults
-        if c.node_of(src) == c.node_of(dst):
-            real = (("out", src), ("in", dst))
-            keys = (("out", self.class_of[src]), ("in", self.class_of[dst]))
-            link = c.intra_node
-            factors = (f.slow_ports.get(src, 1.0), f.slow_ports.get(dst, 1.0))
-        else:
-            nics = (c.nic_of(src), c.nic_of(dst))
-            real = (("nic-out", nics[0]), ("nic-in", nics[1]))
-            keys = (("nic-out", self.card_of[nics[0]]), ("nic-in", self.card_of[nics[1]]))
-            link = c.inter_node
-            factors = (f.nic_factor(nics[0]), f.nic_factor(nics[1]))
-        bandwidths = tuple(link.bandwidth_bytes_per_s * factor for factor in factors)
-        ids = tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
-        return real, ids, bandwidths, link.latency_s
+    def class_ids(self, real: tuple[tuple, tuple], bandwidths: tuple[float, float]) -> tuple[int, int]:
+        """The port classes of a path's real ports."""
+        keys = tuple((name, self.class_of[port] if name in ("out", "in") else self.card_of[port]) for name, port in real)
+        return tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
 
     def link(self, src: int, dst: int):
         """The ``LinkSpec`` of a transfer src -> dst."""
@@ -113,37 +99,61 @@ def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
     return label if label[0] == "AR" else (label, together[src])
 
 
-def flow_kinds(flows, class_of, together, ports: PortTable) -> list[FlowKind]:
+def flow_paths(flows, cluster, faults: FaultView) -> list[tuple[tuple, tuple[float, float], float]]:
+    """Each flow's (real port keys, their bandwidths, latency): inside a server the sender's
+    out-port and the receiver's in-port, between servers their NICs; a slow link's factor applied."""
+    paths = []
+    for src, dst, _, _ in flows:
+        if cluster.node_of(src) == cluster.node_of(dst):
+            real = (("out", src), ("in", dst))
+            link = cluster.intra_node
+            factors = (faults.slow_ports.get(src, 1.0), faults.slow_ports.get(dst, 1.0))
+        else:
+            real = (("nic-out", cluster.nic_of(src)), ("nic-in", cluster.nic_of(dst)))
+            link = cluster.inter_node
+            factors = (faults.nic_factor(real[0][1]), faults.nic_factor(real[1][1]))
+        paths.append((real, tuple(link.bandwidth_bytes_per_s * factor for factor in factors), link.latency_s))
+    return paths
+
+
+def static_rates(flows, paths, together) -> list[float]:
+    """Each flow's rate when only the operation it belongs to runs (``_operation``): its slowest
+    port's bandwidth over the real flows of that operation crossing it."""
+    op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+    operations = [_operation(label, src, together) for src, _, label, _ in flows]
+    for operation, (real, _, _) in zip(operations, paths):
+        load = op_port_load[operation]
+        for port in real:
+            load[port] += 1
+    return [min(bw / op_port_load[operation][port] for bw, port in zip(bandwidths, real))
+            for operation, (real, bandwidths, _) in zip(operations, paths)]
+
+
+def flow_kinds(flows, paths, rates, class_of, ports: PortTable, *, by_rate: bool = False) -> list[FlowKind]:
     """Group real flows into kinds (same label, classes and bytes), sorted by their key.
 
-    A kind's static rate is what its slowest port gives it when only the operation it
-    belongs to runs (``_operation``): the port's bandwidth over the real flows of that
-    operation crossing it. ``together`` maps a device to its class with the reduction on,
-    so that the operations are the same with ``symmetric=False``.
+    ``rates`` are the flows' static rates (:func:`static_rates`); a kind's is its first flow's.
+    With ``by_rate`` flows of different rates or latencies are different kinds (classes of a
+    contention-free replay, ``sim.engine.symmetry.refine_behaviour``, may mix them).
     """
     grouped: dict[tuple, list] = defaultdict(list)
-    op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
-    paths = []
-    for src, dst, label, nbytes in flows:
-        real, ids, bandwidths, latency = ports.path(src, dst)
-        paths.append((real, ids, bandwidths, latency))
-        grouped[(label, class_of[src], class_of[dst], round(nbytes, 6))].append(len(paths) - 1)
-        for port in real:
-            op_port_load[_operation(label, src, together)][port] += 1
+    port_ids = [ports.class_ids(real, bandwidths) for real, bandwidths, _ in paths]  # numbered in flow order
+    for i, ((src, dst, label, nbytes), (_, _, latency)) in enumerate(zip(flows, paths)):
+        key = (label, class_of[src], class_of[dst], round(nbytes, 6))
+        grouped[key + ((rates[i], latency) if by_rate else ())].append(i)
     counts = defaultdict(int)
     for d in class_of:
         counts[class_of[d]] += 1
     kinds = []
-    for (label, src_class, dst_class, _), members in sorted(grouped.items(), key=lambda item: repr(item[0])):
+    for (label, src_class, dst_class, *_), members in sorted(grouped.items(),
+                                                            key=lambda item: (repr(item[0][:4]), item[0][4:])):
         src, dst, _, nbytes = flows[members[0]]
-        real, ids, bandwidths, latency = paths[members[0]]
+        latency, ids = paths[members[0]][2], port_ids[members[0]]
         per_port = defaultdict(int)
         for m in members:
-            for port_id in paths[m][1]:
+            for port_id in port_ids[m]:
                 per_port[port_id] += 1
         weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
-        loads = op_port_load[_operation(label, src, together)]
-        static_rate = min(bw / loads[port] for bw, port in zip(bandwidths, real))
         link = ports.link(src, dst)
         kinds.append(
             FlowKind(
@@ -154,7 +164,7 @@ def flow_kinds(flows, class_of, together, ports: PortTable) -> list[FlowKind]:
                 bytes=nbytes,
                 latency_s=latency,
                 ports=weights,
-                static_rate_bytes_per_s=static_rate,
+                static_rate_bytes_per_s=rates[members[0]],
                 send_bytes_per_device=nbytes * len(members) / counts[src_class],
                 recv_bytes_per_device=nbytes * len(members) / counts[dst_class],
                 issue_s=link.send_issue_s(nbytes) * len(members) / counts[src_class],

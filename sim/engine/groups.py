@@ -123,14 +123,17 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
     for label in sorted(by_label, key=repr):
         name, s, _ = label
         seen: dict[tuple[int, ...], int] = {}
+        by_source: dict[int, list[FlowKind]] = defaultdict(list)  # kinds by sending class, in kind order
+        for k in by_label[label]:
+            by_source[k.src_class].append(k)
         for group in groups_of[name](s):
             participants = tuple(sorted({class_of[d] for d in group}))
             if participants not in seen:
-                members = tuple(k.index for k in by_label[label] if k.src_class in participants)
+                own = sorted((k for p in participants for k in by_source.get(p, ())), key=lambda k: k.index)
                 seen[participants] = len(result)
                 result.append(Collective(index=len(result), stage=s, participants=participants,
-                                         phases=((members, latency.get(label, 0.0)),),
-                                         bytes=sum(k.bytes for k in by_label[label] if k.src_class in participants)))
+                                         phases=((tuple(k.index for k in own), latency.get(label, 0.0)),),
+                                         bytes=sum(k.bytes for k in own)))
             for p in participants:
                 index_of[(label, p)] = seen[participants]
     return result, index_of

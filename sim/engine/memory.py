@@ -11,6 +11,7 @@ count twice. A device runs out of memory the first time that sum passes its capa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from sim.units import format_bytes
@@ -58,14 +59,15 @@ class MemoryTimeline:
     """Communication buffers (received data, gathered parameters) held when the total peaks."""
 
 
-def _frees_first(event: tuple[float, float]) -> tuple[float, bool]:
-    return event[0], event[1] > 0
+def _frees_first(events: list[tuple]) -> list[tuple]:
+    """``events`` (time first, bytes delta second) sorted by time, frees before allocations at one
+    instant, each group in its given order: a stable sort by time of the frees, then the rest."""
+    return sorted([e for e in events if not e[1] > 0] + [e for e in events if e[1] > 0], key=itemgetter(0))
 
 
 def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
     """The memory of one device of ``cls`` from its class's ``record``."""
-    events = sorted([(t, d, 0) for t, d in record.memory] + [(t, d, 1) for t, d in record.buffers],
-                    key=lambda e: (e[0], e[1] > 0))
+    events = _frees_first([(t, d, 0) for t, d in record.memory] + [(t, d, 1) for t, d in record.buffers])
     total, times, values = cls.static_bytes, [0.0], [cls.static_bytes]
     peak, peak_t = total, 0.0
     held, at_peak = [0.0, 0.0], (0.0, 0.0)  # activations, buffers
@@ -80,7 +82,7 @@ def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
         if total > peak:
             peak, peak_t, at_peak = total, t, (held[0], held[1])
     stash = stash_peak = 0.0
-    for _, delta in sorted(record.memory, key=_frees_first):
+    for _, delta in _frees_first(record.memory):
         stash += delta
         stash_peak = max(stash_peak, stash)
     live = best = 0

@@ -46,7 +46,7 @@ _EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("kind", "remaining", "rate", "since", "version", "done")
+    __slots__ = ("kind", "remaining", "rate", "since", "version", "done", "finish")
 
     def __init__(self, kind, done: Callable[[], None], now: float) -> None:
         self.kind = kind
@@ -55,6 +55,8 @@ class _Flow:
         self.since = now
         self.version = 0
         self.done = done
+        self.finish = math.nan
+        """When its heap entry of this ``version`` says it ends."""
 
 
 class Network:
@@ -102,16 +104,29 @@ class Network:
     def _recompute(self) -> None:
         self.recompute_pending = False
         now = self.env.now
-        affected = set().union(*(self.on_port[p] for p in self.dirty)) if self.dirty else set()
-        self.dirty.clear()
+        dirty, on_port, flows, heap = self.dirty, self.on_port, self.flows, self.heap
+        bandwidth, load, push = self.bandwidth, self.load, heapq.heappush
+        if len(dirty) == 1:
+            affected = on_port[next(iter(dirty))]
+        else:
+            affected = set().union(*(on_port[p] for p in dirty)) if dirty else set()
+        dirty.clear()
         for fid in sorted(affected):
-            flow = self.flows[fid]
+            flow = flows[fid]
             flow.remaining -= flow.rate * (now - flow.since)
             flow.since = now
-            flow.rate = min(self.bandwidth[p] / self.load[p] for p, _ in flow.kind.ports)
+            rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
+            for p, _ in flow.kind.ports:
+                share = bandwidth[p] / load[p]
+                if share < rate:
+                    rate = share
+            remaining = flow.remaining
+            finish = now + (remaining if remaining > 0.0 else 0.0) / rate
+            if rate == flow.rate and finish == flow.finish:
+                continue  # its heap entry still holds exactly this finish: no new entry to sift
+            flow.rate, flow.finish = rate, finish
             flow.version += 1
-            finish = now + max(flow.remaining, 0.0) / flow.rate
-            heapq.heappush(self.heap, (finish, fid, flow.version))
+            push(heap, (finish, fid, flow.version))
         self._arm()
 
     def _arm(self) -> None:

@@ -26,6 +26,15 @@ allocations and frees over time per device class. Classes of identical devices
 (``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 
+**Events per action** (the hot path, every device distinct): a compute action is one
+timeout; a ``SEND`` none of its own, and each of its flows one event when it has left and one
+when it arrives after the link latency (with contention, flows that start or end at one
+instant share one rate recomputation and one wake-up instead of the first); a ``RECV`` one
+event when it has to wait, none when its data is in; ``REDUCE_GRAD`` none on the compute
+stream (its all-reduce is one process per stage). Measured on 256 BERT-48 devices in 16 stages
+without symmetry: 0.94 events per action with contention (1.55 with jitter on every device,
+which spreads flows over more instants), 1.2 without; at most 2 on every path.
+
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
 raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
 out of events rather than spinning, so this never hangs.
@@ -40,7 +49,7 @@ import simpy
 
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
-from sim.engine.result import Recorder, SimResult
+from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, recv_mailbox
 
 __all__ = ["simulate"]
@@ -48,12 +57,17 @@ __all__ = ["simulate"]
 
 def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
     """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path."""
+    if contention and not workload.contention:
+        raise ValueError("this workload's classes are exact only without contention: compile it with "
+                         "compile_workload(..., contention=True) to replay it with contention")
     with _gc_paused():
         replay = _Replay(workload, contention)
         replay.env.run()
     if replay.failure is None:
         replay.check_finished()
-    return SimResult(workload, replay.records, engine="simpy", contention=contention, failure=replay.failure)
+    records, failure = replay.records, replay.failure
+    del replay  # the environment, ports and mailboxes go before the memory timelines are built
+    return SimResult(workload, records, engine="simpy", contention=contention, failure=failure)
 
 
 @contextmanager
@@ -79,7 +93,7 @@ class _Replay:
         self.env = simpy.Environment()
         self.net = Network(self.env, workload, contention=contention)
         n = len(workload.classes)
-        self.records = [Recorder(op_times=[None] * len(c.ops)) for c in workload.classes]
+        self.records = [Recorder(op_times=OpTimes(len(c.ops))) for c in workload.classes]
         self.position = [0] * n
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
@@ -120,31 +134,37 @@ class _Replay:
     def _actions(self, c: int):
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
-        ops = cls.ops
+        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers  # ``Deltas``
+        starts, ends = rec.op_times.start, rec.op_times.end
+        timeout = env.timeout
+        slowdown, slow_from = cls.slowdown, cls.slow_from_s
+        slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
         for i, op in enumerate(ops):
-            self.position[c] = i
-            code = op.code
+            position[c] = i
+            code = op[0]
             if code == COMPUTE:
                 start = env.now
-                if op.alloc_bytes:
-                    rec.memory.append((start, op.alloc_bytes))
+                if op[6]:
+                    memory.append((start, op[6]))
                 if op.gather_bytes:
-                    rec.buffers.append((start, op.gather_bytes))
-                duration = op.duration_s * (cls.slowdown if start >= cls.slow_from_s else 1.0)
+                    buffers.append((start, op.gather_bytes))
+                duration = op[5] * slowdown if slow and start >= slow_from else op[5]
                 if duration > 0:
-                    yield env.timeout(duration)
-                rec.op_times[i] = (start, env.now)
+                    yield timeout(duration)
+                end = env.now
+                starts[i], ends[i] = start, end
                 if self.pending[c]:  # the action ends with the collectives that ran beside it
                     pending = [e for e in self.pending[c] if not e.processed]
                     self.pending[c] = []
                     if pending:
                         yield simpy.AllOf(env, pending)
+                        end = env.now
                 if op.gather_bytes:
-                    rec.buffers.append((env.now, -op.gather_bytes))
-                if op.free_bytes:
-                    rec.memory.append((env.now, -op.free_bytes))
-                if op.buffer_bytes:
-                    rec.buffers.append((env.now, -op.buffer_bytes))
+                    buffers.append((end, -op.gather_bytes))
+                if op[7]:
+                    memory.append((end, -op[7]))
+                if op[8]:
+                    buffers.append((end, -op[8]))
             elif code == SEND:
                 self._queue_send(c, i, op)
                 if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)

@@ -45,7 +45,7 @@ def run_scenario(
                 f"{scenario.path or scenario.name}: faults[{failing}]: a device failure stops the iteration, and "
                 "device failures need the SimPy engine to replay; use --engine simpy"
             )
-    workload = compile_workload(scenario, symmetric=symmetric)
+    workload = compile_workload(scenario, symmetric=symmetric, contention=contention and engine != "fast")
     log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
     if engine == "fast":
         result = replay(workload)

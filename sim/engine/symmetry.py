@@ -18,13 +18,24 @@ stay in lock-step forever (by induction over events), so one representative is e
 
 Ties are broken by device id, so the classes (and everything printed from them) are
 deterministic.
+
+**Partial symmetry without contention** (:func:`refine_behaviour`). The equitable partition is
+what exactness needs when flows contend: a ring neighbour of a straggler shares ports with
+it, so it can differ. Without contention (the fast path, ``--no-contention``) a flow's rate is
+fixed when it is compiled, and a collective ends at the same instant for all its members, so
+far less tells devices apart: their own actions and faults, the multiset of flows they send
+and receive (label, bytes, rate, latency), the classes of the devices that send to them (their
+data arrives when those are ready), and the set of classes in each of their groups'
+collectives (it starts when the last member joins). Refining on only these keeps a straggler's
+mark on the devices that wait for it (its replica's chain through the pipeline, its tensor
+group) and on no others: a 16,384-GPU straggler study replays a few classes per stage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["refine"]
+__all__ = ["refine", "refine_behaviour"]
 
 
 def refine(
@@ -42,11 +53,12 @@ def refine(
     class ids numbered by first appearance in id order.
     """
     num_devices = len(initial)
-    outgoing: list[list[tuple[Hashable, int]]] = [[] for _ in range(num_devices)]
-    incoming: list[list[tuple[Hashable, int]]] = [[] for _ in range(num_devices)]
+    outgoing: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
+    incoming: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
+    label_id = _label_ids(label for _, _, label in edges)
     for src, dst, label in edges:
-        outgoing[src].append((label, dst))
-        incoming[dst].append((label, src))
+        outgoing[src].append((label_id[label], dst))
+        incoming[dst].append((label_id[label], src))
     members: list[list[int]] = [[] for _ in range(num_cards)]
     for device, card in enumerate(card_of):
         members[card].append(device)
@@ -61,8 +73,8 @@ def refine(
             (
                 device_class[d],
                 card_class[card_of[d]],
-                tuple(sorted((repr(label), device_class[dst]) for label, dst in outgoing[d])),
-                tuple(sorted((repr(label), device_class[src]) for label, src in incoming[d])),
+                tuple(sorted([(label, device_class[dst]) for label, dst in outgoing[d]])),
+                tuple(sorted([(label, device_class[src]) for label, src in incoming[d]])),
             )
             for d in range(num_devices)
         ]
@@ -77,3 +89,45 @@ def _relabel(signatures: Sequence[Hashable]) -> list[int]:
     """Map signatures to small ints in order of first appearance (deterministic)."""
     ids: dict[Hashable, int] = {}
     return [ids.setdefault(sig, len(ids)) for sig in signatures]
+
+
+def refine_behaviour(
+    initial: Sequence[Hashable],
+    incoming: Sequence[Sequence[tuple[Hashable, int]]],
+    groups: Sequence[tuple[Hashable, Sequence[int]]],
+) -> list[int]:
+    """Colour refinement for a contention-free replay (see the module docstring).
+
+    ``initial[d]``: what device d is on its own, its flows' multisets included;
+    ``incoming[d]``: ``(label, sender)`` of every point-to-point flow it receives;
+    ``groups``: ``(label, members)`` of every per-action collective group (tensor, context,
+    FSDP). Returns class ids numbered by first appearance in id order.
+    """
+    num_devices = len(initial)
+    label_id = _label_ids([label for flows in incoming for label, _ in flows] + [label for label, _ in groups])
+    senders = [[(label_id[label], src) for label, src in flows] for flows in incoming]
+    member_of: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
+    for g, (label, members) in enumerate(groups):
+        for d in members:
+            member_of[d].append((label_id[label], g))
+    device_class = _relabel(initial)
+    count = max(device_class, default=-1) + 1
+    while True:
+        group_sig = [tuple(sorted({device_class[d] for d in members})) for _, members in groups]
+        device_class = _relabel([
+            (
+                device_class[d],
+                tuple(sorted([(label, device_class[src]) for label, src in senders[d]])),
+                tuple(sorted([(label, group_sig[g]) for label, g in member_of[d]])),
+            )
+            for d in range(num_devices)
+        ])
+        new_count = max(device_class, default=-1) + 1
+        if new_count == count:
+            return device_class
+        count = new_count
+
+
+def _label_ids(labels) -> dict[Hashable, int]:
+    """Small ints for labels, in sorted order of their text (the same ids on every run)."""
+    return {label: i for i, label in enumerate(sorted(set(labels), key=repr))}

@@ -189,6 +189,9 @@ class Workload:
     parallelism: Parallelism
     tokens_per_sample: int | None = None
     """Tokens in one sample (the sequence length of a transformer), for ``tokens_per_s``."""
+    contention: bool = True
+    """The classes are exact with contention (``compile_workload(contention=True)``, or every
+    device its own class); otherwise only a contention-free replay may run them."""
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -27,7 +27,7 @@ __all__ = ["read_faults"]
 
 _FAULT_KEYS = {
     "straggler": {"type", "device", "slowdown", "from"},
-    "jitter": {"type", "distribution", "spread", "seed", "devices"},
+    "jitter": {"type", "distribution", "spread", "seed", "devices", "per"},
     "slow_link": {"type", "nic", "device", "factor"},
     "failure": {"type", "device", "at"},
 }
@@ -55,7 +55,7 @@ def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
 
 
 def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: ClusterSpec):
-    from sim.faults import FACTOR_RANGE, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
+    from sim.faults import FACTOR_RANGE, JITTER_PER, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
 
     times = (0.0, MAX_FAULT_TIME_S, "0s to 1e6s")
     if kind == "straggler":
@@ -77,7 +77,8 @@ def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: Clust
         if "devices" in item else None
     return reader.build(key, Jitter, distribution=reader.string(item, key, "distribution", "normal"),
                         spread=reader.number(item, key, "spread", 0.05, low=0.0, high=10.0),
-                        seed=reader.integer(item, key, "seed", 0, minimum=0, maximum=MAX_SEED), devices=devices)
+                        seed=reader.integer(item, key, "seed", 0, minimum=0, maximum=MAX_SEED), devices=devices,
+                        per=reader.string(item, key, "per", "device", choices=JITTER_PER))
 
 
 def _hardware_id(reader: StrictReader, data: dict, key: str, name: str, count: int) -> int:

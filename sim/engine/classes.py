@@ -1,0 +1,147 @@
+"""Device classes: which devices a replay may merge, and the faults that tell them apart.
+
+Two partitions (``sim.engine.symmetry`` explains both methods):
+
+* :meth:`Symmetry.equitable` — colour refinement over every flow and network card, seeded
+  with each device's rank, slices and faults: exact with contention, where a device that
+  shares a ring or a network card with a faulty one can differ from its replicas;
+* :meth:`Symmetry.behaviour` — for a contention-free replay: the fault-free equitable
+  classes, split only where a fault reaches a device through what it waits for (the data it
+  receives, its groups' collectives, the rates of its flows). One straggler among 16,384
+  devices then splits its own replica's chain through the pipeline (and its tensor group),
+  not the whole cluster.
+
+:class:`FaultView` answers the compiler's questions about the scenario's faults: each
+device's fault signature (a straggler's slowdown, a failure, a slow port, the key its jitter
+draws under, ``sim.faults.jitter_key``) and each NIC's bandwidth factor.
+"""
+
+from __future__ import annotations
+
+from sim.engine.flows import static_rates
+from sim.engine.symmetry import refine, refine_behaviour
+
+__all__ = ["FaultView", "Symmetry", "group_members"]
+
+
+class Symmetry:
+    """The classes of a compilation: equitable (exact with contention) or behavioural (without)."""
+
+    def __init__(self, devices, nic_ids, flows, cluster, faults: FaultView, rank_of, slices) -> None:
+        self.devices, self.nic_ids, self.flows, self.faults = devices, nic_ids, flows, faults
+        self.local = local = {d: i for i, d in enumerate(devices)}
+        nic_local = {n: i for i, n in enumerate(nic_ids)}
+        self.card_of = [nic_local[cluster.nic_of(d)] for d in devices]
+        self.structure = [(rank_of[d], slices[d]) for d in devices]
+        self.edges = [
+            (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
+            for src, dst, label, nbytes in flows
+        ]
+
+    def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
+        """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""
+        f = self.faults
+        initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
+                   for s, d in zip(self.structure, self.devices)]
+        cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
+        return refine(initial, self.card_of, self.edges, len(self.nic_ids), cards)
+
+    def behaviour(self, num_p2p: int, paths, groups) -> tuple[list[int], list[float]]:
+        """Classes exact without contention, and every flow's static rate under them.
+
+        The first ``num_p2p`` flows are the point-to-point ones. Start from the fault-free
+        equitable classes split by each device's faults, then refine (``refine_behaviour``) on
+        the flows each device sends and receives, its senders' classes and its groups' classes;
+        a new partition changes which devices send together, hence the static rates, so repeat
+        until nothing splits. Without faults this is the equitable partition.
+        """
+        structural, _ = self.equitable(with_faults=False)
+        if not self.faults.any:  # fault-free: the equitable classes, exact in either model, as ever
+            return structural, static_rates(self.flows, paths, dict(zip(self.devices, structural)))
+        n, local, flows = len(self.devices), self.local, self.flows
+        p2p = range(num_p2p)
+        incoming = [[] for _ in range(n)]
+        for i in p2p:
+            src, dst, label, _ = flows[i]
+            incoming[local[dst]].append((label, local[src]))
+        member_groups = [(label, [local[d] for d in members]) for label, members in groups]
+        ids: dict = {}
+        classes = [ids.setdefault(pair, len(ids))
+                   for pair in zip(structural, (self.faults.device_signature(d) for d in self.devices))]
+        while True:
+            rates = static_rates(flows, paths, {d: classes[i] for i, d in enumerate(self.devices)})
+            sent, received = [[] for _ in range(n)], [[] for _ in range(n)]
+            for i in p2p:
+                src, dst, label, nbytes = flows[i]
+                flow = (repr(label), round(nbytes, 6), rates[i], paths[i][2])
+                sent[local[src]].append(flow)
+                received[local[dst]].append(flow)
+            initial = [(classes[i], tuple(sorted(sent[i])), tuple(sorted(received[i]))) for i in range(n)]
+            refined = refine_behaviour(initial, incoming, member_groups)
+            if max(refined, default=-1) == max(classes, default=-1):
+                return refined, rates
+            classes = refined
+
+
+def group_members(plan, g_flows) -> list[tuple[tuple, tuple[int, ...]]]:
+    """``((name, stage), devices)`` of every per-action collective group that has flows."""
+    groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups}
+    labels = sorted({(label[0], label[1]) for _, _, label, _ in g_flows})
+    return [((name, s), group) for name, s in labels for group in groups_of[name](s)]
+
+
+class FaultView:
+    """The scenario's faults, as the compiler asks about them."""
+
+    NEUTRAL = (None, None, 1.0, None)
+    """The signature of a device without faults."""
+
+    def __init__(self, faults: tuple, cluster, plan=None) -> None:
+        from sim.faults import Failure, Jitter, SlowLink, Straggler
+
+        self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
+        self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
+        self.jitters = [f for f in faults if isinstance(f, Jitter)]
+        self.any = bool(faults)
+        """Whether the scenario has faults at all."""
+        self.slow_ports: dict[int, float] = {}
+        self.slow_nics: dict[int, float] = {}
+        for f in faults:
+            if isinstance(f, SlowLink):
+                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
+                table[key] = table.get(key, 1.0) * f.factor
+        # the lowest device of each device's replica and device set: what coarser jitter draws under
+        self.first_of: dict[str, dict[int, int]] = {"device": {}, "replica": {}, "stage": {}}
+        if plan is not None and self.jitters:
+            for s in range(plan.num_stages):
+                for replica in plan.replicas(s):
+                    first = min(replica)
+                    for d in replica:
+                        self.first_of["replica"][d] = first
+            for group in plan.device_groups:
+                first = min(group)
+                for d in group:
+                    self.first_of["stage"][d] = first
+
+    def jitter_for(self, device: int):
+        """``(jitter, key of its draws)`` for ``device`` (``sim.faults.jitter_key``), or None."""
+        from sim.faults import jitter_key
+
+        jitter = next((j for j in self.jitters if j.applies_to(device)), None)
+        if jitter is None:
+            return None
+        return jitter, jitter_key(jitter, device, self.first_of[jitter.per].get(device, device))
+
+    def device_signature(self, device: int) -> tuple:
+        """What makes a device unlike its replicas; devices that draw different jitter differ."""
+        straggler, failure = self.stragglers.get(device), self.failures.get(device)
+        jitter = self.jitter_for(device)
+        return (
+            (straggler.slowdown, straggler.from_s) if straggler else None,
+            failure.at_s if failure else None,
+            self.slow_ports.get(device, 1.0),
+            (self.jitters.index(jitter[0]), jitter[1]) if jitter is not None else None,
+        )
+
+    def nic_factor(self, nic: int) -> float:
+        return self.slow_nics.get(nic, 1.0)
