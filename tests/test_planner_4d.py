@@ -164,3 +164,15 @@ def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():
         planner_option("sharding", ["zero3"], "options.sharding", fail)
     with pytest.raises(ValueError, match="options.chunks: must be a positive integer or a list of them"):
         planner_option("chunks", [0], "options.chunks", fail)
+
+
+def test_gpt_175b_gets_a_plan_on_64_h100():
+    """The issue's 175B GPT, which the data x pipeline planner could not place on 64 H100."""
+    scenario = parse_scenario("""
+cluster: {preset: dgx-h100, nodes: 8}
+model: {preset: gpt, layers: 96, hidden: 12288, heads: 96, seq_len: 2048, vocab: 51200, dtype: bf16}
+training: {global_batch_size: 1536}
+""", ignore_plan=True)
+    found = dapple_planner(scenario, PlannerOptions())
+    assert found.best is not None, found.note
+    assert found.best.candidate.tensor_parallel > 1 and found.best.peak_memory_bytes <= scenario.cluster.device.memory_bytes
