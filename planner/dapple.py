@@ -352,5 +352,6 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
                            for name, params in options.schedules for placement in options.placements]
             if options.interleaved:
                 candidates += _interleaved([sharded], gbs, options)
-    candidates += grid_candidates(scenario, options)  # DAPPLE's space holds Megatron's grid
-    return settle("dapple", scenario, candidates, options, started=started, progress=progress)
+    # DAPPLE's space holds Megatron's grid: its best few are always replayed
+    return settle("dapple", scenario, candidates, options, started=started, progress=progress,
+                  reserved=grid_candidates(scenario, options))

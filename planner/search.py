@@ -157,8 +157,12 @@ def settle(
     *,
     started: float,
     progress=None,
+    reserved: list[Candidate] = (),
 ) -> PlannerResult:
     """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine.
+
+    The best few of ``reserved`` (by the same ranking) are replayed whatever the budget: a
+    family the planner must never lose to (DAPPLE's planner reserves Megatron's grid).
 
     A candidate whose estimated peak is well over the device's memory (1.25×: the estimate is
     rough) is ranked after every other; ``planner.evaluation.evaluate`` then counts the exact
@@ -168,7 +172,8 @@ def settle(
     tables = TablesCache(scenario)
     capacity = scenario.cluster.device.memory_bytes
     scored = []
-    for candidate in dict.fromkeys(candidates):  # drop duplicates, keep order
+    reserved = set(reserved)
+    for candidate in dict.fromkeys([*candidates, *reserved]):  # drop duplicates, keep order
         latency, peak = analytic_score(tables(candidate), scenario, candidate)
         # an estimate well over capacity is skipped; near it, the replay decides
         scored.append((peak > 1.25 * capacity, latency, candidate))
@@ -178,8 +183,11 @@ def settle(
     plain = [item for item in scored if item[2].chunks == 1 and item[2].schedule != "zb-h1"]
     variants = [item for item in scored if item[2].chunks > 1][:INTERLEAVED_REPLAYS] \
         + [item for item in scored if item[2].schedule == "zb-h1"][:INTERLEAVED_REPLAYS]
-    queue = plain[: options.fast_top] + variants + plain[options.fast_top :]
-    must = min(options.fast_top, len(plain)) + len(variants)
+    variants += [item for item in scored if item[2] in reserved][:INTERLEAVED_REPLAYS]
+    head = list(dict.fromkeys(plain[: options.fast_top] + variants))
+    taken = set(head)
+    queue = head + [item for item in plain[options.fast_top :] if item not in taken]
+    must = len(head)
     fast, spent_ops, replayed = [], 0, 0
     for index, (_, _, candidate) in enumerate(queue):
         if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
@@ -194,7 +202,9 @@ def settle(
     result.evaluations.extend(fast)
     fits = sorted((e for e in fast if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
     settled = []
-    for evaluation in fits[: options.engine_top]:
+    chosen = fits[: options.engine_top]
+    chosen += [e for e in fits if e.candidate in reserved and e not in chosen][:1]  # the reserved family's best too
+    for evaluation in chosen:
         settled.append(evaluate(scenario, evaluation.candidate, engine="simpy"))
         if progress is not None:
             progress()
