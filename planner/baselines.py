@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from planner.costs import CostTables
 from planner.layouts import layouts, levels
-from planner.search import PlannerResult, analytic_score, settle
+from planner.search import PlannerResult, TablesCache, analytic_score, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import Scenario
@@ -52,15 +52,17 @@ def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None)
                   progress=progress)
 
 
-def grid_candidates(scenario: Scenario, options: PlannerOptions) -> list[Candidate]:
+def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesCache | None = None
+                    ) -> list[Candidate]:
     """The Megatron grid's candidates (the module docstring); DAPPLE's planner ranks them too."""
+    cache = tables or TablesCache(scenario)
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     gbs = scenario.training.global_batch_size
     order = levels(scenario, options)
     policy = (("policy", DapplePolicy.S_MINUS_I.value),)
     candidates = []
     for t, c in layouts(scenario, options):
-        tables = CostTables(scenario, tensor_parallel=t, context_parallel=c)
+        tables = cache.layout(t, c)
         units = n // (t * c)
         weights = [sum(tables.compute_s(k, k + 1, 1)) for k in range(layers)]
         for stages in range(1, min(layers, units, options.max_stages or units) + 1):

@@ -36,7 +36,7 @@ from sim.collectives import ring_bytes, ring_s, ring_steps
 from sim.cost import attention_core_s, layer_times_s, optimizer_step_s, split_samples
 from sim.input.scenario import Scenario
 from sim.models import shard_model
-from sim.parallelism import Recompute, Shard, Sharding
+from sim.parallelism import Recompute, Shard, Sharding, model_state_bytes
 
 __all__ = ["CostTables"]
 
@@ -81,6 +81,7 @@ class CostTables:
         } if t > 1 else None
         self.optimizer_factor = model.optimizer_state_bytes_per_param_byte
         self.grad_factor = model.grad_bytes_per_param_byte
+        self._state_factors: dict[tuple[int, Sharding], float] = {}
         self.state_factor = 1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
@@ -116,21 +117,18 @@ class CostTables:
             f, b = f + tp_f, b + tp_b + (tp_f if recompute is Recompute.FULL else 0.0)
         beside_f = beside_b = 0.0
         if self.context_parallel > 1 and samples:
-            ring = self._ring_s(self.context_parallel, (self._cp_ring[end] - self._cp_ring[start]) * samples,
-                                halves=None)
+            ring = self._context_ring_s((self._cp_ring[end] - self._cp_ring[start]) * samples)
             beside_f, beside_b = ring, 2 * ring
         if sharding is Sharding.FULL and data_parallel > 1:
             gather = self._gather_s(start, end, data_parallel)
             beside_f, beside_b = max(beside_f, gather), max(beside_b, gather)
         return max(f, beside_f) + overhead, max(b, beside_b) + overhead
 
-    def _ring_s(self, members: int, nbytes: float, *, halves: int | None) -> float:
-        """A ring over ``members`` devices of one server (``halves=None``: c − 1 steps of ``nbytes`` each)."""
-        link = self.cluster.intra_node if members * self.tensor_parallel <= self.cluster.devices_per_node \
-            else self.cluster.inter_node
-        if halves is None:
-            return (members - 1) * (nbytes / link.bandwidth_bytes_per_s + link.latency_s)
-        return ring_s(members, nbytes, link.bandwidth_bytes_per_s, link.latency_s, halves=halves)
+    def _context_ring_s(self, nbytes: float) -> float:
+        """Ring attention's c − 1 steps of ``nbytes`` each, inside a server when the replica fits in one."""
+        c = self.context_parallel
+        link = self.cluster.intra_node if self.unit <= self.cluster.devices_per_node else self.cluster.inter_node
+        return (c - 1) * (nbytes / link.bandwidth_bytes_per_s + link.latency_s)
 
     def _gather_s(self, start: int, end: int, data_parallel: int) -> float:
         """FSDP's all-gather of the stage's parameters over its gradient group, per action."""
@@ -151,12 +149,12 @@ class CostTables:
         d = data_parallel * self.context_parallel
         if sharding is Sharding.NONE or d == 1:
             return params * self.state_factor
-        g, o = self.grad_factor, self.optimizer_factor  # sim.parallelism.model_state_bytes, on the DP's hot path
-        if sharding is Sharding.OPTIMIZER:
-            return params * (1.0 + g + o / d)
-        if sharding is Sharding.GRADIENTS:
-            return params * (1.0 + (g + o) / d)
-        return params * self.state_factor / d
+        key = (d, sharding)
+        if key not in self._state_factors:  # the bytes per parameter byte, from the one home of the formula
+            self._state_factors[key] = model_state_bytes(
+                1.0, optimizer_bytes_per_param_byte=self.optimizer_factor, data_parallel=d, sharding=sharding,
+                grad_bytes_per_param_byte=self.grad_factor).total
+        return params * self._state_factors[key]
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
         """Activations one micro-batch slice keeps until its backward (at most what the engine counts:

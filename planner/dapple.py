@@ -47,11 +47,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from planner.baselines import grid_candidates
 from planner.costs import CostTables
 from planner.layouts import layouts, levels
-from planner.search import PlannerResult, analytic_score, settle
+from planner.search import PlannerResult, TablesCache, analytic_score, settle
 from planner.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
 from sim.analytic import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
@@ -261,8 +262,7 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list
             if any(b - a < v for a, b in zip(bounds, bounds[1:])):
                 continue
             pieces = [a + (b - a) * k // v for a, b in zip(bounds, bounds[1:]) for k in range(v)] + [bounds[-1]]
-            # stage s of the pieces is chunk s mod v of original stage s // v; reorder so chunk
-            # k of the model runs on device set k mod S (Megatron's layout): model chunk order
+            # the model cut into S·v consecutive chunks; chunk k runs on device set k mod S (Megatron's layout)
             for placement in options.placements:
                 variants.append(Candidate(bounds=tuple(pieces), replicas=replicas * v,
                                           microbatch_size=base.microbatch_size, schedule="interleaved",
@@ -280,17 +280,11 @@ def _shardings(tables: CostTables, scenario: Scenario, base: Candidate, options:
     for sharding in sorted(dict.fromkeys(options.sharding), key=list(Sharding).index):
         if sharding is not Sharding.NONE and max(base.replicas) * base.context_parallel == 1:
             continue  # nothing to shard over
-        latency, peak = analytic_score(tables, scenario, _with(base, sharding=sharding))
+        latency, peak = analytic_score(tables, scenario, replace(base, sharding=sharding))
         scored.append((peak > capacity, latency if peak <= capacity else peak, sharding))
     scored.sort(key=lambda x: (x[0], x[1], list(Sharding).index(x[2])))
     fitting = [s for over, _, s in scored if not over]
     return fitting[:2] if fitting else [scored[0][2]]
-
-
-def _with(candidate: Candidate, **changes) -> Candidate:
-    from dataclasses import replace
-
-    return replace(candidate, **changes)
 
 
 def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
@@ -301,9 +295,10 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
     gbs = scenario.training.global_batch_size
     frugal = max(options.sharding, key=list(Sharding).index)
     recomputes = list(dict.fromkeys(r for r, _ in levels(scenario, options)))
+    cache = TablesCache(scenario)  # one table per layout for the DP, the expansion, the grid and the settling
     found = []
     for t, c in layouts(scenario, options):
-        tables = CostTables(scenario, tensor_parallel=t, context_parallel=c)
+        tables = cache.layout(t, c)
         unit = t * c
         _, per_node = unit_grid(cluster, unit)
         num_units = cluster.num_devices // unit
@@ -341,17 +336,15 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
                 break  # memory limited nothing: recomputing more would only cost time
     found.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
     pool = [base for _, base in found[:POOL]]
-    cache: dict[tuple[int, int], CostTables] = {}
     candidates = []
     for base in pool:
-        key = (base.tensor_parallel, base.context_parallel)
-        tables = cache.setdefault(key, CostTables(scenario, tensor_parallel=key[0], context_parallel=key[1]))
+        tables = cache(base)
         for sharding in _shardings(tables, scenario, base, options):
-            sharded = _with(base, sharding=sharding)
-            candidates += [_with(sharded, schedule=name, params=params, placement=placement)
+            sharded = replace(base, sharding=sharding)
+            candidates += [replace(sharded, schedule=name, params=params, placement=placement)
                            for name, params in options.schedules for placement in options.placements]
             if options.interleaved:
                 candidates += _interleaved([sharded], gbs, options)
     # DAPPLE's space holds Megatron's grid: its best few are always replayed
     return settle("dapple", scenario, candidates, options, started=started, progress=progress,
-                  reserved=grid_candidates(scenario, options))
+                  reserved=grid_candidates(scenario, options, cache), tables=cache)

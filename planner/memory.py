@@ -5,9 +5,8 @@ A replay is the planner's costliest step, and a candidate that runs out of memor
 device class's parameters, gradients and optimizer state (``sim.cost.stage_cost``, with the
 plan's sharding and data-parallel group, as ``sim.engine.compile`` calls it), then walks its
 pipeline rank's actions in the schedule's order with the same allocations and frees as the
-engine's ops (``sim.engine.compile._op_fields``): a forward keeps its stash, a backward
-rebuilds what full recompute rebuilds and frees the stash, a split backward frees its part
-at I and the rest at W, and FSDP holds the gathered parameters during an action.
+engine's ops (``sim.engine.compile.compute_memory``), FSDP holding the gathered parameters
+during an action.
 
 Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
 capacity here runs out of memory in the replay too, and is rejected without one; one under
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 
 from sim.collectives import embedding_group_link
 from sim.cost import split_samples, stage_cost
-from sim.engine.compile import WGRAD_STASH_FRACTION
+from sim.engine.compile import compute_memory
 from sim.input.scenario import Scenario
 from sim.models import shard_model
 from sim.parallelism import Recompute, Sharding
@@ -67,8 +66,10 @@ def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
                 if action.kind not in _COMPUTE:
                     continue
                 cost, gather = costs[action.stage]
-                held, top = _step(action.kind, cost, full, held)
-                peak = max(peak, top + gather)
+                alloc, free = compute_memory(action.kind, cost, full)
+                held += alloc
+                peak = max(peak, held + gather)
+                held -= free
         if best is None or static + peak > best.peak_bytes:
             best = MemoryEstimate(peak_bytes=static + peak, device=min(group), static_bytes=static,
                                   activation_bytes=peak)
@@ -76,21 +77,3 @@ def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
 
 
 _COMPUTE = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
-
-
-def _step(kind: ActionKind, cost, full: bool, held: float) -> tuple[float, float]:
-    """(bytes held after the action, the most held during it), as the engine's op allocates and frees."""
-    kept = cost.rebuilt_bytes if full else cost.stash_bytes
-    rebuilt = cost.rebuilt_bytes if full else 0.0
-    extra = cost.stash_bytes if full else 0.0
-    f = WGRAD_STASH_FRACTION
-    if kind is ActionKind.F:
-        held += cost.stash_bytes
-        return held, held
-    if kind is ActionKind.B:
-        top = held + rebuilt
-        return top - kept - extra, top
-    if kind is ActionKind.I:
-        top = held + rebuilt
-        return top - (1 - f) * kept - extra, top
-    return held - f * kept, held  # W

@@ -72,7 +72,10 @@ class TablesCache:
         self._tables: dict[tuple[int, int], CostTables] = {}
 
     def __call__(self, candidate: Candidate) -> CostTables:
-        key = (candidate.tensor_parallel, candidate.context_parallel)
+        return self.layout(candidate.tensor_parallel, candidate.context_parallel)
+
+    def layout(self, tensor_parallel: int, context_parallel: int) -> CostTables:
+        key = (tensor_parallel, context_parallel)
         if key not in self._tables:
             self._tables[key] = CostTables(self.scenario, tensor_parallel=key[0], context_parallel=key[1])
         return self._tables[key]
@@ -158,6 +161,7 @@ def settle(
     started: float,
     progress=None,
     reserved: list[Candidate] = (),
+    tables: TablesCache | None = None,
 ) -> PlannerResult:
     """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine.
 
@@ -169,7 +173,7 @@ def settle(
     peak before it replays one, so a candidate that cannot fit costs no replay.
     """
     check_plannable(scenario)
-    tables = TablesCache(scenario)
+    tables = tables or TablesCache(scenario)
     capacity = scenario.cluster.device.memory_bytes
     scored = []
     reserved = set(reserved)

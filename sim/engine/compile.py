@@ -53,7 +53,7 @@ from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 from sim.summary import Parallelism
 
-__all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload"]
+__all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload", "compute_memory"]
 
 WGRAD_STASH_FRACTION = 0.5
 """Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
@@ -300,31 +300,44 @@ def _with_groups(action, fields: dict, cls: int, group_of: dict, gather_bytes: f
     return before + [fields] + after
 
 
+def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
+    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
+    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
+    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
+    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
+    I and the rest at W. The engine's ops and the planner's count before a replay
+    (``planner.memory``) both read it."""
+    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
+    rebuilt = cost.rebuilt_bytes if recompute else 0.0
+    extra = cost.stash_bytes if recompute else 0.0
+    f = WGRAD_STASH_FRACTION
+    if kind is ActionKind.F:
+        return cost.stash_bytes, 0.0
+    if kind is ActionKind.B:
+        return rebuilt, kept + extra
+    if kind is ActionKind.I:
+        return rebuilt, (1 - f) * kept + extra
+    return 0.0, f * kept  # W
+
+
 def _op_fields(action, cost, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
     """Time and memory of one action on one device (see the module docstring), as Op fields."""
     s, kind = action.stage, action.kind
     base = dict(stage=s, kind=kind)
     recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
     recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
-    # with full recompute the forward stashes its layers' inputs and the backward rebuilds one
-    # checkpointed segment at a time (``StageCost.rebuilt_bytes``: the largest segment's)
-    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
-    rebuilt = cost.rebuilt_bytes if recompute else 0.0
-    extra = cost.stash_bytes if recompute else 0.0
-    f = WGRAD_STASH_FRACTION
-    if kind is ActionKind.F:
-        return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=cost.stash_bytes, buffer_bytes=recv_f,
-                    live_delta=1, **base)
-    if kind is ActionKind.B:
-        return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=rebuilt, free_bytes=kept + extra,
-                    buffer_bytes=recv_b, live_delta=-1, **base)
-    if kind is ActionKind.I:
-        return dict(
-            code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=rebuilt,
-            free_bytes=(1 - f) * kept + extra, buffer_bytes=recv_b, **base,
-        )
-    if kind is ActionKind.W:
-        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=f * kept, live_delta=-1, **base)
+    if kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W):
+        alloc, free = compute_memory(kind, cost, recompute)
+        if kind is ActionKind.F:
+            return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=alloc, buffer_bytes=recv_f,
+                        live_delta=1, **base)
+        if kind is ActionKind.B:
+            return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=alloc, free_bytes=free,
+                        buffer_bytes=recv_b, live_delta=-1, **base)
+        if kind is ActionKind.I:
+            return dict(code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=alloc,
+                        free_bytes=free, buffer_bytes=recv_b, **base)
+        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=free, live_delta=-1, **base)
     if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
         flows = tuple(out_kinds[("F" if kind is ActionKind.SEND_F else "B", s)])
         return dict(code=SEND, flows=flows, duration_s=sum(kinds[k].issue_s for k in flows), **base)
