@@ -325,6 +325,58 @@ def test_symmetry_reduction_is_exact(scenario, contention):
         assert a["busy_s"] == pytest.approx(b["busy_s"], rel=1e-9)
 
 
+def _assert_close(a, b, path=""):
+    """Two summaries equal up to rounding (the two replays add the same times in another order)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _assert_close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+@FAST
+@given(random_plans(), st.booleans(), st.integers(0, 2**16))
+def test_running_ahead_equals_the_synchronous_replay(scenario, contention, seed):
+    """Property: each device on its own clock (the default) gives the summary of replaying
+    every action at its instant, with contention and without, stragglers and jitter included."""
+    import random
+    from dataclasses import replace
+
+    from sim.faults import Jitter, Straggler
+
+    rng = random.Random(seed)
+    devices = scenario.cluster.num_devices
+    faults = []
+    if rng.random() < 0.5:
+        faults.append(Straggler(device=rng.randrange(devices), slowdown=rng.choice([1.25, 2.0]),
+                                from_s=rng.choice([0.0, 0.5])))
+    if rng.random() < 0.5:
+        faults.append(Jitter(spread=0.1, seed=seed))
+    workload = compile_workload(replace(scenario, faults=tuple(faults)), contention=contention)
+    ahead = simulate(workload, contention=contention).summary()
+    sync = simulate(workload, contention=contention, run_ahead=False).summary()
+    _assert_close(ahead, sync)
+
+
+@pytest.mark.parametrize("name", ["llama3_70b_h100_fsdp.yaml", "llama3_8b_h100_context_parallel.yaml",
+                                  "gpt3_175b_a100_tp8_pp8.yaml", "bert48_v100_straggler.yaml"])
+@pytest.mark.parametrize("contention", [False, True])
+def test_running_ahead_equals_the_synchronous_replay_on_4d_plans(name, contention):
+    from conftest import SCENARIOS
+    from sim.input.scenario import load_scenario
+
+    workload = compile_workload(load_scenario(SCENARIOS / name), contention=contention)
+    _assert_close(simulate(workload, contention=contention).summary(),
+                  simulate(workload, contention=contention, run_ahead=False).summary())
+
+
 def test_symmetry_merges_replicas():
     scenario = synthetic_scenario(fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, replicas=[8, 8, 8, 8], boundary_bytes=1e6)
     assert len(compile_workload(scenario).classes) == 4

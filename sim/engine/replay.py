@@ -26,14 +26,24 @@ allocations and frees over time per device class. Classes of identical devices
 (``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 
-**Events per action** (the hot path, every device distinct): a compute action is one
-timeout; a ``SEND`` none of its own, and each of its flows one event when it has left and one
-when it arrives after the link latency (with contention, flows that start or end at one
-instant share one rate recomputation and one wake-up instead of the first); a ``RECV`` one
-event when it has to wait, none when its data is in; ``REDUCE_GRAD`` none on the compute
-stream (its all-reduce is one process per stage). Measured on 256 BERT-48 devices in 16 stages
-without symmetry: 0.94 events per action with contention (1.55 with jitter on every device,
-which spreads flows over more instants), 1.2 without; at most 2 on every path.
+**Each device on its own clock.** What a device does depends on the others only through
+what it waits for (its data, its group's collectives, its all-reduces), so a device process
+computes its own actions' times and yields to SimPy only to wait for something a device behind
+it has not done yet (``_Replay._actions_ahead``). Its sends start on the network at their own
+instants; without contention a flow's time is fixed, so its arrival is known when it is sent.
+A replay with a device failure, which stops every device at one instant, runs every action at
+its own instant instead (``_Replay._actions``, also ``simulate(..., run_ahead=False)``); the
+two give the same times (a property test checks it).
+
+**Events per action** (the hot path, every device distinct): a compute action none; a
+``RECV`` one when its data is not in when the device reaches it, none otherwise; a ``SEND``
+none without contention, and with contention one for its start and, per flow, a share of one
+rate recomputation at its start and one wake-up when it has left (flows that start or end at
+one instant share them); ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one
+process per stage). Measured on 1,024 BERT-48 devices in 16 stages (``benchmarks/engine_bench.py``),
+every device distinct: with contention 0.59 events per action (1.22 with jitter on every
+device, which spreads flows over more instants), without contention 0.09; at most 2 on every
+path.
 
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
 raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
@@ -47,6 +57,7 @@ from contextlib import contextmanager
 
 import simpy
 
+from sim.engine.fastpath import collective_duration_s
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
 from sim.engine.result import OpTimes, Recorder, SimResult
@@ -55,16 +66,22 @@ from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, r
 __all__ = ["simulate"]
 
 
-def simulate(workload: Workload, *, contention: bool = True) -> SimResult:
-    """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path."""
+def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = True) -> SimResult:
+    """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path.
+
+    ``run_ahead=False`` replays every action as its own SimPy event at its own instant (the
+    synchronous replay, which device failures always use): the same times, more slowly.
+    """
     if contention and not workload.contention:
         raise ValueError("this workload's classes are exact only without contention: compile it with "
                          "compile_workload(..., contention=True) to replay it with contention")
     with _gc_paused():
-        replay = _Replay(workload, contention)
+        replay = _Replay(workload, contention, run_ahead)
         replay.env.run()
     if replay.failure is None:
         replay.check_finished()
+        if replay.ahead:
+            replay.optimizer_steps()
     records, failure = replay.records, replay.failure
     del replay  # the environment, ports and mailboxes go before the memory timelines are built
     return SimResult(workload, records, engine="simpy", contention=contention, failure=failure)
@@ -88,7 +105,7 @@ def _gc_paused():
 
 
 class _Replay:
-    def __init__(self, workload: Workload, contention: bool) -> None:
+    def __init__(self, workload: Workload, contention: bool, run_ahead: bool = True) -> None:
         self.w = workload
         self.env = simpy.Environment()
         self.net = Network(self.env, workload, contention=contention)
@@ -107,6 +124,16 @@ class _Replay:
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
         self.failure: dict | None = None
+        # without failures (which stop everyone at one instant) each device runs ahead on its
+        # own clock: see ``_actions_ahead``
+        self.contention = contention
+        self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
+        if self.ahead:
+            self.kind_s = [k.bytes / k.static_rate_bytes_per_s if k.bytes > 0 else 0.0 for k in workload.kinds]
+            self.coll_free = [0.0] * n
+            self.clock = [0.0] * n
+            self.unfinished_collectives = [0] * n
+            self.group_end: dict[tuple, float] = {}
         self.processes = [self.env.process(self._device(c)) for c in range(n)]
         for c, cls in enumerate(workload.classes):
             if cls.fails_at_s is not None:
@@ -126,6 +153,9 @@ class _Replay:
     # --- compute stream ----------------------------------------------------------------------
 
     def _device(self, c: int):
+        if self.ahead:
+            yield from self._actions_ahead(c)
+            return
         try:
             yield from self._actions(c)
         except simpy.Interrupt:
@@ -199,6 +229,205 @@ class _Replay:
         rec.optimizer = (start, env.now)
         self.finished[c] = True
 
+    # --- without contention: every device on its own clock -----------------------------------
+
+    def _actions_ahead(self, c: int):
+        """The compute stream of class ``c`` on the device's own clock ``t``.
+
+        What a device does depends on the others only through what it waits for: its data
+        (a RECV), its group's collectives and its all-reduces. So the process computes its
+        own actions' times and yields to SimPy only to wait for something a device behind it
+        has not done yet; a RECV whose data has arrived by ``t``, or arrives before the wait
+        ends, costs nothing more. Its sends start on the network at their own instants (one
+        event each, the network's bookkeeping apart); without contention a flow's time is
+        fixed, so it arrives when it is sent, without any event. The rules are the ones the
+        synchronous ``_actions`` replays (and, without contention, the fast path's).
+        """
+        env, rec, cls = self.env, self.records[c], self.w.classes[c]
+        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers
+        starts, ends = rec.op_times.start, rec.op_times.end
+        memory_at, memory_delta = memory.times.append, memory.deltas.append
+        buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
+        kinds, kind_s, boxes, contention = self.w.kinds, self.kind_s, self.boxes, self.contention
+        slowdown, slow_from = cls.slowdown, cls.slow_from_s
+        slow = slowdown != 1.0
+        t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
+        beside: list = []  # collectives running beside the next compute op
+        for i, op in enumerate(ops):
+            position[c] = i
+            code = op[0]
+            if code == COMPUTE:
+                end = t + (op[5] * slowdown if slow and t >= slow_from else op[5])
+                starts[i], ends[i] = t, end
+                if op[6]:
+                    memory_at(t)
+                    memory_delta(op[6])
+                if beside:  # the action ends with the collectives that ran beside it
+                    for key, done in beside:
+                        if not done.triggered:
+                            yield done
+                        if self.group_end[key] > end:
+                            end = self.group_end[key]
+                    beside = []
+                if op.gather_bytes:
+                    buffers.append((t, op.gather_bytes))
+                    buffers.append((end, -op.gather_bytes))
+                if op[7]:
+                    memory_at(end)
+                    memory_delta(-op[7])
+                if op[8]:
+                    buffer_at(end)
+                    buffer_delta(-op[8])
+                t = end
+            elif code == SEND:
+                if contention:
+                    if t > env.now:
+                        env.timeout(t - env.now).callbacks.append(lambda _e, i=i, op=op: self._queue_send(c, i, op))
+                    else:
+                        self._queue_send(c, i, op)
+                else:
+                    start = send_free if send_free > t else t
+                    done, mb = start, op[4]
+                    for k in op.flows:
+                        sent = start + kind_s[k]
+                        if sent > done:
+                            done = sent
+                        kind = kinds[k]
+                        rec.bytes_sent += kind.send_bytes_per_device
+                        self._deliver(mailbox(kind, mb), sent + kind.latency_s, kind)
+                    send_free = done
+                    starts[i], ends[i] = start, done
+                if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
+                    t += op[5] * slowdown if slow and t >= slow_from else op[5]
+            elif code == RECV:
+                flows = op.flows
+                if flows:
+                    key = recv_mailbox(c, op)
+                    box = boxes.get(key)
+                    if box is None or box[0] < len(flows):
+                        event = env.event()
+                        self.waiters[key] = (len(flows), event)
+                        yield event
+                        box = boxes[key]
+                    arrival = box[1] if box[1] > t else t
+                else:
+                    arrival = t
+                end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
+                starts[i], ends[i] = t, end
+                t = end
+            elif code == GROUP:
+                key = (op.collective, op.microbatch, op.kind)
+                done = self._join_group_ahead(c, i, op, t, key)
+                if op.overlap:
+                    beside.append((key, done))
+                else:
+                    if not done.triggered:
+                        yield done
+                    if self.group_end[key] > t:
+                        t = self.group_end[key]
+            else:
+                self._reduce_ahead(c, i, op, t)
+        position[c] = len(ops)
+        self.clock[c] = t
+        self.finished[c] = self.unfinished_collectives[c] == 0
+
+    def _deliver(self, key: tuple, when: float, kind) -> None:
+        """A flow of ``kind`` arrives at ``when`` (known once it has left, or without contention
+        once it is sent); a device waiting for its mailbox goes on when the last one is in."""
+        if when < 0.0:
+            when = 0.0
+        box = self.boxes.get(key)
+        if box is None:
+            box = self.boxes[key] = [1, when]
+        else:
+            box[0] += 1
+            if when > box[1]:
+                box[1] = when
+        rec = self.records[kind.dst_class]
+        rec.bytes_received += kind.recv_bytes_per_device
+        rec.buffers.append((when, kind.recv_bytes_per_device))
+        waiter = self.waiters.get(key)
+        if waiter is not None and box[0] >= waiter[0]:
+            del self.waiters[key]
+            waiter[1].succeed()
+
+    def _reduce_ahead(self, c: int, i: int, op, t: float) -> None:
+        """Class ``c`` issues its part of an all-reduce at ``t``; the last to issue it starts it."""
+        if op.collective < 0:
+            self.records[c].op_times[i] = (t, t)
+            return
+        coll = self.w.collectives[op.collective]
+        issued = self.issued.setdefault(coll.index, [])
+        issued.append((c, i, t, self.last_collective[c]))
+        self.unfinished_collectives[c] += 1
+        if self.contention:  # its previous all-reduce must end first (the sync replay's rule)
+            self.last_collective[c] = self.collective_done.setdefault(coll.index, self.env.event())
+        if len(issued) < len(coll.participants):
+            return
+        start = max(when for _, _, when, _ in issued)
+        if self.contention:  # it runs through the ports from ``start``
+            self.env.process(self._collective_ahead(coll, issued, start, self.collective_done[coll.index]))
+            return
+        start = max(start, max(self.coll_free[p] for p in coll.participants))
+        self._collective_ended(issued, start, start + collective_duration_s(self.w, coll))
+
+    def _collective_ahead(self, coll, issued, start: float, done: simpy.Event):
+        if start > self.env.now:
+            yield self.env.timeout(start - self.env.now)
+        earlier = [prev for _, _, _, prev in issued if prev is not None and not prev.processed]
+        if earlier:
+            yield simpy.AllOf(self.env, earlier)
+        begin = self.env.now
+        yield from self._phases(coll)
+        self._collective_ended(issued, begin, self.env.now)
+        done.succeed()
+
+    def _collective_ended(self, issued, start: float, end: float) -> None:
+        for p, index, *_ in issued:
+            self.coll_free[p] = end
+            self.records[p].op_times[index] = (start, end)
+            self.unfinished_collectives[p] -= 1
+            if self.unfinished_collectives[p] == 0 and self.position[p] == len(self.w.classes[p].ops):
+                self.finished[p] = True
+
+    def _join_group_ahead(self, c: int, i: int, op, t: float, key: tuple) -> simpy.Event:
+        """Class ``c`` issues its part of one action's group collective at ``t``; the event fires
+        when it has ended (``group_end[key]``)."""
+        done = self.group_done.get(key)
+        if done is None:
+            done = self.group_done[key] = self.env.event()
+        if key in self.group_end:
+            return done
+        coll = self.w.group_collectives[op.collective]
+        issued = self.group_issued.setdefault(key, {})
+        issued.setdefault(c, (i, t))
+        if len(issued) == len(coll.participants):
+            start = max(when for _, when in issued.values())
+            if self.contention:
+                self.env.process(self._group_ahead(coll, issued, start, key, done))
+            else:
+                self._group_ended(issued, start, start + collective_duration_s(self.w, coll), key, done)
+        return done
+
+    def _group_ahead(self, coll, issued, start: float, key: tuple, done: simpy.Event):
+        if start > self.env.now:
+            yield self.env.timeout(start - self.env.now)
+        begin = self.env.now
+        yield from self._phases(coll)
+        self._group_ended(issued, begin, self.env.now, key, done)
+
+    def _group_ended(self, issued, start: float, end: float, key: tuple, done: simpy.Event) -> None:
+        self.group_end[key] = end
+        for p, (index, _) in issued.items():
+            self.records[p].op_times[index] = (start, end)
+        done.succeed()
+
+    def optimizer_steps(self) -> None:
+        """Each device's optimizer step, once its compute stream and its last all-reduce have ended."""
+        for c, cls in enumerate(self.w.classes):
+            start = max(self.clock[c], self.coll_free[c])
+            self.records[c].optimizer = (start, start + cls.optimizer_s)
+
     # --- send stream and arrivals --------------------------------------------------------------
 
     def _queue_send(self, c: int, i: int, op) -> None:
@@ -217,7 +446,10 @@ class _Replay:
         pending = [len(op.flows)]
 
         def left(kind) -> None:
-            self._arrive_later(kind, op.microbatch)
+            if self.ahead:  # the devices keep their own clocks: they read the arrival's time
+                self._deliver(mailbox(kind, op.microbatch), self.env.now + kind.latency_s, kind)
+            else:
+                self._arrive_later(kind, op.microbatch)
             pending[0] -= 1
             if pending[0] == 0:
                 rec.op_times[i] = (start, self.env.now)
