@@ -88,6 +88,7 @@ def bare_heapq(workload) -> float:
     pos, send_free = [0] * len(classes), [0.0] * len(classes)
     arrived: dict = {}
     waiting: dict = {}
+    expected: dict = {}
     joined: dict = {}
     heap = [(0.0, c) for c in range(len(classes))]
     last_op, reduced = [0.0] * len(classes), [0.0] * len(classes)
@@ -101,38 +102,42 @@ def bare_heapq(workload) -> float:
         op = ops[pos[c]]
         code = op.code
         if code == COMPUTE:
+            duration = cls.durations[pos[c]]
             pos[c] += 1
-            heapq.heappush(heap, (now + op.duration_s * (cls.slowdown if now >= cls.slow_from_s else 1.0), c))
+            heapq.heappush(heap, (now + duration * (cls.slowdown if now >= cls.slow_from_s else 1.0), c))
         elif code == SEND:
             start = max(now, send_free[c])
-            for k in op.flows:
+            for k in cls.slots[op.flows] if op.flows >= 0 else ():
                 key = box[k] + op.microbatch
                 got = arrived.setdefault(key, [0, 0.0])
                 got[0] += 1
                 got[1] = max(got[1], start + flow_s[k] + kinds[k].latency_s)
                 send_free[c] = max(send_free[c], start + flow_s[k])
-                if key in waiting and got[0] == len(classes[waiting[key]].ops[pos[waiting[key]]].flows):
+                if key in waiting and got[0] == expected[key]:
                     heapq.heappush(heap, (got[1], waiting.pop(key)))
             pos[c] += 1
             heapq.heappush(heap, (now, c))
-        elif code == RECV and op.flows:
-            key = box[op.flows[0]] + op.microbatch
+        elif code == RECV and op.flows >= 0:
+            flows = cls.slots[op.flows]
+            key = box[flows[0]] + op.microbatch
             got = arrived.get(key)
-            if got is None or got[0] < len(op.flows):
+            if got is None or got[0] < len(flows):
+                expected[key] = len(flows)
                 waiting[key] = c
                 continue
             pos[c] += 1
             heapq.heappush(heap, (max(now, got[1]), c))
         elif code in (REDUCE, GROUP) and op.collective >= 0:
-            coll = (workload.collectives if code == REDUCE else workload.group_collectives)[op.collective]
-            key = (code, op.collective, op.microbatch, op.kind)
+            index = op.collective if code == REDUCE else cls.groups[op.collective]
+            coll = (workload.collectives if code == REDUCE else workload.group_collectives)[index]
+            key = (code, index, op.microbatch, op.kind)
             members = joined.setdefault(key, [])
             members.append((now, c))
             pos[c] += 1
             if code == REDUCE:
                 heapq.heappush(heap, (now, c))  # the all-reduce does not block the compute stream
             if len(members) == len(coll.participants):
-                finish = max(t for t, _ in members) + (coll_s if code == REDUCE else group_s)[op.collective]
+                finish = max(t for t, _ in members) + (coll_s if code == REDUCE else group_s)[index]
                 for _, member in members:
                     if code == GROUP:
                         heapq.heappush(heap, (finish, member))
@@ -173,26 +178,28 @@ def naive_simpy(workload) -> float:
 
     def device(c):
         cls, last = classes[c], None
-        for op in cls.ops:
+        for op, duration in zip(cls.ops, cls.durations):
             if op.code == COMPUTE:
-                yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
+                yield env.timeout(duration * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
             elif op.code == SEND:  # one SEND at a time leaves a device
                 start = max(env.now, send_free[c])
-                for k in op.flows:
+                for k in cls.slots[op.flows] if op.flows >= 0 else ():
                     kind, key = kinds[k], box[k] + op.microbatch
                     left = start + kind.bytes / kind.static_rate_bytes_per_s
                     send_free[c] = max(send_free[c], left)
                     t = env.timeout(left + kind.latency_s - env.now)
                     t.callbacks.append(lambda _, key=key, n=need[box[k]]: arrive(key, n))
-            elif op.code == RECV and op.flows:
-                key = box[op.flows[0]] + op.microbatch
-                if counts.get(key, 0) < len(op.flows):
+            elif op.code == RECV and op.flows >= 0:
+                flows = cls.slots[op.flows]
+                key = box[flows[0]] + op.microbatch
+                if counts.get(key, 0) < len(flows):
                     if key not in events:
                         events[key] = env.event()
                     yield events[key]
             elif op.code in (REDUCE, GROUP) and op.collective >= 0:
-                coll = (workload.collectives if op.code == REDUCE else workload.group_collectives)[op.collective]
-                key = (op.code, op.collective, op.microbatch, op.kind)
+                index = op.collective if op.code == REDUCE else cls.groups[op.collective]
+                coll = (workload.collectives if op.code == REDUCE else workload.group_collectives)[index]
+                key = (op.code, index, op.microbatch, op.kind)
                 joined.setdefault(key, [env.event(), 0])[1] += 1
                 done = joined[key][0]
                 if joined[key][1] == len(coll.participants):

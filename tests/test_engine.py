@@ -452,7 +452,8 @@ def test_a_replay_that_cannot_progress_raises_instead_of_hanging():
     workload = compile_workload(scenario)
     # drop stage 0's sends: stage 1 waits for activations that never come
     first = workload.classes[0]
-    broken = replace(first, ops=tuple(op for op in first.ops if op.code != SEND))
+    kept = [i for i, op in enumerate(first.ops) if op.code != SEND]
+    broken = replace(first, ops=tuple(first.ops[i] for i in kept), durations=[first.durations[i] for i in kept])
     workload = replace(workload, classes=(broken,) + workload.classes[1:])
     with pytest.raises(ScheduleError, match="blocked at 1RECV_F0"):
         simulate(workload)

@@ -24,6 +24,7 @@ check the reduction.
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -109,9 +110,14 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
     by_class = kinds_by_class(kinds)
+    group_keys = defaultdict(list)
+    for (label, cls), index in group_of.items():
+        group_keys[cls].append((label, index))
     context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
-                       group_of=group_of, by_class=by_class, faults=faults, rank_texts={}, stage_costs={})
+                       group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
+                       by_class=by_class, faults=faults, rank_texts={}, stage_costs={}, shared_ops={},
+                       shared_durations={})
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     flop = mfu_flop_per_sample(whole)
     return Workload(
@@ -171,13 +177,17 @@ class _Context:
     samples: dict
     kinds: list
     collectives: list
-    group_of: dict
-    """``(label, class) -> index`` of the class's group collectives."""
+    group_keys: dict
+    """``class -> ((label, index), ...)`` of the class's group collectives, by label."""
     by_class: tuple
     faults: FaultView
     rank_texts: dict
     stage_costs: dict
     """``(stage, samples) -> StageCost``, filled as classes need them."""
+    shared_ops: dict
+    """Ops of the classes whose ops are alike (``_device_class``'s key), built once."""
+    shared_durations: dict
+    """Their ops' durations, for the classes without jitter."""
 
     def texts(self, rank: int) -> list[str]:
         """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
@@ -200,18 +210,69 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
                                                  data_parallel=data, sharding=plan.sharding,
                                                  tied_link=embedding_group_link(plan, cluster))
         costs[s] = ctx.stage_costs[(s, n)]
+    # The ops name this class's flow kinds and group collectives through slots (``DeviceClass.slots``,
+    # ``DeviceClass.groups``), so classes whose links cost the same share one tuple of ops.
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
+    links = sorted([("out", label) for label in out_kinds] + [("in", label) for label in in_kinds])
+    kinds = ctx.kinds
+    link_costs = tuple(
+        (link, len(ks), sum(kinds[k].issue_s for k in ks), sum(kinds[k].receive_s for k in ks),
+         sum(kinds[k].recv_bytes_per_device for k in ks))
+        for link in links for ks in [(out_kinds if link[0] == "out" else in_kinds)[link[1]]]
+    )
+    group_keys = ctx.group_keys.get(index, ())
+    key = (rank, slices, link_costs, tuple(label for label, _ in group_keys))
+    ops = ctx.shared_ops.get(key)
+    if ops is None:
+        ops = ctx.shared_ops[key] = _class_ops(rank, costs, link_costs, group_keys, ctx)
+    jitter = ctx.faults.jitter_for(devices[0])
+    durations = ctx.shared_durations.get(key)
+    if durations is None:
+        durations = ctx.shared_durations[key] = array("d", [op[5] for op in ops])
+    if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
+        durations = array("d", durations)
+        compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
+        for i, factor in zip(compute, jitter_factors(jitter[0], jitter[1], len(compute))):
+            durations[i] *= factor
+    straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
+    states = [costs[s].states for s in stages]
+    return DeviceClass(
+        index=index,
+        devices=devices,
+        rank=rank,
+        stages=stages,
+        samples=slices,
+        ops=ops,
+        durations=durations,
+        slots=tuple(tuple((out_kinds if link[0] == "out" else in_kinds)[link[1]]) for link in links),
+        groups=tuple(g for _, g in group_keys),
+        static_bytes=sum(costs[s].static_bytes for s in stages),
+        states=StateBytes(parameters=sum(x.parameters for x in states), gradients=sum(x.gradients for x in states),
+                          optimizer=sum(x.optimizer for x in states)),
+        optimizer_s=sum(costs[s].optimizer_s for s in stages),
+        slowdown=straggler.slowdown if straggler else 1.0,
+        slow_from_s=straggler.from_s if straggler else 0.0,
+        fails_at_s=failure.at_s if failure else None,
+    )
+
+
+def _class_ops(rank: int, costs: dict, link_costs: tuple, group_keys: tuple, ctx: _Context) -> tuple[Op, ...]:
+    """The ops of a class of ``rank`` whose stages cost ``costs``, with its links' costs and groups."""
+    plan = ctx.scenario.plan
+    slot_of = {link: slot for slot, (link, *_) in enumerate(link_costs)}
+    cost_of = {link: rest for link, *rest in link_costs}
+    group_slot = {label: slot for slot, (label, _) in enumerate(group_keys)}
     collective_of = {c.stage: c.index for c in ctx.collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
     ops = []
+
     def template(a) -> list:
         key = (a.stage, a.kind)
         if key not in templates:
             gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
                 if plan.sharding is Sharding.FULL else 0.0
-            fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL,
-                                ctx.kinds, out_kinds, in_kinds, collective_of)
-            templates[key] = _with_groups(a, fields, index, ctx.group_of, gather)
+            fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
+            templates[key] = _with_groups(a, fields, group_slot, gather)
         return templates[key]
 
     efficiency = plan.overlap_efficiency
@@ -225,29 +286,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
             rows[key] = [_op_row(fields) for fields in template(step)]
         mb = step.microbatch
         ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
-    jitter = ctx.faults.jitter_for(devices[0])
-    if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
-        compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
-        for i, factor in zip(compute, jitter_factors(jitter[0], jitter[1], len(compute))):
-            op = ops[i]
-            ops[i] = _new_tuple(Op, op[:5] + (op[5] * factor,) + op[6:])  # op._replace(duration_s=...)
-    straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
-    states = [costs[s].states for s in stages]
-    return DeviceClass(
-        index=index,
-        devices=devices,
-        rank=rank,
-        stages=stages,
-        samples=slices,
-        ops=tuple(ops),
-        static_bytes=sum(costs[s].static_bytes for s in stages),
-        states=StateBytes(parameters=sum(x.parameters for x in states), gradients=sum(x.gradients for x in states),
-                          optimizer=sum(x.optimizer for x in states)),
-        optimizer_s=sum(costs[s].optimizer_s for s in stages),
-        slowdown=straggler.slowdown if straggler else 1.0,
-        slow_from_s=straggler.from_s if straggler else 0.0,
-        fails_at_s=failure.at_s if failure else None,
-    )
+    return tuple(ops)
 
 
 _new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
@@ -281,19 +320,20 @@ def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], effici
     return ops
 
 
-def _with_groups(action, fields: dict, cls: int, group_of: dict, gather_bytes: float) -> list[dict]:
+def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) -> list[dict]:
     """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
-    FSDP's gather) and followed by its blocking ones (tensor parallelism)."""
+    FSDP's gather) and followed by its blocking ones (tensor parallelism); a GROUP op names its
+    collective by its slot in ``DeviceClass.groups``."""
     kind = action.kind
     if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
         return [fields]
     phase = "F" if kind is ActionKind.F else "B"
     before, after = [], []
     for name in ("FS", "CP", "TP"):
-        index = group_of.get(((name, action.stage, phase), cls))
-        if index is None:
+        slot = group_slot.get((name, action.stage, phase))
+        if slot is None:
             continue
-        op = dict(code=GROUP, collective=index, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
+        op = dict(code=GROUP, collective=slot, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
         (before if name in OVERLAPPED else after).append(op)
     if gather_bytes and before:
         fields = {**fields, "gather_bytes": gather_bytes}
@@ -320,12 +360,15 @@ def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, floa
     return 0.0, f * kept  # W
 
 
-def _op_fields(action, cost, recompute, kinds, out_kinds, in_kinds, collective_of) -> dict:
-    """Time and memory of one action on one device (see the module docstring), as Op fields."""
+def _op_fields(action, cost, recompute, slot_of, cost_of, collective_of) -> dict:
+    """Time and memory of one action on one device (see the module docstring), as Op fields;
+    ``slot_of``: the slot of each link (``("out" or "in", label)``), ``cost_of``: its (flows,
+    issue seconds, receive seconds, received bytes per device)."""
     s, kind = action.stage, action.kind
     base = dict(stage=s, kind=kind)
-    recv_f = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("F", s - 1)])
-    recv_b = sum(kinds[k].recv_bytes_per_device for k in in_kinds[("B", s + 1)])
+    none = (0, 0.0, 0.0, 0.0)
+    recv_f = cost_of.get(("in", ("F", s - 1)), none)[3]
+    recv_b = cost_of.get(("in", ("B", s + 1)), none)[3]
     if kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W):
         alloc, free = compute_memory(kind, cost, recompute)
         if kind is ActionKind.F:
@@ -339,9 +382,11 @@ def _op_fields(action, cost, recompute, kinds, out_kinds, in_kinds, collective_o
                         free_bytes=free, buffer_bytes=recv_b, **base)
         return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=free, live_delta=-1, **base)
     if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
-        flows = tuple(out_kinds[("F" if kind is ActionKind.SEND_F else "B", s)])
-        return dict(code=SEND, flows=flows, duration_s=sum(kinds[k].issue_s for k in flows), **base)
+        link = ("out", ("F" if kind is ActionKind.SEND_F else "B", s))
+        count, issue_s = cost_of.get(link, none)[:2]
+        return dict(code=SEND, flows=slot_of[link] if count else -1, duration_s=issue_s, **base)
     if kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-        flows = tuple(in_kinds[("F", s - 1)] if kind is ActionKind.RECV_F else in_kinds[("B", s + 1)])
-        return dict(code=RECV, flows=flows, duration_s=sum(kinds[k].receive_s for k in flows), **base)
+        link = ("in", ("F", s - 1) if kind is ActionKind.RECV_F else ("B", s + 1))
+        count, _, receive_s = cost_of.get(link, none)[:3]
+        return dict(code=RECV, flows=slot_of[link] if count else -1, duration_s=receive_s, **base)
     return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)

@@ -245,6 +245,7 @@ class _PlanState:
             c = ready.pop()
             cls = classes[c]
             ops, i, now, rec = cls.ops, self.cursor[c], self.clock[c], records[c]
+            durations, slots = cls.durations, cls.slots
             starts, ends, buffers = rec.op_times.start, rec.op_times.end, rec.buffers
             memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append
             buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
@@ -255,7 +256,7 @@ class _PlanState:
                 op = ops[i]
                 code = op[0]
                 if code == COMPUTE:
-                    end = now + (op[5] * slowdown if slow and now >= slow_from else op[5])
+                    end = now + (durations[i] * slowdown if slow and now >= slow_from else durations[i])
                     starts[i], ends[i] = now, end
                     if op[6]:
                         memory_at(now)
@@ -276,7 +277,7 @@ class _PlanState:
                 elif code == SEND:
                     start = send_free[c] if send_free[c] > now else now
                     done, mb = start, op[4]
-                    for k in op.flows:
+                    for k in (slots[op.flows] if op.flows >= 0 else ()):
                         sent = start + kind_s[k]
                         if sent > done:
                             done = sent
@@ -288,7 +289,7 @@ class _PlanState:
                     if op[5]:
                         now += op[5] * slowdown if slow and now >= slow_from else op[5]
                 elif code == RECV:
-                    flows = op.flows
+                    flows = slots[op.flows] if op.flows >= 0 else ()
                     if flows:
                         key = kind_box[flows[0]] + op[4]
                         got = arrived.get(key)
@@ -348,11 +349,12 @@ class _PlanState:
 
     def _group(self, c: int, i: int, op, now: float) -> float | None:
         """When one action's group collective ends, or None while some participant has not issued it."""
-        key = (op.collective, op.microbatch, op.kind)
+        g = self.w.classes[c].groups[op.collective]
+        key = (g, op.microbatch, op.kind)
         end = self.group_end.get(key)
         if end is not None:
             return end
-        coll = self.w.group_collectives[op.collective]
+        coll = self.w.group_collectives[g]
         issued = self.group_issued.setdefault(key, {})
         issued.setdefault(c, (i, now))
         if len(issued) < len(coll.participants):

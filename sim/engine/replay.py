@@ -165,6 +165,7 @@ class _Replay:
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
         ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers  # ``Deltas``
+        durations = cls.durations
         starts, ends = rec.op_times.start, rec.op_times.end
         timeout = env.timeout
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
@@ -178,7 +179,7 @@ class _Replay:
                     memory.append((start, op[6]))
                 if op.gather_bytes:
                     buffers.append((start, op.gather_bytes))
-                duration = op[5] * slowdown if slow and start >= slow_from else op[5]
+                duration = durations[i] * slowdown if slow and start >= slow_from else durations[i]
                 if duration > 0:
                     yield timeout(duration)
                 end = env.now
@@ -209,9 +210,10 @@ class _Replay:
                 start = env.now
                 key = recv_mailbox(c, op)
                 box = self.boxes.get(key)
-                if op.flows and (box is None or box[0] < len(op.flows)):
+                flows = cls.slots[op.flows] if op.flows >= 0 else ()
+                if flows and (box is None or box[0] < len(flows)):
                     event = env.event()
-                    self.waiters[key] = (len(op.flows), event)
+                    self.waiters[key] = (len(flows), event)
                     yield event
                 if op.duration_s > 0:  # taking the data in costs the compute stream (gloo on a CPU)
                     yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
@@ -249,6 +251,7 @@ class _Replay:
         memory_at, memory_delta = memory.times.append, memory.deltas.append
         buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
         kinds, kind_s, boxes, contention = self.w.kinds, self.kind_s, self.boxes, self.contention
+        durations, slots, groups = cls.durations, cls.slots, cls.groups
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
@@ -257,7 +260,7 @@ class _Replay:
             position[c] = i
             code = op[0]
             if code == COMPUTE:
-                end = t + (op[5] * slowdown if slow and t >= slow_from else op[5])
+                end = t + (durations[i] * slowdown if slow and t >= slow_from else durations[i])
                 starts[i], ends[i] = t, end
                 if op[6]:
                     memory_at(t)
@@ -288,7 +291,7 @@ class _Replay:
                 else:
                     start = send_free if send_free > t else t
                     done, mb = start, op[4]
-                    for k in op.flows:
+                    for k in (slots[op.flows] if op.flows >= 0 else ()):
                         sent = start + kind_s[k]
                         if sent > done:
                             done = sent
@@ -300,7 +303,7 @@ class _Replay:
                 if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
                     t += op[5] * slowdown if slow and t >= slow_from else op[5]
             elif code == RECV:
-                flows = op.flows
+                flows = slots[op.flows] if op.flows >= 0 else ()
                 if flows:
                     key = recv_mailbox(c, op)
                     box = boxes.get(key)
@@ -316,7 +319,7 @@ class _Replay:
                 starts[i], ends[i] = t, end
                 t = end
             elif code == GROUP:
-                key = (op.collective, op.microbatch, op.kind)
+                key = (groups[op.collective], op.microbatch, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
                 if op.overlap:
                     beside.append((key, done))
@@ -398,7 +401,7 @@ class _Replay:
             done = self.group_done[key] = self.env.event()
         if key in self.group_end:
             return done
-        coll = self.w.group_collectives[op.collective]
+        coll = self.w.group_collectives[key[0]]
         issued = self.group_issued.setdefault(key, {})
         issued.setdefault(c, (i, t))
         if len(issued) == len(coll.participants):
@@ -443,7 +446,8 @@ class _Replay:
         self.send_busy[c] = True
         i, op = queue.pop(0)
         start, rec = self.env.now, self.records[c]
-        pending = [len(op.flows)]
+        flows = self.w.classes[c].slots[op.flows] if op.flows >= 0 else ()
+        pending = [len(flows)]
 
         def left(kind) -> None:
             if self.ahead:  # the devices keep their own clocks: they read the arrival's time
@@ -455,10 +459,10 @@ class _Replay:
                 rec.op_times[i] = (start, self.env.now)
                 self._next_send(c)
 
-        if not op.flows:
+        if not flows:
             rec.op_times[i] = (start, start)
             self._next_send(c)
-        for k in op.flows:
+        for k in flows:
             kind = self.w.kinds[k]
             rec.bytes_sent += kind.send_bytes_per_device
             self.net.transfer(kind, lambda kind=kind: left(kind))
@@ -530,8 +534,9 @@ class _Replay:
 
     def _join_group(self, c: int, i: int, op) -> simpy.Event:
         """Issue class ``c``'s part of one action's group collective; the event fires when it ends."""
-        key = (op.collective, op.microbatch, op.kind)
-        coll = self.w.group_collectives[op.collective]
+        g = self.w.classes[c].groups[op.collective]
+        key = (g, op.microbatch, op.kind)
+        coll = self.w.group_collectives[g]
         issued = self.group_issued.setdefault(key, [])
         issued.append((c, i))
         done = self.group_done.setdefault(key, self.env.event())

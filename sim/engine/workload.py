@@ -20,6 +20,7 @@ thing, compiled once by ``sim.engine.compile.compile_workload``. This module hol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -113,11 +114,13 @@ class Op(NamedTuple):
     """Receive-buffer bytes it consumes, freed when it ends (its input or output gradient)."""
     live_delta: int = 0
     """+1 when a micro-batch's activations become live (F), −1 when they die (B or W)."""
-    flows: tuple[int, ...] = ()
-    """SEND: flow kinds to start; RECV: flow kinds to wait for."""
+    flows: int = -1
+    """SEND: the slot (``DeviceClass.slots``) of the flow kinds to start; RECV: of the flow kinds
+    to wait for; −1 for none. Ops name their class's links through slots so that classes whose
+    links cost the same share one tuple of ops."""
     collective: int = -1
     """REDUCE: index of the all-reduce in ``Workload.collectives``, or −1 when the stage has one
-    replica; GROUP: index in ``Workload.group_collectives``."""
+    replica; GROUP: the slot (``DeviceClass.groups``) of its collective."""
     overlap: bool = False
     """GROUP: the collective runs beside the next compute op, which ends no earlier than it
     (ring attention, FSDP's prefetched gathers); otherwise the compute stream waits for it
@@ -137,6 +140,14 @@ class DeviceClass:
     samples: tuple[int, ...]
     """Samples of each micro-batch each of its stages processes on one device."""
     ops: tuple[Op, ...]
+    """Its actions in order (shared by the classes whose ops are alike; see ``durations``)."""
+    durations: Sequence[float]
+    """Seconds of each op (its ``duration_s``, times the class's jitter factors for compute ops):
+    what the replays read."""
+    slots: tuple[tuple[int, ...], ...]
+    """Flow kinds of each link slot its SEND and RECV ops name (``Op.flows``)."""
+    groups: tuple[int, ...]
+    """Index in ``Workload.group_collectives`` of each group slot its GROUP ops name."""
     static_bytes: float
     """Parameters, gradients and optimizer state held at rest, per device."""
     states: StateBytes
