@@ -111,19 +111,20 @@ class Network:
         else:
             affected = set().union(*(on_port[p] for p in dirty)) if dirty else set()
         dirty.clear()
-        for fid in sorted(affected):
+        # each flow's update reads only its own ports' loads, so the order of the updates (a
+        # set's) changes nothing; the heap breaks ties between equal finishes by flow id
+        for fid in affected:
             flow = flows[fid]
-            flow.remaining -= flow.rate * (now - flow.since)
-            flow.since = now
             rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
             for p, _ in flow.kind.ports:
                 share = bandwidth[p] / load[p]
                 if share < rate:
                     rate = share
-            remaining = flow.remaining
+            if rate == flow.rate:
+                continue  # it drains as before: its heap entry still holds its finish
+            remaining = flow.remaining - flow.rate * (now - flow.since)
+            flow.remaining, flow.since = remaining, now
             finish = now + (remaining if remaining > 0.0 else 0.0) / rate
-            if rate == flow.rate and finish == flow.finish:
-                continue  # its heap entry still holds exactly this finish: no new entry to sift
             flow.rate, flow.finish = rate, finish
             flow.version += 1
             push(heap, (finish, fid, flow.version))
