@@ -101,7 +101,7 @@ def _finish_times(bandwidths, flows):
 
     def start(index, at, kind):
         yield env.timeout(at)
-        net.transfer(kind, lambda: finished.__setitem__(index, env.now))
+        net.transfer(kind, lambda *_: finished.__setitem__(index, env.now))
 
     for index, (at, nbytes, ports) in enumerate(flows):
         env.process(start(index, at, _Kind(nbytes, ports)))

@@ -46,15 +46,16 @@ _EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("kind", "remaining", "rate", "since", "version", "done", "finish")
+    __slots__ = ("kind", "remaining", "rate", "since", "version", "done", "owner", "finish")
 
-    def __init__(self, kind, done: Callable[[], None], now: float) -> None:
+    def __init__(self, kind, done: Callable, owner, now: float) -> None:
         self.kind = kind
         self.remaining = kind.bytes
         self.rate = 0.0
         self.since = now
         self.version = 0
         self.done = done
+        self.owner = owner
         self.finish = math.nan
         """When its heap entry of this ``version`` says it ends."""
 
@@ -75,33 +76,32 @@ class Network:
         self.recompute_pending = False
         self.wake_at = math.inf
 
-    def transfer(self, kind, done: Callable[[], None]) -> None:
-        """Start one flow of ``kind`` now; ``done()`` runs when its last byte has left."""
+    def transfer(self, kind, done: Callable, owner=None) -> None:
+        """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left."""
         if kind.bytes <= 0:
-            self._call_later(0.0, done)
+            self._call_later(0.0, done, kind, owner)
         elif not self.contention:
-            self._call_later(kind.bytes / kind.static_rate_bytes_per_s, done)
+            self._call_later(kind.bytes / kind.static_rate_bytes_per_s, done, kind, owner)
         else:
             fid = self.next_id
             self.next_id += 1
-            self.flows[fid] = _Flow(kind, done, self.env.now)
+            self.flows[fid] = _Flow(kind, done, owner, self.env.now)
             for port, weight in kind.ports:
                 self.load[port] += weight
                 self.on_port[port].add(fid)
                 self.dirty.add(port)
             self._schedule_recompute()
 
-    def _call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        event = self.env.timeout(delay)
-        event.callbacks.append(lambda _event: callback())
+    def _call_later(self, delay: float, callback: Callable, *args) -> None:
+        self.env.timeout(delay, (callback, args)).callbacks.append(_call)
 
     def _schedule_recompute(self) -> None:
         # Flows that start at the same instant share one recomputation.
         if not self.recompute_pending:
             self.recompute_pending = True
-            self._call_later(0.0, self._recompute)
+            self.env.timeout(0.0).callbacks.append(self._recompute)
 
-    def _recompute(self) -> None:
+    def _recompute(self, _event=None) -> None:
         self.recompute_pending = False
         now = self.env.now
         dirty, on_port, flows, heap = self.dirty, self.on_port, self.flows, self.heap
@@ -136,11 +136,10 @@ class Network:
             heapq.heappop(heap)
         if heap and heap[0][0] < self.wake_at:
             self.wake_at = when = heap[0][0]
-            event = self.env.timeout(max(when - self.env.now, 0.0))
-            event.callbacks.append(lambda _event: self._wake(when))
+            self.env.timeout(max(when - self.env.now, 0.0), when).callbacks.append(self._wake)
 
-    def _wake(self, when: float) -> None:
-        if when != self.wake_at:
+    def _wake(self, event) -> None:
+        if event.value != self.wake_at:
             return  # superseded by an earlier wake-up
         self.wake_at = math.inf
         now = self.env.now
@@ -158,8 +157,14 @@ class Network:
                 self.dirty.add(port)
             finished.append(flow)
         for flow in finished:
-            flow.done()
+            flow.done(flow.kind, flow.owner)
         if self.dirty:
             self._recompute()
         else:
             self._arm()
+
+
+def _call(event) -> None:
+    """Run the ``(callback, args)`` an event carries as its value."""
+    callback, args = event.value
+    callback(*args)

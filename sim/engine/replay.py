@@ -53,6 +53,7 @@ out of events rather than spinning, so this never hangs.
 from __future__ import annotations
 
 import gc
+from collections import deque
 from contextlib import contextmanager
 
 import simpy
@@ -115,7 +116,7 @@ class _Replay:
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
         self.waiters: dict[tuple, tuple[int, simpy.Event]] = {}
-        self.send_queue: list[list[tuple[int, object]]] = [[] for _ in range(n)]
+        self.send_queue: list[deque[tuple[int, object]]] = [deque() for _ in range(n)]
         self.send_busy = [False] * n
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
@@ -251,7 +252,7 @@ class _Replay:
         memory_at, memory_delta = memory.times.append, memory.deltas.append
         buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
         kinds, kind_s, boxes, contention = self.w.kinds, self.kind_s, self.boxes, self.contention
-        durations, slots, groups = cls.durations, cls.slots, cls.groups
+        durations, slots, groups, send_due = cls.durations, cls.slots, cls.groups, self._send_due
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
@@ -285,7 +286,7 @@ class _Replay:
             elif code == SEND:
                 if contention:
                     if t > env.now:
-                        env.timeout(t - env.now).callbacks.append(lambda _e, i=i, op=op: self._queue_send(c, i, op))
+                        env.timeout(t - env.now, (c, i, op)).callbacks.append(send_due)
                     else:
                         self._queue_send(c, i, op)
                 else:
@@ -433,6 +434,10 @@ class _Replay:
 
     # --- send stream and arrivals --------------------------------------------------------------
 
+    def _send_due(self, event) -> None:
+        """A SEND a device issued ahead of time is due (its timeout's value: class, op index, op)."""
+        self._queue_send(*event.value)
+
     def _queue_send(self, c: int, i: int, op) -> None:
         self.send_queue[c].append((i, op))
         if not self.send_busy[c]:
@@ -444,28 +449,31 @@ class _Replay:
             self.send_busy[c] = False
             return
         self.send_busy[c] = True
-        i, op = queue.pop(0)
+        i, op = queue.popleft()
         start, rec = self.env.now, self.records[c]
         flows = self.w.classes[c].slots[op.flows] if op.flows >= 0 else ()
-        pending = [len(flows)]
-
-        def left(kind) -> None:
-            if self.ahead:  # the devices keep their own clocks: they read the arrival's time
-                self._deliver(mailbox(kind, op.microbatch), self.env.now + kind.latency_s, kind)
-            else:
-                self._arrive_later(kind, op.microbatch)
-            pending[0] -= 1
-            if pending[0] == 0:
-                rec.op_times[i] = (start, self.env.now)
-                self._next_send(c)
-
         if not flows:
             rec.op_times[i] = (start, start)
             self._next_send(c)
+            return
+        sending = [c, i, start, len(flows), op.microbatch]  # what ``_left`` needs of this SEND
+        kinds, transfer, left = self.w.kinds, self.net.transfer, self._left
         for k in flows:
-            kind = self.w.kinds[k]
+            kind = kinds[k]
             rec.bytes_sent += kind.send_bytes_per_device
-            self.net.transfer(kind, lambda kind=kind: left(kind))
+            transfer(kind, left, sending)
+
+    def _left(self, kind, sending: list) -> None:
+        """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go, micro-batch)."""
+        if self.ahead:  # the devices keep their own clocks: they read the arrival's time
+            self._deliver(mailbox(kind, sending[4]), self.env.now + kind.latency_s, kind)
+        else:
+            self._arrive_later(kind, sending[4])
+        sending[3] -= 1
+        if sending[3] == 0:
+            c = sending[0]
+            self.records[c].op_times[sending[1]] = (sending[2], self.env.now)
+            self._next_send(c)
 
     def _arrive_later(self, kind, microbatch: int) -> None:
         key = mailbox(kind, microbatch)
@@ -516,17 +524,10 @@ class _Replay:
         """Run a collective's phases one after another: each phase's flows together, then its latency."""
         for kinds, latency in coll.phases:
             if kinds:
-                phase = self.env.event()
-                remaining = [len(kinds)]
-
-                def left(phase=phase, remaining=remaining) -> None:
-                    remaining[0] -= 1
-                    if remaining[0] == 0:
-                        phase.succeed()
-
+                phase = [len(kinds), self.env.event()]  # flows to go, the event when they have left
                 for k in kinds:
-                    self.net.transfer(self.w.kinds[k], left)
-                yield phase
+                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
+                yield phase[1]
             if latency > 0:
                 yield self.env.timeout(latency)
 
@@ -571,3 +572,10 @@ class _Replay:
             f"the replay stopped making progress at {self.env.now * 1e3:.3f} ms: " + "; ".join(lines[:4]),
             detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
+
+
+def _phase_left(_kind, phase: list) -> None:
+    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event)."""
+    phase[0] -= 1
+    if phase[0] == 0:
+        phase[1].succeed()
