@@ -159,3 +159,19 @@ def test_contention_free_classes_refuse_a_replay_with_contention():
     with pytest.raises(ValueError, match="contention=True"):
         simulate(workload, contention=True)
     assert simulate(workload, contention=False).iteration_time_s > 0
+
+
+def test_a_refinement_still_splitting_after_its_rounds_gives_every_device_its_own_class():
+    """A fault on a ring splits one neighbour per round: capped, the refinement returns the
+    discrete partition (exact too) instead of passing over every flow n/2 times."""
+    from sim.engine.symmetry import refine
+
+    n = 200
+    ring = [(d, (d + 1) % n, "AR") for d in range(n)]
+    healthy = refine([0] * n, [0] * n, ring, 1)
+    assert set(healthy[0]) == {0}  # fault-free: one class, whatever the cap
+    assert refine([0] * n, [0] * n, ring, 1, max_rounds=2) == healthy
+    faulty = [1] + [0] * (n - 1)
+    exact = refine(faulty, [0] * n, ring, 1)
+    assert sorted(exact[0]) == list(range(n))
+    assert refine(faulty, [0] * n, ring, 1, max_rounds=8) == (list(range(n)), [0])

@@ -44,6 +44,7 @@ def refine(
     edges: Sequence[tuple[int, int, Hashable]],
     num_cards: int,
     card_initial: Sequence[Hashable] | None = None,
+    max_rounds: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """Colour refinement of devices and network cards.
 
@@ -51,6 +52,11 @@ def refine(
     ``edges``: directed ``(src, dst, label)`` flows between devices; ``card_initial[c]``:
     starting colour of card c (e.g. a degraded one). Returns ``(device_class, card_class)``:
     class ids numbered by first appearance in id order.
+
+    Each round costs a pass over every edge, and a fault splits one ring neighbour per round,
+    so a ring of n replicas takes about n/2 rounds. With ``max_rounds``, a partition still
+    splitting after that many rounds gives way to every device and card its own class (also
+    equitable, and by then the refinement is close to it anyway).
     """
     num_devices = len(initial)
     outgoing: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
@@ -65,8 +71,11 @@ def refine(
 
     device_class = _relabel(initial)
     card_class = _relabel(list(card_initial) if card_initial is not None else [()] * num_cards)
-    count = -1
+    count, rounds = -1, 0
     while True:
+        rounds += 1
+        if max_rounds is not None and rounds > max_rounds:
+            return list(range(num_devices)), list(range(num_cards))
         card_sig = [(card_class[c], tuple(sorted(device_class[d] for d in members[c]))) for c in range(num_cards)]
         card_class = _relabel(card_sig)
         device_sig = [
