@@ -175,3 +175,17 @@ def test_a_refinement_still_splitting_after_its_rounds_gives_every_device_its_ow
     exact = refine(faulty, [0] * n, ring, 1)
     assert sorted(exact[0]) == list(range(n))
     assert refine(faulty, [0] * n, ring, 1, max_rounds=8) == (list(range(n)), [0])
+
+
+def test_the_report_says_when_contention_replays_a_faulted_cluster_device_by_device():
+    from sim.app.report import format_summary
+
+    scenario = _with(synthetic_scenario(fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, replicas=[128] * 4, microbatches=4,
+                                        boundary_bytes=4e8, param_bytes=2e8, latency_s=1e-5),
+                     Straggler(device=5, slowdown=1.5))
+    contended = run_scenario(scenario)
+    text = format_summary(contended.summarize(), contended)
+    assert "were replayed one by one" in text and "--no-contention" in text
+    free = run_scenario(scenario, contention=False)
+    assert "one by one" not in format_summary(free.summarize(), free)
+    assert free.summarize().device_classes < 64

@@ -72,6 +72,13 @@ def format_summary(summary: Summary, result: SimResult) -> str:
         f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices in "
         f"{summary.device_classes} classes ({mode})",
     ]
+    if (summary.contention and result.baseline is not None and summary.num_devices >= 512
+            and summary.device_classes * 2 > summary.num_devices):
+        lines.append(
+            f"note: with contention a fault reaches every device that shares a ring or a network card with one "
+            f"it touched, so {summary.device_classes} of {summary.num_devices} devices were replayed one by one; "
+            "--no-contention (or --engine fast) splits only the devices that wait for the fault"
+        )
     if summary.failure is not None:
         lines.append(f"FAILED: {summary.failure.message}")
     else:
