@@ -53,6 +53,7 @@ out of events rather than spinning, so this never hangs.
 from __future__ import annotations
 
 import gc
+from array import array
 from collections import deque
 from contextlib import contextmanager
 
@@ -131,6 +132,13 @@ class _Replay:
         self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
         if self.ahead:
             self.kind_s = [k.bytes / k.static_rate_bytes_per_s if k.bytes > 0 else 0.0 for k in workload.kinds]
+            # mailboxes are ints, ``box * num_microbatches + microbatch``, with flat arrays of
+            # the flows in and the last arrival (the fast path's numbering)
+            stride, boxes = max(workload.num_microbatches, 1), {}
+            self.kind_box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
+                             if k.label[0] in ("F", "B") else -1 for k in workload.kinds]
+            self.box_count = array("l", [0]) * (len(boxes) * stride)
+            self.box_time = array("d", [0.0]) * (len(boxes) * stride)
             self.coll_free = [0.0] * n
             self.clock = [0.0] * n
             self.unfinished_collectives = [0] * n
@@ -251,7 +259,8 @@ class _Replay:
         starts, ends = rec.op_times.start, rec.op_times.end
         memory_at, memory_delta = memory.times.append, memory.deltas.append
         buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
-        kinds, kind_s, boxes, contention = self.w.kinds, self.kind_s, self.boxes, self.contention
+        kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
+        kind_box, box_count, box_time = self.kind_box, self.box_count, self.box_time
         durations, slots, groups, send_due = cls.durations, cls.slots, cls.groups, self._send_due
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
@@ -298,7 +307,7 @@ class _Replay:
                             done = sent
                         kind = kinds[k]
                         rec.bytes_sent += kind.send_bytes_per_device
-                        self._deliver(mailbox(kind, mb), sent + kind.latency_s, kind)
+                        self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
                     send_free = done
                     starts[i], ends[i] = start, done
                 if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
@@ -306,14 +315,12 @@ class _Replay:
             elif code == RECV:
                 flows = slots[op.flows] if op.flows >= 0 else ()
                 if flows:
-                    key = recv_mailbox(c, op)
-                    box = boxes.get(key)
-                    if box is None or box[0] < len(flows):
+                    key = kind_box[flows[0]] + op[4]
+                    if box_count[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
                         yield event
-                        box = boxes[key]
-                    arrival = box[1] if box[1] > t else t
+                    arrival = box_time[key] if box_time[key] > t else t
                 else:
                     arrival = t
                 end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
@@ -335,23 +342,17 @@ class _Replay:
         self.clock[c] = t
         self.finished[c] = self.unfinished_collectives[c] == 0
 
-    def _deliver(self, key: tuple, when: float, kind) -> None:
+    def _deliver(self, key: int, when: float, kind) -> None:
         """A flow of ``kind`` arrives at ``when`` (known once it has left, or without contention
-        once it is sent); a device waiting for its mailbox goes on when the last one is in."""
-        if when < 0.0:
-            when = 0.0
-        box = self.boxes.get(key)
-        if box is None:
-            box = self.boxes[key] = [1, when]
-        else:
-            box[0] += 1
-            if when > box[1]:
-                box[1] = when
+        once it is sent) in mailbox ``key``; a device waiting for it goes on when the last one is in."""
+        count = self.box_count[key] = self.box_count[key] + 1
+        if when > self.box_time[key]:
+            self.box_time[key] = when
         rec = self.records[kind.dst_class]
         rec.bytes_received += kind.recv_bytes_per_device
-        rec.buffers.append((when, kind.recv_bytes_per_device))
+        rec.buffers.append((when if when > 0.0 else 0.0, kind.recv_bytes_per_device))
         waiter = self.waiters.get(key)
-        if waiter is not None and box[0] >= waiter[0]:
+        if waiter is not None and count >= waiter[0]:
             del self.waiters[key]
             waiter[1].succeed()
 
@@ -466,7 +467,7 @@ class _Replay:
     def _left(self, kind, sending: list) -> None:
         """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go, micro-batch)."""
         if self.ahead:  # the devices keep their own clocks: they read the arrival's time
-            self._deliver(mailbox(kind, sending[4]), self.env.now + kind.latency_s, kind)
+            self._deliver(self.kind_box[kind.index] + sending[4], self.env.now + kind.latency_s, kind)
         else:
             self._arrive_later(kind, sending[4])
         sending[3] -= 1
