@@ -76,8 +76,12 @@ class Network:
         self.recompute_pending = False
         self.wake_at = math.inf
 
-    def transfer(self, kind, done: Callable, owner=None) -> None:
-        """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left."""
+    def transfer(self, kind, done: Callable, owner=None, *, last: bool = False) -> None:
+        """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left.
+
+        The rates are recomputed once for the flows that start at one instant: by an event
+        after the others, or at once when the caller says this is the ``last`` of its flows and
+        nothing else is due at this instant."""
         if kind.bytes <= 0:
             self._call_later(0.0, done, kind, owner)
         elif not self.contention:
@@ -90,7 +94,10 @@ class Network:
                 self.load[port] += weight
                 self.on_port[port].add(fid)
                 self.dirty.add(port)
-            self._schedule_recompute()
+            if last and not self.recompute_pending and self.env.peek() > self.env.now:
+                self._recompute()  # nothing else happens at this instant: no event to wait for
+            else:
+                self._schedule_recompute()
 
     def _call_later(self, delay: float, callback: Callable, *args) -> None:
         self.env.timeout(delay, (callback, args)).callbacks.append(_call)
@@ -128,6 +135,9 @@ class Network:
             flow.rate, flow.finish = rate, finish
             flow.version += 1
             push(heap, (finish, fid, flow.version))
+        if len(heap) > 4 * len(flows) + 64:  # mostly superseded entries: keep only the live ones
+            heap[:] = [entry for entry in heap if entry[1] in flows and flows[entry[1]].version == entry[2]]
+            heapq.heapify(heap)
         self._arm()
 
     def _arm(self) -> None:

@@ -459,10 +459,10 @@ class _Replay:
             return
         sending = [c, i, start, len(flows), op.microbatch]  # what ``_left`` needs of this SEND
         kinds, transfer, left = self.w.kinds, self.net.transfer, self._left
-        for k in flows:
+        for j, k in enumerate(flows, 1):
             kind = kinds[k]
             rec.bytes_sent += kind.send_bytes_per_device
-            transfer(kind, left, sending)
+            transfer(kind, left, sending, last=j == len(flows))
 
     def _left(self, kind, sending: list) -> None:
         """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go, micro-batch)."""
@@ -526,8 +526,8 @@ class _Replay:
         for kinds, latency in coll.phases:
             if kinds:
                 phase = [len(kinds), self.env.event()]  # flows to go, the event when they have left
-                for k in kinds:
-                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
+                for j, k in enumerate(kinds, 1):
+                    self.net.transfer(self.w.kinds[k], _phase_left, phase, last=j == len(kinds))
                 yield phase[1]
             if latency > 0:
                 yield self.env.timeout(latency)
