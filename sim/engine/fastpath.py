@@ -196,6 +196,10 @@ def replay(workload) -> "SimResult":
     failing = [cls.devices[0] for cls in workload.classes if cls.fails_at_s is not None]
     if failing:
         raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
+    from sim.engine.vector import vector_records, worth_vectorising
+
+    if worth_vectorising(workload):  # many classes sharing their ops: numpy over each bundle
+        return SimResult(workload, vector_records(workload), engine="fast", contention=False)
     state = _PlanState(workload)
     state.run()
     records = state.records

@@ -58,8 +58,19 @@ class MemoryTimeline:
     """Communication buffers (received data, gathered parameters) held when the total peaks."""
 
 
-def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
-    """The memory of one device of ``cls`` from its class's ``record``.
+def peak_live_microbatches(ops) -> int:
+    """Most micro-batches whose activations are alive at once along ``ops`` (+1 per F, −1 per B or W)."""
+    live = best = 0
+    for op in ops:
+        live += op.live_delta
+        if live > best:
+            best = live
+    return best
+
+
+def memory_timeline(cls: DeviceClass, record: Recorder, live_peak: int | None = None) -> MemoryTimeline:
+    """The memory of one device of ``cls`` from its class's ``record`` (``live_peak``: its ops'
+    ``peak_live_microbatches``, when the caller has it).
 
     Vectorised (numpy): a stable sort puts the events in time order, frees before allocations
     at one instant, each group in recorded order (activations, then buffers); the running
@@ -67,9 +78,9 @@ def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
     """
     import numpy as np
 
-    stash_t, stash_d = record.memory.times, record.memory.deltas
-    times = np.array(stash_t + record.buffers.times, dtype=float)
-    deltas = np.array(stash_d + record.buffers.deltas, dtype=float)
+    stash_t, stash_d = record.memory.times, record.memory.deltas  # lists, or arrays (``sim.engine.vector``)
+    times = np.concatenate((np.asarray(stash_t, dtype=float), np.asarray(record.buffers.times, dtype=float)))
+    deltas = np.concatenate((np.asarray(stash_d, dtype=float), np.asarray(record.buffers.deltas, dtype=float)))
     order = np.lexsort((deltas > 0, times))  # by time, then frees first; stable within each
     times, deltas = times[order], deltas[order]
     is_stash = order < len(stash_t)
@@ -86,10 +97,7 @@ def memory_timeline(cls: DeviceClass, record: Recorder) -> MemoryTimeline:
     stash = np.array(stash_d, dtype=float)
     stash_order = np.lexsort((stash > 0, np.array(stash_t, dtype=float)))
     stash_peak = max(0.0, float(np.max(np.cumsum(stash[stash_order])))) if len(stash) else 0.0
-    live = best = 0
-    for op in cls.ops:
-        live += op.live_delta
-        best = max(best, live)
+    best = peak_live_microbatches(cls.ops) if live_peak is None else live_peak
     return MemoryTimeline(
         times_s=tuple(at[last].tolist()), bytes=tuple(totals[last].tolist()), peak_bytes=float(totals[peak_index]),
         peak_time_s=float(at[peak_index]), peak_live_microbatches=best, final_bytes=float(totals[-1]),

@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline
+from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 from sim.summary import (
     DeviceSummary,
@@ -118,7 +118,11 @@ class SimResult:
         self.baseline: SimResult | None = None
         """The same plan without faults, when the scenario has faults (set by ``sim.engine.run``)."""
         self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
-        self._memory = [memory_timeline(c, r) for c, r in zip(workload.classes, records)]
+        live: dict[int, int] = {}  # classes that share their ops share their live peak
+        for c in workload.classes:
+            if id(c.ops) not in live:
+                live[id(c.ops)] = peak_live_microbatches(c.ops)
+        self._memory = [memory_timeline(c, r, live[id(c.ops)]) for c, r in zip(workload.classes, records)]
 
     @property
     def end_s(self) -> float:
