@@ -189,3 +189,17 @@ def test_the_report_says_when_contention_replays_a_faulted_cluster_device_by_dev
     free = run_scenario(scenario, contention=False)
     assert "one by one" not in format_summary(free.summarize(), free)
     assert free.summarize().device_classes < 64
+
+
+def test_the_report_has_a_row_per_stage_when_there_are_many_classes():
+    from sim.app.report import MAX_CLASS_ROWS, format_summary
+
+    scenario = _with(_grid(replicas=(16, 16, 16, 16)), Jitter(spread=0.1, seed=3))
+    result = run_scenario(scenario, contention=False)
+    assert len(result.workload.classes) > MAX_CLASS_ROWS
+    text = format_summary(result.summarize(), result)
+    rows = [line for line in text.splitlines() if line.startswith("  ") and line.split()[0][0].isdigit()]
+    assert [row.split()[0] for row in rows] == ["0-15", "16-31", "32-47", "48-63"]
+    assert "a row per stage" in text
+    few = run_scenario(_grid(), contention=False)
+    assert "a row per stage" not in format_summary(few.summarize(), few)

@@ -91,13 +91,17 @@ def format_summary(summary: Summary, result: SimResult) -> str:
     impact = summary.fault_impact
     if impact is not None and impact.slowdown is not None:
         grown = sorted(impact.devices, key=lambda d: -(d.idle_growth_s or 0))[:3]
+        most = "idle time grew most on " if (grown[0].idle_growth_s or 0) > 0 else \
+            "idle time fell on every device, least on "
         lines.append(
             f"faults: {impact.slowdown:.3f}x the fault-free {format_time(impact.fault_free_iteration_time_s)}; "
-            "idle time grew most on " + ", ".join(f"device {d.device} (+{format_time(d.idle_growth_s)})"
-                                                 for d in grown)
+            + most + ", ".join(f"device {d.device} ({_signed_time(d.idle_growth_s)})" for d in grown)
         )
     if summary.oom_detail is not None:
         lines.append(f"OUT OF MEMORY: {summary.oom_detail.message}")
+    if len(result.workload.classes) > MAX_CLASS_ROWS:
+        lines += _stage_rows(summary, result)
+        return "\n".join(lines)
     lines.append(f"  {'devices':<14} {'stage':>5} {'busy':>10} {'idle':>10} {'peak memory':>12} {'live mb':>7}")
     for cls in result.workload.classes:
         row = summary.device(cls.devices[0])
@@ -109,6 +113,35 @@ def format_summary(summary: Summary, result: SimResult) -> str:
             f"{row.peak_activation_microbatches:>7}"
         )
     return "\n".join(lines)
+
+
+MAX_CLASS_ROWS = 32
+"""More classes than this are reported one row per stage (``--json`` has every device)."""
+
+
+def _stage_rows(summary: Summary, result: SimResult) -> list[str]:
+    """One row per stage: its devices, the range of their busy and idle times, the largest peak."""
+    by_stage: dict[tuple, list] = {}
+    for row in summary.devices:
+        by_stage.setdefault(tuple(row.stages), []).append(row)
+    lines = [f"  {'devices':<14} {'stage':>5} {'busy':>19} {'idle':>19} {'peak memory':>12} {'live mb':>7}"]
+    for stages, rows in sorted(by_stage.items()):
+        busy = [r.busy_s for r in rows]
+        idle = [r.idle_s for r in rows if r.idle_s is not None]
+        span = (lambda values: "-" if not values else format_time(min(values)) if min(values) == max(values)
+                else f"{format_time(min(values))}-{format_time(max(values))}")
+        lines.append(
+            f"  {_ranges(sorted(r.device for r in rows)):<14} {','.join(map(str, stages)):>5} {span(busy):>19} "
+            f"{span(idle):>19} {format_bytes(max(r.peak_memory_bytes for r in rows)):>12} "
+            f"{max(r.peak_activation_microbatches for r in rows):>7}"
+        )
+    lines.append(f"  ({len(result.workload.classes)} device classes, a row per stage: busy and idle from least "
+                 "to most, the largest peak; --json or --out for every device)")
+    return lines
+
+
+def _signed_time(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "-") + format_time(abs(seconds))
 
 
 def _ranges(ids: list[int]) -> str:
