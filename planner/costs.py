@@ -33,7 +33,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from sim.collectives import ring_bytes, ring_s, ring_steps
-from sim.cost import attention_core_s, layer_times_s, optimizer_step_s, split_samples
+from sim.cost import attention_core_s, layer_times_s, optimizer_step_s
 from sim.input.scenario import Scenario
 from sim.models import shard_model
 from sim.parallelism import Recompute, Shard, Sharding, model_state_bytes
@@ -213,4 +213,4 @@ class CostTables:
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:
         """Samples of the largest replica slice, the first (the stage waits for it; ``sim.cost.split_samples``)."""
-        return split_samples(microbatch_size, replicas)[0]
+        return -(-microbatch_size // replicas)  # the first slice of ``split_samples``: the ceiling
