@@ -18,7 +18,8 @@ compiled ops with the fast path's rules (no contention, no memory, no symmetry),
 where the references run, the replay and each reference are timed ``--repeat`` times and the
 fastest run kept (the machine may be shared).
 The SimPy engine runs with contention (``simpy``) and without (``simpy-nc``, which the naive
-model matches); the fast path (``fast``) equals ``simpy-nc``, which the benchmark checks.
+model matches); the fast path (``fast``, vectorised with numpy over classes that share their
+ops when there are many, ``sim.engine.vector``) equals ``simpy-nc``, which the benchmark checks.
 
     python benchmarks/engine_bench.py [--gpus 1024 4096 16384] [--regimes ...] [--engines ...]
     python benchmarks/engine_bench.py --two-stages 65536    # 2 stages x 32,768 replicas
