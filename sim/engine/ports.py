@@ -46,10 +46,11 @@ _EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("kind", "remaining", "rate", "since", "version", "done", "owner", "finish")
+    __slots__ = ("kind", "ports", "remaining", "rate", "since", "version", "done", "owner", "finish")
 
     def __init__(self, kind, done: Callable, owner, now: float) -> None:
         self.kind = kind
+        self.ports = tuple(p for p, _ in kind.ports)
         self.remaining = kind.bytes
         self.rate = 0.0
         self.since = now
@@ -68,6 +69,8 @@ class Network:
         self.contention = contention
         self.bandwidth = [p.bandwidth_bytes_per_s for p in workload.port_classes]
         self.load = [0.0] * len(self.bandwidth)
+        self.share = [math.inf] * len(self.bandwidth)
+        """Each port's bandwidth over its load (what one real flow through it may use)."""
         self.on_port: list[set[int]] = [set() for _ in self.bandwidth]
         self.flows: dict[int, _Flow] = {}
         self.heap: list[tuple[float, int, int]] = []
@@ -90,8 +93,10 @@ class Network:
             fid = self.next_id
             self.next_id += 1
             self.flows[fid] = _Flow(kind, done, owner, self.env.now)
+            load, share, bandwidth = self.load, self.share, self.bandwidth
             for port, weight in kind.ports:
-                self.load[port] += weight
+                load[port] += weight
+                share[port] = bandwidth[port] / load[port]
                 self.on_port[port].add(fid)
                 self.dirty.add(port)
             if last and not self.recompute_pending and self.env.peek() > self.env.now:
@@ -112,7 +117,7 @@ class Network:
         self.recompute_pending = False
         now = self.env.now
         dirty, on_port, flows, heap = self.dirty, self.on_port, self.flows, self.heap
-        bandwidth, load, push = self.bandwidth, self.load, heapq.heappush
+        share, push = self.share, heapq.heappush
         if len(dirty) == 1:
             affected = on_port[next(iter(dirty))]
         else:
@@ -123,10 +128,9 @@ class Network:
         for fid in affected:
             flow = flows[fid]
             rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
-            for p, _ in flow.kind.ports:
-                share = bandwidth[p] / load[p]
-                if share < rate:
-                    rate = share
+            for p in flow.ports:
+                if share[p] < rate:
+                    rate = share[p]
             if rate == flow.rate:
                 continue  # it drains as before: its heap entry still holds its finish
             remaining = flow.remaining - flow.rate * (now - flow.since)
@@ -162,7 +166,8 @@ class Network:
                 continue
             del flows[fid]
             for port, weight in flow.kind.ports:
-                self.load[port] -= weight
+                load = self.load[port] = self.load[port] - weight
+                self.share[port] = self.bandwidth[port] / load if load > 0.0 else math.inf
                 self.on_port[port].discard(fid)
                 self.dirty.add(port)
             finished.append(flow)
