@@ -72,9 +72,14 @@ class PortTable:
         self.sizes = sizes
 
     def class_ids(self, real: tuple[tuple, tuple], bandwidths: tuple[float, float]) -> tuple[int, int]:
-        """The port classes of a path's real ports."""
-        keys = tuple((name, self.class_of[port] if name in ("out", "in") else self.card_of[port]) for name, port in real)
-        return tuple(self._id(key, bw) for key, bw in zip(keys, bandwidths))
+        """The port classes of a path's real ports (a GPU's ports by its class, a NIC's by its card's)."""
+        (out_name, out_port), (in_name, in_port) = real
+        of = self.class_of if out_name == "out" else self.card_of
+        ids = self.ids
+        first, second = (out_name, of[out_port]), (in_name, of[in_port])
+        a = ids[first] if first in ids else self._id(first, bandwidths[0])
+        b = ids[second] if second in ids else self._id(second, bandwidths[1])
+        return a, b
 
     def link(self, src: int, dst: int):
         """The ``LinkSpec`` of a transfer src -> dst."""
@@ -102,17 +107,25 @@ def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
 def flow_paths(flows, cluster, faults: FaultView) -> list[tuple[tuple, tuple[float, float], float]]:
     """Each flow's (real port keys, their bandwidths, latency): inside a server the sender's
     out-port and the receiver's in-port, between servers their NICs; a slow link's factor applied."""
+    per_node, nics = cluster.devices_per_node, cluster.nics_per_node
+    intra, inter = cluster.intra_node, cluster.inter_node
+    intra_bw, inter_bw = (intra.bandwidth_bytes_per_s,) * 2, (inter.bandwidth_bytes_per_s,) * 2
+    slow_ports, slow_nics = faults.slow_ports, faults.slow_nics
     paths = []
     for src, dst, _, _ in flows:
-        if cluster.node_of(src) == cluster.node_of(dst):
+        node = src // per_node
+        if node == dst // per_node:
             real = (("out", src), ("in", dst))
-            link = cluster.intra_node
-            factors = (faults.slow_ports.get(src, 1.0), faults.slow_ports.get(dst, 1.0))
-        else:
-            real = (("nic-out", cluster.nic_of(src)), ("nic-in", cluster.nic_of(dst)))
-            link = cluster.inter_node
-            factors = (faults.nic_factor(real[0][1]), faults.nic_factor(real[1][1]))
-        paths.append((real, tuple(link.bandwidth_bytes_per_s * factor for factor in factors), link.latency_s))
+            bandwidths = intra_bw if not slow_ports else tuple(
+                intra.bandwidth_bytes_per_s * slow_ports.get(d, 1.0) for d in (src, dst))
+            paths.append((real, bandwidths, intra.latency_s))
+        else:  # ``ClusterSpec.nic_of``, spelled out on this per-flow path
+            out = node * nics + (src % per_node) * nics // per_node
+            into = (dst // per_node) * nics + (dst % per_node) * nics // per_node
+            real = (("nic-out", out), ("nic-in", into))
+            bandwidths = inter_bw if not slow_nics else tuple(
+                inter.bandwidth_bytes_per_s * slow_nics.get(n, 1.0) for n in (out, into))
+            paths.append((real, bandwidths, inter.latency_s))
     return paths
 
 
