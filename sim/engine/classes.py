@@ -23,7 +23,7 @@ from sim.engine.symmetry import refine, refine_behaviour
 
 __all__ = ["FaultView", "MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 
-MAX_REFINE_ROUNDS = 64
+MAX_REFINE_ROUNDS = 32
 """Rounds of the equitable refinement with faults before every device gets its own class: a
 fault splits one ring neighbour per round, so on a ring of replicas the refinement would
 otherwise take about half the ring's length in passes over every flow (8 s for 16,384 GPUs)."""
