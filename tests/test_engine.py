@@ -365,6 +365,31 @@ def test_running_ahead_equals_the_synchronous_replay(scenario, contention, seed)
     _assert_close(ahead, sync)
 
 
+@FAST
+@given(random_plans(), st.integers(0, 2**16))
+def test_faulted_symmetry_reduction_with_contention_is_exact(scenario, seed):
+    """Property: with contention, a faulted plan's classes (the optimistic ones, or the
+    equitable ones after a divergence) give the summary of replaying every device."""
+    import random
+    from dataclasses import replace
+
+    from sim.engine.run import run_scenario
+    from sim.faults import Jitter, SlowLink, Straggler
+
+    rng = random.Random(seed)
+    devices = scenario.cluster.num_devices
+    faults = [Straggler(device=rng.randrange(devices), slowdown=rng.choice([1.25, 2.0]), from_s=rng.choice([0.0, 0.5]))]
+    if rng.random() < 0.3:
+        faults.append(SlowLink(device=rng.randrange(devices), factor=0.5))
+    if rng.random() < 0.3:
+        faults.append(Jitter(spread=0.1, seed=seed, per="stage"))
+    faulted = replace(scenario, faults=tuple(faults))
+    reduced = run_scenario(faulted).summary()
+    every = run_scenario(faulted, symmetric=False).summary()
+    assert reduced.pop("device_classes") <= every.pop("device_classes")
+    _assert_close(reduced, every)
+
+
 @pytest.mark.parametrize("name", ["llama3_70b_h100_fsdp.yaml", "llama3_8b_h100_context_parallel.yaml",
                                   "gpt3_175b_a100_tp8_pp8.yaml", "bert48_v100_straggler.yaml"])
 @pytest.mark.parametrize("contention", [False, True])

@@ -102,16 +102,17 @@ def test_4d_plan_with_a_straggler_and_jitter_is_exact(path, engine):
     assert compile_workload(scenario, contention=False).classes.__len__() < scenario.cluster.num_devices
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     replicas=st.lists(st.integers(1, 5), min_size=2, max_size=4),
     devices_per_node=st.sampled_from([1, 2, 4]),
     seed=st.integers(0, 2**16),
-    engine=st.sampled_from(["fast", "simpy"]),
+    engine=st.sampled_from(["fast", "simpy", "simpy-contention"]),
 )
 def test_random_faulted_plans_are_exact(replicas, devices_per_node, seed, engine):
     """Property: on random uneven plans with random stragglers, slow links and jitter, the
-    contention-free replay with partial symmetry equals the one of every device."""
+    replay with partial symmetry (contention-free, or with contention the optimistic classes
+    and the equitable ones when they diverge) equals the one of every device."""
     rng = random.Random(seed)
     scenario = _grid(replicas=replicas, devices_per_node=devices_per_node)
     devices, nics = scenario.cluster.num_devices, scenario.cluster.nodes * scenario.cluster.nics_per_node
@@ -124,7 +125,8 @@ def test_random_faulted_plans_are_exact(replicas, devices_per_node, seed, engine
     if rng.random() < 0.5:
         faults.append(Jitter(spread=0.1, seed=seed, per=rng.choice(["device", "replica", "stage"]),
                              devices=tuple(sorted(rng.sample(range(devices), min(3, devices))))))
-    with_classes, every = _summaries(_with(scenario, *faults), engine, False)
+    contention = engine == "simpy-contention"
+    with_classes, every = _summaries(_with(scenario, *faults), "simpy" if contention else engine, contention)
     assert with_classes == every
 
 
@@ -177,18 +179,47 @@ def test_a_refinement_still_splitting_after_its_rounds_gives_every_device_its_ow
     assert refine(faulty, [0] * n, ring, 1, max_rounds=8) == (list(range(n)), [0])
 
 
-def test_the_report_says_when_contention_replays_a_faulted_cluster_device_by_device():
+def test_one_straggler_with_contention_splits_few_classes_and_stays_exact():
+    """With contention too, a straggler among 512 devices replays a few classes (the gradient
+    rings left out of the refinement, the replay checking that the flows it merges leave
+    together), and the summary equals replaying every device."""
     from sim.app.report import format_summary
 
     scenario = _with(synthetic_scenario(fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, replicas=[128] * 4, microbatches=4,
                                         boundary_bytes=4e8, param_bytes=2e8, latency_s=1e-5),
                      Straggler(device=5, slowdown=1.5))
     contended = run_scenario(scenario)
-    text = format_summary(contended.summarize(), contended)
-    assert "were replayed one by one" in text and "--no-contention" in text
-    free = run_scenario(scenario, contention=False)
-    assert "one by one" not in format_summary(free.summarize(), free)
-    assert free.summarize().device_classes < 64
+    assert contended.diverged is None and contended.summarize().device_classes < 32
+    every = run_scenario(scenario, symmetric=False).summary()
+    reduced = contended.summary()
+    assert reduced.pop("device_classes") < every.pop("device_classes") == 512
+    assert reduced == every
+    assert "own classes" not in format_summary(contended.summarize(), contended)
+
+
+def test_when_the_merged_flows_diverge_the_equitable_classes_are_replayed(monkeypatch):
+    """Force a divergence: the replay falls back to the equitable classes, says so, and the
+    result is the exact one."""
+    from sim.app.report import format_summary
+    from sim.engine import replay as engine_replay
+
+    scenario = _with(synthetic_scenario(fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, replicas=[128] * 4, microbatches=4,
+                                        boundary_bytes=4e8, param_bytes=2e8, latency_s=1e-5),
+                     Straggler(device=5, slowdown=1.5))
+    left = engine_replay._Replay._left
+
+    def diverging(self, kind, sending):
+        if self.w.optimistic and kind.sibling >= 0:
+            raise engine_replay.Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
+        left(self, kind, sending)
+
+    monkeypatch.setattr(engine_replay._Replay, "_left", diverging)
+    result = run_scenario(scenario)
+    assert result.diverged and not result.workload.optimistic
+    assert result.summarize().device_classes * 2 > 512
+    assert "own classes" in format_summary(result.summarize(), result)
+    monkeypatch.undo()
+    assert result.summary()["iteration_time_s"] == run_scenario(scenario, symmetric=False).summary()["iteration_time_s"]
 
 
 def test_the_report_has_a_row_per_stage_when_there_are_many_classes():

@@ -72,12 +72,11 @@ def format_summary(summary: Summary, result: SimResult) -> str:
         f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices in "
         f"{summary.device_classes} classes ({mode})",
     ]
-    if (summary.contention and result.baseline is not None and summary.num_devices >= 512
-            and summary.device_classes * 2 > summary.num_devices):
+    if result.diverged is not None and summary.device_classes * 2 > summary.num_devices:
         lines.append(
-            f"note: with contention a fault reaches every device that shares a ring or a network card with one "
-            f"it touched, so {summary.device_classes} of {summary.num_devices} devices were replayed one by one; "
-            "--no-contention (or --engine fast) splits only the devices that wait for the fault"
+            f"note: with contention the fault reached devices that share a port with one it touched "
+            f"({result.diverged}), so {summary.device_classes} of {summary.num_devices} devices were replayed "
+            "in their own classes; --no-contention (or --engine fast) splits only the devices that wait for it"
         )
     if summary.failure is not None:
         lines.append(f"FAILED: {summary.failure.message}")

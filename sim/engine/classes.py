@@ -52,6 +52,23 @@ class Symmetry:
         return refine(initial, self.card_of, self.edges, len(self.nic_ids), cards,
                       max_rounds=MAX_REFINE_ROUNDS if with_faults and self.faults.any else None)
 
+    def optimistic(self) -> tuple[list[int], list[int]]:
+        """Colour refinement over every flow but the gradient all-reduces' rings, with faults.
+
+        A gradient all-reduce ends at one instant for all its members, so a device cares only
+        about its end, not about which neighbour its ring flows come from; leaving the rings out
+        keeps a fault from splitting the whole ring. The classes are exact with contention as
+        long as the flows the replay treats as one move together (``sim.engine.flows.port_split``
+        gives each port the flows it really carries); the replay checks that and says when
+        they did not (``sim.engine.replay.Diverged``), and the caller then replays the
+        equitable classes.
+        """
+        f = self.faults
+        initial = [s + (f.device_signature(d),) for s, d in zip(self.structure, self.devices)]
+        cards = [f.nic_factor(n) for n in self.nic_ids]
+        edges = [edge for edge, flow in zip(self.edges, self.flows) if flow[2][0] != "AR"]
+        return refine(initial, self.card_of, edges, len(self.nic_ids), cards, max_rounds=MAX_REFINE_ROUNDS)
+
     def behaviour(self, num_p2p: int, paths, groups) -> tuple[list[int], list[float]]:
         """Classes exact without contention, and every flow's static rate under them.
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from sim.collectives import embedding_group_link
 from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
-from sim.engine.flows import PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, static_rates
+from sim.engine.flows import (PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, port_split,
+                              static_rates)
 from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
 from sim.engine.classes import FaultView, Symmetry, group_members
 from sim.engine.workload import (
@@ -61,12 +62,15 @@ WGRAD_STASH_FRACTION = 0.5
 weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
 
 
-def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: bool = True) -> Workload:
+def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: bool = True,
+                     optimistic: bool = False) -> Workload:
     """Compile ``scenario`` (which must have a plan) for replay.
 
     ``contention=False`` compiles for a contention-free replay (the fast path, the SimPy engine
     with ``contention=False``): its classes need only be exact without contention, which lets a
-    fault split far fewer of them (``sim.engine.symmetry.refine_behaviour``).
+    fault split far fewer of them (``sim.engine.symmetry.refine_behaviour``). ``optimistic``
+    (with contention and faults) compiles the classes of ``Symmetry.optimistic``: far fewer
+    than the equitable ones, exact unless the SimPy replay raises ``Diverged``.
     """
     plan, cluster, model, training = scenario.plan, scenario.cluster, scenario.model, scenario.training
     assert plan is not None, "the caller checks that the scenario has a plan"
@@ -91,7 +95,13 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
     sym = Symmetry(devices, nic_ids, flows, cluster, faults, rank_of, slices)
     # identical devices issue each operation together (``static_rates``), with or without the reduction
-    if contention:
+    optimistic = optimistic and contention and symmetric and faults.any
+    if optimistic:
+        device_class, card_class = sym.optimistic()
+        # every device its own class (jitter drawn per device): nothing merged, nothing to check
+        optimistic = max(device_class, default=-1) + 1 < len(devices)
+        rates = static_rates(flows, paths, {d: device_class[i] for i, d in enumerate(devices)})
+    elif contention:
         device_class, card_class = sym.equitable(with_faults=True)
         rates = static_rates(flows, paths, {d: device_class[i] for i, d in enumerate(devices)})
     else:
@@ -102,8 +112,9 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     class_of = {d: device_class[i] for i, d in enumerate(devices)}
     card_of = {n: card_class[i] for i, n in enumerate(nic_ids)}
 
-    ports = PortTable(cluster, class_of, card_of, devices, nic_ids)
-    kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention)
+    split = port_split(flows, paths, class_of, card_of) if optimistic else None
+    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split)
+    kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
@@ -141,6 +152,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                                 sharding=plan.sharding.value, sequence_parallel=plan.sequence_parallel),
         tokens_per_sample=_tokens_per_sample(whole),
         contention=contention or not symmetric,
+        optimistic=optimistic,
     )
 
 

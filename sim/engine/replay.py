@@ -65,7 +65,12 @@ from sim.errors import ScheduleError
 from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, recv_mailbox
 
-__all__ = ["simulate"]
+__all__ = ["Diverged", "simulate"]
+
+
+class Diverged(Exception):
+    """Flows an optimistic workload treats as one (sibling kinds, ``Workload.optimistic``) did
+    not leave together: its classes are not exact for this plan; replay the equitable ones."""
 
 
 def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = True) -> SimResult:
@@ -77,6 +82,9 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
     if contention and not workload.contention:
         raise ValueError("this workload's classes are exact only without contention: compile it with "
                          "compile_workload(..., contention=True) to replay it with contention")
+    if workload.optimistic and not contention:
+        raise ValueError("an optimistic workload's classes are checked only with contention: compile it "
+                         "with compile_workload(..., contention=False) to replay it without")
     with _gc_paused():
         replay = _Replay(workload, contention, run_ahead)
         replay.env.run()
@@ -457,7 +465,7 @@ class _Replay:
             rec.op_times[i] = (start, start)
             self._next_send(c)
             return
-        sending = [c, i, start, len(flows), op.microbatch]  # what ``_left`` needs of this SEND
+        sending = [c, i, start, len(flows), op.microbatch, {}]  # what ``_left`` needs of this SEND
         kinds, transfer, left = self.w.kinds, self.net.transfer, self._left
         for j, k in enumerate(flows, 1):
             kind = kinds[k]
@@ -465,7 +473,10 @@ class _Replay:
             transfer(kind, left, sending, last=j == len(flows))
 
     def _left(self, kind, sending: list) -> None:
-        """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go, micro-batch)."""
+        """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go,
+        micro-batch, when each sibling group left)."""
+        if kind.sibling >= 0 and sending[5].setdefault(kind.sibling, self.env.now) != self.env.now:
+            raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
         if self.ahead:  # the devices keep their own clocks: they read the arrival's time
             self._deliver(self.kind_box[kind.index] + sending[4], self.env.now + kind.latency_s, kind)
         else:
@@ -525,7 +536,7 @@ class _Replay:
         """Run a collective's phases one after another: each phase's flows together, then its latency."""
         for kinds, latency in coll.phases:
             if kinds:
-                phase = [len(kinds), self.env.event()]  # flows to go, the event when they have left
+                phase = [len(kinds), self.env.event(), {}]  # flows to go, the event when they have left
                 for j, k in enumerate(kinds, 1):
                     self.net.transfer(self.w.kinds[k], _phase_left, phase, last=j == len(kinds))
                 yield phase[1]
@@ -575,8 +586,11 @@ class _Replay:
         )
 
 
-def _phase_left(_kind, phase: list) -> None:
-    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event)."""
+def _phase_left(kind, phase: list) -> None:
+    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event,
+    when each sibling group left)."""
+    if kind.sibling >= 0 and phase[2].setdefault(kind.sibling, phase[1].env.now) != phase[1].env.now:
+        raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
     phase[0] -= 1
     if phase[0] == 0:
         phase[1].succeed()

@@ -117,6 +117,9 @@ class SimResult:
         """When a device died (``sim.faults.Failure``): its id, the time and its action."""
         self.baseline: SimResult | None = None
         """The same plan without faults, when the scenario has faults (set by ``sim.engine.run``)."""
+        self.diverged: str | None = None
+        """Why the optimistic classes of a faulted plan did not hold with contention, when they
+        did not and the equitable ones were replayed instead (set by ``sim.engine.run``)."""
         self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
         live: dict[int, int] = {}  # classes that share their ops share their live peak
         for c in workload.classes:

@@ -87,6 +87,10 @@ class FlowKind:
     receive_s: float = 0.0
     """Seconds the flows of this kind cost each receiving device's compute stream
     (``LinkSpec.recv_overhead_s`` per real flow it receives)."""
+    sibling: int = -1
+    """Kinds with one sibling id are the flows of one label between two classes that cross
+    different port classes (``sim.engine.flows.flow_kinds`` with ``by_path``): the classes are
+    exact only while they leave together, which the replay checks; −1 for the others."""
 
 
 class Op(NamedTuple):
@@ -203,6 +207,10 @@ class Workload:
     contention: bool = True
     """The classes are exact with contention (``compile_workload(contention=True)``, or every
     device its own class); otherwise only a contention-free replay may run them."""
+    optimistic: bool = False
+    """The classes are exact with contention only while sibling kinds leave together
+    (``compile_workload(optimistic=True)``): the SimPy replay checks it and raises
+    ``sim.engine.replay.Diverged`` when they do not."""
 
     @property
     def devices(self) -> tuple[int, ...]:
