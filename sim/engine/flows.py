@@ -149,7 +149,7 @@ def static_rates(flows, paths, together) -> list[float]:
             for operation, (real, bandwidths, _) in zip(operations, paths)]
 
 
-def port_split(flows, paths, class_of, card_of, max_rounds: int = 64) -> dict[tuple, int]:
+def port_split(flows, paths, class_of, card_of, max_rounds: int = 8) -> dict[tuple, int]:
     """Split ports of one class by the flows they really carry (for ``Symmetry.optimistic``).
 
     Colour refinement over real ports only: a port's colour is its device's or card's class,
