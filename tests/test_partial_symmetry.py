@@ -127,7 +127,12 @@ def test_random_faulted_plans_are_exact(replicas, devices_per_node, seed, engine
                              devices=tuple(sorted(rng.sample(range(devices), min(3, devices))))))
     contention = engine == "simpy-contention"
     with_classes, every = _summaries(_with(scenario, *faults), "simpy" if contention else engine, contention)
-    assert with_classes == every
+    if contention:  # shared ports' rates are recomputed at other instants: equal up to rounding
+        from test_engine import _assert_close
+
+        _assert_close(with_classes, every)
+    else:
+        assert with_classes == every
 
 
 def test_jitter_draws_are_named_by_device_replica_or_stage():
