@@ -1,10 +1,13 @@
 """Device classes: which devices a replay may merge, and the faults that tell them apart.
 
-Two partitions (``sim.engine.symmetry`` explains both methods):
+Three partitions (``sim.engine.symmetry`` explains the methods):
 
 * :meth:`Symmetry.equitable` — colour refinement over every flow and network card, seeded
   with each device's rank, slices and faults: exact with contention, where a device that
   shares a ring or a network card with a faulty one can differ from its replicas;
+* :meth:`Symmetry.optimistic` — the same without the gradient all-reduces' rings: with
+  contention, exact while the flows it merges move together, which the replay checks
+  (``sim.engine.replay.Diverged``; ``sim.engine.run`` then replays the equitable classes);
 * :meth:`Symmetry.behaviour` — for a contention-free replay: the fault-free equitable
   classes, split only where a fault reaches a device through what it waits for (the data it
   receives, its groups' collectives, the rates of its flows). One straggler among 16,384
