@@ -239,3 +239,16 @@ def test_the_report_has_a_row_per_stage_when_there_are_many_classes():
     assert "a row per stage" in text
     few = run_scenario(_grid(), contention=False)
     assert "a row per stage" not in format_summary(few.summarize(), few)
+
+
+def test_optimistic_classes_refuse_a_replay_without_contention():
+    from sim.engine.fastpath import replay
+
+    workload = compile_workload(_with(_grid(replicas=(16, 16, 16, 16)), Straggler(device=5, slowdown=2.0)),
+                                optimistic=True)
+    assert workload.optimistic and len(workload.classes) < 64
+    with pytest.raises(ValueError, match="optimistic"):
+        simulate(workload, contention=False)
+    with pytest.raises(ValueError, match="optimistic"):
+        replay(workload)
+    assert simulate(workload).iteration_time_s > 0

@@ -193,6 +193,9 @@ def replay(workload) -> "SimResult":
     from sim.errors import DappleError
     from sim.engine.result import SimResult
 
+    if workload.optimistic:
+        raise ValueError("an optimistic workload's classes are checked only by the SimPy replay with contention: "
+                         "compile it with compile_workload(..., contention=False) for the fast path")
     failing = [cls.devices[0] for cls in workload.classes if cls.fails_at_s is not None]
     if failing:
         raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
