@@ -41,7 +41,7 @@ none without contention, and with contention one for its start and, per flow, a 
 rate recomputation at its start and one wake-up when it has left (flows that start or end at
 one instant share them); ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one
 process per stage). Measured on 1,024 BERT-48 devices in 16 stages (``benchmarks/engine_bench.py``),
-every device distinct: with contention 0.59 events per action (1.22 with jitter on every
+every device distinct: with contention 0.59 events per action (1.01 with jitter on every
 device, which spreads flows over more instants), without contention 0.09; at most 2 on every
 path.
 
