@@ -48,12 +48,7 @@ class Symmetry:
 
     def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""
-        f = self.faults
-        initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
-                   for s, d in zip(self.structure, self.devices)]
-        cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
-        return refine(initial, self.card_of, self.edges, len(self.nic_ids), cards,
-                      max_rounds=MAX_REFINE_ROUNDS if with_faults and self.faults.any else None)
+        return self._refine(self.edges, with_faults=with_faults)
 
     def optimistic(self) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow but the gradient all-reduces' rings, with faults.
@@ -66,11 +61,17 @@ class Symmetry:
         they did not (``sim.engine.replay.Diverged``), and the caller then replays the
         equitable classes.
         """
+        return self._refine([edge for edge, flow in zip(self.edges, self.flows) if flow[2][0] != "AR"],
+                            with_faults=True)
+
+    def _refine(self, edges, *, with_faults: bool) -> tuple[list[int], list[int]]:
+        """Colour refinement over ``edges`` and the network cards, seeded with the faults or not."""
         f = self.faults
-        initial = [s + (f.device_signature(d),) for s, d in zip(self.structure, self.devices)]
-        cards = [f.nic_factor(n) for n in self.nic_ids]
-        edges = [edge for edge, flow in zip(self.edges, self.flows) if flow[2][0] != "AR"]
-        return refine(initial, self.card_of, edges, len(self.nic_ids), cards, max_rounds=MAX_REFINE_ROUNDS)
+        initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
+                   for s, d in zip(self.structure, self.devices)]
+        cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
+        return refine(initial, self.card_of, edges, len(self.nic_ids), cards,
+                      max_rounds=MAX_REFINE_ROUNDS if with_faults and f.any else None)
 
     def behaviour(self, num_p2p: int, paths, groups) -> tuple[list[int], list[float]]:
         """Classes exact without contention, and every flow's static rate under them.

@@ -127,8 +127,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
-                       by_class=by_class, faults=faults, rank_texts={}, stage_costs={}, shared_ops={},
-                       shared_durations={})
+                       by_class=by_class, faults=faults, rank_texts={}, stage_costs={}, shared_ops={})
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     flop = mfu_flop_per_sample(whole)
     return Workload(
@@ -197,9 +196,8 @@ class _Context:
     stage_costs: dict
     """``(stage, samples) -> StageCost``, filled as classes need them."""
     shared_ops: dict
-    """Ops of the classes whose ops are alike (``_device_class``'s key), built once."""
-    shared_durations: dict
-    """Their ops' durations, for the classes without jitter."""
+    """``(ops, their durations)`` of the classes whose ops are alike (``_device_class``'s key),
+    built once (a class with jitter scales a copy of the durations)."""
 
     def texts(self, rank: int) -> list[str]:
         """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
@@ -234,13 +232,12 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     )
     group_keys = ctx.group_keys.get(index, ())
     key = (rank, slices, link_costs, tuple(label for label, _ in group_keys))
-    ops = ctx.shared_ops.get(key)
-    if ops is None:
-        ops = ctx.shared_ops[key] = _class_ops(rank, costs, link_costs, group_keys, ctx)
+    shared = ctx.shared_ops.get(key)
+    if shared is None:
+        ops = _class_ops(rank, costs, link_costs, group_keys, ctx)
+        shared = ctx.shared_ops[key] = ops, array("d", [op[5] for op in ops])
+    ops, durations = shared
     jitter = ctx.faults.jitter_for(devices[0])
-    durations = ctx.shared_durations.get(key)
-    if durations is None:
-        durations = ctx.shared_durations[key] = array("d", [op[5] for op in ops])
     if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         durations = array("d", durations)
         compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]

@@ -18,7 +18,6 @@ at an instant where several arrive at once.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 
 import numpy as np
@@ -55,10 +54,10 @@ class _Bundle:
         self.members = np.array(members, dtype=np.int64)
         self.ops = first.ops
         m, n = len(members), len(first.ops)
-        self.durations = np.stack([np.frombuffer(classes[c].durations, dtype=float) if isinstance(
-            classes[c].durations, array) else np.asarray(classes[c].durations, dtype=float) for c in members])
+        self.durations = np.stack([np.asarray(classes[c].durations, dtype=float) for c in members])
         self.slowdown = np.array([classes[c].slowdown for c in members])
         self.slow_from = np.array([classes[c].slow_from_s for c in members])
+        self.slow = bool((self.slowdown != 1.0).any())
         # per slot: the (member, flow) matrices of its kinds' mailboxes, seconds, latencies, bytes
         self.slot_kinds = [np.array([classes[c].slots[s] for c in members], dtype=np.int64).reshape(m, -1)
                            for s in range(len(first.slots))]
@@ -79,9 +78,10 @@ class _Bundle:
         self.joined = -1
         """The op index of the group collective it has joined and waits for, else −1."""
 
-    def factor(self, at: np.ndarray) -> np.ndarray:
-        """Each member's straggler factor for an action starting at ``at``."""
-        return np.where(at >= self.slow_from, self.slowdown, 1.0)
+    def factor(self, at: np.ndarray) -> np.ndarray | float:
+        """Each member's straggler factor for an action starting at ``at`` (1 without stragglers:
+        x · 1 is x, as the scalar path's skipped product)."""
+        return np.where(at >= self.slow_from, self.slowdown, 1.0) if self.slow else 1.0
 
 
 def vector_records(workload):
