@@ -80,7 +80,8 @@ def test_zb_h1_is_shorter_than_dapple_when_f_b_w_are_equal(S, M):
 
 
 class _Kind:
-    def __init__(self, nbytes, ports, rate=1.0):
+    def __init__(self, index, nbytes, ports, rate=1.0):
+        self.index = index
         self.bytes = nbytes
         self.ports = ports
         self.static_rate_bytes_per_s = rate
@@ -104,7 +105,7 @@ def _finish_times(bandwidths, flows):
         net.transfer(kind, lambda *_: finished.__setitem__(index, env.now))
 
     for index, (at, nbytes, ports) in enumerate(flows):
-        env.process(start(index, at, _Kind(nbytes, ports)))
+        env.process(start(index, at, _Kind(index, nbytes, ports)))
     env.run()
     return [finished[i] for i in range(len(flows))]
 

@@ -45,24 +45,15 @@ __all__ = ["Network"]
 _EPS = 1e-12
 
 
-class _Flow:
-    __slots__ = ("kind", "ports", "remaining", "rate", "since", "version", "done", "owner", "finish")
-
-    def __init__(self, kind, done: Callable, owner, now: float) -> None:
-        self.kind = kind
-        self.ports = tuple(p for p, _ in kind.ports)
-        self.remaining = kind.bytes
-        self.rate = 0.0
-        self.since = now
-        self.version = 0
-        self.done = done
-        self.owner = owner
-        self.finish = math.nan
-        """When its heap entry of this ``version`` says it ends."""
-
-
 class Network:
-    """The ports of a cluster; ``transfer`` starts a flow kind and calls back when it has left."""
+    """The ports of a cluster; ``transfer`` starts a flow kind and calls back when it has left.
+
+    Flows that cross the same ports (one *channel*: a path) always move at the same rate, so
+    they are kept together, as one processor-sharing queue on virtual time: a channel's
+    ``drained`` is the bytes each of its flows has drained since it was last empty, and a flow
+    that joins when it reads ``v`` leaves when it reads ``v + bytes``. A change of shares then
+    moves one entry per channel on the network's heap, not one per flow.
+    """
 
     def __init__(self, env: simpy.Environment, workload, *, contention: bool) -> None:
         self.env = env
@@ -72,12 +63,39 @@ class Network:
         self.share = [math.inf] * len(self.bandwidth)
         """Each port's bandwidth over its load (what one real flow through it may use)."""
         self.on_port: list[set[int]] = [set() for _ in self.bandwidth]
-        self.flows: dict[int, _Flow] = {}
-        self.heap: list[tuple[float, int, int]] = []
+        """The channels with flows on each port."""
+        self.channel_of: dict[int, int] = {}  # flow kind index -> channel
+        self.channel_by_ports: dict[tuple, int] = {}
+        # per channel: its ports, its flows (a heap of (virtual finish, sequence, kind, done,
+        # owner)), its rate, its virtual time and when it was read, and its heap entry's version
+        self.ports: list[tuple[int, ...]] = []
+        self.queue: list[list] = []
+        self.rate: list[float] = []
+        self.drained: list[float] = []
+        self.since: list[float] = []
+        self.version: list[int] = []
+        self.heap: list[tuple[float, int, int]] = []  # (finish of a channel's first flow, channel, version)
+        self.busy = 0  # channels with flows
         self.dirty: set[int] = set()
+        self.touched: set[int] = set()  # channels whose first flow changed
         self.next_id = 0
         self.recompute_pending = False
         self.wake_at = math.inf
+        self.wake = self._wake  # one bound method for every wake-up
+
+    def _channel(self, kind) -> int:
+        path = tuple(sorted(p for p, _ in kind.ports))
+        ch = self.channel_by_ports.get(path)
+        if ch is None:
+            ch = self.channel_by_ports[path] = len(self.ports)
+            self.ports.append(path)
+            self.queue.append([])
+            self.rate.append(0.0)
+            self.drained.append(0.0)
+            self.since.append(0.0)
+            self.version.append(0)
+        self.channel_of[kind.index] = ch
+        return ch
 
     def transfer(self, kind, done: Callable, owner=None, *, last: bool = False) -> None:
         """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left.
@@ -85,21 +103,32 @@ class Network:
         The rates are recomputed once for the flows that start at one instant: by an event
         after the others, or at once when the caller says this is the ``last`` of its flows and
         nothing else is due at this instant."""
-        if kind.bytes <= 0:
+        if kind.bytes <= 0 or not kind.ports:
             self._call_later(0.0, done, kind, owner)
         elif not self.contention:
             self._call_later(kind.bytes / kind.static_rate_bytes_per_s, done, kind, owner)
         else:
-            fid = self.next_id
+            ch = self.channel_of.get(kind.index)
+            if ch is None:
+                ch = self._channel(kind)
+            queue, now = self.queue[ch], self.env.now
+            if queue:  # read its virtual time now
+                self.drained[ch] += self.rate[ch] * (now - self.since[ch])
+            else:
+                self.drained[ch], self.rate[ch] = 0.0, 0.0
+                self.busy += 1
+                for port in self.ports[ch]:
+                    self.on_port[port].add(ch)
+            self.since[ch] = now
+            heapq.heappush(queue, (self.drained[ch] + kind.bytes, self.next_id, kind, done, owner))
             self.next_id += 1
-            self.flows[fid] = _Flow(kind, done, owner, self.env.now)
-            load, share, bandwidth = self.load, self.share, self.bandwidth
+            self.touched.add(ch)
+            load, share, bandwidth, dirty = self.load, self.share, self.bandwidth, self.dirty
             for port, weight in kind.ports:
                 load[port] += weight
                 share[port] = bandwidth[port] / load[port]
-                self.on_port[port].add(fid)
-                self.dirty.add(port)
-            if last and not self.recompute_pending and self.env.peek() > self.env.now:
+                dirty.add(port)
+            if last and not self.recompute_pending and self.env.peek() > now:
                 self._recompute()  # nothing else happens at this instant: no event to wait for
             else:
                 self._schedule_recompute()
@@ -116,66 +145,94 @@ class Network:
     def _recompute(self, _event=None) -> None:
         self.recompute_pending = False
         now = self.env.now
-        dirty, on_port, flows, heap = self.dirty, self.on_port, self.flows, self.heap
-        share, push = self.share, heapq.heappush
+        dirty, on_port, touched = self.dirty, self.on_port, self.touched
+        # the channels whose flows changed are on the ports whose loads changed
         if len(dirty) == 1:
-            affected = on_port[next(iter(dirty))]
+            affected = on_port[dirty.pop()]
+        elif len(dirty) == 2:
+            affected = on_port[dirty.pop()] | on_port[dirty.pop()]
         else:
-            affected = set().union(*(on_port[p] for p in dirty)) if dirty else set()
-        dirty.clear()
-        # each flow's update reads only its own ports' loads, so the order of the updates (a
-        # set's) changes nothing; the heap breaks ties between equal finishes by flow id
-        for fid in affected:
-            flow = flows[fid]
+            affected = set().union(*[on_port[p] for p in dirty])
+            dirty.clear()
+        share, ports, queue, rates, drained, since = (
+            self.share, self.ports, self.queue, self.rate, self.drained, self.since)
+        version, heap, push = self.version, self.heap, heapq.heappush
+        # each channel's update reads only its own ports' shares, so the order of the updates
+        # (a set's) changes nothing; the heap breaks ties between equal finishes by channel
+        for ch in affected:
             rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
-            for p in flow.ports:
+            for p in ports[ch]:
                 if share[p] < rate:
                     rate = share[p]
-            if rate == flow.rate:
-                continue  # it drains as before: its heap entry still holds its finish
-            remaining = flow.remaining - flow.rate * (now - flow.since)
-            flow.remaining, flow.since = remaining, now
-            finish = now + (remaining if remaining > 0.0 else 0.0) / rate
-            flow.rate, flow.finish = rate, finish
-            flow.version += 1
-            push(heap, (finish, fid, flow.version))
-        if len(heap) > 4 * len(flows) + 64:  # mostly superseded entries: keep only the live ones
-            heap[:] = [entry for entry in heap if entry[1] in flows and flows[entry[1]].version == entry[2]]
+            old = rates[ch]
+            if rate == old and ch not in touched:
+                continue  # it drains as before: it leaves when it would have
+            if old:
+                drained[ch] += old * (now - since[ch])
+                since[ch] = now
+            rates[ch] = rate
+            ahead = queue[ch][0][0] - drained[ch]
+            version[ch] += 1
+            push(heap, (now + (ahead if ahead > 0.0 else 0.0) / rate, ch, version[ch]))
+        touched.clear()
+        if len(heap) > 2 * self.busy + 64:  # mostly superseded entries: keep only the live ones
+            heap[:] = [item for item in heap if version[item[1]] == item[2]]
             heapq.heapify(heap)
         self._arm()
 
     def _arm(self) -> None:
-        heap, flows = self.heap, self.flows
-        while heap and (heap[0][1] not in flows or flows[heap[0][1]].version != heap[0][2]):
+        """Wake up for the first finish (superseded entries go)."""
+        heap, version = self.heap, self.version
+        while heap and version[heap[0][1]] != heap[0][2]:
             heapq.heappop(heap)
         if heap and heap[0][0] < self.wake_at:
             self.wake_at = when = heap[0][0]
-            self.env.timeout(max(when - self.env.now, 0.0), when).callbacks.append(self._wake)
+            now = self.env.now
+            self.env.timeout(when - now if when > now else 0.0, when).callbacks.append(self.wake)
 
     def _wake(self, event) -> None:
         if event.value != self.wake_at:
             return  # superseded by an earlier wake-up
         self.wake_at = math.inf
         now = self.env.now
+        limit = now + _EPS * max(1.0, now)
         finished = []
-        heap, flows = self.heap, self.flows
-        while heap and heap[0][0] <= now + _EPS * max(1.0, now):
-            _, fid, version = heapq.heappop(heap)
-            flow = flows.get(fid)
-            if flow is None or flow.version != version:
+        heap, version, queues, rates, drained, since = (
+            self.heap, self.version, self.queue, self.rate, self.drained, self.since)
+        load, share, bandwidth, dirty = self.load, self.share, self.bandwidth, self.dirty
+        pop = heapq.heappop
+        while heap and heap[0][0] <= limit:
+            _, ch, v = pop(heap)
+            if version[ch] != v:
                 continue
-            del flows[fid]
-            for port, weight in flow.kind.ports:
-                load = self.load[port] = self.load[port] - weight
-                self.share[port] = self.bandwidth[port] / load if load > 0.0 else math.inf
-                self.on_port[port].discard(fid)
-                self.dirty.add(port)
-            finished.append(flow)
+            version[ch] += 1
+            rate, queue = rates[ch], queues[ch]
+            reading = drained[ch] = drained[ch] + rate * (now - since[ch])
+            since[ch] = now
+            reading += rate * (limit - now)  # what it drains within the tolerance
+            while True:  # its first flow is due; the others that are within the tolerance too
+                flow = pop(queue)
+                for port, weight in flow[2].ports:
+                    left = load[port] = load[port] - weight
+                    share[port] = bandwidth[port] / left if left > 0.0 else math.inf
+                    dirty.add(port)
+                finished.append(flow)
+                if not queue or queue[0][0] > reading:
+                    break
+            if queue:
+                self.touched.add(ch)
+            else:
+                self.busy -= 1
+                for port in self.ports[ch]:
+                    self.on_port[port].discard(ch)
+        # what the callbacks start at this instant is recomputed below, without an event of its own
+        self.recompute_pending = True
         for flow in finished:
-            flow.done(flow.kind, flow.owner)
-        if self.dirty:
+            flow[3](flow[2], flow[4])
+        if dirty or self.touched:
             self._recompute()
         else:
+            self.recompute_pending = False
             self._arm()
 
 

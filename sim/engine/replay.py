@@ -133,6 +133,8 @@ class _Replay:
         self.group_issued: dict[tuple, list] = {}
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
+        self.slots = [c.slots for c in workload.classes]
+        self.left, self.send_due = self._left, self._send_due  # bound once, not per flow
         self.failure: dict | None = None
         # without failures (which stop everyone at one instant) each device runs ahead on its
         # own clock: see ``_actions_ahead``
@@ -269,7 +271,7 @@ class _Replay:
         buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
         kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
         kind_box, box_count, box_time = self.kind_box, self.box_count, self.box_time
-        durations, slots, groups, send_due = cls.durations, cls.slots, cls.groups, self._send_due
+        durations, slots, groups, queue_send = cls.durations, cls.slots, cls.groups, self._queue_send
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
@@ -301,11 +303,8 @@ class _Replay:
                     buffer_delta(-op[8])
                 t = end
             elif code == SEND:
-                if contention:
-                    if t > env.now:
-                        env.timeout(t - env.now, (c, i, op)).callbacks.append(send_due)
-                    else:
-                        self._queue_send(c, i, op)
+                if contention:  # its flows start at ``t`` or when the send stream is free
+                    queue_send(c, i, op, t)
                 else:
                     start = send_free if send_free > t else t
                     done, mb = start, op[4]
@@ -358,7 +357,8 @@ class _Replay:
             self.box_time[key] = when
         rec = self.records[kind.dst_class]
         rec.bytes_received += kind.recv_bytes_per_device
-        rec.buffers.append((when if when > 0.0 else 0.0, kind.recv_bytes_per_device))
+        rec.buffers.times.append(when if when > 0.0 else 0.0)
+        rec.buffers.deltas.append(kind.recv_bytes_per_device)
         waiter = self.waiters.get(key)
         if waiter is not None and count >= waiter[0]:
             del self.waiters[key]
@@ -444,11 +444,13 @@ class _Replay:
     # --- send stream and arrivals --------------------------------------------------------------
 
     def _send_due(self, event) -> None:
-        """A SEND a device issued ahead of time is due (its timeout's value: class, op index, op)."""
-        self._queue_send(*event.value)
+        """The SEND first in class ``event.value``'s send queue is due."""
+        self._next_send(event.value)
 
-    def _queue_send(self, c: int, i: int, op) -> None:
-        self.send_queue[c].append((i, op))
+    def _queue_send(self, c: int, i: int, op, due: float = 0.0) -> None:
+        """Class ``c`` issues SEND ``op`` (op ``i``): its flows leave at ``due`` (a device that runs
+        ahead issues it early) or once the SENDs before it have left, whichever is later."""
+        self.send_queue[c].append((due, i, op))
         if not self.send_busy[c]:
             self._next_send(c)
 
@@ -458,33 +460,43 @@ class _Replay:
             self.send_busy[c] = False
             return
         self.send_busy[c] = True
-        i, op = queue.popleft()
-        start, rec = self.env.now, self.records[c]
-        flows = self.w.classes[c].slots[op.flows] if op.flows >= 0 else ()
+        env = self.env
+        due, i, op = queue[0]
+        if due > env.now:  # the stream waits for it: one event, only if it is not due yet
+            env.timeout(due - env.now, c).callbacks.append(self.send_due)
+            return
+        queue.popleft()
+        start, rec = env.now, self.records[c]
+        flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
         if not flows:
-            rec.op_times[i] = (start, start)
+            rec.op_times.start[i] = rec.op_times.end[i] = start
             self._next_send(c)
             return
-        sending = [c, i, start, len(flows), op.microbatch, {}]  # what ``_left`` needs of this SEND
-        kinds, transfer, left = self.w.kinds, self.net.transfer, self._left
-        for j, k in enumerate(flows, 1):
+        sending = [c, i, start, len(flows), op[4], None]  # what ``_left`` needs of this SEND
+        kinds, transfer, left, last = self.w.kinds, self.net.transfer, self.left, len(flows) - 1
+        for j, k in enumerate(flows):
             kind = kinds[k]
             rec.bytes_sent += kind.send_bytes_per_device
-            transfer(kind, left, sending, last=j == len(flows))
+            transfer(kind, left, sending, last=j == last)
 
     def _left(self, kind, sending: list) -> None:
         """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go,
         micro-batch, when each sibling group left)."""
-        if kind.sibling >= 0 and sending[5].setdefault(kind.sibling, self.env.now) != self.env.now:
-            raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
+        now = self.env.now
+        if kind.sibling >= 0:
+            if sending[5] is None:
+                sending[5] = {}
+            if sending[5].setdefault(kind.sibling, now) != now:
+                raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
         if self.ahead:  # the devices keep their own clocks: they read the arrival's time
-            self._deliver(self.kind_box[kind.index] + sending[4], self.env.now + kind.latency_s, kind)
+            self._deliver(self.kind_box[kind.index] + sending[4], now + kind.latency_s, kind)
         else:
             self._arrive_later(kind, sending[4])
         sending[3] -= 1
         if sending[3] == 0:
             c = sending[0]
-            self.records[c].op_times[sending[1]] = (sending[2], self.env.now)
+            times = self.records[c].op_times
+            times.start[sending[1]], times.end[sending[1]] = sending[2], now
             self._next_send(c)
 
     def _arrive_later(self, kind, microbatch: int) -> None:
