@@ -37,13 +37,14 @@ two give the same times (a property test checks it).
 
 **Events per action** (the hot path, every device distinct): a compute action none; a
 ``RECV`` one when its data is not in when the device reaches it, none otherwise; a ``SEND``
-none without contention, and with contention one for its start and, per flow, a share of one
-rate recomputation at its start and one wake-up when it has left (flows that start or end at
-one instant share them); ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one
-process per stage). Measured on 1,024 BERT-48 devices in 16 stages (``benchmarks/engine_bench.py``),
-every device distinct: with contention 0.59 events per action (1.01 with jitter on every
-device, which spreads flows over more instants), without contention 0.09; at most 2 on every
-path.
+none without contention; with contention one when the device's send stream is free before the
+SEND is due (a SEND queued behind another starts when that one's flows have left, with no
+event of its own), and per flow a share of one wake-up when it has left (flows that end at
+one instant share it, and the rates are recomputed inside the events that start and end
+flows); ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one process per stage).
+Measured on 1,024 BERT-48 devices in 16 stages (``benchmarks/engine_bench.py``), every device
+distinct: without contention 0.09 events per action; with contention 0.39, and 0.77 with
+jitter on every device (which spreads flows over more instants); at most 2 on every path.
 
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
 raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
