@@ -135,6 +135,44 @@ def test_slowest_port_on_the_path_decides_and_weights_count_real_flows():
     assert _finish_times([80.0, 1e9], [(0.0, 100.0, ((0, 8.0), (1, 1.0)))]) == [pytest.approx(10.0)]
 
 
+def _processor_sharing(bandwidths, flows):
+    """The contention model written out flow by flow (no channels, no virtual time): at each
+    start or finish every flow's rate is the smallest share on its path."""
+    remaining = {i: nbytes for i, (_, nbytes, _) in enumerate(flows)}
+    pending = sorted(range(len(flows)), key=lambda i: flows[i][0])
+    active, finished, now = set(), {}, 0.0
+    while pending or active:
+        load = [0.0] * len(bandwidths)
+        for i in active:
+            for port, weight in flows[i][2]:
+                load[port] += weight
+        rate = {i: min(bandwidths[p] / load[p] for p, _ in flows[i][2]) for i in active}
+        next_start = flows[pending[0]][0] if pending else float("inf")
+        next_end = min((now + remaining[i] / rate[i] for i in active), default=float("inf"))
+        step = min(next_start, next_end) - now
+        for i in active:
+            remaining[i] -= rate[i] * step
+        now += step
+        for i in [i for i in active if remaining[i] <= 1e-9 * flows[i][1]]:
+            active.discard(i)
+            finished[i] = now
+        while pending and flows[pending[0]][0] <= now:
+            active.add(pending.pop(0))
+    return [finished[i] for i in range(len(flows))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 50.0), st.floats(1.0, 200.0), st.integers(0, 3), st.integers(0, 3),
+                          st.sampled_from([1.0, 2.0, 8.0])), min_size=1, max_size=14))
+def test_channels_on_virtual_time_equal_processor_sharing_flow_by_flow(draws):
+    # flows over 4 ports (some on one path, which share a channel), joining at random times
+    bandwidths = [10.0, 4.0, 25.0, 7.0]
+    flows = [(round(at, 3), nbytes, ((a, weight), (b, 1.0)) if a != b else ((a, weight),))
+             for at, nbytes, a, b, weight in draws]
+    got = _finish_times(bandwidths, flows)
+    assert got == pytest.approx(_processor_sharing(bandwidths, flows), rel=1e-6)
+
+
 def test_inter_node_transfer_is_limited_by_the_nic():
     # two servers with one GPU each: the activation crosses the NICs (1 GB/s), not NVLink
     scenario = synthetic_scenario(fwd_s=[0.0, 0.0], bwd_s=[0.0, 0.0], microbatches=1, devices_per_node=1,
