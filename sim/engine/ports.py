@@ -45,6 +45,26 @@ __all__ = ["Network"]
 _EPS = 1e-12
 
 
+class _Channel:
+    """The flows that cross one set of ports: they always move at one rate."""
+
+    __slots__ = ("index", "ports", "pair", "flows", "rate", "drained", "since", "version")
+
+    def __init__(self, index: int, ports: tuple[int, ...]) -> None:
+        self.index = index
+        self.ports = ports
+        self.pair = len(ports) == 2  # as every flow between two devices is
+        self.flows: list[tuple] = []
+        """A heap of ``(virtual finish, sequence, kind, done, owner)``."""
+        self.rate = 0.0
+        """Bytes/s of each of its flows; 0 while its rate is to be set (it has no heap entry)."""
+        self.drained = 0.0
+        """Bytes each of its flows has drained since it was last empty, as of ``since``."""
+        self.since = 0.0
+        self.version = 0
+        """Of its one live entry on the network's heap."""
+
+
 class Network:
     """The ports of a cluster; ``transfer`` starts a flow kind and calls back when it has left.
 
@@ -64,40 +84,27 @@ class Network:
         """Each port's bandwidth over its load (what one real flow through it may use)."""
         self.on_port: list[set[int]] = [set() for _ in self.bandwidth]
         """The channels with flows on each port."""
-        self.channel_of: dict[int, int] = {}  # flow kind index -> channel
-        self.channel_by_ports: dict[tuple, int] = {}
-        # per channel: its ports, its flows (a heap of (virtual finish, sequence, kind, done,
-        # owner)), its rate, its virtual time and when it was read, and its heap entry's version
-        self.ports: list[tuple[int, ...]] = []
-        self.queue: list[list] = []
-        self.rate: list[float] = []
-        self.drained: list[float] = []
-        self.since: list[float] = []
-        self.version: list[int] = []
+        self.channels: list[_Channel] = []
+        self.channel_of: dict[int, _Channel] = {}  # flow kind index -> its channel
+        self.channel_by_ports: dict[tuple, _Channel] = {}
         self.heap: list[tuple[float, int, int]] = []  # (finish of a channel's first flow, channel, version)
         self.busy = 0  # channels with flows
-        self.dirty: set[int] = set()
-        self.touched: set[int] = set()  # channels whose first flow changed
+        self.dirty: set[int] = set()  # ports whose loads changed since the last recomputation
         self.next_id = 0
         self.recompute_pending = False
         self.wake_at = math.inf
         self.wake = self._wake  # one bound method for every wake-up
 
-    def _channel(self, kind) -> int:
+    def _channel(self, kind) -> _Channel:
         path = tuple(sorted(p for p, _ in kind.ports))
-        ch = self.channel_by_ports.get(path)
-        if ch is None:
-            ch = self.channel_by_ports[path] = len(self.ports)
-            self.ports.append(path)
-            self.queue.append([])
-            self.rate.append(0.0)
-            self.drained.append(0.0)
-            self.since.append(0.0)
-            self.version.append(0)
-        self.channel_of[kind.index] = ch
-        return ch
+        channel = self.channel_by_ports.get(path)
+        if channel is None:
+            channel = self.channel_by_ports[path] = _Channel(len(self.channels), path)
+            self.channels.append(channel)
+        self.channel_of[kind.index] = channel
+        return channel
 
-    def transfer(self, kind, done: Callable, owner=None, *, last: bool = False) -> None:
+    def transfer(self, kind, done: Callable, owner=None, last: bool = False) -> None:
         """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left.
 
         The rates are recomputed once for the flows that start at one instant: by an event
@@ -108,21 +115,20 @@ class Network:
         elif not self.contention:
             self._call_later(kind.bytes / kind.static_rate_bytes_per_s, done, kind, owner)
         else:
-            ch = self.channel_of.get(kind.index)
-            if ch is None:
-                ch = self._channel(kind)
-            queue, now = self.queue[ch], self.env.now
-            if queue:  # read its virtual time now
-                self.drained[ch] += self.rate[ch] * (now - self.since[ch])
+            channel = self.channel_of.get(kind.index)
+            if channel is None:
+                channel = self._channel(kind)
+            now, flows = self.env.now, channel.flows
+            if flows:  # read its virtual time now: its rate changes
+                channel.drained += channel.rate * (now - channel.since)
             else:
-                self.drained[ch], self.rate[ch] = 0.0, 0.0
+                channel.drained = 0.0
                 self.busy += 1
-                for port in self.ports[ch]:
-                    self.on_port[port].add(ch)
-            self.since[ch] = now
-            heapq.heappush(queue, (self.drained[ch] + kind.bytes, self.next_id, kind, done, owner))
+                for port in channel.ports:
+                    self.on_port[port].add(channel.index)
+            channel.since, channel.rate = now, 0.0
+            heapq.heappush(flows, (channel.drained + kind.bytes, self.next_id, kind, done, owner))
             self.next_id += 1
-            self.touched.add(ch)
             load, share, bandwidth, dirty = self.load, self.share, self.bandwidth, self.dirty
             for port, weight in kind.ports:
                 load[port] += weight
@@ -143,10 +149,10 @@ class Network:
             self.env.timeout(0.0).callbacks.append(self._recompute)
 
     def _recompute(self, _event=None) -> None:
+        """Set the rates of the channels on the ports whose loads changed, and wake up for the
+        first finish."""
         self.recompute_pending = False
-        now = self.env.now
-        dirty, on_port, touched = self.dirty, self.on_port, self.touched
-        # the channels whose flows changed are on the ports whose loads changed
+        now, dirty, on_port = self.env.now, self.dirty, self.on_port
         if len(dirty) == 1:
             affected = on_port[dirty.pop()]
         elif len(dirty) == 2:
@@ -154,36 +160,39 @@ class Network:
         else:
             affected = set().union(*[on_port[p] for p in dirty])
             dirty.clear()
-        share, ports, queue, rates, drained, since = (
-            self.share, self.ports, self.queue, self.rate, self.drained, self.since)
-        version, heap, push = self.version, self.heap, heapq.heappush
+        share, channels, heap, push = self.share, self.channels, self.heap, heapq.heappush
         # each channel's update reads only its own ports' shares, so the order of the updates
         # (a set's) changes nothing; the heap breaks ties between equal finishes by channel
         for ch in affected:
-            rate = math.inf  # the smallest share on its path (``min``, spelled out on this hot path)
-            for p in ports[ch]:
-                if share[p] < rate:
-                    rate = share[p]
-            old = rates[ch]
-            if rate == old and ch not in touched:
-                continue  # it drains as before: it leaves when it would have
+            channel = channels[ch]
+            # the smallest share on its path (``min``, spelled out on this hot path)
+            if channel.pair:
+                a, b = channel.ports
+                rate = share[a] if share[a] < share[b] else share[b]
+            else:
+                rate = math.inf
+                for p in channel.ports:
+                    if share[p] < rate:
+                        rate = share[p]
+            old = channel.rate
+            if rate == old:
+                continue  # it drains as before: its heap entry holds its finish
             if old:
-                drained[ch] += old * (now - since[ch])
-                since[ch] = now
-            rates[ch] = rate
-            ahead = queue[ch][0][0] - drained[ch]
-            version[ch] += 1
-            push(heap, (now + (ahead if ahead > 0.0 else 0.0) / rate, ch, version[ch]))
-        touched.clear()
+                channel.drained += old * (now - channel.since)
+                channel.since = now
+            channel.rate = rate
+            ahead = channel.flows[0][0] - channel.drained
+            channel.version += 1
+            push(heap, (now + (ahead if ahead > 0.0 else 0.0) / rate, ch, channel.version))
         if len(heap) > 2 * self.busy + 64:  # mostly superseded entries: keep only the live ones
-            heap[:] = [item for item in heap if version[item[1]] == item[2]]
+            heap[:] = [item for item in heap if channels[item[1]].version == item[2]]
             heapq.heapify(heap)
         self._arm()
 
     def _arm(self) -> None:
         """Wake up for the first finish (superseded entries go)."""
-        heap, version = self.heap, self.version
-        while heap and version[heap[0][1]] != heap[0][2]:
+        heap, channels = self.heap, self.channels
+        while heap and channels[heap[0][1]].version != heap[0][2]:
             heapq.heappop(heap)
         if heap and heap[0][0] < self.wake_at:
             self.wake_at = when = heap[0][0]
@@ -195,41 +204,37 @@ class Network:
             return  # superseded by an earlier wake-up
         self.wake_at = math.inf
         now = self.env.now
-        limit = now + _EPS * max(1.0, now)
-        finished = []
-        heap, version, queues, rates, drained, since = (
-            self.heap, self.version, self.queue, self.rate, self.drained, self.since)
+        tolerance = _EPS * max(1.0, now)
+        limit = now + tolerance
+        heap, channels, finished, pop = self.heap, self.channels, [], heapq.heappop
         load, share, bandwidth, dirty = self.load, self.share, self.bandwidth, self.dirty
-        pop = heapq.heappop
         while heap and heap[0][0] <= limit:
-            _, ch, v = pop(heap)
-            if version[ch] != v:
+            _, ch, version = pop(heap)
+            channel = channels[ch]
+            if channel.version != version:
                 continue
-            version[ch] += 1
-            rate, queue = rates[ch], queues[ch]
-            reading = drained[ch] = drained[ch] + rate * (now - since[ch])
-            since[ch] = now
-            reading += rate * (limit - now)  # what it drains within the tolerance
+            rate, flows = channel.rate, channel.flows
+            reading = channel.drained = channel.drained + rate * (now - channel.since)
+            channel.since, channel.rate = now, 0.0  # its rate is set again by the recomputation
+            reading += rate * tolerance  # what it drains within the tolerance
             while True:  # its first flow is due; the others that are within the tolerance too
-                flow = pop(queue)
+                flow = pop(flows)
                 for port, weight in flow[2].ports:
                     left = load[port] = load[port] - weight
                     share[port] = bandwidth[port] / left if left > 0.0 else math.inf
                     dirty.add(port)
                 finished.append(flow)
-                if not queue or queue[0][0] > reading:
+                if not flows or flows[0][0] > reading:
                     break
-            if queue:
-                self.touched.add(ch)
-            else:
+            if not flows:
                 self.busy -= 1
-                for port in self.ports[ch]:
+                for port in channel.ports:
                     self.on_port[port].discard(ch)
         # what the callbacks start at this instant is recomputed below, without an event of its own
         self.recompute_pending = True
         for flow in finished:
             flow[3](flow[2], flow[4])
-        if dirty or self.touched:
+        if dirty:
             self._recompute()
         else:
             self.recompute_pending = False

@@ -453,32 +453,38 @@ class _Replay:
         ahead issues it early) or once the SENDs before it have left, whichever is later."""
         self.send_queue[c].append((due, i, op))
         if not self.send_busy[c]:
-            self._next_send(c)
+            if due > self.env.now:  # the stream waits for it: one event
+                self.send_busy[c] = True
+                self.env.timeout(due - self.env.now, c).callbacks.append(self.send_due)
+            else:
+                self._next_send(c)
 
     def _next_send(self, c: int) -> None:
-        queue = self.send_queue[c]
-        if not queue:
-            self.send_busy[c] = False
-            return
-        self.send_busy[c] = True
-        env = self.env
-        due, i, op = queue[0]
-        if due > env.now:  # the stream waits for it: one event, only if it is not due yet
-            env.timeout(due - env.now, c).callbacks.append(self.send_due)
-            return
-        queue.popleft()
-        start, rec = env.now, self.records[c]
-        flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
-        if not flows:
-            rec.op_times.start[i] = rec.op_times.end[i] = start
-            self._next_send(c)
-            return
-        sending = [c, i, start, len(flows), op[4], None]  # what ``_left`` needs of this SEND
-        kinds, transfer, left, last = self.w.kinds, self.net.transfer, self.left, len(flows) - 1
-        for j, k in enumerate(flows):
-            kind = kinds[k]
-            rec.bytes_sent += kind.send_bytes_per_device
-            transfer(kind, left, sending, last=j == last)
+        """Start the first SEND in class ``c``'s send queue, or wait for it (one event) if it is
+        not due yet; the stream is free when the queue is empty."""
+        queue, env = self.send_queue[c], self.env
+        while queue:
+            due, i, op = queue[0]
+            now = env.now
+            if due > now:
+                self.send_busy[c] = True
+                env.timeout(due - now, c).callbacks.append(self.send_due)
+                return
+            queue.popleft()
+            flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
+            if flows:
+                self.send_busy[c] = True
+                rec, kinds, transfer, left = self.records[c], self.w.kinds, self.net.transfer, self.left
+                sending = [c, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
+                last = len(flows) - 1
+                for j, k in enumerate(flows):
+                    kind = kinds[k]
+                    rec.bytes_sent += kind.send_bytes_per_device
+                    transfer(kind, left, sending, j == last)
+                return
+            times = self.records[c].op_times
+            times.start[i] = times.end[i] = now
+        self.send_busy[c] = False
 
     def _left(self, kind, sending: list) -> None:
         """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go,
@@ -494,11 +500,14 @@ class _Replay:
         else:
             self._arrive_later(kind, sending[4])
         sending[3] -= 1
-        if sending[3] == 0:
+        if not sending[3]:
             c = sending[0]
             times = self.records[c].op_times
             times.start[sending[1]], times.end[sending[1]] = sending[2], now
-            self._next_send(c)
+            if self.send_queue[c]:
+                self._next_send(c)
+            else:
+                self.send_busy[c] = False
 
     def _arrive_later(self, kind, microbatch: int) -> None:
         key = mailbox(kind, microbatch)
