@@ -15,11 +15,16 @@ the references run, is the case's) and prints compile and replay seconds, device
 every device), and the replay's time as a ratio to two references the benchmark runs on the
 same actions in the same process: ``heapq``, a bare heapq event loop over every device's
 compiled ops with the fast path's rules (no contention, no memory, no symmetry), and
-``naive``, a naive SimPy model of the same (one process per device, one event per action);
+``naive``, a naive SimPy model of the same rules as the row's engine (one process per device,
+one event per action; for ``simpy`` the engine's contention model flow by flow, a process per
+flow interrupted whenever a flow starts or ends on one of its ports);
 where the references run, the replay and each reference are timed ``--repeat`` times and the
 fastest run kept (the machine may be shared).
-The SimPy engine runs with contention (``simpy``) and without (``simpy-nc``, which the naive
-model matches); the fast path (``fast``, vectorised with numpy over classes that share their
+The SimPy engine runs with contention (``simpy``) and without (``simpy-nc``); the naive models
+must agree with the engine. With contention and jitter they agree only to about 1e-3: when
+flows that start almost together share a port, processor sharing spreads their finishes
+further apart than their starts (up to the number of flows), so rounding differences grow
+with every stage they cross. The fast path (``fast``, vectorised with numpy over classes that share their
 ops when there are many, ``sim.engine.vector``) equals ``simpy-nc``, which the benchmark checks.
 
     python benchmarks/engine_bench.py [--gpus 1024 4096 16384] [--regimes ...] [--engines ...]
@@ -220,6 +225,115 @@ def naive_simpy(workload) -> float:
     return env.now
 
 
+def naive_contention(workload) -> float:
+    """A naive SimPy model of the same actions with the engine's contention model: one process
+    per device, per SEND (one at a time per device) and per flow; a flow waits out its bytes at
+    the smallest share on its path and is interrupted to take its new rate whenever a flow
+    starts or ends on one of its ports (``sim.engine.ports``' rules, flow by flow: no channels,
+    no shared recomputation, no device running ahead; no memory)."""
+    import simpy
+
+    from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
+
+    env = simpy.Environment()
+    classes, kinds = workload.classes, workload.kinds
+    bandwidth = [p.bandwidth_bytes_per_s for p in workload.port_classes]
+    load = [0.0] * len(bandwidth)
+    on_port: list[set] = [set() for _ in bandwidth]
+    stride = max(workload.num_microbatches, 1)
+    boxes: dict = {}
+    box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride for k in kinds]
+    need = {b: box.count(b) for b in set(box)}
+    counts: dict = {}
+    events: dict = {}
+    joined: dict = {}
+
+    def arrive(key, n):
+        counts[key] = counts.get(key, 0) + 1
+        if key not in events:
+            events[key] = env.event()
+        if counts[key] == n:
+            events[key].succeed()
+
+    def others_change(me, kind):
+        for port, _ in kind.ports:
+            for other in on_port[port]:
+                if other is not me and other.is_alive and other.target is not None:
+                    other.interrupt()
+
+    def flow(kind, key=None):
+        """One flow; a point-to-point one arrives in mailbox ``key`` its latency after it has left."""
+        me = env.active_process
+        for port, weight in kind.ports:
+            load[port] += weight
+            on_port[port].add(me)
+        others_change(me, kind)
+        remaining = kind.bytes
+        while remaining > 1e-9 * kind.bytes:
+            rate = min(bandwidth[p] / load[p] for p, _ in kind.ports)
+            start = env.now
+            try:
+                yield env.timeout(remaining / rate)
+                remaining = 0.0
+            except simpy.Interrupt:
+                remaining -= rate * (env.now - start)
+        for port, weight in kind.ports:
+            load[port] -= weight
+            on_port[port].discard(me)
+        others_change(me, kind)
+        if key is not None:
+            env.timeout(kind.latency_s).callbacks.append(lambda _: arrive(key, need[box[kind.index]]))
+
+    def send(c, op, previous):
+        if previous is not None and not previous.processed:
+            yield previous
+        yield simpy.AllOf(env, [env.process(flow(kinds[k], box[k] + op.microbatch)) for k in classes[c].slots[op.flows]])
+
+    def collective(coll, done):
+        for phase, latency in coll.phases:
+            if phase:
+                yield simpy.AllOf(env, [env.process(flow(kinds[k])) for k in phase])
+            yield env.timeout(latency)
+        done.succeed()
+
+    def device(c):
+        cls, last, sending = classes[c], None, None
+        for op, duration in zip(cls.ops, cls.durations):
+            if op.code == COMPUTE:
+                yield env.timeout(duration * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
+            elif op.code == SEND and op.flows >= 0:
+                sending = env.process(send(c, op, sending))
+            elif op.code == RECV and op.flows >= 0:
+                flows = cls.slots[op.flows]
+                key = box[flows[0]] + op.microbatch
+                if counts.get(key, 0) < len(flows):
+                    if key not in events:
+                        events[key] = env.event()
+                    yield events[key]
+            elif op.code in (REDUCE, GROUP) and op.collective >= 0:
+                index = op.collective if op.code == REDUCE else cls.groups[op.collective]
+                coll = (workload.collectives if op.code == REDUCE else workload.group_collectives)[index]
+                key = (op.code, index, op.microbatch, op.kind)
+                joined.setdefault(key, [env.event(), 0])[1] += 1
+                done = joined[key][0]
+                if joined[key][1] == len(coll.participants):
+                    env.process(collective(coll, done))
+                if op.code == GROUP:
+                    yield done
+                else:
+                    last = done
+        if last is not None and not last.processed:
+            yield last
+        yield env.timeout(cls.optimizer_s)
+        ends.append(env.now)
+
+    ends: list[float] = []
+    for c in range(len(classes)):
+        env.process(device(c))
+    env.run()  # the timeouts that interrupted flows abandoned run on past the iteration's end
+    return max(ends)
+
+
 # --- one case ---------------------------------------------------------------------------------
 
 
@@ -267,7 +381,11 @@ def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: b
         every = workload if regime in ("no-symmetry", "jitter") and not contention else \
             compile_workload(scenario, symmetric=False, contention=False)
         row["heapq_s"], row["heapq_iteration_s"] = _best_of(repeat, lambda: bare_heapq(every))
-        row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_simpy(every))
+        if contention:  # the naive model of the same rules: contention flow by flow
+            every = compile_workload(scenario, symmetric=False, contention=True)
+            row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_contention(every))
+        else:
+            row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_simpy(every))
     return row
 
 
@@ -312,10 +430,13 @@ def main() -> None:
         print(f"{gpus:>6} {regime:<12} {engine:<9} {row['classes']:>7} {row['actions']:>9} {row['compile_s']:>9.2f} "
               f"{row['replay_s']:>9.2f} {total:>8.2f} {row['peak_mb']:>8.0f} {ratio('heapq_s')} {ratio('naive_s')} {refs_s}",
               flush=True)
-        if engine != "simpy" and "heapq_iteration_s" in row:
-            # without contention the references replay the same model: they must agree with the engine
-            assert abs(row["heapq_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
-            assert abs(row["naive_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
+        if "naive_iteration_s" in row:
+            # the naive model replays the same rules: it agrees with the engine (with contention
+            # and jitter only to ~1e-3: sharing a port amplifies rounding differences, see above)
+            agree = 1e-9 if engine != "simpy" or regime != "jitter" else 1e-2
+            assert abs(row["naive_iteration_s"] - row["iteration_s"]) <= agree * row["iteration_s"], row
+            if engine != "simpy":  # the bare loop has no contention
+                assert abs(row["heapq_iteration_s"] - row["iteration_s"]) <= 1e-9 * row["iteration_s"], row
 
 
 if __name__ == "__main__":
