@@ -173,6 +173,15 @@ def test_channels_on_virtual_time_equal_processor_sharing_flow_by_flow(draws):
     assert got == pytest.approx(_processor_sharing(bandwidths, flows), rel=1e-6)
 
 
+def test_processor_sharing_spreads_finishes_further_apart_than_starts():
+    # 8 equal flows through one port, each 1 us after the previous: the first leaves 7 us
+    # before the second (what makes lockstep replicas and nearly lockstep ones differ)
+    gap = 1e-6
+    times = _finish_times([10.0], [(i * gap, 100.0, ((0, 1.0),)) for i in range(8)])
+    assert times[1] - times[0] == pytest.approx(7 * gap, rel=1e-6)
+    assert times[-1] == pytest.approx(80.0)  # the port never idles: all bytes by 8 x 100 / 10
+
+
 def test_inter_node_transfer_is_limited_by_the_nic():
     # two servers with one GPU each: the activation crosses the NICs (1 GB/s), not NVLink
     scenario = synthetic_scenario(fwd_s=[0.0, 0.0], bwd_s=[0.0, 0.0], microbatches=1, devices_per_node=1,

@@ -20,7 +20,13 @@ equal transfers through one port each take twice as long; transfers on disjoint 
 slow each other; a transfer between servers is limited by the NIC. Shares that one flow
 leaves unused on a port are not handed to the others (not max-min fair): simple, and never
 optimistic. Like any shared network, it is not monotone: a slower computation can reorder
-transfers so that an iteration finishes sooner.
+transfers so that an iteration finishes sooner. Nor is it smooth: n equal flows that start
+δ apart on one port finish up to (n − 1)·δ apart (the first to start leaves first, well
+ahead), so a difference in starts grows at every stage it crosses. Replicas in exact lockstep
+and replicas whose compute times differ by one part in 10⁹ can end an iteration a few per
+cent apart, and two correct replays that round differently agree only to about 1e-3 once
+every device is distinct (``benchmarks/engine_bench.py`` measures both); compare jitter
+studies over seeds.
 
 With ``contention=False`` every transfer runs at the rate it would have if only its own
 operation used the network — the fast path's model. An operation is one all-reduce phase,
