@@ -63,7 +63,8 @@ class _Channel:
         self.flows: list[tuple] = []
         """A heap of ``(virtual finish, sequence, kind, done, owner)``."""
         self.rate = 0.0
-        """Bytes/s of each of its flows; 0 while its rate is to be set (it has no heap entry)."""
+        """Bytes/s of each of its flows; 0 once flows have joined or left, until the next
+        recomputation sets it (and gives it a new heap entry)."""
         self.drained = 0.0
         """Bytes each of its flows has drained since it was last empty, as of ``since``."""
         self.since = 0.0
