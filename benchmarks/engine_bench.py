@@ -156,9 +156,14 @@ def bare_heapq(workload) -> float:
     return max(max(a, b) + cls.optimizer_s for a, b, cls in zip(last_op, reduced, classes))
 
 
-def naive_simpy(workload) -> float:
+def naive_simpy(workload, *, contention: bool = False) -> float:
     """A naive SimPy model of the same actions: one process per device, a timeout per compute
-    action and per flow, an event per receive and per collective (no contention, no memory)."""
+    action, an event per receive and per collective (no memory). Without contention a timeout
+    per flow (bytes / static rate). With ``contention`` the engine's contention model flow by
+    flow: a process per SEND (one at a time per device) and per flow, which waits out its bytes
+    at the smallest share on its path and is interrupted to take its new rate whenever a flow
+    starts or ends on one of its ports (``sim.engine.ports``' rules without channels, shared
+    recomputations or devices running ahead)."""
     import simpy
 
     from sim.engine.fastpath import collective_duration_s
@@ -173,86 +178,15 @@ def naive_simpy(workload) -> float:
     counts: dict = {}
     events: dict = {}
     joined: dict = {}
+    bandwidth = [p.bandwidth_bytes_per_s for p in workload.port_classes]
+    load = [0.0] * len(bandwidth)
+    on_port: list[set] = [set() for _ in bandwidth]
 
     def arrive(key, need):
         counts[key] = counts.get(key, 0) + 1
         if key not in events:
             events[key] = env.event()
         if counts[key] == need:
-            events[key].succeed()
-
-    send_free = [0.0] * len(classes)
-
-    def device(c):
-        cls, last = classes[c], None
-        for op, duration in zip(cls.ops, cls.durations):
-            if op.code == COMPUTE:
-                yield env.timeout(duration * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
-            elif op.code == SEND:  # one SEND at a time leaves a device
-                start = max(env.now, send_free[c])
-                for k in cls.slots[op.flows] if op.flows >= 0 else ():
-                    kind, key = kinds[k], box[k] + op.microbatch
-                    left = start + kind.bytes / kind.static_rate_bytes_per_s
-                    send_free[c] = max(send_free[c], left)
-                    t = env.timeout(left + kind.latency_s - env.now)
-                    t.callbacks.append(lambda _, key=key, n=need[box[k]]: arrive(key, n))
-            elif op.code == RECV and op.flows >= 0:
-                flows = cls.slots[op.flows]
-                key = box[flows[0]] + op.microbatch
-                if counts.get(key, 0) < len(flows):
-                    if key not in events:
-                        events[key] = env.event()
-                    yield events[key]
-            elif op.code in (REDUCE, GROUP) and op.collective >= 0:
-                index = op.collective if op.code == REDUCE else cls.groups[op.collective]
-                coll = (workload.collectives if op.code == REDUCE else workload.group_collectives)[index]
-                key = (op.code, index, op.microbatch, op.kind)
-                joined.setdefault(key, [env.event(), 0])[1] += 1
-                done = joined[key][0]
-                if joined[key][1] == len(coll.participants):
-                    env.timeout(collective_duration_s(workload, coll)).callbacks.append(lambda _, e=done: e.succeed())
-                if op.code == GROUP:
-                    yield done
-                else:
-                    last = done
-        if last is not None and not last.processed:
-            yield last
-        yield env.timeout(cls.optimizer_s)
-
-    for c in range(len(classes)):
-        env.process(device(c))
-    env.run()
-    return env.now
-
-
-def naive_contention(workload) -> float:
-    """A naive SimPy model of the same actions with the engine's contention model: one process
-    per device, per SEND (one at a time per device) and per flow; a flow waits out its bytes at
-    the smallest share on its path and is interrupted to take its new rate whenever a flow
-    starts or ends on one of its ports (``sim.engine.ports``' rules, flow by flow: no channels,
-    no shared recomputation, no device running ahead; no memory)."""
-    import simpy
-
-    from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
-
-    env = simpy.Environment()
-    classes, kinds = workload.classes, workload.kinds
-    bandwidth = [p.bandwidth_bytes_per_s for p in workload.port_classes]
-    load = [0.0] * len(bandwidth)
-    on_port: list[set] = [set() for _ in bandwidth]
-    stride = max(workload.num_microbatches, 1)
-    boxes: dict = {}
-    box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride for k in kinds]
-    need = {b: box.count(b) for b in set(box)}
-    counts: dict = {}
-    events: dict = {}
-    joined: dict = {}
-
-    def arrive(key, n):
-        counts[key] = counts.get(key, 0) + 1
-        if key not in events:
-            events[key] = env.event()
-        if counts[key] == n:
             events[key].succeed()
 
     def others_change(me, kind):
@@ -296,13 +230,23 @@ def naive_contention(workload) -> float:
             yield env.timeout(latency)
         done.succeed()
 
+    send_free = [0.0] * len(classes)
+
     def device(c):
         cls, last, sending = classes[c], None, None
         for op, duration in zip(cls.ops, cls.durations):
             if op.code == COMPUTE:
                 yield env.timeout(duration * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
-            elif op.code == SEND and op.flows >= 0:
+            elif op.code == SEND and contention and op.flows >= 0:
                 sending = env.process(send(c, op, sending))
+            elif op.code == SEND:  # one SEND at a time leaves a device
+                start = max(env.now, send_free[c])
+                for k in cls.slots[op.flows] if op.flows >= 0 else ():
+                    kind, key = kinds[k], box[k] + op.microbatch
+                    left = start + kind.bytes / kind.static_rate_bytes_per_s
+                    send_free[c] = max(send_free[c], left)
+                    t = env.timeout(left + kind.latency_s - env.now)
+                    t.callbacks.append(lambda _, key=key, n=need[box[k]]: arrive(key, n))
             elif op.code == RECV and op.flows >= 0:
                 flows = cls.slots[op.flows]
                 key = box[flows[0]] + op.microbatch
@@ -317,7 +261,10 @@ def naive_contention(workload) -> float:
                 joined.setdefault(key, [env.event(), 0])[1] += 1
                 done = joined[key][0]
                 if joined[key][1] == len(coll.participants):
-                    env.process(collective(coll, done))
+                    if contention:
+                        env.process(collective(coll, done))
+                    else:
+                        env.timeout(collective_duration_s(workload, coll)).callbacks.append(lambda _, e=done: e.succeed())
                 if op.code == GROUP:
                     yield done
                 else:
@@ -330,7 +277,7 @@ def naive_contention(workload) -> float:
     ends: list[float] = []
     for c in range(len(classes)):
         env.process(device(c))
-    env.run()  # the timeouts that interrupted flows abandoned run on past the iteration's end
+    env.run()  # with contention the timeouts that interrupted flows abandoned run on past the end
     return max(ends)
 
 
@@ -383,7 +330,7 @@ def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: b
         row["heapq_s"], row["heapq_iteration_s"] = _best_of(repeat, lambda: bare_heapq(every))
         if contention:  # the naive model of the same rules: contention flow by flow
             every = compile_workload(scenario, symmetric=False, contention=True)
-            row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_contention(every))
+            row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_simpy(every, contention=True))
         else:
             row["naive_s"], row["naive_iteration_s"] = _best_of(repeat, lambda: naive_simpy(every))
     return row
