@@ -453,11 +453,7 @@ class _Replay:
         ahead issues it early) or once the SENDs before it have left, whichever is later."""
         self.send_queue[c].append((due, i, op))
         if not self.send_busy[c]:
-            if due > self.env.now:  # the stream waits for it: one event
-                self.send_busy[c] = True
-                self.env.timeout(due - self.env.now, c).callbacks.append(self.send_due)
-            else:
-                self._next_send(c)
+            self._next_send(c)
 
     def _next_send(self, c: int) -> None:
         """Start the first SEND in class ``c``'s send queue, or wait for it (one event) if it is
@@ -504,10 +500,7 @@ class _Replay:
             c = sending[0]
             times = self.records[c].op_times
             times.start[sending[1]], times.end[sending[1]] = sending[2], now
-            if self.send_queue[c]:
-                self._next_send(c)
-            else:
-                self.send_busy[c] = False
+            self._next_send(c)
 
     def _arrive_later(self, kind, microbatch: int) -> None:
         key = mailbox(kind, microbatch)
