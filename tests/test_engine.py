@@ -106,7 +106,7 @@ def _finish_times(bandwidths, flows):
 
     for index, (at, nbytes, ports) in enumerate(flows):
         env.process(start(index, at, _Kind(index, nbytes, ports)))
-    env.run()
+    net.run()
     return [finished[i] for i in range(len(flows))]
 
 
@@ -120,6 +120,30 @@ def test_two_concurrent_transfers_through_one_port_take_twice_as_long():
 def test_transfers_on_disjoint_ports_do_not_slow_each_other():
     times = _finish_times([10.0] * 4, [(0.0, 100.0, ((0, 1.0), (1, 1.0))), (0.0, 100.0, ((2, 1.0), (3, 1.0)))])
     assert times == [pytest.approx(10.0), pytest.approx(10.0)]
+
+
+def test_network_clock_runs_alarms_flows_and_simpy_events_in_time_order():
+    env = simpy.Environment()
+    net = Network(env, _Ports(10.0, 10.0), contention=True)
+    seen = []
+
+    def note(what):
+        seen.append((what, env.now))
+
+    def device():
+        yield env.timeout(1.0)
+        note("simpy")
+        net.at(2.5, note, "late alarm")
+        net.transfer(_Kind(0, 20.0, ((0, 1.0), (1, 1.0))), lambda *_: note("flow"))  # leaves at 3
+        yield env.timeout(2.5)
+        note("simpy")
+
+    net.at(2.0, note, "alarm a")
+    net.at(2.0, note, "alarm b")  # at one instant, in the order they were set
+    env.process(device())
+    net.run()
+    assert seen == [("simpy", 1.0), ("alarm a", 2.0), ("alarm b", 2.0), ("late alarm", 2.5),
+                    ("flow", pytest.approx(3.0)), ("simpy", 3.5)]
 
 
 def test_a_late_flow_shares_only_while_both_run():

@@ -98,9 +98,9 @@ class Network:
         self.busy = 0  # channels with flows
         self.dirty: set[int] = set()  # ports whose loads changed since the last recomputation
         self.next_id = 0
-        self.recompute_pending = False
-        self.wake_at = math.inf
-        self.wake = self._wake  # one bound method for every wake-up
+        self.next_at = math.inf
+        """When the first flow on ``heap`` leaves (as of the last recomputation)."""
+        self.alarms: list[tuple] = []  # (when, sequence, callback, argument), set with ``at``
 
     def _channel(self, kind) -> _Channel:
         path = tuple(sorted(p for p, _ in kind.ports))
@@ -111,12 +111,58 @@ class Network:
         self.channel_of[kind.index] = channel
         return channel
 
-    def transfer(self, kind, done: Callable, owner=None, last: bool = False) -> None:
+    def run(self) -> None:
+        """Run the environment to its end, the network's instants merged with SimPy's events.
+
+        The network keeps its own heaps: the finishes of its flows, and the alarms set with
+        ``at``. Each instant runs SimPy's events at it (``Environment.step``), the flows that
+        leave at it and the alarms due at it, in that order and until none is left; then the
+        network sets its rates once, and the clock moves on to the earliest of SimPy's next
+        event, the next finish and the next alarm. Only the clock is set here, to the
+        network's instants (SimPy's ``Environment`` has no setter for it).
+        """
+        env = self.env
+        if not self.contention:
+            env.run()
+            return
+        queue, step, dirty, alarms, inf = env._queue, env.step, self.dirty, self.alarms, math.inf
+        now = env.now
+        try:
+            while True:
+                if queue and queue[0][0] <= now:
+                    step()
+                elif self.next_at <= now:
+                    self._finish(now)
+                elif alarms and alarms[0][0] <= now:
+                    _, _, callback, arg = heapq.heappop(alarms)
+                    callback(arg)
+                else:  # nothing else at this instant: set the rates, and move the clock on
+                    if dirty:
+                        self._recompute(now)
+                    then = alarms[0][0] if alarms and alarms[0][0] < self.next_at else self.next_at
+                    if queue and queue[0][0] < then:
+                        then = queue[0][0]
+                    if then == inf:
+                        return
+                    env._now = now = then
+        except simpy.core.StopSimulation:
+            return  # a device failed (``sim.engine.replay``): the job stops with it
+
+    def at(self, when: float, callback: Callable, arg) -> None:
+        """Call ``callback(arg)`` at ``when`` (no earlier than now): an alarm on the network's
+        clock, cheaper than a SimPy timeout; alarms due at one instant run in the order they
+        were set."""
+        if not self.contention:  # ``run`` is SimPy's own loop
+            self._call_later(when - self.env.now, callback, arg)
+            return
+        heapq.heappush(self.alarms, (when, self.next_id, callback, arg))
+        self.next_id += 1
+
+    def transfer(self, kind, done: Callable, owner=None) -> None:
         """Start one flow of ``kind`` now; ``done(kind, owner)`` runs when its last byte has left.
 
-        The rates are recomputed once for the flows that start at one instant: by an event
-        after the others, or at once when the caller says this is the ``last`` of its flows and
-        nothing else is due at this instant."""
+        Its rate (and the rates it changes) is set once nothing else happens at this instant
+        (``run``)."""
         if kind.bytes <= 0 or not kind.ports:
             self._call_later(0.0, done, kind, owner)
         elif not self.contention:
@@ -141,25 +187,13 @@ class Network:
                 load[port] += weight
                 share[port] = bandwidth[port] / load[port]
                 dirty.add(port)
-            if last and not self.recompute_pending and self.env.peek() > now:
-                self._recompute()  # nothing else happens at this instant: no event to wait for
-            else:
-                self._schedule_recompute()
 
     def _call_later(self, delay: float, callback: Callable, *args) -> None:
         self.env.timeout(delay, (callback, args)).callbacks.append(_call)
 
-    def _schedule_recompute(self) -> None:
-        # Flows that start at the same instant share one recomputation.
-        if not self.recompute_pending:
-            self.recompute_pending = True
-            self.env.timeout(0.0).callbacks.append(self._recompute)
-
-    def _recompute(self, _event=None) -> None:
-        """Set the rates of the channels on the ports whose loads changed, and wake up for the
-        first finish."""
-        self.recompute_pending = False
-        now, dirty, on_port = self.env.now, self.dirty, self.on_port
+    def _recompute(self, now: float) -> None:
+        """Set the rates of the channels on the ports whose loads changed, and find the first finish."""
+        dirty, on_port = self.dirty, self.on_port
         if len(dirty) == 1:
             affected = on_port[dirty.pop()]
         elif len(dirty) == 2:
@@ -194,23 +228,12 @@ class Network:
         if len(heap) > 2 * self.busy + 64:  # mostly superseded entries: keep only the live ones
             heap[:] = [item for item in heap if channels[item[1]].version == item[2]]
             heapq.heapify(heap)
-        self._arm()
-
-    def _arm(self) -> None:
-        """Wake up for the first finish (superseded entries go)."""
-        heap, channels = self.heap, self.channels
         while heap and channels[heap[0][1]].version != heap[0][2]:
-            heapq.heappop(heap)
-        if heap and heap[0][0] < self.wake_at:
-            self.wake_at = when = heap[0][0]
-            now = self.env.now
-            self.env.timeout(when - now if when > now else 0.0, when).callbacks.append(self.wake)
+            heapq.heappop(heap)  # superseded
+        self.next_at = heap[0][0] if heap else math.inf
 
-    def _wake(self, event) -> None:
-        if event.value != self.wake_at:
-            return  # superseded by an earlier wake-up
-        self.wake_at = math.inf
-        now = self.env.now
+    def _finish(self, now: float) -> None:
+        """The flows due at ``now`` (within a tolerance) leave; their callbacks run."""
         tolerance = _EPS * max(1.0, now)
         limit = now + tolerance
         heap, channels, finished, pop = self.heap, self.channels, [], heapq.heappop
@@ -237,15 +260,9 @@ class Network:
                 self.busy -= 1
                 for port in channel.ports:
                     self.on_port[port].discard(ch)
-        # what the callbacks start at this instant is recomputed below, without an event of its own
-        self.recompute_pending = True
+        self.next_at = math.inf  # until the recomputation after this instant finds the next
         for flow in finished:
             flow[3](flow[2], flow[4])
-        if dirty:
-            self._recompute()
-        else:
-            self.recompute_pending = False
-            self._arm()
 
 
 def _call(event) -> None:

@@ -37,14 +37,16 @@ two give the same times (a property test checks it).
 
 **Events per action** (the hot path, every device distinct): a compute action none; a
 ``RECV`` one when its data is not in when the device reaches it, none otherwise; a ``SEND``
-none without contention; with contention one when the device's send stream is free before the
-SEND is due (a SEND queued behind another starts when that one's flows have left, with no
-event of its own), and per flow a share of one wake-up when it has left (flows that end at
-one instant share it, and the rates are recomputed inside the events that start and end
-flows); ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one process per stage).
-Measured on 1,024 BERT-48 devices in 16 stages (``benchmarks/engine_bench.py``), every device
-distinct: without contention 0.09 events per action; with contention 0.39, and 0.77 with
-jitter on every device (which spreads flows over more instants); at most 2 on every path.
+none; ``REDUCE_GRAD`` none on the compute stream (its all-reduce is one process per stage).
+With contention the network (``sim.engine.ports``) keeps its own clock beside SimPy's, with
+entries on its own heaps rather than SimPy events: a SEND due after its send stream is free
+waits on one of its alarms (a SEND queued behind another starts when that one's flows have
+left, with no alarm), a flow leaves at one of its instants (flows that end at one instant
+share it), and the rates are set once per instant. Measured on 1,024 BERT-48 devices in 16
+stages (``benchmarks/engine_bench.py``), every device distinct: without contention 0.09 SimPy
+events per action; with contention 0.25 (plus 0.14 network instants and alarms), and 0.24
+with jitter on every device (plus 0.53, as jitter spreads flows over more instants); at most
+2 on every path.
 
 If processes stop making progress before the end (a schedule that cannot run), ``simulate``
 raises ``ScheduleError`` naming each blocked device and the action it waits on; SimPy runs
@@ -88,7 +90,7 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
                          "with compile_workload(..., contention=False) to replay it without")
     with _gc_paused():
         replay = _Replay(workload, contention, run_ahead)
-        replay.env.run()
+        replay.net.run()
     if replay.failure is None:
         replay.check_finished()
         if replay.ahead:
@@ -135,7 +137,7 @@ class _Replay:
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
         self.slots = [c.slots for c in workload.classes]
-        self.left, self.send_due = self._left, self._send_due  # bound once, not per flow
+        self.left, self.next_send = self._left, self._next_send  # bound once, not per flow
         self.failure: dict | None = None
         # without failures (which stop everyone at one instant) each device runs ahead on its
         # own clock: see ``_actions_ahead``
@@ -444,10 +446,6 @@ class _Replay:
 
     # --- send stream and arrivals --------------------------------------------------------------
 
-    def _send_due(self, event) -> None:
-        """The SEND first in class ``event.value``'s send queue is due."""
-        self._next_send(event.value)
-
     def _queue_send(self, c: int, i: int, op, due: float = 0.0) -> None:
         """Class ``c`` issues SEND ``op`` (op ``i``): its flows leave at ``due`` (a device that runs
         ahead issues it early) or once the SENDs before it have left, whichever is later."""
@@ -464,7 +462,7 @@ class _Replay:
             now = env.now
             if due > now:
                 self.send_busy[c] = True
-                env.timeout(due - now, c).callbacks.append(self.send_due)
+                self.net.at(due, self.next_send, c)
                 return
             queue.popleft()
             flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
@@ -472,11 +470,10 @@ class _Replay:
                 self.send_busy[c] = True
                 rec, kinds, transfer, left = self.records[c], self.w.kinds, self.net.transfer, self.left
                 sending = [c, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
-                last = len(flows) - 1
-                for j, k in enumerate(flows):
+                for k in flows:
                     kind = kinds[k]
                     rec.bytes_sent += kind.send_bytes_per_device
-                    transfer(kind, left, sending, j == last)
+                    transfer(kind, left, sending)
                 return
             times = self.records[c].op_times
             times.start[i] = times.end[i] = now
@@ -552,8 +549,8 @@ class _Replay:
         for kinds, latency in coll.phases:
             if kinds:
                 phase = [len(kinds), self.env.event(), {}]  # flows to go, the event when they have left
-                for j, k in enumerate(kinds, 1):
-                    self.net.transfer(self.w.kinds[k], _phase_left, phase, last=j == len(kinds))
+                for k in kinds:
+                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
                 yield phase[1]
             if latency > 0:
                 yield self.env.timeout(latency)
