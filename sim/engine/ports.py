@@ -89,17 +89,19 @@ class Network:
         self.load = [0.0] * len(self.bandwidth)
         self.share = [math.inf] * len(self.bandwidth)
         """Each port's bandwidth over its load (what one real flow through it may use)."""
-        self.on_port: list[set[int]] = [set() for _ in self.bandwidth]
+        self.on_port: list[set[_Channel]] = [set() for _ in self.bandwidth]
         """The channels with flows on each port."""
         self.channels: list[_Channel] = []
         self.channel_of: dict[int, _Channel] = {}  # flow kind index -> its channel
         self.channel_by_ports: dict[tuple, _Channel] = {}
-        self.heap: list[tuple[float, int, int]] = []  # (finish of a channel's first flow, channel, version)
+        self.heap: list[tuple] = []  # (finish of a channel's first flow, its index, version, the channel)
         self.busy = 0  # channels with flows
         self.dirty: set[int] = set()  # ports whose loads changed since the last recomputation
         self.next_id = 0
         self.next_at = math.inf
         """When the first flow on ``heap`` leaves (as of the last recomputation)."""
+        self.now = env.now
+        """The clock while ``run`` runs: SimPy's ``env.now``, read without a property call."""
         self.alarms: list[tuple] = []  # (when, sequence, callback, argument), set with ``at``
 
     def _channel(self, kind) -> _Channel:
@@ -122,11 +124,8 @@ class Network:
         network's instants (SimPy's ``Environment`` has no setter for it).
         """
         env = self.env
-        if not self.contention:
-            env.run()
-            return
-        queue, step, dirty, alarms, inf = env._queue, env.step, self.dirty, self.alarms, math.inf
-        now = env.now
+        queue, step, dirty, alarms, pop = env._queue, env.step, self.dirty, self.alarms, heapq.heappop
+        now = self.now = env.now
         try:
             while True:
                 if queue and queue[0][0] <= now:
@@ -134,17 +133,19 @@ class Network:
                 elif self.next_at <= now:
                     self._finish(now)
                 elif alarms and alarms[0][0] <= now:
-                    _, _, callback, arg = heapq.heappop(alarms)
+                    _, _, callback, arg = pop(alarms)
                     callback(arg)
                 else:  # nothing else at this instant: set the rates, and move the clock on
                     if dirty:
                         self._recompute(now)
-                    then = alarms[0][0] if alarms and alarms[0][0] < self.next_at else self.next_at
+                    then = self.next_at
+                    if alarms and alarms[0][0] < then:
+                        then = alarms[0][0]
                     if queue and queue[0][0] < then:
                         then = queue[0][0]
-                    if then == inf:
+                    if then == math.inf:
                         return
-                    env._now = now = then
+                    env._now = now = self.now = then
         except simpy.core.StopSimulation:
             return  # a device failed (``sim.engine.replay``): the job stops with it
 
@@ -152,9 +153,6 @@ class Network:
         """Call ``callback(arg)`` at ``when`` (no earlier than now): an alarm on the network's
         clock, cheaper than a SimPy timeout; alarms due at one instant run in the order they
         were set."""
-        if not self.contention:  # ``run`` is SimPy's own loop
-            self._call_later(when - self.env.now, callback, arg)
-            return
         heapq.heappush(self.alarms, (when, self.next_id, callback, arg))
         self.next_id += 1
 
@@ -171,14 +169,14 @@ class Network:
             channel = self.channel_of.get(kind.index)
             if channel is None:
                 channel = self._channel(kind)
-            now, flows = self.env.now, channel.flows
+            now, flows = self.now, channel.flows
             if flows:  # read its virtual time now: its rate changes
                 channel.drained += channel.rate * (now - channel.since)
             else:
                 channel.drained = 0.0
                 self.busy += 1
                 for port in channel.ports:
-                    self.on_port[port].add(channel.index)
+                    self.on_port[port].add(channel)
             channel.since, channel.rate = now, 0.0
             heapq.heappush(flows, (channel.drained + kind.bytes, self.next_id, kind, done, owner))
             self.next_id += 1
@@ -201,11 +199,10 @@ class Network:
         else:
             affected = set().union(*[on_port[p] for p in dirty])
             dirty.clear()
-        share, channels, heap, push = self.share, self.channels, self.heap, heapq.heappush
+        share, heap, push = self.share, self.heap, heapq.heappush
         # each channel's update reads only its own ports' shares, so the order of the updates
         # (a set's) changes nothing; the heap breaks ties between equal finishes by channel
-        for ch in affected:
-            channel = channels[ch]
+        for channel in affected:
             # the smallest share on its path (``min``, spelled out on this hot path)
             if channel.pair:
                 a, b = channel.ports
@@ -223,24 +220,23 @@ class Network:
                 channel.since = now
             channel.rate = rate
             ahead = channel.flows[0][0] - channel.drained
-            channel.version += 1
-            push(heap, (now + (ahead if ahead > 0.0 else 0.0) / rate, ch, channel.version))
+            version = channel.version = channel.version + 1
+            push(heap, (now + (ahead if ahead > 0.0 else 0.0) / rate, channel.index, version, channel))
         if len(heap) > 2 * self.busy + 64:  # mostly superseded entries: keep only the live ones
-            heap[:] = [item for item in heap if channels[item[1]].version == item[2]]
+            heap[:] = [item for item in heap if item[3].version == item[2]]
             heapq.heapify(heap)
-        while heap and channels[heap[0][1]].version != heap[0][2]:
+        while heap and (first := heap[0])[3].version != first[2]:
             heapq.heappop(heap)  # superseded
         self.next_at = heap[0][0] if heap else math.inf
 
     def _finish(self, now: float) -> None:
         """The flows due at ``now`` (within a tolerance) leave; their callbacks run."""
-        tolerance = _EPS * max(1.0, now)
+        tolerance = _EPS * now if now > 1.0 else _EPS
         limit = now + tolerance
-        heap, channels, finished, pop = self.heap, self.channels, [], heapq.heappop
+        heap, finished, pop = self.heap, [], heapq.heappop
         load, share, bandwidth, dirty = self.load, self.share, self.bandwidth, self.dirty
         while heap and heap[0][0] <= limit:
-            _, ch, version = pop(heap)
-            channel = channels[ch]
+            _, _, version, channel = pop(heap)
             if channel.version != version:
                 continue
             rate, flows = channel.rate, channel.flows
@@ -259,7 +255,7 @@ class Network:
             if not flows:
                 self.busy -= 1
                 for port in channel.ports:
-                    self.on_port[port].discard(ch)
+                    self.on_port[port].discard(channel)
         self.next_at = math.inf  # until the recomputation after this instant finds the next
         for flow in finished:
             flow[3](flow[2], flow[4])

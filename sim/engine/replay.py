@@ -137,6 +137,7 @@ class _Replay:
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
         self.slots = [c.slots for c in workload.classes]
+        self.kinds = workload.kinds
         self.left, self.next_send = self._left, self._next_send  # bound once, not per flow
         self.failure: dict | None = None
         # without failures (which stop everyone at one instant) each device runs ahead on its
@@ -454,26 +455,26 @@ class _Replay:
             self._next_send(c)
 
     def _next_send(self, c: int) -> None:
-        """Start the first SEND in class ``c``'s send queue, or wait for it (one event) if it is
-        not due yet; the stream is free when the queue is empty."""
-        queue, env = self.send_queue[c], self.env
+        """Start the first SEND in class ``c``'s send queue, or wait for it (an alarm on the
+        network's clock) if it is not due yet; the stream is free when the queue is empty."""
+        queue, net = self.send_queue[c], self.net
         while queue:
             due, i, op = queue[0]
-            now = env.now
+            now = net.now
             if due > now:
                 self.send_busy[c] = True
-                self.net.at(due, self.next_send, c)
+                net.at(due, self.next_send, c)
                 return
             queue.popleft()
             flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
             if flows:
                 self.send_busy[c] = True
-                rec, kinds, transfer, left = self.records[c], self.w.kinds, self.net.transfer, self.left
+                rec, kinds, left = self.records[c], self.kinds, self.left
                 sending = [c, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
                 for k in flows:
                     kind = kinds[k]
                     rec.bytes_sent += kind.send_bytes_per_device
-                    transfer(kind, left, sending)
+                    net.transfer(kind, left, sending)
                 return
             times = self.records[c].op_times
             times.start[i] = times.end[i] = now
@@ -482,7 +483,7 @@ class _Replay:
     def _left(self, kind, sending: list) -> None:
         """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go,
         micro-batch, when each sibling group left)."""
-        now = self.env.now
+        now = self.net.now
         if kind.sibling >= 0:
             if sending[5] is None:
                 sending[5] = {}
