@@ -162,8 +162,23 @@ def jitter_factors(jitter: Jitter, key: int | str, count: int) -> list[float]:
     if jitter.distribution == "uniform":
         return [1.0 + rng.uniform(-s, s) for _ in range(count)]
     if jitter.distribution == "lognormal":
-        return [math.exp(s * rng.gauss(0.0, 1.0) - s * s / 2) for _ in range(count)]
-    return [max(0.05, 1.0 + s * rng.gauss(0.0, 1.0)) for _ in range(count)]
+        return [math.exp(s * z - s * s / 2) for z in _normals(rng, count)]
+    return [max(0.05, 1.0 + s * z) for z in _normals(rng, count)]
+
+
+def _normals(rng: random.Random, count: int) -> list[float]:
+    """``count`` standard normal draws from ``rng``: Box-Muller on pairs of ``rng.random()``,
+    in the form (Lambert Meertens') that CPython's ``random.gauss`` uses, so the draws are the
+    ones ``rng.gauss(0.0, 1.0)`` gives there, at less than half its cost (16,384 devices draw
+    two million of them)."""
+    uniform, out = rng.random, []
+    for _ in range((count + 1) // 2):
+        angle = uniform() * math.tau
+        radius = math.sqrt(-2.0 * math.log(1.0 - uniform()))
+        out.append(math.cos(angle) * radius)
+        out.append(math.sin(angle) * radius)
+    del out[count:]
+    return out
 
 
 def first_failure(faults) -> int | None:

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SCENARIOS, synthetic_scenario
+from test_engine import _assert_close
 from sim.engine.compile import compile_workload
 from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
@@ -128,8 +129,6 @@ def test_random_faulted_plans_are_exact(replicas, devices_per_node, seed, engine
     contention = engine == "simpy-contention"
     with_classes, every = _summaries(_with(scenario, *faults), "simpy" if contention else engine, contention)
     if contention:  # shared ports' rates are recomputed at other instants: equal up to rounding
-        from test_engine import _assert_close
-
         _assert_close(with_classes, every)
     else:
         assert with_classes == every

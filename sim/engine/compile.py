@@ -28,6 +28,8 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.collectives import embedding_group_link
 from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
@@ -235,14 +237,13 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     shared = ctx.shared_ops.get(key)
     if shared is None:
         ops = _class_ops(rank, costs, link_costs, group_keys, ctx)
-        shared = ctx.shared_ops[key] = ops, array("d", [op[5] for op in ops])
-    ops, durations = shared
+        compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
+        shared = ctx.shared_ops[key] = ops, array("d", [op[5] for op in ops]), compute
+    ops, durations, compute = shared
     jitter = ctx.faults.jitter_for(devices[0])
     if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         durations = array("d", durations)
-        compute = [i for i, op in enumerate(ops) if op.code == COMPUTE]
-        for i, factor in zip(compute, jitter_factors(jitter[0], jitter[1], len(compute))):
-            durations[i] *= factor
+        np.frombuffer(durations, dtype=float)[compute] *= jitter_factors(jitter[0], jitter[1], len(compute))
     straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
     states = [costs[s].states for s in stages]
     return DeviceClass(

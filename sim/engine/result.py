@@ -120,6 +120,7 @@ class SimResult:
         self.diverged: str | None = None
         """Why the optimistic classes of a faulted plan did not hold with contention, when they
         did not and the equitable ones were replayed instead (set by ``sim.engine.run``)."""
+        self._compute_at: dict[int, Any] = {}  # id(ops) -> where its COMPUTE ops are (``busy_s``)
         self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
         live: dict[int, int] = {}  # classes that share their ops share their live peak
         for c in workload.classes:
@@ -155,8 +156,17 @@ class SimResult:
 
     def busy_s(self, index: int) -> float:
         """Seconds the class's compute stream works (what actually ran, stragglers included)."""
+        import numpy as np
+
         cls, rec = self.workload.classes[index], self.records[index]
-        compute = sum(t[1] - t[0] for op, t in zip(cls.ops, rec.op_times) if op.code == COMPUTE and t is not None)
+        at = self._compute_at.get(id(cls.ops))
+        if at is None:  # classes that share their ops share where their compute actions are
+            at = self._compute_at[id(cls.ops)] = np.array([i for i, op in enumerate(cls.ops) if op.code == COMPUTE],
+                                                          dtype=np.intp)
+        start = np.frombuffer(rec.op_times.start, dtype=float)[at]
+        ran = np.frombuffer(rec.op_times.end, dtype=float)[at] - start
+        # what never ran (a failed replay) is NaN; summed in order, as a loop would
+        compute = sum(ran[start == start].tolist())
         return compute + rec.optimizer[1] - rec.optimizer[0]
 
     def summarize(self) -> Summary:
