@@ -94,9 +94,8 @@ def memory_timeline(cls: DeviceClass, record: Recorder, live_peak: int | None = 
     held_buffers = np.cumsum(np.where(is_stash, 0.0, deltas))
     at_peak = (0.0, 0.0) if peak_index == 0 else (float(held_stash[peak_index - 1]),
                                                    float(held_buffers[peak_index - 1]))
-    stash = np.array(stash_d, dtype=float)
-    stash_order = np.lexsort((stash > 0, np.array(stash_t, dtype=float)))
-    stash_peak = max(0.0, float(np.max(np.cumsum(stash[stash_order])))) if len(stash) else 0.0
+    # the stash's own running sum, in its own time order: ``held_stash`` (adding 0.0 changes no value)
+    stash_peak = max(0.0, float(held_stash.max())) if len(stash_t) else 0.0
     best = peak_live_microbatches(cls.ops) if live_peak is None else live_peak
     return MemoryTimeline(
         times_s=tuple(at[last].tolist()), bytes=tuple(totals[last].tolist()), peak_bytes=float(totals[peak_index]),

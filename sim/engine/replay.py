@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import gc
 from array import array
-from collections import deque
 from contextlib import contextmanager
 
 import simpy
@@ -128,15 +127,13 @@ class _Replay:
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
         self.waiters: dict[tuple, tuple[int, simpy.Event]] = {}
-        self.send_queue: list[deque[tuple[int, object]]] = [deque() for _ in range(n)]
-        self.send_busy = [False] * n
+        self.streams = [_SendStream(cls.slots, record) for cls, record in zip(workload.classes, self.records)]
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
         self.collective_done: dict[int, simpy.Event] = {}
         self.group_issued: dict[tuple, list] = {}
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
-        self.slots = [c.slots for c in workload.classes]
         self.kinds = workload.kinds
         self.left, self.next_send = self._left, self._next_send  # bound once, not per flow
         self.failure: dict | None = None
@@ -220,7 +217,7 @@ class _Replay:
                 if op[8]:
                     buffers.append((end, -op[8]))
             elif code == SEND:
-                self._queue_send(c, i, op)
+                self._queue_send(self.streams[c], i, op)
                 if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
                     yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
             elif code == GROUP:
@@ -276,12 +273,12 @@ class _Replay:
         kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
         kind_box, box_count, box_time = self.kind_box, self.box_count, self.box_time
         durations, slots, groups, queue_send = cls.durations, cls.slots, cls.groups, self._queue_send
+        stream = self.streams[c]
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
         beside: list = []  # collectives running beside the next compute op
-        for i, op in enumerate(ops):
-            position[c] = i
+        for i, op in enumerate(ops):  # ``position`` is set where it waits: no one reads it otherwise
             code = op[0]
             if code == COMPUTE:
                 end = t + (durations[i] * slowdown if slow and t >= slow_from else durations[i])
@@ -292,13 +289,14 @@ class _Replay:
                 if beside:  # the action ends with the collectives that ran beside it
                     for key, done in beside:
                         if not done.triggered:
+                            position[c] = i
                             yield done
                         if self.group_end[key] > end:
                             end = self.group_end[key]
                     beside = []
-                if op.gather_bytes:
-                    buffers.append((t, op.gather_bytes))
-                    buffers.append((end, -op.gather_bytes))
+                if op[13]:  # op.gather_bytes
+                    buffers.append((t, op[13]))
+                    buffers.append((end, -op[13]))
                 if op[7]:
                     memory_at(end)
                     memory_delta(-op[7])
@@ -308,7 +306,7 @@ class _Replay:
                 t = end
             elif code == SEND:
                 if contention:  # its flows start at ``t`` or when the send stream is free
-                    queue_send(c, i, op, t)
+                    queue_send(stream, i, op, t)
                 else:
                     start = send_free if send_free > t else t
                     done, mb = start, op[4]
@@ -324,12 +322,13 @@ class _Replay:
                 if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
                     t += op[5] * slowdown if slow and t >= slow_from else op[5]
             elif code == RECV:
-                flows = slots[op.flows] if op.flows >= 0 else ()
+                flows = slots[op[10]] if op[10] >= 0 else ()  # op.flows
                 if flows:
                     key = kind_box[flows[0]] + op[4]
                     if box_count[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
+                        position[c] = i
                         yield event
                     arrival = box_time[key] if box_time[key] > t else t
                 else:
@@ -344,6 +343,7 @@ class _Replay:
                     beside.append((key, done))
                 else:
                     if not done.triggered:
+                        position[c] = i
                         yield done
                     if self.group_end[key] > t:
                         t = self.group_end[key]
@@ -447,42 +447,43 @@ class _Replay:
 
     # --- send stream and arrivals --------------------------------------------------------------
 
-    def _queue_send(self, c: int, i: int, op, due: float = 0.0) -> None:
-        """Class ``c`` issues SEND ``op`` (op ``i``): its flows leave at ``due`` (a device that runs
-        ahead issues it early) or once the SENDs before it have left, whichever is later."""
-        self.send_queue[c].append((due, i, op))
-        if not self.send_busy[c]:
-            self._next_send(c)
+    def _queue_send(self, stream: _SendStream, i: int, op, due: float = 0.0) -> None:
+        """A class issues SEND ``op`` (op ``i``) on its send ``stream``: its flows leave at ``due`` (a
+        device that runs ahead issues it early) or once the SENDs before it have left, whichever
+        is later."""
+        stream.queue.append((due, i, op))
+        if not stream.busy:
+            self._next_send(stream)
 
-    def _next_send(self, c: int) -> None:
-        """Start the first SEND in class ``c``'s send queue, or wait for it (an alarm on the
-        network's clock) if it is not due yet; the stream is free when the queue is empty."""
-        queue, net = self.send_queue[c], self.net
+    def _next_send(self, stream: _SendStream) -> None:
+        """Start the first SEND in ``stream``'s queue, or wait for it (an alarm on the network's
+        clock) if it is not due yet; the stream is free when its queue is empty."""
+        queue, net = stream.queue, self.net
         while queue:
             due, i, op = queue[0]
             now = net.now
             if due > now:
-                self.send_busy[c] = True
-                net.at(due, self.next_send, c)
+                stream.busy = True
+                net.at(due, self.next_send, stream)
                 return
-            queue.popleft()
-            flows = self.slots[c][op[10]] if op[10] >= 0 else ()  # op.flows
+            del queue[0]
+            flows = stream.slots[op[10]] if op[10] >= 0 else ()  # op.flows
             if flows:
-                self.send_busy[c] = True
-                rec, kinds, left = self.records[c], self.kinds, self.left
-                sending = [c, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
+                stream.busy = True
+                rec, kinds, left = stream.record, self.kinds, self.left
+                sending = [stream, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
                 for k in flows:
                     kind = kinds[k]
                     rec.bytes_sent += kind.send_bytes_per_device
                     net.transfer(kind, left, sending)
                 return
-            times = self.records[c].op_times
+            times = stream.record.op_times
             times.start[i] = times.end[i] = now
-        self.send_busy[c] = False
+        stream.busy = False
 
     def _left(self, kind, sending: list) -> None:
-        """One flow of a SEND has left its sender (``sending``: class, op, start, flows to go,
-        micro-batch, when each sibling group left)."""
+        """One flow of a SEND has left its sender (``sending``: its send stream, op, start, flows
+        to go, micro-batch, when each sibling group left)."""
         now = self.net.now
         if kind.sibling >= 0:
             if sending[5] is None:
@@ -495,10 +496,10 @@ class _Replay:
             self._arrive_later(kind, sending[4])
         sending[3] -= 1
         if not sending[3]:
-            c = sending[0]
-            times = self.records[c].op_times
+            stream = sending[0]
+            times = stream.record.op_times
             times.start[sending[1]], times.end[sending[1]] = sending[2], now
-            self._next_send(c)
+            self._next_send(stream)
 
     def _arrive_later(self, kind, microbatch: int) -> None:
         key = mailbox(kind, microbatch)
@@ -597,6 +598,18 @@ class _Replay:
             f"the replay stopped making progress at {self.env.now * 1e3:.3f} ms: " + "; ".join(lines[:4]),
             detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
+
+
+class _SendStream:
+    """A device class's send stream: its SENDs in issue order, one after the other."""
+
+    __slots__ = ("queue", "busy", "slots", "record")
+
+    def __init__(self, slots: tuple, record: Recorder) -> None:
+        self.queue: list[tuple[float, int, object]] = []  # (due, op index, op) in issue order (short: a list)
+        self.busy = False  # a SEND's flows are on the network, or the stream waits for the first to be due
+        self.slots = slots  # the class's ``DeviceClass.slots``
+        self.record = record
 
 
 def _phase_left(kind, phase: list) -> None:
