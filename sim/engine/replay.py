@@ -90,6 +90,7 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
     with _gc_paused():
         replay = _Replay(workload, contention, run_ahead)
         replay.net.run()
+        replay.record_logs()
     if replay.failure is None:
         replay.check_finished()
         if replay.ahead:
@@ -127,7 +128,12 @@ class _Replay:
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
         self.waiters: dict[tuple, tuple[int, simpy.Event]] = {}
-        self.streams = [_SendStream(cls.slots, record) for cls, record in zip(workload.classes, self.records)]
+        self.streams = [_SendStream(c, cls.slots) for c, cls in enumerate(workload.classes)]
+        # what the network's callbacks learn goes to flat logs, not to each device's records
+        # (which a 16,384-device replay would reach for across hundreds of MB): ``record_logs``
+        self.sent = array("d")  # (class, op, start, end) of each SEND, once its flows have left
+        self.arrived_kind = array("l")  # the kind of each flow in (``_deliver``), in arrival order
+        self.arrived_at = array("d")  # and when it came in
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
         self.collective_done: dict[int, simpy.Event] = {}
@@ -143,13 +149,13 @@ class _Replay:
         self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
         if self.ahead:
             self.kind_s = [k.bytes / k.static_rate_bytes_per_s if k.bytes > 0 else 0.0 for k in workload.kinds]
-            # mailboxes are ints, ``box * num_microbatches + microbatch``, with flat arrays of
-            # the flows in and the last arrival (the fast path's numbering)
+            # mailboxes are ints, ``2 * (box * num_microbatches + microbatch)`` (the fast path's
+            # numbering, doubled): ``box[key]`` counts the flows in, ``box[key + 1]`` is the last
+            # arrival (side by side, one cache line for both)
             stride, boxes = max(workload.num_microbatches, 1), {}
-            self.kind_box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
+            self.kind_box = [2 * boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
                              if k.label[0] in ("F", "B") else -1 for k in workload.kinds]
-            self.box_count = array("l", [0]) * (len(boxes) * stride)
-            self.box_time = array("d", [0.0]) * (len(boxes) * stride)
+            self.box = array("d", [0.0]) * (2 * len(boxes) * stride)
             self.coll_free = [0.0] * n
             self.clock = [0.0] * n
             self.unfinished_collectives = [0] * n
@@ -271,7 +277,7 @@ class _Replay:
         memory_at, memory_delta = memory.times.append, memory.deltas.append
         buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
         kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
-        kind_box, box_count, box_time = self.kind_box, self.box_count, self.box_time
+        kind_box, box = self.kind_box, self.box
         durations, slots, groups, queue_send = cls.durations, cls.slots, cls.groups, self._queue_send
         stream = self.streams[c]
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
@@ -316,7 +322,7 @@ class _Replay:
                             done = sent
                         kind = kinds[k]
                         rec.bytes_sent += kind.send_bytes_per_device
-                        self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
+                        self._deliver(kind_box[k] + 2 * mb, sent + kind.latency_s, kind)
                     send_free = done
                     starts[i], ends[i] = start, done
                 if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
@@ -324,13 +330,13 @@ class _Replay:
             elif code == RECV:
                 flows = slots[op[10]] if op[10] >= 0 else ()  # op.flows
                 if flows:
-                    key = kind_box[flows[0]] + op[4]
-                    if box_count[key] < len(flows):
+                    key = kind_box[flows[0]] + 2 * op[4]
+                    if box[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
                         position[c] = i
                         yield event
-                    arrival = box_time[key] if box_time[key] > t else t
+                    arrival = box[key + 1] if box[key + 1] > t else t
                 else:
                     arrival = t
                 end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
@@ -356,13 +362,12 @@ class _Replay:
     def _deliver(self, key: int, when: float, kind) -> None:
         """A flow of ``kind`` arrives at ``when`` (known once it has left, or without contention
         once it is sent) in mailbox ``key``; a device waiting for it goes on when the last one is in."""
-        count = self.box_count[key] = self.box_count[key] + 1
-        if when > self.box_time[key]:
-            self.box_time[key] = when
-        rec = self.records[kind.dst_class]
-        rec.bytes_received += kind.recv_bytes_per_device
-        rec.buffers.times.append(when if when > 0.0 else 0.0)
-        rec.buffers.deltas.append(kind.recv_bytes_per_device)
+        box = self.box
+        count = box[key] = box[key] + 1.0
+        if when > box[key + 1]:
+            box[key + 1] = when
+        self.arrived_kind.append(kind.index)  # its receive buffer, in its class's records later
+        self.arrived_at.append(when if when > 0.0 else 0.0)
         waiter = self.waiters.get(key)
         if waiter is not None and count >= waiter[0]:
             del self.waiters[key]
@@ -439,6 +444,31 @@ class _Replay:
             self.records[p].op_times[index] = (start, end)
         done.succeed()
 
+    def record_logs(self) -> None:
+        """Write what the logs hold into each class's records: the SENDs' times, the bytes its
+        send stream sent, and each flow in (its receive buffer and bytes, in arrival order)."""
+        import numpy as np
+
+        records = self.records
+        for stream in self.streams:
+            records[stream.index].bytes_sent += stream.bytes_sent
+        sent = np.frombuffer(self.sent, dtype=float).reshape(-1, 4)
+        for c, rows in _by_class(sent[:, 0].astype(np.intp), len(records)):
+            ops = sent[rows, 1].astype(np.intp)
+            np.frombuffer(records[c].op_times.start, dtype=float)[ops] = sent[rows, 2]
+            np.frombuffer(records[c].op_times.end, dtype=float)[ops] = sent[rows, 3]
+        if not len(self.arrived_kind):
+            return
+        kinds = np.frombuffer(self.arrived_kind, dtype=f"i{self.arrived_kind.itemsize}")  # a C long
+        at = np.frombuffer(self.arrived_at, dtype=float)
+        dst = np.array([k.dst_class for k in self.kinds], dtype=np.intp)[kinds]
+        nbytes = np.array([k.recv_bytes_per_device for k in self.kinds], dtype=float)[kinds]
+        for c, rows in _by_class(dst, len(records)):
+            rec, received = records[c], nbytes[rows]
+            rec.buffers.times.frombytes(at[rows].tobytes())
+            rec.buffers.deltas.frombytes(received.tobytes())
+            rec.bytes_received += sum(received.tolist())  # in arrival order, as one by one
+
     def optimizer_steps(self) -> None:
         """Each device's optimizer step, once its compute stream and its last all-reduce have ended."""
         for c, cls in enumerate(self.w.classes):
@@ -470,15 +500,14 @@ class _Replay:
             flows = stream.slots[op[10]] if op[10] >= 0 else ()  # op.flows
             if flows:
                 stream.busy = True
-                rec, kinds, left = stream.record, self.kinds, self.left
+                kinds, left = self.kinds, self.left
                 sending = [stream, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
                 for k in flows:
                     kind = kinds[k]
-                    rec.bytes_sent += kind.send_bytes_per_device
+                    stream.bytes_sent += kind.send_bytes_per_device
                     net.transfer(kind, left, sending)
                 return
-            times = stream.record.op_times
-            times.start[i] = times.end[i] = now
+            self.sent.extend((stream.index, i, now, now))
         stream.busy = False
 
     def _left(self, kind, sending: list) -> None:
@@ -491,14 +520,13 @@ class _Replay:
             if sending[5].setdefault(kind.sibling, now) != now:
                 raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
         if self.ahead:  # the devices keep their own clocks: they read the arrival's time
-            self._deliver(self.kind_box[kind.index] + sending[4], now + kind.latency_s, kind)
+            self._deliver(self.kind_box[kind.index] + 2 * sending[4], now + kind.latency_s, kind)
         else:
             self._arrive_later(kind, sending[4])
         sending[3] -= 1
         if not sending[3]:
             stream = sending[0]
-            times = stream.record.op_times
-            times.start[sending[1]], times.end[sending[1]] = sending[2], now
+            self.sent.extend((stream.index, sending[1], sending[2], now))
             self._next_send(stream)
 
     def _arrive_later(self, kind, microbatch: int) -> None:
@@ -600,16 +628,27 @@ class _Replay:
         )
 
 
+def _by_class(classes, n: int):
+    """``(class, rows)`` for each class in ``classes`` (an int array), its rows in log order."""
+    import numpy as np
+
+    order = np.argsort(classes, kind="stable")
+    bounds = np.searchsorted(classes[order], np.arange(n + 1))
+    for c in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+        yield c, order[bounds[c]:bounds[c + 1]]
+
+
 class _SendStream:
     """A device class's send stream: its SENDs in issue order, one after the other."""
 
-    __slots__ = ("queue", "busy", "slots", "record")
+    __slots__ = ("index", "queue", "busy", "slots", "bytes_sent")
 
-    def __init__(self, slots: tuple, record: Recorder) -> None:
+    def __init__(self, index: int, slots: tuple) -> None:
+        self.index = index  # its class
         self.queue: list[tuple[float, int, object]] = []  # (due, op index, op) in issue order (short: a list)
         self.busy = False  # a SEND's flows are on the network, or the stream waits for the first to be due
         self.slots = slots  # the class's ``DeviceClass.slots``
-        self.record = record
+        self.bytes_sent = 0.0  # by each device of the class (``Recorder.bytes_sent`` when it ends)
 
 
 def _phase_left(kind, phase: list) -> None:
