@@ -35,6 +35,7 @@ from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
 from sim.engine.collectives import allreduce_flows, build_collectives
 from sim.engine.flows import (PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, port_split,
                               static_rates)
+from sim.engine.gcpause import gc_paused
 from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
 from sim.engine.classes import FaultView, Symmetry, group_members
 from sim.engine.workload import (
@@ -64,6 +65,7 @@ WGRAD_STASH_FRACTION = 0.5
 weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
 
 
+@gc_paused()
 def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: bool = True,
                      optimistic: bool = False) -> Workload:
     """Compile ``scenario`` (which must have a plan) for replay.

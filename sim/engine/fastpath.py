@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
 
+from sim.engine.gcpause import gc_paused
 from sim.errors import DappleError, ScheduleError
 from sim.cost import overlapped_pair_s
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
@@ -179,6 +180,7 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
 # --- whole plans -----------------------------------------------------------------------------
 
 
+@gc_paused()  # its records and the result's timelines: millions of objects
 def replay(workload) -> "SimResult":
     """Replay a compiled plan (``sim.engine.compile``) without contention: the planner's fast path.
 

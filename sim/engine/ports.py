@@ -256,7 +256,7 @@ class Network:
                 self.busy -= 1
                 for port in channel.ports:
                     self.on_port[port].discard(channel)
-        self.next_at = math.inf  # until the recomputation after this instant finds the next
+        self.next_at = math.inf  # until the recomputation after this instant (``dirty``) finds the next
         for flow in finished:
             flow[3](flow[2], flow[4])
 

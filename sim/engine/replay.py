@@ -55,13 +55,12 @@ out of events rather than spinning, so this never hangs.
 
 from __future__ import annotations
 
-import gc
 from array import array
-from contextlib import contextmanager
 
 import simpy
 
 from sim.engine.fastpath import collective_duration_s
+from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
 from sim.errors import ScheduleError
 from sim.engine.result import OpTimes, Recorder, SimResult
@@ -75,6 +74,7 @@ class Diverged(Exception):
     not leave together: its classes are not exact for this plan; replay the equitable ones."""
 
 
+@gc_paused()  # the replay's events and the result's timelines: millions of objects
 def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = True) -> SimResult:
     """Replay ``workload`` with the SimPy engine; ``contention=False`` equals the fast path.
 
@@ -87,10 +87,9 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
     if workload.optimistic and not contention:
         raise ValueError("an optimistic workload's classes are checked only with contention: compile it "
                          "with compile_workload(..., contention=False) to replay it without")
-    with _gc_paused():
-        replay = _Replay(workload, contention, run_ahead)
-        replay.net.run()
-        replay.record_logs()
+    replay = _Replay(workload, contention, run_ahead)
+    replay.net.run()
+    replay.record_logs()
     if replay.failure is None:
         replay.check_finished()
         if replay.ahead:
@@ -98,23 +97,6 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
     records, failure = replay.records, replay.failure
     del replay  # the environment, ports and mailboxes go before the memory timelines are built
     return SimResult(workload, records, engine="simpy", contention=contention, failure=failure)
-
-
-@contextmanager
-def _gc_paused():
-    """Pause the cyclic garbage collector during a replay.
-
-    A replay allocates hundreds of thousands of short-lived events; with the collector on,
-    its full passes over the growing heap cost about half the run time. Nothing the replay
-    keeps needs cycle collection before it ends; the collector resumes afterwards.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _Replay:
