@@ -32,7 +32,7 @@ computes its own actions' times and yields to SimPy only to wait for something a
 it has not done yet (``_Replay._actions_ahead``). Its sends start on the network at their own
 instants; without contention a flow's time is fixed, so its arrival is known when it is sent.
 A replay with a device failure, which stops every device at one instant, runs every action at
-its own instant instead (``_Replay._actions``, also ``simulate(..., run_ahead=False)``); the
+its own instant instead (``sim.engine.synchronous``, also ``simulate(..., run_ahead=False)``); the
 two give the same times (a property test checks it).
 
 **Events per action** (the hot path, every device distinct): a compute action none; a
@@ -62,16 +62,13 @@ import simpy
 from sim.engine.fastpath import collective_duration_s
 from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
+from sim.engine.sends import Diverged, Sends
+from sim.engine.synchronous import Synchronous
 from sim.errors import ScheduleError
 from sim.engine.result import OpTimes, Recorder, SimResult
-from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload, mailbox, recv_mailbox
+from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
 
 __all__ = ["Diverged", "simulate"]
-
-
-class Diverged(Exception):
-    """Flows an optimistic workload treats as one (sibling kinds, ``Workload.optimistic``) did
-    not leave together: its classes are not exact for this plan; replay the equitable ones."""
 
 
 @gc_paused()  # the replay's events and the result's timelines: millions of objects
@@ -99,7 +96,11 @@ def simulate(workload: Workload, *, contention: bool = True, run_ahead: bool = T
     return SimResult(workload, records, engine="simpy", contention=contention, failure=failure)
 
 
-class _Replay:
+class _Replay(Sends, Synchronous):
+    """One replay of a workload: the run-ahead compute streams and collectives here, the send
+    streams and arrivals in ``sim.engine.sends``, the synchronous replay in
+    ``sim.engine.synchronous``."""
+
     def __init__(self, workload: Workload, contention: bool, run_ahead: bool = True) -> None:
         self.w = workload
         self.env = simpy.Environment()
@@ -110,12 +111,7 @@ class _Replay:
         self.finished = [False] * n
         self.boxes: dict[tuple, list] = {}  # mailbox -> [count, last arrival]
         self.waiters: dict[tuple, tuple[int, simpy.Event]] = {}
-        self.streams = [_SendStream(c, cls.slots) for c, cls in enumerate(workload.classes)]
-        # what the network's callbacks learn goes to flat logs, not to each device's records
-        # (which a 16,384-device replay would reach for across hundreds of MB): ``record_logs``
-        self.sent = array("d")  # (class, op, start, end) of each SEND, once its flows have left
-        self.arrived_kind = array("l")  # the kind of each flow in (``_deliver``), in arrival order
-        self.arrived_at = array("d")  # and when it came in
+        self._init_sends(workload)  # send streams and the logs of what arrives (``sim.engine.sends``)
         self.issued: dict[int, list] = {}
         self.last_collective: list[simpy.Event | None] = [None] * n
         self.collective_done: dict[int, simpy.Event] = {}
@@ -123,7 +119,6 @@ class _Replay:
         self.group_done: dict[tuple, simpy.Event] = {}
         self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
         self.kinds = workload.kinds
-        self.left, self.next_send = self._left, self._next_send  # bound once, not per flow
         self.failure: dict | None = None
         # without failures (which stop everyone at one instant) each device runs ahead on its
         # own clock: see ``_actions_ahead``
@@ -147,17 +142,6 @@ class _Replay:
             if cls.fails_at_s is not None:
                 self.env.process(self._fail(c, cls.fails_at_s))
 
-    def _fail(self, c: int, at_s: float):
-        """A device dies: it stops where it is, and everyone who waits for it waits forever."""
-        yield self.env.timeout(at_s)
-        if self.finished[c] or self.failure is not None:
-            return
-        ops = self.w.classes[c].ops
-        where = ops[self.position[c]].text if self.position[c] < len(ops) else "its optimizer step"
-        self.failure = {"device": self.w.classes[c].devices[0], "time_s": at_s, "action": where}
-        # the job stops with the device (NCCL aborts the others): the iteration is lost
-        raise simpy.core.StopSimulation(self.failure)
-
     # --- compute stream ----------------------------------------------------------------------
 
     def _device(self, c: int):
@@ -169,77 +153,7 @@ class _Replay:
         except simpy.Interrupt:
             return  # the device failed (``_fail``)
 
-    def _actions(self, c: int):
-        env, rec = self.env, self.records[c]
-        cls = self.w.classes[c]
-        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers  # ``Deltas``
-        durations = cls.durations
-        starts, ends = rec.op_times.start, rec.op_times.end
-        timeout = env.timeout
-        slowdown, slow_from = cls.slowdown, cls.slow_from_s
-        slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
-        for i, op in enumerate(ops):
-            position[c] = i
-            code = op[0]
-            if code == COMPUTE:
-                start = env.now
-                if op[6]:
-                    memory.append((start, op[6]))
-                if op.gather_bytes:
-                    buffers.append((start, op.gather_bytes))
-                duration = durations[i] * slowdown if slow and start >= slow_from else durations[i]
-                if duration > 0:
-                    yield timeout(duration)
-                end = env.now
-                starts[i], ends[i] = start, end
-                if self.pending[c]:  # the action ends with the collectives that ran beside it
-                    pending = [e for e in self.pending[c] if not e.processed]
-                    self.pending[c] = []
-                    if pending:
-                        yield simpy.AllOf(env, pending)
-                        end = env.now
-                if op.gather_bytes:
-                    buffers.append((end, -op.gather_bytes))
-                if op[7]:
-                    memory.append((end, -op[7]))
-                if op[8]:
-                    buffers.append((end, -op[8]))
-            elif code == SEND:
-                self._queue_send(self.streams[c], i, op)
-                if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
-                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
-            elif code == GROUP:
-                done = self._join_group(c, i, op)
-                if op.overlap:
-                    self.pending[c].append(done)
-                elif not done.processed:
-                    yield done
-            elif code == RECV:
-                start = env.now
-                key = recv_mailbox(c, op)
-                box = self.boxes.get(key)
-                flows = cls.slots[op.flows] if op.flows >= 0 else ()
-                if flows and (box is None or box[0] < len(flows)):
-                    event = env.event()
-                    self.waiters[key] = (len(flows), event)
-                    yield event
-                if op.duration_s > 0:  # taking the data in costs the compute stream (gloo on a CPU)
-                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
-                rec.op_times[i] = (start, env.now)
-            else:
-                self._issue_collective(c, i, op)
-        self.position[c] = len(ops)
-        last = self.last_collective[c]
-        if last is not None and not last.processed:
-            yield last
-        start = env.now
-        optimizer_s = self.w.classes[c].optimizer_s
-        if optimizer_s > 0:
-            yield env.timeout(optimizer_s)
-        rec.optimizer = (start, env.now)
-        self.finished[c] = True
-
-    # --- without contention: every device on its own clock -----------------------------------
+    # --- every device on its own clock (run ahead) --------------------------------------------
 
     def _actions_ahead(self, c: int):
         """The compute stream of class ``c`` on the device's own clock ``t``.
@@ -341,20 +255,6 @@ class _Replay:
         self.clock[c] = t
         self.finished[c] = self.unfinished_collectives[c] == 0
 
-    def _deliver(self, key: int, when: float, kind) -> None:
-        """A flow of ``kind`` arrives at ``when`` (known once it has left, or without contention
-        once it is sent) in mailbox ``key``; a device waiting for it goes on when the last one is in."""
-        box = self.box
-        count = box[key] = box[key] + 1.0
-        if when > box[key + 1]:
-            box[key + 1] = when
-        self.arrived_kind.append(kind.index)  # its receive buffer, in its class's records later
-        self.arrived_at.append(when if when > 0.0 else 0.0)
-        waiter = self.waiters.get(key)
-        if waiter is not None and count >= waiter[0]:
-            del self.waiters[key]
-            waiter[1].succeed()
-
     def _reduce_ahead(self, c: int, i: int, op, t: float) -> None:
         """Class ``c`` issues its part of an all-reduce at ``t``; the last to issue it starts it."""
         if op.collective < 0:
@@ -426,135 +326,13 @@ class _Replay:
             self.records[p].op_times[index] = (start, end)
         done.succeed()
 
-    def record_logs(self) -> None:
-        """Write what the logs hold into each class's records: the SENDs' times, the bytes its
-        send stream sent, and each flow in (its receive buffer and bytes, in arrival order)."""
-        import numpy as np
-
-        records = self.records
-        for stream in self.streams:
-            records[stream.index].bytes_sent += stream.bytes_sent
-        sent = np.frombuffer(self.sent, dtype=float).reshape(-1, 4)
-        for c, rows in _by_class(sent[:, 0].astype(np.intp), len(records)):
-            ops = sent[rows, 1].astype(np.intp)
-            np.frombuffer(records[c].op_times.start, dtype=float)[ops] = sent[rows, 2]
-            np.frombuffer(records[c].op_times.end, dtype=float)[ops] = sent[rows, 3]
-        if not len(self.arrived_kind):
-            return
-        kinds = np.frombuffer(self.arrived_kind, dtype=f"i{self.arrived_kind.itemsize}")  # a C long
-        at = np.frombuffer(self.arrived_at, dtype=float)
-        dst = np.array([k.dst_class for k in self.kinds], dtype=np.intp)[kinds]
-        nbytes = np.array([k.recv_bytes_per_device for k in self.kinds], dtype=float)[kinds]
-        for c, rows in _by_class(dst, len(records)):
-            rec, received = records[c], nbytes[rows]
-            rec.buffers.times.frombytes(at[rows].tobytes())
-            rec.buffers.deltas.frombytes(received.tobytes())
-            rec.bytes_received += sum(received.tolist())  # in arrival order, as one by one
-
     def optimizer_steps(self) -> None:
         """Each device's optimizer step, once its compute stream and its last all-reduce have ended."""
         for c, cls in enumerate(self.w.classes):
             start = max(self.clock[c], self.coll_free[c])
             self.records[c].optimizer = (start, start + cls.optimizer_s)
 
-    # --- send stream and arrivals --------------------------------------------------------------
-
-    def _queue_send(self, stream: _SendStream, i: int, op, due: float = 0.0) -> None:
-        """A class issues SEND ``op`` (op ``i``) on its send ``stream``: its flows leave at ``due`` (a
-        device that runs ahead issues it early) or once the SENDs before it have left, whichever
-        is later."""
-        stream.queue.append((due, i, op))
-        if not stream.busy:
-            self._next_send(stream)
-
-    def _next_send(self, stream: _SendStream) -> None:
-        """Start the first SEND in ``stream``'s queue, or wait for it (an alarm on the network's
-        clock) if it is not due yet; the stream is free when its queue is empty."""
-        queue, net = stream.queue, self.net
-        while queue:
-            due, i, op = queue[0]
-            now = net.now
-            if due > now:
-                stream.busy = True
-                net.at(due, self.next_send, stream)
-                return
-            del queue[0]
-            flows = stream.slots[op[10]] if op[10] >= 0 else ()  # op.flows
-            if flows:
-                stream.busy = True
-                kinds, left = self.kinds, self.left
-                sending = [stream, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
-                for k in flows:
-                    kind = kinds[k]
-                    stream.bytes_sent += kind.send_bytes_per_device
-                    net.transfer(kind, left, sending)
-                return
-            self.sent.extend((stream.index, i, now, now))
-        stream.busy = False
-
-    def _left(self, kind, sending: list) -> None:
-        """One flow of a SEND has left its sender (``sending``: its send stream, op, start, flows
-        to go, micro-batch, when each sibling group left)."""
-        now = self.net.now
-        if kind.sibling >= 0:
-            if sending[5] is None:
-                sending[5] = {}
-            if sending[5].setdefault(kind.sibling, now) != now:
-                raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
-        if self.ahead:  # the devices keep their own clocks: they read the arrival's time
-            self._deliver(self.kind_box[kind.index] + 2 * sending[4], now + kind.latency_s, kind)
-        else:
-            self._arrive_later(kind, sending[4])
-        sending[3] -= 1
-        if not sending[3]:
-            stream = sending[0]
-            self.sent.extend((stream.index, sending[1], sending[2], now))
-            self._next_send(stream)
-
-    def _arrive_later(self, kind, microbatch: int) -> None:
-        key = mailbox(kind, microbatch)
-        if kind.latency_s > 0:
-            event = self.env.timeout(kind.latency_s)
-            event.callbacks.append(lambda _event: self._arrive(key, kind))
-        else:
-            self._arrive(key, kind)
-
-    def _arrive(self, key: tuple, kind) -> None:
-        now = self.env.now
-        box = self.boxes.setdefault(key, [0, now])
-        box[0] += 1
-        box[1] = now
-        rec = self.records[key[0]]
-        rec.bytes_received += kind.recv_bytes_per_device
-        rec.buffers.append((now, kind.recv_bytes_per_device))
-        waiter = self.waiters.get(key)
-        if waiter is not None and box[0] >= waiter[0]:
-            del self.waiters[key]
-            waiter[1].succeed()
-
     # --- collectives -------------------------------------------------------------------------
-
-    def _issue_collective(self, c: int, i: int, op) -> None:
-        if op.collective < 0:
-            self.records[c].op_times[i] = (self.env.now, self.env.now)
-            return
-        coll = self.w.collectives[op.collective]
-        issued = self.issued.setdefault(coll.index, [])
-        issued.append((c, i, self.last_collective[c]))
-        done = self.collective_done.setdefault(coll.index, self.env.event())
-        self.last_collective[c] = done
-        if len(issued) == len(coll.participants):
-            self.env.process(self._collective(coll, issued, done))
-
-    def _collective(self, coll, issued, done: simpy.Event):
-        earlier = [prev for _, _, prev in issued if prev is not None and not prev.processed]
-        if earlier:
-            yield simpy.AllOf(self.env, earlier)
-        start = self.env.now
-        yield from self._phases(coll)
-        for c, i, _ in issued:
-            self.records[c].op_times[i] = (start, self.env.now)
-        done.succeed()
 
     def _phases(self, coll):
         """Run a collective's phases one after another: each phase's flows together, then its latency."""
@@ -566,27 +344,6 @@ class _Replay:
                 yield phase[1]
             if latency > 0:
                 yield self.env.timeout(latency)
-
-    # --- group collectives (tensor- and context-parallel groups, FSDP) ------------------------
-
-    def _join_group(self, c: int, i: int, op) -> simpy.Event:
-        """Issue class ``c``'s part of one action's group collective; the event fires when it ends."""
-        g = self.w.classes[c].groups[op.collective]
-        key = (g, op.microbatch, op.kind)
-        coll = self.w.group_collectives[g]
-        issued = self.group_issued.setdefault(key, [])
-        issued.append((c, i))
-        done = self.group_done.setdefault(key, self.env.event())
-        if len(issued) == len(coll.participants):
-            self.env.process(self._group(coll, issued, done))
-        return done
-
-    def _group(self, coll, issued, done: simpy.Event):
-        start = self.env.now
-        yield from self._phases(coll)
-        for c, i in issued:
-            self.records[c].op_times[i] = (start, self.env.now)
-        done.succeed()
 
     # --- end -----------------------------------------------------------------------------------
 
@@ -608,29 +365,6 @@ class _Replay:
             f"the replay stopped making progress at {self.env.now * 1e3:.3f} ms: " + "; ".join(lines[:4]),
             detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
-
-
-def _by_class(classes, n: int):
-    """``(class, rows)`` for each class in ``classes`` (an int array), its rows in log order."""
-    import numpy as np
-
-    order = np.argsort(classes, kind="stable")
-    bounds = np.searchsorted(classes[order], np.arange(n + 1))
-    for c in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
-        yield c, order[bounds[c]:bounds[c + 1]]
-
-
-class _SendStream:
-    """A device class's send stream: its SENDs in issue order, one after the other."""
-
-    __slots__ = ("index", "queue", "busy", "slots", "bytes_sent")
-
-    def __init__(self, index: int, slots: tuple) -> None:
-        self.index = index  # its class
-        self.queue: list[tuple[float, int, object]] = []  # (due, op index, op) in issue order (short: a list)
-        self.busy = False  # a SEND's flows are on the network, or the stream waits for the first to be due
-        self.slots = slots  # the class's ``DeviceClass.slots``
-        self.bytes_sent = 0.0  # by each device of the class (``Recorder.bytes_sent`` when it ends)
 
 
 def _phase_left(kind, phase: list) -> None:
