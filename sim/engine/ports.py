@@ -91,7 +91,6 @@ class Network:
         """Each port's bandwidth over its load (what one real flow through it may use)."""
         self.on_port: list[set[_Channel]] = [set() for _ in self.bandwidth]
         """The channels with flows on each port."""
-        self.channels: list[_Channel] = []
         self.channel_of: dict[int, _Channel] = {}  # flow kind index -> its channel
         self.channel_by_ports: dict[tuple, _Channel] = {}
         self.heap: list[tuple] = []  # (finish of a channel's first flow, its index, version, the channel)
@@ -108,8 +107,7 @@ class Network:
         path = tuple(sorted(p for p, _ in kind.ports))
         channel = self.channel_by_ports.get(path)
         if channel is None:
-            channel = self.channel_by_ports[path] = _Channel(len(self.channels), path)
-            self.channels.append(channel)
+            channel = self.channel_by_ports[path] = _Channel(len(self.channel_by_ports), path)
         self.channel_of[kind.index] = channel
         return channel
 
