@@ -33,7 +33,7 @@ RUNS = FOLDER / "cpu_runs.csv"
 
 
 def _links(device):
-    from runtime.bandwidth import measure_links
+    from runtime.measure.bandwidth import measure_links
 
     return measure_links(device, repeats=10)
 
@@ -41,8 +41,8 @@ def _links(device):
 def measure_base() -> None:
     import torch
 
-    from runtime.bandwidth import cluster_yaml, measure_device
-    from runtime.launch import spawn
+    from runtime.measure.bandwidth import cluster_yaml, measure_device
+    from runtime.execution.launch import spawn
 
     torch.set_num_threads(1)
     links = spawn(_links, 2)[0]
@@ -77,22 +77,22 @@ def _configs(count: int) -> list[dict]:
 
 
 def _session(device, runnable):
-    from runtime.session import SessionOptions, run_session
+    from runtime.execution.session import SessionOptions, run_session
 
     return run_session(runnable, SessionOptions(steps=10, warmup_steps=2), device)
 
 
 def measure_runs(count: int, rounds: int) -> None:
-    from runtime.config import load_runnable
-    from runtime.launch import spawn
-    from sim.analysis.calibrate import COLUMNS, row_scenario
+    from runtime.model.config import load_runnable
+    from runtime.execution.launch import spawn
+    from sim.report.analysis.calibrate import COLUMNS, row_scenario
     from sim.input.scenario import load_scenario
 
     base = load_scenario(BASE)
     configs = _configs(count)
     runnables = []
     for config in configs:
-        from sim.analysis.calibrate import MeasuredRun
+        from sim.report.analysis.calibrate import MeasuredRun
 
         run = MeasuredRun(**{k: v for k, v in config.items() if k != "tp"} | {"iteration_time_s": 1.0,
                                                                              "recompute": False})
@@ -122,7 +122,7 @@ def measure_runs(count: int, rounds: int) -> None:
 
 
 def fit_and_test(fit_rows: int) -> None:
-    from sim.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
+    from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
     from sim.input.scenario import load_scenario
 
     base = load_scenario(BASE)

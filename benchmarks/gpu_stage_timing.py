@@ -2,7 +2,7 @@
 
 On one GPU, every stage of a 4-stage GPT plan runs its rank's action list of GPipe and of
 DAPPLE at 4, 8 and 16 micro-batches, alone, with synthetic inputs and gradients instead of
-its neighbours (``runtime.stage_timing``). The simulator predicts the same numbers from a
+its neighbours (``runtime.measure.stage_timing``). The simulator predicts the same numbers from a
 profile measured on the same GPU. The table shows both with relative errors; the goals are
 peak memory within 3% and compute time within 5%. Runs in a few minutes on an H100/H200.
 
@@ -46,9 +46,9 @@ def _scenario(model: dict, device_name: str, memory: str, stages: int, microbatc
 
 
 def main() -> None:
-    from runtime.config import load_runnable
-    from runtime.profiler import profile_layers, write_profile
-    from runtime.stage_timing import predict_stages, time_stage
+    from runtime.model.config import load_runnable
+    from runtime.measure.profiler import profile_layers, write_profile
+    from runtime.measure.stage_timing import predict_stages, time_stage
     from sim.input.scenario import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -24,14 +24,14 @@ import argparse
 import time
 from pathlib import Path
 
-from planner.baselines import grid_candidates
-from planner.evaluation import evaluate
-from planner.registry import DEFAULT_PLANNERS, get_planner
-from planner.space import Candidate, PlannerOptions
+from planner.planners.baselines import grid_candidates
+from planner.search.evaluation import evaluate
+from planner.planners.registry import DEFAULT_PLANNERS, get_planner
+from planner.search.space import Candidate, PlannerOptions
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import load_scenario, parse_scenario
-from sim.parallelism import Recompute
-from sim.units import format_bytes
+from sim.core.parallelism import Recompute
+from sim.core.units import format_bytes
 
 PAPER = Path(__file__).resolve().parent.parent / "scenarios" / "paper"
 

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from planner.sweep import run_sweep, sweep_from_dict
+from planner.sweeps.run import run_sweep, sweep_from_dict
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "bert48_v100_2x8.yaml"
 

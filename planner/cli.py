@@ -1,7 +1,7 @@
 """``dapple-plan``: find the fastest plan that fits, compare it with the obvious ones, and
 run what-if sweeps.
 
-Runs DAPPLE's planner over the 4D space (``planner.dapple``: tensor, context, pipeline and
+Runs DAPPLE's planner over the 4D space (``planner.planners.dapple``: tensor, context, pipeline and
 data parallelism, sharding, recompute, schedule, placement) and the baselines (Megatron's
 uniform grid, PipeDream's planner, even split with GPipe, pure data parallelism) on a
 scenario's model, cluster and global batch, and prints one row per planner: its plan, the
@@ -13,7 +13,7 @@ Gantt and memory plots of the best plan under GPipe's all-forwards-first order (
 for an interleaved plan) and under its own schedule, both stacked in ``schedules.png``, and the planners' bars in ``planners.png``.
 
 ``dapple-plan sweep SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N]`` runs a
-what-if study (``planner.sweep``): every point of the sweep file, on a local process pool
+what-if study (``planner.sweeps.run``): every point of the sweep file, on a local process pool
 or a Dask cluster, into ``DIR/results.csv`` and ``DIR/results.parquet``; a rerun skips the
 points already there. Exit code 1 when some point failed (its ``error`` says why).
 """
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim import jsonio
-from sim.command import (
+from sim.core import jsonio
+from sim.core.command import (
     Stopwatch,
     add_scenario_options,
     add_verbosity_options,
@@ -36,7 +36,7 @@ from sim.command import (
     progress,
     run_cli,
 )
-from sim.errors import DappleError
+from sim.core.errors import DappleError
 
 __all__ = ["main"]
 
@@ -70,7 +70,7 @@ a sweep file:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from planner.registry import DEFAULT_PLANNERS, PLANNERS
+    from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS
 
     parser = argparse.ArgumentParser(
         prog="dapple-plan",
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from planner.sweep import load_sweep, run_sweep, write_plots
+    from planner.sweeps.run import load_sweep, run_sweep, write_plots
 
     watch = Stopwatch()
     with watch.phase("read the sweep file"):
@@ -165,7 +165,7 @@ _CELL = 32
 
 
 def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
-    from sim.units import format_bytes, format_time
+    from sim.core.units import format_bytes, format_time
 
     def show(value, fmt) -> str:
         return "-" if value is None or value != value else fmt(value)
@@ -206,8 +206,8 @@ def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from planner.registry import DEFAULT_PLANNERS, get_planner
-    from planner.space import PlannerOptions
+    from planner.planners.registry import DEFAULT_PLANNERS, get_planner
+    from planner.search.space import PlannerOptions
     from sim.input.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), ignore_plan=True)
@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(scenario, results, elapsed: float) -> dict[str, Any]:
-    from planner.evaluation import count_rejections, evaluation_row
+    from planner.search.evaluation import count_rejections, evaluation_row
 
     dp = results.get("dp")
     dp_time = dp.best.iteration_time_s if dp is not None and dp.best is not None else None
@@ -257,7 +257,7 @@ def _report(scenario, results, elapsed: float) -> dict[str, Any]:
 
 
 def _table(report: dict[str, Any]) -> str:
-    from sim.units import format_bytes, format_time
+    from sim.core.units import format_bytes, format_time
 
     ignored = "; the scenario's own plan is ignored" if report.get("scenario_plan_ignored") else ""
     lines = [f"{report['scenario']}: plans by the SimPy engine (search {report['search_time_s']:.1f} s{ignored})",
@@ -302,14 +302,10 @@ def schedule_text(schedule: str | dict[str, Any]) -> str:
 def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None) -> None:
     from dataclasses import replace
 
-    from planner.space import to_scenario
+    from planner.search.space import to_scenario
     from sim.engine.run import run_scenario
-    from sim.plots.tables import planner_comparison_figure
-    from sim.plots.timeline import (
-        gantt_figure,
-        memory_figure,
-        schedule_comparison_figure,
-    )
+    from sim.report.plots.tables import planner_comparison_figure
+    from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
 
     if report["best"] is None:
         raise DappleError("no plan fits in memory; nothing to write")
@@ -321,7 +317,7 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
     winner = results[report["best"]["planner"]].best.candidate
     watch = watch or Stopwatch()
     with watch.phase("load matplotlib"):
-        from sim.plots.style import pyplot
+        from sim.report.plots.style import pyplot
 
         plt = pyplot()
 
@@ -363,8 +359,8 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
 
 
 def _save(fig, path: Path, plt) -> None:
-    """Save a figure through ``sim.userfiles.open_output`` (a folder, device or FIFO there is one line)."""
-    from sim.userfiles import open_output
+    """Save a figure through ``sim.core.userfiles.open_output`` (a folder, device or FIFO there is one line)."""
+    from sim.core.userfiles import open_output
 
     try:
         with open_output(path, "plot", binary=True) as handle:

@@ -1,16 +1,11 @@
-"""Closed forms, written out here, against the contention-free fast path and sim.analytic."""
+"""Closed forms, written out here, against the contention-free fast path and sim.cost.closed_forms."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.analytic import (
-    bubble_fraction,
-    dapple_latency_s,
-    makespan_s,
-    peak_inflight_microbatches,
-)
-from sim.errors import DappleError, ScheduleError
+from sim.cost.closed_forms import bubble_fraction, dapple_latency_s, makespan_s, peak_inflight_microbatches
+from sim.core.errors import DappleError, ScheduleError
 from sim.engine.fastpath import time_schedule
 from sim.schedule import generate, lower
 

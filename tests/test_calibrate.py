@@ -8,11 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from sim.analysis.calibrate import MeasuredRun, calibrate, kendall_tau, predict, read_runs, row_scenario
+from sim.report.analysis.calibrate import (
+    MeasuredRun,
+    calibrate,
+    kendall_tau,
+    predict,
+    read_runs,
+    row_scenario,
+)
 from sim.app.cli import main
-from sim.cost import kernel_time_s, layer_times_s, optimizer_step_s, stage_cost
-from sim.errors import DappleError
-from sim.kernels import transformer_block
+from sim.cost.compute import kernel_time_s, layer_times_s, optimizer_step_s, stage_cost
+from sim.core.errors import DappleError
+from sim.cost.kernels import transformer_block
 from sim.models import build_model
 from sim.input.scenario import parse_scenario
 
@@ -67,8 +74,8 @@ def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tens
     assert optimizer_step_s(device, "adamw", "bf16", 4e6, 10) == pytest.approx(
         (20 * 4 + 2 * 6) * elements / bw + (9 + 2) * 10 * 5e-6)
     assert optimizer_step_s(device, "sgd", "fp32", 0.0, 0) == 0.0
-    from sim.cost import OPTIMIZER_KERNELS
-    from sim.specs import OPTIMIZER_STATES
+    from sim.cost.compute import OPTIMIZER_KERNELS
+    from sim.core.specs import OPTIMIZER_STATES
 
     assert set(OPTIMIZER_KERNELS) == set(OPTIMIZER_STATES)  # every optimizer a scenario accepts has a step cost
     # a GPT block steps 12 tensors (four linear layers' and two layer norms' weights and biases)
@@ -92,7 +99,7 @@ def test_action_overhead_is_paid_once_per_forward_and_per_backward():
         assert paid.fwd_s - plain.fwd_s == pytest.approx(1e-3)
         assert paid.bwd_s - plain.bwd_s == pytest.approx(1e-3)
     # the planner's tables charge it the same way
-    from planner.costs import CostTables
+    from planner.search.costs import CostTables
 
     scenario = replace(BASE, model=model, cluster=replace(BASE.cluster, device=slow))
     tables = CostTables(scenario)
@@ -238,7 +245,7 @@ def test_runs_faster_than_the_model_allows_end_a_parameter_at_its_physical_bound
     # all-reduce-heavy runs (2 replicas of a wide model on short sequences) measured on a link 20
     # times as fast as the base's: no efficiency within [0.01, 1] follows them, so the fit ends
     # one at a bound, says which, and every value stays physical
-    from sim.analysis.calibrate import PARAMS
+    from sim.report.analysis.calibrate import PARAMS
 
     base = replace(BASE, model=replace(BASE.model, dtype="fp32"))
     intra = base.cluster.intra_node

@@ -59,7 +59,7 @@ def test_simulate_writes_a_chrome_trace(tmp_path):
 
 
 def test_measured_trace_has_the_simulators_layout(tmp_path):
-    from runtime.trace import measured_trace, write_events
+    from runtime.measure.trace import measured_trace, write_events
     from sim.engine.run import run_scenario
     from sim.engine.trace import perfetto_trace
     from sim.input.scenario import load_scenario
@@ -117,7 +117,7 @@ def test_dapple_sim_takes_verbose_and_quiet_before_or_after_the_command(argv):
 
 
 def test_dapple_run_takes_verbose_and_quiet_on_every_command():
-    from runtime.cli import _parser
+    from runtime.commands.cli import _parser
 
     for command in ("run", "validate", "profile"):
         for flag in ("-v", "--verbose", "-q", "--quiet"):
@@ -184,8 +184,8 @@ def _recorded_run() -> dict:
 
 
 def test_validation_report_has_headers_and_rows_that_explain_its_headline():
-    from sim.analysis.validation import format_report
-    from sim.units import format_time
+    from sim.report.analysis.validation import format_report
+    from sim.core.units import format_time
 
     run = _recorded_run()
     text = format_report(run)
@@ -206,7 +206,7 @@ def test_validation_report_has_headers_and_rows_that_explain_its_headline():
 def test_validation_gantt_draws_the_measured_step_within_its_own_line():
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
-    from sim.plots.validation import validation_gantt_figure
+    from sim.report.plots.validation import validation_gantt_figure
 
     run = _recorded_run()
     fig = validation_gantt_figure(run)

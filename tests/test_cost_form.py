@@ -8,13 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from sim.collectives import embedding_group_link, hierarchical_allreduce_s, ring_s
-from sim.cost import kernel_time_s, layer_times_s, stage_cost, static_bytes, tied_allreduce_s
-from sim.errors import ScenarioError
+from sim.cost.comm import embedding_group_link, hierarchical_allreduce_s, ring_s
+from sim.cost.compute import kernel_time_s, layer_times_s, stage_cost
+from sim.cost.memory import static_bytes
+from sim.cost.comm import tied_allreduce_s
+from sim.core.errors import ScenarioError
 from sim.input.scenario import parse_scenario
 from sim.models import build_model, shard_model
-from sim.optimizer import multi_tensor_launches, optimizer_step_kernels, optimizer_step_s
-from sim.parallelism import Shard
+from sim.cost.optimizer import multi_tensor_launches, optimizer_step_kernels, optimizer_step_s
+from sim.core.parallelism import Shard
 
 BASE = """
 cluster: {preset: a100-nvlink-8, nodes: 2}
@@ -52,7 +54,7 @@ def test_a_layer_of_tiny_kernels_costs_its_kernel_count_times_the_issue_time_wha
 
 
 def test_the_attention_dropout_is_a_kernel_of_gpt_and_of_what_selective_recompute_reruns():
-    from sim.kernels import ATTENTION_CORE
+    from sim.cost.kernels import ATTENTION_CORE
 
     gpt = build_model("gpt", layers=1, hidden=256, heads=4, seq_len=128, vocab=128)
     llama = build_model("llama", layers=1, hidden=256, heads=4, seq_len=128, vocab=128)

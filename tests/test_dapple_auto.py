@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import check_schedule, choose_dapple_policies, generate
 from sim.schedule.policy import DapplePolicy, dapple_warmup
 

@@ -231,7 +231,7 @@ def test_replicas_share_their_nic_even_without_contention():
 def test_different_operations_contend_only_with_contention():
     from dataclasses import replace
 
-    from sim.plan import StageSpec
+    from sim.core.plan import StageSpec
 
     # stages 0 and 2 on server 0, stage 1 on server 1: stage 0's activations and stage 2's
     # gradients leave server 0 through the same NIC at the same time
@@ -421,7 +421,7 @@ def test_running_ahead_equals_the_synchronous_replay(scenario, contention, seed)
     import random
     from dataclasses import replace
 
-    from sim.faults import Jitter, Straggler
+    from sim.core.faults import Jitter, Straggler
 
     rng = random.Random(seed)
     devices = scenario.cluster.num_devices
@@ -446,7 +446,7 @@ def test_faulted_symmetry_reduction_with_contention_is_exact(scenario, seed):
     from dataclasses import replace
 
     from sim.engine.run import run_scenario
-    from sim.faults import Jitter, SlowLink, Straggler
+    from sim.core.faults import Jitter, SlowLink, Straggler
 
     rng = random.Random(seed)
     devices = scenario.cluster.num_devices
@@ -542,7 +542,7 @@ def test_simulate_without_a_plan_is_one_line_and_exit_2(tmp_path, capsys):
 def test_a_replay_that_cannot_progress_raises_instead_of_hanging():
     from dataclasses import replace
 
-    from sim.errors import ScheduleError
+    from sim.core.errors import ScheduleError
     from sim.engine.workload import SEND
 
     scenario = synthetic_scenario(fwd_s=[1.0, 1.0], bwd_s=[1.0, 1.0], boundary_bytes=1e3)

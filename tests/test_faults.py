@@ -9,8 +9,8 @@ import pytest
 
 from conftest import SCENARIOS, synthetic_scenario
 from sim.engine.replay import simulate
-from sim.errors import DappleError, ScenarioError
-from sim.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
+from sim.core.errors import DappleError, ScenarioError
+from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
 from sim.app.report import write_outputs
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import SCENARIOS, synthetic_scenario
-from sim.errors import DappleError, ScheduleError
+from sim.core.errors import DappleError, ScheduleError
 from sim.input.scenario import parse_scenario
 
 TEMPLATES = [

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import GENERATORS, check_schedule, generate, lower, strip_communication
 from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES, stage_ranks_for
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import SCENARIOS
-from sim.userfiles import show_path
+from sim.core.userfiles import show_path
 
 CASES = 12
 HANG_S = 10

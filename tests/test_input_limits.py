@@ -1,8 +1,8 @@
 """Limits and ranges of what users write (issue 21): each fix, one specification.
 
-The readers (``sim.userfiles``), the YAML loader (``sim.input.yaml_text``), the message
+The readers (``sim.core.userfiles``), the YAML loader (``sim.input.yaml_text``), the message
 helpers (``sim.input.strict``), the ranges of the cluster, fault and profile readers, sweeps,
-calibration CSVs and the JSON writer (``sim.jsonio``). ``test_hostile_input`` fuzzes the same
+calibration CSVs and the JSON writer (``sim.core.jsonio``). ``test_hostile_input`` fuzzes the same
 classes through the command lines.
 """
 
@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from conftest import SCENARIOS
-from sim.errors import DappleError, ScenarioError
+from sim.core.errors import DappleError, ScenarioError
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.input.strict import show_value
 from sim.input.yaml_text import MAX_DEPTH, MAX_NODES, check_nesting, load_yaml
-from sim.userfiles import open_output, read_user_file, show_path, user_file_problem
+from sim.core.userfiles import open_output, read_user_file, show_path, user_file_problem
 
 TINY = SCENARIOS / "gpt_tiny_cpu.yaml"
 
@@ -255,7 +255,7 @@ def test_a_plan_file_with_nan_deep_nesting_or_a_huge_number_is_one_line(tmp_path
 
 
 def test_calibration_csv_cells_are_ascii_integers_and_rows_are_bounded(tmp_path):
-    from sim.analysis.calibrate import read_runs
+    from sim.report.analysis.calibrate import read_runs
 
     header = "hidden,heads,layers,seq_len,vocab,microbatch_size,global_batch_size,tp,dp,pp,recompute,iteration_time_s\n"
     csv = tmp_path / "runs.csv"
@@ -274,7 +274,7 @@ def test_calibration_csv_cells_are_ascii_integers_and_rows_are_bounded(tmp_path)
 
 
 def _sweep_error(tmp_path: Path, body: str) -> str:
-    from planner.sweep_file import SweepError, load_sweep
+    from planner.sweeps.file import SweepError, load_sweep
 
     path = tmp_path / "s.yaml"
     path.write_text(f"base: {TINY}\n{body}")
@@ -305,7 +305,7 @@ def test_sweep_values_and_plots_are_checked_before_any_point_runs(tmp_path):
 
 
 def test_a_sweep_base_with_a_nul_byte_or_in_a_loop_is_one_line(tmp_path):
-    from planner.sweep_file import SweepError, sweep_from_dict
+    from planner.sweeps.file import SweepError, sweep_from_dict
 
     loop = tmp_path / "loop.yaml"
     os.symlink(loop, loop)
@@ -317,7 +317,7 @@ def test_a_sweep_base_with_a_nul_byte_or_in_a_loop_is_one_line(tmp_path):
 def test_point_ids_are_the_hash_of_their_settings_as_before():
     import hashlib
 
-    from planner.sweep_file import load_sweep
+    from planner.sweeps.file import load_sweep
 
     for path in sorted((SCENARIOS.parent / "sweeps").glob("*.yaml")):
         sweep = load_sweep(path)
@@ -331,7 +331,7 @@ def test_point_ids_are_the_hash_of_their_settings_as_before():
 
 
 def test_json_output_never_holds_nan_or_infinity(tmp_path):
-    from sim.jsonio import dumps, write_json
+    from sim.core.jsonio import dumps, write_json
 
     assert dumps({"a": [1.5, None]}, sort_keys=True) == '{"a": [1.5, null]}'
     with pytest.raises(DappleError, match=r"^summary.json: devices\[1\].idle_s is inf, not a finite number"):

@@ -12,16 +12,16 @@ from conftest import REPO
 
 # package prefix -> import prefixes it must never use (lazy imports inside functions count too).
 # Layers, lowest first: the core (sim, sim.input, sim.schedule), the engine (sim.engine), what is
-# made of replays (sim.plots, sim.analysis), then the applications (sim.app, planner, runtime).
+# made of replays (sim.report.plots, sim.report.analysis), then the applications (sim.app, planner, runtime).
 # Nothing imports an application's module but the application itself.
 APPS = ("sim.app", "planner", "runtime")
-ABOVE_CORE = ("sim.engine", "sim.plots", "sim.analysis")
+ABOVE_CORE = ("sim.engine", "sim.report.plots", "sim.report.analysis")
 
 FORBIDDEN = {
     "sim": (*ABOVE_CORE, *APPS, "simpy", "torch"),
-    "sim.engine": ("sim.plots", "sim.analysis", *APPS, "torch"),
-    "sim.plots": ("sim.analysis", *APPS, "simpy", "torch"),
-    "sim.analysis": (*APPS, "simpy", "torch"),
+    "sim.engine": ("sim.report.plots", "sim.report.analysis", *APPS, "torch"),
+    "sim.report.plots": ("sim.report.analysis", *APPS, "simpy", "torch"),
+    "sim.report.analysis": (*APPS, "simpy", "torch"),
     "sim.app": ("planner", "runtime", "torch"),
     "planner": ("sim.app", "runtime", "torch", "simpy"),
     "runtime": ("sim.app", "planner", "simpy"),
@@ -64,7 +64,7 @@ def test_rules_catch_an_upward_import(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text("import sim.engine.replay\nfrom runtime import executor\n")
     names = list(_imports(fake))
-    assert [n for n in names if n.startswith(_rules_for("sim.cost"))] == names
+    assert [n for n in names if n.startswith(_rules_for("sim.cost.compute"))] == names
 
 
 def test_importing_the_core_loads_neither_simpy_nor_torch():

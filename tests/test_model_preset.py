@@ -9,10 +9,10 @@ import pytest
 
 from conftest import SCENARIOS
 
-from sim.errors import DappleError, SpecError
+from sim.core.errors import DappleError, SpecError
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.models import PRESET_PARAMS, build_model
-from sim.model_spec import ModelPreset
+from sim.core.model_spec import ModelPreset
 
 TINY_GPT = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 100}
 
@@ -52,7 +52,7 @@ def test_preset_parameters_must_be_sorted_unique_scalars():
 
 
 def test_the_runtime_reads_the_model_from_a_scenario_without_a_file():
-    from runtime.config import runnable_model  # no torch needed: checked before any process starts
+    from runtime.model.config import runnable_model
 
     text = (SCENARIOS / "gpt_tiny_cpu.yaml").read_text()
     scenario = parse_scenario(text, source="<text>", overrides={"model.hidden": "32", "model.heads": "2"})

@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from sim.collectives import ring_bytes
+from sim.cost.comm import ring_bytes
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay
 from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
-from sim.errors import ScenarioError
+from sim.core.errors import ScenarioError
 from sim.input.scenario import load_scenario, parse_scenario
-from sim.parallelism import Recompute, Sharding
+from sim.core.parallelism import Recompute, Sharding
 
 MODEL = "{preset: gpt, layers: 4, hidden: 64, heads: 4, seq_len: 32, vocab: 128, dtype: fp16}"
 
@@ -102,7 +102,7 @@ def test_tensor_parallel_collectives_per_action_are_megatrons_four_per_block():
     # each of the 2 ranks sends a ring all-reduce's 2(t−1)/t of it
     s, h = 32, 64
     # each of the 2 ranks sends a ring all-reduce's 2(t−1)/t of it, charged at the link's collective
-    # bandwidth (bytes / collective_efficiency, sim.collectives.ring_flow_bytes)
+    # bandwidth (bytes / collective_efficiency, sim.cost.comm.ring_flow_bytes)
     per_allreduce = ring_bytes(2, 2 * s * h * 2, halves=2) / scenario.cluster.intra_node.collective_efficiency
     assert forward[0].bytes == pytest.approx((4 * 2 + 1) * per_allreduce)
     ops = workload.classes[0].ops
@@ -176,7 +176,7 @@ def test_event_rows_are_one_per_action_with_group_collectives(plan):
 
 
 def test_the_runtime_refuses_what_it_cannot_run_before_launch_in_one_line(tmp_path):
-    from runtime.config import load_runnable
+    from runtime.model.config import load_runnable
 
     for plan, key in [("context_parallel: 2, data_parallel: 1", "plan.context_parallel"),
                       ("sharding: gradients, data_parallel: 2", "plan.sharding"),

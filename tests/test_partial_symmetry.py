@@ -20,8 +20,8 @@ from test_engine import _assert_close
 from sim.engine.compile import compile_workload
 from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
-from sim.errors import ScenarioError
-from sim.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
+from sim.core.errors import ScenarioError
+from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
 from sim.input.scenario import load_scenario
 
 ENGINES = [("fast", False), ("simpy", False), ("simpy", True)]

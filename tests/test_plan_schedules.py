@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import SCENARIOS
-from sim.errors import ScenarioError, ScheduleError, SpecError
-from sim.plan import PlanSpec, StageSpec, check_plan
+from sim.core.errors import ScenarioError, ScheduleError, SpecError
+from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.schedule import generate, lower, to_csv
 from sim.schedule.plan_schedule import parse_schedule_for_plan, schedule_for_plan
 

@@ -8,16 +8,16 @@ import random
 import pytest
 from conftest import SCENARIOS
 
-from planner.baselines import dp_planner, even_planner, pipedream_planner
-from planner.costs import CostTables
-from planner.dapple import dapple_planner
-from planner.evaluation import evaluate
-from planner.exhaustive import exhaustive_planner, lower_bound_s
-from planner.space import Candidate, PlannerOptions, place
+from planner.planners.baselines import dp_planner, even_planner, pipedream_planner
+from planner.search.costs import CostTables
+from planner.planners.dapple import dapple_planner
+from planner.search.evaluation import evaluate
+from planner.planners.exhaustive import exhaustive_planner, lower_bound_s
+from planner.search.space import Candidate, PlannerOptions, place
 from sim.input.scenario import Scenario, load_scenario
-from sim.model_spec import LayerSpec, ModelSpec
-from sim.parallelism import Sharding
-from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.parallelism import Sharding
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 
 
 def _cluster(nodes, per_node, memory=2.0**40, inter=2e9, intra=2e10):
@@ -142,15 +142,15 @@ def test_plan_command_rejects_unknown_planner(capsys):
 
 
 def test_exhaustive_refuses_large_cases():
-    from sim.errors import DappleError
+    from sim.core.errors import DappleError
 
     with pytest.raises(DappleError, match="exhaustive search is for at most 8 devices"):
         exhaustive_planner(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml"), SMALL)
 
 
 def test_interleaved_candidates_reuse_device_sets_and_run():
-    from planner.dapple import _interleaved
-    from planner.space import to_scenario
+    from planner.planners.dapple import _interleaved
+    from planner.search.space import to_scenario
 
     scenario = load_scenario(SCENARIOS / "gpt1.3b_h100_interleaved.yaml")
     base = Candidate(bounds=(0, 13, 26), replicas=(4, 4), microbatch_size=4)

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from planner.baselines import dp_planner, megatron_planner
-from planner.dapple import dapple_planner
-from planner.evaluation import evaluate
-from planner.layouts import layouts, levels
-from planner.memory import plan_peak_bytes
-from planner.space import Candidate, PlannerOptions, place, planned
+from planner.planners.baselines import dp_planner, megatron_planner
+from planner.planners.dapple import dapple_planner
+from planner.search.evaluation import evaluate
+from planner.search.layouts import layouts, levels
+from planner.search.memory import plan_peak_bytes
+from planner.search.space import Candidate, PlannerOptions, place, planned
 from sim.engine.run import run_scenario
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import parse_scenario
-from sim.parallelism import Recompute, Sharding
+from sim.core.parallelism import Recompute, Sharding
 
 GPT_6_7B = """
 name: gpt-6.7b
@@ -151,7 +151,7 @@ def test_a_4d_plan_file_round_trips_through_dapple_plan_and_simulate(tmp_path, c
 
 
 def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():
-    from planner.sweep_checks import planner_option
+    from planner.sweeps.checks import planner_option
 
     def fail(where, message):
         return ValueError(f"{where}: {message}")

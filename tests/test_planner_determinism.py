@@ -14,10 +14,10 @@ import pytest
 
 from conftest import SCENARIOS
 from planner.cli import main as plan_main
-from planner.dapple import dapple_planner
-from planner.evaluation import RejectionKind, count_rejections, evaluate, evaluation_row
-from planner.search import settle
-from planner.space import Candidate, PlannerOptions
+from planner.planners.dapple import dapple_planner
+from planner.search.evaluation import RejectionKind, count_rejections, evaluate, evaluation_row
+from planner.search.ranking import settle
+from planner.search.space import Candidate, PlannerOptions
 from sim.input.scenario import load_scenario
 
 VGG = str(SCENARIOS / "vgg19_v100_16x1.yaml")
@@ -72,7 +72,7 @@ def test_rejections_have_a_kind_and_the_report_counts_them(tmp_path):
     fits = Candidate(bounds=(0, 27, layers), replicas=(8, 8), microbatch_size=16)
     oom = evaluate(tiny, fits)
     assert oom.rejection.kind is RejectionKind.OUT_OF_MEMORY and "runs out of memory" in oom.rejected
-    # counted before any replay (planner.memory): no summary, the estimate says how much
+    # counted before any replay (planner.search.memory): no summary, the estimate says how much
     assert oom.summary is None and oom.plan is not None and oom.memory_bytes > 2**30
     too_many = evaluate(scenario, replace(fits, replicas=(16, 16)))
     assert too_many.rejection.kind is RejectionKind.INVALID_PLAN and too_many.summary is None
@@ -107,7 +107,7 @@ def test_the_command_line_and_the_sweep_share_one_row_of_an_evaluation():
 
 @pytest.mark.parametrize("field", ["fast_budget_s"])
 def test_a_sweep_naming_the_old_time_budget_is_told_what_replaced_it(field):
-    from planner.sweep import SweepError, sweep_from_dict
+    from planner.sweeps.run import SweepError, sweep_from_dict
 
     with pytest.raises(SweepError, match="fast_budget_ops"):
         sweep_from_dict({"base": BERT, "mode": "plan", "options": {field: 0.5},

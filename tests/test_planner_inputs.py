@@ -7,11 +7,11 @@ import json
 from contextlib import redirect_stdout
 
 from conftest import SCENARIOS
-from planner.baselines import dp_planner
+from planner.planners.baselines import dp_planner
 from planner.cli import main as plan_main
-from planner.space import PlannerOptions
+from planner.search.space import PlannerOptions
 from sim.input.scenario import load_scenario
-from sim.parallelism import Sharding
+from sim.core.parallelism import Sharding
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
 

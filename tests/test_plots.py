@@ -13,7 +13,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from sim import plots  # noqa: E402
+from sim.report import plots
 
 GiB = 2.0**30
 
@@ -151,7 +151,7 @@ def test_planner_comparison_from_a_report_and_from_a_table():
 
 
 def test_table_figures_draw_a_real_sweep(tmp_path):
-    from planner.sweep import load_sweep, run_sweep, write_plots
+    from planner.sweeps.run import load_sweep, run_sweep, write_plots
 
     sweep = load_sweep(REPO / "sweeps" / "bert48_schedules.yaml")
     table = run_sweep(sweep, workers=1).table
@@ -198,7 +198,7 @@ def test_gantt_has_a_key_and_colours_by_kind_with_the_micro_batch_written_in_eac
 
     from sim.engine.run import run_scenario
     from sim.input.scenario import load_scenario
-    from sim.plots.timeline import KINDS
+    from sim.report.plots.timeline import KINDS
 
     # 16 micro-batches: the old palette repeated after 10, so mb 11's backward looked like a forward
     result = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml",

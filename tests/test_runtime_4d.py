@@ -61,15 +61,15 @@ SIX_RANKS = {  # DAPPLE's uneven plan: 2 replicas (tensor 2 each) feeding 1
 
 
 def _cases(device, cases: dict):
-    from runtime.config import load_runnable
-    from runtime.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
+    from runtime.execution.session import SessionOptions, run_session
 
     return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
 
 
 def _spawn(nproc: int, cases: dict):
-    from runtime.launch import spawn
+    from runtime.execution.launch import spawn
 
     return spawn(_cases, nproc, cases)[0]
 
@@ -109,7 +109,7 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
 
 
 def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, two_ranks):
-    from runtime.config import load_runnable
+    from runtime.model.config import load_runnable
     from sim.engine.run import run_scenario
 
     for summary, overrides in [(four_ranks["tp2-pp2"], FOUR_RANKS["tp2-pp2"]),
@@ -150,8 +150,8 @@ def test_an_uneven_dapple_plan_with_tensor_parallelism_matches_the_unsplit_model
      "plan.sharding: not supported by the runtime"),
 ], ids=["context", "gradients", "tied-tp", "fsdp-zb"])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, message):
-    from runtime.config import load_runnable
-    from sim.errors import DappleError
+    from runtime.model.config import load_runnable
+    from sim.core.errors import DappleError
 
     with pytest.raises(DappleError) as info:
         load_runnable(GPT, overrides)
@@ -159,8 +159,8 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, messag
 
 
 def test_each_tensor_rank_talks_to_the_same_tensor_rank_of_the_next_stage():
-    from runtime.comm import message_orders
-    from runtime.config import load_runnable
+    from runtime.execution.comm import message_orders
+    from runtime.model.config import load_runnable
     from sim.schedule.passes import lower
     from sim.schedule.plan_schedule import schedule_for_plan
 
@@ -172,8 +172,8 @@ def test_each_tensor_rank_talks_to_the_same_tensor_rank_of_the_next_stage():
 
 
 def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
-    from runtime.collapse import collapsed_stages, expand_view
-    from runtime.config import load_runnable
+    from runtime.validation.collapse import collapsed_stages, expand_view
+    from runtime.model.config import load_runnable
 
     plan = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
     assert collapsed_stages(plan) == [{"layers": [0, 3], "devices": [0, 1]}, {"layers": [3, 6], "devices": [2]}]
@@ -192,8 +192,8 @@ def test_fsdp_gathered_parameters_are_not_counted_as_activations(two_ranks):
 
 
 def test_uniform_plans_are_one_4d_mesh_and_uneven_ones_a_mesh_per_device_set():
-    from runtime.config import load_runnable
-    from runtime.tensor_parallel import set_layout, uniform_layout
+    from runtime.model.config import load_runnable
+    from runtime.model.tensor_parallel import set_layout, uniform_layout
 
     assert uniform_layout(load_runnable(GPT, FOUR_RANKS["tp2-pp2"]).plan)
     uneven = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan

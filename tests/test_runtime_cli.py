@@ -120,7 +120,7 @@ def test_a_frozen_rank_is_killed_and_named_within_a_minute(tmp_path):
 
 @pytest.mark.slow
 def test_a_tensor_parallel_profile_measures_one_group_and_its_collectives(tmp_path):
-    from runtime.cli import main
+    from runtime.commands.cli import main
     from sim.input.scenario import load_scenario
 
     overrides = [word for pair in zip(TP2_PP2[::2], TP2_PP2[1::2]) for word in pair]
@@ -138,7 +138,7 @@ def test_a_tensor_parallel_profile_measures_one_group_and_its_collectives(tmp_pa
 
 
 def test_profile_loads_in_the_simulator(tmp_path):
-    from runtime.cli import main
+    from runtime.commands.cli import main
     from sim.input.profiles import load_profile
     from sim.input.scenario import load_scenario, parse_scenario
 
@@ -187,8 +187,8 @@ Root Cause (first observed failure):
 ], ids=["raised-and-stopped", "crashed-and-stopped", "raised-and-killed", "all-stopped"])
 def test_the_cause_of_a_failure_is_the_rank_torchrun_did_not_stop(tmp_path, capsys, raised, first_code,
                                                                   other_code, expected):
-    from runtime.cli import _report_failure
-    from runtime.status import StatusBoard, write_failure
+    from runtime.commands.cli import _report_failure
+    from runtime.execution.status import StatusBoard, write_failure
 
     for rank, action in ((0, "0RECV_B1"), (1, "1B1")):
         board = StatusBoard(tmp_path, rank)
@@ -222,8 +222,8 @@ Root Cause (first observed failure):
 def test_a_crash_is_the_cause_when_torchrun_stops_the_bystanders_of_four_ranks(tmp_path, capsys):
     # rank 1 died inside a tensor-parallel step; its partner rank 0 raised on the lost
     # connection; torchrun SIGTERMed ranks 2 and 3, which are not the cause
-    from runtime.cli import _report_failure
-    from runtime.status import StatusBoard, write_failure
+    from runtime.commands.cli import _report_failure
+    from runtime.execution.status import StatusBoard, write_failure
 
     for rank, action in ((0, "0F1"), (1, "0F1"), (2, "1F0"), (3, "1F0")):
         board = StatusBoard(tmp_path, rank)
@@ -236,7 +236,7 @@ def test_a_crash_is_the_cause_when_torchrun_stops_the_bystanders_of_four_ranks(t
 
 
 def _links(device, sizes):
-    from runtime.bandwidth import measure_links
+    from runtime.measure.bandwidth import measure_links
 
     return measure_links(device, sizes=sizes, repeats=2)
 
@@ -244,7 +244,7 @@ def _links(device, sizes):
 @pytest.mark.dist
 def test_link_measurement_on_three_ranks_agrees_everywhere():
     # ranks 0 and 1 measure; rank 2 keeps every barrier company, so nobody waits forever
-    from runtime.launch import spawn
+    from runtime.execution.launch import spawn
 
     results = spawn(_links, 3, (4, 4096), timeout_s=60)
     assert results[0] == results[1] == results[2]

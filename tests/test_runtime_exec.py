@@ -62,9 +62,9 @@ THREE_RANKS = {
 
 
 def _cases(device, cases: dict, peer: tuple[str, ...]):
-    from runtime.config import load_runnable
-    from runtime.peer import run_peer
-    from runtime.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
+    from runtime.execution.peer import run_peer
+    from runtime.execution.session import SessionOptions, run_session
 
     results = {}
     for name, (path, overrides) in cases.items():
@@ -76,7 +76,7 @@ def _cases(device, cases: dict, peer: tuple[str, ...]):
     if peer:  # which connections a gloo rank's activations and gradients travel on
         import torch.distributed as dist
 
-        from runtime.executor import ExecOptions, RankExecutor
+        from runtime.execution.executor import ExecOptions, RankExecutor
 
         forward, backward = RankExecutor(load_runnable(GPT, {}), ExecOptions(), device).mailbox.groups
         results["directions"] = (forward is not None and backward is not None, forward is not backward,
@@ -86,21 +86,21 @@ def _cases(device, cases: dict, peer: tuple[str, ...]):
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    from runtime.launch import spawn
+    from runtime.execution.launch import spawn
 
     return spawn(_cases, 2, TWO_RANKS, ("gpipe", "dapple"))
 
 
 @pytest.fixture(scope="module")
 def one_rank():
-    from runtime.launch import spawn
+    from runtime.execution.launch import spawn
 
     return spawn(_cases, 1, ONE_RANK, ())[0]
 
 
 @pytest.fixture(scope="module")
 def three_ranks():
-    from runtime.launch import spawn
+    from runtime.execution.launch import spawn
 
     return spawn(_cases, 3, THREE_RANKS, ())[0]
 
@@ -139,7 +139,7 @@ def test_dapple_keeps_k0_over_m_of_gpipes_activations_on_stage_0(two_ranks):
 
 
 def test_trace_rows_follow_the_lowered_schedule(two_ranks):
-    from runtime.config import load_runnable
+    from runtime.model.config import load_runnable
     from sim.schedule.passes import lower
     from sim.schedule.plan_schedule import schedule_for_plan
 
@@ -155,8 +155,8 @@ def test_trace_rows_follow_the_lowered_schedule(two_ranks):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_the_torch_peer_computes_the_same_gradients(two_ranks, schedule):
-    from runtime.config import load_runnable
-    from runtime.grad_check import compare_grads, reference_step
+    from runtime.model.config import load_runnable
+    from runtime.validation.grad_check import compare_grads, reference_step
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
     reference = reference_step(runnable.model, runnable.scenario.training.global_batch_size)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import synthetic_scenario
-from sim.cost import sample_overlaps, sample_ranges
+from sim.cost.split import sample_overlaps, sample_ranges
 from sim.engine.compile import compile_workload
 from sim.engine.flows import p2p_flows
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import BAD_SCENARIOS, REPO, SCENARIOS
 from sim.app.cli import main
-from sim.errors import ScenarioError
+from sim.core.errors import ScenarioError
 from sim.input.scenario import load_scenario, parse_scenario
 
 BAD = sorted(BAD_SCENARIOS.glob("*.yaml"))

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import check_schedule, format_grid, generate, lower, parse_schedule
 from sim.schedule.ir import Schedule
 

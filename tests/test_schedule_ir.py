@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import generate, lower, parse_action, parse_schedule
 from sim.schedule.ir import Action, ActionKind, Schedule
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import check_schedule, generate, lower, parse_schedule, strip_communication
 from sim.schedule.ir import Action, ActionKind, OverlapFB, positions, wait_lists
 from sim.schedule.text import parse_action

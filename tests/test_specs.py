@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cost import split_samples, stage_cost, static_bytes
-from sim.errors import SpecError
-from sim.model_spec import LayerSpec, ModelSpec
-from sim.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
-from sim.plan import PlanSpec, StageSpec, check_plan
+from sim.cost.split import split_samples
+from sim.cost.compute import stage_cost
+from sim.cost.memory import static_bytes
+from sim.core.errors import SpecError
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
+from sim.core.plan import PlanSpec, StageSpec, check_plan
 
 V100 = DeviceSpec(
     name="V100", memory_bytes=16 * 2**30, peak_flop_per_s=125e12, peak_fp32_flop_per_s=15.7e12,

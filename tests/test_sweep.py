@@ -13,7 +13,7 @@ from conftest import REPO, SCENARIOS
 pd = pytest.importorskip("pandas")
 from pandas.testing import assert_frame_equal  # noqa: E402
 
-from planner.sweep import SweepError, load_sweep, run_sweep, sweep_from_dict, sweep_points  # noqa: E402
+from planner.sweeps.run import SweepError, load_sweep, run_sweep, sweep_from_dict, sweep_points
 
 BASE = str(SCENARIOS / "bert48_v100_2x8.yaml")
 
@@ -203,7 +203,7 @@ def test_rerun_skips_points_done_and_gives_the_table_of_a_fresh_run(tmp_path):
     assert (again.points_skipped, again.points_run, counting.calls) == (2, 4, 4)
     fresh = run_sweep(bigger, workers=1)
     assert_frame_equal(_no_wall(again.table), _no_wall(fresh.table))
-    from planner.sweep import read_results
+    from planner.sweeps.run import read_results
 
     assert_frame_equal(_no_wall(read_results(out)), _no_wall(fresh.table))
     csv = pd.read_csv(out / "results.csv")
@@ -215,7 +215,7 @@ def test_an_interrupted_sweep_saves_what_ran_and_resumes(tmp_path):
     sweep = _sweep({"plan.schedule": ["gpipe", "dapple", "zb-h1"], "training.microbatch_size": [8, 16]})
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, out, executor=_Counting(stop_after=3))
-    from planner.sweep import read_results
+    from planner.sweeps.run import read_results
 
     assert len(read_results(out)) == 3
     resumed = run_sweep(sweep, out, executor=_Counting())
@@ -251,7 +251,7 @@ def test_local_pool_and_dask_local_cluster_give_identical_tables():
 
 def test_unreachable_dask_scheduler_is_one_line(monkeypatch):
     pytest.importorskip("dask.distributed")
-    monkeypatch.setattr("planner.sweep.DASK_CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("planner.sweeps.run.DASK_CONNECT_TIMEOUT_S", 1.0)
     with pytest.raises(SweepError, match="--dask tcp://127.0.0.1:9: cannot reach the scheduler"):
         run_sweep(_sweep({"plan.schedule": ["gpipe"]}), dask="tcp://127.0.0.1:9")
 

@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule import (
     GENERATORS,
     check_schedule,

@@ -134,7 +134,7 @@ NEW_CASES = [
 
 @pytest.mark.parametrize(("name", "num_ranks", "num_microbatches", "chunks"), NEW_CASES)
 def test_new_schedules_match_torch(name: str, num_ranks: int, num_microbatches: int, chunks: int) -> None:
-    from sim.errors import ScheduleError
+    from sim.core.errors import ScheduleError
 
     theirs = _torch_orders(name, num_ranks, num_microbatches, chunks)
     params = {} if name in V_SHAPED else {"chunks": chunks}
@@ -157,7 +157,7 @@ def test_the_peer_cases_include_torch_s_constraint() -> None:
 @pytest.mark.parametrize(("name", "num_ranks", "num_microbatches"),
                          [("interleaved-zb", 4, 9), ("interleaved-zb", 3, 7), ("dualpipe-v", 3, 5)])
 def test_torch_and_we_refuse_the_same_microbatch_counts(name, num_ranks, num_microbatches) -> None:
-    from sim.errors import ScheduleError
+    from sim.core.errors import ScheduleError
 
     assert isinstance(_torch_orders(name, num_ranks, num_microbatches, 2), ValueError)
     with pytest.raises(ScheduleError, match=f"num_microbatches={num_microbatches}"):

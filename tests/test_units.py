@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.errors import UnitError
-from sim.units import (
-    format_bytes,
-    parse_bandwidth,
-    parse_bytes,
-    parse_flop_rate,
-    parse_time,
-)
+from sim.core.errors import UnitError
+from sim.core.units import format_bytes, parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
 
 
 @pytest.mark.parametrize(

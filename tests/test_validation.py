@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SCENARIOS
-from sim.analysis.validation import compare, format_report
+from sim.report.analysis.validation import compare, format_report
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 
@@ -37,7 +37,7 @@ def test_compare_reports_relative_errors_per_iteration_stage_device_and_action()
 
 def test_rounds_report_the_median_round_and_every_round():
     pytest.importorskip("torch")
-    from runtime.validate_loop import combine_rounds
+    from runtime.validation.loop import combine_rounds
 
     reports = []
     for predicted, measured in ((1.3, 1.0), (0.9, 1.0), (1.05, 1.0)):
@@ -53,7 +53,7 @@ def test_rounds_report_the_median_round_and_every_round():
 
 
 def test_validate_rejects_zero_rounds(capsys):
-    from runtime.cli import main
+    from runtime.commands.cli import main
 
     assert main(["validate", GPT, "--nproc", "2", "--rounds", "0"]) == 2
     err = capsys.readouterr().err
@@ -64,8 +64,8 @@ def test_validate_rejects_zero_rounds(capsys):
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
     pytest.importorskip("torch")
-    from runtime.config import load_runnable
-    from runtime.validate_loop import validate, write_report
+    from runtime.model.config import load_runnable
+    from runtime.validation.loop import validate, write_report
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
     report = validate(runnable, nproc=2, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
@@ -99,8 +99,8 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2-pp2", "tp2-pp2-sp"])
 def test_a_tensor_parallel_run_memory_by_kind_within_two_percent_of_the_prediction(tmp_path, sequence_parallel):
     pytest.importorskip("torch")
-    from runtime.config import load_runnable
-    from runtime.validate_loop import validate
+    from runtime.model.config import load_runnable
+    from runtime.validation.loop import validate
 
     runnable = load_runnable(GPT, {"cluster.devices_per_node": "4", "plan.tensor_parallel": "2",
                                    "plan.sequence_parallel": str(sequence_parallel).lower(),
@@ -123,7 +123,7 @@ def test_a_tensor_parallel_run_memory_by_kind_within_two_percent_of_the_predicti
 
 
 def test_validate_rejects_zero_slices(capsys):
-    from runtime.cli import main
+    from runtime.commands.cli import main
 
     assert main(["validate", GPT, "--nproc", "2", "--slices", "0"]) == 2
     err = capsys.readouterr().err
@@ -134,21 +134,21 @@ def test_validate_reports_a_failed_run_in_one_line(monkeypatch, capsys, tmp_path
     pytest.importorskip("torch")
     from torch.multiprocessing import ProcessRaisedException
 
-    import runtime.validate_loop
-    from runtime.cli import main
+    import runtime.validation.loop
+    from runtime.commands.cli import main
 
     def failing(*args, **kwargs):
         raise ProcessRaisedException("Traceback (most recent call last):\n  ...\n"
-                                     "runtime.executor.ActionError: rank 1 failed at 1F2 of step 3: boom\n", 1, 4242)
+                                     "runtime.execution.executor.ActionError: rank 1 failed at 1F2 of step 3: boom\n", 1, 4242)
 
-    monkeypatch.setattr(runtime.validate_loop, "validate", failing)
+    monkeypatch.setattr(runtime.validation.loop, "validate", failing)
     assert main(["validate", GPT, "--nproc", "2", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rank 1 failed at 1F2 of step 3: boom" in err
 
 
 def test_validate_rejects_a_plan_that_does_not_fit_the_processes(capsys):
-    from runtime.cli import main
+    from runtime.commands.cli import main
 
     assert main(["validate", GPT, "--nproc", "3"]) == 2
     err = capsys.readouterr().err
@@ -160,8 +160,8 @@ def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path)
     pytest.importorskip("torch")
     import torch
 
-    from runtime.config import load_runnable
-    from runtime.stage_timing import predict_stages, profiled_scenario, time_stage
+    from runtime.model.config import load_runnable
+    from runtime.measure.stage_timing import predict_stages, profiled_scenario, time_stage
 
     torch.set_num_threads(1)
     # time_stage runs generate(schedule) with no parameters, i.e. dapple's s-i: predict that order
@@ -177,8 +177,8 @@ def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path)
 
 def test_each_layer_is_timed_on_the_ranks_that_run_it():
     pytest.importorskip("torch")
-    from runtime.config import load_runnable
-    from runtime.validate_loop import _owners
+    from runtime.model.config import load_runnable
+    from runtime.validation.loop import _owners
 
     plan = load_runnable(GPT, {}).plan  # layers [0, 3) on device 0, [3, 6) on device 1
     assert _owners(plan, 6) == [[0], [0], [0], [1], [1], [1]]

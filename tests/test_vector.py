@@ -18,8 +18,8 @@ from conftest import SCENARIOS, synthetic_scenario
 from sim.engine import vector
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay
-from sim.errors import ScheduleError
-from sim.faults import Jitter, SlowLink, Straggler
+from sim.core.errors import ScheduleError
+from sim.core.faults import Jitter, SlowLink, Straggler
 from sim.input.scenario import load_scenario
 from test_engine import _assert_close, random_plans
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.cost import split_samples, stage_cost
+from sim.cost.split import split_samples
+from sim.cost.compute import stage_cost
 from sim.models import shard_model
 from sim.input.scenario import Scenario
-from sim.units import format_bytes, format_time
+from sim.core.units import format_bytes, format_time
 
 __all__ = ["describe", "format_description"]
 

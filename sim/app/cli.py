@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sim import jsonio
-from sim.command import (
+from sim.core import jsonio
+from sim.core.command import (
     Stopwatch,
     add_scenario_options,
     add_verbosity_options,
@@ -22,7 +22,7 @@ from sim.command import (
     quiet,
     run_cli,
 )
-from sim.errors import DappleError
+from sim.core.errors import DappleError
 
 __all__ = ["main"]
 
@@ -185,7 +185,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             with watch.phase("load pandas and matplotlib"):  # most of a small run's writing: said apart
                 import pandas  # noqa: F401 - events.csv
 
-                from sim.plots.style import pyplot
+                from sim.report.plots.style import pyplot
 
                 pyplot()
             with watch.phase("write summary, trace, events and plots"):
@@ -216,8 +216,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise DappleError(f"--out {out}: cannot write ({exc.strerror})") from None
             if results:
-                from sim.plots.style import pyplot
-                from sim.plots.timeline import schedule_comparison_figure
+                from sim.report.plots.style import pyplot
+                from sim.report.plots.timeline import schedule_comparison_figure
 
                 plt = pyplot()
                 fig = schedule_comparison_figure(results, title=f"{scenario.name}: one plan, {len(results)} schedules")
@@ -234,7 +234,7 @@ def _tick(tick, desc: str) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from sim.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
+    from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
     from sim.input.scenario import load_scenario
 
     watch = Stopwatch()

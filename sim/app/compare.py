@@ -15,7 +15,7 @@ ranks) and its layer cuts — and lay the stages out the way each schedule expec
 When the plan already has that many stages its layer boundaries are kept; otherwise the
 layers are re-cut into balanced ranges (``sim.input.plan_section.balanced_cuts`` over each
 layer's forward + backward time, as a grid plan is cut). Each variant is checked
-(``sim.plan.check_plan``) and replayed (``sim.engine.run.run_scenario``); a schedule that
+(``sim.core.plan.check_plan``) and replayed (``sim.engine.run.run_scenario``); a schedule that
 cannot run the plan (dualpipe-v with fewer than 2R micro-batches, say) gives a row saying why
 instead of stopping the comparison. The rows show what someone choosing a schedule weighs:
 iteration time, the bubble (idle share of device time), the largest device's peak memory and
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from sim.errors import DappleError
-from sim.plan import PlanSpec, StageSpec, check_plan
+from sim.core.errors import DappleError
+from sim.core.plan import PlanSpec, StageSpec, check_plan
 
 __all__ = ["DEFAULT_SCHEDULES", "Variant", "format_rows", "plan_variants", "run_variants"]
 
@@ -59,7 +59,7 @@ def parse_schedules(text: str) -> tuple[str, ...]:
 
 
 def _layer_costs(scenario) -> list[float]:
-    from sim.cost import layer_times_s
+    from sim.cost.compute import layer_times_s
     from sim.models import shard_model
 
     part = shard_model(scenario.model, scenario.plan.shard)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ScenarioError
-from sim.units import parse_bytes, parse_time
+from sim.core.errors import ScenarioError
+from sim.core.units import parse_bytes, parse_time
 
 __all__ = ["DEFAULT_SUITE", "METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results", "group_stats",
            "read_suite", "run_suite", "suite_json", "write_outputs"]
@@ -90,7 +90,7 @@ def read_suite(path: str | Path = DEFAULT_SUITE) -> tuple[PublishedRow, ...]:
     """The suite file's rows, checked key by key (one line naming the file and key per mistake)."""
     from sim.input.strict import StrictReader
     from sim.input.yaml_text import load_yaml
-    from sim.userfiles import read_user_file, show_path
+    from sim.core.userfiles import read_user_file, show_path
 
     path = Path(path)
     reader = StrictReader(show_path(path), path.parent)
@@ -190,9 +190,9 @@ def suite_json(results: tuple[RowResult, ...]) -> dict[str, Any]:
 
 def write_outputs(results: tuple[RowResult, ...], out: str | Path) -> None:
     """``--out DIR``: ``published.json`` and ``published.png`` (each row's error, by table)."""
-    from sim.errors import DappleError
-    from sim.jsonio import write_json
-    from sim.plots.style import pyplot
+    from sim.core.errors import DappleError
+    from sim.core.jsonio import write_json
+    from sim.report.plots.style import pyplot
 
     out = Path(out)
     try:

@@ -1,8 +1,8 @@
 """Reporting a replay: what ``dapple-sim simulate`` writes and prints.
 
 ``write_outputs`` saves the summary, the Perfetto trace, the per-action events and the
-plots, each through ``sim.userfiles.open_output`` (an output path that is a folder, a device
-or a full disk is one line naming the file) and the JSON through ``sim.jsonio`` (never NaN or
+plots, each through ``sim.core.userfiles.open_output`` (an output path that is a folder, a device
+or a full disk is one line naming the file) and the JSON through ``sim.core.jsonio`` (never NaN or
 Infinity); ``format_summary`` is the short table printed on stdout. The replay itself is
 ``sim.engine.run.run_scenario``.
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from sim.engine.result import SimResult
 from sim.engine.trace import perfetto_trace, traced_devices
-from sim.errors import DappleError
-from sim.jsonio import write_json
-from sim.summary import Summary
-from sim.units import format_bytes, format_time
-from sim.userfiles import open_output, show_path
+from sim.core.errors import DappleError
+from sim.core.jsonio import write_json
+from sim.core.summary import Summary
+from sim.core.units import format_bytes, format_time
+from sim.core.userfiles import open_output, show_path
 
 __all__ = ["format_summary", "write_outputs"]
 
@@ -25,7 +25,7 @@ __all__ = ["format_summary", "write_outputs"]
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
     (and faults.png, idle time with and without the faults, when the scenario has faults)."""
-    from sim.plots.timeline import gantt_figure, memory_figure
+    from sim.report.plots.timeline import gantt_figure, memory_figure
 
     out = Path(out_dir)
     try:
@@ -47,7 +47,7 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
-        from sim.plots.validation import fault_impact_figure
+        from sim.report.plots.validation import fault_impact_figure
 
         figures.append(("faults.png", fault_impact_figure))
     for name, figure in figures:

@@ -16,7 +16,7 @@ Three partitions (``sim.engine.symmetry`` explains the methods):
 
 :class:`FaultView` answers the compiler's questions about the scenario's faults: each
 device's fault signature (a straggler's slowdown, a failure, a slow port, the key its jitter
-draws under, ``sim.faults.jitter_key``) and each NIC's bandwidth factor.
+draws under, ``sim.core.faults.jitter_key``) and each NIC's bandwidth factor.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class FaultView:
     """The signature of a device without faults."""
 
     def __init__(self, faults: tuple, cluster, plan=None) -> None:
-        from sim.faults import Failure, Jitter, SlowLink, Straggler
+        from sim.core.faults import Failure, Jitter, SlowLink, Straggler
 
         self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
         self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
@@ -151,8 +151,8 @@ class FaultView:
                     self.first_of["stage"][d] = first
 
     def jitter_for(self, device: int):
-        """``(jitter, key of its draws)`` for ``device`` (``sim.faults.jitter_key``), or None."""
-        from sim.faults import jitter_key
+        """``(jitter, key of its draws)`` for ``device`` (``sim.core.faults.jitter_key``), or None."""
+        from sim.core.faults import jitter_key
 
         jitter = next((j for j in self.jitters if j.applies_to(device)), None)
         if jitter is None:

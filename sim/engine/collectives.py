@@ -3,7 +3,7 @@
 After its last backward every replica of a stage holds a gradient of the stage's parameter
 bytes; before the optimizer step they must agree on the sum. The compiler lays the
 all-reduce out as *phases* of concurrent flows, one phase after another, with the byte
-counts and ring steps of ``sim.collectives`` (the closed forms the planners use too):
+counts and ring steps of ``sim.cost.comm`` (the closed forms the planners use too):
 
 * the stage's replicas all on one server: one phase, a ring all-reduce (phase 0);
 * on several servers, hierarchical: a ring reduce-scatter inside each server (phase 0),
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.collectives import ring_flow_bytes, ring_steps
+from sim.cost.comm import ring_flow_bytes, ring_steps
 from sim.engine.workload import Collective, FlowKind
-from sim.parallelism import Sharding
+from sim.core.parallelism import Sharding
 
 __all__ = ["allreduce_flows", "build_collectives"]
 
@@ -36,7 +36,7 @@ def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, f
     """Ring inside a server; reduce-scatter, cross-server ring, all-gather across servers.
 
     Returns the flows ``(src, dst, label, bytes)`` and, per ``(stage, phase)``, the phase's
-    latency: one link latency per ring step (``sim.collectives.ring_steps``), set by the
+    latency: one link latency per ring step (``sim.cost.comm.ring_steps``), set by the
     widest server.
     """
     flows, latency = [], {}

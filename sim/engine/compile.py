@@ -6,8 +6,8 @@ The engine (``sim.engine.replay``) and the fast path (``sim.engine.fastpath``) r
 * the lowered schedule IR (sends, receives and ``REDUCE_GRAD`` added if the plan's schedule
   is compute-only);
 * for each device, its slice of every micro-batch (a stage's micro-batch is split over its
-  replicas like ``torch.tensor_split``, ``sim.cost.sample_ranges``) and what each action
-  costs it in time and memory (``sim.cost.stage_cost``);
+  replicas like ``torch.tensor_split``, ``sim.cost.split.sample_ranges``) and what each action
+  costs it in time and memory (``sim.cost.compute.stage_cost``);
 * the flows and the ports they cross (``sim.engine.flows``), the gradient all-reduces
   (``sim.engine.collectives``) and the collectives inside each replica's tensor- and
   context-parallel groups and FSDP's gathers (``sim.engine.groups``);
@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.collectives import embedding_group_link
-from sim.cost import overlapped_pair_s, sample_ranges, stage_cost
+from sim.cost.comm import embedding_group_link
+from sim.cost.compute import overlapped_pair_s, stage_cost
+from sim.cost.split import sample_ranges
 from sim.engine.collectives import allreduce_flows, build_collectives
 from sim.engine.flows import (PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, port_split,
                               static_rates)
@@ -48,15 +49,16 @@ from sim.engine.workload import (
     Op,
     Workload,
 )
-from sim.faults import jitter_factors
+from sim.core.faults import jitter_factors
 from sim.input.scenario import Scenario
-from sim.model_spec import ModelSpec
+from sim.core.model_spec import ModelSpec
 from sim.models import mfu_flop_per_sample, shard_model
-from sim.parallelism import Recompute, Sharding, StateBytes
+from sim.core.parallelism import Recompute, Sharding
+from sim.cost.memory import StateBytes
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
-from sim.summary import Parallelism
+from sim.core.summary import Parallelism
 
 __all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload", "compute_memory"]
 
@@ -160,7 +162,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:
-    """Device -> the samples of a micro-batch its replica processes (``sim.cost.sample_ranges``
+    """Device -> the samples of a micro-batch its replica processes (``sim.cost.split.sample_ranges``
     over the stage's data-parallel replicas; every device of a replica gets the replica's)."""
     replicas = plan.replicas(stage)
     ranges = sample_ranges(microbatch_size, tuple(range(len(replicas))))
@@ -315,7 +317,7 @@ def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], effici
 
     Each part keeps its memory (the forward allocates its stash when the pair starts, the
     backward frees when the pair ends) and its group collectives; the two compute ops share
-    the pair's time, ``sim.cost.overlapped_pair_s`` (F + B − e·min(F, B)), in proportion to
+    the pair's time, ``sim.cost.compute.overlapped_pair_s`` (F + B − e·min(F, B)), in proportion to
     their own. The lowering pass has already put both parts' receives before the pair and
     their sends after it.
     """
@@ -358,7 +360,7 @@ def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, floa
     the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
     largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
     I and the rest at W. The engine's ops and the planner's count before a replay
-    (``planner.memory``) both read it."""
+    (``planner.search.memory``) both read it."""
     kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
     rebuilt = cost.rebuilt_bytes if recompute else 0.0
     extra = cost.stash_bytes if recompute else 0.0

@@ -5,7 +5,7 @@ congest and a transfer always takes the same ``comm_s``. Then the timeline follo
 rules: a rank does its actions one at a time, in list order; an action starts as soon as its
 rank is free and everything it depends on (:func:`sim.schedule.ir.dependencies`) has
 finished, plus ``comm_s`` when that result comes from another rank. This is the textbook
-setting of the closed forms in :mod:`sim.analytic`, and a cheap first estimate for the
+setting of the closed forms in :mod:`sim.cost.closed_forms`, and a cheap first estimate for the
 planner before the contention-aware engine (``sim.engine``) replays the plan.
 
 Durations per stage: F takes ``fwd_s[s]``; B takes the full backward ``bwd_s[s]``; for a
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.engine.gcpause import gc_paused
-from sim.errors import DappleError, ScheduleError
-from sim.cost import overlapped_pair_s
+from sim.core.errors import DappleError, ScheduleError
+from sim.cost.compute import overlapped_pair_s
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
 from sim.schedule.check import check_schedule, run_ranks
 
@@ -78,7 +78,7 @@ def time_schedule(
     timed as written — call :func:`sim.schedule.check.check_schedule` first for untrusted input.
 
     An overlapped pair ``(0F7;7B3)OVERLAP_F_B`` is one step that takes
-    ``sim.cost.overlapped_pair_s(F, B, overlap_efficiency)``: F + B by default (the two share
+    ``sim.cost.compute.overlapped_pair_s(F, B, overlap_efficiency)``: F + B by default (the two share
     the device), max(F, B) with ``overlap_efficiency=1``.
     """
     table = _durations(schedule, fwd_s, bwd_s, wgrad_s)
@@ -192,7 +192,7 @@ def replay(workload) -> "SimResult":
     optimizer step waits for the last of them. With contention off the SimPy engine gives
     the same times; this path only skips SimPy and the port bookkeeping.
     """
-    from sim.errors import DappleError
+    from sim.core.errors import DappleError
     from sim.engine.result import SimResult
 
     if workload.optimistic:
@@ -377,7 +377,7 @@ class _PlanState:
         return end
 
     def _finish(self) -> None:
-        from sim.errors import ScheduleError
+        from sim.core.errors import ScheduleError
 
         classes = self.w.classes
         stuck = [c for c in range(len(classes)) if self.cursor[c] < len(classes[c].ops)]

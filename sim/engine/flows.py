@@ -3,7 +3,7 @@
 A *flow* is one transfer from one device to another: ``(src, dst, label, bytes)``. Between
 neighbouring stages on different ranks the traffic is *split-concat*: each sender ships
 every receiver the part of its slice that the receiver's slice needs
-(``sim.cost.sample_overlaps``), forward activations one way and their gradients back; the
+(``sim.cost.split.sample_overlaps``), forward activations one way and their gradients back; the
 gradient all-reduce adds its own flows (``sim.engine.collectives``).
 
 Each flow crosses two *ports*: inside a server, the sender's out-port and the receiver's
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from sim.cost import sample_overlaps
+from sim.cost.split import sample_overlaps
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Collectives inside a replica's groups, per action: tensor-parallel, context-parallel, FSDP.
 
 A stage's forward or backward on one micro-batch also talks to the device's groups
-(``sim.plan.PlanSpec``'s layout):
+(``sim.core.plan.PlanSpec``'s layout):
 
 * **tensor parallelism** — the stage's layers' all-reduces (or, with sequence parallelism,
   all-gathers and reduce-scatters) over the ``tensor_parallel`` devices of the replica
@@ -17,7 +17,7 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
   Rajbhandari et al. 2020, §5.3).
 
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
-``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts of ``sim.collectives``. One
+``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts of ``sim.cost.comm``. One
 action's collectives of a kind are one collective of the summed bytes and latencies: the
 same traffic on the same ports; the order of its pieces inside the action is not modelled.
 Tensor-parallel collectives block the compute stream after the action's compute; the ring's
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.collectives import ring_bytes, ring_flow_bytes, ring_steps
+from sim.cost.comm import ring_bytes, ring_flow_bytes, ring_steps
 from sim.engine.workload import Collective, FlowKind
-from sim.parallelism import Recompute, Sharding
+from sim.core.parallelism import Recompute, Sharding
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
 

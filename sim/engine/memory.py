@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sim.units import format_bytes
+from sim.core.units import format_bytes
 
 if TYPE_CHECKING:
     from sim.engine.result import Recorder

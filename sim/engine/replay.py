@@ -64,7 +64,7 @@ from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
 

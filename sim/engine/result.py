@@ -4,7 +4,7 @@ A replay (the SimPy engine or the fast path) fills a ``Recorder`` for each devic
 when every op ran, when memory was allocated and freed, when each all-reduce and the
 optimizer step ran. ``SimResult`` turns that into what a user looks at:
 
-* ``summarize()`` — the typed ``sim.summary.Summary`` (``summary()`` is its JSON form, the
+* ``summarize()`` — the typed ``sim.core.summary.Summary`` (``summary()`` is its JSON form, the
   format of ``docs/architecture.md``): iteration time, throughput, bubble fraction (share
   of device time the compute stream is idle), peak memory, MFU, out-of-memory verdict and
   one ``DeviceSummary`` per device;
@@ -24,7 +24,7 @@ from typing import Any
 
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
-from sim.summary import (
+from sim.core.summary import (
     DeviceSummary,
     FailureDetail,
     FaultImpact,
@@ -114,7 +114,7 @@ class SimResult:
         self.engine = engine
         self.contention = contention
         self.failure = failure
-        """When a device died (``sim.faults.Failure``): its id, the time and its action."""
+        """When a device died (``sim.core.faults.Failure``): its id, the time and its action."""
         self.baseline: SimResult | None = None
         """The same plan without faults, when the scenario has faults (set by ``sim.engine.run``)."""
         self.diverged: str | None = None

@@ -11,7 +11,7 @@ import logging
 from dataclasses import replace
 
 from sim.engine.result import SimResult
-from sim.errors import DappleError
+from sim.core.errors import DappleError
 from sim.input.scenario import Scenario
 
 __all__ = ["ENGINES", "run_scenario"]
@@ -37,7 +37,7 @@ def run_scenario(
     if engine not in ENGINES:
         raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "fast":
-        from sim.faults import first_failure
+        from sim.core.faults import first_failure
 
         failing = first_failure(scenario.faults)
         if failing is not None:

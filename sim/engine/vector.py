@@ -88,7 +88,7 @@ def vector_records(workload):
     """The fast path's records (``sim.engine.result.Recorder`` per class), bundle by bundle."""
     from sim.engine.fastpath import collective_duration_s
     from sim.engine.result import Deltas, OpTimes, Recorder
-    from sim.errors import ScheduleError
+    from sim.core.errors import ScheduleError
 
     w = workload
     classes, kinds = w.classes, w.kinds

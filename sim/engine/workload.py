@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from sim.parallelism import StateBytes
+from sim.cost.memory import StateBytes
 from sim.schedule.ir import ActionKind, Schedule
-from sim.summary import Parallelism
+from sim.core.summary import Parallelism
 
 __all__ = [
     "COMPUTE",
@@ -157,7 +157,7 @@ class DeviceClass:
     states: StateBytes
     """``static_bytes`` by kind (parameters, gradients, optimizer state)."""
     optimizer_s: float
-    """Optimizer step over the parameters of its stages (``sim.cost.optimizer_step_s``)."""
+    """Optimizer step over the parameters of its stages (``sim.cost.compute.optimizer_step_s``)."""
     slowdown: float = 1.0
     """Straggler factor on compute actions that start at or after ``slow_from_s``."""
     slow_from_s: float = 0.0

@@ -32,8 +32,15 @@ from typing import Any, Mapping
 
 from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.input.strict import StrictReader, join_key, show_value
-from sim.specs import ClusterSpec, DeviceSpec, LinkSpec
-from sim.units import format_bandwidth, format_flop_rate, parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.core.units import (
+    format_bandwidth,
+    format_flop_rate,
+    parse_bandwidth,
+    parse_bytes,
+    parse_flop_rate,
+    parse_time,
+)
 
 __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
 
@@ -93,7 +100,7 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
 
 The two rates are derived from ``peak_flops`` by the A100's ratios (``FP32_PEAK_DIVISOR``,
 ``MEMORY_BYTES_PER_FLOP``). The kernel model's numbers are ``DeviceSpec``'s defaults (see
-``sim.kernels``): large matrix products reach half the peak whatever their size, element-wise
+``sim.cost.kernels``): large matrix products reach half the peak whatever their size, element-wise
 kernels the full memory bandwidth, and neither a kernel launch (no overhead, no issue-time
 floor) nor the framework around a stage's forward or backward costs a fixed time. Fit them to measured runs with
 ``dapple-sim calibrate``. A preset device gives every key itself, so takes none of these.

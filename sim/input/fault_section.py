@@ -3,14 +3,14 @@
 A scenario may inject stragglers (a device computes ``slowdown`` times slower from a time
 on), jitter (every action's time drawn around its cost, seeded), slow links (a NIC or a
 device's port at a ``factor`` of its bandwidth) and failures (a device stops at a time);
-``sim.faults`` defines them and how the engine applies them::
+``sim.core.faults`` defines them and how the engine applies them::
 
     faults:
     - {type: straggler, device: 3, slowdown: 1.5}
     - {type: jitter, spread: 0.05, seed: 7, devices: "0-7"}
 
 Every device and NIC id is checked against the cluster, so a fault can only name hardware
-that exists, and every number against its range (``sim.faults``): ``slowdown`` 1 to 1000,
+that exists, and every number against its range (``sim.core.faults``): ``slowdown`` 1 to 1000,
 ``factor`` 0.001 to 1, ``spread`` 0 to 10, ``seed`` 0 to 2**63 - 1, ``from`` and ``at`` 0s
 to 1e6s.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
-from sim.specs import ClusterSpec
-from sim.units import parse_time
+from sim.core.specs import ClusterSpec
+from sim.core.units import parse_time
 
 __all__ = ["read_faults"]
 
@@ -37,8 +37,8 @@ _FAULT_REQUIRED = {"straggler": {"device", "slowdown"}, "jitter": set(), "slow_l
 
 
 def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
-    """The ``faults:`` list (see ``sim.faults``), with device and NIC ids checked against the cluster."""
-    from sim.faults import FAULT_TYPES
+    """The ``faults:`` list (see ``sim.core.faults``), with device and NIC ids checked against the cluster."""
+    from sim.core.faults import FAULT_TYPES
 
     if data is None:
         return ()
@@ -55,7 +55,17 @@ def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
 
 
 def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: ClusterSpec):
-    from sim.faults import FACTOR_RANGE, JITTER_PER, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
+    from sim.core.faults import (
+        FACTOR_RANGE,
+        JITTER_PER,
+        MAX_FAULT_TIME_S,
+        MAX_SEED,
+        SLOWDOWN_RANGE,
+        Failure,
+        Jitter,
+        SlowLink,
+        Straggler,
+    )
 
     times = (0.0, MAX_FAULT_TIME_S, "0s to 1e6s")
     if kind == "straggler":

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sim.errors import DappleError, SpecError
+from sim.core.errors import DappleError, SpecError
 from sim.input.strict import StrictReader, join_key, show_text
-from sim.model_spec import ModelSpec
+from sim.core.model_spec import ModelSpec
 
 __all__ = ["read_model"]
 
@@ -43,7 +43,7 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
 def _optimizer(reader: StrictReader, value: Any, default_implementation: str) -> dict[str, Any]:
     """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32}``:
     the name (None: the model's default), the step's implementation, the gradients' dtype."""
-    from sim.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
+    from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 
     if value is None or isinstance(value, str):
         return {"name": value, "implementation": default_implementation, "grad_dtype": None}
@@ -60,7 +60,7 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
     from sim.input.profiles import load_profile
-    from sim.userfiles import PROFILE_MAX_BYTES
+    from sim.core.userfiles import PROFILE_MAX_BYTES
 
     reader.keys(data, "model", allowed=_PROFILE_KEYS, required={"profile", "profile_batch_size"})
     path = reader.path(data["profile"], "model.profile", data_fallback=True, max_bytes=PROFILE_MAX_BYTES)

@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.errors import ScenarioError, read_user_file
+from sim.core.errors import ScenarioError, read_user_file
 from sim.input.strict import show_text, show_value
-from sim.parallelism import Sharding
-from sim.plan import PlanSpec
-from sim.specs import TrainingSpec
+from sim.core.parallelism import Sharding
+from sim.core.plan import PlanSpec
+from sim.core.specs import TrainingSpec
 
 __all__ = ["PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
 
@@ -65,7 +65,7 @@ def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """Read a plan file; a missing, unreadable or non-JSON file is a one-line error."""
     from sim.input.yaml_text import check_nesting
-    from sim.userfiles import show_path
+    from sim.core.userfiles import show_path
 
     path = Path(path)
     shown = show_path(path)

@@ -20,7 +20,7 @@ embedding and the head count as layers) cut into stages of balanced compute; wit
 ``schedule: interleaved`` and ``chunks: v`` the grid has v·p stages, stage s on device set
 s mod p.
 
-Beyond the keys, the plan is checked as a whole (``sim.plan.check_plan``: the ranges cover
+Beyond the keys, the plan is checked as a whole (``sim.core.plan.check_plan``: the ranges cover
 the model without gaps or overlaps, no device is used twice; the degrees divide the model's
 heads, MLP width, vocabulary and sequence), and its schedule is generated (or parsed and
 checked) once here, so a schedule that cannot run is a scenario error.
@@ -31,14 +31,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sim.errors import ScenarioError, ScheduleError, SpecError
-from sim.userfiles import read_user_file
+from sim.core.errors import ScenarioError, ScheduleError, SpecError
+from sim.core.userfiles import read_user_file
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 from sim.models import shard_model
-from sim.parallelism import Recompute, Shard, Sharding
-from sim.plan import PlanSpec, StageSpec, check_plan
-from sim.model_spec import ModelSpec
-from sim.specs import ClusterSpec, TrainingSpec
+from sim.core.parallelism import Recompute, Shard, Sharding
+from sim.core.plan import PlanSpec, StageSpec, check_plan
+from sim.core.model_spec import ModelSpec
+from sim.core.specs import ClusterSpec, TrainingSpec
 
 __all__ = ["read_plan"]
 
@@ -120,7 +120,7 @@ def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
         params["policy"] = DapplePolicy.AUTO.value  # the paper's rule per stage (issue 19 item 5)
     if "chunks" in data:
         params["chunks"] = reader.integer(data, "plan.schedule", "chunks")
-    if "overlap_efficiency" in data:  # how much an OVERLAP_F_B pair hides (sim.cost.overlapped_pair_s)
+    if "overlap_efficiency" in data:  # how much an OVERLAP_F_B pair hides (sim.cost.compute.overlapped_pair_s)
         params["overlap_efficiency"] = reader.number(data, "plan.schedule", "overlap_efficiency", low=0.0, high=1.0)
     return name, params
 
@@ -164,7 +164,7 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
 def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,
           params: dict) -> tuple[StageSpec, ...]:
     """A uniform plan in Megatron-LM's rank order, its layers cut into stages of balanced compute."""
-    from sim.cost import layer_times_s
+    from sim.cost.compute import layer_times_s
 
     p = reader.integer(data, "plan", "pipeline_parallel", 1)
     d = reader.integer(data, "plan", "data_parallel", 1)

@@ -10,13 +10,13 @@ V100 SXM2: NVIDIA Tesla V100 datasheet (125 TFLOP/s fp16 tensor, 15.7 fp32, 900 
 A100 SXM 80GB: NVIDIA A100 datasheet (312 bf16, 19.5 fp32, 2039 GB/s);
 H100 SXM: NVIDIA H100 datasheet (989 bf16, 67 fp32, 3.35 TB/s);
 H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
-Kernel-model defaults (``sim.kernels``: matrix efficiency e_max, the dimension D at which a
+Kernel-model defaults (``sim.cost.kernels``: matrix efficiency e_max, the dimension D at which a
 product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
 starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``.
 The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
 it depends on the framework and the host, not the device.
 Kernels run asynchronously on a GPU, so a launch adds no ``kernel_overhead`` of its own; the
-host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.cost.kernel_time_s``):
+host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.cost.compute.kernel_time_s``):
 10 µs, a PyTorch operator's CPU-side work from Python to ``cudaLaunchKernel`` (the CUDA API's
 overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead"; a
 framework adds microseconds of dispatch per operator on top).

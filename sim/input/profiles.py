@@ -30,9 +30,9 @@ import heapq
 import re
 from pathlib import Path
 
-from sim.errors import DappleError
-from sim.model_spec import LayerSpec, ModelSpec
-from sim.userfiles import PROFILE_MAX_BYTES, read_user_file, show_path, user_file_problem
+from sim.core.errors import DappleError
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.userfiles import PROFILE_MAX_BYTES, read_user_file, show_path, user_file_problem
 
 __all__ = ["ProfileError", "load_profile", "parse_profile"]
 

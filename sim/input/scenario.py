@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.errors import ScenarioError, read_user_file
+from sim.core.errors import ScenarioError, read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
 from sim.input.plan_section import read_plan
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
 from sim.input.yaml_text import load_yaml
-from sim.plan import PlanSpec
-from sim.model_spec import ModelSpec
-from sim.specs import ClusterSpec, TrainingSpec
+from sim.core.plan import PlanSpec
+from sim.core.model_spec import ModelSpec
+from sim.core.specs import ClusterSpec, TrainingSpec
 
 __all__ = ["DATA_DIR", "Scenario", "apply_overrides", "default_optimizer_implementation", "load_scenario",
            "parse_scenario"]
@@ -60,7 +60,7 @@ class Scenario:
     plan: PlanSpec | None
     """Stages and schedule; None lets the planner decide."""
     faults: tuple = ()
-    """Injected faults (``sim.faults``: stragglers, jitter, slow links, failures)."""
+    """Injected faults (``sim.core.faults``: stragglers, jitter, slow links, failures)."""
     path: str = ""
     """The file it was read from."""
     device_defaults: tuple[tuple[str, str], ...] = ()
@@ -145,11 +145,11 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
     """Return a copy of ``raw`` with each dotted key set to its value read as YAML.
 
     ``plan.stages.0.devices=[0, 1]`` indexes lists by number; missing mappings are created.
-    A ``--set`` that ``sim.command.parse_overrides`` could not split into KEY=VALUE is
+    A ``--set`` that ``sim.core.command.parse_overrides`` could not split into KEY=VALUE is
     reported here, where the file it applies to is known. A value is read as YAML within
     ``sim.input.yaml_text``'s limits; what a message echoes of a key is at most 60 characters.
     """
-    from sim.command import MalformedOverride
+    from sim.core.command import MalformedOverride
 
     raw = copy.deepcopy(raw)
     for dotted, text in overrides.items():

@@ -21,9 +21,9 @@ import difflib
 from pathlib import Path
 from typing import Any, Callable
 
-from sim.errors import DappleError, ScenarioError, SpecError
-from sim.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
-from sim.userfiles import INPUT_MAX_BYTES, show_path, user_file_problem
+from sim.core.errors import DappleError, ScenarioError, SpecError
+from sim.core.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
+from sim.core.userfiles import INPUT_MAX_BYTES, show_path, user_file_problem
 
 __all__ = ["DATA_DIR", "MAX_INTEGER", "MISSING", "QUANTITY_RANGES", "StrictReader", "device_ids", "join_key",
            "show_text", "show_value"]

@@ -29,7 +29,7 @@ from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent, ScalarEvent
 from yaml.resolver import Resolver
 
-from sim.errors import DappleError, ScenarioError
+from sim.core.errors import DappleError, ScenarioError
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "MAX_NUMBER_CHARS", "check_nesting", "load_yaml"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from sim.models.layers import chain, classifier, linear
 from sim.models.params import resolve
-from sim.model_spec import ModelSpec
-from sim.specs import DTYPE_BYTES
+from sim.core.model_spec import ModelSpec
+from sim.core.specs import DTYPE_BYTES
 
 __all__ = ["mlp"]
 

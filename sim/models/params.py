@@ -13,8 +13,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from sim.errors import SpecError
-from sim.specs import DTYPE_BYTES, OPTIMIZER_STATES
+from sim.core.errors import SpecError
+from sim.core.specs import DTYPE_BYTES, OPTIMIZER_STATES
 
 __all__ = ["REQUIRED", "PRESET_PARAMS", "describe", "names", "resolve"]
 
@@ -62,7 +62,7 @@ embedding matrix (GPT-2, BERT and Megatron-LM's GPT, whose ``--untie-embeddings-
 is off by default), so the head's layer does not count it. When the embedding and the head are
 on different stages the head's stage keeps a second copy, and the two copies' gradients are
 all-reduced before the optimizer step, as Megatron-LM's embedding group does
-(``ModelSpec.tied_copy_bytes``, ``sim.cost.stage_cost``).
+(``ModelSpec.tied_copy_bytes``, ``sim.cost.compute.stage_cost``).
 """
 
 _BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})

@@ -3,7 +3,7 @@
 Each is an ``embedding``, ``layers`` identical blocks ``block_0`` .. ``block_{layers-1}`` and
 a ``head`` that computes the loss. A block's parameters, FLOPs and stash follow Megatron-LM's
 counts (Narayanan et al., SC'21, §5.1) and the activation-memory count of Korthikanti et al.
-(2022, §4.1, Eq. 1; ``sim.parallelism.block_activation_bytes``), written for any dtype and
+(2022, §4.1, Eq. 1; ``sim.cost.memory.block_activation_bytes``), written for any dtype and
 MLP width; the conventions (what a stash holds, FLOPs per multiply-add) are ``sim.models``'.
 
 Llama (Touvron et al. 2023; Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3) differs
@@ -23,13 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from sim import kernels as K
-from sim.errors import SpecError
+from sim.cost import kernels as K
+from sim.core.errors import SpecError
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.params import resolve
-from sim.parallelism import BlockShape, Recompute, Shard, block_activation_bytes, tensor_parallel_collectives
-from sim.model_spec import LayerSpec, ModelSpec
-from sim.specs import DTYPE_BYTES
+from sim.cost.memory import BlockShape, block_activation_bytes
+from sim.core.parallelism import Recompute, Shard
+from sim.cost.comm import tensor_parallel_collectives
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.specs import DTYPE_BYTES
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
 
@@ -118,7 +120,7 @@ def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tu
     goes through operator f (all-reduce of its gradient in the backward; with sequence
     parallelism an all-gather forward and a reduce-scatter backward). The cross-entropy's
     s-sized reductions are left out."""
-    from sim.parallelism import TensorParallelCollective as C
+    from sim.cost.comm import TensorParallelCollective as C
 
     if shard.tensor <= 1:
         return ()

@@ -13,7 +13,7 @@ A schedule is checked the way a reviewer reads it, cheapest question first:
    (:func:`sim.schedule.ir.dependencies`); if some rank is left waiting for something that
    never happens, the schedule deadlocks.
 
-The first failure raises :class:`~sim.errors.ScheduleError` with a one-line message
+The first failure raises :class:`~sim.core.errors.ScheduleError` with a one-line message
 (``rank 1 step 3: 1B0 waits for 2B0 (rank 2 step 5), which never runs (deadlock)``) and,
 in ``detail``, the rank × step grid with the culprit in brackets — like torch's
 ``_format_pipeline_order`` but with ranks as rows.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.ir import ActionKind, OverlapFB, Ref, Schedule, Where, wait_lists
 
 __all__ = ["check_schedule", "format_grid", "run_ranks"]

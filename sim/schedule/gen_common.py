@@ -1,6 +1,6 @@
 """What every schedule generator shares: its argument checks and how it assembles a Schedule.
 
-Each check raises a one-line :class:`~sim.errors.ScheduleError` naming the generator, the
+Each check raises a one-line :class:`~sim.core.errors.ScheduleError` naming the generator, the
 argument and its value, as ``generate`` promises for every name in its table.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.ir import Action, Schedule, Step
 
 __all__ = ["check_chunks", "check_sizes", "multi_chunk", "single_chunk"]

@@ -32,7 +32,7 @@ import inspect
 from collections import deque
 from collections.abc import Callable
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.gen_common import check_sizes, single_chunk
 from sim.schedule.ir import Action, ActionKind, Schedule
 from sim.schedule.looped import interleaved, interleaved_zb, looped_bfs

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 
 __all__ = [
     "COMM_KINDS",

@@ -23,7 +23,7 @@ torch's looped schedules need M to be a multiple of the number of rounds max(1, 
 
 from __future__ import annotations
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.gen_common import check_chunks, check_sizes, multi_chunk
 from sim.schedule.ir import Action, ActionKind, Schedule
 from sim.schedule.policy import interleaved_warmup, interleaved_zb_warmup

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.errors import ScheduleError
-from sim.plan import PlanSpec
+from sim.core.errors import ScheduleError
+from sim.core.plan import PlanSpec
 from sim.schedule.check import check_schedule
 from sim.schedule.generators import LOOPED_SCHEDULES, generate
 from sim.schedule.ir import Schedule
@@ -33,7 +33,7 @@ def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str
     policy is not ``auto`` (pass the result to :func:`schedule_for_plan` as ``stage_policies``).
 
     ``sim.schedule.policy.choose_dapple_policies`` on the plan's costs, as one replica
-    spends them on its largest slice of a micro-batch (``sim.cost.stage_cost`` on one
+    spends them on its largest slice of a micro-batch (``sim.cost.compute.stage_cost`` on one
     device's share of the layers, ``sim.models.shard_model``):
 
     - ``compute_s[i]``: stage i's forward plus backward;
@@ -44,7 +44,8 @@ def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str
     - ``max_warmup[i]``: the micro-batches whose stash fits beside the stage's model states in
       a device's memory.
     """
-    from sim.cost import split_samples, stage_cost
+    from sim.cost.split import split_samples
+    from sim.cost.compute import stage_cost
     from sim.models import shard_model
     from sim.schedule.policy import choose_dapple_policies
 

@@ -17,7 +17,7 @@ pipeline takes to fill and how many micro-batches' activations stage i holds at 
   ``ScheduleInterleavedZeroBubble`` (Qi et al., ICLR 2024) with (v−1)·R + (S−1−r).
 
 These are the one home of those counts: the generators (``sim.schedule.generators``), the
-closed forms (``sim.analytic``) and the planner's memory estimate (``planner.search``) call them.
+closed forms (``sim.cost.closed_forms``) and the planner's memory estimate (``planner.search.ranking``) call them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from enum import StrEnum
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 
 __all__ = [
     "HEAVY_TRANSFER_RATIO",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.ir import (
     COMPUTE_KINDS,
     OVERLAP_F_B,

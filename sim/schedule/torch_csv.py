@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import io
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.ir import Schedule, Step
 from sim.schedule.text import parse_action, schedule_from_ranks
 

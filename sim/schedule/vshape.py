@@ -20,7 +20,7 @@ style="v")``); both schedules here give torch 2.13's orders exactly:
 
 from __future__ import annotations
 
-from sim.errors import ScheduleError
+from sim.core.errors import ScheduleError
 from sim.schedule.gen_common import check_sizes, multi_chunk
 from sim.schedule.ir import Action, ActionKind, OverlapFB, Schedule, Step
 

@@ -1,0 +1,350 @@
+"""DAPPLE's planner: dynamic programming over layer prefixes and device counts.
+
+DAPPLE (Fan et al., PPoPP'21, §4) chooses stage boundaries and per-stage replica counts by
+dynamic programming: a partial plan covers the first ``j`` layers on the first ``g``
+devices, and a new stage extends it by layers ``[j, j')`` on ``r`` more devices. Its value
+is the pipeline latency model: with stages' forward and backward times ``F_s``, ``B_s``,
+the transfer time ``C_s`` of the cut in front of stage s and all-reduce ``AR_s``,
+
+    L = max over stages and cuts u of ( Σ_{u'<u} (F_u' + B_u') + M·busy_u ) + max_s (AR_s − Σ_{s'<s} B_s'),
+
+the pivot form of warm-up + steady phase + ending phase (``sim.cost.closed_forms.dapple_latency_s``)
+in which each cut is a pipeline stage of its own (``F = B = C``, busy ``C`` per micro-batch
+in each direction): transfers overlap compute, so a cut slows the steady phase only when
+it is slower than the stages. ``sim.cost.closed_forms.extend_pipeline`` computes L one stage at a
+time, here and in ``planner.search.ranking``'s scores.
+L is not a sum, so each DP state keeps the Pareto set of partial plans over the quantities
+that decide how extensions fare: the running maximum, the running sum ``Σ(F+B)``, the
+ending so far (a stage's all-reduce starts when the drain of backwards reaches it, so it
+adds ``AR_s − Σ_{s'<s} B_s'``, DAPPLE's ``T_e``) and the drain so far. Pruning dominated partial plans is then exact for
+this model; because the model is only an estimate, a plan is pruned only when another is
+better by ``SLACK`` in every quantity, and the set is capped at ``PARETO_CAP`` per state.
+
+During the DP a stage's devices are the next ``r`` in order (Append First), which fixes
+whether a cut crosses servers; the best partitions are then re-placed under all three
+placement policies, every schedule and recompute setting, and ranked by
+``planner.search.ranking.settle`` (analytic, fast path, engine).
+
+Memory is part of the DP, so a plan that fits is never pruned for one that does not: a
+stage's devices hold its model states and the activations of the micro-batches alive on it,
+min(M, S − i) under DAPPLE's early backward (K_i = S − i, the least of the schedules), which
+depends on the number of stages S that is not known yet. Each partial plan therefore
+carries the most stages its stages allow (stage i with room for k micro-batches allows
+S ≤ i + k), a sixth Pareto quantity; an extension past it is dropped. The check is
+optimistic (the most sharding the options allow, no receive buffers), so it only drops what
+cannot fit; ``planner.search.memory`` counts each candidate exactly before it is replayed.
+
+The 4D space runs the DP once per *layout* (tensor × context degree, ``planner.search.layouts``) on
+*units* of t·c devices, and per recompute mode (each changes the stages' times and what they
+keep); sharding is chosen per partition afterwards (the cheapest modes whose memory fits).
+
+Layers are grouped into at most ``MAX_SEGMENTS`` segments of similar compute for long
+profiles. Clusters above ``UNIFORM_ABOVE`` units use the same replica count for every
+stage (DP x PP grids), which keeps the search linear in the cluster size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+from planner.planners.baselines import grid_candidates
+from planner.search.costs import CostTables
+from planner.search.layouts import layouts, levels
+from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
+from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
+from sim.cost.closed_forms import PIPELINE_START, extend_pipeline
+from sim.input.scenario import Scenario
+from sim.core.parallelism import Recompute, Sharding
+
+__all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
+
+MAX_SEGMENTS = 24
+"""Most layer groups the DP cuts between (long profiles are grouped by compute)."""
+PARETO_CAP = 6
+"""Partial plans kept per DP state."""
+SLACK = 0.03
+"""A partial plan is dropped only when another beats it by this fraction in every quantity:
+the latency model is an estimate, so near-ties survive for the replays to separate."""
+UNIFORM_ABOVE = 64
+"""Above this many units, stages share one replica count."""
+EVERY_COUNT_UP_TO = 16
+"""Up to this many units a stage may have any replica count; above, only counts that divide them."""
+KEEP_PER_BATCH = 16
+"""Complete plans kept per micro-batch size for re-scoring."""
+UNEVEN_BATCHES = 2
+"""Micro-batch sizes (the best by their uniform grids) searched with uneven replica counts."""
+POOL = 64
+"""Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
+
+
+def segment_cuts(tables: CostTables, max_segments: int = MAX_SEGMENTS) -> list[int]:
+    """Layer indices the DP may cut at: all of them, or ones that split compute evenly."""
+    n = tables.num_layers
+    if n <= max_segments:
+        return list(range(n + 1))
+    total = tables.compute_s(0, n, 1)
+    weight = [sum(tables.compute_s(0, k, 1)) for k in range(n + 1)]
+    whole = sum(total)
+    cuts = {0, n}
+    for k in range(1, max_segments):
+        target = whole * k / max_segments
+        cuts.add(min(range(1, n), key=lambda j: (abs(weight[j] - target), j)))
+    return sorted(cuts)
+
+
+def _replica_choices(num_units: int) -> list[tuple[int, ...]]:
+    """Replica-count sets to run the DP with: every count (small clusters), and one uniform
+    count per run (DP x PP grids), whose best partitions the free DP may rank lower."""
+    uniform = [(r,) for r in range(1, num_units + 1) if num_units % r == 0]
+    if num_units <= EVERY_COUNT_UP_TO:
+        return [tuple(range(1, num_units + 1))] + uniform
+    if num_units <= UNIFORM_ABOVE:  # uneven, from the counts that divide the cluster (32 + 16 + 16, ...)
+        return [tuple(r for (r,) in uniform)] + uniform
+    return uniform
+
+
+def partitions(
+    tables: CostTables,
+    cuts: list[int],
+    num_devices: int,
+    microbatch_size: int,
+    num_microbatches: int,
+    replica_set: tuple[int, ...],
+    max_stages: int,
+    keep: int,
+    bound: float = math.inf,
+    *,
+    per_node: int | None = None,
+    recompute: Recompute = Recompute.NONE,
+    memory_sharding: Sharding = Sharding.NONE,
+    pressure: list | None = None,
+) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
+    """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP.
+
+    ``num_devices`` counts units (``per_node`` of them per server, the cluster's own server
+    size by default). Partial plans whose estimate already exceeds ``bound`` are dropped:
+    extending a plan never lowers its estimate. A stage must fit in memory with
+    ``memory_sharding`` and at least one micro-batch alive, and the stages that follow it
+    must not make more alive than it has room for (the module docstring). ``pressure``, if
+    given, gets an entry when memory dropped or limited an extension (more recompute could help).
+    """
+    per_node = per_node or tables.cluster.devices_per_node
+    exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
+    M = num_microbatches
+    capacity = tables.cluster.device.memory_bytes
+    last = len(cuts) - 1
+    widest = max(replica_set)
+    # frontier[cut index][units used] = [(PipelineFold, stages, parent key, parent index, replicas, most stages)]
+    frontier: list[dict[int, list[tuple]]] = [dict() for _ in range(last + 1)]
+    frontier[0][0] = [(PIPELINE_START, 0, None, -1, 0, max_stages)]
+    stage_cost: dict[tuple, tuple] = {}
+    for ci in range(last):
+        for g in sorted(frontier[ci]):
+            records = [(i, rec) for i, rec in enumerate(frontier[ci][g]) if rec[1] < min(max_stages, rec[5])]
+            if not records:
+                continue
+            a = cuts[ci]
+            for cj in range(ci + 1, last + 1):
+                b = cuts[cj]
+                if tables.static_bytes(a, b, widest, memory_sharding) > capacity:
+                    if pressure is not None and not pressure:
+                        pressure.append((ci, cj))
+                    break  # longer stages only hold more parameters
+                for r in replica_set:
+                    if g + r > num_devices:
+                        break
+                    if exact and (num_devices - g - r) > r * (last - cj):
+                        continue  # a grid must use every unit: too few cuts left for its stages
+                    first, final = g // per_node, (g + r - 1) // per_node
+                    crosses = ci > 0 and (g - 1) // per_node != final
+                    cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
+                    if cost_key not in stage_cost:
+                        stage_cost[cost_key] = _stage(tables, a, b, r, final - first + 1, microbatch_size, ci > 0,
+                                                      crosses, recompute, memory_sharding, capacity)
+                    f, bk, comm, tail, room = stage_cost[cost_key]
+                    if room < 1:
+                        if pressure is not None and not pressure:
+                            pressure.append(cost_key)
+                        continue  # not even one micro-batch's activations fit beside the states
+                    target = frontier[cj].setdefault(g + r, [])
+                    # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
+                    worst = target[-1][0][0] + target[-1][0][2] if len(target) >= PARETO_CAP else bound
+                    for index, record in records:
+                        j, most = record[1], record[5]
+                        if room < M and j + room < most:
+                            most = j + int(room)
+                            if pressure is not None and not pressure:
+                                pressure.append(cost_key)
+                        if j + 1 > most:
+                            continue  # its stages after would keep more alive than it holds
+                        extended = extend_pipeline(record[0], f, bk, comm, tail, M)
+                        if extended[0] + extended[2] >= worst:
+                            continue  # the cap would drop it (it cannot dominate a kept plan)
+                        _insert(target, (extended, j + 1, (ci, g), index, r, most))
+    finished = []
+    for g in sorted(frontier[last]):
+        if exact and g != num_devices:
+            continue
+        for index, record in enumerate(frontier[last][g]):
+            bounds, replicas = _trace(frontier, cuts, (last, g), index)
+            finished.append((record[0].total_s, bounds, replicas))
+    finished.sort(key=lambda item: (item[0], len(item[2]), item[2]))
+    return finished[:keep]
+
+
+def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, microbatch_size: int, has_input: bool,
+           crosses: bool, recompute: Recompute, memory_sharding: Sharding, capacity: float):
+    """(forward, backward, transfer of the cut in front, all-reduce + optimizer, micro-batches
+    whose activations fit beside the states) of one stage on ``r`` units."""
+    samples = CostTables.slice_of(microbatch_size, r)
+    f, bk = tables.compute_s(a, b, samples, recompute)
+    comm = tables.transfer_s(a, microbatch_size, r, nodes, not crosses) if has_input else 0.0
+    tail = tables.allreduce_s(a, b, math.ceil(r / nodes), nodes) + tables.optimizer_s(a, b)
+    stash = tables.stash_bytes(a, b, samples, recompute=recompute)
+    free = capacity - tables.static_bytes(a, b, r, memory_sharding)
+    room = math.inf if stash <= 0 and free >= 0 else (free / stash if stash > 0 else 0.0)
+    return f, bk, comm, tail, room
+
+
+def _insert(records: list[tuple], entry: tuple) -> None:
+    """Add ``entry`` unless dominated; drop what it dominates; keep the ``PARETO_CAP`` best.
+
+    Smaller is better for the running maximum, the fill+drain sum and the ending; a larger
+    drain so far and more stages allowed are better (later all-reduces hide behind the drain;
+    later stages need the room). ``records`` stays sorted by the latency estimate
+    ``lmax + ending``, so its last entry is the one the cap drops.
+    """
+    keep = 1.0 - SLACK  # a plan must be clearly better to push another out
+    lmax, psum, ending, drained = entry[0]
+    most = entry[5]
+    end_bar = ending - SLACK * abs(ending)
+    for record in records:
+        o = record[0]
+        if o[0] <= lmax * keep and o[1] <= psum * keep and o[2] <= end_bar and o[3] * keep >= drained \
+                and record[5] >= most:
+            return
+    records[:] = [
+        record for record in records
+        if not (lmax <= (o := record[0])[0] * keep and psum <= o[1] * keep and ending <= o[2] - SLACK * abs(o[2])
+                and drained * keep >= o[3] and most >= record[5])
+    ]
+    proxy = lmax + ending  # total_s, spelled out on this hot path
+    position = len(records)
+    while position and records[position - 1][0][0] + records[position - 1][0][2] > proxy:
+        position -= 1
+    records.insert(position, entry)
+    del records[PARETO_CAP:]
+
+
+def _trace(frontier, cuts, key, index) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    bounds, replicas = [cuts[key[0]]], []
+    while key != (0, 0):
+        record = frontier[key[0]][key[1]][index]
+        replicas.append(record[4])
+        key, index = record[2], record[3]
+        bounds.append(cuts[key[0]])
+    return tuple(reversed(bounds)), tuple(reversed(replicas))
+
+
+def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list[Candidate]:
+    """Megatron's interleaved variant of uniform partitions: each stage's layers split in v
+    chunks, chunk k of the model on device set k mod S (valid when the micro-batch count
+    divides into rounds of S, as torch's ScheduleInterleaved1F1B requires)."""
+    variants = []
+    for base in found:
+        bounds, replicas, S = base.bounds, base.replicas, base.num_stages
+        M = global_batch_size // base.microbatch_size
+        if S < 2 or len(set(replicas)) != 1 or M % S:
+            continue
+        for v in options.chunks:
+            if any(b - a < v for a, b in zip(bounds, bounds[1:])):
+                continue
+            pieces = [a + (b - a) * k // v for a, b in zip(bounds, bounds[1:]) for k in range(v)] + [bounds[-1]]
+            # the model cut into S·v consecutive chunks; chunk k runs on device set k mod S (Megatron's layout)
+            for placement in options.placements:
+                variants.append(Candidate(bounds=tuple(pieces), replicas=replicas * v,
+                                          microbatch_size=base.microbatch_size, schedule="interleaved",
+                                          recompute=base.recompute, placement=placement, chunks=v,
+                                          tensor_parallel=base.tensor_parallel,
+                                          context_parallel=base.context_parallel, sharding=base.sharding))
+    return variants
+
+
+def _shardings(tables: CostTables, scenario: Scenario, base: Candidate, options: PlannerOptions) -> list[Sharding]:
+    """The sharding modes to try on a partition: the fastest two whose estimated memory fits
+    (or, if none does by the estimate, the one that needs the least)."""
+    capacity = scenario.cluster.device.memory_bytes
+    scored = []
+    for sharding in sorted(dict.fromkeys(options.sharding), key=list(Sharding).index):
+        if sharding is not Sharding.NONE and max(base.replicas) * base.context_parallel == 1:
+            continue  # nothing to shard over
+        latency, peak = analytic_score(tables, scenario, replace(base, sharding=sharding))
+        scored.append((peak > capacity, latency if peak <= capacity else peak, sharding))
+    scored.sort(key=lambda x: (x[0], x[1], list(Sharding).index(x[2])))
+    fitting = [s for over, _, s in scored if not over]
+    return fitting[:2] if fitting else [scored[0][2]]
+
+
+def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    """DAPPLE's planner over the 4D space: per layout and recompute mode, DP over partitions
+    and replica counts; sharding per partition; then the shared settling rounds."""
+    started = time.perf_counter()
+    cluster = scenario.cluster
+    gbs = scenario.training.global_batch_size
+    frugal = max(options.sharding, key=list(Sharding).index)
+    recomputes = list(dict.fromkeys(r for r, _ in levels(scenario, options)))
+    cache = TablesCache(scenario)  # one table per layout for the DP, the expansion, the grid and the settling
+    found = []
+    for t, c in layouts(scenario, options):
+        tables = cache.layout(t, c)
+        unit = t * c
+        _, per_node = unit_grid(cluster, unit)
+        num_units = cluster.num_devices // unit
+        cuts = segment_cuts(tables)
+        max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, num_units)
+        choices = sorted(_replica_choices(num_units), key=len)
+        uniform, general = [x for x in choices if len(x) == 1], [x for x in choices if len(x) > 1]
+        for recompute in recomputes:
+            bounds_of: dict[int, float] = {}
+            pressure: list = []  # whether memory limited this mode's DP (else more recompute only costs time)
+
+            def run(microbatch_size: int, replica_set: tuple[int, ...]) -> None:
+                stages = min(max_stages, 2 * (gbs // microbatch_size))
+                plans = partitions(tables, cuts, num_units, microbatch_size, gbs // microbatch_size, replica_set,
+                                   stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size], per_node=per_node,
+                                   recompute=recompute, memory_sharding=frugal, pressure=pressure)
+                for score, b, r in plans:
+                    found.append((score, Candidate(bounds=b, replicas=r, microbatch_size=microbatch_size,
+                                                   recompute=recompute, tensor_parallel=t, context_parallel=c)))
+                if plans and len(replica_set) == 1:
+                    bounds_of[microbatch_size] = min(bounds_of[microbatch_size], plans[0][0] * (1 + 3 * SLACK))
+
+            for microbatch_size in microbatch_sizes(gbs, options):
+                bounds_of[microbatch_size] = math.inf
+                for replica_set in uniform:  # DP x PP grids first: cheap, and they bound the rest
+                    r = replica_set[0]
+                    # a grid uses every unit in at most max_stages stages, and gives every replica a sample
+                    if num_units // r <= max_stages and microbatch_size >= r:
+                        run(microbatch_size, replica_set)
+            # uneven replicas for the micro-batch sizes whose grids look best
+            for microbatch_size in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
+                for replica_set in general:
+                    run(microbatch_size, replica_set)
+            if not pressure:
+                break  # memory limited nothing: recomputing more would only cost time
+    found.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
+    pool = [base for _, base in found[:POOL]]
+    candidates = []
+    for base in pool:
+        tables = cache(base)
+        for sharding in _shardings(tables, scenario, base, options):
+            sharded = replace(base, sharding=sharding)
+            candidates += [replace(sharded, schedule=name, params=params, placement=placement)
+                           for name, params in options.schedules for placement in options.placements]
+            if options.interleaved:
+                candidates += _interleaved([sharded], gbs, options)
+    # DAPPLE's space holds Megatron's grid: its best few are always replayed
+    return settle("dapple", scenario, candidates, options, started=started, progress=progress,
+                  reserved=grid_candidates(scenario, options, cache), tables=cache)

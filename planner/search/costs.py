@@ -1,0 +1,217 @@
+"""Analytic costs the planners search with: stage times, transfers, all-reduce and memory.
+
+The search looks at far more candidates than it can replay, so it scores them with closed
+forms computed from prefix sums over the layers (O(1) per stage). One ``CostTables`` holds
+one *layout* of the model: the share of every layer that one device of a tensor-parallel
+group of t and a context-parallel group of c holds (``sim.models.shard_model``, with
+Megatron's sequence parallelism whenever t > 1), so every figure below is per device:
+
+* a stage's forward and backward time for its slice of a micro-batch (the cost model of
+  ``sim.cost.compute``, tabulated once per slice size), with what the recompute mode adds (the
+  forward again under ``full``; attention's core under ``selective``: ``sim.cost.compute.stage_cost``),
+  the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
+  flows: ring bytes over one server's ports plus a latency per ring step), and the
+  context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
+  action takes the longer of the two (``sim.engine.groups``);
+* a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
+  are the cut's activations (each device's share) and the bandwidth is that of the ports
+  carrying them in parallel (each receiving GPU's port inside a server; the receiving
+  servers' NICs between servers);
+* a stage's gradient all-reduce, alpha-beta (``sim.cost.comm``, as the engine's flows): ring
+  inside a server, hierarchical across servers, for each of the t gradient groups (the t
+  groups share the servers' NICs); ``sharding: full`` leaves only the reduce-scatter;
+* a stage's memory per device: parameters, gradients and optimizer state as sharding leaves
+  them (``sim.cost.memory.model_state_bytes``), plus the activations of the micro-batches
+  alive at once (``planner.search.memory`` counts them from the schedule).
+
+These are estimates for ranking; ``planner.search.memory`` checks memory with the engine's own
+per-stage costs before a replay, and the fast path and the SimPy engine settle the choice.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from sim.cost.comm import ring_bytes, ring_s, ring_steps
+from sim.cost.compute import attention_core_s, layer_times_s, optimizer_step_s
+from sim.input.scenario import Scenario
+from sim.models import shard_model
+from sim.core.parallelism import Recompute, Shard, Sharding
+from sim.cost.memory import model_state_bytes
+
+__all__ = ["CostTables"]
+
+_HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
+
+
+def _prefix(values) -> list[float]:
+    return [0.0, *accumulate(values)]
+
+
+class CostTables:
+    """Prefix sums of one layout's per-device, per-sample costs on a cluster's device.
+
+    ``tensor_parallel`` and ``context_parallel`` choose the layout; a measured profile has only
+    the whole one (``shard_model`` raises ``SpecError`` for any other).
+    """
+
+    def __init__(self, scenario: Scenario, *, tensor_parallel: int = 1, context_parallel: int = 1) -> None:
+        shard = Shard(tensor=tensor_parallel, context=context_parallel, sequence_parallel=tensor_parallel > 1)
+        model = shard_model(scenario.model, shard)
+        cluster = scenario.cluster
+        self.cluster = cluster
+        self.model = model
+        self.tensor_parallel, self.context_parallel = tensor_parallel, context_parallel
+        self.unit = tensor_parallel * context_parallel
+        self._times: dict[int, tuple[list[float], ...]] = {}
+        layers = model.layers
+        self._stash = _prefix(layer.stash_bytes for layer in layers)
+        self._selective = _prefix(layer.selective_stash for layer in layers)
+        self._checkpoints = _prefix(layer.checkpoint_bytes or 0.0 for layer in layers)
+        self._is_block = [layer.checkpoint_bytes is not None for layer in layers]
+        self._params = _prefix(layer.param_bytes for layer in layers)
+        self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
+        self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
+        t = tensor_parallel
+        self._tp = {
+            phase: (_prefix(sum(ring_bytes(t, c.bytes, halves=_HALVES[c.kind]) for c in layer.tp_collectives
+                                if c.phase == phase) for layer in layers),
+                    _prefix(sum(ring_steps(t, halves=_HALVES[c.kind]) for c in layer.tp_collectives
+                                if c.phase == phase) for layer in layers))
+            for phase in ("forward", "backward")
+        } if t > 1 else None
+        self.optimizer_factor = model.optimizer_state_bytes_per_param_byte
+        self.grad_factor = model.grad_bytes_per_param_byte
+        self._state_factors: dict[tuple[int, Sharding], float] = {}
+        self.state_factor = 1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte
+        self.num_layers = model.num_layers
+
+    def _table(self, samples: int) -> tuple[list[float], ...]:
+        if samples not in self._times:  # prefix sums per slice size (kernel times are not linear in it)
+            device, dtype = self.cluster.device, self.model.dtype
+            times = [layer_times_s(layer, device, dtype, samples) for layer in self.model.layers]
+            again = [attention_core_s(layer, device, dtype, samples) for layer in self.model.layers]
+            self._times[samples] = (_prefix(t[0] for t in times), _prefix(t[1] for t in times), _prefix(again))
+        return self._times[samples]
+
+    def compute_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
+                  *, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> tuple[float, float]:
+        """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples, the
+        recompute mode's extra work and the layout's collectives included."""
+        if end <= start:
+            return 0.0, 0.0
+        recompute = Recompute.of(recompute)
+        fwd, bwd, again = self._table(samples)
+        overhead = self.cluster.device.action_overhead_s  # as sim.cost.compute.stage_cost
+        f = fwd[end] - fwd[start]
+        b = bwd[end] - bwd[start]
+        if recompute is Recompute.FULL:
+            b += f
+        elif recompute is Recompute.SELECTIVE:
+            b += again[end] - again[start]
+        if self._tp is not None and samples:
+            link = self.cluster.intra_node
+            (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
+            rate = link.bandwidth_bytes_per_s * link.collective_efficiency
+            tp_f = (fb[end] - fb[start]) * samples / rate + (fs[end] - fs[start]) * link.latency_s
+            tp_b = (bb[end] - bb[start]) * samples / rate + (bs[end] - bs[start]) * link.latency_s
+            f, b = f + tp_f, b + tp_b + (tp_f if recompute is Recompute.FULL else 0.0)
+        beside_f = beside_b = 0.0
+        if self.context_parallel > 1 and samples:
+            ring = self._context_ring_s((self._cp_ring[end] - self._cp_ring[start]) * samples)
+            beside_f, beside_b = ring, 2 * ring
+        if sharding is Sharding.FULL and data_parallel > 1:
+            gather = self._gather_s(start, end, data_parallel)
+            beside_f, beside_b = max(beside_f, gather), max(beside_b, gather)
+        return max(f, beside_f) + overhead, max(b, beside_b) + overhead
+
+    def _context_ring_s(self, nbytes: float) -> float:
+        """Ring attention's c − 1 steps of ``nbytes`` each, inside a server when the replica fits in one."""
+        c = self.context_parallel
+        link = self.cluster.intra_node if self.unit <= self.cluster.devices_per_node else self.cluster.inter_node
+        return (c - 1) * (nbytes / link.bandwidth_bytes_per_s + link.latency_s)
+
+    def _gather_s(self, start: int, end: int, data_parallel: int) -> float:
+        """FSDP's all-gather of the stage's parameters over its gradient group, per action."""
+        n = data_parallel * self.context_parallel
+        link = self.cluster.inter_node if n * self.unit > self.cluster.devices_per_node else self.cluster.intra_node
+        return ring_s(n, self.param_bytes(start, end) / link.collective_efficiency, link.bandwidth_bytes_per_s,
+                      link.latency_s, halves=1)
+
+    def param_bytes(self, start: int, end: int) -> float:
+        """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
+        ``ModelSpec.stage_param_bytes``)."""
+        return self._params[end] - self._params[start] + self.model.tied_copy_bytes(start, end)
+
+    def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+        """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
+        over ``data_parallel`` replicas (times the context-parallel degree: they hold the same)."""
+        params = self.param_bytes(start, end)
+        d = data_parallel * self.context_parallel
+        if sharding is Sharding.NONE or d == 1:
+            return params * self.state_factor
+        key = (d, sharding)
+        if key not in self._state_factors:  # the bytes per parameter byte, from the one home of the formula
+            self._state_factors[key] = model_state_bytes(
+                1.0, optimizer_bytes_per_param_byte=self.optimizer_factor, data_parallel=d, sharding=sharding,
+                grad_bytes_per_param_byte=self.grad_factor).total
+        return params * self._state_factors[key]
+
+    def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
+        """Activations one micro-batch slice keeps until its backward (at most what the engine counts:
+        under full recompute each block's checkpoint and the stage input)."""
+        recompute = Recompute.of(recompute)
+        if recompute is Recompute.FULL:
+            head = 0.0 if end <= start or self._is_block[start] else self.model.boundary_bytes[start]
+            return (self._checkpoints[end] - self._checkpoints[start] + head) * samples
+        prefix = self._selective if recompute is Recompute.SELECTIVE else self._stash
+        return (prefix[end] - prefix[start]) * samples
+
+    def transfer_s(self, boundary: int, microbatch_size: int, receivers: int, nodes: int, intra: bool) -> float:
+        """One micro-batch's activations (or gradients) across cut ``boundary``.
+
+        ``receivers`` replicas (units of t·c devices) on ``nodes`` servers receive in parallel;
+        inside one server each device has its port, between servers the receiving servers'
+        NICs carry every device's share.
+        """
+        nbytes = self.model.boundary_bytes[boundary] * microbatch_size
+        if nbytes == 0:
+            return 0.0
+        c = self.cluster
+        if intra:
+            return c.intra_node.latency_s + nbytes / (receivers * c.intra_node.bandwidth_bytes_per_s)
+        return c.inter_node.latency_s + nbytes * self.unit / (nodes * c.nics_per_node * c.inter_node.bandwidth_bytes_per_s)
+
+    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE) -> float:
+        """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` replicas on each of
+        ``nodes`` servers: each of the t gradient groups has ``per_node × c`` devices per server,
+        and the t groups share the servers' NICs; rings move at the links' collective bandwidth
+        (``sim.cost.comm.ring_flow_bytes``)."""
+        grad = self.param_bytes(start, end) * self.grad_factor * (0.5 if sharding is Sharding.FULL else 1.0)
+        members = per_node * self.context_parallel
+        if grad == 0 or members * nodes <= 1:
+            return 0.0
+        intra, inter, c = self.cluster.intra_node, self.cluster.inter_node, self.cluster
+        time = ring_s(members, grad / intra.collective_efficiency, intra.bandwidth_bytes_per_s, intra.latency_s) \
+            if members > 1 else 0.0
+        if nodes > 1:
+            share = min(c.nics_per_node, members * self.tensor_parallel) / self.tensor_parallel
+            time += ring_s(nodes, grad / inter.collective_efficiency, share * inter.bandwidth_bytes_per_s,
+                           inter.latency_s)
+        return time
+
+    def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+        """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.optimizer_step_s``, by the model's
+        implementation); sharded states step 1/(replicas × c) of the parameters."""
+        stepped = self.param_bytes(start, end)
+        if sharding is not Sharding.NONE:
+            stepped /= data_parallel * self.context_parallel
+        copy = 1 if self.model.tied_copy_bytes(start, end) > 0 else 0
+        return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
+                                stepped, self._tensors[end] - self._tensors[start] + copy,
+                                implementation=self.model.optimizer_implementation, grad_dtype=self.model.grad_dtype)
+
+    @staticmethod
+    def slice_of(microbatch_size: int, replicas: int) -> int:
+        """Samples of the largest replica slice, the first (the stage waits for it; ``sim.cost.split.split_samples``)."""
+        return -(-microbatch_size // replicas)  # the first slice of ``split_samples``: the ceiling

@@ -1,0 +1,183 @@
+"""Evaluating a candidate: replay it, or say in kind why it cannot run.
+
+``evaluate`` turns a ``planner.search.space.Candidate`` into a checked plan and replays it with the
+fast path or the SimPy engine. The ``Evaluation`` it returns carries the plan, the training
+sizes and the replay's typed ``Summary``, built once; a candidate that cannot run carries a
+``Rejection`` instead, whose ``kind`` the planners' reports count:
+
+* ``out_of_memory`` — a device is over its capacity: by ``planner.search.memory``'s count before any
+  replay (the candidate is then not replayed), or in the replay;
+* ``invalid_plan`` — the candidate is not a plan of this model on this cluster (too many
+  replicas, a micro-batch that does not divide the global batch, ...);
+* ``invalid_schedule`` — the schedule cannot run this plan (a micro-batch count the
+  interleaved schedule does not take, ...);
+* ``device_failure`` — a ``failure`` fault stops the iteration, so no plan finishes it.
+
+``evaluation_row`` is the one view of an evaluation that the command line, the sweeps and
+the planners' plots share: the plan file (what ``--plan`` reads back) with the candidate's
+description, its placement and its headline metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Iterable
+
+from planner.search.memory import MemoryEstimate, plan_peak_bytes
+from planner.search.space import Candidate, planned
+from sim.core.errors import DappleError, ScheduleError
+from sim.input.plan_file import plan_to_dict
+from sim.input.scenario import Scenario
+from sim.core.plan import PlanSpec
+from sim.core.specs import TrainingSpec
+from sim.core.summary import Summary
+from sim.core.units import format_bytes
+
+__all__ = ["Evaluation", "Rejection", "RejectionKind", "check_plannable", "count_rejections", "evaluate",
+           "evaluation_row"]
+
+
+class RejectionKind(str, Enum):
+    """Why a candidate cannot run (its value is what reports and JSON show)."""
+
+    OUT_OF_MEMORY = "out_of_memory"
+    INVALID_PLAN = "invalid_plan"
+    INVALID_SCHEDULE = "invalid_schedule"
+    DEVICE_FAILURE = "device_failure"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """A candidate that cannot run: the kind, and the one-line reason a user reads."""
+
+    kind: RejectionKind
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A candidate's replay, or why it cannot run."""
+
+    candidate: Candidate
+    engine: str
+    """``fast`` or ``simpy``."""
+    plan: PlanSpec | None = None
+    """The checked plan (None when the candidate is not a valid plan)."""
+    training: TrainingSpec | None = None
+    summary: Summary | None = None
+    """The replay's summary (None when nothing was replayed)."""
+    rejection: Rejection | None = None
+    replayed_ops: int = 0
+    """Actions of every device the replay compiled (a class's ops once per member device): the
+    work it cost, which grows with the cluster even where symmetry makes the replay cheap
+    (``PlannerOptions`` budgets it)."""
+    estimate: MemoryEstimate | None = None
+    """``planner.search.memory``'s count of the peak, made before the replay."""
+
+    @property
+    def ok(self) -> bool:
+        return self.rejection is None
+
+    @property
+    def rejected(self) -> str | None:
+        """Why the candidate cannot run (one line); None if it runs."""
+        return None if self.rejection is None else self.rejection.message
+
+    @property
+    def iteration_time_s(self) -> float:
+        """The replayed iteration time; infinite when the candidate cannot run."""
+        if self.summary is None or self.summary.iteration_time_s is None:
+            return math.inf
+        return self.summary.iteration_time_s
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return 0.0 if self.summary is None else self.summary.peak_memory_bytes
+
+    @property
+    def memory_bytes(self) -> float | None:
+        """The peak the replay found, else the one counted before it (None: not a valid plan)."""
+        if self.summary is not None:
+            return self.summary.peak_memory_bytes
+        return None if self.estimate is None else self.estimate.peak_bytes
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return 0.0 if self.summary is None else self.summary.throughput_samples_per_s or 0.0
+
+    def plan_file(self) -> dict[str, Any]:
+        """The plan-file form of the evaluated plan (what ``--plan`` reads)."""
+        if self.plan is None or self.training is None:
+            raise ValueError("a candidate that is not a valid plan has no plan file")
+        return plan_to_dict(self.plan, self.training)
+
+
+def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") -> Evaluation:
+    """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``)."""
+    from sim.engine.run import run_scenario
+
+    try:
+        scenario_of, schedule = planned(scenario, candidate)
+        estimate = plan_peak_bytes(scenario_of, schedule)
+        capacity = scenario.cluster.device.memory_bytes
+        if estimate.peak_bytes > capacity:
+            message = (f"device {estimate.device} runs out of memory: it needs {format_bytes(estimate.peak_bytes)} "
+                       f"of {format_bytes(capacity)} ({format_bytes(estimate.static_bytes)} of model states, "
+                       f"{format_bytes(estimate.activation_bytes)} of activations)")
+            return Evaluation(candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training,
+                              estimate=estimate,
+                              rejection=Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=message))
+        result = run_scenario(scenario_of, engine=engine)
+    except ScheduleError as exc:
+        return _rejected(candidate, engine, RejectionKind.INVALID_SCHEDULE, exc)
+    except DappleError as exc:
+        return _rejected(candidate, engine, RejectionKind.INVALID_PLAN, exc)
+    summary = result.summarize()
+    rejection = None
+    if summary.failure is not None:
+        rejection = Rejection(kind=RejectionKind.DEVICE_FAILURE, message=summary.failure.message)
+    elif summary.oom_detail is not None:
+        rejection = Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=summary.oom_detail.message)
+    return Evaluation(
+        candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training, summary=summary,
+        rejection=rejection, replayed_ops=sum(len(cls.ops) * len(cls.devices) for cls in result.workload.classes), estimate=estimate,
+    )
+
+
+def check_plannable(scenario: Scenario) -> None:
+    """A scenario whose faults stop every iteration has no plan to find: one line saying so."""
+    from sim.core.faults import first_failure
+
+    failing = first_failure(scenario.faults)
+    if failing is not None:
+        raise DappleError(
+            f"{scenario.path or scenario.name}: faults[{failing}]: a device failure stops every plan's iteration, "
+            "so there is no plan to choose; remove the failure to plan (dapple-sim simulate shows what it costs)"
+        )
+
+
+def _rejected(candidate: Candidate, engine: str, kind: RejectionKind, exc: DappleError) -> Evaluation:
+    return Evaluation(candidate=candidate, engine=engine, rejection=Rejection(kind=kind, message=str(exc)))
+
+
+def count_rejections(evaluations: Iterable[Evaluation]) -> dict[str, int]:
+    """Rejected evaluations by kind (``{"out_of_memory": 12, ...}``, kinds in sorted order)."""
+    counts = Counter(e.rejection.kind.value for e in evaluations if e.rejection is not None)
+    return dict(sorted(counts.items()))
+
+
+def evaluation_row(evaluation: Evaluation) -> dict[str, Any]:
+    """The plan file of a runnable evaluation, with its description, placement and metrics."""
+    row = evaluation.plan_file()
+    row.update(
+        description=evaluation.candidate.describe(),
+        layout=evaluation.candidate.layout(),
+        placement=evaluation.candidate.placement,
+        iteration_time_s=evaluation.iteration_time_s,
+        throughput_samples_per_s=evaluation.throughput_samples_per_s,
+        peak_memory_bytes=evaluation.peak_memory_bytes,
+    )
+    return row

@@ -1,0 +1,80 @@
+"""Memory before time: a candidate's peak bytes per device, from the engine's own costs.
+
+A replay is the planner's costliest step, and a candidate that runs out of memory wastes it.
+``plan_peak_bytes`` computes what the engine would find without running time: every
+device class's parameters, gradients and optimizer state (``sim.cost.compute.stage_cost``, with the
+plan's sharding and data-parallel group, as ``sim.engine.compile`` calls it), then walks its
+pipeline rank's actions in the schedule's order with the same allocations and frees as the
+engine's ops (``sim.engine.compile.compute_memory``), FSDP holding the gathered parameters
+during an action.
+
+Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
+capacity here runs out of memory in the replay too, and is rejected without one; one under
+it is replayed, and the replay has the last word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cost.comm import embedding_group_link
+from sim.cost.split import split_samples
+from sim.cost.compute import stage_cost
+from sim.engine.compile import compute_memory
+from sim.input.scenario import Scenario
+from sim.models import shard_model
+from sim.core.parallelism import Recompute, Sharding
+from sim.schedule.ir import ActionKind, OverlapFB, Schedule
+
+__all__ = ["MemoryEstimate", "plan_peak_bytes"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """The most a device of the plan holds, and where."""
+
+    peak_bytes: float
+    device: int
+    """The first device of the pipeline rank that peaks."""
+    static_bytes: float
+    """That device's parameters, gradients and optimizer state."""
+    activation_bytes: float
+    """Its activations (and gathered parameters) at the peak."""
+
+
+def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
+    """The peak bytes of the most loaded device of ``scenario``'s plan under ``schedule``."""
+    plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
+    model = shard_model(scenario.model, plan.shard)
+    full = plan.recompute is Recompute.FULL
+    tied = embedding_group_link(plan, cluster)
+    costs = []
+    for s, stage in enumerate(plan.stages):
+        samples = split_samples(training.microbatch_size, plan.num_replicas(s))[0]
+        data = len(plan.gradient_groups(s)[0])
+        cost = stage_cost(model, cluster.device, *stage.layers, samples, recompute=plan.recompute,
+                          data_parallel=data, sharding=plan.sharding, tied_link=tied)
+        gather = cost.param_bytes * (1 - 1 / data) if plan.sharding is Sharding.FULL else 0.0
+        costs.append((cost, gather))
+    ranks = plan.stage_ranks
+    best = None
+    for rank, group in enumerate(plan.device_groups):
+        static = sum(costs[s][0].static_bytes for s in range(plan.num_stages) if ranks[s] == rank)
+        held = peak = 0.0
+        for step in schedule.ranks[rank]:
+            parts = (step.forward, step.backward) if type(step) is OverlapFB else (step,)
+            for action in parts:
+                if action.kind not in _COMPUTE:
+                    continue
+                cost, gather = costs[action.stage]
+                alloc, free = compute_memory(action.kind, cost, full)
+                held += alloc
+                peak = max(peak, held + gather)
+                held -= free
+        if best is None or static + peak > best.peak_bytes:
+            best = MemoryEstimate(peak_bytes=static + peak, device=min(group), static_bytes=static,
+                                  activation_bytes=peak)
+    return best
+
+
+_COMPUTE = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})

@@ -1,0 +1,147 @@
+"""What one rank holds of a plan: its stages, its slice of every micro-batch, its neighbours.
+
+A rank (one device) belongs to one device set, so it holds every stage of that set: one
+stage in most plans, v chunks with ``interleaved``. For each it needs the layers (built from
+the same seeds a single process would use), which samples of a micro-batch are its own
+(``sim.cost.split.sample_ranges``), which split-concat pieces it sends and receives, and
+whether the neighbouring stage runs on the same rank (then tensors are handed over
+without communication).
+
+With tensor (and context) parallelism a micro-batch splits over a stage's data-parallel
+replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples,
+and the device at one position of a replica (its tensor rank) exchanges pieces with the
+device at the same position of the neighbouring stage's replicas (as
+``sim.engine.flows.p2p_flows``). Its layers are cut over its device set's mesh
+(``runtime.model.tensor_parallel``) and, with ``sharding: full``, sharded by FSDP2
+(``runtime.model.sharding``) before anyone sees their parameters.
+
+A tied GPT embedding whose head sits on another device set is held twice (the embedding's
+matrix and the head's copy); ``tied_devices`` is the union of both sets, whose gradients of
+that matrix are summed after the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.execution.comm import Piece, pieces_between
+from runtime.model.config import RunnableScenario
+from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
+from sim.cost.split import sample_ranges
+from sim.core.parallelism import Sharding
+
+__all__ = ["Holdings", "LocalStage", "column", "hold_stages", "position"]
+
+
+@dataclass(slots=True, kw_only=True)
+class LocalStage:
+    """One stage as this rank holds it."""
+
+    index: int
+    """Stage index in the plan."""
+    module: StageModule
+    params: list[torch.nn.Parameter]
+    """The stage's own parameters (what its ``REDUCE_GRAD`` all-reduces)."""
+    weights: list[torch.nn.Parameter]
+    """Every parameter its backward feeds (a tied head also feeds the embedding's matrix): W's inputs."""
+    start: int
+    """First sample of this replica's slice of a micro-batch."""
+    size: int
+    """Samples in this replica's slice."""
+    recv_f: tuple[Piece, ...]
+    """Pieces of the stage input arriving from stage s−1 (empty when that stage is local)."""
+    send_f: tuple[Piece, ...]
+    """Pieces of the stage output leaving for stage s+1."""
+    recv_b: tuple[Piece, ...]
+    """Pieces of the output gradient arriving from stage s+1 (the ``send_f`` pieces reversed)."""
+    send_b: tuple[Piece, ...]
+    """Pieces of the input gradient leaving for stage s−1 (the ``recv_f`` pieces reversed)."""
+    local_prev: bool
+    """Stage s−1 runs on this rank (no communication between them)."""
+    local_next: bool
+    """Stage s+1 runs on this rank."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Holdings:
+    stages: dict[int, LocalStage]
+    """This rank's stages by index."""
+    tied_devices: tuple[int, ...]
+    """Devices holding a copy of a tied embedding split across device sets (else empty)."""
+    tied_param: torch.nn.Parameter | None
+    """This rank's copy of that matrix, if it holds one."""
+
+
+def position(plan, rank: int) -> int:
+    """``rank``'s place inside its data-parallel replica: ``context rank × t + tensor rank``."""
+    for s in range(plan.num_stages):
+        for replica in plan.replicas(s):
+            if rank in replica:
+                return replica.index(rank)
+    raise AssertionError(f"rank {rank} is in no stage")
+
+
+def column(plan, s: int, at: int) -> tuple[int, ...]:
+    """The devices at position ``at`` of every replica of stage ``s``, in replica order."""
+    return tuple(replica[at] for replica in plan.replicas(s))
+
+
+def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None) -> Holdings:
+    """Build what ``rank`` holds of ``runnable``'s plan (``mesh``: its device set's
+    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding)."""
+    plan = runnable.plan
+    pipeline_rank = next(r for r, group in enumerate(plan.device_groups) if rank in group)
+    mine = [s for s in range(plan.num_stages) if plan.stage_ranks[s] == pipeline_rank]
+    last_layer = num_layers(runnable.model) - 1
+    indices = [k for s in mine for k in range(*plan.stages[s].layers)]
+    layers = build_layers(runnable.model, indices, seed=seed, device=device)
+    stages = {
+        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
+        for s in mine
+    }
+    tied_devices, tied_param = _tied(runnable, layers, last_layer)
+    return Holdings(stages=stages, tied_devices=tied_devices, tied_param=tied_param)
+
+
+def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, mesh) -> LocalStage:
+    plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
+    owner, at = plan.stage_ranks, position(plan, rank)
+    module = StageModule(layers, is_last=last_layer in layers)
+    if plan.tensor_parallel > 1:
+        from runtime.model.tensor_parallel import parallelize_stage
+
+        parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
+    if plan.sharding is Sharding.FULL:
+        from runtime.model.sharding import shard_stage
+
+        shard_stage(module, mesh["data"])
+    start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
+    prev_remote = s > 0 and owner[s - 1] != owner[s]
+    next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]
+    into = pieces_between(microbatch_size, column(plan, s - 1, at), column(plan, s, at)) if prev_remote else ()
+    out_of = pieces_between(microbatch_size, column(plan, s, at), column(plan, s + 1, at)) if next_remote else ()
+    params = list(module.parameters())
+    borrowed = [w for w in getattr(layers.get(last_layer), "borrowed", ()) if all(w is not p for p in params)]
+    return LocalStage(
+        index=s, module=module, params=params, weights=params + borrowed, start=start, size=end - start,
+        recv_f=tuple(p for p in into if p.dst == rank), send_b=tuple(p for p in into if p.dst == rank),
+        send_f=tuple(p for p in out_of if p.src == rank), recv_b=tuple(p for p in out_of if p.src == rank),
+        local_prev=s > 0 and not prev_remote, local_next=s < plan.num_stages - 1 and not next_remote,
+    )
+
+
+def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tuple[int, ...], torch.nn.Parameter | None]:
+    model, plan = runnable.model, runnable.plan
+    if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
+        return (), None
+    first, last = plan.stages[0].devices, plan.stages[-1].devices
+    if sorted(first) == sorted(last):
+        return (), None  # one device set holds both: the head borrows the embedding's parameter
+    devices = tuple(sorted(set(first) | set(last)))
+    if 0 in layers:
+        return devices, layers[0].token.weight
+    if last_layer in layers:
+        return devices, layers[last_layer].proj.weight
+    return devices, None

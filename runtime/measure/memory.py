@@ -1,0 +1,131 @@
+"""Counting the activations a forward keeps for its backward, on any device.
+
+On a GPU ``torch.cuda.max_memory_allocated`` gives the peak of everything. On a CPU there
+is no allocator to ask, so we count what the simulator counts (``sim.cost.compute``): parameters,
+gradients and optimizer state (fixed across a step) plus the activations saved for the
+backward, which rise with every forward and fall with every backward.
+
+Autograd tells us about each saved activation through
+``torch.autograd.graph.saved_tensors_hooks``: the pack hook sees every tensor a forward
+saves; we wrap it in a small object whose death (when autograd frees the graph, after the
+backward) subtracts it again. A storage shared by several saved tensors (a tensor and its
+views) is counted once, while any of them is alive. Parameters that layers save (a
+Linear's weight) are not activations and are left out. Inputs kept only for recomputation
+are added by the executor with ``hold``/``release``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["SavedTensorMeter", "static_bytes"]
+
+
+class _Saved:
+    """A saved tensor on loan to autograd; returns its bytes to the meter when dropped."""
+
+    __slots__ = ("key", "meter", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, meter: SavedTensorMeter, key: tuple) -> None:
+        self.tensor, self.meter, self.key = tensor, meter, key
+
+    def __del__(self) -> None:
+        self.meter._release(self.key)
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
+    """(address, bytes) of the storage behind ``tensor`` (one device per rank: addresses are
+    unique); a DTensor's is its local shard's, what this device stores."""
+    if isinstance(tensor, DTensor):
+        with torch.no_grad():
+            tensor = tensor.to_local()
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:  # FSDP2's resharded parameters: freed storage, nothing held
+        return 0, 0
+    return storage.data_ptr(), storage.nbytes()
+
+
+class SavedTensorMeter:
+    """Current and peak bytes of saved activations, counted by storage."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor] = (), current=None) -> None:
+        """``current``: a callable returning the parameters as they are now, checked at each
+        saved tensor (FSDP2 swaps a layer's sharded parameters for gathered ones during its
+        forward; what a layer saves of those is the gathered parameter, not an activation)."""
+        self.current_bytes = 0
+        """Bytes of the activations saved now."""
+        self.peak_bytes = 0
+        """Highest ``current_bytes`` since the last ``reset_peak``."""
+        self._refs: dict[tuple, int] = {}
+        self._excluded = {_storage_key(p)[0] for p in parameters}
+        self._current = current
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.current_bytes
+
+    def _acquire(self, key: tuple) -> None:
+        count = self._refs.get(key, 0)
+        self._refs[key] = count + 1
+        if count == 0:
+            self.current_bytes += key[1]
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    def _release(self, key: tuple) -> None:
+        count = self._refs[key] - 1
+        if count:
+            self._refs[key] = count
+        else:
+            del self._refs[key]
+            self.current_bytes -= key[1]
+
+    def _pack(self, tensor: torch.Tensor):
+        if isinstance(tensor, torch.nn.Parameter):  # FSDP2's gathered parameters are parameters too
+            return tensor
+        try:
+            key = _storage_key(tensor)
+        except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
+            return tensor
+        if key[0] in self._excluded or key[1] == 0:
+            return tensor
+        if self._current is not None and key[0] in {_storage_key(p)[0] for p in self._current()}:
+            return tensor
+        self._acquire(key)
+        return _Saved(tensor, self, key)
+
+    @staticmethod
+    def _unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """Count every tensor that autograd saves inside this block."""
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    def hold(self, tensor: torch.Tensor) -> object:
+        """Count ``tensor`` as kept (e.g. a stage input stashed for recomputation) until
+        the returned token is dropped."""
+        key = _storage_key(tensor)
+        self._acquire(key)
+        return _Saved(tensor, self, key)
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+def static_bytes(module_params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> int:
+    """Parameters, their gradients (as many bytes once they exist) and optimizer state (a
+    DTensor's: this device's shard)."""
+    total = 0
+    for p in module_params:
+        total += _local_bytes(p) * (2 if p.grad is not None else 1)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            total += sum(_local_bytes(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+    return total

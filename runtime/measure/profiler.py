@@ -1,0 +1,176 @@
+"""The layer profiler: what each layer costs on this device, in the format the simulator reads.
+
+The simulator's numbers for a measured model come from a profile file in PipeDream's
+graph format (``sim.input.profiles``): one node per layer with its forward and backward time in
+milliseconds for one batch of the profile batch size, its output (activation) bytes and
+its parameter bytes, and an edge from each layer to the next. Here each layer of a
+built-in model is run alone on a batch of that size:
+
+* forward and backward times: ``warmup`` untimed runs, then the median of ``repeats``
+  (the backward starts from a fresh forward each time; on a GPU every timing is bracketed
+  by ``torch.cuda.synchronize``);
+* output bytes: the layer's output for the batch (0 for the head, whose output is the loss,
+  as ``sim.models`` counts it);
+* saved (stashed) activation bytes: what autograd keeps from one forward
+  (``runtime.measure.memory.SavedTensorMeter``), and parameter bytes.
+
+The stash goes into the profile as the optional ``stash_size`` field ``sim.input.profiles`` reads;
+the complete measurements also go to a JSON file next to it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.model.config import ModelConfig
+from runtime.measure.memory import SavedTensorMeter
+from runtime.model.models import (
+    build_layer,
+    input_dtype,
+    layer_param_bytes,
+    TRANSFORMERS,
+    num_layers,
+    sample_shape,
+    synthetic_batch,
+)
+from sim.core import jsonio
+from sim.models import build_model
+
+__all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerProfile:
+    """One layer, measured on one batch of ``batch_size`` samples."""
+
+    name: str
+    batch_size: int
+    fwd_s: float
+    """Median forward time of the batch, seconds."""
+    bwd_s: float
+    """Median backward time of the batch (input and weight gradients), seconds."""
+    output_bytes: int
+    """Bytes of the layer's output for the batch (0 for the loss)."""
+    stash_bytes: int
+    """Bytes autograd saves from the forward for the backward, for the batch."""
+    param_bytes: int
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
+                 setup: Callable[[], Any] | None = None) -> float:
+    """Median wall time of ``fn(setup())`` after ``warmup`` untimed calls."""
+    times = []
+    for index in range(warmup + repeats):
+        arg = setup() if setup is not None else None
+        _sync(device)
+        start = time.perf_counter()
+        fn() if setup is None else fn(arg)
+        _sync(device)
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch.device, seed: int,
+                 sequence_share: int = 1):
+    inputs, labels = synthetic_batch(config, batch_size, step=0, seed=seed, device=device)
+    if index == 0:
+        return inputs, labels
+    generator = torch.Generator().manual_seed(seed + index)
+    shape = sample_shape(config, index)
+    shape = (shape[0] // sequence_share, *shape[1:])
+    x = torch.randn((batch_size, *shape), generator=generator)
+    return x.to(device=device, dtype=input_dtype(config, index)), labels
+
+
+def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
+                  warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
+                  sequence_parallel: bool = False) -> LayerProfile:
+    """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
+
+    With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
+    is one device's share (``runtime.model.tensor_parallel.parallelize_layer``): its times include
+    its tensor-parallel collectives, its bytes are this device's, its output bytes the 1/t of
+    the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
+    the sequence too.
+    """
+    from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
+
+    layer = build_layer(config, index, seed=seed, device=device)
+    is_head = index == num_layers(config) - 1
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
+        layer.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
+    t = 1 if mesh is None else mesh.size()
+    if mesh is not None:
+        parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
+    x, labels = _layer_input(config, index, batch_size, device, seed, t if sequence_parallel else 1)
+    x.requires_grad_(x.is_floating_point())
+
+    def forward():
+        out = layer(x, labels) if is_head else layer(x)
+        return out.to_local() if is_head and mesh is not None else out  # the loss, replicated
+
+    with loss_parallel_if(t):
+        fwd_s = _median_time(forward, device, warmup, repeats)  # with autograd recording, as in training
+        meter = SavedTensorMeter(layer.parameters())
+        with meter.watching():
+            out = forward()
+        stash_bytes = meter.current_bytes
+        output_bytes = 0 if is_head else out.numel() * out.element_size() // (1 if sequence_parallel else t)
+        grad = None if is_head else torch.ones_like(out)
+        del out
+
+        def backward(out):
+            out.backward(grad)
+
+        bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
+    params = layer_param_bytes(layer)
+    if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
+        params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
+    name = build_model(config.preset, **config.values).layers[index].name
+    return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
+                        stash_bytes=stash_bytes, param_bytes=params)
+
+
+def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
+                   repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False) -> list[LayerProfile]:
+    """Every layer of the model, in order (with ``mesh``: one device's share of each)."""
+    return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
+                          sequence_parallel=sequence_parallel)
+            for k in range(num_layers(config))]
+
+
+def profile_text(layers: list[LayerProfile]) -> str:
+    """The PipeDream/DAPPLE graph text of a chain of ``layers`` (``sim.input.profiles`` reads it)."""
+    lines = [
+        f"node{k + 1} -- {layer.name} -- forward_compute_time={layer.fwd_s * 1e3:.6f}, "
+        f"backward_compute_time={layer.bwd_s * 1e3:.6f}, activation_size={float(layer.output_bytes):.1f}, "
+        f"parameter_size={float(layer.param_bytes):.1f}, stash_size={float(layer.stash_bytes):.1f}"
+        for k, layer in enumerate(layers)
+    ]
+    lines += [f"\tnode{k + 1} -- node{k + 2}" for k in range(len(layers) - 1)]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(layers: list[LayerProfile], folder: str | Path, *, device: str) -> tuple[Path, Path]:
+    """Write ``profile.txt`` (the simulator's format) and ``profile.json`` (every measurement)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text_path, json_path = folder / "profile.txt", folder / "profile.json"
+    text_path.write_text(profile_text(layers), encoding="utf-8")
+
+    detail = {"device": device, "batch_size": layers[0].batch_size, "layers": [asdict(layer) for layer in layers]}
+    json_path.write_text(jsonio.dumps(detail, indent=2) + "\n", encoding="utf-8")
+    return text_path, json_path

@@ -1,0 +1,182 @@
+"""What the runtime needs before any process starts: a runnable model and a plan that fits.
+
+A real run needs the shape parameters that built the model (``layers: 4, hidden: 64, ...``),
+not only its per-layer numbers. The checked scenario carries them: a generated model keeps
+its generator and every resolved parameter (``ModelSpec.preset``, set by ``sim.models``), so
+the runtime reads only what ``sim.input.scenario.load_scenario`` returns, after the same
+``--plan`` and ``--set`` overrides the simulator applies, and never the file a second time.
+
+Everything here is checked without torch, in the launching process, so that a scenario
+that cannot run (a measured profile instead of a preset, a plan that needs more processes
+than were asked for) is rejected in one line before any process starts (exit code 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.core.errors import DappleError
+from sim.input.scenario import Scenario, load_scenario
+from sim.models import build_model
+from sim.core.parallelism import Recompute, Sharding
+from sim.core.plan import PlanSpec
+from sim.core.model_spec import ModelSpec
+
+__all__ = [
+    "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",
+    "runnable_model",
+]
+
+RUNNABLE_PRESETS = ("gpt", "llama", "mlp")
+"""Presets that ``runtime.model.models`` can build as torch modules."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """A built-in model's preset and its complete shape parameters (defaults filled in)."""
+
+    preset: str
+    """``gpt``, ``llama`` or ``mlp``."""
+    params: tuple[tuple[str, Any], ...]
+    """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved
+    (the checked model's ``ModelSpec.preset.params``)."""
+
+    def __post_init__(self) -> None:
+        if self.preset not in RUNNABLE_PRESETS:
+            raise DappleError(
+                f"model.preset: {self.preset!r} has no torch implementation yet; runnable presets: "
+                f"{', '.join(RUNNABLE_PRESETS)}"
+            )
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnableScenario:
+    """A checked scenario with a plan, and the model parameters to build it for real."""
+
+    scenario: Scenario
+    """The scenario as the simulator reads it (its plan is not None)."""
+    model: ModelConfig
+    """What ``runtime.model.models.build_layers`` builds."""
+
+    @property
+    def plan(self) -> PlanSpec:
+        assert self.scenario.plan is not None
+        return self.scenario.plan
+
+
+def runnable_model(model: ModelSpec, *, source: str = "<scenario>") -> ModelConfig:
+    """The ``ModelConfig`` of a checked model: its generator and resolved parameters."""
+    if model.preset is None:
+        raise _not_runnable(source, None)
+    if model.preset.name not in RUNNABLE_PRESETS:
+        raise _not_runnable(source, model.preset.name)
+    return ModelConfig(preset=model.preset.name, params=model.preset.params)
+
+
+def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
+    """The ``ModelConfig`` of a ``model:`` mapping as a scenario writes it (for tests and tools).
+
+    ``sim.models`` builds the model as the scenario loader does, so every default comes from
+    its one table.
+    """
+    if "profile" in raw_model:
+        raise _not_runnable(source, None)
+    preset = raw_model.get("preset")
+    if preset not in RUNNABLE_PRESETS:
+        raise _not_runnable(source, preset)
+    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name")}
+    return runnable_model(build_model(preset, **params), source=source)
+
+
+def _not_runnable(source: str, preset: Any) -> DappleError:
+    """The one-line error for a measured profile (``preset`` None) or a preset without torch layers."""
+    if preset is None:
+        return DappleError(
+            f"{source}: model.profile: a measured profile has no layers to run; use a built-in model "
+            f"(model: {{preset: {' or '.join(RUNNABLE_PRESETS)}, ...}})"
+        )
+    return DappleError(
+        f"{source}: model.preset: {preset!r} cannot be built for real yet; runnable presets: "
+        f"{', '.join(RUNNABLE_PRESETS)}"
+    )
+
+
+def load_runnable(
+    path: str | Path, overrides: Mapping[str, str] | None = None, *, plan: Mapping[str, Any] | None = None
+) -> RunnableScenario:
+    """Load ``path`` strictly (as ``dapple-sim`` does) and take its runnable model from the result.
+
+    Raises ``DappleError`` (one line) when the scenario has no plan or no buildable model.
+    """
+    scenario = load_scenario(path, overrides, plan=plan)
+    if scenario.plan is None:
+        raise DappleError(
+            f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
+        )
+    _check_runtime_supports(scenario.plan, scenario.model, str(path))
+    return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path)))
+
+
+def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
+    """What the runtime runs: data × pipeline × tensor (with or without sequence
+    parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1) or full (FSDP2),
+    recompute none or full. Anything else is one line before launch (the simulator models
+    it: ``dapple-sim simulate``)."""
+    values = model.preset.values if model.preset is not None else {}
+    split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
+    unsupported = [
+        ("plan.context_parallel", plan.context_parallel > 1,
+         "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
+         "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
+        ("plan.sharding", plan.sharding is Sharding.GRADIENTS,
+         "torch has no ZeRO-2 optimizer apart from FSDP2; use sharding: optimizer (ZeroRedundancyOptimizer) "
+         "or full (fully_shard)"),
+        ("plan.sharding", plan.sharding is Sharding.FULL and split_schedule,
+         "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
+         "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
+        ("plan.recompute", plan.recompute is Recompute.SELECTIVE,
+         "it recomputes all of a stage (recompute: full) or nothing"),
+        ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
+         "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),
+        ("model.tied_embeddings", plan.sharding is Sharding.FULL and bool(values.get("tied_embeddings")),
+         "FSDP2 shards the embedding and the head as separate units; set tied_embeddings: false"),
+        ("model.seq_len", plan.tensor_parallel > 1 and values.get("seq_len", 0) % plan.tensor_parallel != 0,
+         f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
+        ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
+         "tensor parallelism runs the gpt and llama presets"),
+    ]
+    for key, present, why in unsupported:
+        if present:
+            raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
+                              "this plan")
+
+
+def check_world(plan: PlanSpec, world_size: int) -> None:
+    """Reject a plan whose devices are not exactly the ranks ``0 .. world_size - 1``.
+
+    Every process runs one device of the plan (global device id = torch rank), so the plan
+    must use each launched rank and no other.
+    """
+    devices = sorted(plan.devices)
+    if devices == list(range(world_size)):
+        return
+    wanted = len(devices)
+    if devices == list(range(wanted)):
+        raise DappleError(
+            f"the plan uses {wanted} devices (0-{wanted - 1}) but {world_size} processes were launched; "
+            f"use --nproc {wanted}"
+        )
+    beyond = [d for d in devices if d >= world_size]
+    unused = sorted(set(range(world_size)) - set(devices))
+    problem = f"devices {beyond} do not exist among ranks 0-{world_size - 1}" if beyond else f"ranks {unused} have no stage"
+    raise DappleError(
+        f"the plan's devices {devices} do not match the {world_size} launched ranks: {problem}; "
+        "number the plan's devices 0 to N-1 and launch N processes"
+    )

@@ -1,0 +1,119 @@
+"""Sharded data parallelism with torch's own building blocks, and model states by kind.
+
+The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbhandari et al.
+2020, §5) maps onto torch as follows:
+
+* ``none``: one optimizer over this rank's parameters; gradients all-reduced among the
+  replicas at the stage's ``REDUCE_GRAD`` (as a 2D plan).
+* ``optimizer`` (ZeRO-1): gradients still all-reduced at ``REDUCE_GRAD``, then
+  ``torch.distributed.optim.ZeroRedundancyOptimizer`` steps each replica's share of the
+  parameters and broadcasts the result. Per stage, over the devices that hold the same
+  parameters (``PlanSpec.gradient_groups``). Tensor-parallel parameters (DTensors) enter it
+  as plain tensors that alias their local shards (``DTensor.to_local``), whose gradients are
+  pointed at the local gradient before every step.
+* ``full`` (ZeRO-3): FSDP2's ``fully_shard`` on every layer of the stage and on the stage
+  (torchtitan's ``apply_fsdp``), ``reshard_after_forward=True``, over the mesh's ``data``
+  dimension; gradients accumulate unsharded over the micro-batches
+  (``set_requires_gradient_sync(False)``) and the stage's last backward on this rank
+  reduce-scatters them. The gradient divide factor is 1: the executor already scales each
+  slice's loss by its share of the global batch, so gradients sum. With tensor parallelism
+  FSDP2 shards the tensor-parallel DTensors over the data dimension (2D, torchtitan's
+  ``apply_fsdp`` after ``apply_tp``).
+* ``gradients`` (ZeRO-2): torch offers no sharded-gradient optimizer besides FSDP2 itself,
+  so ``runtime.model.config`` refuses it before launch.
+
+``state_bytes`` counts what a rank holds at rest by the simulator's kinds (parameters,
+gradients, optimizer state): the bytes each device stores (a DTensor's local shard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+
+from runtime.model.models import OPTIMIZER_CLASSES, StageModule
+from sim.core.parallelism import Sharding
+
+__all__ = ["RankOptimizer", "shard_stage", "state_bytes"]
+
+
+def shard_stage(module: StageModule, data_mesh: DeviceMesh) -> None:
+    """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place."""
+    for layer in module.layers.values():
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=data_mesh, reshard_after_forward=True)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=True)
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.set_gradient_divide_factor(1.0)
+            sub.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs none
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+@dataclass(slots=True)
+class RankOptimizer:
+    """This rank's optimizers: one plain one, or one ``ZeroRedundancyOptimizer`` per stage."""
+
+    optimizers: list[torch.optim.Optimizer]
+    views: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    """(parameter, plain tensor aliasing its local shard) pairs a ZeRO optimizer steps."""
+
+    @classmethod
+    def build(cls, name: str, lr: float, params_by_stage: dict[int, list[nn.Parameter]], sharding: Sharding,
+              groups: dict[int, object]) -> RankOptimizer:
+        """``groups[s]``: the process group over which stage s's parameters are replicated
+        (None when alone: nothing to shard)."""
+        optim_class, kwargs = OPTIMIZER_CLASSES[name]
+        if sharding is not Sharding.OPTIMIZER:
+            unique = list({id(p): p for ps in params_by_stage.values() for p in ps}.values())
+            return cls([optim_class(unique, lr=lr, **kwargs)])
+        optimizers, views = [], []
+        for s in sorted(params_by_stage):
+            pairs = [(p, p.to_local().detach() if isinstance(p, DTensor) else p) for p in params_by_stage[s]]
+            views += [(p, v) for p, v in pairs if v is not p]
+            tensors = [v for _, v in pairs]
+            if groups[s] is None:
+                optimizers.append(optim_class(tensors, lr=lr, **kwargs))
+            else:
+                optimizers.append(ZeroRedundancyOptimizer(tensors, optimizer_class=optim_class,
+                                                          process_group=groups[s], lr=lr, **kwargs))
+        return cls(optimizers, views)
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        for _, view in self.views:
+            view.grad = None
+
+    def step(self) -> None:
+        for p, view in self.views:
+            view.grad = None if p.grad is None else p.grad.to_local()
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state on this rank (a ZeRO optimizer's own share only)."""
+        total = 0
+        for optimizer in self.optimizers:
+            local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+            for state in local.state.values():
+                total += sum(_nbytes(v) for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+        return total
+
+
+def state_bytes(params: list[nn.Parameter], optimizer: RankOptimizer) -> dict[str, int]:
+    """Parameters, gradients and optimizer state this rank stores, by the simulator's kinds
+    (``sim.core.summary.MemoryBreakdown``'s keys)."""
+    return {"parameters": sum(_nbytes(p) for p in params),
+            "gradients": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": optimizer.state_bytes()}

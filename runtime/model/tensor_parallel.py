@@ -1,0 +1,173 @@
+"""Device meshes and tensor (and sequence) parallelism with torch's DTensor building blocks.
+
+**Meshes.** A plan's devices are laid out as in Megatron-LM (``sim.core.plan``): inside each
+device set, tensor-parallel groups of t consecutive ids (innermost), then context-parallel
+groups, then the data-parallel replicas. Each device set gets a ``DeviceMesh`` of shape
+``(replicas, context, tensor)`` with those names, its devices in the plan's layout order; a
+uniform plan (every device set the same size, numbered in order) is one
+``(pipeline, data, context, tensor)`` mesh whose ``["data", "context", "tensor"]`` slice is
+the set's mesh (torchtitan's ``ParallelDims.build_mesh`` layout). DAPPLE's uneven plans,
+whose sets differ in replicas, keep one mesh per set: a single 4D mesh cannot hold them.
+``new_group`` is collective over the world, so every rank builds every set's mesh.
+
+**Tensor and sequence parallelism** follow torchtitan's Llama recipe
+(``torchtitan/models/llama3/infra/parallelize.py``, ``apply_tp``) with
+``torch.distributed.tensor.parallel.parallelize_module``: queries, keys, values and the MLP's
+input matrices ``ColwiseParallel``, the attention's output and the MLP's output matrix
+``RowwiseParallel``; the token embedding ``RowwiseParallel`` (vocabulary-parallel: Shoeybi et
+al. 2019, §3); the head's projection ``ColwiseParallel`` to vocabulary-sharded logits and the
+loss computed on them under ``loss_parallel``. With sequence parallelism (Korthikanti et al.
+2022, §4.2.2) the norms are ``SequenceParallel``, each block's attention and MLP gather their
+input once (``PrepareModuleInput``) and the row-parallel outputs reduce-scatter to the
+device's part of the sequence.
+
+**Between stages** each device sends its 1/t of the sequence (Megatron's scatter-gather of
+pipeline messages, Narayanan et al. SC'21 §4.1, which the simulator's boundary bytes
+assume): with sequence parallelism that is what the device holds; without it the stage
+output is cut (``DTensor.redistribute`` from ``Replicate`` to ``Shard(1)``, whose backward
+all-gathers) and the next stage all-gathers its input (whose backward cuts again).
+
+**Gradients** of replicated parameters next to sequence-sharded activations come out of
+the backward as ``Partial`` sums; ``settle_grads`` redistributes every gradient to its
+parameter's placement before the data-parallel reduction and the optimizer see it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from runtime.model.layers import Embedding, LMHead, TransformerBlock
+from runtime.model.models import StageModule
+from sim.core.plan import PlanSpec
+
+__all__ = ["MESH_DIMS", "gather_sequence", "local_tensor", "loss_parallel_if", "parallelize_layer",
+           "parallelize_stage", "scatter_sequence", "set_layout", "settle_grads", "stage_mesh", "uniform_layout"]
+
+MESH_DIMS = ("data", "context", "tensor")
+"""Names of a device set's mesh dimensions, outermost first (Megatron's order)."""
+
+
+def set_layout(plan: PlanSpec, group: int) -> list[int]:
+    """Device set ``group``'s devices in layout order (as its first stage lists them)."""
+    members = set(plan.device_groups[group])
+    first = next(stage for stage in plan.stages if set(stage.devices) == members)
+    return list(first.devices)
+
+
+def uniform_layout(plan: PlanSpec) -> bool:
+    """Whether the plan is one ``(pipeline, data, context, tensor)`` grid of ranks in order."""
+    size = len(plan.device_groups[0])
+    return all(set_layout(plan, g) == list(range(g * size, (g + 1) * size)) for g in range(len(plan.device_groups)))
+
+
+def stage_mesh(plan: PlanSpec, rank: int, device_type: str) -> DeviceMesh:
+    """The ``(data, context, tensor)`` mesh of ``rank``'s device set (every rank must call this)."""
+    t, c = plan.tensor_parallel, plan.context_parallel
+    if uniform_layout(plan):
+        pipeline, size = len(plan.device_groups), len(plan.device_groups[0])
+        grid = torch.arange(pipeline * size).reshape(pipeline, size // (c * t), c, t)
+        return DeviceMesh(device_type, grid, mesh_dim_names=("pipeline", *MESH_DIMS))[MESH_DIMS]
+    mine = None
+    for g in range(len(plan.device_groups)):
+        layout = set_layout(plan, g)
+        mesh = DeviceMesh(device_type, torch.tensor(layout).reshape(len(layout) // (c * t), c, t),
+                          mesh_dim_names=MESH_DIMS)
+        if rank in layout:
+            mine = mesh
+    assert mine is not None, f"rank {rank} is in no device set"
+    return mine
+
+
+def scatter_sequence(x: torch.Tensor, mesh: DeviceMesh, dim: int = 1) -> torch.Tensor:
+    """This device's 1/t of a tensor every device of ``mesh`` holds whole; the backward all-gathers."""
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(dim)]).to_local()
+
+
+def gather_sequence(x: torch.Tensor, mesh: DeviceMesh, dim: int = 1) -> torch.Tensor:
+    """The whole tensor from every device's 1/t along ``dim``; the backward keeps this device's part."""
+    return DTensor.from_local(x, mesh, [Shard(dim)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+
+
+def _block_plan(sequence_parallel: bool) -> dict:
+    """torchtitan's ``apply_tp`` layer plan for one block (attention and MLP submodules)."""
+    rowwise_out = Shard(1) if sequence_parallel else Replicate()
+    layer_plan = {
+        "attention.q": ColwiseParallel(), "attention.k": ColwiseParallel(), "attention.v": ColwiseParallel(),
+        "attention.out": RowwiseParallel(output_layouts=rowwise_out),
+        "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel(output_layouts=rowwise_out),
+    }
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        layer_plan.update({"norm_1": SequenceParallel(), "norm_2": SequenceParallel(),
+                           "attention": gather, "mlp": gather})
+    return layer_plan
+
+
+def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Cut one layer (embedding, block or head) over ``mesh`` (1D, the tensor dimension), in place."""
+    if isinstance(layer, Embedding):
+        out = Shard(1) if sequence_parallel else Replicate()
+        parallelize_module(layer.token, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=out))
+        if sequence_parallel and layer.position is not None:
+            layer.scatter = lambda table: scatter_sequence(table, mesh, dim=0)
+    elif isinstance(layer, TransformerBlock):
+        blk = _block_plan(sequence_parallel)
+        if layer.mlp.w3 is not None:
+            blk["mlp.w3"] = ColwiseParallel()
+        parallelize_module(layer, mesh, blk)
+    elif isinstance(layer, LMHead):
+        head = {"proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                        output_layouts=Shard(-1), use_local_output=False)}
+        if sequence_parallel:
+            head["norm"] = SequenceParallel()
+        parallelize_module(layer, mesh, head)
+    else:
+        raise AssertionError(f"no tensor-parallel plan for {type(layer).__name__}")
+
+
+def parallelize_stage(module: StageModule, mesh: DeviceMesh, *, sequence_parallel: bool, first: bool) -> None:
+    """Cut every layer of ``module`` over ``mesh`` (1D, the tensor dimension), in place, and
+    make its input and output this device's 1/t of the sequence.
+
+    ``first``: the stage holds the embedding (its input is token ids, not a 1/t sequence part).
+    """
+    for layer in module.layers.values():
+        parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
+    if not sequence_parallel:  # stage boundaries carry 1/t of the sequence (the scatter-gather)
+        module.enter = None if first else (lambda x: gather_sequence(x, mesh))
+        module.leave = None if module.is_last else (lambda x: scatter_sequence(x, mesh))
+
+
+def loss_parallel_if(tensor_parallel: int):
+    """``loss_parallel()`` with tensor parallelism (the vocabulary-sharded cross-entropy's
+    forward and backward both run inside it), else a context that does nothing."""
+    import contextlib
+
+    if tensor_parallel == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this device stores (``t`` itself unless it is a DTensor)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def settle_grads(params: list[nn.Parameter]) -> None:
+    """Give every DTensor gradient its parameter's placement (a ``Partial`` sum is reduced,
+    a replicated gradient of a sharded parameter cut), in parameter order on every rank."""
+    for p in params:
+        if isinstance(p, DTensor) and isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)

@@ -1,0 +1,96 @@
+"""The single-process reference: the unsplit model on the whole batch, and the comparison.
+
+A pipelined, replicated step is correct when it computes what one process computes on the
+same weights and data: the mean loss of the whole global batch and its gradient. Split-
+concat, micro-batching and gradient all-reduce only reorder fp32 sums, so the two agree to
+rounding. ``compare_grads`` reports the largest absolute difference and whether every
+tensor is close relative to its own scale (``|a - b| <= rtol * max|b|`` elementwise). A
+tensor whose true gradient is zero (a key projection's bias: softmax ignores a constant
+added to every score) holds only rounding noise, so no tensor's scale is taken below
+``NOISE_FLOOR`` times the largest gradient of the model.
+
+Tensor-parallel and sharded gradients are gathered to full tensors on their ranks
+(``DTensor.full_tensor``) before they come here, so every name has its whole gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.model.config import ModelConfig
+from runtime.model.models import TRANSFORMERS, num_layers, synthetic_batch, whole_model
+
+__all__ = ["NOISE_FLOOR", "GradComparison", "Reference", "compare_grads", "reference_step"]
+
+NOISE_FLOOR = 1e-3
+"""The smallest scale a tensor is compared at, relative to the model's largest gradient."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reference:
+    loss: float
+    """Mean loss of the global batch."""
+    grads: dict[str, torch.Tensor]
+    """Gradient of every parameter, by name (``layers.3.qkv.weight``), on the CPU."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradComparison:
+    max_abs_grad_diff: float
+    """Largest |distributed − reference| over every gradient element."""
+    max_rel_grad_diff: float
+    """Largest per-tensor max|difference| / max|reference|."""
+    worst: str
+    """Name of the tensor with the largest relative difference."""
+    passed: bool
+    """Every tensor within ``rtol`` of its reference."""
+    compared: int
+    """Number of gradient tensors compared."""
+
+
+def reference_step(
+    config: ModelConfig, global_batch_size: int, *, step: int = 0, seed: int = 0, device: torch.device | str = "cpu"
+) -> Reference:
+    """Loss and gradients of the whole model on step ``step``'s whole batch, in one process."""
+    model = whole_model(config, seed=seed, device=device)
+    inputs, labels = synthetic_batch(config, global_batch_size, step=step, seed=seed, device=device)
+    loss = model(inputs, labels)
+    loss.backward()
+    grads = {name: p.grad.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+    return Reference(loss=float(loss.detach()), grads=grads)
+
+
+def _reference_name(config: ModelConfig, name: str) -> str:
+    """A tied head's own copy of the token matrix (on another stage) is the embedding's."""
+    head = f"layers.{num_layers(config) - 1}.proj.weight"
+    if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and name == head:
+        return "layers.0.token.weight"
+    return name
+
+
+def compare_grads(
+    config: ModelConfig, grads: list[dict[str, torch.Tensor]], reference: Reference, *, rtol: float = 1e-5
+) -> GradComparison:
+    """Compare each rank's named gradients (``grads``, one dict per rank) to ``reference``."""
+    max_abs = max_rel = 0.0
+    worst, passed, compared, seen = "", True, 0, set()
+    floor = NOISE_FLOOR * max(float(g.float().abs().max()) for g in reference.grads.values())
+    for rank_grads in grads:
+        for name, grad in sorted(rank_grads.items()):
+            ref_name = _reference_name(config, name)
+            expected = reference.grads[ref_name]
+            seen.add(ref_name)
+            diff = float((grad.float() - expected.float()).abs().max())
+            scale = max(float(expected.float().abs().max()), floor)
+            rel = diff / scale if scale > 0 else diff
+            if rel > max_rel:
+                max_rel, worst = rel, name
+            max_abs = max(max_abs, diff)
+            passed = passed and diff <= rtol * scale
+            compared += 1
+    missing = sorted(set(reference.grads) - seen)
+    assert not missing, f"no rank reported gradients of {missing[:3]}"
+    return GradComparison(max_abs_grad_diff=max_abs, max_rel_grad_diff=max_rel, worst=worst, passed=passed,
+                          compared=compared)

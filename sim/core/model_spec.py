@@ -1,0 +1,217 @@
+"""The model as the simulator sees it: an ordered list of layers, per sample.
+
+* ``LayerSpec`` — one layer's parameter bytes, the bytes it hands on and keeps for its
+  backward, and its cost: measured times (a profile) or FLOPs and kernels (a generator).
+* ``ModelSpec`` — the layers in execution order (profile order or generator order), with the
+  bytes that cross each possible cut between two stages. All per-layer sizes and times are
+  per *sample*; the cost model scales them to a micro-batch. A generated model also keeps
+  the generator and parameters that built it (``ModelPreset``), so nothing needs the
+  scenario file again to build it for real, and, for one device of a tensor- or
+  context-parallel group, the share it holds (``shard``).
+
+Specs check themselves in ``__post_init__`` and raise ``SpecError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import SpecError
+from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, non_negative, optimizer_state_factor
+
+__all__ = ["LayerSpec", "ModelPreset", "ModelSpec"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One layer of a model; sizes and times are per sample."""
+
+    name: str
+    """Name from the profile or the generator (``block_3``, ``embedding``)."""
+    param_bytes: float
+    """Bytes of this layer's parameters (gradients take as many)."""
+    output_bytes: float
+    """Bytes of this layer's output for one sample."""
+    stash_bytes: float
+    """Bytes this layer keeps from its forward until its backward, for one sample."""
+    fwd_s: float | None = None
+    """Measured forward time for one sample, seconds (from a profile); None if costed from FLOPs."""
+    bwd_s: float | None = None
+    """Measured backward time for one sample, seconds; None if costed from FLOPs."""
+    fwd_flop: float = 0.0
+    """Forward FLOPs for one sample."""
+    bwd_flop: float = 0.0
+    """Backward FLOPs for one sample (input and weight gradients together)."""
+    wgrad_fraction: float = 0.5
+    """Share of the backward that computes weight gradients (zero-bubble schedules' W), [0, 1]."""
+    kernels: tuple = ()
+    """Forward kernels (``sim.cost.kernels.KernelSpec``) of a generated layer; when present the
+    cost model times them one by one instead of dividing ``fwd_flop`` by a single rate."""
+    param_tensors: int | None = None
+    """Parameter tensors (weights, biases) the optimizer steps one by one; None: two (a weight
+    and a bias) for a layer with parameters, as a measured profile does not say."""
+    checkpoint_bytes: float | None = None
+    """What it keeps per sample under full recompute: its input, checkpointed (Korthikanti et al.
+    2022, Table 2: 2sbh per transformer block, 2sbh/t with sequence parallelism); None: the bytes
+    of the cut before it (``ModelSpec.boundary_bytes``)."""
+    selective_stash_bytes: float | None = None
+    """What it stashes per sample under selective recompute (Korthikanti et al. 2022, §5: all but
+    attention's s×s tensors); None: the same as ``stash_bytes`` (nothing to recompute)."""
+    tp_collectives: tuple = ()
+    """Tensor-parallel collectives of its forward and backward per sample
+    (``sim.cost.comm.TensorParallelCollective``), as one device of its group runs them."""
+    cp_ring_bytes: float = 0.0
+    """Bytes per sample each device of a context-parallel group passes to its ring neighbour in
+    the forward (key and value blocks; the backward passes twice as many)."""
+
+    def __post_init__(self) -> None:
+        for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes"):
+            non_negative(key, getattr(self, key))
+        if (self.fwd_s is None) != (self.bwd_s is None):
+            raise SpecError("fwd_s", "give both forward and backward times, or neither")
+        if self.fwd_s is not None:
+            non_negative("fwd_s", self.fwd_s)
+            non_negative("bwd_s", self.bwd_s)
+        elif self.fwd_flop == 0 and self.bwd_flop == 0 and self.param_bytes > 0:
+            raise SpecError("fwd_flop", f"layer {self.name!r} has parameters but neither times nor FLOPs")
+        if not 0 <= self.wgrad_fraction <= 1:
+            raise SpecError("wgrad_fraction", f"must be in [0, 1], got {self.wgrad_fraction!r}")
+        if self.param_tensors is not None and (isinstance(self.param_tensors, bool) or self.param_tensors < 0):
+            raise SpecError("param_tensors", f"must be an integer >= 0, got {self.param_tensors!r}")
+
+    @property
+    def is_measured(self) -> bool:
+        return self.fwd_s is not None
+
+    @property
+    def selective_stash(self) -> float:
+        """Bytes per sample it keeps under selective recompute."""
+        return self.stash_bytes if self.selective_stash_bytes is None else self.selective_stash_bytes
+
+    @property
+    def optimizer_tensors(self) -> int:
+        """Tensors the optimizer steps for this layer (``param_tensors`` with its default)."""
+        if self.param_tensors is not None:
+            return self.param_tensors
+        return 2 if self.param_bytes > 0 else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelPreset:
+    """The generator a built-in model came from, with every parameter it was built with."""
+
+    name: str
+    """Generator name, a key of ``sim.models.MODEL_PRESETS`` (``gpt``, ``bert``, ``mlp``, ``vgg``)."""
+    params: tuple[tuple[str, Any], ...]
+    """(parameter, value) pairs sorted by name: every parameter of the generator, defaults
+    filled in and computed ones (``ffn_hidden``, ``input_size``) resolved, so that
+    ``build_model(name, **values)`` builds the same model again."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("preset", "must not be empty")
+        keys = [pair[0] for pair in self.params]
+        if keys != sorted(set(keys)):
+            raise SpecError("params", f"must be (name, value) pairs sorted by unique name, got names {keys}")
+        for key, value in self.params:
+            if not isinstance(value, (bool, int, float, str, type(None))):
+                raise SpecError(key, f"must be a number, a string or a boolean, got {value!r}")
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The parameters as keywords for ``sim.models.build_model``."""
+        return dict(self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """An ordered list of layers and what crosses each possible cut between stages."""
+
+    name: str
+    """Display name (``bert-48``, ``gpt-1.3b``)."""
+    layers: tuple[LayerSpec, ...]
+    """Layers in execution order; a stage owns a contiguous range of them."""
+    boundary_bytes: tuple[float, ...]
+    """Per sample, bytes that cross a cut just before layer ``k`` (``len(layers) + 1`` entries).
+
+    Entry 0 is the model input; entry ``len(layers)`` is 0. For a chain it is the previous
+    layer's output; for a DAG it is every tensor produced before the cut and consumed after it.
+    """
+    dtype: str = "fp32"
+    """Training dtype of parameters and activations: fp32, tf32, fp16 or bf16."""
+    optimizer: str = "adam"
+    """Optimizer whose state is kept per parameter: sgd, momentum, adam, adamw."""
+    optimizer_implementation: str = "fused"
+    """How its step runs: ``fused``, ``foreach`` or ``for-loop`` (``sim.core.specs.OPTIMIZER_IMPLEMENTATIONS``)."""
+    grad_dtype: str | None = None
+    """Dtype gradients are accumulated and reduced in; None: the parameters' dtype. ``fp32`` with
+    16-bit parameters is Megatron-LM's ``main_grad`` (``--accumulate-allreduce-grads-in-fp32``)."""
+    tied_layers: tuple[int, int] | None = None
+    """(embedding, head) layer indices of a head tied to the token embedding; None: untied."""
+    tied_bytes: float = 0.0
+    """Bytes of the tied matrix (one device's share), counted once, in the embedding's layer."""
+    source: str = ""
+    """Where the model came from (a profile path or a preset description)."""
+    preset: ModelPreset | None = None
+    """The generator and parameters of a built-in model (``sim.models``), which the runtime
+    builds as torch modules; None for a measured profile."""
+    shard: Any = None
+    """The share of every layer one device holds (``sim.core.parallelism.Shard``) when the layers are
+    one device's of a tensor- or context-parallel group (``sim.models.shard_model``); None: whole."""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise SpecError("layers", "a model needs at least one layer")
+        if len(self.boundary_bytes) != len(self.layers) + 1:
+            raise SpecError(
+                "boundary_bytes",
+                f"needs {len(self.layers) + 1} entries (one per cut), got {len(self.boundary_bytes)}",
+            )
+        for k, value in enumerate(self.boundary_bytes):
+            non_negative(f"boundary_bytes[{k}]", value)
+        optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
+        if self.optimizer_implementation not in OPTIMIZER_IMPLEMENTATIONS:
+            raise SpecError("optimizer.implementation", f"unknown implementation {self.optimizer_implementation!r}; "
+                                                        f"valid: {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
+        if self.grad_dtype is not None and self.grad_dtype not in DTYPE_BYTES:
+            raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
+        non_negative("tied_bytes", self.tied_bytes)
+        if self.tied_layers is not None and not all(0 <= k < len(self.layers) for k in self.tied_layers):
+            raise SpecError("tied_layers", f"must name two of the {len(self.layers)} layers, got {self.tied_layers!r}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def optimizer_state_bytes_per_param_byte(self) -> float:
+        return optimizer_state_factor(self.optimizer, self.dtype)
+
+    @property
+    def grad_bytes_per_param_byte(self) -> float:
+        """Gradient bytes per parameter byte: 2 for fp32 gradients of 16-bit parameters, else 1."""
+        return DTYPE_BYTES[self.grad_dtype or self.dtype] / DTYPE_BYTES[self.dtype]
+
+    def param_bytes(self, start: int = 0, end: int | None = None) -> float:
+        """Parameter bytes of layers ``[start, end)``, each counted once (a tied matrix in the embedding)."""
+        return sum(layer.param_bytes for layer in self.layers[start:end])
+
+    def tied_ends(self, start: int, end: int) -> int:
+        """How many ends of a tied embedding layers ``[start, end)`` hold: 0, 1 or 2."""
+        if self.tied_layers is None:
+            return 0
+        return sum(start <= k < end for k in self.tied_layers)
+
+    def tied_copy_bytes(self, start: int, end: int) -> float:
+        """Bytes of the tied matrix's second copy that layers ``[start, end)`` hold: the head's
+        stage keeps its own when the embedding is on another stage (Megatron-LM's last stage
+        allocates ``word_embeddings`` and keeps it in step through the embedding group's
+        all-reduce, ``_allreduce_embedding_grads``); 0 when both ends share the stage."""
+        if self.tied_layers is None or self.tied_ends(start, end) != 1:
+            return 0.0
+        return self.tied_bytes if start <= self.tied_layers[1] < end else 0.0
+
+    def stage_param_bytes(self, start: int, end: int) -> float:
+        """Parameter bytes a stage of layers ``[start, end)`` holds: ``param_bytes`` plus a tied copy."""
+        return self.param_bytes(start, end) + self.tied_copy_bytes(start, end)

@@ -1,0 +1,286 @@
+"""Specs: what the user's cluster, model, training set-up and plan are, as frozen data.
+
+A simulation has four independent inputs (as in Calculon: system, model, strategy kept apart):
+
+* ``ClusterSpec`` — ``nodes`` servers of ``devices_per_node`` identical ``DeviceSpec`` GPUs.
+  Every GPU has one intra-node port (``intra_node``: NVLink, NVSwitch or PCIe bandwidth per
+  GPU); every server has ``nics_per_node`` network cards (``inter_node``: bandwidth per NIC).
+  Device ids are global: ``node * devices_per_node + local_index``.
+* ``ModelSpec`` — the model's layers; it lives in ``sim.core.model_spec``.
+* ``TrainingSpec`` — the global batch and the micro-batch that enters the pipeline.
+
+The plan (stages and schedule) is the fourth input; it lives in ``sim.core.plan``.
+
+Specs check themselves in ``__post_init__`` and raise ``SpecError`` naming the field; they
+do nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.core.errors import SpecError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "MAX_MICROBATCHES",
+    "OPTIMIZER_IMPLEMENTATIONS",
+    "OPTIMIZER_STATES",
+    "DeviceSpec",
+    "LinkSpec",
+    "ClusterSpec",
+    "TrainingSpec",
+    "non_negative",
+    "optimizer_state_factor",
+    "positive",
+    "positive_int",
+]
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+"""Bytes per element of each supported training dtype."""
+
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+"""fp32 state tensors each optimizer keeps per parameter (Adam: first and second moment)."""
+
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+"""How an optimizer step runs (``sim.cost.compute.optimizer_step_kernels``): ``fused``, one multi-tensor
+kernel doing the whole update in one pass (apex/Transformer Engine ``FusedAdam`` as Megatron-LM
+and DeepSpeed use it, torch's ``fused=True``); ``foreach``, one multi-tensor launch per
+element-wise operation (torch's ``foreach=True``, its default on CUDA); ``for-loop``, every
+operation once per tensor (torch's single-tensor path, its default on CPUs)."""
+
+
+def optimizer_state_factor(optimizer: str, dtype: str) -> float:
+    """Optimizer state bytes per parameter byte.
+
+    Each state tensor is fp32 (4 bytes per parameter). Mixed precision (fp16/bf16 parameters)
+    adds an fp32 master copy, as in ZeRO (Rajbhandari et al., SC'20, §3.1: Adam in mixed
+    precision holds 2 + 2 + 12 bytes per parameter, of which 12 are optimizer state).
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise SpecError("optimizer", f"unknown optimizer {optimizer!r}; valid: {_names(OPTIMIZER_STATES)}")
+    if dtype not in DTYPE_BYTES:
+        raise SpecError("dtype", f"unknown dtype {dtype!r}; valid: {_names(DTYPE_BYTES)}")
+    param_bytes = DTYPE_BYTES[dtype]
+    master_copies = 0 if param_bytes == 4 else 1
+    return (OPTIMIZER_STATES[optimizer] + master_copies) * 4.0 / param_bytes
+
+
+def _names(table: dict) -> str:
+    return ", ".join(sorted(table))
+
+
+def positive(key: str, value: float) -> None:
+    """Raise ``SpecError`` unless ``value`` is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(key, f"must be a positive number, got {value!r}")
+
+
+def non_negative(key: str, value: float) -> None:
+    """Raise ``SpecError`` unless ``value`` is a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise SpecError(key, f"must be a number >= 0, got {value!r}")
+
+
+def positive_int(key: str, value: int) -> None:
+    """Raise ``SpecError`` unless ``value`` is an integer > 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(key, f"must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator."""
+
+    name: str
+    """Display name, e.g. ``V100-16GB``."""
+    memory_bytes: float
+    """Usable device memory in bytes; exceeding it is an out-of-memory verdict."""
+    peak_flop_per_s: float
+    """Dense half-precision (fp16/bf16 tensor core) peak, FLOP/s."""
+    peak_fp32_flop_per_s: float
+    """Dense fp32 peak (without TF32), FLOP/s; used for fp32 models. A scenario's custom device
+    that leaves it out gets ``peak_flops / 16``, the A100's ratio (``sim.input.cluster``)."""
+    memory_bandwidth_bytes_per_s: float
+    """Device memory (HBM) bandwidth, bytes/s. A scenario's custom device that leaves it out gets
+    ``peak_flops`` × 2039 GB/s / 312 TFLOP/s, the A100's ratio (``sim.input.cluster``)."""
+    efficiency: float = 0.5
+    """Fraction of peak that large matrix products achieve (e_max of ``sim.cost.kernels``), in (0, 1]."""
+    matmul_half_dim: float = 0.0
+    """Size of a matrix product's dimension at which it loses half its efficiency to tiling
+    (D of ``sim.cost.kernels``); 0: no size effect."""
+    kernel_overhead_s: float = 0.0
+    """Fixed cost of every kernel added to its time, seconds: where the host runs the kernel
+    itself (a CPU, whose dispatcher and kernel share a thread) nothing overlaps it. 0 on GPUs."""
+    kernel_issue_s: float = 0.0
+    """Seconds the host (framework and driver) takes to issue one kernel to the device, which
+    runs it asynchronously: a kernel takes at least this long, however little work it has
+    (``sim.cost.compute.kernel_time_s``: the larger of device time and issue time). 0: no floor."""
+    memory_efficiency: float = 1.0
+    """Fraction of ``memory_bandwidth`` element-wise kernels achieve, in (0, 1]."""
+    action_overhead_s: float = 0.0
+    """Fixed cost of each forward and each backward a framework runs for one stage on one
+    micro-batch, outside its kernels (the Python and autograd work around them), seconds."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise SpecError("name", "must not be empty")
+        positive("memory", self.memory_bytes)
+        positive("peak_flops", self.peak_flop_per_s)
+        positive("peak_fp32_flops", self.peak_fp32_flop_per_s)
+        positive("memory_bandwidth", self.memory_bandwidth_bytes_per_s)
+        positive("efficiency", self.efficiency)
+        if self.efficiency > 1:
+            raise SpecError("efficiency", f"must be in (0, 1], got {self.efficiency!r}")
+        non_negative("action_overhead", self.action_overhead_s)
+        non_negative("kernel_overhead", self.kernel_overhead_s)
+        non_negative("kernel_issue", self.kernel_issue_s)
+
+    def peak_flop_per_s_for(self, dtype: str) -> float:
+        """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""
+        return self.peak_fp32_flop_per_s if DTYPE_BYTES.get(dtype) == 4 else self.peak_flop_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """A kind of port: every transfer through it costs ``latency_s + bytes / bandwidth``.
+
+    Where the hosts' processors do the sending (gloo on a CPU writes each message to its
+    socket in the thread that issues it, and a transport thread on the receiver takes it
+    in), a send also holds up the sender's compute stream for ``send_issue_s(bytes)`` and
+    the receiver's for ``recv_overhead_s``; on GPUs (NCCL: the copies run on their own
+    streams) both are 0, the default.
+    """
+
+    bandwidth_bytes_per_s: float
+    """Bandwidth of one port in one direction, bytes/s."""
+    latency_s: float = 0.0
+    """Fixed cost per transfer, seconds."""
+    name: str = ""
+    """What the port is (``NVLink``, ``PCIe``, ``Ethernet``, ``InfiniBand``); display only."""
+    send_overhead_s: float = 0.0
+    """Seconds each send holds up the sender's compute stream, whatever its size."""
+    send_bandwidth_bytes_per_s: float | None = None
+    """Rate at which the sender's compute stream pushes a message out, bytes/s; None: no
+    per-byte cost on the compute stream."""
+    recv_overhead_s: float = 0.0
+    """Seconds each received message costs the receiver's compute stream (on a CPU the
+    transport thread that takes it in competes with the compute for a core)."""
+    collective_efficiency: float = 1.0
+    """Share of ``bandwidth`` a collective's ring reaches through this port, in (0, 1]: NCCL's
+    bus bandwidth over the port's figure (nccl-tests' ``all_reduce_perf`` on 8 A100 over
+    NVSwitch: about 230 GB/s of 300 GB/s at 1 GiB). Point-to-point transfers use ``bandwidth``."""
+
+    def __post_init__(self) -> None:
+        positive("bandwidth", self.bandwidth_bytes_per_s)
+        positive("collective_efficiency", self.collective_efficiency)
+        if self.collective_efficiency > 1:
+            raise SpecError("collective_efficiency", f"must be in (0, 1], got {self.collective_efficiency!r}")
+        non_negative("latency", self.latency_s)
+        non_negative("send_overhead", self.send_overhead_s)
+        non_negative("recv_overhead", self.recv_overhead_s)
+        if self.send_bandwidth_bytes_per_s is not None:
+            positive("send_bandwidth", self.send_bandwidth_bytes_per_s)
+
+    @property
+    def collective_bandwidth_bytes_per_s(self) -> float:
+        """Bandwidth a ring collective reaches through the port: ``bandwidth × collective_efficiency``."""
+        return self.bandwidth_bytes_per_s * self.collective_efficiency
+
+    def send_issue_s(self, nbytes: float) -> float:
+        """Seconds one send of ``nbytes`` holds up the sender's compute stream."""
+        if nbytes <= 0:
+            return 0.0
+        rate = self.send_bandwidth_bytes_per_s
+        return self.send_overhead_s + (nbytes / rate if rate else 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """Identical servers of identical GPUs; a GPU port inside a server, NICs between servers."""
+
+    nodes: int
+    """Number of servers, >= 1."""
+    devices_per_node: int
+    """GPUs per server, >= 1."""
+    device: DeviceSpec
+    """Every GPU of the cluster."""
+    intra_node: LinkSpec
+    """Each GPU's port to the other GPUs of its server (bandwidth per GPU)."""
+    inter_node: LinkSpec
+    """Each network card's port to the other servers (bandwidth per NIC)."""
+    nics_per_node: int = 1
+    """Network cards per server; GPU ``j`` of a server uses NIC ``j * nics // devices``."""
+    name: str = ""
+    """Display name, e.g. the preset it came from."""
+
+    def __post_init__(self) -> None:
+        positive_int("nodes", self.nodes)
+        positive_int("devices_per_node", self.devices_per_node)
+        positive_int("nics_per_node", self.nics_per_node)
+        if self.nics_per_node > self.devices_per_node:
+            raise SpecError(
+                "nics_per_node",
+                f"{self.nics_per_node} NICs for {self.devices_per_node} GPUs per node; "
+                "use at most one NIC per GPU",
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device: int) -> int:
+        """The server that holds global device id ``device``."""
+        return device // self.devices_per_node
+
+    def nic_of(self, device: int) -> int:
+        """Global id of the NIC that ``device`` sends and receives inter-node traffic through."""
+        local = device % self.devices_per_node
+        return self.node_of(device) * self.nics_per_node + local * self.nics_per_node // self.devices_per_node
+
+
+MAX_MICROBATCHES = 100_000
+"""Most micro-batches per iteration (a schedule lists every one of them on every rank)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """How many samples one iteration trains on and how they are cut into micro-batches."""
+
+    global_batch_size: int
+    """Samples per iteration (per optimizer step), over the whole cluster."""
+    microbatch_size: int
+    """Samples per micro-batch as it enters the pipeline; each stage splits it over its replicas.
+
+    (Megatron-LM's per-replica micro-batch size times the data-parallel degree.)
+    """
+
+    def __post_init__(self) -> None:
+        positive_int("global_batch_size", self.global_batch_size)
+        positive_int("microbatch_size", self.microbatch_size)
+        if self.global_batch_size // self.microbatch_size > MAX_MICROBATCHES:
+            raise SpecError(
+                "global_batch_size",
+                f"{self.global_batch_size} / {self.microbatch_size} is {self.global_batch_size // self.microbatch_size} "
+                f"micro-batches, more than the {MAX_MICROBATCHES} a schedule can hold; raise microbatch_size",
+            )
+        if self.global_batch_size % self.microbatch_size:
+            raise SpecError(
+                "microbatch_size",
+                f"{self.microbatch_size} does not divide global_batch_size {self.global_batch_size}; "
+                f"use a divisor such as {_nearest_divisors(self.global_batch_size, self.microbatch_size)}",
+            )
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // self.microbatch_size
+
+
+def _nearest_divisors(n: int, near: int) -> str:
+    """The divisors of ``n`` just below and just above ``near``, as text (``2 or 4``)."""
+    small = [d for d in range(1, min(math.isqrt(n), 10**6) + 1) if n % d == 0]
+    divisors = sorted(set(small) | {n // d for d in small})
+    below = max(d for d in divisors if d <= near)
+    above = [d for d in divisors if d > near]
+    return f"{below} or {above[0]}" if above else str(below)

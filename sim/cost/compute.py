@@ -1,0 +1,237 @@
+"""Cost model: how long a stage's forward and backward take, and what it keeps in memory.
+
+A model's layers carry per-sample numbers (see ``sim.core.model_spec.LayerSpec``). This module turns
+them into what one replica of a stage spends on its slice of one micro-batch:
+
+* time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
+  planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum of its kernels
+  (``sim.cost.kernels``), each the largest of its FLOPs over the size-dependent matrix rate, its
+  bytes over the memory bandwidth and the host's time to issue it; a layer with FLOPs but no kernels
+  costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+* a framework's fixed cost around each forward and backward of a stage on a micro-batch
+  (``DeviceSpec.action_overhead_s``);
+* the optimizer step of the scenario's implementation (fused, foreach or for-loop:
+  ``sim.cost.optimizer``), memory-bound over its bytes or bound by issuing its launches;
+* memory at rest: parameters, their gradients (in ``ModelSpec.grad_dtype``) and the optimizer
+  state (``ModelSpec.optimizer_state_bytes_per_param_byte``), by ``sim.cost.memory``; a tied
+  embedding split over two stages keeps a copy on the head's and all-reduces its gradient
+  between them (``sim.cost.comm.tied_allreduce_s``);
+* activations: the bytes a forward stashes until its backward; with recompute only the
+  stage input is stashed and the forward runs again before the backward.
+
+How a micro-batch splits over a stage's replicas is ``sim.cost.split``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.core.model_spec import ModelSpec
+from sim.cost.kernels import ATTENTION_CORE
+from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
+from sim.cost.comm import tied_allreduce_s
+from sim.core.parallelism import Recompute, Sharding
+from sim.cost.memory import StateBytes, model_state_bytes
+from sim.core.specs import DeviceSpec, LinkSpec
+
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "attention_core_s", "kernel_time_s", "layer_times_s",
+           "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "stage_cost"]
+
+
+def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) -> float:
+    """Seconds an overlapped forward-backward pair (``OverlapFB``) holds its device.
+
+    DualPipe runs the forward of one micro-batch beside the backward of another so that one
+    hides under the other (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, §3.2.1); how
+    much it hides is the scenario's ``plan.schedule.overlap_efficiency`` e in [0, 1]:
+    F + B − e·min(F, B). With e = 0 the two share the device (F + B); with e = 1 the shorter
+    hides fully (max(F, B)).
+    """
+    return forward_s + backward_s - efficiency * min(forward_s, backward_s)
+
+
+def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
+                  dims: tuple[float, float, float] | None = None) -> float:
+    """One kernel call of ``flop`` FLOPs on an (M, N, K) product moving ``nbytes`` bytes.
+
+    Its device time is ``sim.cost.kernels``' roofline with the dimension-dependent matrix
+    efficiency. The host issues kernels asynchronously, at best one per ``kernel_issue_s``
+    (the framework's and the driver's work per launch, about 5 to 25 µs per PyTorch operator),
+    so the device runs ahead of it only while kernels last longer than that: a kernel takes
+    ``max(device time, kernel_issue_s)``, not their sum, and a layer of tiny kernels costs its
+    kernel count times the issue time whatever its size. ``kernel_overhead_s`` is added on top
+    where nothing overlaps it (a CPU runs its kernels in the thread that issues them).
+    """
+    compute = 0.0
+    if flop > 0:
+        efficiency = device.efficiency
+        half = device.matmul_half_dim
+        if dims is not None and half > 0:
+            for size in dims[:2]:  # output tiles span M and N; a small K shows as memory-bound
+                efficiency /= 1.0 + half / size
+        compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
+    memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    return max(compute, memory, device.kernel_issue_s) + device.kernel_overhead_s
+
+
+def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient part of the backward) seconds of ``layer`` on ``samples``."""
+    if samples == 0:
+        return 0.0, 0.0, 0.0
+    if layer.is_measured:
+        bwd = layer.bwd_s * samples
+        return layer.fwd_s * samples, bwd, bwd * layer.wgrad_fraction
+    if not layer.kernels:
+        rate = device.peak_flop_per_s_for(dtype) * device.efficiency
+        bwd = layer.bwd_flop * samples / rate
+        return layer.fwd_flop * samples / rate, bwd, bwd * layer.wgrad_fraction
+    fwd = bwd = wgrad = 0.0
+    for k in layer.kernels:
+        flop, nbytes = k.flop * samples, k.bytes * samples + k.fixed_bytes
+        m, n, inner = k.rows * samples, k.cols, k.inner
+        t = kernel_time_s(flop, nbytes, device, dtype, (m, n, inner) if k.flop > 0 else None)
+        fwd += t
+        if k.flop > 0:  # two products back: the input gradient (M × K out), the weight (or second
+            # input) gradient (K × N out), each with the forward's FLOPs and bytes
+            weight_grad = kernel_time_s(flop, nbytes, device, dtype, (inner, n, m))
+            bwd += kernel_time_s(flop, nbytes, device, dtype, (m, inner, n)) + weight_grad
+            wgrad += weight_grad if k.weights else 0.0
+        else:  # an element-wise backward reads the gradient and what it saved, writes one
+            moved = 2 * k.bytes if k.bwd_bytes is None else k.bwd_bytes
+            back = kernel_time_s(0.0, moved * samples + 2 * k.fixed_bytes, device, dtype)
+            bwd += back
+            wgrad += back if k.weights else 0.0
+    return fwd, bwd, wgrad
+
+
+def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
+    """Forward time of a layer's attention core (scores, softmax, its dropout, attention over values), which
+    selective recompute runs again in the backward; 0 for a layer without one."""
+    total = 0.0
+    for k in layer.kernels:
+        if k.name in ATTENTION_CORE and samples:
+            dims = (k.rows * samples, k.cols, k.inner) if k.flop > 0 else None
+            total += kernel_time_s(k.flop * samples, k.bytes * samples + k.fixed_bytes, device, dtype, dims)
+    return total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCost:
+    """One replica's work on one slice of a micro-batch, for layers ``[start, end)``."""
+
+    samples: int
+    """Samples in the replica's slice of the micro-batch."""
+    fwd_s: float
+    """Forward time of the slice, seconds."""
+    bwd_s: float
+    """Full backward time (input and weight gradients) of the slice, seconds."""
+    wgrad_s: float
+    """Part of ``bwd_s`` that computes weight gradients (the W of zero-bubble schedules)."""
+    param_bytes: float
+    """Parameter bytes of the layers on this device (its tensor-parallel share, unsharded by ZeRO)."""
+    static_bytes: float
+    """Parameters, gradients and optimizer state held by the device at rest (``states.total``)."""
+    states: StateBytes
+    """``static_bytes`` by kind, as data-parallel sharding leaves them (``sim.core.parallelism``)."""
+    optimizer_s: float
+    """The replica's optimizer step over the stage's parameters, seconds, after the tied
+    embedding's gradient all-reduce (``tied_allreduce_s``, included)."""
+    tied_allreduce_s: float = 0.0
+    """The part of ``optimizer_s`` that all-reduces a tied embedding's gradient between its two
+    stages (``sim.cost.comm.tied_allreduce_s``), seconds."""
+    stash_bytes: float
+    """Activation bytes the slice keeps from its forward until its backward."""
+    rebuilt_bytes: float = 0.0
+    """Full recompute: the activations the backward rebuilds at once (the largest checkpointed segment's)."""
+    input_bytes: float
+    """Bytes of the slice's stage input (what the previous stage sends)."""
+    output_bytes: float
+    """Bytes of the slice's stage output (what the next stage receives)."""
+
+
+def stage_cost(
+    model: ModelSpec,
+    device: DeviceSpec,
+    start: int,
+    end: int,
+    samples: int,
+    *,
+    recompute: Recompute | bool = Recompute.NONE,
+    data_parallel: int = 1,
+    sharding: Sharding = Sharding.NONE,
+    tied_link: LinkSpec | None = None,
+) -> StageCost:
+    """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``.
+
+    ``model`` holds one device's share of each layer (``sim.models.shard_model``). With full
+    recompute the backward includes a second forward and the forward keeps only checkpoints:
+    the input of each transformer block (Megatron-LM's ``--recompute-granularity full``,
+    Korthikanti et al. 2022, Table 2) and of each run of other layers (for a stage of those
+    alone, its input: Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3);
+    the backward rebuilds one checkpointed segment at a time; with selective
+    recompute the backward runs attention's score, softmax and value products again and the
+    stash leaves out their s×s tensors (Korthikanti et al. 2022, §5). ``data_parallel``
+    devices hold the same parameters; ``sharding`` divides their states over them (ZeRO,
+    Rajbhandari et al. 2020, §5) and with it the optimizer step, which each device runs on
+    its shard. A stage that holds the head of a tied embedding but not the embedding keeps its
+    own copy of the matrix (memory and optimizer step), and a stage holding either end alone
+    all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
+    """
+    recompute = Recompute.of(recompute)
+    fwd_s = bwd_s = wgrad_s = stash = again_s = checkpoints = rebuilt = segment = 0.0
+    opened = False
+    for k, layer in enumerate(model.layers[start:end], start=start):
+        layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
+        fwd_s += layer_fwd
+        bwd_s += layer_bwd
+        wgrad_s += layer_wgrad
+        if recompute is Recompute.SELECTIVE:
+            stash += layer.selective_stash * samples
+            again_s += attention_core_s(layer, device, model.dtype, samples)
+        else:
+            stash += layer.stash_bytes * samples
+        # full recompute checkpoints segments: a transformer block on its own (its checkpoint_bytes),
+        # any run of other layers from the input of its first (for them alone: the stage input)
+        if layer.checkpoint_bytes is not None:
+            checkpoints += layer.checkpoint_bytes * samples
+            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples), 0.0
+            opened = False
+        else:
+            if not opened:
+                checkpoints += model.boundary_bytes[k] * samples
+                opened = True
+            segment += layer.stash_bytes * samples
+            rebuilt = max(rebuilt, segment)
+    input_bytes = model.boundary_bytes[start] * samples
+    if recompute is Recompute.FULL:  # checkpoints kept; the backward reruns one segment at a time
+        bwd_s += fwd_s
+        stash = checkpoints
+    bwd_s += again_s
+    if samples and end > start:  # the recomputed forward runs inside the backward's action
+        fwd_s += device.action_overhead_s
+        bwd_s += device.action_overhead_s
+    params = model.stage_param_bytes(start, end)
+    copy = model.tied_copy_bytes(start, end) > 0
+    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + (1 if copy else 0)
+    states = model_state_bytes(params, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
+                               data_parallel=data_parallel, sharding=sharding,
+                               grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
+    stepped = params if sharding is Sharding.NONE else params / data_parallel
+    tied_s = tied_allreduce_s(model, start, end, tied_link)
+    step_s = optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
+                              implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
+    return StageCost(
+        samples=samples,
+        fwd_s=fwd_s,
+        bwd_s=bwd_s,
+        wgrad_s=wgrad_s,
+        param_bytes=params,
+        static_bytes=states.total,
+        states=states,
+        optimizer_s=step_s + tied_s,
+        tied_allreduce_s=tied_s,
+        stash_bytes=stash,
+        rebuilt_bytes=rebuilt if recompute is Recompute.FULL else 0.0,
+        input_bytes=input_bytes,
+        output_bytes=model.boundary_bytes[end] * samples,
+    )

@@ -1,0 +1,109 @@
+"""The optimizer step: which kernels it launches and how many bytes they move.
+
+An optimizer step is element-wise work over every parameter: it reads the parameters, their
+gradients and the optimizer's state and writes back the parameters and the state. It is
+memory-bound, so its time is its bytes over the memory bandwidth, unless the host cannot
+issue its kernels that fast. How many kernels and bytes depends on the implementation
+(``sim.core.specs.OPTIMIZER_IMPLEMENTATIONS``), which is what the scenario's
+``optimizer: {name: adam, implementation: fused}`` names:
+
+* ``for-loop`` — torch's single-tensor optimizers (``torch.optim``'s default on CPUs): every
+  element-wise operation once per parameter tensor, each a pass over the tensor
+  (``OPTIMIZER_KERNELS``: Adam 8 launches and 18 passes of 4 bytes per element);
+* ``foreach`` — torch's ``foreach=True`` (its default on CUDA): the same operations and
+  bytes, each one multi-tensor launch over many tensors at once;
+* ``fused`` — one kernel that does the whole update per element in registers (apex and
+  Transformer Engine ``FusedAdam``, which Megatron-LM and DeepSpeed use; torch's
+  ``fused=True``): Adam with fp32 master weights reads p, g, m, v and writes p, m, v, 7 passes
+  of 4 bytes, 28 bytes per parameter (``FUSED_PASSES``).
+
+A multi-tensor launch (torch's ``aten/src/ATen/native/cuda/MultiTensorApply.cuh``, from apex)
+takes at most ``depth_to_max_tensors`` tensors (110, 64, 48, 36, 30 for 1 to 5 tensor lists)
+and 320 blocks of 65 536 elements, so a launch covers up to 36 Adam tensors (4 lists: p, g,
+m, v) or about 21 million elements (``multi_tensor_launches``).
+
+Mixed precision (16-bit parameters) adds copies: the updated fp32 master weights back into
+the 16-bit parameters (read 4 bytes, write 2 per element), and, unless the gradients are kept
+in fp32 already (Megatron-LM's ``main_grad``, ``ModelSpec.grad_dtype``), the 16-bit gradients
+into fp32 (read 2, write 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.core.specs import DTYPE_BYTES, DeviceSpec
+
+__all__ = ["FUSED_PASSES", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
+           "multi_tensor_launches", "optimizer_step_kernels", "optimizer_step_s"]
+
+OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
+"""Per parameter tensor, the kernels of one step of torch's single-tensor optimizer
+(``torch.optim``'s for-loop implementation, the one it uses on CPU): (launches, passes over
+the tensor's fp32 elements, each read or write one pass). Adam: the step counter, ``lerp_``
+of the first moment (read 2, write 1), ``mul_`` and ``addcmul_`` of the second (2 + 3),
+``sqrt``, ``div`` and ``add_`` of the denominator (2 each), ``addcdiv_`` into the
+parameter (read 3, write 1): 8 launches, 18 passes; AdamW adds the decay ``mul_``. SGD is one
+``add_``; with momentum, ``mul_`` and ``add_`` of the buffer then the parameter's ``add_``.
+The foreach implementation runs the same operations (and bytes), one multi-tensor launch each."""
+
+FUSED_PASSES = {"sgd": (3, 2), "momentum": (5, 3), "adam": (7, 4), "adamw": (7, 4)}
+"""A fused step per element: (passes of 4 bytes, tensor lists of its multi-tensor kernel).
+Adam and AdamW (decay folded in): read p, g, m, v, write p, m, v (7 passes, 4 lists: apex's
+and torch's ``_fused_adam`` take p, g, m, v); SGD read p, g, write p; momentum read p, g and
+the buffer, write p and the buffer."""
+
+MULTI_TENSOR_MAX_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
+"""Tensor lists -> most tensors per multi-tensor launch (``depth_to_max_tensors``, torch's
+``MultiTensorApply.cuh``: its metadata must fit the 4 KB of kernel arguments)."""
+MULTI_TENSOR_BLOCK_ELEMENTS = 320 * 65_536
+"""Most elements per multi-tensor launch: 320 blocks (``depth_to_max_blocks``) of ``kChunkSize``
+65 536 elements."""
+
+
+def multi_tensor_launches(tensors: int, elements: float, depth: int) -> int:
+    """Launches of one multi-tensor operation over ``tensors`` tensors of ``elements`` in all
+    with ``depth`` tensor lists: each launch takes at most ``MULTI_TENSOR_MAX_TENSORS[depth]``
+    tensors and ``MULTI_TENSOR_BLOCK_ELEMENTS`` elements (at least one launch if any)."""
+    if tensors <= 0 or elements <= 0:
+        return 0
+    return max(math.ceil(tensors / MULTI_TENSOR_MAX_TENSORS[depth]),
+               math.ceil(elements / MULTI_TENSOR_BLOCK_ELEMENTS))
+
+
+def optimizer_step_kernels(optimizer: str, dtype: str, param_bytes: float, tensors: int = 1, *,
+                           implementation: str = "for-loop", grad_dtype: str | None = None) -> tuple[float, int]:
+    """(bytes moved, kernel launches) of one optimizer step over ``tensors`` parameter tensors
+    of ``param_bytes`` bytes in all (see the module doc for each implementation's counts)."""
+    width = DTYPE_BYTES[dtype]
+    elements = param_bytes / width
+    if implementation == "fused":
+        passes, depth = FUSED_PASSES[optimizer]
+        nbytes, launches = passes * 4.0 * elements, multi_tensor_launches(tensors, elements, depth)
+    else:
+        per_tensor, passes = OPTIMIZER_KERNELS[optimizer]
+        nbytes = passes * 4.0 * elements
+        launches = per_tensor * (tensors if implementation == "for-loop"
+                                 else multi_tensor_launches(tensors, elements, 3))
+    if width < 4:
+        copies = 1 if DTYPE_BYTES[grad_dtype or dtype] == 4 else 2  # master weights back (and gradients in)
+        nbytes += copies * (width + 4.0) * elements
+        launches += copies * (tensors if implementation == "for-loop" else multi_tensor_launches(tensors, elements, 2))
+    return nbytes, launches
+
+
+def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes: float, tensors: int, *,
+                     implementation: str = "for-loop", grad_dtype: str | None = None) -> float:
+    """One optimizer step over ``tensors`` parameter tensors of ``param_bytes`` bytes in all.
+
+    Memory-bound (``optimizer_step_kernels``' bytes over the achieved memory bandwidth) or
+    issue-bound (its launches × ``kernel_issue_s``), whichever is longer, as
+    ``sim.cost.compute.kernel_time_s`` takes each kernel; plus ``kernel_overhead_s`` per launch. Only the
+    tensors' number and total size are known, so the launches are taken as equal in size.
+    """
+    if param_bytes <= 0:
+        return 0.0
+    nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors,
+                                              implementation=implementation, grad_dtype=grad_dtype)
+    memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    return max(memory_s, launches * device.kernel_issue_s) + launches * device.kernel_overhead_s

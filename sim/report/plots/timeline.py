@@ -1,0 +1,192 @@
+"""Plots of one replay: a Gantt chart of what every device did, memory over time, and
+several replays of one plan (its schedules) stacked on one time axis.
+
+One function per figure, each returning a matplotlib ``Figure`` (the CLI saves them;
+notebooks show them); each takes a ``SimResult``.
+
+In the Gantt chart each row is a device (one per class of identical devices when there are
+many, labelled with how many it stands for), drawn by ``sim.report.plots.gantt``: colour by kind
+(forward, backward, I, W), the micro-batch's number in each bar, interleaved chunks hatched,
+and a key on every chart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from sim.engine.result import SimResult
+from sim.report.plots.gantt import KINDS, LEGEND, add_key, draw_gantt, gantt_key, merge_keys
+from sim.report.plots.style import GiB as _GiB
+from sim.report.plots.style import pyplot as _pyplot
+
+__all__ = ["CAPACITY_IN_VIEW", "KINDS", "LEGEND", "add_key", "draw_gantt", "gantt_figure", "gantt_key", "memory_figure",
+           "rows_to_plot", "schedule_comparison_figure"]
+
+
+def rows_to_plot(result: SimResult, limit: int = 32) -> list[tuple[int, int]]:
+    """(device, devices it stands for): every device if few, else one per class."""
+    classes = result.workload.classes
+    if result.workload.num_devices <= limit:
+        return [(d, 1) for d in result.workload.devices]
+    rows = sorted((cls.devices[0], len(cls.devices)) for cls in classes)
+    return rows[:limit]
+
+
+def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any:
+    """Gantt chart: one row per device, time in milliseconds, with its key."""
+    plt = _pyplot()
+    rows = rows_to_plot(result)
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(12, 0.4 * len(rows) + 1.6))
+        _fixed_margins(fig)
+    else:
+        fig = ax.figure
+    events = result.event_rows([d for d, _ in rows])
+    draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s)
+    s = result.summarize()
+    if title is None and s.failure is not None:
+        title = f"{s.name}: {s.schedule}, {s.failure.message}"
+    ax.set_title(title or f"{s.name}: {s.schedule}, {s.num_microbatches} micro-batches, "
+                 f"{s.iteration_time_s * 1e3:.1f} ms per iteration, bubble {s.bubble_fraction:.1%}",
+                 loc="left", fontsize="medium")
+    if not own:
+        fig.tight_layout()
+    return fig
+
+
+def _fixed_margins(fig, *, right_in: float = 2.25) -> None:
+    """Margins in inches (room for device labels on the left and the key on the right)
+    instead of ``tight_layout``, which draws the whole figure once more only to measure it:
+    a third of a Gantt chart's time."""
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(left=0.95 / width, right=1 - right_in / width, bottom=0.55 / height, top=1 - 0.4 / height)
+
+
+CAPACITY_IN_VIEW = 0.8
+"""Memory charts include the capacity line (and zero) when a curve passes this share of it;
+below, they zoom on the curves and the key gives the capacity."""
+
+
+def _memory_unit(peak_bytes: float) -> tuple[float, str]:
+    return (_GiB, "GiB") if peak_bytes >= 0.5 * _GiB else (2.0**20, "MiB")
+
+
+def _draw_memory(ax, result: SimResult, scale: float, name: str, *, capacity_in_view: bool,
+                 capacity_note: bool = True) -> None:
+    """One step line per class of identical devices and the capacity: a red dashed line when
+    in view, else (unless ``capacity_note`` is False: a title says it) its value in the key."""
+    from matplotlib.lines import Line2D
+
+    rows = _class_rows(result)[:16]
+    for device, count in rows:
+        times, values = result.memory_timeline(device)
+        times = [t * 1e3 for t in times] + [result.end_s * 1e3]
+        values = [v / scale for v in values] + [values[-1] / scale]
+        ax.step(times, values, where="post", label=f"dev {device}" + (f" (x{count})" if count > 1 else ""))
+    from sim.core.units import format_bytes
+
+    capacity = result.workload.device_memory_bytes
+    handles, _ = ax.get_legend_handles_labels()
+    if capacity_in_view:
+        handles.append(ax.axhline(capacity / scale, color="red", linestyle="--",
+                                  label=f"capacity {format_bytes(capacity)}"))
+    elif capacity_note:
+        share = result.summarize().peak_memory_bytes / capacity
+        percent = f"{share:.0%}" if share >= 0.01 else f"{share:.2%}"
+        handles.append(Line2D([], [], color="red", linestyle="--", label=f"capacity {format_bytes(capacity)},\n"
+                              f"above the scale (zoomed\non the curves; peak {percent} of it)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="x-small", frameon=False,
+              borderaxespad=0.0)
+    ax.set_ylabel(f"memory ({name})")
+
+
+def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any:
+    """Memory of each device (or class representative) over time, scaled to the curves.
+
+    The device's capacity is a red dashed line when a curve comes near it (above
+    ``CAPACITY_IN_VIEW`` of it); otherwise the axis stays on the curves, so that a small run
+    is not a flat line at the bottom, and the key gives the capacity. GiB, or MiB for peaks
+    under half a GiB.
+    """
+    plt = _pyplot()
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(12, 4))
+        _fixed_margins(fig, right_in=2.4)
+    else:
+        fig = ax.figure
+    values = [v for device, _ in _class_rows(result)[:16] for v in result.memory_timeline(device)[1]]
+    peak, low = max(values, default=0.0), min(values, default=0.0)
+    capacity = result.workload.device_memory_bytes
+    scale, name = _memory_unit(peak)
+    in_view = peak > CAPACITY_IN_VIEW * capacity
+    _draw_memory(ax, result, scale, name, capacity_in_view=in_view)
+    if in_view:
+        ax.set_ylim(0, max(peak, capacity) / scale * 1.06)
+    else:
+        pad = 0.15 * max(peak - low, 0.05 * peak)
+        ax.set_ylim(max(0.0, low - pad) / scale, (peak + pad) / scale)
+    ax.set_xlabel("time (ms)")
+    ax.set_xlim(0, result.end_s * 1e3 * 1.01)
+    ax.set_title(title or f"{result.workload.name}: memory per device", loc="left", fontsize="medium")
+    if not own:
+        fig.tight_layout()
+    return fig
+
+
+# --- comparing schedules --------------------------------------------------------------------
+
+
+def _class_rows(result: SimResult) -> list[tuple[int, int]]:
+    """One row per class of identical devices: (first device, devices it stands for)."""
+    return sorted((cls.devices[0], len(cls.devices)) for cls in result.workload.classes)
+
+
+def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str | None = None) -> Any:
+    """Gantt charts of several replays stacked on one time axis, each above its memory timeline.
+
+    ``results`` maps a label (the schedule) to a replay, typically of the same plan; identical
+    replicas share a row, so the differences between schedules are what stands out.
+    """
+    plt = _pyplot()
+    if not results:
+        raise ValueError("schedule_comparison_figure needs at least one result")
+    names = list(results)
+    heights = []
+    for name in names:
+        heights += [0.42 * len(_class_rows(results[name])) + 0.75, 1.6]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.62 * sum(heights) + 1.4), sharex=True,
+                             gridspec_kw={"height_ratios": heights})
+    end_s = max(r.iteration_time_s for r in results.values())
+    # one memory scale for all panels; zoomed on the curves unless one comes near the capacity
+    peak_gib = max(r.summarize().peak_memory_bytes for r in results.values()) / _GiB
+    low_gib = min(min(r.memory_timeline(d)[1]) for r in results.values() for d, _ in _class_rows(r)) / _GiB
+    capacity_gib = max(r.workload.device_memory_bytes for r in results.values()) / _GiB
+    show_capacity = peak_gib > CAPACITY_IN_VIEW * capacity_gib
+    top_gib = max(peak_gib, capacity_gib) * 1.06 if show_capacity else peak_gib + 0.15 * max(peak_gib - low_gib, 0.1)
+    bottom_gib = 0.0 if show_capacity else max(0.0, low_gib - 0.15 * max(peak_gib - low_gib, 0.1))
+    handles: list = []
+    for i, name in enumerate(names):
+        result, gantt_ax, memory_ax = results[name], axes[2 * i], axes[2 * i + 1]
+        s = result.summarize()
+        handles += draw_gantt(gantt_ax, result.event_rows(), _class_rows(result), result.workload.num_microbatches,
+                              end_s, key=False)
+        oom = "  OUT OF MEMORY" if s.oom else ""
+        gantt_ax.set_title(f"{name}: {s.iteration_time_s * 1e3:.1f} ms per iteration, bubble "
+                           f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
+                           loc="left", fontsize="medium", color="red" if oom else "black")
+        _draw_memory(memory_ax, result, _GiB, "GiB", capacity_in_view=show_capacity, capacity_note=False)
+        note = "" if show_capacity else f" (capacity {capacity_gib:.3g} GiB, above the scale)"
+        memory_ax.set_title("memory" + note, loc="left", fontsize="small", color="0.3")
+        memory_ax.set_ylim(bottom_gib, top_gib)
+        for ax in (gantt_ax, memory_ax):
+            ax.set_xlabel("")
+    axes[-1].set_xlabel("time (ms)")
+    axes[-1].set_xlim(0, end_s * 1e3 * 1.01)
+    fig.suptitle(title or f"{next(iter(results.values())).workload.name}: schedules compared", fontsize="large")
+    key = merge_keys(handles)  # one key for every panel, under the time axis
+    fig.legend(handles=key, loc="lower center", ncol=min(len(key), 5), fontsize="small", frameon=False)
+    rows = -(-len(key) // min(len(key), 5))
+    fig.tight_layout(rect=(0, (0.22 * rows + 0.1) / fig.get_figheight(), 1, 1))
+    return fig
