@@ -2,11 +2,11 @@
 
 A replay is the planner's costliest step, and a candidate that runs out of memory wastes it.
 ``plan_peak_bytes`` computes what the engine would find without running time: every
-device class's parameters, gradients and optimizer state (``sim.cost.compute.stage_cost``, with the
-plan's sharding and data-parallel group, as ``sim.engine.compile`` calls it), then walks its
-pipeline rank's actions in the schedule's order with the same allocations and frees as the
-engine's ops (``sim.engine.compile.compute_memory``), FSDP holding the gathered parameters
-during an action.
+device class's parameters, gradients and optimizer state (``sim.cost.memory.stage_state_bytes``
+through ``sim.cost.compute.stage_cost``, with the plan's sharding and data-parallel group, as
+``sim.engine.compile`` calls it), then walks its pipeline rank's actions in the schedule's order
+with the same allocations and frees as the engine's ops (``sim.engine.compile.compute_memory``),
+FSDP holding the gathered parameters during an action (``sim.cost.memory.fsdp_gather_bytes``).
 
 Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
 capacity here runs out of memory in the replay too, and is rejected without one; one under
@@ -23,7 +23,8 @@ from sim.cost.compute import stage_cost
 from sim.engine.compile import compute_memory
 from sim.input.scenario import Scenario
 from sim.models import shard_model
-from sim.core.parallelism import Recompute, Sharding
+from sim.core.parallelism import Recompute
+from sim.cost.memory import fsdp_gather_bytes
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule
 
 __all__ = ["MemoryEstimate", "plan_peak_bytes"]
@@ -34,12 +35,14 @@ class MemoryEstimate:
     """The most a device of the plan holds, and where."""
 
     peak_bytes: float
+    """Its parameters, gradients and optimizer state plus its activations at their peak, bytes."""
     device: int
     """The first device of the pipeline rank that peaks."""
     static_bytes: float
-    """That device's parameters, gradients and optimizer state."""
+    """That device's parameters, gradients and optimizer state, bytes (``StageCost.static_bytes``
+    summed over its stages, as the engine's ``DeviceClass.static_bytes``)."""
     activation_bytes: float
-    """Its activations (and gathered parameters) at the peak."""
+    """Its activations (and gathered parameters) at the peak, bytes."""
 
 
 def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
@@ -54,7 +57,7 @@ def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
         data = len(plan.gradient_groups(s)[0])
         cost = stage_cost(model, cluster.device, *stage.layers, samples, recompute=plan.recompute,
                           data_parallel=data, sharding=plan.sharding, tied_link=tied)
-        gather = cost.param_bytes * (1 - 1 / data) if plan.sharding is Sharding.FULL else 0.0
+        gather = fsdp_gather_bytes(cost.param_bytes, data_parallel=data, sharding=plan.sharding)
         costs.append((cost, gather))
     ranks = plan.stage_ranks
     best = None

@@ -1,25 +1,30 @@
 """Cost model: how long a stage's forward and backward take, and what it keeps in memory.
 
 A model's layers carry per-sample numbers (see ``sim.core.model_spec.LayerSpec``). This module turns
-them into what one replica of a stage spends on its slice of one micro-batch:
+them into what one replica of a stage spends on its slice of one micro-batch, and is the one
+home of a stage's compute time (the engine's compiler and the planner's prefix-sum tables,
+``planner.search.costs``, both build on the functions below):
 
-* time: a measured layer scales linearly with the samples it processes, as in DAPPLE's
-  planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum of its kernels
-  (``sim.cost.kernels``), each the largest of its FLOPs over the size-dependent matrix rate, its
-  bytes over the memory bandwidth and the host's time to issue it; a layer with FLOPs but no kernels
-  costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+* time per layer (``layer_times_s``): a measured layer scales linearly with the samples it
+  processes, as in DAPPLE's planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum
+  of its kernels (``sim.cost.kernels``), each the largest of its FLOPs over the size-dependent
+  matrix rate, its bytes over the memory bandwidth and the host's time to issue it; a layer
+  with FLOPs but no kernels costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+* what recompute adds to the backward (``recompute_extra_s``): the forward again under
+  ``full``, attention's core (``attention_core_s``) under ``selective`` (Korthikanti et al.
+  2022, §5);
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
-  (``DeviceSpec.action_overhead_s``);
+  (``action_overhead_s``, ``DeviceSpec.action_overhead_s``);
 * the optimizer step of the scenario's implementation (fused, foreach or for-loop:
-  ``sim.cost.optimizer``), memory-bound over its bytes or bound by issuing its launches;
-* memory at rest: parameters, their gradients (in ``ModelSpec.grad_dtype``) and the optimizer
-  state (``ModelSpec.optimizer_state_bytes_per_param_byte``), by ``sim.cost.memory``; a tied
-  embedding split over two stages keeps a copy on the head's and all-reduces its gradient
-  between them (``sim.cost.comm.tied_allreduce_s``);
-* activations: the bytes a forward stashes until its backward; with recompute only the
-  stage input is stashed and the forward runs again before the backward.
+  ``sim.cost.optimizer``) over the device's share of the parameters
+  (``stage_optimizer_step_s``: 1/d of them when ZeRO shards the states); a tied embedding
+  split over two stages keeps a copy on the head's and all-reduces its gradient between them
+  (``sim.cost.comm.tied_allreduce_s``).
 
-How a micro-batch splits over a stage's replicas is ``sim.cost.split``'s.
+``stage_cost`` sums them for a stage and adds what it keeps in memory, from ``sim.cost.memory``
+(the one home of memory): its model states at rest (``stage_state_bytes``) and its
+activations by recompute mode (``stage_activation_bytes``). How a micro-batch splits over a
+stage's replicas is ``sim.cost.split``'s.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from sim.cost.kernels import ATTENTION_CORE
 from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 from sim.cost.comm import tied_allreduce_s
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.memory import StateBytes, model_state_bytes
+from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
 from sim.core.specs import DeviceSpec, LinkSpec
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "attention_core_s", "kernel_time_s", "layer_times_s",
-           "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "stage_cost"]
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "kernel_time_s",
+           "layer_times_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
+           "stage_cost", "stage_optimizer_step_s", "stage_time_s", "tied_copy_tensors"]
 
 
 def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) -> float:
@@ -115,6 +121,76 @@ def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> flo
     return total
 
 
+def recompute_extra_s(recompute: Recompute, fwd_s: float, attention_core_s: float) -> float:
+    """Seconds recompute adds to a stage's backward, given its forward ``fwd_s`` and its layers'
+    attention cores ``attention_core_s`` (``attention_core_s`` summed): the whole forward again
+    under full recompute (Chen et al. 2016, §3; Korthikanti et al. 2022, Table 2), the score,
+    softmax and value products under selective recompute (Korthikanti et al. 2022, §5), nothing
+    without recompute."""
+    if recompute is Recompute.FULL:
+        return fwd_s
+    return attention_core_s if recompute is Recompute.SELECTIVE else 0.0
+
+
+def action_overhead_s(device: DeviceSpec, samples: int, num_layers: int) -> float:
+    """The framework's fixed cost around one forward or one backward action of a stage
+    (``DeviceSpec.action_overhead_s``), paid by an action with work to do; a recomputed forward
+    runs inside its backward's action and pays none of its own."""
+    return device.action_overhead_s if samples and num_layers > 0 else 0.0
+
+
+def tied_copy_tensors(model: ModelSpec, start: int, end: int) -> int:
+    """Parameter tensors a tied embedding's copy adds to the optimizer step of layers
+    ``[start, end)``: one on the head's stage when the embedding is elsewhere
+    (``ModelSpec.tied_copy_bytes``), else none."""
+    return 1 if model.tied_copy_bytes(start, end) > 0 else 0
+
+
+def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: float, tensors: int, *,
+                           data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+    """One device's optimizer step over a stage's ``param_bytes`` in ``tensors`` tensors
+    (``sim.cost.optimizer.optimizer_step_s`` with the model's optimizer, dtype and implementation).
+
+    With the optimizer state sharded (any ``sharding`` but ``none``), each of the ``data_parallel``
+    devices of the gradient group updates only its 1/d partition (Rajbhandari et al. 2020, §5.1);
+    the launches stay those of every tensor, as each device steps its slice of each.
+    """
+    stepped = param_bytes if sharding is Sharding.NONE else param_bytes / data_parallel
+    return optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
+                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTime:
+    """Compute seconds of one replica's slice of a micro-batch on a stage's layers."""
+
+    fwd_s: float
+    """The forward action, its overhead included, seconds."""
+    bwd_s: float
+    """The backward action (input and weight gradients, what recompute adds, the overhead), seconds."""
+    wgrad_s: float
+    """Part of the layers' backward that computes weight gradients (the W of zero-bubble schedules), seconds."""
+
+
+def stage_time_s(model: ModelSpec, device: DeviceSpec, start: int, end: int, samples: int,
+                 recompute: Recompute) -> StageTime:
+    """Forward and backward seconds of layers ``[start, end)`` on ``samples`` samples: the layers'
+    times (``layer_times_s``) summed in order, what ``recompute`` adds to the backward
+    (``recompute_extra_s``) and each action's overhead (``action_overhead_s``). The planner's
+    tables sum the same per-layer terms with prefix sums."""
+    fwd_s = bwd_s = wgrad_s = again_s = 0.0
+    for layer in model.layers[start:end]:
+        layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
+        fwd_s += layer_fwd
+        bwd_s += layer_bwd
+        wgrad_s += layer_wgrad
+        if recompute is Recompute.SELECTIVE:
+            again_s += attention_core_s(layer, device, model.dtype, samples)
+    bwd_s += recompute_extra_s(recompute, fwd_s, again_s)
+    overhead = action_overhead_s(device, samples, end - start)
+    return StageTime(fwd_s=fwd_s + overhead, bwd_s=bwd_s + overhead, wgrad_s=wgrad_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
     """One replica's work on one slice of a micro-batch, for layers ``[start, end)``."""
@@ -132,7 +208,7 @@ class StageCost:
     static_bytes: float
     """Parameters, gradients and optimizer state held by the device at rest (``states.total``)."""
     states: StateBytes
-    """``static_bytes`` by kind, as data-parallel sharding leaves them (``sim.core.parallelism``)."""
+    """``static_bytes`` by kind, as data-parallel sharding leaves them (``sim.cost.memory.stage_state_bytes``)."""
     optimizer_s: float
     """The replica's optimizer step over the stage's parameters, seconds, after the tied
     embedding's gradient all-reduce (``tied_allreduce_s``, included)."""
@@ -161,77 +237,41 @@ def stage_cost(
     sharding: Sharding = Sharding.NONE,
     tied_link: LinkSpec | None = None,
 ) -> StageCost:
-    """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``.
+    """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``: its time
+    (``stage_time_s``), its activations (``sim.cost.memory.stage_activation_bytes``), its model
+    states at rest (``sim.cost.memory.stage_state_bytes``) and its optimizer step.
 
     ``model`` holds one device's share of each layer (``sim.models.shard_model``). With full
-    recompute the backward includes a second forward and the forward keeps only checkpoints:
-    the input of each transformer block (Megatron-LM's ``--recompute-granularity full``,
-    Korthikanti et al. 2022, Table 2) and of each run of other layers (for a stage of those
-    alone, its input: Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost", §3);
-    the backward rebuilds one checkpointed segment at a time; with selective
-    recompute the backward runs attention's score, softmax and value products again and the
-    stash leaves out their s×s tensors (Korthikanti et al. 2022, §5). ``data_parallel``
-    devices hold the same parameters; ``sharding`` divides their states over them (ZeRO,
-    Rajbhandari et al. 2020, §5) and with it the optimizer step, which each device runs on
-    its shard. A stage that holds the head of a tied embedding but not the embedding keeps its
-    own copy of the matrix (memory and optimizer step), and a stage holding either end alone
-    all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
+    recompute the backward includes a second forward and the forward keeps only checkpoints
+    (``sim.cost.memory.checkpoint_bytes``), the backward rebuilding one checkpointed segment at a
+    time; with selective recompute the backward runs attention's score, softmax and value
+    products again and the stash leaves out their s×s tensors (Korthikanti et al. 2022, §5).
+    ``data_parallel`` devices hold the same parameters; ``sharding`` divides their states over
+    them (ZeRO, Rajbhandari et al. 2020, §5) and with it the optimizer step, which each device
+    runs on its shard. A stage that holds the head of a tied embedding but not the embedding
+    keeps its own copy of the matrix (memory and optimizer step), and a stage holding either
+    end alone all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
     """
     recompute = Recompute.of(recompute)
-    fwd_s = bwd_s = wgrad_s = stash = again_s = checkpoints = rebuilt = segment = 0.0
-    opened = False
-    for k, layer in enumerate(model.layers[start:end], start=start):
-        layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
-        fwd_s += layer_fwd
-        bwd_s += layer_bwd
-        wgrad_s += layer_wgrad
-        if recompute is Recompute.SELECTIVE:
-            stash += layer.selective_stash * samples
-            again_s += attention_core_s(layer, device, model.dtype, samples)
-        else:
-            stash += layer.stash_bytes * samples
-        # full recompute checkpoints segments: a transformer block on its own (its checkpoint_bytes),
-        # any run of other layers from the input of its first (for them alone: the stage input)
-        if layer.checkpoint_bytes is not None:
-            checkpoints += layer.checkpoint_bytes * samples
-            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples), 0.0
-            opened = False
-        else:
-            if not opened:
-                checkpoints += model.boundary_bytes[k] * samples
-                opened = True
-            segment += layer.stash_bytes * samples
-            rebuilt = max(rebuilt, segment)
-    input_bytes = model.boundary_bytes[start] * samples
-    if recompute is Recompute.FULL:  # checkpoints kept; the backward reruns one segment at a time
-        bwd_s += fwd_s
-        stash = checkpoints
-    bwd_s += again_s
-    if samples and end > start:  # the recomputed forward runs inside the backward's action
-        fwd_s += device.action_overhead_s
-        bwd_s += device.action_overhead_s
+    time = stage_time_s(model, device, start, end, samples, recompute)
+    kept = stage_activation_bytes(model, start, end, samples, recompute)
     params = model.stage_param_bytes(start, end)
-    copy = model.tied_copy_bytes(start, end) > 0
-    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + (1 if copy else 0)
-    states = model_state_bytes(params, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
-                               data_parallel=data_parallel, sharding=sharding,
-                               grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
-    stepped = params if sharding is Sharding.NONE else params / data_parallel
+    states = stage_state_bytes(model, params, data_parallel=data_parallel, sharding=sharding)
+    tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + tied_copy_tensors(model, start, end)
+    step_s = stage_optimizer_step_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
-    step_s = optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
-                              implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
     return StageCost(
         samples=samples,
-        fwd_s=fwd_s,
-        bwd_s=bwd_s,
-        wgrad_s=wgrad_s,
+        fwd_s=time.fwd_s,
+        bwd_s=time.bwd_s,
+        wgrad_s=time.wgrad_s,
         param_bytes=params,
         static_bytes=states.total,
         states=states,
         optimizer_s=step_s + tied_s,
         tied_allreduce_s=tied_s,
-        stash_bytes=stash,
-        rebuilt_bytes=rebuilt if recompute is Recompute.FULL else 0.0,
-        input_bytes=input_bytes,
+        stash_bytes=kept.stash_bytes,
+        rebuilt_bytes=kept.rebuilt_bytes,
+        input_bytes=model.boundary_bytes[start] * samples,
         output_bytes=model.boundary_bytes[end] * samples,
     )

@@ -3,25 +3,34 @@
 Notation as in Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", arXiv 2205.05198): s sequence length, b micro-batch size per replica,
 h hidden size, a attention heads, t tensor-parallel degree, d data-parallel degree, c
-context-parallel degree. Every function here is the one home of its formula; the cost model,
-the compiler, the planner and the tests call it.
+context-parallel degree. Every function here is the one home of its formula; the cost model
+(``sim.cost.compute.stage_cost``, which the engine's compiler calls), the planner's prefix-sum
+tables (``planner.search.costs``), its memory check (``planner.search.memory``), ``dapple-sim
+check`` and the tests call it. A device holds three kinds of bytes:
 
-* ``block_activation_bytes`` — what one transformer block stashes per sample (Korthikanti et
-  al., §4.1–4.3 and Table 2), written for any element width and MLP width, for grouped-query
-  attention and gated MLPs;
-* ``model_state_bytes`` — parameters, gradients and optimizer state per device under ZeRO
-  sharding (Rajbhandari et al. 2020, "ZeRO", §5);
-* ``static_bytes`` — a replica's model states for a range of layers, unsharded.
+* model states at rest — ``model_state_bytes``: parameters, gradients and optimizer state per
+  device under ZeRO sharding (Rajbhandari et al. 2020, "ZeRO", §5); ``stage_state_bytes``: a
+  stage's, from its parameter bytes and the model's dtypes and optimizer (the one function
+  every caller asks for a stage's memory at rest); ``static_bytes``: a replica's, unsharded;
+* activations — ``block_activation_bytes``: what one transformer block stashes per sample
+  (Korthikanti et al., §4.1–4.3 and Table 2), for any element width and MLP width, for
+  grouped-query attention and gated MLPs; ``layer_stash_bytes`` and ``checkpoint_bytes``: what
+  a layer adds to a stage's stash by recompute mode, per sample (the terms the planner's
+  prefix sums are built from); ``stage_activation_bytes``: a stage's slice of a micro-batch,
+  summed from those terms, with what full recompute rebuilds at once;
+* buffers — ``fsdp_gather_bytes``: the other devices' shards of a stage's parameters that
+  FSDP gathers for the length of an action.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.core.model_spec import ModelSpec
+from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 
-__all__ = ["StateBytes", "block_activation_bytes", "model_state_bytes", "static_bytes"]
+__all__ = ["ActivationBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes", "fsdp_gather_bytes",
+           "layer_stash_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes"]
 
 
 def block_activation_bytes(
@@ -72,15 +81,19 @@ def block_activation_bytes(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateBytes:
-    """Model states one device holds at rest."""
+    """Model states one device holds at rest, bytes."""
 
     parameters: float
+    """Parameter bytes (1/d of them under ``sharding: full``)."""
     gradients: float
+    """Gradient bytes, in ``ModelSpec.grad_dtype`` (1/d of them under ``gradients`` and ``full``)."""
     optimizer: float
-    """Optimizer state (with mixed precision, the fp32 master weights too)."""
+    """Optimizer state (with mixed precision, the fp32 master weights too), bytes (1/d of it
+    under any sharding)."""
 
     @property
     def total(self) -> float:
+        """Parameters + gradients + optimizer state, bytes, summed in that order."""
         return self.parameters + self.gradients + self.optimizer
 
 
@@ -107,8 +120,89 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
     )
 
 
+def stage_state_bytes(model: ModelSpec, param_bytes: float, *, data_parallel: int = 1,
+                      sharding: Sharding = Sharding.NONE) -> StateBytes:
+    """Memory at rest of one device of a stage holding ``param_bytes`` of ``model``'s parameters
+    (its tensor-parallel share, a tied embedding's copy included: ``ModelSpec.stage_param_bytes``),
+    over the ``data_parallel`` devices of its gradient group: ``model_state_bytes`` with the
+    model's gradient width and optimizer state per parameter byte.
+
+    The engine (through ``sim.cost.compute.stage_cost``), the planner's tables and ``dapple-sim
+    check`` all call it, so a plan's memory at rest is the same number everywhere.
+    """
+    return model_state_bytes(param_bytes, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
+                             data_parallel=data_parallel, sharding=sharding,
+                             grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
+
+
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
-    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica
-    (a tied embedding's second copy included, ``ModelSpec.stage_param_bytes``)."""
-    params = model.stage_param_bytes(start, end)
-    return params * (1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte)
+    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica, unsharded
+    (a tied embedding's second copy included): ``stage_state_bytes(...).total``."""
+    return stage_state_bytes(model, model.stage_param_bytes(start, end)).total
+
+
+def fsdp_gather_bytes(param_bytes: float, *, data_parallel: int, sharding: Sharding) -> float:
+    """Bytes FSDP gathers around an action (``sharding: full``): the other d − 1 shards of the
+    stage's ``param_bytes``, held while the action runs (ZeRO-3's parameter gathers, Rajbhandari et al. 2020,
+    §5.3; FSDP2's ``fully_shard`` unshards before the computation and reshards after); 0 for any
+    other sharding."""
+    return param_bytes * (1 - 1 / data_parallel) if sharding is Sharding.FULL else 0.0
+
+
+# -- activations by recompute mode ---------------------------------------------------------------
+
+def layer_stash_bytes(layer: LayerSpec, recompute: Recompute) -> float:
+    """Bytes per sample ``layer`` keeps from its forward until its backward: everything it saves
+    (``stash_bytes``), or under selective recompute all but attention's s×s tensors
+    (``selective_stash``, Korthikanti et al. 2022, §5). Under full recompute a stage keeps only
+    ``checkpoint_bytes``; this is then what the backward rebuilds of the layer."""
+    return layer.selective_stash if recompute is Recompute.SELECTIVE else layer.stash_bytes
+
+
+def checkpoint_bytes(model: ModelSpec, k: int, *, first: bool) -> float:
+    """Bytes per sample layer ``k`` adds to its stage's checkpoints under full recompute.
+
+    A transformer block keeps its input (``LayerSpec.checkpoint_bytes``: 2sbh, 2sbh/t with
+    sequence parallelism; Megatron-LM's ``--recompute-granularity full``, Korthikanti et al. 2022,
+    Table 2); a run of other layers is one segment, checkpointed at the input of its first (the
+    cut before it, ``ModelSpec.boundary_bytes``: Chen et al. 2016, "Training Deep Nets with
+    Sublinear Memory Cost", §3), so a layer that is not a block adds that cut when it opens a
+    run (``first`` of its stage, the model's first layer, or after a block) and nothing else.
+    """
+    layer = model.layers[k]
+    if layer.checkpoint_bytes is not None:
+        return layer.checkpoint_bytes
+    opens = first or k == 0 or model.layers[k - 1].checkpoint_bytes is not None
+    return model.boundary_bytes[k] if opens else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationBytes:
+    """What one slice of a micro-batch keeps on one device of a stage, bytes."""
+
+    stash_bytes: float
+    """Kept from the forward until the backward: every layer's stash (``layer_stash_bytes``), or
+    under full recompute the checkpoints (``checkpoint_bytes``)."""
+    rebuilt_bytes: float
+    """Full recompute: what the backward rebuilds at once, the largest checkpointed segment's
+    stash (a block alone, or a run of other layers); 0 under any other mode."""
+
+
+def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
+                           recompute: Recompute) -> ActivationBytes:
+    """Activations of layers ``[start, end)`` for a slice of ``samples`` samples under ``recompute``,
+    summed layer by layer from ``layer_stash_bytes`` and ``checkpoint_bytes`` (the planner sums
+    the same terms with prefix sums). Full recompute keeps each segment's checkpoint and rebuilds
+    one segment at a time in the backward, so it holds the checkpoints plus the largest segment."""
+    stash = checkpoints = rebuilt = segment = 0.0
+    for k, layer in enumerate(model.layers[start:end], start=start):
+        stash += layer_stash_bytes(layer, recompute) * samples
+        checkpoints += checkpoint_bytes(model, k, first=k == start) * samples
+        if layer.checkpoint_bytes is not None:  # a block is a segment of its own
+            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples), 0.0
+        else:  # a run of other layers grows one segment
+            segment += layer.stash_bytes * samples
+            rebuilt = max(rebuilt, segment)
+    if recompute is Recompute.FULL:
+        return ActivationBytes(stash_bytes=checkpoints, rebuilt_bytes=rebuilt)
+    return ActivationBytes(stash_bytes=stash, rebuilt_bytes=0.0)
