@@ -1,9 +1,11 @@
 """Describe a checked scenario: what ``dapple-sim check`` reports before anything runs.
 
-The description is plain data (for ``--json``) with the numbers a user wants to see before
-simulating: how many layers and devices, how the plan cuts the model, how each micro-batch
-is split over a stage's replicas, what each stage costs per micro-batch, and how much memory
-every device holds at rest (parameters, gradients and optimizer state, before activations).
+The description (``sim.app.description.Description``, JSON for ``--json`` by its ``to_json``)
+has the numbers a user wants to see before simulating: how many layers and devices, how the
+plan cuts the model, how each micro-batch is split over a stage's replicas, what each stage
+costs per micro-batch (``sim.cost.compute.stage_cost``, as the engine's compiler calls it), and
+how much memory every device holds at rest (parameters, gradients and optimizer state, before
+activations: ``sim.cost.memory.stage_state_bytes``, the engine's and the planner's number too).
 A custom device's numbers that the file left out are listed with the defaults they took
 (``device_defaults``: the keys; ``device_default_values``: key -> value used and its rule).
 Things that are allowed but probably unintended become ``warnings``.
@@ -11,10 +13,11 @@ Things that are allowed but probably unintended become ``warnings``.
 
 from __future__ import annotations
 
-from typing import Any
-
+from sim.app.description import (Description, DeviceDescription, ModelDescription, ParallelismDescription,
+                                 PlanDescription, StageDescription)
 from sim.cost.split import split_samples
 from sim.cost.compute import stage_cost
+from sim.cost.memory import sum_state_bytes
 from sim.models import shard_model
 from sim.input.scenario import Scenario
 from sim.core.units import format_bytes, format_time
@@ -22,55 +25,61 @@ from sim.core.units import format_bytes, format_time
 __all__ = ["describe", "format_description"]
 
 
-def describe(scenario: Scenario) -> dict[str, Any]:
-    """A JSON-ready description of ``scenario``."""
+def describe(scenario: Scenario) -> Description:
+    """The description of ``scenario``."""
     cluster, model, training, plan = scenario.cluster, scenario.model, scenario.training, scenario.plan
-    info: dict[str, Any] = {
-        "name": scenario.name,
-        "num_layers": model.num_layers,
-        "num_devices": cluster.num_devices,
-        "nodes": cluster.nodes,
-        "devices_per_node": cluster.devices_per_node,
-        "device": cluster.device.name,
-        "device_memory_bytes": cluster.device.memory_bytes,
-        "device_defaults": [key for key, _ in scenario.device_defaults],
-        "device_default_values": dict(scenario.device_defaults),
-        "model": {
-            "name": model.name,
-            "source": model.source,
-            "param_bytes": model.param_bytes(),
-            "dtype": model.dtype,
-            "optimizer": model.optimizer,
-        },
-        "global_batch_size": training.global_batch_size,
-        "microbatch_size": training.microbatch_size,
-        "num_microbatches": training.num_microbatches,
-        "schedule": None,
-        "num_stages": None,
-        "stages": [],
-        "devices": [],
-        "warnings": [],
-    }
+    warnings: list[str] = []
     if plan is None:
-        info["warnings"].append("no plan: the planner will choose one (dapple-plan)")
-        return info
-    info["schedule"] = plan.schedule if plan.custom_schedule is None else f"file:{plan.schedule_file}"
-    info["schedule_params"] = plan.params
-    info["recompute"] = plan.recompute.to_json()
-    info["num_stages"] = plan.num_stages
-    info["parallelism"] = {"tensor": plan.tensor_parallel, "context": plan.context_parallel,
-                           "pipeline": len(plan.device_groups), "sequence_parallel": plan.sequence_parallel,
-                           "sharding": plan.sharding.value,
-                           "data": max(plan.num_replicas(s) for s in range(plan.num_stages))}
-    info["group_spans"] = _group_spans(plan, cluster)
-    for name, spans in info["group_spans"].items():
-        if spans == "across servers" and name != "data-parallel":  # data parallelism across servers is the norm
-            info["warnings"].append(f"{name} groups span servers: their collectives cross the NICs "
-                                    f"(keep {name} groups inside a server of {cluster.devices_per_node} devices)")
-    at_rest: dict[int, float] = {}
-    at_rest_by_kind: dict[int, dict[str, float]] = {}
-    stages_of: dict[int, list[int]] = {}
-    part = shard_model(model, plan.shard)
+        warnings.append("no plan: the planner will choose one (dapple-plan)")
+    return Description(
+        name=scenario.name, num_layers=model.num_layers, num_devices=cluster.num_devices, nodes=cluster.nodes,
+        devices_per_node=cluster.devices_per_node, device=cluster.device.name,
+        device_memory_bytes=cluster.device.memory_bytes, device_defaults=tuple(scenario.device_defaults),
+        model=ModelDescription(name=model.name, source=model.source, param_bytes=model.param_bytes(),
+                               dtype=model.dtype, optimizer=model.optimizer),
+        global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
+        num_microbatches=training.num_microbatches,
+        plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
+    )
+
+
+def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
+    """The plan's stages and devices; appends what looks unintended to ``warnings``."""
+    plan, cluster = scenario.plan, scenario.cluster
+    spans = _group_spans(plan, cluster)
+    for name, span in spans.items():
+        if span == "across servers" and name != "data-parallel":  # data parallelism across servers is the norm
+            warnings.append(f"{name} groups span servers: their collectives cross the NICs "
+                            f"(keep {name} groups inside a server of {cluster.devices_per_node} devices)")
+    stages = _describe_stages(scenario, warnings)
+    devices = _describe_devices(stages, cluster)
+    capacity = cluster.device.memory_bytes
+    over = [d.device for d in devices if not d.fits_at_rest]
+    if over:
+        warnings.append(
+            f"devices {_ranges(over)} need {format_bytes(max(d.memory_at_rest_bytes for d in devices))} at rest, "
+            f"more than their {format_bytes(capacity)}; use more stages or fewer layers per stage"
+        )
+    unused = cluster.num_devices - len(devices)
+    if unused:
+        warnings.append(f"{unused} of the cluster's {cluster.num_devices} devices are not used by the plan")
+    parallelism = ParallelismDescription(
+        tensor=plan.tensor_parallel, context=plan.context_parallel, pipeline=len(plan.device_groups),
+        sequence_parallel=plan.sequence_parallel, sharding=plan.sharding.value,
+        data=max(plan.num_replicas(s) for s in range(plan.num_stages)))
+    return PlanDescription(
+        schedule=plan.schedule if plan.custom_schedule is None else f"file:{plan.schedule_file}",
+        schedule_params=tuple(plan.params.items()), recompute=plan.recompute, num_stages=plan.num_stages,
+        parallelism=parallelism, group_spans=tuple(spans.items()), stages=stages, devices=devices,
+    )
+
+
+def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDescription, ...]:
+    """Each stage's largest replica slice, its cost (``stage_cost``) and its memory at rest
+    (``StageCost.states``: ``sim.cost.memory.stage_state_bytes``); warns of idle replicas."""
+    cluster, training, plan = scenario.cluster, scenario.training, scenario.plan
+    part = shard_model(scenario.model, plan.shard)
+    stages = []
     for index, stage in enumerate(plan.stages):
         start, end = stage.layers
         replicas = plan.num_replicas(index)
@@ -79,52 +88,35 @@ def describe(scenario: Scenario) -> dict[str, Any]:
                           data_parallel=len(plan.gradient_groups(index)[0]), sharding=plan.sharding)
         idle = sum(1 for n in slices if n == 0)
         if idle:
-            info["warnings"].append(
+            warnings.append(
                 f"stage {index}: a micro-batch of {training.microbatch_size} samples over {replicas} "
                 f"replicas leaves {idle} replicas idle; use microbatch_size >= {replicas}"
             )
-        info["stages"].append(
-            {
-                "stage": index,
-                "layers": [start, end],
-                "devices": list(stage.devices),
-                "replicas": replicas,
-                "samples_per_replica": list(slices),
-                "param_bytes": cost.param_bytes,
-                "fwd_s": cost.fwd_s,
-                "bwd_s": cost.bwd_s,
-                "stash_bytes_per_microbatch": cost.stash_bytes,
-                "memory_at_rest_bytes": cost.static_bytes,
-            }
-        )
+        stages.append(StageDescription(
+            stage=index, layers=(start, end), devices=tuple(stage.devices), replicas=replicas,
+            samples_per_replica=tuple(slices), param_bytes=cost.param_bytes, fwd_s=cost.fwd_s, bwd_s=cost.bwd_s,
+            stash_bytes_per_microbatch=cost.stash_bytes, states=cost.states,
+        ))
+    return tuple(stages)
+
+
+def _describe_devices(stages: tuple[StageDescription, ...], cluster) -> tuple[DeviceDescription, ...]:
+    """Every device the stages use, by index: its stages' memory at rest, in total (each stage's
+    total summed in stage order, as the engine sums them) and by kind (``sum_state_bytes``)."""
+    stages_of: dict[int, list[StageDescription]] = {}
+    for stage in stages:
         for device in stage.devices:
-            at_rest[device] = at_rest.get(device, 0.0) + cost.static_bytes
-            kinds = at_rest_by_kind.setdefault(device, {"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0})
-            for kind in kinds:
-                kinds[kind] += getattr(cost.states, kind)
-            stages_of.setdefault(device, []).append(index)
-    capacity = cluster.device.memory_bytes
-    for device in sorted(at_rest):
-        info["devices"].append(
-            {
-                "device": device,
-                "node": cluster.node_of(device),
-                "stages": stages_of[device],
-                "memory_at_rest_bytes": at_rest[device],
-                "memory_at_rest_by_kind_bytes": at_rest_by_kind[device],
-                "fits_at_rest": at_rest[device] <= capacity,
-            }
-        )
-    over = [d for d in sorted(at_rest) if at_rest[d] > capacity]
-    if over:
-        info["warnings"].append(
-            f"devices {_ranges(over)} need {format_bytes(max(at_rest.values()))} at rest, more than their "
-            f"{format_bytes(capacity)}; use more stages or fewer layers per stage"
-        )
-    unused = cluster.num_devices - len(at_rest)
-    if unused:
-        info["warnings"].append(f"{unused} of the cluster's {cluster.num_devices} devices are not used by the plan")
-    return info
+            stages_of.setdefault(device, []).append(stage)
+    devices = []
+    for device in sorted(stages_of):
+        held = stages_of[device]
+        at_rest = sum((stage.memory_at_rest_bytes for stage in held), 0.0)
+        devices.append(DeviceDescription(
+            device=device, node=cluster.node_of(device), stages=tuple(stage.stage for stage in held),
+            memory_at_rest_bytes=at_rest, by_kind=sum_state_bytes(stage.states for stage in held),
+            fits_at_rest=at_rest <= cluster.device.memory_bytes,
+        ))
+    return tuple(devices)
 
 
 def _group_spans(plan, cluster) -> dict[str, str]:
@@ -154,49 +146,54 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _device_defaults_line(info: dict[str, Any]) -> list[str]:
+def _device_defaults_line(description: Description) -> list[str]:
     """The custom device's numbers that the scenario left to their defaults, if any."""
-    values = info.get("device_default_values") or {}
-    if not values:
+    if not description.device_defaults:
         return []
-    used = ", ".join(f"{key} {values[key]}" for key in info["device_defaults"])
+    used = ", ".join(f"{key} {value}" for key, value in description.device_defaults)
     return [f"device defaults (not in the file; sim.input.cluster): {used}"]
 
 
-def format_description(info: dict[str, Any]) -> str:
-    """The human-readable form of ``describe``'s output."""
+def format_description(description: Description) -> str:
+    """The human-readable form of ``describe``'s result."""
+    d, model = description, description.model
     lines = [
-        f"scenario {info['name']}: {info['model']['name']} ({info['num_layers']} layers, "
-        f"{format_bytes(info['model']['param_bytes'])} of {info['model']['dtype']} parameters, {info['model']['optimizer']})",
-        f"cluster: {info['nodes']} x {info['devices_per_node']} {info['device']} = {info['num_devices']} devices",
-        *_device_defaults_line(info),
-        f"training: global batch {info['global_batch_size']}, micro-batch {info['microbatch_size']} "
-        f"-> {info['num_microbatches']} micro-batches",
+        f"scenario {d.name}: {model.name} ({d.num_layers} layers, "
+        f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer})",
+        f"cluster: {d.nodes} x {d.devices_per_node} {d.device} = {d.num_devices} devices",
+        *_device_defaults_line(d),
+        f"training: global batch {d.global_batch_size}, micro-batch {d.microbatch_size} "
+        f"-> {d.num_microbatches} micro-batches",
     ]
-    if info["num_stages"] is not None:
-        params = "".join(f", {k}={v}" for k, v in sorted(info.get("schedule_params", {}).items()))
-        recompute = info.get("recompute")
-        recompute = "" if recompute is False else f", recompute {'full' if recompute is True else recompute}"
-        lines.append(f"plan: {info['num_stages']} stages, schedule {info['schedule']}{params}{recompute}")
-        degrees = info["parallelism"]
-        lines.append(f"parallelism: tensor {degrees['tensor']}{' + sequence' if degrees['sequence_parallel'] else ''}"
-                     f" x context {degrees['context']} x pipeline {degrees['pipeline']} x data {degrees['data']}, "
-                     f"sharding {degrees['sharding']}"
-                     + "".join(f"; {name} groups {span}" for name, span in info["group_spans"].items()))
-        header = f"  {'stage':>5} {'layers':>9} {'replicas':>8} {'fwd/mb':>9} {'bwd/mb':>9} {'at rest':>10}"
-        lines.append(header)
-        for stage in info["stages"]:
-            layers = f"[{stage['layers'][0]}, {stage['layers'][1]})"
-            lines.append(
-                f"  {stage['stage']:>5} {layers:>9} {stage['replicas']:>8} {format_time(stage['fwd_s']):>9} "
-                f"{format_time(stage['bwd_s']):>9} {format_bytes(stage['memory_at_rest_bytes']):>10}"
-            )
-        top = max(info["devices"], key=lambda d: d["memory_at_rest_bytes"])
-        kinds = ", ".join(f"{kind} {format_bytes(value)}" for kind, value in top["memory_at_rest_by_kind_bytes"].items())
-        lines.append(
-            f"memory at rest: at most {format_bytes(top['memory_at_rest_bytes'])} per device of "
-            f"{format_bytes(info['device_memory_bytes'])} ({kinds})"
-        )
-    for warning in info["warnings"]:
-        lines.append(f"warning: {warning}")
+    if d.plan is not None:
+        lines += _plan_lines(d.plan, d.device_memory_bytes)
+    lines += [f"warning: {warning}" for warning in d.warnings]
     return "\n".join(lines)
+
+
+def _plan_lines(plan: PlanDescription, device_memory_bytes: float) -> list[str]:
+    """The plan's lines of ``format_description``: schedule, degrees, stages, memory at rest."""
+    params = "".join(f", {k}={v}" for k, v in sorted(plan.schedule_params))
+    recompute = "" if not plan.recompute else f", recompute {plan.recompute.value}"
+    degrees = plan.parallelism
+    lines = [
+        f"plan: {plan.num_stages} stages, schedule {plan.schedule}{params}{recompute}",
+        f"parallelism: tensor {degrees.tensor}{' + sequence' if degrees.sequence_parallel else ''}"
+        f" x context {degrees.context} x pipeline {degrees.pipeline} x data {degrees.data}, "
+        f"sharding {degrees.sharding}" + "".join(f"; {name} groups {span}" for name, span in plan.group_spans),
+        f"  {'stage':>5} {'layers':>9} {'replicas':>8} {'fwd/mb':>9} {'bwd/mb':>9} {'at rest':>10}",
+    ]
+    for stage in plan.stages:
+        layers = f"[{stage.layers[0]}, {stage.layers[1]})"
+        lines.append(
+            f"  {stage.stage:>5} {layers:>9} {stage.replicas:>8} {format_time(stage.fwd_s):>9} "
+            f"{format_time(stage.bwd_s):>9} {format_bytes(stage.memory_at_rest_bytes):>10}"
+        )
+    top = max(plan.devices, key=lambda device: device.memory_at_rest_bytes)
+    kinds = ", ".join(f"{kind} {format_bytes(getattr(top.by_kind, kind))}"
+                      for kind in ("parameters", "gradients", "optimizer"))
+    lines.append(
+        f"memory at rest: at most {format_bytes(top.memory_at_rest_bytes)} per device of "
+        f"{format_bytes(device_memory_bytes)} ({kinds})"
+    )
+    return lines

@@ -160,8 +160,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sim.input.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
-    info = describe(scenario)
-    print(jsonio.dumps(info, indent=2, sort_keys=True) if args.json else format_description(info))
+    description = describe(scenario)
+    print(jsonio.dumps(description.to_json(), indent=2, sort_keys=True) if args.json
+          else format_description(description))
     return 0
 
 

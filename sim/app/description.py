@@ -1,0 +1,205 @@
+"""What ``dapple-sim check`` reports, as types: a scenario described before anything runs.
+
+A ``Description`` is the check's result: the model and cluster in a few numbers, and for a
+scenario with a plan a ``PlanDescription``: how the plan cuts the model (``StageDescription``:
+layers, replicas, each replica's slice of a micro-batch, its forward and backward per
+micro-batch) and what every device holds at rest (``DeviceDescription``: parameters,
+gradients and optimizer state before any activation, ``sim.cost.memory.stage_state_bytes``
+summed over the device's stages). ``sim.app.check.describe`` builds it; ``to_json`` turns it
+into ``check --json``'s JSON, once, at the edge; ``sim.app.check.format_description`` reads it
+for people.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.parallelism import Recompute
+from sim.cost.memory import StateBytes
+
+__all__ = ["Description", "DeviceDescription", "ModelDescription", "ParallelismDescription", "PlanDescription",
+           "StageDescription"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDescription:
+    """The model in a line."""
+
+    name: str
+    """Display name (``gpt-1.3b``)."""
+    source: str
+    """Where it came from (a profile path or a preset description)."""
+    param_bytes: float
+    """Parameter bytes of the whole model, each counted once, bytes."""
+    dtype: str
+    """Training dtype of parameters and activations."""
+    optimizer: str
+    """Optimizer name (``adam``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "param_bytes": self.param_bytes, "dtype": self.dtype,
+                "optimizer": self.optimizer}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelismDescription:
+    """The plan's degrees, as ``sim.core.plan.PlanSpec`` has them."""
+
+    tensor: int
+    """Tensor-parallel degree t."""
+    context: int
+    """Context-parallel degree c."""
+    pipeline: int
+    """Pipeline ranks (distinct device sets)."""
+    sequence_parallel: bool
+    """Megatron's sequence parallelism on the tensor-parallel groups."""
+    sharding: str
+    """ZeRO sharding of the model states (``none``, ``optimizer``, ``gradients``, ``full``)."""
+    data: int
+    """Most data-parallel replicas of any stage."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "context": self.context, "pipeline": self.pipeline,
+                "sequence_parallel": self.sequence_parallel, "sharding": self.sharding, "data": self.data}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageDescription:
+    """One stage: its layers, its replicas and what one replica costs per micro-batch."""
+
+    stage: int
+    """Stage index."""
+    layers: tuple[int, int]
+    """Layers ``[start, end)``."""
+    devices: tuple[int, ...]
+    """Its devices, in the plan's order."""
+    replicas: int
+    """Data-parallel replicas a micro-batch splits over."""
+    samples_per_replica: tuple[int, ...]
+    """Each replica's slice of a micro-batch, samples (``sim.cost.split.split_samples``)."""
+    param_bytes: float
+    """Parameter bytes one device holds (its tensor-parallel share, a tied copy included)."""
+    fwd_s: float
+    """Forward of the largest slice, seconds (``sim.cost.compute.stage_cost``)."""
+    bwd_s: float
+    """Backward of the largest slice, recompute included, seconds."""
+    stash_bytes_per_microbatch: float
+    """Activations the largest slice keeps until its backward, bytes."""
+    states: StateBytes
+    """Memory at rest of one of its devices by kind (``sim.cost.memory.stage_state_bytes``)."""
+
+    @property
+    def memory_at_rest_bytes(self) -> float:
+        """Parameters + gradients + optimizer state of one of its devices, bytes."""
+        return self.states.total
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "layers": list(self.layers), "devices": list(self.devices),
+                "replicas": self.replicas, "samples_per_replica": list(self.samples_per_replica),
+                "param_bytes": self.param_bytes, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s,
+                "stash_bytes_per_microbatch": self.stash_bytes_per_microbatch,
+                "memory_at_rest_bytes": self.memory_at_rest_bytes}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceDescription:
+    """One device of the plan and what it holds at rest."""
+
+    device: int
+    """Global device index."""
+    node: int
+    """The server it sits in."""
+    stages: tuple[int, ...]
+    """The stages it runs, in stage order."""
+    memory_at_rest_bytes: float
+    """Its stages' memory at rest (``StageDescription.memory_at_rest_bytes``) summed in stage
+    order, bytes: the engine's ``DeviceClass.static_bytes``."""
+    by_kind: StateBytes
+    """The same by kind, each kind summed over its stages (the engine's memory breakdown)."""
+    fits_at_rest: bool
+    """Whether ``memory_at_rest_bytes`` fits the device's memory."""
+
+    def to_json(self) -> dict[str, Any]:
+        kinds = self.by_kind
+        return {"device": self.device, "node": self.node, "stages": list(self.stages),
+                "memory_at_rest_bytes": self.memory_at_rest_bytes,
+                "memory_at_rest_by_kind_bytes": {"parameters": kinds.parameters, "gradients": kinds.gradients,
+                                                 "optimizer": kinds.optimizer},
+                "fits_at_rest": self.fits_at_rest}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanDescription:
+    """A scenario's plan: schedule, degrees, stages and devices."""
+
+    schedule: str
+    """Schedule name, or ``file:PATH`` for a schedule file."""
+    schedule_params: tuple[tuple[str, object], ...]
+    """The schedule's parameters, (name, value) pairs."""
+    recompute: Recompute
+    """Recompute mode."""
+    num_stages: int
+    """Stages of the plan."""
+    parallelism: ParallelismDescription
+    """Its degrees."""
+    group_spans: tuple[tuple[str, str], ...]
+    """(group kind, ``inside one server`` or ``across servers``) for each kind of group the plan has."""
+    stages: tuple[StageDescription, ...]
+    """Every stage, in order."""
+    devices: tuple[DeviceDescription, ...]
+    """Every device the plan uses, by index."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Description:
+    """What ``dapple-sim check`` reports about a scenario."""
+
+    name: str
+    """Scenario name."""
+    num_layers: int
+    """Layers of the model."""
+    num_devices: int
+    """Devices of the cluster."""
+    nodes: int
+    """Servers."""
+    devices_per_node: int
+    """Devices per server."""
+    device: str
+    """Device name."""
+    device_memory_bytes: float
+    """Memory of one device, bytes."""
+    device_defaults: tuple[tuple[str, str], ...]
+    """(key, value used) for each custom-device key the file left to its default."""
+    model: ModelDescription
+    """The model."""
+    global_batch_size: int
+    """Samples per iteration."""
+    microbatch_size: int
+    """Samples per micro-batch."""
+    num_microbatches: int
+    """Micro-batches per iteration."""
+    plan: PlanDescription | None
+    """The plan; None when the planner is to choose one."""
+    warnings: tuple[str, ...]
+    """Things allowed but probably unintended, one sentence each."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``check --json``'s JSON (the keys of a plan only with one)."""
+        info: dict[str, Any] = {
+            "name": self.name, "num_layers": self.num_layers, "num_devices": self.num_devices, "nodes": self.nodes,
+            "devices_per_node": self.devices_per_node, "device": self.device,
+            "device_memory_bytes": self.device_memory_bytes,
+            "device_defaults": [key for key, _ in self.device_defaults],
+            "device_default_values": dict(self.device_defaults), "model": self.model.to_json(),
+            "global_batch_size": self.global_batch_size, "microbatch_size": self.microbatch_size,
+            "num_microbatches": self.num_microbatches, "schedule": None, "num_stages": None, "stages": [],
+            "devices": [], "warnings": list(self.warnings),
+        }
+        plan = self.plan
+        if plan is not None:
+            info.update(schedule=plan.schedule, schedule_params=dict(plan.schedule_params),
+                        recompute=plan.recompute.to_json(), num_stages=plan.num_stages,
+                        parallelism=plan.parallelism.to_json(), group_spans=dict(plan.group_spans),
+                        stages=[s.to_json() for s in plan.stages], devices=[d.to_json() for d in plan.devices])
+        return info
