@@ -6,9 +6,10 @@ one *layout* of the model: the share of every layer that one device of a tensor-
 group of t and a context-parallel group of c holds (``sim.models.shard_model``, with
 Megatron's sequence parallelism whenever t > 1), so every figure below is per device:
 
-* a stage's forward and backward time for its slice of a micro-batch (the cost model of
-  ``sim.cost.compute``, tabulated once per slice size), with what the recompute mode adds (the
-  forward again under ``full``; attention's core under ``selective``: ``sim.cost.compute.stage_cost``),
+* a stage's forward and backward time for its slice of a micro-batch: prefix sums of the
+  per-layer terms of ``sim.cost.compute.stage_time_s`` (``layer_times_s``, ``attention_core_s``;
+  tabulated once per slice size), with what the recompute mode adds (``recompute_extra_s``: the
+  forward again under ``full``, attention's core under ``selective``) and the action overhead,
   the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
   flows: ring bytes over one server's ports plus a latency per ring step), and the
   context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
@@ -21,8 +22,11 @@ Megatron's sequence parallelism whenever t > 1), so every figure below is per de
   inside a server, hierarchical across servers, for each of the t gradient groups (the t
   groups share the servers' NICs); ``sharding: full`` leaves only the reduce-scatter;
 * a stage's memory per device: parameters, gradients and optimizer state as sharding leaves
-  them (``sim.cost.memory.model_state_bytes``), plus the activations of the micro-batches
-  alive at once (``planner.search.memory`` counts them from the schedule).
+  them (``sim.cost.memory.stage_state_bytes``, the engine's own number), plus the activations of
+  the micro-batches alive at once (``planner.search.memory`` counts them from the schedule),
+  each slice's from prefix sums of ``sim.cost.memory``'s per-layer terms (``layer_stash_bytes``,
+  ``checkpoint_bytes``), the terms the engine's ``stage_activation_bytes`` sums;
+* a stage's optimizer step (``sim.cost.compute.stage_optimizer_step_s``).
 
 These are estimates for ranking; ``planner.search.memory`` checks memory with the engine's own
 per-stage costs before a replay, and the fast path and the SimPy engine settle the choice.
@@ -33,11 +37,12 @@ from __future__ import annotations
 from itertools import accumulate
 
 from sim.cost.comm import ring_bytes, ring_s, ring_steps
-from sim.cost.compute import attention_core_s, layer_times_s, optimizer_step_s
+from sim.cost.compute import (action_overhead_s, attention_core_s, layer_times_s, recompute_extra_s,
+                              stage_optimizer_step_s, tied_copy_tensors)
 from sim.input.scenario import Scenario
 from sim.models import shard_model
 from sim.core.parallelism import Recompute, Shard, Sharding
-from sim.cost.memory import model_state_bytes
+from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
 
 __all__ = ["CostTables"]
 
@@ -65,10 +70,10 @@ class CostTables:
         self.unit = tensor_parallel * context_parallel
         self._times: dict[int, tuple[list[float], ...]] = {}
         layers = model.layers
-        self._stash = _prefix(layer.stash_bytes for layer in layers)
-        self._selective = _prefix(layer.selective_stash for layer in layers)
-        self._checkpoints = _prefix(layer.checkpoint_bytes or 0.0 for layer in layers)
-        self._is_block = [layer.checkpoint_bytes is not None for layer in layers]
+        # per-sample activation terms of sim.cost.memory, the ones stage_activation_bytes sums
+        self._stash = {mode: _prefix(layer_stash_bytes(layer, mode) for layer in layers)
+                       for mode in (Recompute.NONE, Recompute.SELECTIVE)}
+        self._checkpoints = _prefix(checkpoint_bytes(model, k, first=False) for k in range(len(layers)))
         self._params = _prefix(layer.param_bytes for layer in layers)
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
         self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
@@ -80,14 +85,13 @@ class CostTables:
                                 if c.phase == phase) for layer in layers))
             for phase in ("forward", "backward")
         } if t > 1 else None
-        self.optimizer_factor = model.optimizer_state_bytes_per_param_byte
         self.grad_factor = model.grad_bytes_per_param_byte
-        self._state_factors: dict[tuple[int, Sharding], float] = {}
-        self.state_factor = 1.0 + model.grad_bytes_per_param_byte + model.optimizer_state_bytes_per_param_byte
         self.num_layers = model.num_layers
 
     def _table(self, samples: int) -> tuple[list[float], ...]:
-        if samples not in self._times:  # prefix sums per slice size (kernel times are not linear in it)
+        """Prefix sums of the per-layer (forward, backward, attention core) seconds on ``samples``
+        samples: ``sim.cost.compute.stage_time_s``'s terms."""
+        if samples not in self._times:  # per slice size (kernel times are not linear in it)
             device, dtype = self.cluster.device, self.model.dtype
             times = [layer_times_s(layer, device, dtype, samples) for layer in self.model.layers]
             again = [attention_core_s(layer, device, dtype, samples) for layer in self.model.layers]
@@ -102,13 +106,10 @@ class CostTables:
             return 0.0, 0.0
         recompute = Recompute.of(recompute)
         fwd, bwd, again = self._table(samples)
-        overhead = self.cluster.device.action_overhead_s  # as sim.cost.compute.stage_cost
+        overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
         f = fwd[end] - fwd[start]
         b = bwd[end] - bwd[start]
-        if recompute is Recompute.FULL:
-            b += f
-        elif recompute is Recompute.SELECTIVE:
-            b += again[end] - again[start]
+        b += recompute_extra_s(recompute, f, again[end] - again[start])
         if self._tp is not None and samples:
             link = self.cluster.intra_node
             (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
@@ -145,26 +146,22 @@ class CostTables:
 
     def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
-        over ``data_parallel`` replicas (times the context-parallel degree: they hold the same)."""
-        params = self.param_bytes(start, end)
+        over ``data_parallel`` replicas (times the context-parallel degree: they hold the same):
+        ``sim.cost.memory.stage_state_bytes``, the engine's and ``dapple-sim check``'s number."""
         d = data_parallel * self.context_parallel
-        if sharding is Sharding.NONE or d == 1:
-            return params * self.state_factor
-        key = (d, sharding)
-        if key not in self._state_factors:  # the bytes per parameter byte, from the one home of the formula
-            self._state_factors[key] = model_state_bytes(
-                1.0, optimizer_bytes_per_param_byte=self.optimizer_factor, data_parallel=d, sharding=sharding,
-                grad_bytes_per_param_byte=self.grad_factor).total
-        return params * self._state_factors[key]
+        return stage_state_bytes(self.model, self.param_bytes(start, end), data_parallel=d, sharding=sharding).total
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
-        """Activations one micro-batch slice keeps until its backward (at most what the engine counts:
-        under full recompute each block's checkpoint and the stage input)."""
+        """Activations one micro-batch slice keeps until its backward (``sim.cost.memory``'s
+        ``stage_activation_bytes`` from prefix sums of its terms: under full recompute each
+        segment's checkpoint, the stage's first layer opening one)."""
         recompute = Recompute.of(recompute)
+        if end <= start:
+            return 0.0
         if recompute is Recompute.FULL:
-            head = 0.0 if end <= start or self._is_block[start] else self.model.boundary_bytes[start]
-            return (self._checkpoints[end] - self._checkpoints[start] + head) * samples
-        prefix = self._selective if recompute is Recompute.SELECTIVE else self._stash
+            head = checkpoint_bytes(self.model, start, first=True)  # the stage opens a segment
+            return (self._checkpoints[end] - self._checkpoints[start + 1] + head) * samples
+        prefix = self._stash[recompute]
         return (prefix[end] - prefix[start]) * samples
 
     def transfer_s(self, boundary: int, microbatch_size: int, receivers: int, nodes: int, intra: bool) -> float:
@@ -201,15 +198,11 @@ class CostTables:
         return time
 
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
-        """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.optimizer_step_s``, by the model's
-        implementation); sharded states step 1/(replicas × c) of the parameters."""
-        stepped = self.param_bytes(start, end)
-        if sharding is not Sharding.NONE:
-            stepped /= data_parallel * self.context_parallel
-        copy = 1 if self.model.tied_copy_bytes(start, end) > 0 else 0
-        return optimizer_step_s(self.cluster.device, self.model.optimizer, self.model.dtype,
-                                stepped, self._tensors[end] - self._tensors[start] + copy,
-                                implementation=self.model.optimizer_implementation, grad_dtype=self.model.grad_dtype)
+        """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.stage_optimizer_step_s``):
+        sharded states step 1/(replicas × c) of the parameters."""
+        tensors = self._tensors[end] - self._tensors[start] + tied_copy_tensors(self.model, start, end)
+        return stage_optimizer_step_s(self.model, self.cluster.device, self.param_bytes(start, end), tensors,
+                                      data_parallel=data_parallel * self.context_parallel, sharding=sharding)
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:
