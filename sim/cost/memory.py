@@ -11,7 +11,8 @@ check`` and the tests call it. A device holds three kinds of bytes:
 * model states at rest — ``model_state_bytes``: parameters, gradients and optimizer state per
   device under ZeRO sharding (Rajbhandari et al. 2020, "ZeRO", §5); ``stage_state_bytes``: a
   stage's, from its parameter bytes and the model's dtypes and optimizer (the one function
-  every caller asks for a stage's memory at rest); ``static_bytes``: a replica's, unsharded;
+  every caller asks for a stage's memory at rest); ``sum_state_bytes``: a device's over the stages it holds;
+  ``static_bytes``: a replica's, unsharded;
 * activations — ``block_activation_bytes``: what one transformer block stashes per sample
   (Korthikanti et al., §4.1–4.3 and Table 2), for any element width and MLP width, for
   grouped-query attention and gated MLPs; ``layer_stash_bytes`` and ``checkpoint_bytes``: what
@@ -24,13 +25,15 @@ check`` and the tests call it. A device holds three kinds of bytes:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 
 __all__ = ["ActivationBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes", "fsdp_gather_bytes",
-           "layer_stash_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes"]
+           "layer_stash_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
+           "sum_state_bytes"]
 
 
 def block_activation_bytes(
@@ -78,6 +81,8 @@ def block_activation_bytes(
     per_device = replicated / (t if sequence_parallel else 1) + split / t + quadratic / t
     return per_device / c
 
+
+# -- model states at rest ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateBytes:
@@ -135,18 +140,19 @@ def stage_state_bytes(model: ModelSpec, param_bytes: float, *, data_parallel: in
                              grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
 
 
+def sum_state_bytes(states: Iterable[StateBytes]) -> StateBytes:
+    """The model states of a device that holds several stages (an interleaved schedule's
+    chunks), each kind summed over them in stage order."""
+    states = tuple(states)
+    return StateBytes(parameters=sum((x.parameters for x in states), 0.0),
+                      gradients=sum((x.gradients for x in states), 0.0),
+                      optimizer=sum((x.optimizer for x in states), 0.0))
+
+
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
     """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica, unsharded
     (a tied embedding's second copy included): ``stage_state_bytes(...).total``."""
     return stage_state_bytes(model, model.stage_param_bytes(start, end)).total
-
-
-def fsdp_gather_bytes(param_bytes: float, *, data_parallel: int, sharding: Sharding) -> float:
-    """Bytes FSDP gathers around an action (``sharding: full``): the other d − 1 shards of the
-    stage's ``param_bytes``, held while the action runs (ZeRO-3's parameter gathers, Rajbhandari et al. 2020,
-    §5.3; FSDP2's ``fully_shard`` unshards before the computation and reshards after); 0 for any
-    other sharding."""
-    return param_bytes * (1 - 1 / data_parallel) if sharding is Sharding.FULL else 0.0
 
 
 # -- activations by recompute mode ---------------------------------------------------------------
@@ -206,3 +212,13 @@ def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
     if recompute is Recompute.FULL:
         return ActivationBytes(stash_bytes=checkpoints, rebuilt_bytes=rebuilt)
     return ActivationBytes(stash_bytes=stash, rebuilt_bytes=0.0)
+
+
+# -- buffers ---------------------------------------------------------------------------------------
+
+def fsdp_gather_bytes(param_bytes: float, *, data_parallel: int, sharding: Sharding) -> float:
+    """Bytes FSDP gathers around an action (``sharding: full``): the other d − 1 shards of the
+    stage's ``param_bytes``, held while the action runs (ZeRO-3's parameter gathers, Rajbhandari et al. 2020,
+    §5.3; FSDP2's ``fully_shard`` unshards before the computation and reshards after); 0 for any
+    other sharding."""
+    return param_bytes * (1 - 1 / data_parallel) if sharding is Sharding.FULL else 0.0
