@@ -10,7 +10,7 @@ Megatron's sequence parallelism whenever t > 1), so every figure below is per de
   ``sim.cost.compute``, tabulated once per slice size), with what the recompute mode adds (the
   forward again under ``full``; attention's core under ``selective``: ``sim.cost.compute.stage_cost``),
   the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
-  flows: ring bytes over one server's ports plus a latency per ring step), and the
+  flows: ring bytes over the tensor group's link plus a latency per ring step), and the
   context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
   action takes the longer of the two (``sim.engine.groups``);
 * a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
