@@ -18,7 +18,7 @@ import pytest
 
 from planner.search.costs import CostTables
 from sim.core.parallelism import Sharding
-from sim.cost.comm import HALVES, gradient_sync_bytes, ring_bytes
+from sim.cost.comm import HALVES, gradient_sync, gradient_sync_bytes, ring_bytes
 from sim.engine.run import run_scenario
 from sim.engine.workload import GROUP, RECV, REDUCE, SEND
 from sim.input.scenario import parse_scenario
@@ -84,6 +84,10 @@ def test_full_sharding_leaves_half_the_gradient_bytes():
     assert gradient_sync_bytes(8.0, Sharding.OPTIMIZER) == gradient_sync_bytes(8.0, Sharding.NONE) == 8.0
     assert HALVES == {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
     assert ring_bytes(4, 1.0, halves=HALVES["all-reduce"]) == 1.5
+    cluster = _scenario("{pipeline_parallel: 1, data_parallel: 4}", nodes=2, per_node=2).cluster
+    phases = gradient_sync([2, 2], 8.0, Sharding.NONE, cluster)  # reduce-scatter, across, all-gather
+    assert [p.across_servers for p in phases] == [False, True, False] and [p.steps for p in phases] == [1, 2, 1]
+    assert phases[1].bytes_per_device == ring_bytes(2, 8.0) / 2  # each GPU carries half the shard
 
 
 TWO_PLACES = [pytest.param(1, 2, id="one-server"), pytest.param(2, 1, id="two-servers")]

@@ -117,15 +117,14 @@ def collective_s(nbytes: float, steps: int, link: LinkSpec) -> float:
     return nbytes / link.collective_efficiency / link.bandwidth_bytes_per_s + steps * link.latency_s
 
 
-def _cost(nbytes: float, flow_bytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec | None,
+def _cost(nbytes: float, flow_bytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec,
           rate: float | None = None) -> CommCost:
-    across = cluster is not None and link is cluster.inter_node
+    across = link is cluster.inter_node
     return CommCost(bytes_per_device=nbytes, flow_bytes=flow_bytes, steps=steps, link=link, across_servers=across,
                     rate_bytes_per_s=link.bandwidth_bytes_per_s if rate is None else rate)
 
 
-def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, cluster: ClusterSpec | None = None,
-                    ) -> CommCost:
+def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
     """A ring ``kind`` (``HALVES``'s keys) over ``members`` devices of ``nbytes`` each, alone on ``link``."""
     halves = HALVES[kind]
     return _cost(ring_bytes(members, nbytes, halves=halves), ring_flow_bytes(members, nbytes, link, halves=halves),
@@ -214,7 +213,7 @@ def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel
     return nbytes, steps
 
 
-def tensor_parallel_cost(nbytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec | None = None) -> CommCost:
+def tensor_parallel_cost(nbytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
     """One action's tensor-parallel collectives as one phase: ``nbytes`` and ``steps`` of
     ``tensor_parallel_bytes_and_steps`` over the group's ``link``, at its collective bandwidth."""
     return _cost(nbytes, nbytes / link.collective_efficiency, steps, link, cluster)
@@ -228,7 +227,7 @@ def context_ring_s(nbytes: float, context_parallel: int, link: LinkSpec) -> floa
 
 
 def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: int, link: LinkSpec,
-                 cluster: ClusterSpec | None = None) -> tuple[CommCost, CommCost]:
+                 cluster: ClusterSpec) -> tuple[CommCost, CommCost]:
     """(forward, backward) of the context-parallel ring for one action: the forward passes keys
     and values, the backward keys, values and their gradients (twice the bytes), c − 1 steps each."""
     steps = context_parallel - 1
@@ -237,7 +236,7 @@ def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: i
     return (_cost(forward, forward, steps, link, cluster), _cost(backward, backward, steps, link, cluster))
 
 
-def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec | None = None) -> CommCost:
+def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
     """FSDP's per-action all-gather of a stage's ``param_bytes`` over its ``members`` shards
     (Rajbhandari et al. 2020, §5.3; FSDP2's ``fully_shard``): a ring all-gather, alone on ``link``."""
     return ring_collective("all-gather", members, param_bytes, link, cluster)
@@ -249,8 +248,7 @@ def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) 
     return link.latency_s + nbytes * flows_per_port / link.bandwidth_bytes_per_s
 
 
-def point_to_point(nbytes: float, link: LinkSpec, cluster: ClusterSpec | None = None, *,
-                   flows_per_port: int = 1) -> CommCost:
+def point_to_point(nbytes: float, link: LinkSpec, cluster: ClusterSpec, *, flows_per_port: int = 1) -> CommCost:
     """A point-to-point transfer between stages (split-concat's sends, ``sim.engine.flows``) as a cost."""
     return _cost(nbytes, nbytes, 1, link, cluster, link.bandwidth_bytes_per_s / flows_per_port)
 

@@ -76,7 +76,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
             ring = sum(layer.cp_ring_bytes for layer in layers)
             for group in plan.context_groups(s):
                 start, end = samples[s][group[0]]
-                forward, backward = context_ring(ring, end - start, c, group_link(cluster, group))
+                forward, backward = context_ring(ring, end - start, c, group_link(cluster, group), cluster)
                 flows += _ring(group, ("CP", s, "F"), forward.flow_bytes)
                 flows += _ring(group, ("CP", s, "B"), backward.flow_bytes)
                 latency[("CP", s, "F")], latency[("CP", s, "B")] = forward.latency_s, backward.latency_s
