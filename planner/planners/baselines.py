@@ -36,6 +36,7 @@ from planner.search.costs import CostTables
 from planner.search.layouts import layouts, levels
 from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
+from sim.cost.links import contiguous_span, span_link
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import Scenario
 from sim.schedule.policy import DapplePolicy
@@ -159,7 +160,7 @@ def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, micr
     def sync_s(start: int, end: int, m: int) -> float:
         if m <= 1:
             return 0.0
-        link = cluster.intra_node if m <= cluster.devices_per_node else cluster.inter_node
+        link = span_link(cluster, contiguous_span(cluster, m))
         return 4 * (m - 1) * tables.param_bytes(start, end) / (m * link.bandwidth_bytes_per_s)
 
     def stage_s(start: int, end: int, m: int) -> float:
@@ -167,7 +168,7 @@ def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, micr
         return max(compute, sync_s(start, end, m)) / m
 
     def comm_s(boundary: int) -> float:
-        link = cluster.inter_node if cluster.devices_per_node == 1 else cluster.intra_node
+        link = span_link(cluster, contiguous_span(cluster, 2))  # neighbouring stages' devices
         return 2 * scenario.model.boundary_bytes[boundary] * microbatch_size / link.bandwidth_bytes_per_s
 
     inf = math.inf

@@ -28,7 +28,7 @@ from planner.search.costs import CostTables
 from planner.search.evaluation import check_plannable, evaluate
 from planner.search.ranking import PlannerResult
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
-from sim.cost.comm import ring_bytes, ring_s, ring_steps
+from sim.cost.comm import gradient_sync
 from sim.core.errors import DappleError
 from sim.input.scenario import Scenario
 from sim.core.parallelism import Sharding
@@ -51,9 +51,7 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
         f, bk = tables.compute_s(a, b, CostTables.slice_of(candidate.microbatch_size, r), candidate.recompute)
         fwd.append(f)
         bwd.append(bk)
-        reduce_s = _allreduce_floor_s(tables, a, b, groups[s]) if groups is not None else 0.0
-        if candidate.sharding is Sharding.FULL:
-            reduce_s *= 0.5  # only the gradients' reduce-scatter
+        reduce_s = _allreduce_floor_s(tables, a, b, groups[s], candidate.sharding) if groups is not None else 0.0
         tail.append(reduce_s + tables.optimizer_s(a, b, r, candidate.sharding))
     best = 0.0
     for s in range(len(fwd)):
@@ -62,27 +60,18 @@ def lower_bound_s(tables: CostTables, candidate: Candidate, num_microbatches: in
     return best
 
 
-def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices) -> float:
-    """The hierarchical all-reduce of ``sim.cost.comm`` (as the engine compiles it: the widest
-    server sets the ring inside, the smallest each GPU's shard across) with every flow at its
-    link's full collective bandwidth (``LinkSpec.collective_bandwidth_bytes_per_s``)."""
+def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices, sharding: Sharding) -> float:
+    """The gradient synchronisation of ``sim.cost.comm.gradient_sync`` as the engine lays it out
+    (the widest server sets the ring inside, the smallest each GPU's shard across) with every
+    flow at its link's full collective bandwidth: each cross-server flow a NIC of its own."""
     cluster, grad = tables.cluster, tables.param_bytes(start, end) * tables.model.grad_bytes_per_param_byte
-    if len(devices) < 2 or grad == 0:
+    if len(devices) < 2:
         return 0.0
     per_node: dict[int, int] = {}
     for d in devices:
         per_node[cluster.node_of(d)] = per_node.get(cluster.node_of(d), 0) + 1
-    widest, k = max(per_node.values()), len(per_node)
-    intra, inter = cluster.intra_node, cluster.inter_node
-    time_s = 0.0
-    if widest > 1:
-        halves = 2 if k == 1 else 1  # one server: the whole ring; several: reduce-scatter and all-gather
-        time_s += halves * ring_s(widest, grad, intra.collective_bandwidth_bytes_per_s, intra.latency_s, halves=1)
-    if k > 1:
-        smallest = min(per_node.values())
-        time_s += (ring_bytes(k, grad) / smallest / inter.collective_bandwidth_bytes_per_s
-                   + ring_steps(k) * inter.latency_s)
-    return time_s
+    counts = [per_node[n] for n in sorted(per_node)]
+    return sum(phase.seconds for phase in gradient_sync(counts, grad, sharding, cluster, flows_per_nic=1))
 
 
 def _surely_over(tables: CostTables, candidate: Candidate, capacity: float) -> bool:

@@ -11,7 +11,7 @@ Megatron's sequence parallelism whenever t > 1), so every figure below is per de
   tabulated once per slice size), with what the recompute mode adds (``recompute_extra_s``: the
   forward again under ``full``, attention's core under ``selective``) and the action overhead,
   the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
-  flows: ring bytes over one server's ports plus a latency per ring step), and the
+  flows: ring bytes over the tensor group's link plus a latency per ring step), and the
   context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
   action takes the longer of the two (``sim.engine.groups``);
 * a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
@@ -36,7 +36,9 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from sim.cost.comm import ring_bytes, ring_s, ring_steps
+from sim.cost.comm import collective_s, context_ring_s, gradient_sync, point_to_point_s, ring_bytes, ring_steps, \
+    tensor_parallel_bytes_and_steps
+from sim.cost.links import busiest_nic_flows, contiguous_span, span_link
 from sim.cost.compute import (action_overhead_s, attention_core_s, layer_times_s, recompute_extra_s,
                               stage_optimizer_step_s, tied_copy_tensors)
 from sim.input.scenario import Scenario
@@ -45,8 +47,6 @@ from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
 
 __all__ = ["CostTables"]
-
-_HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
 
 
 def _prefix(values) -> list[float]:
@@ -78,13 +78,16 @@ class CostTables:
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
         self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
         t = tensor_parallel
+        # per sample and layer, from the one home of the formulas (sim.cost.comm), the link by the
+        # group's shape (t consecutive devices; sim.cost.links)
         self._tp = {
-            phase: (_prefix(sum(ring_bytes(t, c.bytes, halves=_HALVES[c.kind]) for c in layer.tp_collectives
-                                if c.phase == phase) for layer in layers),
-                    _prefix(sum(ring_steps(t, halves=_HALVES[c.kind]) for c in layer.tp_collectives
-                                if c.phase == phase) for layer in layers))
+            phase: tuple(_prefix(values) for values in zip(*(tensor_parallel_bytes_and_steps((layer,), t, phase)
+                                                             for layer in layers)))
             for phase in ("forward", "backward")
         } if t > 1 else None
+        self._tp_link = span_link(cluster, contiguous_span(cluster, t))
+        self._unit_link = span_link(cluster, contiguous_span(cluster, self.unit))
+        self._allreduce: dict[tuple, tuple] = {}
         self.grad_factor = model.grad_bytes_per_param_byte
         self.num_layers = model.num_layers
 
@@ -111,33 +114,44 @@ class CostTables:
         b = bwd[end] - bwd[start]
         b += recompute_extra_s(recompute, f, again[end] - again[start])
         if self._tp is not None and samples:
-            link = self.cluster.intra_node
-            (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
-            rate = link.bandwidth_bytes_per_s * link.collective_efficiency
-            tp_f = (fb[end] - fb[start]) * samples / rate + (fs[end] - fs[start]) * link.latency_s
-            tp_b = (bb[end] - bb[start]) * samples / rate + (bs[end] - bs[start]) * link.latency_s
+            tp_f, tp_b = self.tensor_parallel_s(start, end, samples)
             f, b = f + tp_f, b + tp_b + (tp_f if recompute is Recompute.FULL else 0.0)
         beside_f = beside_b = 0.0
         if self.context_parallel > 1 and samples:
-            ring = self._context_ring_s((self._cp_ring[end] - self._cp_ring[start]) * samples)
-            beside_f, beside_b = ring, 2 * ring
+            beside_f, beside_b = self.context_ring_s(start, end, samples)
         if sharding is Sharding.FULL and data_parallel > 1:
-            gather = self._gather_s(start, end, data_parallel)
+            gather = self.gather_s(start, end, data_parallel)
             beside_f, beside_b = max(beside_f, gather), max(beside_b, gather)
         return max(f, beside_f) + overhead, max(b, beside_b) + overhead
 
-    def _context_ring_s(self, nbytes: float) -> float:
-        """Ring attention's c − 1 steps of ``nbytes`` each, inside a server when the replica fits in one."""
-        c = self.context_parallel
-        link = self.cluster.intra_node if self.unit <= self.cluster.devices_per_node else self.cluster.inter_node
-        return (c - 1) * (nbytes / link.bandwidth_bytes_per_s + link.latency_s)
+    def tensor_parallel_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
+        """(forward, backward) seconds of layers ``[start, end)``'s tensor-parallel collectives on
+        ``samples`` samples, on the compute stream's critical path (``sim.cost.comm.collective_s``
+        over the link t consecutive devices cross; the engine's ``TP`` flows)."""
+        if self._tp is None:
+            return 0.0, 0.0
+        link = self._tp_link
+        (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
+        return (collective_s((fb[end] - fb[start]) * samples, fs[end] - fs[start], link),
+                collective_s((bb[end] - bb[start]) * samples, bs[end] - bs[start], link))
 
-    def _gather_s(self, start: int, end: int, data_parallel: int) -> float:
-        """FSDP's all-gather of the stage's parameters over its gradient group, per action."""
+    def context_ring_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
+        """(forward, backward) seconds of ring attention's blocks for layers ``[start, end)`` on
+        ``samples`` samples (``sim.cost.comm.context_ring_s``; the backward sends twice the bytes),
+        inside a server when the replica's unit fits in one."""
+        c, link = self.context_parallel, self._unit_link
+        if c <= 1:
+            return 0.0, 0.0
+        nbytes = (self._cp_ring[end] - self._cp_ring[start]) * samples
+        return context_ring_s(nbytes, c, link), context_ring_s(2 * nbytes, c, link)
+
+    def gather_s(self, start: int, end: int, data_parallel: int) -> float:
+        """FSDP's all-gather of the stage's parameters over its gradient group (the
+        ``data_parallel × c`` shards), per action (``sim.cost.comm.fsdp_gather``), across servers
+        when the stage's ``data_parallel`` units do not fit in one."""
         n = data_parallel * self.context_parallel
-        link = self.cluster.inter_node if n * self.unit > self.cluster.devices_per_node else self.cluster.intra_node
-        return ring_s(n, self.param_bytes(start, end) / link.collective_efficiency, link.bandwidth_bytes_per_s,
-                      link.latency_s, halves=1)
+        link = span_link(self.cluster, contiguous_span(self.cluster, data_parallel * self.unit))
+        return collective_s(ring_bytes(n, self.param_bytes(start, end), halves=1), ring_steps(n, halves=1), link)
 
     def param_bytes(self, start: int, end: int) -> float:
         """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
@@ -167,35 +181,38 @@ class CostTables:
     def transfer_s(self, boundary: int, microbatch_size: int, receivers: int, nodes: int, intra: bool) -> float:
         """One micro-batch's activations (or gradients) across cut ``boundary``.
 
-        ``receivers`` replicas (units of t·c devices) on ``nodes`` servers receive in parallel;
-        inside one server each device has its port, between servers the receiving servers'
-        NICs carry every device's share.
+        ``receivers`` replicas (units of t·c devices) on ``nodes`` servers receive in parallel,
+        each device its slice's share (``sim.engine.flows.p2p_flows``), point to point
+        (``sim.cost.comm.point_to_point_s``): inside one server each through its own port;
+        between servers through the receiving server's NICs, as many flows on the busiest as
+        ``sim.cost.links.busiest_nic_flows`` says.
         """
         nbytes = self.model.boundary_bytes[boundary] * microbatch_size
         if nbytes == 0:
             return 0.0
         c = self.cluster
         if intra:
-            return c.intra_node.latency_s + nbytes / (receivers * c.intra_node.bandwidth_bytes_per_s)
-        return c.inter_node.latency_s + nbytes * self.unit / (nodes * c.nics_per_node * c.inter_node.bandwidth_bytes_per_s)
+            return point_to_point_s(nbytes / receivers, c.intra_node)
+        flows = busiest_nic_flows(c, -(-receivers // nodes) * self.unit)
+        return point_to_point_s(nbytes / receivers, c.inter_node, flows_per_port=flows)
 
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE) -> float:
-        """Gradient all-reduce of layers ``[start, end)`` over ``per_node`` replicas on each of
-        ``nodes`` servers: each of the t gradient groups has ``per_node × c`` devices per server,
-        and the t groups share the servers' NICs; rings move at the links' collective bandwidth
-        (``sim.cost.comm.ring_flow_bytes``)."""
-        grad = self.param_bytes(start, end) * self.grad_factor * (0.5 if sharding is Sharding.FULL else 1.0)
+        """Gradient synchronisation of layers ``[start, end)`` over ``per_node`` replicas on each of
+        ``nodes`` servers (``sim.cost.comm.gradient_sync``, the engine's layout): each of the t
+        gradient groups has ``per_node × c`` devices per server, and the t groups' cross-server
+        flows share the servers' NICs. The phases' seconds are linear in the bytes, so they are
+        worked out once per shape and scaled."""
         members = per_node * self.context_parallel
-        if grad == 0 or members * nodes <= 1:
+        if members * nodes <= 1:
             return 0.0
-        intra, inter, c = self.cluster.intra_node, self.cluster.inter_node, self.cluster
-        time = ring_s(members, grad / intra.collective_efficiency, intra.bandwidth_bytes_per_s, intra.latency_s) \
-            if members > 1 else 0.0
-        if nodes > 1:
-            share = min(c.nics_per_node, members * self.tensor_parallel) / self.tensor_parallel
-            time += ring_s(nodes, grad / inter.collective_efficiency, share * inter.bandwidth_bytes_per_s,
-                           inter.latency_s)
-        return time
+        key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
+        cached = self._allreduce.get(key)
+        if cached is None:
+            flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
+            phases = gradient_sync([members] * nodes, 1.0, sharding, self.cluster, flows_per_nic=flows)
+            cached = self._allreduce[key] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
+                                             sum(p.latency_s for p in phases))
+        return self.param_bytes(start, end) * self.grad_factor * cached[0] + cached[1]
 
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.stage_optimizer_step_s``):

@@ -23,26 +23,65 @@ point-to-point transfers at the full ``bandwidth``. The engine's flows go throug
 the full bandwidth, so a collective's flow is charged ``ring_bytes / collective_efficiency``
 (``ring_flow_bytes``): alone on a port it takes the time the ring takes at the collective bandwidth.
 
-These are the one home of those formulas: the compiler (``sim.engine.collectives``) turns
-them into flows through ports, the planners (``planner.search.costs``, ``planner.planners.exhaustive``) into
-seconds. Pure Python, no SimPy.
+This module is the one home of those formulas (and ``sim.cost.links`` of which link a group
+crosses): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
+steps and latencies into flows through ports, the planners (``planner.search.costs``,
+``planner.planners.exhaustive``) into seconds, and a test (``tests/test_one_home_comm.py``)
+replays each collective alone in the engine against them. Each cost is a :class:`CommCost`
+(or a tuple of them, one per phase that runs after the other). Pure Python, no SimPy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sim.core.parallelism import BlockShape, Recompute
+from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.cost.links import busiest_nic_flows, group_link
 
 if TYPE_CHECKING:
-    from sim.core.model_spec import ModelSpec
+    from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["TensorParallelCollective", "embedding_group_link", "hierarchical_allreduce_s", "ring_bytes", "ring_flow_bytes",
-           "ring_s", "ring_steps", "tensor_parallel_collectives", "tied_allreduce_s"]
+__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "collective_s", "context_ring", "context_ring_s",
+           "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
+           "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
+           "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
+           "ring_steps", "tensor_parallel_bytes_and_steps", "tensor_parallel_collectives", "tensor_parallel_cost", "tied_allreduce_s"]
+
+HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
+"""Ring halves each collective kind takes: an all-reduce is a reduce-scatter then an all-gather
+(Patarasuk & Yuan 2009, §3), each ``(n−1)/n`` of the bytes in ``n−1`` steps."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommCost:
+    """One phase of communication alone on its ports: what each device sends and how long it takes."""
+
+    bytes_per_device: float
+    """Bytes the busiest device sends in the phase (a ring's ``halves·(n−1)/n`` share), bytes."""
+    flow_bytes: float
+    """Bytes its flow is charged through ports of the link's full bandwidth: ``bytes_per_device``
+    over the link's ``collective_efficiency`` for a collective, as is for a point-to-point send."""
+    steps: int
+    """Sequential steps, each paying one link latency."""
+    link: LinkSpec
+    """The link the phase crosses (``sim.cost.links``)."""
+    across_servers: bool
+    """Whether ``link`` is the inter-node one (the NICs) rather than a GPU's port in a server."""
+    rate_bytes_per_s: float
+    """Rate of the busiest device's flow alone: the port's bandwidth over the flows sharing it, bytes/s."""
+
+    @property
+    def latency_s(self) -> float:
+        """The phase's latency: one link latency per step, seconds."""
+        return self.steps * self.link.latency_s
+
+    @property
+    def seconds(self) -> float:
+        """Alpha-beta time of the phase alone: ``flow_bytes / rate + steps · latency``, seconds."""
+        return self.flow_bytes / self.rate_bytes_per_s + self.latency_s
 
 
 def ring_bytes(members: int, nbytes: float, *, halves: int = 2) -> float:
@@ -71,23 +110,147 @@ def ring_s(members: int, nbytes: float, bandwidth_bytes_per_s: float, latency_s:
             + ring_steps(members, halves=halves) * latency_s)
 
 
-def hierarchical_allreduce_s(grad_bytes: float, per_node: int, nodes: int, cluster: ClusterSpec) -> float:
-    """Seconds to all-reduce ``grad_bytes`` over ``per_node`` GPUs on each of ``nodes`` servers.
+def collective_s(nbytes: float, steps: int, link: LinkSpec) -> float:
+    """Seconds of a collective phase alone whose busiest device sends ``nbytes`` in ``steps``
+    ring steps over ``link``: at the collective bandwidth, plus a latency per step (the
+    planners' hot path; ``CommCost.seconds`` of ``ring_collective``)."""
+    return nbytes / link.collective_efficiency / link.bandwidth_bytes_per_s + steps * link.latency_s
 
-    The ring inside a server (both halves: reduce-scatter and all-gather) at one GPU port's
-    collective bandwidth, plus the cross-server ring through ``min(nics_per_node, per_node)``
-    NICs per server, no contention.
+
+def _cost(nbytes: float, flow_bytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec,
+          rate: float | None = None) -> CommCost:
+    across = link is cluster.inter_node
+    return CommCost(bytes_per_device=nbytes, flow_bytes=flow_bytes, steps=steps, link=link, across_servers=across,
+                    rate_bytes_per_s=link.bandwidth_bytes_per_s if rate is None else rate)
+
+
+def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
+    """A ring ``kind`` (``HALVES``'s keys) over ``members`` devices of ``nbytes`` each, alone on ``link``."""
+    halves = HALVES[kind]
+    return _cost(ring_bytes(members, nbytes, halves=halves), ring_flow_bytes(members, nbytes, link, halves=halves),
+                 ring_steps(members, halves=halves), link, cluster)
+
+
+def inside_halves(servers: int) -> int:
+    """Ring halves inside each server of a hierarchical all-reduce: the whole ring on one
+    server (2), its reduce-scatter before and all-gather after the cross-server ring on several (1 each)."""
+    return 2 if servers == 1 else 1
+
+
+def cross_server_flow_bytes(servers: int, grad_bytes: float, cluster: ClusterSpec, gpus: int) -> float:
+    """Bytes each of a server's ``gpus`` GPUs is charged in the cross-server ring of a hierarchical
+    all-reduce: the ring's share over ``servers`` servers of its 1/``gpus`` shard."""
+    return ring_flow_bytes(servers, grad_bytes, cluster.inter_node) / gpus
+
+
+def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, cluster: ClusterSpec, *,
+                           flows_per_nic: int | None = None) -> tuple[CommCost, ...]:
+    """The phases of an all-reduce of ``grad_bytes`` over ``members_per_node[j]`` GPUs on server j.
+
+    The engine's layout (Jia et al. 2018, §3): one server, one ring all-reduce; several, a ring
+    reduce-scatter inside each (the widest server sets the time and steps), a ring all-reduce
+    of each GPU's shard across the k servers through the NICs (each GPU of the smallest server
+    carries the largest shard, 1/n of it), a ring all-gather inside each. ``flows_per_nic``:
+    cross-server flows on the busiest NIC (default: the smallest server's GPUs through
+    ``sim.cost.links.busiest_nic_flows``; 1 gives every flow a NIC of its own). Empty for one GPU.
     """
-    if grad_bytes == 0 or per_node * nodes <= 1:
-        return 0.0
+    k, widest, smallest = len(members_per_node), max(members_per_node), min(members_per_node)
+    if k * widest <= 1:
+        return ()
     intra, inter = cluster.intra_node, cluster.inter_node
-    time = 0.0
-    if per_node > 1:
-        time += ring_s(per_node, grad_bytes, intra.collective_bandwidth_bytes_per_s, intra.latency_s)
-    if nodes > 1:
-        nics = min(cluster.nics_per_node, per_node)
-        time += ring_s(nodes, grad_bytes, nics * inter.collective_bandwidth_bytes_per_s, inter.latency_s)
-    return time
+    inside = inside_halves(k)
+    phases = []
+    if widest > 1:
+        phases.append(ring_collective("all-reduce" if inside == 2 else "reduce-scatter", widest, grad_bytes,
+                                      intra, cluster))
+    if k > 1:
+        flows = busiest_nic_flows(cluster, smallest) if flows_per_nic is None else flows_per_nic
+        phases.append(_cost(ring_bytes(k, grad_bytes) / smallest, cross_server_flow_bytes(k, grad_bytes, cluster,
+                                                                                          smallest),
+                            ring_steps(k), inter, cluster, inter.bandwidth_bytes_per_s / flows))
+        if widest > 1:
+            phases.append(ring_collective("all-gather", widest, grad_bytes, intra, cluster))
+    return tuple(phases)
+
+
+def hierarchical_allreduce_s(grad_bytes: float, per_node: int, nodes: int, cluster: ClusterSpec) -> float:
+    """Seconds of ``hierarchical_allreduce`` over ``per_node`` GPUs on each of ``nodes`` servers."""
+    return sum(phase.seconds for phase in hierarchical_allreduce([per_node] * nodes, grad_bytes, cluster))
+
+
+def gradient_sync_bytes(grad_bytes: float, sharding: Sharding) -> float:
+    """Bytes of the all-reduce layout a stage's gradient synchronisation runs under ``sharding``.
+
+    ``none``: the all-reduce of the gradients; ``optimizer``/``gradients`` (ZeRO-1/2, Megatron's
+    distributed optimizer; Rajbhandari et al. 2020, §5.1–5.2): a reduce-scatter of the gradients
+    and an all-gather of the updated parameters of the same bytes, the all-reduce's traffic
+    and steps; ``full`` (ZeRO-3/FSDP, §5.3): only the reduce-scatter is left (the parameters
+    are gathered per action, ``fsdp_gather``), laid out as an all-reduce of half the bytes.
+    """
+    return grad_bytes * 0.5 if sharding is Sharding.FULL else grad_bytes
+
+
+def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: Sharding, cluster: ClusterSpec, *,
+                  flows_per_nic: int | None = None) -> tuple[CommCost, ...]:
+    """The phases of a stage's gradient synchronisation: ``hierarchical_allreduce`` of
+    ``gradient_sync_bytes``."""
+    return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding), cluster,
+                                  flows_per_nic=flows_per_nic)
+
+
+def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str,
+                                    samples: int = 1) -> tuple[float, int]:
+    """Bytes one device sends and ring steps of ``layers``' tensor-parallel collectives in ``phase``
+    (``forward`` or ``backward``) on ``samples`` samples (``LayerSpec.tp_collectives``, from
+    ``tensor_parallel_collectives``; a full recompute adds the forward's to the backward)."""
+    nbytes, steps = 0.0, 0
+    for layer in layers:
+        for c in layer.tp_collectives:
+            if c.phase == phase:
+                halves = HALVES[c.kind]
+                nbytes += ring_bytes(tensor_parallel, c.bytes * samples, halves=halves)
+                steps += ring_steps(tensor_parallel, halves=halves)
+    return nbytes, steps
+
+
+def tensor_parallel_cost(nbytes: float, steps: int, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
+    """One action's tensor-parallel collectives as one phase: ``nbytes`` and ``steps`` of
+    ``tensor_parallel_bytes_and_steps`` over the group's ``link``, at its collective bandwidth."""
+    return _cost(nbytes, nbytes / link.collective_efficiency, steps, link, cluster)
+
+
+def context_ring_s(nbytes: float, context_parallel: int, link: LinkSpec) -> float:
+    """Seconds of ring attention's blocks alone: ``nbytes`` (all c − 1 steps' key/value blocks,
+    ``LayerSpec.cp_ring_bytes`` × samples) point to point at ``link``'s full bandwidth, plus c − 1
+    latencies (Liu et al. 2023, §3; each device sends its blocks to the next of its group)."""
+    return nbytes / link.bandwidth_bytes_per_s + (context_parallel - 1) * link.latency_s
+
+
+def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: int, link: LinkSpec,
+                 cluster: ClusterSpec) -> tuple[CommCost, CommCost]:
+    """(forward, backward) of the context-parallel ring for one action: the forward passes keys
+    and values, the backward keys, values and their gradients (twice the bytes), c − 1 steps each."""
+    steps = context_parallel - 1
+    forward = ring_bytes_per_sample * samples
+    backward = 2 * ring_bytes_per_sample * samples
+    return (_cost(forward, forward, steps, link, cluster), _cost(backward, backward, steps, link, cluster))
+
+
+def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
+    """FSDP's per-action all-gather of a stage's ``param_bytes`` over its ``members`` shards
+    (Rajbhandari et al. 2020, §5.3; FSDP2's ``fully_shard``): a ring all-gather, alone on ``link``."""
+    return ring_collective("all-gather", members, param_bytes, link, cluster)
+
+
+def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) -> float:
+    """Seconds of one point-to-point send of ``nbytes`` alone: latency plus bytes at the port's
+    full bandwidth, shared by ``flows_per_port`` flows (the alpha-beta model; ``LinkSpec``)."""
+    return link.latency_s + nbytes * flows_per_port / link.bandwidth_bytes_per_s
+
+
+def point_to_point(nbytes: float, link: LinkSpec, cluster: ClusterSpec, *, flows_per_port: int = 1) -> CommCost:
+    """A point-to-point transfer between stages (split-concat's sends, ``sim.engine.flows``) as a cost."""
+    return _cost(nbytes, nbytes, 1, link, cluster, link.bandwidth_bytes_per_s / flows_per_port)
 
 
 def embedding_group_link(plan, cluster: ClusterSpec) -> LinkSpec | None:
@@ -97,8 +260,8 @@ def embedding_group_link(plan, cluster: ClusterSpec) -> LinkSpec | None:
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if plan.num_stages == 1 or first == last:
         return None
-    same = all(cluster.node_of(a) == cluster.node_of(b) for a, b in zip(first, last))
-    return cluster.intra_node if same else cluster.inter_node
+    links = [group_link(cluster, (a, b)) for a, b in zip(first, last)]
+    return cluster.intra_node if all(link is cluster.intra_node for link in links) else cluster.inter_node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,16 +18,18 @@ and an all-gather of the same bytes (Megatron's distributed optimizer, ZeRO-1/2)
 ``sim.engine.groups``).
 
 Flows are labelled ``("AR", stage, phase)``; each phase also carries its latency, one link
-latency per ring step, which the replay adds after the phase's slowest flow.
+latency per ring step, which the replay adds after the phase's slowest flow. Every byte count,
+step count and latency comes from ``sim.cost.comm`` (``gradient_sync_bytes``,
+``hierarchical_allreduce``, ``inside_halves``, ``cross_server_flow_bytes``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.cost.comm import ring_flow_bytes, ring_steps
+from sim.cost.comm import cross_server_flow_bytes, gradient_sync_bytes, hierarchical_allreduce, inside_halves, \
+    ring_flow_bytes
 from sim.engine.workload import Collective, FlowKind
-from sim.core.parallelism import Sharding
 
 __all__ = ["allreduce_flows", "build_collectives"]
 
@@ -41,14 +43,17 @@ def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, f
     """
     flows, latency = [], {}
     for s, stage in enumerate(plan.stages):
-        grad_bytes = model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte
-        if plan.sharding is Sharding.FULL:
-            grad_bytes *= 0.5  # only the gradients' reduce-scatter: the parameters are gathered per action
+        grad_bytes = gradient_sync_bytes(model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte,
+                                         plan.sharding)
         for group in plan.gradient_groups(s):
             if len(group) < 2:
                 continue
             _group_allreduce(s, group, grad_bytes, cluster, flows, latency)
     return flows, latency
+
+
+_PHASE_NUMBERS = {(True, False): (0,), (False, True): (1,), (True, True): (0, 1, 2)}
+"""The phase labels of ``hierarchical_allreduce``'s phases, by (a ring inside a server, a ring across)."""
 
 
 def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
@@ -57,25 +62,25 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
     for d in sorted(group):
         by_node[cluster.node_of(d)].append(d)
     groups = [by_node[n] for n in sorted(by_node)]
-    widest = max(len(g) for g in groups)
+    k, widest = len(groups), max(len(g) for g in groups)
+    phases = hierarchical_allreduce([len(g) for g in groups], grad_bytes, cluster)
+    for phase, cost in zip(_PHASE_NUMBERS[(widest > 1, k > 1)], phases):
+        latency[(s, phase)] = cost.latency_s
     if widest > 1:
-        # one server: the whole ring all-reduce in one phase; several: its two halves
-        halves = 2 if len(groups) == 1 else 1
-        for phase in (0,) if len(groups) == 1 else (0, 2):
-            latency[(s, phase)] = ring_steps(widest, halves=halves) * cluster.intra_node.latency_s
+        halves = inside_halves(k)
+        for phase in (0,) if k == 1 else (0, 2):
             for g in groups:
                 n = len(g)
                 for i, d in enumerate(g if n > 1 else []):
                     flows.append((d, g[(i + 1) % n], ("AR", s, phase),
                                   ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)))
-    if len(groups) > 1:
-        k = len(groups)
-        latency[(s, 1)] = ring_steps(k) * cluster.inter_node.latency_s
+    if k > 1:
         for j, g in enumerate(groups):
             nxt = groups[(j + 1) % k]
             for i, d in enumerate(g):
                 # each GPU carries its 1/n shard of the cross-server ring
-                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), ring_flow_bytes(k, grad_bytes, cluster.inter_node) / len(g)))
+                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), cross_server_flow_bytes(k, grad_bytes, cluster,
+                                                                                          len(g))))
 
 
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:

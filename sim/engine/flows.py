@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from sim.cost.links import group_link
 from sim.cost.split import sample_overlaps
 from sim.engine.workload import FlowKind, PortClass
 
@@ -89,9 +90,8 @@ class PortTable:
         return a, b
 
     def link(self, src: int, dst: int):
-        """The ``LinkSpec`` of a transfer src -> dst."""
-        c = self.cluster
-        return c.intra_node if c.node_of(src) == c.node_of(dst) else c.inter_node
+        """The ``LinkSpec`` of a transfer src -> dst (``sim.cost.links.group_link``)."""
+        return group_link(self.cluster, (src, dst))
 
     def _id(self, key: tuple, bandwidth: float) -> int:
         if key not in self.ids:
@@ -121,6 +121,7 @@ def flow_paths(flows, cluster, faults: FaultView) -> list[tuple[tuple, tuple[flo
     paths = []
     for src, dst, _, _ in flows:
         node = src // per_node
+        # ``sim.cost.links.group_link``'s rule (one server: its GPU ports), spelled out on this per-flow path
         if node == dst // per_node:
             real = (("out", src), ("in", dst))
             bandwidths = intra_bw if not slow_ports else tuple(

@@ -17,7 +17,9 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
   Rajbhandari et al. 2020, §5.3).
 
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
-``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts of ``sim.cost.comm``. One
+``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts, steps and links of
+``sim.cost.comm`` (``tensor_parallel_bytes_and_steps``, ``context_ring``, ``fsdp_gather``) and
+``sim.cost.links.group_link``, the planners' formulas too. One
 action's collectives of a kind are one collective of the summed bytes and latencies: the
 same traffic on the same ports; the order of its pieces inside the action is not modelled.
 Tensor-parallel collectives block the compute stream after the action's compute; the ring's
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.cost.comm import ring_bytes, ring_flow_bytes, ring_steps
+from sim.cost.comm import context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
+from sim.cost.links import group_link
 from sim.engine.workload import Collective, FlowKind
 from sim.core.parallelism import Recompute, Sharding
 
@@ -39,30 +42,11 @@ GROUP_LABELS = ("TP", "CP", "FS")
 OVERLAPPED = frozenset({"CP", "FS"})
 """Group collectives that run beside the compute (the others block it)."""
 
-_HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
-
 
 def _ring(devices: tuple[int, ...], label: tuple, nbytes: float) -> list[tuple[int, int, tuple, float]]:
     """Every device of a ring sends ``nbytes`` to the next one."""
     n = len(devices)
     return [(d, devices[(i + 1) % n], label, nbytes) for i, d in enumerate(devices)] if n > 1 and nbytes > 0 else []
-
-
-def _link(cluster, group: tuple[int, ...]):
-    """The link a group's ring crosses: inside a server, or between servers if it spans them."""
-    return cluster.intra_node if len({cluster.node_of(d) for d in group}) == 1 else cluster.inter_node
-
-
-def _tp_bytes_and_steps(layers, samples: int, t: int, phase: str) -> tuple[float, int]:
-    """Bytes one device sends and ring steps of the stage's tensor-parallel collectives in ``phase``."""
-    nbytes, steps = 0.0, 0
-    for layer in layers:
-        for c in layer.tp_collectives:
-            if c.phase == phase:
-                halves = _HALVES[c.kind]
-                nbytes += ring_bytes(t, c.bytes * samples, halves=halves)
-                steps += ring_steps(t, halves=halves)
-    return nbytes, steps
 
 
 def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, int]]]):
@@ -79,31 +63,30 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
         if t > 1:
             for group in plan.tensor_groups(s):
                 start, end = samples[s][group[0]]
-                fwd, fwd_steps = _tp_bytes_and_steps(layers, end - start, t, "forward")
-                bwd, bwd_steps = _tp_bytes_and_steps(layers, end - start, t, "backward")
+                fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", end - start)
+                bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", end - start)
                 if full:  # the recomputed forward repeats the forward's collectives inside the backward
                     bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
-                link = _link(cluster, group)
-                fwd, bwd = fwd / link.collective_efficiency, bwd / link.collective_efficiency  # as ring_flow_bytes
-                flows += _ring(group, ("TP", s, "F"), fwd) + _ring(group, ("TP", s, "B"), bwd)
-                latency[("TP", s, "F")] = fwd_steps * link.latency_s
-                latency[("TP", s, "B")] = bwd_steps * link.latency_s
+                link = group_link(cluster, group)
+                forward = tensor_parallel_cost(fwd, fwd_steps, link, cluster)
+                backward = tensor_parallel_cost(bwd, bwd_steps, link, cluster)
+                flows += _ring(group, ("TP", s, "F"), forward.flow_bytes) + _ring(group, ("TP", s, "B"), backward.flow_bytes)
+                latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
             for group in plan.context_groups(s):
                 start, end = samples[s][group[0]]
-                flows += _ring(group, ("CP", s, "F"), ring * (end - start))
-                flows += _ring(group, ("CP", s, "B"), 2 * ring * (end - start))
-                link = _link(cluster, group)
-                latency[("CP", s, "F")] = latency[("CP", s, "B")] = (c - 1) * link.latency_s
+                forward, backward = context_ring(ring, end - start, c, group_link(cluster, group), cluster)
+                flows += _ring(group, ("CP", s, "F"), forward.flow_bytes)
+                flows += _ring(group, ("CP", s, "B"), backward.flow_bytes)
+                latency[("CP", s, "F")], latency[("CP", s, "B")] = forward.latency_s, backward.latency_s
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
             for group in plan.gradient_groups(s):
-                n = len(group)
+                gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster)
                 for phase in ("F", "B"):
-                    flows += _ring(group, ("FS", s, phase), ring_flow_bytes(n, params, _link(cluster, group), halves=1))
-                steps_s = ring_steps(n, halves=1) * _link(cluster, group).latency_s
-                latency[("FS", s, "F")] = latency[("FS", s, "B")] = steps_s
+                    flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
+                latency[("FS", s, "F")] = latency[("FS", s, "B")] = gather.latency_s
     return flows, latency
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sim.core.errors import ScheduleError
 from sim.core.plan import PlanSpec
+from sim.cost.links import group_link
 from sim.schedule.check import check_schedule
 from sim.schedule.generators import LOOPED_SCHEDULES, generate
 from sim.schedule.ir import Schedule
@@ -66,8 +67,7 @@ def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str
         if plan.stage_ranks[s] == plan.stage_ranks[s + 1]:
             transfer.append(0.0)
             continue
-        nodes = {cluster.node_of(d) for d in plan.stages[s].devices + plan.stages[s + 1].devices}
-        link = cluster.intra_node if len(nodes) == 1 else cluster.inter_node
+        link = group_link(cluster, plan.stages[s].devices + plan.stages[s + 1].devices)
         nbytes = part.boundary_bytes[plan.stages[s].layers[1]] * max(slices[s], slices[s + 1])
         transfer.append(2 * (link.latency_s + nbytes / link.bandwidth_bytes_per_s) if nbytes else 0.0)
     chosen = choose_dapple_policies(compute_s=compute, transfer_s=transfer, num_microbatches=m, max_warmup=room)

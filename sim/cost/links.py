@@ -1,0 +1,57 @@
+"""Which link a transfer crosses: a GPU's port inside a server, or the NICs between servers.
+
+A cluster (``sim.core.specs.ClusterSpec``) has two kinds of port. GPUs of one server talk
+through their own ports (``intra_node``: NVLink, NVSwitch, PCIe); GPUs of different servers
+through the servers' NICs (``inter_node``: InfiniBand, Ethernet). A group of devices that
+talks as one (a ring, a sender and its receiver) is as slow as its slowest hop, so it
+crosses the inter-node link as soon as it spans two servers. That is the one rule, in two
+forms:
+
+* :func:`group_link` — for a set of real device ids (the engine's compiler, the plan's
+  policies): the servers they sit on;
+* :func:`span_link` — for a planner that knows only a group's *shape*: how many servers it
+  spans, ``contiguous_span`` of a group of consecutive devices placed from a server's first
+  (the planners place replicas in whole units of ``tensor × context`` devices that way).
+
+And how many of a server's cross-server flows share its busiest NIC
+(:func:`busiest_nic_flows`): GPU ``l`` of a server sends through NIC ``l·nics // per_node``
+(``ClusterSpec.nic_of``), so the first ``g`` GPUs load NIC 0 with ``min(g, ⌈per_node/nics⌉)``
+flows. Pure Python, no SimPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.core.specs import ClusterSpec, LinkSpec
+
+__all__ = ["busiest_nic_flows", "contiguous_span", "group_link", "same_server", "span_link"]
+
+
+def span_link(cluster: ClusterSpec, servers: int) -> LinkSpec:
+    """The link a group spanning ``servers`` servers crosses: inside one, or between them."""
+    return cluster.intra_node if servers <= 1 else cluster.inter_node
+
+
+def same_server(cluster: ClusterSpec, devices: Iterable[int]) -> bool:
+    """Whether every one of ``devices`` (global ids) sits on one server."""
+    return len({cluster.node_of(d) for d in devices}) <= 1
+
+
+def group_link(cluster: ClusterSpec, devices: Iterable[int]) -> LinkSpec:
+    """The link a group of real device ids crosses (``span_link`` of the servers they sit on)."""
+    return span_link(cluster, 1 if same_server(cluster, devices) else 2)
+
+
+def contiguous_span(cluster: ClusterSpec, members: int) -> int:
+    """Servers that ``members`` consecutive devices from a server's first one span: ⌈members / per_node⌉."""
+    return -(-members // cluster.devices_per_node)
+
+
+def busiest_nic_flows(cluster: ClusterSpec, gpus: int) -> int:
+    """Cross-server flows on a server's busiest NIC when its first ``gpus`` GPUs each send one
+    (``ClusterSpec.nic_of``: GPU l through NIC ``l·nics // per_node``; NIC 0 is the busiest)."""
+    per_nic = -(-cluster.devices_per_node // cluster.nics_per_node)
+    return max(1, min(gpus, per_nic))
