@@ -19,8 +19,10 @@ import sim.schedule.passes
 import sim.schedule.plan_schedule
 from planner.search.evaluation import evaluate
 from planner.search.memory import plan_peak_bytes
-from planner.search.space import Candidate, to_scenario
+from planner.planners.dapple import dapple_planner
+from planner.search.space import Candidate, PlannerOptions, to_scenario
 from sim.core.errors import DappleError
+from sim.core.parallelism import Sharding
 from sim.cost.comm import embedding_group_link
 from sim.cost.compute import stage_cost
 from sim.engine.compile import compile_workload
@@ -74,6 +76,20 @@ def test_a_planner_candidate_is_resolved_once_for_the_memory_check_the_fast_path
     assert [args[2:5] for args in counters["stage_cost"]] == [(0, 26, 2), (26, 53, 2)]
     assert list(resolved) == [candidate]
     assert resolved[candidate].resolved.stage_policies is not None  # auto chose K_i from those costs
+
+
+def test_a_search_resolves_each_candidate_once_whichever_engines_score_it(counters):
+    scenario = load_scenario(BERT, ignore_plan=True)
+    options = PlannerOptions(schedules=(("dapple", ()),), placements=("append",), recompute=(False,),
+                             sharding=(Sharding.NONE,), microbatch_sizes=(8, 16), interleaved=False,
+                             fast_top=4, fast_max=6, engine_top=2)
+    result = dapple_planner(scenario, options)
+    fast = [e for e in result.evaluations if e.engine == "fast"]
+    settled = [e for e in result.evaluations if e.engine == "simpy"]
+    assert result.best is not None and settled and all(e.plan is not None for e in fast)
+    assert {e.candidate for e in settled} <= {e.candidate for e in fast}
+    # one schedule per candidate the fast path scored; the engine's verdicts built none of their own
+    assert len(counters["schedule_for_plan"]) == len({e.candidate for e in fast})
 
 
 def test_the_memory_check_reads_the_resolved_costs_not_its_own(counters):
@@ -152,7 +168,7 @@ def test_a_replaced_plan_model_or_training_is_resolved_afresh():
     assert old.num_microbatches == 8 and old.stage_costs[0].samples == 2
     # and no plan, nothing to resolve
     with pytest.raises(DappleError, match="plan: missing"):
-        replace(scenario, plan=None).resolved
+        _ = replace(scenario, plan=None).resolved
 
 
 def test_set_and_plan_overrides_resolve_what_they_read():

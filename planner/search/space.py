@@ -271,5 +271,5 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
     planned = replace(scenario, plan=plan, training=training)  # a new plan: resolved afresh, never the old one's
-    planned.resolved  # resolve now, so that a schedule that cannot run is this call's error
+    _ = planned.resolved  # resolve now, so that a schedule that cannot run is this call's error
     return planned

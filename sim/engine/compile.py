@@ -38,8 +38,15 @@ from sim.cost.memory import StateBytes
 from sim.cost.split import sample_ranges
 from sim.engine.classes import FaultView, Symmetry, group_members
 from sim.engine.collectives import allreduce_flows, build_collectives
-from sim.engine.flows import (PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, port_split,
-                              static_rates)
+from sim.engine.flows import (
+    PortTable,
+    flow_kinds,
+    flow_paths,
+    kinds_by_class,
+    p2p_flows,
+    port_split,
+    static_rates,
+)
 from sim.engine.gcpause import gc_paused
 from sim.engine.groups import build_group_collectives, group_flows
 from sim.engine.ops import class_ops
