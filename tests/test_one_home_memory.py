@@ -75,7 +75,7 @@ def test_memory_at_rest_is_one_number_everywhere(name):
                (by_kind.parameters, by_kind.gradients, by_kind.optimizer)
         assert engine_static[device] == checked[device].memory_at_rest_bytes == planner[device]
         assert kinds.parameters + kinds.gradients + kinds.optimizer == pytest.approx(planner[device], rel=1e-15)
-    estimate = plan_peak_bytes(scenario, result.workload.schedule)
+    estimate = plan_peak_bytes(scenario.resolved)
     assert estimate.static_bytes == planner[estimate.device] == engine_static[estimate.device]
 
 

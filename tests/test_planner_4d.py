@@ -11,7 +11,7 @@ from planner.planners.dapple import dapple_planner
 from planner.search.evaluation import evaluate
 from planner.search.layouts import layouts, levels
 from planner.search.memory import plan_peak_bytes
-from planner.search.space import Candidate, PlannerOptions, place, planned
+from planner.search.space import Candidate, PlannerOptions, place, to_scenario
 from sim.engine.run import run_scenario
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import parse_scenario
@@ -55,7 +55,7 @@ def test_units_of_tensor_groups_are_placed_whole():
     assert place((2, 2), cluster, "scatter", unit=4) == ((0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15))
     candidate = _even(_gpt(2), 2, 4, 8, tensor_parallel=2, sharding=Sharding.OPTIMIZER,
                       recompute=Recompute.SELECTIVE)
-    scenario, _ = planned(_gpt(2), candidate)
+    scenario = to_scenario(_gpt(2), candidate)
     plan = scenario.plan
     assert plan.tensor_parallel == 2 and plan.sequence_parallel and plan.sharding is Sharding.OPTIMIZER
     assert plan.recompute is Recompute.SELECTIVE and plan.num_replicas(0) == 4
@@ -74,8 +74,8 @@ def test_memory_counted_before_the_replay_is_the_engines_without_its_receive_buf
     unit = fields.get("tensor_parallel", 1)
     replicas = 2 if unit == 1 else 1
     candidate = _even(scenario, 8 // (unit * replicas), replicas, 8, **fields)
-    planned_scenario, schedule = planned(scenario, candidate)
-    estimate = plan_peak_bytes(planned_scenario, schedule)
+    planned_scenario = to_scenario(scenario, candidate)
+    estimate = plan_peak_bytes(planned_scenario.resolved)
     summary = run_scenario(planned_scenario, engine="fast").summarize()
     assert estimate.peak_bytes <= summary.peak_memory_bytes * (1 + 1e-9)
     assert estimate.peak_bytes >= 0.97 * summary.peak_memory_bytes

@@ -27,7 +27,7 @@ from enum import Enum
 from typing import Any, Iterable
 
 from planner.search.memory import MemoryEstimate, plan_peak_bytes
-from planner.search.space import Candidate, planned
+from planner.search.space import Candidate, to_scenario
 from sim.core.errors import DappleError, ScheduleError
 from sim.input.plan_file import plan_to_dict
 from sim.input.scenario import Scenario
@@ -115,13 +115,25 @@ class Evaluation:
         return plan_to_dict(self.plan, self.training)
 
 
-def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast") -> Evaluation:
-    """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``)."""
+def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast",
+             resolved: dict[Candidate, Scenario] | None = None) -> Evaluation:
+    """Replay ``candidate`` on ``scenario``'s cluster and model (``fast`` or ``simpy``).
+
+    The candidate is resolved once (``planner.search.space.to_scenario``: its schedule, lowered
+    schedule and stage costs), and that one resolution feeds the memory count and the replay.
+    ``resolved`` maps the candidates resolved so far to their scenarios and is filled in here:
+    a search passes the same mapping to the fast path's and the SimPy engine's evaluations, so a
+    candidate that both score is resolved once.
+    """
     from sim.engine.run import run_scenario
 
     try:
-        scenario_of, schedule = planned(scenario, candidate)
-        estimate = plan_peak_bytes(scenario_of, schedule)
+        scenario_of = resolved.get(candidate) if resolved is not None else None
+        if scenario_of is None:
+            scenario_of = to_scenario(scenario, candidate)
+            if resolved is not None:
+                resolved[candidate] = scenario_of
+        estimate = plan_peak_bytes(scenario_of.resolved)
         capacity = scenario.cluster.device.memory_bytes
         if estimate.peak_bytes > capacity:
             message = (f"device {estimate.device} runs out of memory: it needs {format_bytes(estimate.peak_bytes)} "

@@ -2,10 +2,10 @@
 
 A replay is the planner's costliest step, and a candidate that runs out of memory wastes it.
 ``plan_peak_bytes`` computes what the engine would find without running time: every
-device class's parameters, gradients and optimizer state (``sim.cost.memory.stage_state_bytes``
-through ``sim.cost.compute.stage_cost``, with the plan's sharding and data-parallel group, as
-``sim.engine.compile`` calls it), then walks its pipeline rank's actions in the schedule's order
-with the same allocations and frees as the engine's ops (``sim.engine.compile.compute_memory``),
+device class's parameters, gradients and optimizer state (the resolved plan's stage costs,
+``sim.schedule.resolved``, the very ones ``sim.engine.compile`` reads: ``sim.cost.memory.stage_state_bytes``
+through ``sim.cost.compute.stage_cost``), then walks its pipeline rank's actions in the schedule's
+order with the same allocations and frees as the engine's ops (``sim.engine.ops.compute_memory``),
 FSDP holding the gathered parameters during an action (``sim.cost.memory.fsdp_gather_bytes``).
 
 Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
@@ -17,15 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.cost.comm import embedding_group_link
-from sim.cost.split import split_samples
-from sim.cost.compute import stage_cost
-from sim.engine.compile import compute_memory
-from sim.input.scenario import Scenario
-from sim.models import shard_model
+from sim.engine.ops import compute_memory
 from sim.core.parallelism import Recompute
 from sim.cost.memory import fsdp_gather_bytes
-from sim.schedule.ir import ActionKind, OverlapFB, Schedule
+from sim.schedule.ir import ActionKind, OverlapFB
+from sim.schedule.resolved import ResolvedPlan
 
 __all__ = ["MemoryEstimate", "plan_peak_bytes"]
 
@@ -45,18 +41,14 @@ class MemoryEstimate:
     """Its activations (and gathered parameters) at the peak, bytes."""
 
 
-def plan_peak_bytes(scenario: Scenario, schedule: Schedule) -> MemoryEstimate:
-    """The peak bytes of the most loaded device of ``scenario``'s plan under ``schedule``."""
-    plan, training, cluster = scenario.plan, scenario.training, scenario.cluster
-    model = shard_model(scenario.model, plan.shard)
+def plan_peak_bytes(resolved: ResolvedPlan) -> MemoryEstimate:
+    """The peak bytes of the most loaded device of ``resolved``'s plan under its schedule, from
+    its stage costs (``sim.schedule.resolved``: the engine's, on each stage's largest slice)."""
+    plan, schedule = resolved.plan, resolved.schedule
     full = plan.recompute is Recompute.FULL
-    tied = embedding_group_link(plan, cluster)
     costs = []
-    for s, stage in enumerate(plan.stages):
-        samples = split_samples(training.microbatch_size, plan.num_replicas(s))[0]
+    for s, cost in enumerate(resolved.stage_costs):
         data = len(plan.gradient_groups(s)[0])
-        cost = stage_cost(model, cluster.device, *stage.layers, samples, recompute=plan.recompute,
-                          data_parallel=data, sharding=plan.sharding, tied_link=tied)
         gather = fsdp_gather_bytes(cost.param_bytes, data_parallel=data, sharding=plan.sharding)
         costs.append((cost, gather))
     ranks = plan.stage_ranks

@@ -193,10 +193,11 @@ def settle(
     queue = head + [item for item in plain[options.fast_top :] if item not in taken]
     must = len(head)
     fast, spent_ops, replayed = [], 0, 0
+    resolved = {}  # candidate -> its scenario, resolved once for the fast path and the engine
     for index, (_, _, candidate) in enumerate(queue):
         if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
             break  # the analytic ranking is trusted beyond what the budget allows
-        evaluation = evaluate(scenario, candidate, engine="fast")
+        evaluation = evaluate(scenario, candidate, engine="fast", resolved=resolved)
         fast.append(evaluation)
         replayed += evaluation.summary is not None
         if index >= must:
@@ -208,8 +209,9 @@ def settle(
     settled = []
     chosen = fits[: options.engine_top]
     chosen += [e for e in fits if e.candidate in reserved and e not in chosen][:1]  # the reserved family's best too
+    resolved = {e.candidate: resolved[e.candidate] for e in chosen}  # let the others' go
     for evaluation in chosen:
-        settled.append(evaluate(scenario, evaluation.candidate, engine="simpy"))
+        settled.append(evaluate(scenario, evaluation.candidate, engine="simpy", resolved=resolved))
         if progress is not None:
             progress()
     result.evaluations.extend(settled)

@@ -23,7 +23,7 @@ and the dimensions of the parallelism issue's 4D plans (``sim.core.plan.PlanSpec
 * the data-parallel sharding (``none``/``optimizer``/``gradients``/``full``: ZeRO-1/2/3) and
   the recompute mode (``none``/``selective``/``full``).
 
-``to_scenario`` turns a candidate into a checked plan; ``planner.search.evaluation`` replays it.
+``to_scenario`` turns a candidate into a checked, resolved plan; ``planner.search.evaluation`` replays it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from functools import lru_cache
 
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute, Sharding
-from sim.core.plan import PlanSpec, StageSpec
+from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.schedule.policy import DapplePolicy
 from sim.input.scenario import Scenario
 from sim.core.specs import ClusterSpec, TrainingSpec
@@ -45,7 +45,6 @@ __all__ = [
     "PlannerOptions",
     "microbatch_sizes",
     "place",
-    "planned",
     "to_scenario",
 ]
 
@@ -254,15 +253,11 @@ def _scatter(free: list[list[int]], count: int) -> list[int]:
 
 
 def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
-    """``scenario`` with ``candidate`` as its plan and micro-batch size (checked)."""
-    return planned(scenario, candidate)[0]
-
-
-def planned(scenario: Scenario, candidate: Candidate):
-    """(``scenario`` with ``candidate``'s plan, the schedule that plan runs), both checked."""
-    from sim.core.plan import check_plan
-    from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
-
+    """``scenario`` with ``candidate`` as its plan and micro-batch size, checked and resolved
+    (``Scenario.resolved``: its schedule, lowered schedule and stage costs, built here once for
+    the memory count and every engine that scores it). Raises ``DappleError`` when the
+    candidate is not a plan of this model on this cluster, ``ScheduleError`` when its schedule
+    cannot run it."""
     groups = candidate.devices(scenario.cluster)
     stages = tuple(
         StageSpec(layers=(a, b), devices=devices)
@@ -275,6 +270,6 @@ def planned(scenario: Scenario, candidate: Candidate):
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
-    schedule = schedule_for_plan(plan, training.num_microbatches,
-                                 stage_policies=dapple_stage_policies(plan, scenario.model, scenario.cluster, training))
-    return replace(scenario, plan=plan, training=training), schedule
+    planned = replace(scenario, plan=plan, training=training)  # a new plan: resolved afresh, never the old one's
+    _ = planned.resolved  # resolve now, so that a schedule that cannot run is this call's error
+    return planned

@@ -58,8 +58,6 @@ from runtime.execution.status import StatusBoard
 from runtime.model.tensor_parallel import local_tensor, loss_parallel_if
 from sim.core.parallelism import Recompute, Sharding
 from sim.schedule.ir import Action, ActionKind
-from sim.schedule.passes import lower
-from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
 
 __all__ = ["ActionError", "ExecOptions", "RankExecutor", "StepRecord"]
 
@@ -91,8 +89,7 @@ class RankExecutor:
         self.microbatch_size = scenario.training.microbatch_size
         self.num_mb = scenario.training.num_microbatches
         self.batch = scenario.training.global_batch_size
-        policies = dapple_stage_policies(plan, scenario.model, scenario.cluster, scenario.training)
-        schedule = lower(schedule_for_plan(plan, self.num_mb, stage_policies=policies))
+        schedule = scenario.resolved.lowered  # the simulator's, K_i policies included (sim.schedule.resolved)
         if dist.get_backend() == "nccl":
             check_message_order(plan, schedule, self.microbatch_size)
         groups = plan.device_groups

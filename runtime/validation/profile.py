@@ -89,7 +89,6 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     chunks). With ``tp_mesh`` the stage is one device's share, timed with its group.
     """
     from runtime.measure.stage_timing import time_stage
-    from sim.schedule.plan_schedule import dapple_stage_policies
 
     plan, training = runnable.plan, runnable.scenario.training
     if len(plan.device_groups) != plan.num_stages:
@@ -100,7 +99,7 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     profiled = {"F": sum(layer.fwd_s / layer.batch_size for layer in layers[start:end]) * samples,
                 "B": sum(layer.bwd_s / layer.batch_size for layer in layers[start:end]) * samples}
     params = dict(plan.schedule_params)
-    decided = dapple_stage_policies(plan, runnable.scenario.model, runnable.scenario.cluster, training)
+    decided = runnable.scenario.resolved.stage_policies
     if decided is not None:  # policy auto: the run's order, as the executor decides it
         params["policy"] = decided
     timed = time_stage(runnable, stage, plan.schedule, m, device, params=params, tp_mesh=tp_mesh,

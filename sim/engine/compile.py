@@ -3,11 +3,12 @@
 The engine (``sim.engine.replay``) and the fast path (``sim.engine.fastpath``) replay the same
 :class:`~sim.engine.workload.Workload`, so it is computed once, here:
 
-* the lowered schedule IR (sends, receives and ``REDUCE_GRAD`` added if the plan's schedule
-  is compute-only);
+* the lowered schedule IR, one device's share of every layer and each stage's cost come from
+  the scenario's resolved plan (``Scenario.resolved``, ``sim.schedule.resolved``), built once
+  for the reader, the planner and the compiler alike;
 * for each device, its slice of every micro-batch (a stage's micro-batch is split over its
   replicas like ``torch.tensor_split``, ``sim.cost.split.sample_ranges``) and what each action
-  costs it in time and memory (``sim.cost.compute.stage_cost``);
+  costs it in time and memory (its ops, ``sim.engine.ops``);
 * the flows and the ports they cross (``sim.engine.flows``), the gradient all-reduces
   (``sim.engine.collectives``) and the collectives inside each replica's tensor- and
   context-parallel groups and FSDP's gathers (``sim.engine.groups``);
@@ -30,41 +31,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.comm import embedding_group_link
-from sim.cost.compute import overlapped_pair_s, stage_cost
-from sim.cost.split import sample_ranges
-from sim.engine.collectives import allreduce_flows, build_collectives
-from sim.engine.flows import (PortTable, flow_kinds, flow_paths, kinds_by_class, p2p_flows, port_split,
-                              static_rates)
-from sim.engine.gcpause import gc_paused
-from sim.engine.groups import OVERLAPPED, build_group_collectives, group_flows
-from sim.engine.classes import FaultView, Symmetry, group_members
-from sim.engine.workload import (
-    COMPUTE,
-    GROUP,
-    RECV,
-    REDUCE,
-    SEND,
-    DeviceClass,
-    Op,
-    Workload,
-)
 from sim.core.faults import jitter_factors
-from sim.input.scenario import Scenario
-from sim.core.model_spec import ModelSpec
-from sim.models import mfu_flop_per_sample, shard_model
-from sim.core.parallelism import Recompute, Sharding
-from sim.cost.memory import StateBytes
-from sim.schedule.ir import ActionKind, OverlapFB, Schedule
-from sim.schedule.passes import lower
-from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
+from sim.core.parallelism import Recompute
 from sim.core.summary import Parallelism
+from sim.cost.memory import StateBytes
+from sim.cost.split import sample_ranges
+from sim.engine.classes import FaultView, Symmetry, group_members
+from sim.engine.collectives import allreduce_flows, build_collectives
+from sim.engine.flows import (
+    PortTable,
+    flow_kinds,
+    flow_paths,
+    kinds_by_class,
+    p2p_flows,
+    port_split,
+    static_rates,
+)
+from sim.engine.gcpause import gc_paused
+from sim.engine.groups import build_group_collectives, group_flows
+from sim.engine.ops import class_ops
+from sim.engine.workload import COMPUTE, DeviceClass, Workload
+from sim.input.scenario import Scenario
+from sim.models import mfu_flop_per_sample
+from sim.schedule.ir import Schedule
+from sim.schedule.resolved import ResolvedPlan
 
-__all__ = ["WGRAD_STASH_FRACTION", "FaultView", "compile_workload", "compute_memory"]
-
-WGRAD_STASH_FRACTION = 0.5
-"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
-weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
+__all__ = ["FaultView", "compile_workload"]
 
 
 @gc_paused()
@@ -72,24 +64,22 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                      optimistic: bool = False) -> Workload:
     """Compile ``scenario`` (which must have a plan) for replay.
 
+    The lowered schedule, one device's share of the model and the stage costs are the
+    scenario's resolved plan (``Scenario.resolved``, ``sim.schedule.resolved``), built once.
     ``contention=False`` compiles for a contention-free replay (the fast path, the SimPy engine
     with ``contention=False``): its classes need only be exact without contention, which lets a
     fault split far fewer of them (``sim.engine.symmetry.refine_behaviour``). ``optimistic``
     (with contention and faults) compiles the classes of ``Symmetry.optimistic``: far fewer
     than the equitable ones, exact unless the SimPy replay raises ``Diverged``.
     """
-    plan, cluster, model, training = scenario.plan, scenario.cluster, scenario.model, scenario.training
+    plan, cluster, training = scenario.plan, scenario.cluster, scenario.training
     assert plan is not None, "the caller checks that the scenario has a plan"
-    schedule = schedule_for_plan(plan, training.num_microbatches,
-                                 stage_policies=dapple_stage_policies(plan, model, cluster, training))
-    if not schedule.is_lowered:
-        schedule = lower(schedule)
-    stage_ranks, groups = plan.stage_ranks, plan.device_groups
-    whole, model = model, shard_model(model, plan.shard)
+    resolved = scenario.resolved
+    model, groups = resolved.model, plan.device_groups
     devices = sorted(d for g in groups for d in g)
     rank_of = {d: r for r, g in enumerate(groups) for d in g}
     samples = {s: _replica_samples(plan, s, training.microbatch_size) for s in range(plan.num_stages)}
-    stages_of_rank = [tuple(s for s, r in enumerate(stage_ranks) if r == rank) for rank in range(len(groups))]
+    stages_of_rank = [tuple(s for s, r in enumerate(plan.stage_ranks) if r == rank) for rank in range(len(groups))]
 
     ar_flows, ar_latency = allreduce_flows(plan, model, cluster)
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
@@ -121,42 +111,50 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     split = port_split(flows, paths, class_of, card_of) if optimistic else None
     ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split)
     kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
-    members = defaultdict(list)
-    for d in devices:
-        members[class_of[d]].append(d)
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
-    by_class = kinds_by_class(kinds)
     group_keys = defaultdict(list)
     for (label, cls), index in group_of.items():
         group_keys[cls].append((label, index))
-    context = _Context(scenario=scenario, model=model, schedule=schedule, rank_of=rank_of,
+    context = _Context(scenario=scenario, resolved=resolved, schedule=resolved.lowered, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
-                       by_class=by_class, faults=faults, rank_texts={}, stage_costs={}, shared_ops={})
+                       by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={})
+    members = defaultdict(list)
+    for d in devices:
+        members[class_of[d]].append(d)
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
+    return _workload(scenario, resolved, classes=classes, kinds=kinds, ports=ports, collectives=collectives,
+                     group_collectives=group_colls, contention=contention or not symmetric, optimistic=optimistic)
+
+
+def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kinds: list, ports: PortTable,
+              collectives: list, group_collectives: list, contention: bool, optimistic: bool) -> Workload:
+    """The workload of ``scenario``'s compiled classes, with the plan's headline figures."""
+    plan, cluster, training, whole = scenario.plan, scenario.cluster, scenario.training, scenario.model
     flop = mfu_flop_per_sample(whole)
     return Workload(
         name=scenario.name,
-        schedule=schedule,
+        schedule=resolved.lowered,
         num_microbatches=training.num_microbatches,
         global_batch_size=training.global_batch_size,
         classes=classes,
         kinds=tuple(kinds),
         port_classes=ports.classes(),
         collectives=tuple(collectives),
-        group_collectives=tuple(group_colls),
+        group_collectives=tuple(group_collectives),
         device_memory_bytes=cluster.device.memory_bytes,
         flop_per_iteration=flop * training.global_batch_size if flop else None,
-        peak_flop_per_s=cluster.device.peak_flop_per_s_for(model.dtype),
+        peak_flop_per_s=cluster.device.peak_flop_per_s_for(resolved.model.dtype),
         schedule_name=plan.schedule if plan.custom_schedule is None else "file",
         num_stages=plan.num_stages,
         recompute=plan.recompute is Recompute.FULL,
-        parallelism=Parallelism(tensor=plan.tensor_parallel, context=plan.context_parallel, pipeline=len(groups),
+        parallelism=Parallelism(tensor=plan.tensor_parallel, context=plan.context_parallel,
+                                pipeline=len(plan.device_groups),
                                 data=max(plan.num_replicas(s) for s in range(plan.num_stages)),
                                 sharding=plan.sharding.value, sequence_parallel=plan.sequence_parallel),
         tokens_per_sample=_tokens_per_sample(whole),
-        contention=contention or not symmetric,
+        contention=contention,
         optimistic=optimistic,
     )
 
@@ -186,9 +184,10 @@ class _Context:
     """What building one class's ops needs from the compilation (read-only)."""
 
     scenario: Scenario
-    model: ModelSpec
-    """One device's share of every layer."""
+    resolved: ResolvedPlan
+    """The scenario's resolved plan: one device's share of every layer, the stage costs."""
     schedule: Schedule
+    """The lowered schedule."""
     rank_of: dict
     stages_of_rank: list
     samples: dict
@@ -199,8 +198,6 @@ class _Context:
     by_class: tuple
     faults: FaultView
     rank_texts: dict
-    stage_costs: dict
-    """``(stage, samples) -> StageCost``, filled as classes need them."""
     shared_ops: dict
     """``(ops, their durations)`` of the classes whose ops are alike (``_device_class``'s key),
     built once (a class with jitter scales a copy of the durations)."""
@@ -213,19 +210,11 @@ class _Context:
 
 
 def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> DeviceClass:
-    plan, cluster = ctx.scenario.plan, ctx.scenario.cluster
+    plan = ctx.scenario.plan
     rank = ctx.rank_of[devices[0]]
     stages = ctx.stages_of_rank[rank]
     slices = tuple(_slice(ctx.samples[s], devices[0]) for s in stages)
-    costs = {}
-    for s, n in zip(stages, slices):
-        if (s, n) not in ctx.stage_costs:  # the same for every class of the stage with this slice
-            start, end = plan.stages[s].layers
-            data = len(plan.gradient_groups(s)[0])
-            ctx.stage_costs[(s, n)] = stage_cost(ctx.model, cluster.device, start, end, n, recompute=plan.recompute,
-                                                 data_parallel=data, sharding=plan.sharding,
-                                                 tied_link=embedding_group_link(plan, cluster))
-        costs[s] = ctx.stage_costs[(s, n)]
+    costs = {s: ctx.resolved.stage_cost(s, n) for s, n in zip(stages, slices)}
     # The ops name this class's flow kinds and group collectives through slots (``DeviceClass.slots``,
     # ``DeviceClass.groups``), so classes whose links cost the same share one tuple of ops.
     out_kinds, in_kinds = ctx.by_class[0][index], ctx.by_class[1][index]
@@ -240,7 +229,8 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     key = (rank, slices, link_costs, tuple(label for label, _ in group_keys))
     shared = ctx.shared_ops.get(key)
     if shared is None:
-        ops = _class_ops(rank, costs, link_costs, group_keys, ctx)
+        ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
+                        ctx.collectives)
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
         shared = ctx.shared_ops[key] = ops, array("d", [op[5] for op in ops]), compute
     ops, durations, compute = shared
@@ -268,139 +258,3 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         slow_from_s=straggler.from_s if straggler else 0.0,
         fails_at_s=failure.at_s if failure else None,
     )
-
-
-def _class_ops(rank: int, costs: dict, link_costs: tuple, group_keys: tuple, ctx: _Context) -> tuple[Op, ...]:
-    """The ops of a class of ``rank`` whose stages cost ``costs``, with its links' costs and groups."""
-    plan = ctx.scenario.plan
-    slot_of = {link: slot for slot, (link, *_) in enumerate(link_costs)}
-    cost_of = {link: rest for link, *rest in link_costs}
-    group_slot = {label: slot for slot, (label, _) in enumerate(group_keys)}
-    collective_of = {c.stage: c.index for c in ctx.collectives}
-    templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
-    ops = []
-
-    def template(a) -> list:
-        key = (a.stage, a.kind)
-        if key not in templates:
-            gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
-                if plan.sharding is Sharding.FULL else 0.0
-            fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
-            templates[key] = _with_groups(a, fields, group_slot, gather)
-        return templates[key]
-
-    efficiency = plan.overlap_efficiency
-    rows: dict[tuple, list[tuple]] = {}  # template key -> each op's fields after the micro-batch
-    for step, text in zip(ctx.schedule.ranks[rank], ctx.texts(rank)):
-        if type(step) is OverlapFB:
-            ops += _pair_ops(step, template(step.forward), template(step.backward), efficiency)
-            continue
-        key = (step.stage, step.kind)
-        if key not in rows:
-            rows[key] = [_op_row(fields) for fields in template(step)]
-        mb = step.microbatch
-        ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
-    return tuple(ops)
-
-
-_new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
-
-
-def _op_row(fields: dict) -> tuple:
-    """An op's fields as (code, stage, kind, the fields after the micro-batch in ``Op`` order)."""
-    rest = tuple(fields.get(name, Op._field_defaults[name]) for name in Op._fields[5:])
-    return fields["code"], fields["stage"], fields["kind"], rest
-
-
-def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], efficiency: float) -> list[Op]:
-    """An overlapped pair as the ops of its forward, then those of its backward.
-
-    Each part keeps its memory (the forward allocates its stash when the pair starts, the
-    backward frees when the pair ends) and its group collectives; the two compute ops share
-    the pair's time, ``sim.cost.compute.overlapped_pair_s`` (F + B − e·min(F, B)), in proportion to
-    their own. The lowering pass has already put both parts' receives before the pair and
-    their sends after it.
-    """
-    fwd_s = sum(f["duration_s"] for f in forward if f["code"] == COMPUTE)
-    bwd_s = sum(f["duration_s"] for f in backward if f["code"] == COMPUTE)
-    total = fwd_s + bwd_s
-    scale = overlapped_pair_s(fwd_s, bwd_s, efficiency) / total if total > 0 else 1.0
-    ops = []
-    for part, fields_list in ((pair.forward, forward), (pair.backward, backward)):
-        for fields in fields_list:
-            if fields["code"] == COMPUTE and scale != 1.0:
-                fields = {**fields, "duration_s": fields["duration_s"] * scale}
-            ops.append(Op(text=str(part), microbatch=part.microbatch, **fields))
-    return ops
-
-
-def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) -> list[dict]:
-    """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
-    FSDP's gather) and followed by its blocking ones (tensor parallelism); a GROUP op names its
-    collective by its slot in ``DeviceClass.groups``."""
-    kind = action.kind
-    if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
-        return [fields]
-    phase = "F" if kind is ActionKind.F else "B"
-    before, after = [], []
-    for name in ("FS", "CP", "TP"):
-        slot = group_slot.get((name, action.stage, phase))
-        if slot is None:
-            continue
-        op = dict(code=GROUP, collective=slot, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
-        (before if name in OVERLAPPED else after).append(op)
-    if gather_bytes and before:
-        fields = {**fields, "gather_bytes": gather_bytes}
-    return before + [fields] + after
-
-
-def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
-    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
-    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
-    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
-    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
-    I and the rest at W. The engine's ops and the planner's count before a replay
-    (``planner.search.memory``) both read it."""
-    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
-    rebuilt = cost.rebuilt_bytes if recompute else 0.0
-    extra = cost.stash_bytes if recompute else 0.0
-    f = WGRAD_STASH_FRACTION
-    if kind is ActionKind.F:
-        return cost.stash_bytes, 0.0
-    if kind is ActionKind.B:
-        return rebuilt, kept + extra
-    if kind is ActionKind.I:
-        return rebuilt, (1 - f) * kept + extra
-    return 0.0, f * kept  # W
-
-
-def _op_fields(action, cost, recompute, slot_of, cost_of, collective_of) -> dict:
-    """Time and memory of one action on one device (see the module docstring), as Op fields;
-    ``slot_of``: the slot of each link (``("out" or "in", label)``), ``cost_of``: its (flows,
-    issue seconds, receive seconds, received bytes per device)."""
-    s, kind = action.stage, action.kind
-    base = dict(stage=s, kind=kind)
-    none = (0, 0.0, 0.0, 0.0)
-    recv_f = cost_of.get(("in", ("F", s - 1)), none)[3]
-    recv_b = cost_of.get(("in", ("B", s + 1)), none)[3]
-    if kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W):
-        alloc, free = compute_memory(kind, cost, recompute)
-        if kind is ActionKind.F:
-            return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=alloc, buffer_bytes=recv_f,
-                        live_delta=1, **base)
-        if kind is ActionKind.B:
-            return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=alloc, free_bytes=free,
-                        buffer_bytes=recv_b, live_delta=-1, **base)
-        if kind is ActionKind.I:
-            return dict(code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=alloc,
-                        free_bytes=free, buffer_bytes=recv_b, **base)
-        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=free, live_delta=-1, **base)
-    if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
-        link = ("out", ("F" if kind is ActionKind.SEND_F else "B", s))
-        count, issue_s = cost_of.get(link, none)[:2]
-        return dict(code=SEND, flows=slot_of[link] if count else -1, duration_s=issue_s, **base)
-    if kind in (ActionKind.RECV_F, ActionKind.RECV_B):
-        link = ("in", ("F", s - 1) if kind is ActionKind.RECV_F else ("B", s + 1))
-        count, _, receive_s = cost_of.get(link, none)[:3]
-        return dict(code=RECV, flows=slot_of[link] if count else -1, duration_s=receive_s, **base)
-    return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)

@@ -2,14 +2,15 @@
 
 ``run_scenario`` is the one entry to the engine for the command lines, the planner, the
 sweeps, the runtime's validation and the notebooks. It imports the SimPy engine only when
-it is asked for, so a fast-path replay loads no SimPy.
+it is asked for, so a fast-path replay loads no SimPy. The scenario's resolved plan
+(``Scenario.resolved``: schedule, lowered schedule, stage costs) is built once and read by
+every compilation of it: the optimistic classes, the equitable ones if those diverge, and the
+fault-free baseline.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-
 from sim.engine.result import SimResult
 from sim.core.errors import DappleError
 from sim.input.scenario import Scenario
@@ -64,7 +65,8 @@ def run_scenario(
             result = simulate(workload, contention=contention)
             result.diverged = str(exc)
     if scenario.faults:
-        # the same plan without faults, for the impact (iteration time, idle time per device)
-        result.baseline = run_scenario(replace(scenario, faults=()), engine=engine, contention=contention,
+        # the same plan without faults, for the impact (iteration time, idle time per device);
+        # faults do not enter the resolved plan, so the baseline keeps it
+        result.baseline = run_scenario(scenario.without_faults(), engine=engine, contention=contention,
                                        symmetric=symmetric)
     return result

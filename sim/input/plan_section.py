@@ -22,8 +22,10 @@ s mod p.
 
 Beyond the keys, the plan is checked as a whole (``sim.core.plan.check_plan``: the ranges cover
 the model without gaps or overlaps, no device is used twice; the degrees divide the model's
-heads, MLP width, vocabulary and sequence), and its schedule is generated (or parsed and
-checked) once here, so a schedule that cannot run is a scenario error.
+heads, MLP width, vocabulary and sequence), and it is resolved once here
+(``sim.schedule.resolved.resolve_plan``: stage costs, K_i policies, its schedule generated or
+parsed and checked, lowered), so a schedule that cannot run is a scenario error; the scenario
+keeps what was built (``Scenario.resolved``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.schedule.plan_schedule import parse_schedule_for_plan
+from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
 __all__ = ["read_plan"]
 
@@ -46,10 +50,11 @@ _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parall
               "context_parallel", "sharding", "pipeline_parallel", "data_parallel"}
 
 
-def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec, training: TrainingSpec) -> PlanSpec:
-    """The plan of a scenario's ``plan:`` mapping, checked against the cluster, model and training."""
-    from sim.schedule.plan_schedule import dapple_stage_policies, parse_schedule_for_plan, schedule_for_plan
-
+def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec,
+              training: TrainingSpec) -> ResolvedPlan:
+    """The plan of a scenario's ``plan:`` mapping, checked against the cluster, model and
+    training, and resolved on them (``sim.schedule.resolved``): its schedule is generated, or
+    parsed and checked, once, and the caller keeps it."""
     data = reader.mapping(data, "plan")
     reader.keys(data, "plan", allowed=_PLAN_KEYS)
     if "schedule" in data and "schedule_file" in data:
@@ -93,15 +98,12 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
         if plan.schedule_file is not None:
             text = read_user_file(plan.schedule_file, "schedule file", ScenarioError)
             plan = replace(plan, custom_schedule=parse_schedule_for_plan(plan, training.num_microbatches, text))
-        else:
-            schedule_for_plan(plan, training.num_microbatches,
-                              stage_policies=dapple_stage_policies(plan, model, cluster, training))
+        return resolve_plan(plan, model, cluster, training)
     except ScheduleError as exc:
         key = "plan.schedule_file" if plan.schedule_file else "plan.schedule"
         raise ScenarioError(f"{reader.source}: {key}: {exc}" + (f"\n{exc.detail}" if exc.detail else "")) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise reader.fail("plan.schedule_file", f"cannot read ({exc.__class__.__name__})") from None
-    return plan
 
 
 def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:

@@ -26,11 +26,11 @@ a profile that is not there is looked up in the package's data folder, so
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.core.errors import ScenarioError, read_user_file
+from sim.core.errors import DappleError, ScenarioError, read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
@@ -40,6 +40,7 @@ from sim.input.yaml_text import load_yaml
 from sim.core.plan import PlanSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
 __all__ = ["DATA_DIR", "Scenario", "apply_overrides", "default_optimizer_implementation", "load_scenario",
            "parse_scenario"]
@@ -69,6 +70,36 @@ class Scenario:
     empty for a preset device. ``dapple-sim check`` reports them."""
     ignored_plan: bool = False
     """The file had a plan that the loader was asked to ignore (the planner chooses its own)."""
+    _resolved: ResolvedPlan | None = field(default=None, init=False, repr=False, compare=False)
+    """The plan resolved on this scenario's model, cluster and training (:attr:`resolved`),
+    once built. Not an ``__init__`` argument, so ``dataclasses.replace`` starts the copy
+    without it: a copy with another plan, model, cluster or training resolves its own."""
+
+    @property
+    def resolved(self) -> ResolvedPlan:
+        """The plan's schedule IR, lowered IR, K_i policies, sharded model and stage costs
+        (``sim.schedule.resolved.resolve_plan``), built on first use and kept: the reader's,
+        when it built one to check the plan. Raises ``DappleError`` when there is no plan."""
+        if self._resolved is None:
+            if self.plan is None:
+                raise DappleError(f"{self.path or self.name}: plan: missing; a scenario without a plan has "
+                                  "nothing to resolve (add a plan, or let the planner choose one)")
+            _keep_resolved(self, resolve_plan(self.plan, self.model, self.cluster, self.training))
+        return self._resolved
+
+    def without_faults(self) -> Scenario:
+        """This scenario with no faults, keeping its resolved plan (faults do not enter it)."""
+        clean = replace(self, faults=())
+        if self._resolved is not None:
+            _keep_resolved(clean, self._resolved)
+        return clean
+
+
+def _keep_resolved(scenario: Scenario, resolved: ResolvedPlan) -> None:
+    """Cache ``resolved`` on ``scenario``: a value derived from its frozen fields, so setting it
+    once does not change what the scenario is."""
+    assert resolved.plan is scenario.plan, "a resolved plan belongs to its scenario's plan"
+    object.__setattr__(scenario, "_resolved", resolved)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -122,9 +153,13 @@ def parse_scenario(
     model = read_model(reader, raw["model"], default_implementation=default_optimizer_implementation(cluster))
     training = _training(reader, raw["training"], planning=ignore_plan)
     faults = read_faults(reader, raw.get("faults", []), cluster)
-    plan = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
-    return Scenario(name=name, cluster=cluster, model=model, training=training, plan=plan, faults=faults, path=source,
-                    device_defaults=device_defaults, ignored_plan=ignored)
+    resolved = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
+    scenario = Scenario(name=name, cluster=cluster, model=model, training=training,
+                        plan=None if resolved is None else resolved.plan, faults=faults, path=source,
+                        device_defaults=device_defaults, ignored_plan=ignored)
+    if resolved is not None:  # what the reader built to check the plan, kept for the compiler
+        _keep_resolved(scenario, resolved)
+    return scenario
 
 
 def default_optimizer_implementation(cluster: ClusterSpec) -> str:

@@ -17,25 +17,30 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sim.core.errors import ScheduleError
+from sim.core.model_spec import ModelSpec
 from sim.core.plan import PlanSpec
 from sim.cost.links import group_link
+from sim.cost.compute import StageCost
 from sim.schedule.check import check_schedule
 from sim.schedule.generators import LOOPED_SCHEDULES, generate
 from sim.schedule.ir import Schedule
-from sim.schedule.policy import DapplePolicy
+from sim.schedule.policy import DapplePolicy, choose_dapple_policies
 from sim.schedule.text import parse_schedule
 from sim.schedule.torch_csv import is_csv, parse_csv
 
 __all__ = ["dapple_stage_policies", "parse_schedule_for_plan", "schedule_for_plan"]
 
 
-def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str, ...] | None:
+def dapple_stage_policies(plan: PlanSpec, part: ModelSpec, cluster, training,
+                          costs: Sequence[StageCost]) -> tuple[str, ...] | None:
     """What ``policy: auto`` decides for each of ``plan``'s stages, or None when the plan's
     policy is not ``auto`` (pass the result to :func:`schedule_for_plan` as ``stage_policies``).
 
     ``sim.schedule.policy.choose_dapple_policies`` on the plan's costs, as one replica
-    spends them on its largest slice of a micro-batch (``sim.cost.compute.stage_cost`` on one
-    device's share of the layers, ``sim.models.shard_model``):
+    spends them on its largest slice of a micro-batch: ``costs[s]`` is stage s's
+    ``sim.cost.compute.stage_cost`` on its first replica's slice and ``part`` one device's
+    share of the layers (``sim.models.shard_model``), as ``sim.schedule.resolved.resolve_plan``
+    builds them:
 
     - ``compute_s[i]``: stage i's forward plus backward;
     - ``transfer_s[i]``: cut i's round trip, activation and gradient, each
@@ -45,20 +50,12 @@ def dapple_stage_policies(plan: PlanSpec, model, cluster, training) -> tuple[str
     - ``max_warmup[i]``: the micro-batches whose stash fits beside the stage's model states in
       a device's memory.
     """
-    from sim.cost.split import split_samples
-    from sim.cost.compute import stage_cost
-    from sim.models import shard_model
-    from sim.schedule.policy import choose_dapple_policies
-
     if plan.custom_schedule is not None or plan.params.get("policy") != DapplePolicy.AUTO:
         return None
-    part, device = shard_model(model, plan.shard), cluster.device
-    size, m = training.microbatch_size, training.num_microbatches
-    slices = [split_samples(size, len(plan.replicas(s)))[0] for s in range(plan.num_stages)]
+    device, m = cluster.device, training.num_microbatches
+    slices = [cost.samples for cost in costs]
     compute, room = [], []
-    for s, stage in enumerate(plan.stages):
-        cost = stage_cost(part, device, *stage.layers, slices[s], recompute=plan.recompute,
-                          data_parallel=len(plan.gradient_groups(s)[0]), sharding=plan.sharding)
+    for cost in costs:
         compute.append(cost.fwd_s + cost.bwd_s)
         free = device.memory_bytes - cost.static_bytes
         room.append(m if cost.stash_bytes <= 0 else max(0, min(m, int(free // cost.stash_bytes))))

@@ -1,0 +1,172 @@
+"""Ops: what each action of a device's schedule costs it, in time, memory and links.
+
+The compiler (``sim.engine.compile``) turns every step of a device class's rank of the
+lowered schedule into ``sim.engine.workload.Op`` tuples, which every replay reads:
+
+* a compute action (F, B, I, W) lasts its stage's ``sim.cost.compute.StageCost`` time on the
+  class's slice of the micro-batch, allocates and frees what :func:`compute_memory` says, and
+  names the receive buffer it reads;
+* a send or a receive names its flow kinds through the class's slots (``DeviceClass.slots``)
+  and lasts what issuing or receiving them costs; ``REDUCE_GRAD`` names its stage's
+  gradient all-reduce;
+* the group collectives of a replica (tensor parallelism blocking after an action, the
+  context-parallel ring and FSDP's gather overlapped before it) surround the compute op;
+* an overlapped forward-backward pair (``OVERLAP_F_B``) becomes its two parts, which share
+  the pair's time (``sim.cost.compute.overlapped_pair_s``).
+
+Ops of the same (stage, kind) differ only in text and micro-batch, so each is built once
+from a template and stamped per step.
+"""
+
+from __future__ import annotations
+
+from sim.core.parallelism import Recompute, Sharding
+from sim.cost.compute import overlapped_pair_s
+from sim.engine.groups import OVERLAPPED
+from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
+from sim.schedule.ir import ActionKind, OverlapFB
+
+__all__ = ["WGRAD_STASH_FRACTION", "class_ops", "compute_memory"]
+
+WGRAD_STASH_FRACTION = 0.5
+"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
+weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
+
+
+def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
+              collectives: list) -> tuple[Op, ...]:
+    """The ops of a class that runs ``steps`` (its rank of the lowered schedule, ``texts``
+    their text), whose stages cost ``costs`` (stage -> ``StageCost`` of its slice), with its
+    links' costs (``(link, flows, issue s, receive s, received bytes)``), its group
+    collectives ``((label, index), ...)`` and the gradient all-reduces ``collectives``."""
+    slot_of = {link: slot for slot, (link, *_) in enumerate(link_costs)}
+    cost_of = {link: rest for link, *rest in link_costs}
+    group_slot = {label: slot for slot, (label, _) in enumerate(group_keys)}
+    collective_of = {c.stage: c.index for c in collectives}
+    templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
+    ops = []
+
+    def template(a) -> list:
+        key = (a.stage, a.kind)
+        if key not in templates:
+            gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
+                if plan.sharding is Sharding.FULL else 0.0
+            fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
+            templates[key] = _with_groups(a, fields, group_slot, gather)
+        return templates[key]
+
+    efficiency = plan.overlap_efficiency
+    rows: dict[tuple, list[tuple]] = {}  # template key -> each op's fields after the micro-batch
+    for step, text in zip(steps, texts):
+        if type(step) is OverlapFB:
+            ops += _pair_ops(step, template(step.forward), template(step.backward), efficiency)
+            continue
+        key = (step.stage, step.kind)
+        if key not in rows:
+            rows[key] = [_op_row(fields) for fields in template(step)]
+        mb = step.microbatch
+        ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
+    return tuple(ops)
+
+
+_new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
+
+
+def _op_row(fields: dict) -> tuple:
+    """An op's fields as (code, stage, kind, the fields after the micro-batch in ``Op`` order)."""
+    rest = tuple(fields.get(name, Op._field_defaults[name]) for name in Op._fields[5:])
+    return fields["code"], fields["stage"], fields["kind"], rest
+
+
+def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], efficiency: float) -> list[Op]:
+    """An overlapped pair as the ops of its forward, then those of its backward.
+
+    Each part keeps its memory (the forward allocates its stash when the pair starts, the
+    backward frees when the pair ends) and its group collectives; the two compute ops share
+    the pair's time, ``sim.cost.compute.overlapped_pair_s`` (F + B − e·min(F, B)), in proportion to
+    their own. The lowering pass has already put both parts' receives before the pair and
+    their sends after it.
+    """
+    fwd_s = sum(f["duration_s"] for f in forward if f["code"] == COMPUTE)
+    bwd_s = sum(f["duration_s"] for f in backward if f["code"] == COMPUTE)
+    total = fwd_s + bwd_s
+    scale = overlapped_pair_s(fwd_s, bwd_s, efficiency) / total if total > 0 else 1.0
+    ops = []
+    for part, fields_list in ((pair.forward, forward), (pair.backward, backward)):
+        for fields in fields_list:
+            if fields["code"] == COMPUTE and scale != 1.0:
+                fields = {**fields, "duration_s": fields["duration_s"] * scale}
+            ops.append(Op(text=str(part), microbatch=part.microbatch, **fields))
+    return ops
+
+
+def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) -> list[dict]:
+    """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
+    FSDP's gather) and followed by its blocking ones (tensor parallelism); a GROUP op names its
+    collective by its slot in ``DeviceClass.groups``."""
+    kind = action.kind
+    if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
+        return [fields]
+    phase = "F" if kind is ActionKind.F else "B"
+    before, after = [], []
+    for name in ("FS", "CP", "TP"):
+        slot = group_slot.get((name, action.stage, phase))
+        if slot is None:
+            continue
+        op = dict(code=GROUP, collective=slot, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
+        (before if name in OVERLAPPED else after).append(op)
+    if gather_bytes and before:
+        fields = {**fields, "gather_bytes": gather_bytes}
+    return before + [fields] + after
+
+
+def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
+    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
+    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
+    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
+    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
+    I and the rest at W. The engine's ops and the planner's count before a replay
+    (``planner.search.memory``) both read it."""
+    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
+    rebuilt = cost.rebuilt_bytes if recompute else 0.0
+    extra = cost.stash_bytes if recompute else 0.0
+    f = WGRAD_STASH_FRACTION
+    if kind is ActionKind.F:
+        return cost.stash_bytes, 0.0
+    if kind is ActionKind.B:
+        return rebuilt, kept + extra
+    if kind is ActionKind.I:
+        return rebuilt, (1 - f) * kept + extra
+    return 0.0, f * kept  # W
+
+
+def _op_fields(action, cost, recompute, slot_of, cost_of, collective_of) -> dict:
+    """Time and memory of one action on one device (see the module docstring), as Op fields;
+    ``slot_of``: the slot of each link (``("out" or "in", label)``), ``cost_of``: its (flows,
+    issue seconds, receive seconds, received bytes per device)."""
+    s, kind = action.stage, action.kind
+    base = dict(stage=s, kind=kind)
+    none = (0, 0.0, 0.0, 0.0)
+    recv_f = cost_of.get(("in", ("F", s - 1)), none)[3]
+    recv_b = cost_of.get(("in", ("B", s + 1)), none)[3]
+    if kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W):
+        alloc, free = compute_memory(kind, cost, recompute)
+        if kind is ActionKind.F:
+            return dict(code=COMPUTE, duration_s=cost.fwd_s, alloc_bytes=alloc, buffer_bytes=recv_f,
+                        live_delta=1, **base)
+        if kind is ActionKind.B:
+            return dict(code=COMPUTE, duration_s=cost.bwd_s, alloc_bytes=alloc, free_bytes=free,
+                        buffer_bytes=recv_b, live_delta=-1, **base)
+        if kind is ActionKind.I:
+            return dict(code=COMPUTE, duration_s=cost.bwd_s - cost.wgrad_s, alloc_bytes=alloc,
+                        free_bytes=free, buffer_bytes=recv_b, **base)
+        return dict(code=COMPUTE, duration_s=cost.wgrad_s, free_bytes=free, live_delta=-1, **base)
+    if kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+        link = ("out", ("F" if kind is ActionKind.SEND_F else "B", s))
+        count, issue_s = cost_of.get(link, none)[:2]
+        return dict(code=SEND, flows=slot_of[link] if count else -1, duration_s=issue_s, **base)
+    if kind in (ActionKind.RECV_F, ActionKind.RECV_B):
+        link = ("in", ("F", s - 1) if kind is ActionKind.RECV_F else ("B", s + 1))
+        count, _, receive_s = cost_of.get(link, none)[:3]
+        return dict(code=RECV, flows=slot_of[link] if count else -1, duration_s=receive_s, **base)
+    return dict(code=REDUCE, collective=collective_of.get(s, -1), **base)
