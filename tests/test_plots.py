@@ -133,14 +133,17 @@ def test_oom_frontier_shows_the_best_fit_per_cell_and_oom_where_none_fits():
 
 def test_planner_comparison_from_a_report_and_from_a_table():
     report = {"scenario": "s", "planners": {
-        "dapple": {"plan": {"throughput_samples_per_s": 90.0, "speedup_over_dp": 1.5}},
-        "dp": {"plan": {"throughput_samples_per_s": 60.0, "speedup_over_dp": 1.0}},
-        "even": {"plan": None},
+        "dapple": {"plan": {"stages": []}, "metrics": {"throughput_samples_per_s": 90.0, "speedup_over_dp": 1.5}},
+        "dp": {"plan": {"stages": []}, "metrics": {"throughput_samples_per_s": 60.0, "speedup_over_dp": 1.0}},
+        "even": {"plan": None, "metrics": None},
     }}
     fig = plots.planner_comparison_figure(report)
     heights = [bar.get_height() for bar in fig.axes[0].patches]
     assert heights == [90.0, 60.0, 0.0]
     assert "no plan fits" in _texts(fig) and "90\n1.50x dp" in _texts(fig)
+    # a report from before plans and metrics were split kept the metrics in the plan
+    old = {"scenario": "s", "planners": {"dapple": {"plan": {"throughput_samples_per_s": 90.0}}, "even": {"plan": None}}}
+    assert [bar.get_height() for bar in plots.planner_comparison_figure(old).axes[0].patches] == [90.0, 0.0]
     table = _table([
         {"planner": p, "model": m, "throughput_samples_per_s": v}
         for (p, m), v in {("dapple", "a"): 30.0, ("dp", "a"): 10.0, ("dapple", "b"): 8.0, ("dp", "b"): 4.0}.items()
