@@ -65,7 +65,7 @@ def test_measured_trace_has_the_simulators_layout(tmp_path):
     from sim.input.scenario import load_scenario
 
     result = run_scenario(load_scenario(GPT))
-    rows = result.event_rows()
+    rows = [row.to_json() for row in result.event_rows()]  # measured rows travel as their JSON
     (tmp_path / "measured.json").write_text(json.dumps(measured_trace(rows, metadata={"step": 3})))
     (tmp_path / "predicted.json").write_text(json.dumps(perfetto_trace(result)))
     for side in ("measured", "predicted"):
