@@ -6,9 +6,11 @@ data parallelism, sharding, recompute, schedule, placement) and the baselines (M
 uniform grid, PipeDream's planner, even split with GPipe, pure data parallelism) on a
 scenario's model, cluster and global batch, and prints one row per planner: its plan, the
 SimPy engine's iteration time, samples/s, peak memory per device and speed-up over pure data
-parallelism, then the winner and its margin over the next best. ``--json`` prints ``{"best": ..., "planners": {...},
-"search_time_s": ...}`` with every plan in the plan-file form that ``dapple-sim simulate
---plan`` and ``dapple-run --plan`` read. ``--out DIR`` writes ``best_plan.json``, the
+parallelism, then the winner and its margin over the next best. ``--json`` prints the
+``planner.search.report.PlannerReport``: ``{"best": ..., "best_metrics": ..., "planners": {...},
+"search_time_s": ...}``, every plan in the plan-file form that ``dapple-sim simulate --plan``
+and ``dapple-run --plan`` read, its metrics beside it. ``--out DIR`` writes ``best_plan.json``
+(the plan alone), ``best_plan_metrics.json`` (its planner, description and metrics), the
 Gantt and memory plots of the best plan under GPipe's all-forwards-first order (LoopedBFS
 for an interleaved plan) and under its own schedule, both stacked in ``schedules.png``, and the planners' bars in ``planners.png``.
 
@@ -37,6 +39,7 @@ from sim.core.command import (
     run_cli,
 )
 from sim.core.errors import DappleError
+from planner.search.report import PlannerReport, build_report
 
 __all__ = ["main"]
 
@@ -90,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--microbatch-size", type=int, action="append", metavar="N",
                         help="only try these micro-batch sizes (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--out", metavar="DIR", help="write best_plan.json and GPipe/DAPPLE plots of the best plan")
+    parser.add_argument("--out", metavar="DIR", help="write best_plan.json, best_plan_metrics.json and GPipe/DAPPLE plots of the best plan")
     add_verbosity_options(parser)
     return parser
 
@@ -116,6 +119,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
 
 
 _VERBOSITY = ("-v", "--verbose", "-q", "--quiet")
+
+METRICS_FILE = "best_plan_metrics.json"
+"""Beside ``best_plan.json`` (the plan alone): the best plan's planner, description and metrics."""
 
 DPI = 100
 """Resolution of the written plots: 12-inch-wide charts, 1200 pixels across."""
@@ -222,70 +228,45 @@ def _run(args: argparse.Namespace) -> int:
     for name in names:
         with watch.phase(f"plan with {name}"), progress(f"{name}: replays", unit="plan") as tick:
             results[name] = get_planner(name)(scenario, options, progress=tick)
-    report = _report(scenario, results, time.perf_counter() - started)
+    report = build_report(scenario.name, results, time.perf_counter() - started,
+                          scenario_plan_ignored=scenario.ignored_plan)
+    data = report.to_json()  # the edge: JSON made once, printed, written and drawn
     if args.out:
-        _write(scenario, report, results, Path(args.out), watch)
+        _write(scenario, report, data, results, Path(args.out), watch)
     watch.report()
-    print(jsonio.dumps(report, indent=2, sort_keys=True) if args.json else _table(report))
-    return 0 if report["best"] is not None else 1
+    print(jsonio.dumps(data, indent=2, sort_keys=True) if args.json else _table(report))
+    return 0 if report.best is not None else 1
 
 
-def _report(scenario, results, elapsed: float) -> dict[str, Any]:
-    from planner.search.evaluation import count_rejections, evaluation_row
-
-    dp = results.get("dp")
-    dp_time = dp.best.iteration_time_s if dp is not None and dp.best is not None else None
-    planners = {}
-    for name, result in results.items():
-        entry = None
-        if result.best is not None:
-            entry = evaluation_row(result.best)
-            entry["speedup_over_dp"] = dp_time / result.best.iteration_time_s if dp_time else None
-        planners[name] = {
-            "plan": entry,
-            "search_time_s": result.search_time_s,
-            "candidates_scored": result.candidates_scored,
-            "replays": len(result.evaluations),
-            "rejected": sum(1 for e in result.evaluations if not e.ok),
-            "rejected_by_kind": count_rejections(result.evaluations),
-            "note": result.note,
-        }
-    ranked = sorted((r.best.iteration_time_s, name) for name, r in results.items() if r.best)
-    best = dict(planners[ranked[0][1]]["plan"], planner=ranked[0][1]) if ranked else None
-    return {"scenario": scenario.name, "best": best, "planners": planners, "search_time_s": elapsed,
-            "dp_fits": dp_time is not None, "scenario_plan_ignored": scenario.ignored_plan}
-
-
-def _table(report: dict[str, Any]) -> str:
+def _table(report: PlannerReport) -> str:
     from sim.core.units import format_bytes, format_time
 
-    ignored = "; the scenario's own plan is ignored" if report.get("scenario_plan_ignored") else ""
-    lines = [f"{report['scenario']}: plans by the SimPy engine (search {report['search_time_s']:.1f} s{ignored})",
+    ignored = "; the scenario's own plan is ignored" if report.scenario_plan_ignored else ""
+    lines = [f"{report.scenario}: plans by the SimPy engine (search {report.search_time_s:.1f} s{ignored})",
              f"  {'planner':<10} {'iteration':>10} {'samples/s':>10} {'peak mem':>10} {'vs dp':>7}  plan"]
-    for name, info in report["planners"].items():
-        plan = info["plan"]
-        if plan is None:
-            lines.append(f"  {name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>7}  {info['note']}")
+    for entry in report.planners:
+        name, row = entry.planner, entry.row
+        if row is None:
+            lines.append(f"  {name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>7}  {entry.note}")
             continue
-        speedup = f"{plan['speedup_over_dp']:.2f}x" if plan["speedup_over_dp"] else "-"
+        plan, metrics = row.plan, row.metrics
+        speedup = f"{metrics.speedup_over_dp:.2f}x" if metrics.speedup_over_dp else "-"
         schedule = schedule_text(plan["schedule"])
         lines.append(
-            f"  {name:<10} {format_time(plan['iteration_time_s']):>10} {plan['throughput_samples_per_s']:>10.4g} "
-            f"{format_bytes(plan['peak_memory_bytes']):>10} {speedup:>7}  {plan['description']}  "
-            f"[{schedule}, micro-batch {plan['microbatch_size']} x {plan['num_microbatches']}, {plan['placement']}"
-            f"{', ' + plan['layout'].replace(' · ', ', ') if plan.get('layout') else ''}]"
+            f"  {name:<10} {format_time(metrics.iteration_time_s):>10} {metrics.throughput_samples_per_s:>10.4g} "
+            f"{format_bytes(metrics.peak_memory_bytes):>10} {speedup:>7}  {metrics.description}  "
+            f"[{schedule}, micro-batch {plan['microbatch_size']} x {plan['num_microbatches']}, {metrics.placement}"
+            f"{', ' + metrics.layout.replace(' · ', ', ') if metrics.layout else ''}]"
         )
-    if not report["dp_fits"] and "dp" in report["planners"]:
+    if not report.dp_fits and any(e.planner == "dp" for e in report.planners):
         lines.append("  (pure data parallelism does not fit in memory)")
-    best = report["best"]
-    if best is None:
+    if report.best is None:
         lines.append("no plan fits in memory")
     else:
-        times = sorted((info["plan"]["iteration_time_s"], name) for name, info in report["planners"].items()
-                       if info["plan"] is not None)
+        times = sorted((e.row.metrics.iteration_time_s, e.planner) for e in report.planners if e.row is not None)
         margin = (f" ({times[1][0] / times[0][0]:.2f}x faster than {times[1][1]}, the next best)"
                   if len(times) > 1 and times[0][0] > 0 else "")
-        lines.append(f"best: {best['planner']}{margin}: {best['description']}")
+        lines.append(f"best: {report.best_planner}{margin}: {report.best.metrics.description}")
     return "\n".join(lines)
 
 
@@ -299,7 +280,10 @@ def schedule_text(schedule: str | dict[str, Any]) -> str:
                                                         for k, v in sorted(params.items())])
 
 
-def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None) -> None:
+def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: Path,
+           watch: Stopwatch | None = None) -> None:
+    """Write the best plan (``best_plan.json``, the plan alone), its metrics beside it
+    (``best_plan_metrics.json``) and the plots into ``out``; ``data`` is ``report.to_json()``."""
     from dataclasses import replace
 
     from planner.search.space import to_scenario
@@ -307,14 +291,15 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
     from sim.report.plots.tables import planner_comparison_figure
     from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
 
-    if report["best"] is None:
+    if report.best is None:
         raise DappleError("no plan fits in memory; nothing to write")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
-    jsonio.write_json(out / "best_plan.json", report["best"], what="plan file", indent=2, sort_keys=True)
-    winner = results[report["best"]["planner"]].best.candidate
+    jsonio.write_json(out / "best_plan.json", data["best"], what="plan file", indent=2, sort_keys=True)
+    jsonio.write_json(out / METRICS_FILE, data["best_metrics"], what="plan metrics file", indent=2, sort_keys=True)
+    winner = results[report.best_planner].best.candidate
     watch = watch or Stopwatch()
     with watch.phase("load matplotlib"):
         from sim.report.plots.style import pyplot
@@ -350,8 +335,8 @@ def _write(scenario, report, results, out: Path, watch: Stopwatch | None = None)
                 step(1)
         for name, draw in (("schedules.png", lambda: schedule_comparison_figure(
                                {names[label]: result for label, result in replays.items()},
-                               title=f"{scenario.name}: best plan ({report['best']['description']})")),
-                           ("planners.png", lambda: planner_comparison_figure(report))):
+                               title=f"{scenario.name}: best plan ({report.best.metrics.description})")),
+                           ("planners.png", lambda: planner_comparison_figure(data))):
             step(0, desc=f"drawing {name}")
             with watch.phase(f"draw {name}", into="draw the plots"):
                 _save(draw(), out / name, plt)

@@ -203,7 +203,7 @@ def test_known_parameters_are_fitted_back_within_five_percent():
     noise = random.Random(7)
     times = predict([row_scenario(generator, run) for run in runs])
     runs = [replace(run, iteration_time_s=t * (1 + 0.02 * noise.gauss(0, 1))) for run, t in zip(runs, times)]
-    fitted = calibrate(base, runs)["params"]
+    fitted = calibrate(base, runs).params
     for name, value in truth.items():
         assert fitted[name] == pytest.approx(value, rel=0.05), name
 
@@ -256,9 +256,9 @@ def test_runs_faster_than_the_model_allows_end_a_parameter_at_its_physical_bound
             for k, (h, layers) in enumerate((h, layers) for h in (1024, 2048, 4096) for layers in (1, 2, 4))]
     times = predict([row_scenario(fast, run) for run in runs])
     result = calibrate(base, [replace(run, iteration_time_s=t) for run, t in zip(runs, times)])
-    params = result["params"]
+    params = result.params
     stopped = [name for name in PARAMS if any(note.startswith(f"{name} stopped at the end of its range")
-                                              for note in result["notes"])]
+                                              for note in result.notes)]
     assert stopped
     for name in ("efficiency", "memory_efficiency", "collective_efficiency"):
         assert 0.01 <= params[name] <= 1.0
@@ -272,3 +272,18 @@ def test_kendall_tau():
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
     assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
     assert kendall_tau([1], [1]) is None
+
+
+def test_a_calibration_result_is_typed_and_its_json_keeps_the_report_keys():
+    from sim.report.analysis.calibrate import CalibrationResult, CalibrationScore, ScoredRun
+
+    run = MeasuredRun(hidden=64, heads=1, layers=1, seq_len=16, vocab=128, microbatch_size=1, global_batch_size=2,
+                      dp=1, pp=1, recompute=False, iteration_time_s=2.0)
+    scored = ScoredRun(run=run, predicted_s=2.5)
+    assert scored.error_frac == pytest.approx(0.25)  # 2.5 / 2.0 - 1
+    row = scored.to_json()
+    assert row["measured_s"] == 2.0 and row["predicted_s"] == 2.5 and row["tp"] == 1 and row["hidden"] == 64
+    score = CalibrationScore(mape=0.25, kendall_tau=None, runs=(scored,))
+    result = CalibrationResult(params={"efficiency": 0.5}, fit=score, x=(0.5,), notes=())
+    assert result.to_json() == {"params": {"efficiency": 0.5}, "fit": {"mape": 0.25, "kendall_tau": None, "rows": [row]}}
+    assert set(replace(result, test=score).to_json()) == {"params", "fit", "test"}

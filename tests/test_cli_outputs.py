@@ -65,7 +65,7 @@ def test_measured_trace_has_the_simulators_layout(tmp_path):
     from sim.input.scenario import load_scenario
 
     result = run_scenario(load_scenario(GPT))
-    rows = result.event_rows()
+    rows = [row.to_json() for row in result.event_rows()]  # measured rows travel as their JSON
     (tmp_path / "measured.json").write_text(json.dumps(measured_trace(rows, metadata={"step": 3})))
     (tmp_path / "predicted.json").write_text(json.dumps(perfetto_trace(result)))
     for side in ("measured", "predicted"):
@@ -142,16 +142,17 @@ def test_dapple_plan_shows_progress_on_a_terminal_and_where_the_time_went(tmp_pa
                                                             "--planner", "dapple", "--planner", "dp"), REPO)
     assert code == 0, terminal[-2000:]
     best = json.loads((tmp_path / "a" / "best_plan.json").read_text())
+    metrics = json.loads((tmp_path / "a" / "best_plan_metrics.json").read_text())
     own = schedule_text(best["schedule"]).split("/")[0]
     assert "dapple: replays" in terminal and "writing plots" in terminal and f"drawing gantt_{own}.png" in terminal
     assert "dapple-plan: time: plan with dapple" in terminal and "draw the plots" in terminal
     for kind in ("gantt", "memory"):  # the all-forwards-first order and the best plan's own
         drawn = sorted(p.name for p in (tmp_path / "a").glob(f"{kind}_*.png"))
         assert len(drawn) == 2 and f"{kind}_{own}.png" in drawn, drawn
-    for name in ["best_plan.json", "schedules.png", "planners.png"] + drawn:
+    for name in ["best_plan.json", "best_plan_metrics.json", "schedules.png", "planners.png"] + drawn:
         assert (tmp_path / "a" / name).stat().st_size > 100
     # printed as the files write it: half-open layer ranges, one schedule format
-    assert "best: dapple (" in stdout and best["description"] in stdout and "layers [0, " in stdout
+    assert "best: dapple (" in stdout and metrics["description"] in stdout and "layers [0, " in stdout
     assert f"[{schedule_text(best['schedule'])}, micro-batch {best['microbatch_size']} x " in stdout
     assert '{"name"' not in stdout and "–" not in stdout
     assert best["stages"][0]["layers"][0] == 0 and best["stages"][-1]["layers"][1] == 53

@@ -211,8 +211,8 @@ def test_inter_node_transfer_is_limited_by_the_nic():
     scenario = synthetic_scenario(fwd_s=[0.0, 0.0], bwd_s=[0.0, 0.0], microbatches=1, devices_per_node=1,
                                   boundary_bytes=1e9, intra_bandwidth=1e12, inter_bandwidth=1e9, latency_s=1e-3)
     result = _run(scenario)
-    send = [r for r in result.event_rows() if r["action"] == "0SEND_F0"][0]
-    assert send["end_s"] - send["start_s"] == pytest.approx(1.0)
+    send = [r for r in result.event_rows() if r.action == "0SEND_F0"][0]
+    assert send.duration_s == pytest.approx(1.0)
     # forward and backward each cost latency + bytes / NIC bandwidth
     assert result.iteration_time_s == pytest.approx(2 * (1e-3 + 1.0))
 
@@ -223,8 +223,8 @@ def test_replicas_share_their_nic_even_without_contention():
     scenario = synthetic_scenario(fwd_s=[0.0, 0.0], bwd_s=[0.0, 0.0], replicas=[8, 8], microbatches=1,
                                   microbatch_size=8, boundary_bytes=1e8, inter_bandwidth=1e10)
     result = _run(scenario, contention=False)
-    send = [r for r in result.event_rows() if r["action"] == "0SEND_F0"][0]
-    assert send["end_s"] - send["start_s"] == pytest.approx(8 * 1e8 / 1e10)
+    send = [r for r in result.event_rows() if r.action == "0SEND_F0"][0]
+    assert send.duration_s == pytest.approx(8 * 1e8 / 1e10)
     assert _run(scenario).iteration_time_s == pytest.approx(result.iteration_time_s)
 
 
@@ -336,8 +336,8 @@ def test_every_forward_and_backward_runs_once_per_replica(scenario):
     result = _run(scenario)
     counts = {}
     for row in result.event_rows():
-        if row["kind"] in ("F", "B", "I", "W"):
-            key = (row["device"], row["stage"], row["microbatch"], row["kind"])
+        if row.kind in ("F", "B", "I", "W"):
+            key = (row.device, row.stage, row.microbatch, row.kind)
             counts[key] = counts.get(key, 0) + 1
     M = scenario.training.num_microbatches
     for s, stage in enumerate(scenario.plan.stages):

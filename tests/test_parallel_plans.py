@@ -171,8 +171,8 @@ def test_event_rows_are_one_per_action_with_group_collectives(plan):
     # they run inside or beside their action (events.csv and validation match rows by action)
     result = run_scenario(_scenario(plan), engine="simpy")
     rows = result.event_rows()
-    keys = [(row["device"], row["action"]) for row in rows]
-    assert len(keys) == len(set(keys)) and {row["stream"] for row in rows} <= {"compute", "send", "recv", "allreduce"}
+    keys = [(row.device, row.action) for row in rows]
+    assert len(keys) == len(set(keys)) and {row.stream for row in rows} <= {"compute", "send", "recv", "allreduce"}
 
 
 def test_the_runtime_refuses_what_it_cannot_run_before_launch_in_one_line(tmp_path):

@@ -122,15 +122,18 @@ def test_plan_command_json_and_plan_file_round_trip(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"best", "planners", "search_time_s"}
     assert set(report["planners"]) == {"dapple", "dp"}
-    best = report["best"]
-    assert best["planner"] == "dapple" and best["microbatch_size"] == 16
-    assert best["iteration_time_s"] <= report["planners"]["dp"]["plan"]["iteration_time_s"]
-    assert (tmp_path / "best_plan.json").stat().st_size > 0
+    # the plan alone under best, its metrics beside it (best_metrics; planners' plan and metrics)
+    best, metrics = report["best"], report["best_metrics"]
+    assert metrics["planner"] == "dapple" and best["microbatch_size"] == 16
+    assert metrics["iteration_time_s"] <= report["planners"]["dp"]["metrics"]["iteration_time_s"]
+    assert report["planners"]["dapple"]["plan"] == best
+    assert json.loads((tmp_path / "best_plan.json").read_text()) == best
+    assert json.loads((tmp_path / "best_plan_metrics.json").read_text()) == metrics
     for kind in ("gantt", "memory"):  # the all-forwards-first order and the best plan's own
         assert len([p for p in tmp_path.glob(f"{kind}_*.png") if p.stat().st_size > 0]) == 2
     assert sim_main(["simulate", scenario, "--plan", str(tmp_path / "best_plan.json"), "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
-    assert simulated["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-9)
+    assert simulated["iteration_time_s"] == pytest.approx(metrics["iteration_time_s"], rel=1e-9)
 
 
 def test_plan_command_rejects_unknown_planner(capsys):

@@ -142,12 +142,13 @@ def test_a_4d_plan_file_round_trips_through_dapple_plan_and_simulate(tmp_path, c
     path.write_text(GPT_6_7B.format(nodes=1))
     assert plan_main([str(path), "--planner", "dapple", "--json", "--set", "training.global_batch_size=64",
                       "--microbatch-size", "8"]) == 0
-    best = json.loads(capsys.readouterr().out)["best"]
+    report = json.loads(capsys.readouterr().out)
+    best, metrics = report["best"], report["best_metrics"]
     (tmp_path / "plan.json").write_text(json.dumps(best))
     path.write_text(GPT_6_7B.format(nodes=1).replace("global_batch_size: 256", "global_batch_size: 64, microbatch_size: 8"))
     assert sim_main(["simulate", str(path), "--plan", str(tmp_path / "plan.json"), "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
-    assert simulated["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-9)
+    assert simulated["iteration_time_s"] == pytest.approx(metrics["iteration_time_s"], rel=1e-9)
 
 
 def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():

@@ -98,11 +98,13 @@ def test_the_command_line_and_the_sweep_share_one_row_of_an_evaluation():
     assert report["planners"]["dapple"]["rejected_by_kind"] == count_rejections(
         dapple_planner(scenario, PlannerOptions()).evaluations)
     row = evaluation_row(found.best)
-    assert set(row) - {"sharding", "tensor_parallel", "sequence_parallel", "context_parallel"} == {
-        "schedule", "num_microbatches", "microbatch_size", "recompute", "stages", "description", "layout",
-        "placement", "iteration_time_s", "throughput_samples_per_s", "peak_memory_bytes"}
-    assert row["iteration_time_s"] == found.best.summary.iteration_time_s
-    assert {k: row[k] for k in found.best.plan_file()} == found.best.plan_file()
+    # the plan alone, and beside it the metrics
+    assert set(row.plan) - {"sharding", "tensor_parallel", "sequence_parallel", "context_parallel"} == {
+        "schedule", "num_microbatches", "microbatch_size", "recompute", "stages"}
+    assert set(row.to_json()["metrics"]) == {"description", "layout", "placement", "iteration_time_s",
+                                             "throughput_samples_per_s", "peak_memory_bytes", "speedup_over_dp"}
+    assert row.metrics.iteration_time_s == found.best.summary.iteration_time_s
+    assert row.plan == found.best.plan_file() and row.metrics.speedup_over_dp is None
 
 
 @pytest.mark.parametrize("field", ["fast_budget_s"])

@@ -41,7 +41,7 @@ def test_gantt_figure_draws_every_compute_action_of_its_rows():
     ax = fig.axes[0]
     rows = plots.rows_to_plot(result)
     compute = [e for e in result.event_rows([d for d, _ in rows])
-               if e["kind"] in ("F", "B", "I", "W", "REDUCE_GRAD", "OPTIM") and e["end_s"] > e["start_s"]]
+               if e.kind in ("F", "B", "I", "W", "REDUCE_GRAD", "OPTIM") and e.end_s > e.start_s]
     assert len(ax.patches) == len(compute)
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"dev {d}" for d, _ in rows]
     assert ax.get_xlim()[1] == pytest.approx(result.iteration_time_s * 1e3 * 1.01)
@@ -133,14 +133,17 @@ def test_oom_frontier_shows_the_best_fit_per_cell_and_oom_where_none_fits():
 
 def test_planner_comparison_from_a_report_and_from_a_table():
     report = {"scenario": "s", "planners": {
-        "dapple": {"plan": {"throughput_samples_per_s": 90.0, "speedup_over_dp": 1.5}},
-        "dp": {"plan": {"throughput_samples_per_s": 60.0, "speedup_over_dp": 1.0}},
-        "even": {"plan": None},
+        "dapple": {"plan": {"stages": []}, "metrics": {"throughput_samples_per_s": 90.0, "speedup_over_dp": 1.5}},
+        "dp": {"plan": {"stages": []}, "metrics": {"throughput_samples_per_s": 60.0, "speedup_over_dp": 1.0}},
+        "even": {"plan": None, "metrics": None},
     }}
     fig = plots.planner_comparison_figure(report)
     heights = [bar.get_height() for bar in fig.axes[0].patches]
     assert heights == [90.0, 60.0, 0.0]
     assert "no plan fits" in _texts(fig) and "90\n1.50x dp" in _texts(fig)
+    # a report from before plans and metrics were split kept the metrics in the plan
+    old = {"scenario": "s", "planners": {"dapple": {"plan": {"throughput_samples_per_s": 90.0}}, "even": {"plan": None}}}
+    assert [bar.get_height() for bar in plots.planner_comparison_figure(old).axes[0].patches] == [90.0, 0.0]
     table = _table([
         {"planner": p, "model": m, "throughput_samples_per_s": v}
         for (p, m), v in {("dapple", "a"): 30.0, ("dp", "a"): 10.0, ("dapple", "b"): 8.0, ("dp", "b"): 4.0}.items()
@@ -209,13 +212,13 @@ def test_gantt_has_a_key_and_colours_by_kind_with_the_micro_batch_written_in_eac
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[:2] == ["forward (F)", "backward (B)"] and "optimizer step" in labels
     assert any(label.startswith("number: micro-batch") for label in labels)
-    events = [e for e in result.event_rows([0]) if e["kind"] in ("F", "B")]
+    events = [e for e in result.event_rows([0]) if e.kind in ("F", "B")]
     bars = [b for b in _bars(ax) if abs(b.get_y() + b.get_height() / 2) < 1e-9]  # device 0's row
     colours = {to_hex(b.get_facecolor()) for b in bars if b.get_height() == pytest.approx(0.7)}
     assert colours >= {KINDS["F"][0], KINDS["B"][0]}
     assert len(colours - {"#000000"}) == 2  # one colour per kind, whatever the micro-batch
     numbers = sorted(int(t) for _, y, t in _numbers(ax) if abs(y) < 1e-9)
-    assert numbers == sorted(e["microbatch"] for e in events)  # every F and B of device 0 is numbered
+    assert numbers == sorted(e.microbatch for e in events)  # every F and B of device 0 is numbered
 
 
 def test_an_interleaved_plans_chunks_are_hatched_and_in_the_key():

@@ -14,8 +14,9 @@ sizes and the replay's typed ``Summary``, built once; a candidate that cannot ru
 * ``device_failure`` — a ``failure`` fault stops the iteration, so no plan finishes it.
 
 ``evaluation_row`` is the one view of an evaluation that the command line, the sweeps and
-the planners' plots share: the plan file (what ``--plan`` reads back) with the candidate's
-description, its placement and its headline metrics.
+the planners' plots share, an ``EvaluationRow``: the plan file (what ``--plan`` reads back,
+the plan alone) and beside it the ``PlanMetrics`` (the candidate's description, layout and
+placement, and its headline metrics). Metrics go beside a plan, never inside it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from sim.core.specs import TrainingSpec
 from sim.core.summary import Summary
 from sim.core.units import format_bytes
 
-__all__ = ["Evaluation", "Rejection", "RejectionKind", "check_plannable", "count_rejections", "evaluate",
-           "evaluation_row"]
+__all__ = ["Evaluation", "EvaluationRow", "PlanMetrics", "Rejection", "RejectionKind", "check_plannable",
+           "count_rejections", "evaluate", "evaluation_row"]
 
 
 class RejectionKind(str, Enum):
@@ -181,15 +182,52 @@ def count_rejections(evaluations: Iterable[Evaluation]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def evaluation_row(evaluation: Evaluation) -> dict[str, Any]:
-    """The plan file of a runnable evaluation, with its description, placement and metrics."""
-    row = evaluation.plan_file()
-    row.update(
-        description=evaluation.candidate.describe(),
-        layout=evaluation.candidate.layout(),
-        placement=evaluation.candidate.placement,
-        iteration_time_s=evaluation.iteration_time_s,
-        throughput_samples_per_s=evaluation.throughput_samples_per_s,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanMetrics:
+    """What a replayed plan is and costs, in the words and numbers reports show beside its plan."""
+
+    description: str
+    """The candidate in words: stages, their layers and replicas (``Candidate.describe``)."""
+    layout: str
+    """Tensor and context degrees, sequence parallelism, sharding, recompute in words
+    (``tensor 8 · sharding optimizer``); empty for a data × pipeline plan."""
+    placement: str
+    """How stages were laid on devices: ``fresh``, ``append`` or ``scatter`` (DAPPLE §4.2)."""
+    iteration_time_s: float
+    """The replayed iteration time, seconds."""
+    throughput_samples_per_s: float
+    """Global batch over the iteration time, samples per second."""
+    peak_memory_bytes: float
+    """The largest device's peak memory in the replay, bytes."""
+    speedup_over_dp: float | None = None
+    """Pure data parallelism's iteration time over this one's; None when it was not compared
+    or pure data parallelism does not fit."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"description": self.description, "layout": self.layout, "placement": self.placement,
+                "iteration_time_s": self.iteration_time_s, "throughput_samples_per_s": self.throughput_samples_per_s,
+                "peak_memory_bytes": self.peak_memory_bytes, "speedup_over_dp": self.speedup_over_dp}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvaluationRow:
+    """A runnable evaluation as reports show it: the plan file, and beside it its metrics."""
+
+    plan: dict[str, Any]
+    """The plan file of the evaluated plan (``sim.input.plan_file.plan_to_dict``): the plan alone,
+    what ``--plan`` reads back."""
+    metrics: PlanMetrics
+    """The candidate in words and its replayed metrics."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "metrics": self.metrics.to_json()}
+
+
+def evaluation_row(evaluation: Evaluation) -> EvaluationRow:
+    """The plan file of a runnable evaluation, and beside it its description, placement and metrics."""
+    candidate = evaluation.candidate
+    return EvaluationRow(plan=evaluation.plan_file(), metrics=PlanMetrics(
+        description=candidate.describe(), layout=candidate.layout(), placement=candidate.placement,
+        iteration_time_s=evaluation.iteration_time_s, throughput_samples_per_s=evaluation.throughput_samples_per_s,
         peak_memory_bytes=evaluation.peak_memory_bytes,
-    )
-    return row
+    ))

@@ -88,7 +88,7 @@ def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
     row = evaluation_row(best)
     return {
         **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
-        "recompute": bool(best.candidate.recompute), "schedule": column_value(row["schedule"]),
-        "plan_description": row["description"], "plan_placement": row["placement"],
-        "plan_json": jsonio.dumps(best.plan_file(), sort_keys=True), "planner_note": found.note or None,
+        "recompute": bool(best.candidate.recompute), "schedule": column_value(row.plan["schedule"]),
+        "plan_description": row.metrics.description, "plan_placement": row.metrics.placement,
+        "plan_json": jsonio.dumps(row.plan, sort_keys=True), "planner_note": found.note or None,
     }

@@ -24,7 +24,7 @@ counted once per replica, on its first device.
 
 After the list, a tied embedding split across stages sums its two copies' gradients, and
 one optimizer step runs. Each action's start and end (seconds after a barrier at the step's
-start) form a trace in the simulator's event-row format (``SimResult.event_rows``).
+start) form a trace in the simulator's event-row format (``sim.core.events.EventRow``, in its JSON).
 ``runtime.measure.trace`` writes such rows as a Chrome/Perfetto trace laid out as the simulator's,
 and as its ``events.csv``.
 
@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
 from runtime.model.config import RunnableScenario
+from sim.core.events import EventRow
 from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.execution.holdings import LocalStage, hold_stages, position
 from runtime.measure.memory import SavedTensorMeter
@@ -373,6 +374,8 @@ def _barrier(device: torch.device) -> None:
 
 def _row(device: int, stage: int, kind: str, microbatch: int | None, action: str, stream: str,
          start_s: float, end_s: float) -> dict[str, Any]:
-    return {"device": device, "stage": stage, "kind": kind, "microbatch": microbatch, "action": action,
-            "stream": stream, "start_s": start_s, "end_s": end_s}
+    """A measured action as the simulator's ``EventRow``, in its JSON: rows travel between ranks
+    and into the run's summary as JSON."""
+    return EventRow(device=device, stage=stage, kind=kind, microbatch=microbatch, action=action, stream=stream,
+                    start_s=start_s, end_s=end_s).to_json()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -47,7 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_verbosity_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in (*_replay_commands(sub), *_study_commands(sub)):
+        add_verbosity_options(command, subcommand=True)
+    return parser
 
+
+def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
+    """``check``, ``simulate`` and ``compare``: the commands that read a scenario and its plan."""
     check = sub.add_parser(
         "check",
         help="check a scenario file and describe it",
@@ -100,7 +107,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="simpy: discrete-event engine with link contention (default); fast: contention-free")
     compare.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     compare.add_argument("--out", metavar="DIR", help="write schedules.png and compare.json into DIR")
+    return check, simulate, compare
 
+
+def _study_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
+    """``calibrate``, ``published`` and ``schedule``: fitting, published runs, a schedule's IR."""
     calibrate = sub.add_parser(
         "calibrate",
         help="fit the kernel cost model to measured iteration times",
@@ -150,9 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     layout.add_argument("--csv", action="store_true",
                         help="print torch's pipeline-order CSV (what _PipelineScheduleRuntime._load_csv reads; "
                         "with --lower, its compute_comms format)")
-    for command in (check, simulate, compare, calibrate, published, schedule):
-        add_verbosity_options(command, subcommand=True)
-    return parser
+    return calibrate, published, schedule
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -244,33 +253,32 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     test_runs = read_runs(args.test) if args.test else None
     with watch.phase(f"fit {len(fit_runs)} runs"), progress(f"fitting {len(fit_runs)} runs"):
         result = calibrate(base, fit_runs, source=args.fit)
-    report: dict = {"params": result["params"], "fit": result["fit"]}
     if test_runs is not None:
         with watch.phase(f"predict {len(test_runs)} runs"), progress(f"predicting {len(test_runs)} runs"):
-            report["test"] = score_runs(base, test_runs, result["params"], source=args.test)
+            result = replace(result, test=score_runs(base, test_runs, result.params, source=args.test))
     watch.report()
-    snippet = params_yaml(result["params"], runs=len(fit_runs), mape=result["fit"]["mape"])
+    snippet = params_yaml(result.params, runs=len(fit_runs), mape=result.fit.mape)
     if args.out:
         try:
             Path(args.out).write_text(snippet, encoding="utf-8")
         except OSError as exc:
             raise DappleError(f"--out {args.out}: cannot write ({exc.strerror})") from None
-    for note in result["notes"] if not quiet() else ():
+    for note in result.notes if not quiet() else ():
         print(f"note: {note}", file=sys.stderr)
     if args.json:
-        print(jsonio.dumps(report, indent=2, sort_keys=True))
+        print(jsonio.dumps(result.to_json(), indent=2, sort_keys=True))
         return 0
     print(snippet, end="")
-    for name in ("fit", "test"):
-        if name in report:
-            part = report[name]
-            tau = "-" if part["kendall_tau"] is None else f"{part['kendall_tau']:.3f}"
-            print(f"{name}: {len(part['rows'])} runs, MAPE {part['mape']:.1%}, Kendall tau {tau}")
-            for row in part["rows"]:
-                print(f"  h{row['hidden']} L{row['layers']} s{row['seq_len']} mb{row['microbatch_size']} "
-                      f"dp{row['dp']} pp{row['pp']}{' rc' if row['recompute'] else ''}: "
-                      f"measured {row['measured_s'] * 1e3:.2f} ms, predicted {row['predicted_s'] * 1e3:.2f} ms "
-                      f"({row['error_frac']:+.1%})")
+    for name, part in (("fit", result.fit), ("test", result.test)):
+        if part is not None:
+            tau = "-" if part.kendall_tau is None else f"{part.kendall_tau:.3f}"
+            print(f"{name}: {len(part.runs)} runs, MAPE {part.mape:.1%}, Kendall tau {tau}")
+            for scored in part.runs:
+                run = scored.run
+                print(f"  h{run.hidden} L{run.layers} s{run.seq_len} mb{run.microbatch_size} "
+                      f"dp{run.dp} pp{run.pp}{' rc' if run.recompute else ''}: "
+                      f"measured {run.iteration_time_s * 1e3:.2f} ms, predicted {scored.predicted_s * 1e3:.2f} ms "
+                      f"({scored.error_frac:+.1%})")
     return 0
 
 

@@ -8,7 +8,8 @@ optimizer step ran. ``SimResult`` turns that into what a user looks at:
   format of ``docs/architecture.md``): iteration time, throughput, bubble fraction (share
   of device time the compute stream is idle), peak memory, MFU, out-of-memory verdict and
   one ``DeviceSummary`` per device;
-* ``event_rows()`` / ``events()`` — one row per action and device (dicts, or a pandas DataFrame);
+* ``event_rows()`` / ``events()`` — one ``sim.core.events.EventRow`` per action and device (or a
+  pandas DataFrame of their JSON, the columns of ``events.csv``);
 * ``memory_timeline(device)`` — bytes over time (``sim.engine.memory``).
 
 The Chrome trace is ``sim.engine.trace.perfetto_trace(result)``. Classes of identical devices
@@ -24,6 +25,7 @@ from typing import Any
 
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
+from sim.core.events import EVENT_COLUMNS, EventRow
 from sim.core.summary import (
     DeviceSummary,
     FailureDetail,
@@ -253,8 +255,8 @@ class SimResult:
 
     # --- events ----------------------------------------------------------------------------
 
-    def event_rows(self, devices: list[int] | None = None) -> list[dict[str, Any]]:
-        """One dict per (device, action) with start and end times; all devices by default."""
+    def event_rows(self, devices: list[int] | None = None) -> list[EventRow]:
+        """One row per (device, action) with start and end times; all devices by default."""
         wanted = None if devices is None else set(devices)
         rows = []
         for cls, rec in zip(self.workload.classes, self.records):
@@ -264,24 +266,19 @@ class SimResult:
                     continue
                 start, end = times
                 for device in members:
-                    rows.append(
-                        {"device": device, "stage": op.stage, "kind": op.kind.value, "microbatch": op.microbatch,
-                         "action": op.text, "stream": _STREAM[op.code], "start_s": start, "end_s": end}
-                    )
+                    rows.append(EventRow(device=device, stage=op.stage, kind=op.kind.value, microbatch=op.microbatch,
+                                         action=op.text, stream=_STREAM[op.code], start_s=start, end_s=end))
             for device in members if self.failure is None else ():
-                rows.append(
-                    {"device": device, "stage": cls.stages[0], "kind": "OPTIM", "microbatch": None,
-                     "action": "OPTIM", "stream": "compute", "start_s": rec.optimizer[0], "end_s": rec.optimizer[1]}
-                )
-        rows.sort(key=lambda r: (r["device"], r["start_s"], r["end_s"]))
+                rows.append(EventRow(device=device, stage=cls.stages[0], kind="OPTIM", microbatch=None, action="OPTIM",
+                                     stream="compute", start_s=rec.optimizer[0], end_s=rec.optimizer[1]))
+        rows.sort(key=lambda r: (r.device, r.start_s, r.end_s))
         return rows
 
     def events(self, devices: list[int] | None = None):
         """Per-action events as a pandas DataFrame (pandas is imported only here)."""
         import pandas as pd
 
-        columns = ["device", "stage", "kind", "microbatch", "action", "stream", "start_s", "end_s"]
-        return pd.DataFrame(self.event_rows(devices), columns=columns)
+        return pd.DataFrame([row.to_json() for row in self.event_rows(devices)], columns=list(EVENT_COLUMNS))
 
 
 _STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce"}

@@ -10,15 +10,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sim.core.events import EventRow
+
 if TYPE_CHECKING:
     from sim.engine.result import SimResult
 
-__all__ = ["perfetto_trace", "traced_devices"]
+__all__ = ["STREAM_THREADS", "perfetto_trace", "trace_event", "traced_devices"]
 
 TRACE_ALL_LIMIT = 64
 """Clusters of at most this many devices trace every device by default."""
 
-_THREADS = {"compute": 0, "send": 1, "recv": 2, "allreduce": 3}
+STREAM_THREADS = {"compute": 0, "send": 1, "recv": 2, "allreduce": 3}
+"""A device's thread id per stream, for predicted and measured traces alike."""
+
+
+def trace_event(row: EventRow, duration_s: float) -> dict[str, Any]:
+    """The complete event (``ph: X``) of ``row`` lasting ``duration_s``, microseconds."""
+    return {"ph": "X", "name": row.action, "cat": row.kind, "pid": row.device, "tid": STREAM_THREADS[row.stream],
+            "ts": row.start_s * 1e6, "dur": duration_s * 1e6, "args": {"microbatch": row.microbatch, "stage": row.stage}}
 
 
 def traced_devices(result: SimResult, limit: int = TRACE_ALL_LIMIT) -> list[int]:
@@ -34,16 +43,12 @@ def perfetto_trace(result: SimResult, devices: list[int] | None = None) -> dict[
     events: list[dict[str, Any]] = []
     for device in devices:
         events.append({"ph": "M", "name": "process_name", "pid": device, "args": {"name": f"device {device}"}})
-        for stream, tid in _THREADS.items():
+        for stream, tid in STREAM_THREADS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": tid, "args": {"name": stream}})
     for row in result.event_rows(devices):
-        if row["end_s"] <= row["start_s"] and row["stream"] != "compute":
+        if row.end_s <= row.start_s and row.stream != "compute":
             continue
-        events.append(
-            {"ph": "X", "name": row["action"], "cat": row["kind"], "pid": row["device"], "tid": _THREADS[row["stream"]],
-             "ts": row["start_s"] * 1e6, "dur": (row["end_s"] - row["start_s"]) * 1e6,
-             "args": {"microbatch": row["microbatch"], "stage": row["stage"]}}
-        )
+        events.append(trace_event(row, row.end_s - row.start_s))
     for device in devices:
         for t, value in zip(*result.memory_timeline(device)):
             events.append({"ph": "C", "name": "memory", "pid": device, "ts": t * 1e6, "args": {"bytes": value}})

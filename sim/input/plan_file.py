@@ -10,11 +10,19 @@ in a scenario's ``plan:``. A plan is applied to a scenario by replacing its ``pl
 and its micro-batch size, and the result goes through the scenario loader, so a plan file is
 checked as strictly as a scenario (devices in range, layers covering the model, a schedule
 that can run). ``num_microbatches`` must agree with the scenario's global batch.
+
+A plan file holds the plan alone: what a planner measured of it (its description, placement,
+iteration time, ...) goes beside it, in ``best_plan_metrics.json`` or ``dapple-plan --json``'s
+``best_metrics``, never inside it. Plan files written before that split carry those metrics
+next to the plan; ``read_plan_file`` still reads them, drops the metric keys
+(``LEGACY_METRIC_KEYS``) and logs a note saying so. A whole ``dapple-plan --json`` output is
+read as its ``best`` plan.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,20 +32,25 @@ from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
 from sim.core.specs import TrainingSpec
 
-__all__ = ["PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
+__all__ = ["LEGACY_METRIC_KEYS", "PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
+
+log = logging.getLogger(__name__)
 
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "context_parallel", "sharding")
 """The plan's parallel degrees; a plan file writes those that differ from their defaults."""
 
 PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages", *PARALLEL_KEYS}
-"""Keys of a plan file (extra keys such as metrics are ignored when they start with ``_``
-or are listed in ``IGNORED_KEYS``)."""
+"""Keys of a plan file (keys that start with ``_`` are comments and ignored; any other is an error)."""
 
-IGNORED_KEYS = {
+LEGACY_METRIC_KEYS = frozenset({
     "metrics", "planner", "placement", "engine", "iteration_time_s", "throughput_samples_per_s",
     "peak_memory_bytes", "oom", "speedup_over_dp", "description", "layout",
-}
-"""Keys a planner may add next to a plan; they describe it and are not read back."""
+})
+"""Keys that plan files written before plans and metrics were split carried beside the plan:
+``read_plan_file`` drops them with a note, so old files still read. New files never hold them."""
+
+METRICS_HOME = "best_plan_metrics.json beside best_plan.json, or dapple-plan --json's best_metrics"
+"""Where a plan's metrics are now, as the note on an old plan file says."""
 
 
 def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
@@ -63,7 +76,9 @@ def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
 
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:
-    """Read a plan file; a missing, unreadable or non-JSON file is a one-line error."""
+    """Read a plan file: the plan alone (a whole ``dapple-plan --json`` output gives its ``best``;
+    an old file's metric keys are dropped with a logged note). A missing, unreadable or
+    non-JSON file is a one-line error."""
     from sim.input.yaml_text import check_nesting
     from sim.core.userfiles import show_path
 
@@ -83,6 +98,11 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
         data = data["best"]  # the planner's --json output: take its best plan
     if not isinstance(data, dict):
         raise ScenarioError(f"{shown}: a plan file is a JSON object with {', '.join(sorted(PLAN_KEYS))}")
+    legacy = sorted(key for key in data if key in LEGACY_METRIC_KEYS)
+    if legacy:
+        log.info("%s: metrics keys %s are ignored; plan files now hold the plan alone (metrics are in %s)",
+                 shown, ", ".join(legacy), METRICS_HOME)
+        data = {key: value for key, value in data.items() if key not in LEGACY_METRIC_KEYS}
     return data
 
 
@@ -105,7 +125,7 @@ def _number(kind: type):
 
 def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
     """Return scenario mapping ``raw`` with its plan and micro-batch size taken from ``plan``."""
-    unknown = sorted(k for k in plan if k not in PLAN_KEYS and k not in IGNORED_KEYS and not str(k).startswith("_"))
+    unknown = sorted(k for k in plan if k not in PLAN_KEYS and not str(k).startswith("_"))
     if unknown:
         raise ScenarioError(f"{source}: {show_text(str(unknown[0]))}: unknown plan key; "
                             f"valid: {', '.join(sorted(PLAN_KEYS))}")

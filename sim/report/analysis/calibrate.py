@@ -46,8 +46,8 @@ from typing import Any
 from sim.core.errors import DappleError, read_user_file
 from sim.input.scenario import Scenario
 
-__all__ = ["COLUMNS", "PARAMS", "MeasuredRun", "calibrate", "kendall_tau", "params_yaml", "predict", "read_runs",
-           "row_scenario", "score_runs", "with_params"]
+__all__ = ["COLUMNS", "PARAMS", "CalibrationResult", "CalibrationScore", "MeasuredRun", "ScoredRun", "calibrate",
+           "kendall_tau", "params_yaml", "predict", "read_runs", "row_scenario", "score_runs", "with_params"]
 
 COLUMNS = ("hidden", "heads", "layers", "seq_len", "vocab", "microbatch_size", "global_batch_size", "tp", "dp",
            "pp", "recompute", "iteration_time_s")
@@ -88,6 +88,60 @@ class MeasuredRun:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in COLUMNS if name != "tp"} | {"tp": 1}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoredRun:
+    """One measured run against its prediction."""
+
+    run: MeasuredRun
+    predicted_s: float
+    """The fast path's iteration time with the fitted parameters, seconds."""
+
+    @property
+    def error_frac(self) -> float:
+        """``predicted / measured − 1``."""
+        return self.predicted_s / self.run.iteration_time_s - 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.run.as_dict(), "measured_s": self.run.iteration_time_s, "predicted_s": self.predicted_s,
+                "error_frac": self.error_frac}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationScore:
+    """How well predictions follow a set of measured runs."""
+
+    mape: float
+    """Mean |predicted / measured − 1| over the runs."""
+    kendall_tau: float | None
+    """Kendall's tau-a of measured and predicted times: 1 when they rank the runs alike (None below two)."""
+    runs: tuple[ScoredRun, ...]
+    """Every run in file order."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mape": self.mape, "kendall_tau": self.kendall_tau, "rows": [run.to_json() for run in self.runs]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationResult:
+    """A fit: the parameters, how well they follow the fitted runs (and held-out runs)."""
+
+    params: dict[str, float]
+    """Fitted values by ``PARAMS`` name, in the units a scenario's ``cluster.device`` takes (seconds, shares)."""
+    fit: CalibrationScore
+    """The fitted runs against their predictions."""
+    x: tuple[float, ...]
+    """The optimum in the fit's scaled space (see ``_LOWER``)."""
+    notes: tuple[str, ...]
+    """What the user should know: too few runs, a parameter at the end of its range."""
+    test: CalibrationScore | None = None
+    """Held-out runs against the fitted parameters' predictions (``score_runs``), when given."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``dapple-sim calibrate --json``'s report: ``params``, ``fit`` and ``test`` when given."""
+        data = {"params": dict(self.params), "fit": self.fit.to_json()}
+        return data if self.test is None else {**data, "test": self.test.to_json()}
 
 
 def _bool(text: str) -> bool | None:
@@ -231,7 +285,7 @@ def _start(cluster) -> list[float]:
             min(max(cluster.intra_node.collective_efficiency, 0.01), 1.0)]
 
 
-def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>") -> dict[str, Any]:
+def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>") -> CalibrationResult:
     """Fit ``PARAMS`` to ``runs``; the fitted device values, the fit's error and predictions."""
     import numpy as np
     from scipy.optimize import least_squares
@@ -274,21 +328,22 @@ def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>")
         if min(value - low, high - value) <= 1e-6 * (high - low):
             notes.append(f"{name} stopped at the end of its range ({params[name]:.6g}); the model cannot "
                          "follow these runs further in that direction")
-    return {"params": params, "fit": _errors(runs, predicted), "x": [float(v) for v in x], "notes": notes}
+    return CalibrationResult(params=params, fit=_errors(runs, predicted), x=tuple(float(v) for v in x),
+                             notes=tuple(notes))
 
 
 def _config_key(run: MeasuredRun) -> tuple:
     return tuple(getattr(run, name) for name in COLUMNS if name not in ("tp", "iteration_time_s"))
 
 
-def _errors(runs: list[MeasuredRun], predicted: list[float]) -> dict[str, Any]:
-    rows = [{**run.as_dict(), "measured_s": run.iteration_time_s, "predicted_s": p,
-             "error_frac": p / run.iteration_time_s - 1.0} for run, p in zip(runs, predicted)]
-    mape = sum(abs(r["error_frac"]) for r in rows) / len(rows)
-    return {"mape": mape, "kendall_tau": kendall_tau([r["measured_s"] for r in rows], predicted), "rows": rows}
+def _errors(runs: list[MeasuredRun], predicted: list[float]) -> CalibrationScore:
+    scored = tuple(ScoredRun(run=run, predicted_s=float(p)) for run, p in zip(runs, predicted))
+    mape = sum(abs(s.error_frac) for s in scored) / len(scored)
+    return CalibrationScore(mape=mape, kendall_tau=kendall_tau([run.iteration_time_s for run in runs], predicted),
+                            runs=scored)
 
 
-def score_runs(base: Scenario, runs: list[MeasuredRun], params: dict[str, float], *, source: str) -> dict[str, Any]:
+def score_runs(base: Scenario, runs: list[MeasuredRun], params: dict[str, float], *, source: str) -> CalibrationScore:
     """Predict ``runs`` with fitted ``params`` and report MAPE and Kendall's tau."""
     fitted = with_params(base, params)
     predicted = predict([row_scenario(fitted, run, source=source) for run in runs])

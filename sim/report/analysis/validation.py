@@ -2,7 +2,7 @@
 
 A prediction (``SimResult``) and a measurement (``dapple-run``'s run summary) describe the
 same plan in the same vocabulary: an iteration time, per-device peak memory, and one event
-row per action and device (``SimResult.event_rows`` format). ``compare`` lines them up and
+row per action and device (``sim.core.events.EventRow``; the report holds their JSON). ``compare`` lines them up and
 reports relative errors ``(predicted − measured) / measured``:
 
 * the iteration time (the measured median over steps);
@@ -46,7 +46,7 @@ def predicted_view(result: SimResult, *, memory: str = "counted") -> dict[str, A
         raise ValueError(f"memory must be one of {MEMORY_MODES}, got {memory!r}")
     summary = result.summarize()
     statics = {d: cls.static_bytes for cls in result.workload.classes for d in cls.devices}
-    rows = result.event_rows()
+    rows = [row.to_json() for row in result.event_rows()]  # the report is JSON-ready: rows as their JSON
     devices = []
     for entry in summary.devices:
         peak = entry.peak_memory_bytes if memory == "allocator" else statics[entry.device] + entry.peak_activation_bytes

@@ -1,6 +1,6 @@
 """Drawing a Gantt chart of event rows: what every device did, with its key.
 
-The rows are ``SimResult.event_rows``'s (a replay's, or a measured run's: both use them).
+The rows are ``sim.core.events.EventRow``s (a replay's, or a measured run's: both use them).
 The colour says what an action is: forward blue, backward orange, zero bubble's
 input-gradient backward (I) red and weight-gradient backward (W) green, so the colours never
 repeat whatever the number of micro-batches; the number in a bar is its micro-batch. With
@@ -64,8 +64,8 @@ def _chunks(events) -> dict[tuple[int, int], int]:
     """(device, stage) -> which of the device's model chunks the stage is (0 for most plans)."""
     stages: dict[int, set[int]] = {}
     for row in events:
-        if row["kind"] in KINDS:
-            stages.setdefault(row["device"], set()).add(row["stage"])
+        if row.kind in KINDS:
+            stages.setdefault(row.device, set()).add(row.stage)
     return {(d, s): k for d, owned in stages.items() for k, s in enumerate(sorted(owned))}
 
 
@@ -98,7 +98,7 @@ def _labelling(widths_pt: list[float], num_mb: int) -> tuple[int, bool]:
 
 
 def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: float, *, key: bool = True) -> list:
-    """Bars of compute ``events`` (event-row dicts) on one row per (device, devices it stands
+    """Bars of compute ``events`` (``sim.core.events.EventRow``) on one row per (device, devices it stands
     for), with the key (``gantt_key``) to the right of the axes unless ``key`` is False.
     Returns the key's handles (to merge the keys of several charts into one).
 
@@ -113,21 +113,21 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
     span_ms = max(end_s * 1e3 * 1.01, 1e-9)
     # points per millisecond, from the axes' share of the figure (before layout: close enough)
     pt_per_ms = ax.get_position().width * ax.figure.get_figwidth() * 72 / span_ms
-    drawn = [row for row in events if row["device"] in index and row["end_s"] > row["start_s"]]
-    widths = [(row["end_s"] - row["start_s"]) * 1e3 * pt_per_ms for row in drawn if row["kind"] in KINDS]
+    drawn = [row for row in events if row.device in index and row.end_s > row.start_s]
+    widths = [(row.end_s - row.start_s) * 1e3 * pt_per_ms for row in drawn if row.kind in KINDS]
     every, inside = _labelling(widths, num_mb)
     narrow = bool(widths) and sorted(widths)[len(widths) // 2] < 4.0  # white edges would hide the colours
     half = 0.35 if inside else 0.25  # bars' half height; thinner ones leave room for numbers above and below
     seen: set[str] = set()
     numbers: list[tuple[float, float, str, str, Any]] = []
     for row in drawn:
-        y = index[row["device"]]
-        start, width = row["start_s"] * 1e3, (row["end_s"] - row["start_s"]) * 1e3
-        kind = row["kind"]
+        y = index[row.device]
+        start, width = row.start_s * 1e3, (row.end_s - row.start_s) * 1e3
+        kind = row.kind
         if kind in KINDS:
-            m = row["microbatch"]
+            m = row.microbatch
             colour = KINDS[kind][0]
-            chunk = chunks.get((row["device"], row["stage"]), 0)
+            chunk = chunks.get((row.device, row.stage), 0)
             hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] or None
             ax.add_artist(Rectangle((start, y - half), width, 2 * half, facecolor=_shade(colour, m, narrow),
                                    edgecolor="none" if narrow else "white", linewidth=0.4, hatch=hatch,

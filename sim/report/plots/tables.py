@@ -205,8 +205,8 @@ _METRICS = {  # name -> (axis label, scale, format, higher is better)
 def planner_comparison_figure(report_or_table, *, metric: str = "throughput_samples_per_s",
                               by: str | list[str] | None = None, relative_to: str | None = None,
                               title: str | None = None, ax=None) -> Any:
-    """Bars per planner: ``dapple-plan --json``'s report (each bar notes the speed-up over data
-    parallelism), or a sweep table with a ``planner`` column, one group of bars per value of
+    """Bars per planner: ``dapple-plan --json``'s report (each planner's ``metrics``; each bar
+    notes the speed-up over data parallelism), or a sweep table with a ``planner`` column, one group of bars per value of
     ``by`` (a column or a list of columns). ``relative_to`` (a planner's name) divides every
     bar by that planner's value in the same group. A group where a planner finds nothing
     that fits reads "no plan fits"."""
@@ -218,10 +218,11 @@ def planner_comparison_figure(report_or_table, *, metric: str = "throughput_samp
         report = report_or_table
         names, groups, series = list(report["planners"]), [None], {}
         for name, info in report["planners"].items():
-            plan = info.get("plan")
-            series[name] = [plan[metric] * scale if plan else np.nan]
-            if plan and plan.get("speedup_over_dp"):
-                notes[name, 0] = f"{fmt.format(plan[metric] * scale)}\n{plan['speedup_over_dp']:.2f}x dp"
+            # the metrics sit beside the plan (a report from before the split kept them in it)
+            metrics = info.get("metrics", info.get("plan"))
+            series[name] = [metrics[metric] * scale if metrics else np.nan]
+            if metrics and metrics.get("speedup_over_dp"):
+                notes[name, 0] = f"{fmt.format(metrics[metric] * scale)}\n{metrics['speedup_over_dp']:.2f}x dp"
         default_title = f"{report.get('scenario', '')}: planners compared"
     else:
         table = report_or_table

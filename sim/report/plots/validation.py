@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sim.core.events import EventRow
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import pyplot as _pyplot
 from sim.report.plots.gantt import add_key, draw_gantt
@@ -22,12 +23,14 @@ __all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_
 
 def draw_rows(ax, rows: list[dict[str, Any]], *, num_microbatches: int | None = None, end_s: float | None = None,
               key: bool = True) -> list:
-    """Draw event rows (``SimResult.event_rows`` format) as a Gantt chart on ``ax``, with the
-    same colours and key as ``sim.report.plots.timeline.gantt_figure``; the time axis runs to
-    ``end_s`` (default: the last event's end)."""
-    devices = sorted({row["device"] for row in rows})
-    count = num_microbatches or 1 + max((row["microbatch"] or 0 for row in rows), default=0)
-    end = end_s if end_s is not None else max((row["end_s"] for row in rows), default=0.0)
+    """Draw event rows (the JSON of ``sim.core.events.EventRow``, as a validation report holds
+    them) as a Gantt chart on ``ax``, with the same colours and key as
+    ``sim.report.plots.timeline.gantt_figure``; the time axis runs to ``end_s`` (default: the
+    last event's end)."""
+    rows = [EventRow.from_json(row) for row in rows]
+    devices = sorted({row.device for row in rows})
+    count = num_microbatches or 1 + max((row.microbatch or 0 for row in rows), default=0)
+    end = end_s if end_s is not None else max((row.end_s for row in rows), default=0.0)
     return draw_gantt(ax, rows, [(d, 1) for d in devices], count, end, key=key)
 
 
@@ -126,7 +129,7 @@ def validation_figure(run: Mapping[str, Any], *, title: str | None = None) -> An
     iteration time, compute time and peak memory per device, and both Gantt charts.
 
     ``run`` holds ``predicted`` and ``measured`` (each with ``iteration_time_s``, ``devices``
-    [{device, peak_memory_bytes, compute_s}] and ``events`` rows as ``SimResult.event_rows``),
+    [{device, peak_memory_bytes, compute_s}] and ``events`` rows as ``sim.core.events.EventRow``'s JSON),
     ``error`` (fractions) and ``scenario``, ``schedule``, ``backend``, ``nproc``, ``steps``.
     """
     import numpy as np
@@ -173,8 +176,8 @@ def validation_figure(run: Mapping[str, Any], *, title: str | None = None) -> An
         ax = fig.add_subplot(grid[row, :], sharex=first)
         first = first or ax
         gantts.append(ax)
-        events = side.get("events", [])
-        num_mb = max([e["microbatch"] for e in events if e.get("microbatch") is not None] + [0]) + 1
+        events = [EventRow.from_json(row) for row in side.get("events", [])]
+        num_mb = max([e.microbatch for e in events if e.microbatch is not None] + [0]) + 1
         handles += draw_gantt(ax, events, rows, num_mb, end_s, key=False)
         if label == "measured" and events:  # one step drawn, the median one: its time need not be the median
             heading = (f"measured: the median step, {_step_end_s(side) * 1e3:.3g} ms (median of the steps "
