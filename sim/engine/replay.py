@@ -59,13 +59,14 @@ from array import array
 
 import simpy
 
-from sim.engine.fastpath import collective_duration_s
+from sim.core.errors import ScheduleError
+from sim.engine import rules
 from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
+from sim.engine.result import OpTimes, Recorder, SimResult
+from sim.engine.rules import collective_duration_s
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous
-from sim.core.errors import ScheduleError
-from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
 
 __all__ = ["Diverged", "simulate"]
@@ -124,15 +125,15 @@ class _Replay(Sends, Synchronous):
         # own clock: see ``_actions_ahead``
         self.contention = contention
         self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
+        self.memory_plans: dict[int, tuple] = {}  # per op list (classes share them): ``rules.memory_plan``
         if self.ahead:
-            self.kind_s = [k.bytes / k.static_rate_bytes_per_s if k.bytes > 0 else 0.0 for k in workload.kinds]
+            self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
             # mailboxes are ints, ``2 * (box * num_microbatches + microbatch)`` (the fast path's
-            # numbering, doubled): ``box[key]`` counts the flows in, ``box[key + 1]`` is the last
-            # arrival (side by side, one cache line for both)
-            stride, boxes = max(workload.num_microbatches, 1), {}
-            self.kind_box = [2 * boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
-                             if k.label[0] in ("F", "B") else -1 for k in workload.kinds]
-            self.box = array("d", [0.0]) * (2 * len(boxes) * stride)
+            # numbering, ``rules.box_numbers``, doubled): ``box[key]`` counts the flows in,
+            # ``box[key + 1]`` is the last arrival (side by side, one cache line for both)
+            numbers, num_boxes = rules.box_numbers(workload.kinds, workload.num_microbatches)
+            self.kind_box = [2 * number if number >= 0 else -1 for number in numbers]
+            self.box = array("d", [0.0]) * (2 * num_boxes * max(workload.num_microbatches, 1))
             self.coll_free = [0.0] * n
             self.clock = [0.0] * n
             self.unfinished_collectives = [0] * n
@@ -143,6 +144,13 @@ class _Replay(Sends, Synchronous):
                 self.env.process(self._fail(c, cls.fails_at_s))
 
     # --- compute stream ----------------------------------------------------------------------
+
+    def memory_plan(self, ops) -> tuple:
+        """``rules.memory_plan(ops)``, once per op list (classes whose ops are alike share one)."""
+        plan = self.memory_plans.get(id(ops))
+        if plan is None:
+            plan = self.memory_plans[id(ops)] = rules.memory_plan(ops)
+        return plan
 
     def _device(self, c: int):
         if self.ahead:
@@ -164,80 +172,61 @@ class _Replay(Sends, Synchronous):
         has not done yet; a RECV whose data has arrived by ``t``, or arrives before the wait
         ends, costs nothing more. Its sends start on the network at their own instants (one
         event each, the network's bookkeeping apart); without contention a flow's time is
-        fixed, so it arrives when it is sent, without any event. The rules are the ones the
-        synchronous ``_actions`` replays (and, without contention, the fast path's).
+        fixed, so it arrives when it is sent, without any event (``_send_alone``). The rules
+        are the rule book's (``sim.engine.rules``), as the synchronous ``_actions`` and the
+        fast path replay them.
         """
         env, rec, cls = self.env, self.records[c], self.w.classes[c]
-        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers
+        ops, position, durations, slots, groups = cls.ops, self.position, cls.durations, cls.slots, cls.groups
+        plan = self.memory_plan(ops)
         starts, ends = rec.op_times.start, rec.op_times.end
-        memory_at, memory_delta = memory.times.append, memory.deltas.append
-        buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
-        kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
-        kind_box, box = self.kind_box, self.box
-        durations, slots, groups, queue_send = cls.durations, cls.slots, cls.groups, self._queue_send
-        stream = self.streams[c]
+        at = (rec.memory.times.append, rec.buffers.times.append)  # per ledger (``rules.ACTIVATIONS``, ``BUFFERS``)
+        delta = (rec.memory.deltas.append, rec.buffers.deltas.append)
+        kind_box, box, contention, stream = self.kind_box, self.box, self.contention, self.streams[c]
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
         beside: list = []  # collectives running beside the next compute op
         for i, op in enumerate(ops):  # ``position`` is set where it waits: no one reads it otherwise
-            code = op[0]
+            code = op.code
             if code == COMPUTE:
-                end = t + (durations[i] * slowdown if slow and t >= slow_from else durations[i])
-                starts[i], ends[i] = t, end
-                if op[6]:
-                    memory_at(t)
-                    memory_delta(op[6])
+                duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
+                overlapped = 0.0
                 if beside:  # the action ends with the collectives that ran beside it
-                    for key, done in beside:
-                        if not done.triggered:
-                            position[c] = i
-                            yield done
-                        if self.group_end[key] > end:
-                            end = self.group_end[key]
+                    position[c] = i
+                    overlapped = yield from self._beside_end(beside)
                     beside = []
-                if op[13]:  # op.gather_bytes
-                    buffers.append((t, op[13]))
-                    buffers.append((end, -op[13]))
-                if op[7]:
-                    memory_at(end)
-                    memory_delta(-op[7])
-                if op[8]:
-                    buffer_at(end)
-                    buffer_delta(-op[8])
+                end = rules.compute_end(t, duration, overlapped)
+                starts[i], ends[i] = t, end
+                at_start, at_end = plan[i]
+                for ledger, nbytes in at_start:
+                    at[ledger](t)
+                    delta[ledger](nbytes)
+                for ledger, nbytes in at_end:
+                    at[ledger](end)
+                    delta[ledger](nbytes)
                 t = end
             elif code == SEND:
                 if contention:  # its flows start at ``t`` or when the send stream is free
-                    queue_send(stream, i, op, t)
+                    self._queue_send(stream, i, op, t)
                 else:
-                    start = send_free if send_free > t else t
-                    done, mb = start, op[4]
-                    for k in (slots[op.flows] if op.flows >= 0 else ()):
-                        sent = start + kind_s[k]
-                        if sent > done:
-                            done = sent
-                        kind = kinds[k]
-                        rec.bytes_sent += kind.send_bytes_per_device
-                        self._deliver(kind_box[k] + 2 * mb, sent + kind.latency_s, kind)
-                    send_free = done
-                    starts[i], ends[i] = start, done
-                if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
-                    t += op[5] * slowdown if slow and t >= slow_from else op[5]
+                    send_free = self._send_alone(c, i, op, t, send_free)
+                if op.duration_s:  # issuing holds up the compute stream (gloo on a CPU)
+                    t += rules.stretched_s(op.duration_s, t, slowdown, slow_from) if slow else op.duration_s
             elif code == RECV:
-                flows = slots[op[10]] if op[10] >= 0 else ()  # op.flows
+                flows = slots[op.flows] if op.flows >= 0 else ()
+                arrival = t
                 if flows:
-                    key = kind_box[flows[0]] + 2 * op[4]
+                    key = kind_box[flows[0]] + 2 * op.microbatch
                     if box[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
                         position[c] = i
                         yield event
                     arrival = box[key + 1] if box[key + 1] > t else t
-                else:
-                    arrival = t
-                end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
-                starts[i], ends[i] = t, end
-                t = end
+                cost = rules.stretched_s(op.duration_s, arrival, slowdown, slow_from) if slow else op.duration_s
+                starts[i], ends[i] = t, rules.recv_end_s(t, arrival, cost)
+                t = ends[i]
             elif code == GROUP:
                 key = (groups[op.collective], op.microbatch, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
@@ -247,13 +236,38 @@ class _Replay(Sends, Synchronous):
                     if not done.triggered:
                         position[c] = i
                         yield done
-                    if self.group_end[key] > t:
-                        t = self.group_end[key]
+                    t = rules.after_group(t, 0.0, self.group_end[key], False)[0]
             else:
                 self._reduce_ahead(c, i, op, t)
         position[c] = len(ops)
         self.clock[c] = t
         self.finished[c] = self.unfinished_collectives[c] == 0
+
+    def _beside_end(self, beside: list):
+        """Wait for the collectives that ran beside a compute op; their latest end (a generator)."""
+        latest = 0.0
+        for key, done in beside:
+            if not done.triggered:
+                yield done
+            if self.group_end[key] > latest:
+                latest = self.group_end[key]
+        return latest
+
+    def _send_alone(self, c: int, i: int, op, t: float, send_free: float) -> float:
+        """SEND ``op`` of class ``c`` issued at ``t`` without contention: its flows' times are
+        fixed, so each arrives in its mailbox when sent. When its send stream is free after it."""
+        rec, kinds, kind_s, kind_box = self.records[c], self.kinds, self.kind_s, self.kind_box
+        start = done = rules.send_start_s(t, send_free)
+        mb = op.microbatch
+        for k in (self.w.classes[c].slots[op.flows] if op.flows >= 0 else ()):
+            sent = start + kind_s[k]
+            if sent > done:
+                done = sent
+            kind = kinds[k]
+            rec.bytes_sent += kind.send_bytes_per_device
+            self._deliver(kind_box[k] + 2 * mb, sent + kind.latency_s, kind)
+        rec.op_times.start[i], rec.op_times.end[i] = start, done
+        return done
 
     def _reduce_ahead(self, c: int, i: int, op, t: float) -> None:
         """Class ``c`` issues its part of an all-reduce at ``t``; the last to issue it starts it."""
@@ -268,12 +282,13 @@ class _Replay(Sends, Synchronous):
             self.last_collective[c] = self.collective_done.setdefault(coll.index, self.env.event())
         if len(issued) < len(coll.participants):
             return
-        start = max(when for _, _, when, _ in issued)
-        if self.contention:  # it runs through the ports from ``start``
+        if self.contention:  # it runs through the ports from its last issue
+            start = max(when for _, _, when, _ in issued)
             self.env.process(self._collective_ahead(coll, issued, start, self.collective_done[coll.index]))
             return
-        start = max(start, max(self.coll_free[p] for p in coll.participants))
-        self._collective_ended(issued, start, start + collective_duration_s(self.w, coll))
+        self._collective_ended(issued, *rules.collective_times(
+            (when for _, _, when, _ in issued), collective_duration_s(self.w, coll),
+            (self.coll_free[p] for p in coll.participants)))
 
     def _collective_ahead(self, coll, issued, start: float, done: simpy.Event):
         if start > self.env.now:
@@ -306,11 +321,13 @@ class _Replay(Sends, Synchronous):
         issued = self.group_issued.setdefault(key, {})
         issued.setdefault(c, (i, t))
         if len(issued) == len(coll.participants):
-            start = max(when for _, when in issued.values())
-            if self.contention:
+            if self.contention:  # it runs through the ports from its last issue
+                start = max(when for _, when in issued.values())
                 self.env.process(self._group_ahead(coll, issued, start, key, done))
             else:
-                self._group_ended(issued, start, start + collective_duration_s(self.w, coll), key, done)
+                start, end = rules.collective_times((when for _, when in issued.values()),
+                                                    collective_duration_s(self.w, coll))
+                self._group_ended(issued, start, end, key, done)
         return done
 
     def _group_ahead(self, coll, issued, start: float, key: tuple, done: simpy.Event):
@@ -329,7 +346,7 @@ class _Replay(Sends, Synchronous):
     def optimizer_steps(self) -> None:
         """Each device's optimizer step, once its compute stream and its last all-reduce have ended."""
         for c, cls in enumerate(self.w.classes):
-            start = max(self.clock[c], self.coll_free[c])
+            start = rules.optimizer_start_s(self.clock[c], self.coll_free[c])
             self.records[c].optimizer = (start, start + cls.optimizer_s)
 
     # --- collectives -------------------------------------------------------------------------

@@ -93,11 +93,11 @@ class Sends:
                 net.at(due, self.next_send, stream)
                 return
             del queue[0]
-            flows = stream.slots[op[10]] if op[10] >= 0 else ()  # op.flows
+            flows = stream.slots[op.flows] if op.flows >= 0 else ()
             if flows:
                 stream.busy = True
                 kinds, left = self.kinds, self.left
-                sending = [stream, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
+                sending = [stream, i, now, len(flows), op.microbatch, None]  # what ``_left`` needs of this SEND
                 for k in flows:
                     kind = kinds[k]
                     stream.bytes_sent += kind.send_bytes_per_device
