@@ -15,6 +15,10 @@ split backward, W takes ``wgrad_s[s]`` and I the rest, ``bwd_s[s] − wgrad_s[s]
 
 Every rank runs until it must wait for a result not yet computed and sleeps until that result
 exists, so each action is timed exactly once: O(actions).
+
+:func:`replay` applies the same idea to a compiled plan (``sim.engine.compile``), op by op,
+with the rule book's rules (``sim.engine.rules``); many classes that share their ops run as
+numpy arrays instead (``sim.engine.vector``).
 """
 
 from __future__ import annotations

@@ -20,9 +20,11 @@ Every device has four streams, as a GPU running NCCL does:
   the group has issued it; a tensor-parallel one holds the compute stream until it ends, the
   others run beside the next compute op, which ends no earlier than they do.
 
-After its last action a device waits for its all-reduces and runs the optimizer step; the
-iteration ends with the last optimizer step. Memory (``sim.engine.result``) is recorded as
-allocations and frees over time per device class. Classes of identical devices
+What each op does, in time and memory, is the rule book's (``sim.engine.rules``), which the
+fast path (``sim.engine.fastpath``, ``sim.engine.vector``) reads too. After its last action a
+device waits for its all-reduces and runs the optimizer step; the iteration ends with the last
+optimizer step. Memory (``sim.engine.result``) is recorded as allocations and frees over time
+per device class. Classes of identical devices
 (``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 

@@ -39,18 +39,21 @@ add their receive bytes to the buffer ledger when they arrive (the receive side 
 buffers ahead, as ``batch_isend_irecv`` does). ``live_delta`` counts live micro-batches:
 +1 at an F, −1 at the B or W that frees it (``sim.engine.memory.peak_live_microbatches``).
 
-**A worked example.** One device of stage 1 runs ``F0`` (2 s, stashes 10 bytes), sends its
-activations to stage 2 (a flow of 1 s alone, latency 0), then waits for ``RECV_B0`` (stage 2's
-gradient, 4 bytes, arriving at 5 s) and runs ``B0`` (3 s, frees the stash and the gradient)::
+**A worked example** (``tests/test_rules.py`` replays it on every replay). Stage 0 of a
+two-stage pipeline runs one micro-batch: ``F0`` (2 s, stashes 10 bytes), ``SEND_F0`` (its
+4-byte activations over a 4 B/s link: 1 s alone, no latency), ``RECV_B0`` and ``B0`` (3 s,
+frees the stash and the received gradient). Stage 1 gets the activations at 3 s, runs its F0
+(3–5) and B0 (5–8) and sends the gradient back (8–9)::
 
     op        stream    start  end   activations      buffers
     F0        compute   0      2     +10 at 0
-    SEND_F0   send      2      3                                      (compute goes on at 2)
-    RECV_B0   compute   2      5                      +4 at 5 (arrival)
-    B0        compute   5      8     -10 at 8         -4 at 8
+    SEND_F0   send      2      3                                  (compute goes on at 2)
+    RECV_B0   compute   2      9                      +4 at 9     (the gradient arrives late)
+    B0        compute   9      12    -10 at 12        -4 at 12
 
-so :func:`memory_after` of ``F0`` from ``(0, 0)`` is ``(10, 0)``, and the device peaks at
-14 bytes from 5 s to 8 s. ``tests/test_rules.py`` runs this and the other rules on every replay.
+so :func:`memory_after` of ``F0`` from ``(0, 0)`` is ``(10, 0)`` and the device peaks at
+14 bytes from 9 s to 12 s. Had ``RECV_B0`` a receive cost of 0.5 s, B0 would run 9.5–12.5;
+had an overlapping 4 s group collective been issued before F0, F0 would end at 4.
 """
 
 from __future__ import annotations
