@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 from conftest import synthetic_scenario
 from sim.engine import rules
 from sim.engine.compile import compile_workload
