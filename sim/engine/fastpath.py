@@ -238,7 +238,7 @@ class _PlanState:
         self.ready = list(range(n - 1, -1, -1))
         self.kind_box = rules.box_numbers(workload.kinds, workload.num_microbatches)[0]
         self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
-        self.memory_plans: dict[int, tuple] = {}  # per op list (classes share them): its memory events
+        self.steps: dict[int, tuple] = {}  # per op list (classes share them): ``rules.steps``
 
     def run(self) -> None:
         """Run every class until it waits; a delivery or a collective wakes its waiters."""
@@ -251,36 +251,45 @@ class _PlanState:
         """Run class ``c``'s ops from its cursor until it must wait (or has none left)."""
         cls, kinds, kind_box, kind_s = self.w.classes[c], self.w.kinds, self.kind_box, self.kind_s
         ops, i, now, rec, pending = cls.ops, self.cursor[c], self.clock[c], self.records[c], self.pending_s
-        plan = self.memory_plans.get(id(ops))
-        if plan is None:
-            plan = self.memory_plans[id(ops)] = rules.memory_plan(ops)
+        steps = self.steps.get(id(ops))
+        if steps is None:
+            steps = self.steps[id(ops)] = rules.steps(ops)
         durations, slots, arrived, send_free = cls.durations, cls.slots, self.arrived, self.send_free
         starts, ends = rec.op_times.start, rec.op_times.end
-        at = (rec.memory.times.append, rec.buffers.times.append)  # per ledger (``rules.ACTIVATIONS``, ``BUFFERS``)
-        delta = (rec.memory.deltas.append, rec.buffers.deltas.append)
+        memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append  # ``rules.ACTIVATIONS``
+        buffer_at, buffer_delta = rec.buffers.times.append, rec.buffers.deltas.append  # ``rules.BUFFERS``
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
         n = len(ops)
         while i < n:
-            op = ops[i]
-            code = op.code
+            code, mb, flows, cost_s, alloc, gather, free, buffer = steps[i]
             if code == COMPUTE:
                 duration = rules.stretched_s(durations[i], now, slowdown, slow_from) if slow else durations[i]
-                end = rules.compute_end(now, duration, pending[c])  # the collectives that ran beside it
+                # ``rules.compute_end`` and the rest of this loop's max-plus rules, inlined: a call
+                # per op costs this loop ~4% (``tests/test_rules.py`` holds every replay to them)
+                end = now + duration
+                if pending[c] > end:  # the collectives that ran beside it
+                    end = pending[c]
                 starts[i], ends[i] = now, end
                 pending[c] = 0.0
-                at_start, at_end = plan[i]
-                for ledger, nbytes in at_start:
-                    at[ledger](now)
-                    delta[ledger](nbytes)
-                for ledger, nbytes in at_end:
-                    at[ledger](end)
-                    delta[ledger](nbytes)
+                if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
+                    memory_at(now)
+                    memory_delta(alloc)
+                if gather:
+                    buffer_at(now)
+                    buffer_delta(gather)
+                    buffer_at(end)
+                    buffer_delta(-gather)
+                if free:
+                    memory_at(end)
+                    memory_delta(-free)
+                if buffer:
+                    buffer_at(end)
+                    buffer_delta(-buffer)
                 now = end
             elif code == SEND:
-                start = done = rules.send_start_s(now, send_free[c])
-                mb = op.microbatch
-                for k in (slots[op.flows] if op.flows >= 0 else ()):
+                start = done = send_free[c] if send_free[c] > now else now  # ``rules.send_start_s``
+                for k in (slots[flows] if flows >= 0 else ()):
                     sent = start + kind_s[k]
                     if sent > done:
                         done = sent
@@ -289,28 +298,28 @@ class _PlanState:
                     self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
                 send_free[c] = done
                 starts[i], ends[i] = start, done
-                if op.duration_s:  # issuing holds up the compute stream (gloo on a CPU)
-                    now += rules.stretched_s(op.duration_s, now, slowdown, slow_from) if slow else op.duration_s
+                if cost_s:  # issuing holds up the compute stream (gloo on a CPU)
+                    now += rules.stretched_s(cost_s, now, slowdown, slow_from) if slow else cost_s
             elif code == RECV:
-                flows = slots[op.flows] if op.flows >= 0 else ()
+                flows = slots[flows] if flows >= 0 else ()
                 arrival = now
                 if flows:
-                    key = kind_box[flows[0]] + op.microbatch
+                    key = kind_box[flows[0]] + mb
                     got = arrived.get(key)
                     if got is None or got[0] < len(flows):
                         self.waiting[key] = c
                         break
                     arrival = got[1] if got[1] > now else now
-                cost = rules.stretched_s(op.duration_s, arrival, slowdown, slow_from) if slow else op.duration_s
-                starts[i], ends[i] = now, rules.recv_end_s(now, arrival, cost)
-                now = ends[i]
+                cost = rules.stretched_s(cost_s, arrival, slowdown, slow_from) if slow else cost_s
+                starts[i] = now
+                now = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``now``)
             elif code == GROUP:
-                end = self._group(c, i, op, now)
+                end = self._group(c, i, ops[i], now)
                 if end is None:
                     break  # the rest of its group has not issued it yet
-                now, pending[c] = rules.after_group(now, pending[c], end, op.overlap)
+                now, pending[c] = rules.after_group(now, pending[c], end, ops[i].overlap)
             else:
-                self._reduce(c, i, op, now)
+                self._reduce(c, i, ops[i], now)
             i += 1
         self.cursor[c], self.clock[c] = i, now
 

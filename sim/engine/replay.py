@@ -127,7 +127,8 @@ class _Replay(Sends, Synchronous):
         # own clock: see ``_actions_ahead``
         self.contention = contention
         self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
-        self.memory_plans: dict[int, tuple] = {}  # per op list (classes share them): ``rules.memory_plan``
+        self.steps: dict[int, tuple] = {}  # per op list (classes share them): ``rules.steps``
+        self.memory_plans: dict[int, tuple] = {}  # and ``rules.memory_plan``
         if self.ahead:
             self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
             # mailboxes are ints, ``2 * (box * num_microbatches + microbatch)`` (the fast path's
@@ -147,8 +148,15 @@ class _Replay(Sends, Synchronous):
 
     # --- compute stream ----------------------------------------------------------------------
 
+    def steps_of(self, ops) -> tuple:
+        """``rules.steps(ops)``, once per op list (classes whose ops are alike share one)."""
+        steps = self.steps.get(id(ops))
+        if steps is None:
+            steps = self.steps[id(ops)] = rules.steps(ops)
+        return steps
+
     def memory_plan(self, ops) -> tuple:
-        """``rules.memory_plan(ops)``, once per op list (classes whose ops are alike share one)."""
+        """``rules.memory_plan(ops)``, once per op list (the synchronous replay reads it)."""
         plan = self.memory_plans.get(id(ops))
         if plan is None:
             plan = self.memory_plans[id(ops)] = rules.memory_plan(ops)
@@ -180,17 +188,17 @@ class _Replay(Sends, Synchronous):
         """
         env, rec, cls = self.env, self.records[c], self.w.classes[c]
         ops, position, durations, slots, groups = cls.ops, self.position, cls.durations, cls.slots, cls.groups
-        plan = self.memory_plan(ops)
+        steps = self.steps_of(ops)
         starts, ends = rec.op_times.start, rec.op_times.end
-        at = (rec.memory.times.append, rec.buffers.times.append)  # per ledger (``rules.ACTIVATIONS``, ``BUFFERS``)
-        delta = (rec.memory.deltas.append, rec.buffers.deltas.append)
+        memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append  # ``rules.ACTIVATIONS``
+        buffer_at, buffer_delta = rec.buffers.times.append, rec.buffers.deltas.append  # ``rules.BUFFERS``
         kind_box, box, contention, stream = self.kind_box, self.box, self.contention, self.streams[c]
         slowdown, slow_from = cls.slowdown, cls.slow_from_s
         slow = slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
         beside: list = []  # collectives running beside the next compute op
-        for i, op in enumerate(ops):  # ``position`` is set where it waits: no one reads it otherwise
-            code = op.code
+        # ``position`` is set where it waits: no one reads it otherwise
+        for i, (code, mb, flows, cost_s, alloc, gather, free, buffer) in enumerate(steps):
             if code == COMPUTE:
                 duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
                 overlapped = 0.0
@@ -198,39 +206,51 @@ class _Replay(Sends, Synchronous):
                     position[c] = i
                     overlapped = yield from self._beside_end(beside)
                     beside = []
-                end = rules.compute_end(t, duration, overlapped)
+                # ``rules.compute_end`` and the rest of this loop's max-plus rules, inlined: a call
+                # per op costs this loop ~4% (``tests/test_rules.py`` holds every replay to them)
+                end = t + duration
+                if overlapped > end:
+                    end = overlapped
                 starts[i], ends[i] = t, end
-                at_start, at_end = plan[i]
-                for ledger, nbytes in at_start:
-                    at[ledger](t)
-                    delta[ledger](nbytes)
-                for ledger, nbytes in at_end:
-                    at[ledger](end)
-                    delta[ledger](nbytes)
+                if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
+                    memory_at(t)
+                    memory_delta(alloc)
+                if gather:
+                    buffer_at(t)
+                    buffer_delta(gather)
+                    buffer_at(end)
+                    buffer_delta(-gather)
+                if free:
+                    memory_at(end)
+                    memory_delta(-free)
+                if buffer:
+                    buffer_at(end)
+                    buffer_delta(-buffer)
                 t = end
             elif code == SEND:
                 if contention:  # its flows start at ``t`` or when the send stream is free
-                    self._queue_send(stream, i, op, t)
+                    self._queue_send(stream, i, ops[i], t)
                 else:
-                    send_free = self._send_alone(c, i, op, t, send_free)
-                if op.duration_s:  # issuing holds up the compute stream (gloo on a CPU)
-                    t += rules.stretched_s(op.duration_s, t, slowdown, slow_from) if slow else op.duration_s
+                    send_free = self._send_alone(c, i, ops[i], t, send_free)
+                if cost_s:  # issuing holds up the compute stream (gloo on a CPU)
+                    t += rules.stretched_s(cost_s, t, slowdown, slow_from) if slow else cost_s
             elif code == RECV:
-                flows = slots[op.flows] if op.flows >= 0 else ()
+                flows = slots[flows] if flows >= 0 else ()
                 arrival = t
                 if flows:
-                    key = kind_box[flows[0]] + 2 * op.microbatch
+                    key = kind_box[flows[0]] + 2 * mb
                     if box[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
                         position[c] = i
                         yield event
                     arrival = box[key + 1] if box[key + 1] > t else t
-                cost = rules.stretched_s(op.duration_s, arrival, slowdown, slow_from) if slow else op.duration_s
-                starts[i], ends[i] = t, rules.recv_end_s(t, arrival, cost)
-                t = ends[i]
+                cost = rules.stretched_s(cost_s, arrival, slowdown, slow_from) if slow else cost_s
+                starts[i] = t
+                t = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``t``)
             elif code == GROUP:
-                key = (groups[op.collective], op.microbatch, op.kind)
+                op = ops[i]
+                key = (groups[op.collective], mb, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
                 if op.overlap:
                     beside.append((key, done))
@@ -240,7 +260,7 @@ class _Replay(Sends, Synchronous):
                         yield done
                     t = rules.after_group(t, 0.0, self.group_end[key], False)[0]
             else:
-                self._reduce_ahead(c, i, op, t)
+                self._reduce_ahead(c, i, ops[i], t)
         position[c] = len(ops)
         self.clock[c] = t
         self.finished[c] = self.unfinished_collectives[c] == 0

@@ -83,6 +83,7 @@ __all__ = [
     "optimizer_start_s",
     "recv_end_s",
     "send_start_s",
+    "steps",
     "stretched_s",
 ]
 
@@ -166,8 +167,21 @@ def memory_events(op: Op) -> MemoryEvents:
 
 
 def memory_plan(ops: Sequence[Op]) -> tuple[MemoryEvents, ...]:
-    """:func:`memory_events` of each op, computed once per op list (the replays' hot loops read it)."""
+    """:func:`memory_events` of each op, computed once per op list."""
     return tuple(memory_events(op) for op in ops)
+
+
+def steps(ops: Sequence[Op]) -> tuple[tuple, ...]:
+    """What the scalar replays' hot loops read of each op, bound once per op list (classes
+    share theirs): ``(code, microbatch, flows, duration_s, alloc_bytes, gather_bytes,
+    free_bytes, buffer_bytes)``. Unpacking one tuple costs less than reading an ``Op``'s fields
+    by name one by one (a ``_tuplegetter`` call each) on a loop run millions of times.
+
+    Those loops apply :data:`MEMORY` unrolled, field by field in its order (a loop over
+    :func:`memory_events` per op costs them ~8%); ``tests/test_rules.py`` holds every replay's
+    ledgers to :func:`memory_events`, so a rule changed here and not there fails it."""
+    return tuple((op.code, op.microbatch, op.flows, op.duration_s, op.alloc_bytes, op.gather_bytes,
+                  op.free_bytes, op.buffer_bytes) for op in ops)
 
 
 def memory_after(op: Op, held: tuple[float, float]) -> tuple[float, float]:
