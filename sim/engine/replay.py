@@ -174,18 +174,11 @@ class _Replay(Sends, Synchronous):
     # --- every device on its own clock (run ahead) --------------------------------------------
 
     def _actions_ahead(self, c: int):
-        """The compute stream of class ``c`` on the device's own clock ``t``.
-
-        What a device does depends on the others only through what it waits for: its data
-        (a RECV), its group's collectives and its all-reduces. So the process computes its
-        own actions' times and yields to SimPy only to wait for something a device behind it
-        has not done yet; a RECV whose data has arrived by ``t``, or arrives before the wait
-        ends, costs nothing more. Its sends start on the network at their own instants (one
-        event each, the network's bookkeeping apart); without contention a flow's time is
-        fixed, so it arrives when it is sent, without any event (``_send_alone``). The rules
-        are the rule book's (``sim.engine.rules``), as the synchronous ``_actions`` and the
-        fast path replay them.
-        """
+        """The compute stream of class ``c`` on the device's own clock ``t``: it yields to SimPy
+        only to wait for something a device behind it has not done yet (its data, its group's
+        collectives), and its sends start on the network at their own instants (without
+        contention they arrive when sent: ``_send_alone``). The rules are the rule book's
+        (``sim.engine.rules``), as the synchronous ``_actions`` and the fast path replay them."""
         env, rec, cls = self.env, self.records[c], self.w.classes[c]
         ops, position, durations, slots, groups = cls.ops, self.position, cls.durations, cls.slots, cls.groups
         steps = self.steps_of(ops)
@@ -193,24 +186,19 @@ class _Replay(Sends, Synchronous):
         memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append  # ``rules.ACTIVATIONS``
         buffer_at, buffer_delta = rec.buffers.times.append, rec.buffers.deltas.append  # ``rules.BUFFERS``
         kind_box, box, contention, stream = self.kind_box, self.box, self.contention, self.streams[c]
-        slowdown, slow_from = cls.slowdown, cls.slow_from_s
-        slow = slowdown != 1.0
+        slowdown, slow_from, slow = cls.slowdown, cls.slow_from_s, cls.slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
         beside: list = []  # collectives running beside the next compute op
-        # ``position`` is set where it waits: no one reads it otherwise
         for i, (code, mb, flows, cost_s, alloc, gather, free, buffer) in enumerate(steps):
             if code == COMPUTE:
                 duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
                 overlapped = 0.0
                 if beside:  # the action ends with the collectives that ran beside it
-                    position[c] = i
+                    position[c] = i  # ``position`` is set where it waits: no one reads it otherwise
                     overlapped = yield from self._beside_end(beside)
                     beside = []
-                # ``rules.compute_end`` and the rest of this loop's max-plus rules, inlined: a call
-                # per op costs this loop ~4% (``tests/test_rules.py`` holds every replay to them)
-                end = t + duration
-                if overlapped > end:
-                    end = overlapped
+                end = t + duration  # ``rules.compute_end`` inlined, as ``recv_end_s`` (a call per op costs ~4%)
+                end = overlapped if overlapped > end else end
                 starts[i], ends[i] = t, end
                 if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
                     memory_at(t)
@@ -371,19 +359,6 @@ class _Replay(Sends, Synchronous):
             start = rules.optimizer_start_s(self.clock[c], self.coll_free[c])
             self.records[c].optimizer = (start, start + cls.optimizer_s)
 
-    # --- collectives -------------------------------------------------------------------------
-
-    def _phases(self, coll):
-        """Run a collective's phases one after another: each phase's flows together, then its latency."""
-        for kinds, latency in coll.phases:
-            if kinds:
-                phase = [len(kinds), self.env.event(), {}]  # flows to go, the event when they have left
-                for k in kinds:
-                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
-                yield phase[1]
-            if latency > 0:
-                yield self.env.timeout(latency)
-
     # --- end -----------------------------------------------------------------------------------
 
     def check_finished(self) -> None:
@@ -405,12 +380,3 @@ class _Replay(Sends, Synchronous):
             detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
 
-
-def _phase_left(kind, phase: list) -> None:
-    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event,
-    when each sibling group left)."""
-    if kind.sibling >= 0 and phase[2].setdefault(kind.sibling, phase[1].env.now) != phase[1].env.now:
-        raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
-    phase[0] -= 1
-    if phase[0] == 0:
-        phase[1].succeed()
