@@ -15,6 +15,10 @@ split backward, W takes ``wgrad_s[s]`` and I the rest, ``bwd_s[s] − wgrad_s[s]
 
 Every rank runs until it must wait for a result not yet computed and sleeps until that result
 exists, so each action is timed exactly once: O(actions).
+
+:func:`replay` applies the same idea to a compiled plan (``sim.engine.compile``), op by op,
+with the rule book's rules (``sim.engine.rules``); many classes that share their ops run as
+numpy arrays instead (``sim.engine.vector``).
 """
 
 from __future__ import annotations
@@ -23,18 +27,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
-from sim.engine.gcpause import gc_paused
 from sim.core.errors import DappleError, ScheduleError
 from sim.cost.compute import overlapped_pair_s
-from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
+from sim.engine import rules
+from sim.engine.gcpause import gc_paused
+from sim.engine.result import OpTimes, Recorder, SimResult
+from sim.engine.rules import collective_duration_s
+from sim.engine.vector import vector_records, worth_vectorising
+from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 from sim.schedule.check import check_schedule, run_ranks
-
-if TYPE_CHECKING:
-    from sim.engine.result import SimResult
+from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
 
 __all__ = ["Timing", "collective_duration_s", "replay", "time_schedule"]
+# ``collective_duration_s`` lives in ``sim.engine.rules``; importable from here for older callers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,28 +186,24 @@ def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
 
 
 @gc_paused()  # its records and the result's timelines: millions of objects
-def replay(workload) -> "SimResult":
+def replay(workload) -> SimResult:
     """Replay a compiled plan (``sim.engine.compile``) without contention: the planner's fast path.
 
     Each operation costs what it would cost alone: the flows of one SEND (issued together by
     identical replicas) share only the ports they have in common with each other, an
-    all-reduce phase's flows likewise; other traffic never slows them. Streams follow the engine's rules (see ``sim.engine.replay``): the
-    compute stream runs the rank's actions in order, a device's sends leave one SEND at a
-    time on its send stream, all-reduces run in issue order on a collective stream, and the
-    optimizer step waits for the last of them. With contention off the SimPy engine gives
-    the same times; this path only skips SimPy and the port bookkeeping.
+    all-reduce phase's flows likewise; other traffic never slows them. Ops follow the rule
+    book (``sim.engine.rules``): the compute stream runs the rank's actions in order, a
+    device's sends leave one SEND at a time on its send stream, all-reduces run in issue
+    order on a collective stream, and the optimizer step waits for the last of them. With
+    contention off the SimPy engine gives the same times; this path only skips SimPy and the
+    port bookkeeping.
     """
-    from sim.core.errors import DappleError
-    from sim.engine.result import SimResult
-
     if workload.optimistic:
         raise ValueError("an optimistic workload's classes are checked only by the SimPy replay with contention: "
                          "compile it with compile_workload(..., contention=False) for the fast path")
     failing = [cls.devices[0] for cls in workload.classes if cls.fails_at_s is not None]
     if failing:
         raise DappleError(f"device {failing[0]} fails: device failures need the SimPy engine (--engine simpy)")
-    from sim.engine.vector import vector_records, worth_vectorising
-
     if worth_vectorising(workload):  # many classes sharing their ops: numpy over each bundle
         return SimResult(workload, vector_records(workload), engine="fast", contention=False)
     state = _PlanState(workload)
@@ -213,11 +214,13 @@ def replay(workload) -> "SimResult":
 
 
 class _PlanState:
-    """Per-class cursors and clocks of a contention-free replay."""
+    """Per-class cursors and clocks of a contention-free replay.
+
+    The hot loop keeps its state in locals and looks flows up in flat per-kind tables: a
+    mailbox is an int, ``box * num_microbatches + microbatch`` (``rules.box_numbers``).
+    """
 
     def __init__(self, workload) -> None:
-        from sim.engine.result import OpTimes, Recorder
-
         self.w = workload
         n = len(workload.classes)
         self.cursor = [0] * n
@@ -225,106 +228,100 @@ class _PlanState:
         self.send_free = [0.0] * n
         self.coll_free = [0.0] * n
         self.records = [Recorder(op_times=OpTimes(len(c.ops))) for c in workload.classes]
-        self.arrived: dict[tuple, list] = {}
-        self.waiting: dict[tuple, int] = {}
+        self.arrived: dict[int, list] = {}
+        self.waiting: dict[int, int] = {}
         self.issued: dict[int, list] = {}
         self.group_issued: dict[tuple, dict] = {}
         self.group_end: dict[tuple, float] = {}
         self.group_waiting: dict[tuple, list] = {}
         self.pending_s = [0.0] * n
         self.ready = list(range(n - 1, -1, -1))
+        self.kind_box = rules.box_numbers(workload.kinds, workload.num_microbatches)[0]
+        self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
+        self.steps: dict[int, tuple] = {}  # per op list (classes share them): ``rules.steps``
 
     def run(self) -> None:
-        """Run every class until it waits; a delivery or a collective wakes its waiters.
-
-        The hot loop keeps its state in locals and looks flows up in flat per-kind tables:
-        a mailbox is an int, ``box * num_microbatches + microbatch``.
-        """
-        from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
-
-        classes, kinds, records = self.w.classes, self.w.kinds, self.records
-        stride = max(self.w.num_microbatches, 1)
-        boxes: dict[tuple, int] = {}
-        kind_box = [boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
-                    if k.label[0] in ("F", "B") else -1 for k in kinds]
-        kind_s = [k.bytes / k.static_rate_bytes_per_s for k in kinds]
-        arrived, waiting, ready, pending = self.arrived, self.waiting, self.ready, self.pending_s
-        send_free = self.send_free
+        """Run every class until it waits; a delivery or a collective wakes its waiters."""
+        ready = self.ready
         while ready:
-            c = ready.pop()
-            cls = classes[c]
-            ops, i, now, rec = cls.ops, self.cursor[c], self.clock[c], records[c]
-            durations, slots = cls.durations, cls.slots
-            starts, ends, buffers = rec.op_times.start, rec.op_times.end, rec.buffers
-            memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append
-            buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
-            slowdown, slow_from = cls.slowdown, cls.slow_from_s
-            slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
-            n = len(ops)
-            while i < n:
-                op = ops[i]
-                code = op[0]
-                if code == COMPUTE:
-                    end = now + (durations[i] * slowdown if slow and now >= slow_from else durations[i])
-                    starts[i], ends[i] = now, end
-                    if op[6]:
-                        memory_at(now)
-                        memory_delta(op[6])
-                    if pending[c] > end:  # the collectives that ran beside it
-                        end = pending[c]
-                    pending[c] = 0.0
-                    if op.gather_bytes:
-                        buffers.append((now, op.gather_bytes))
-                        buffers.append((end, -op.gather_bytes))
-                    if op[7]:
-                        memory_at(end)
-                        memory_delta(-op[7])
-                    if op[8]:
-                        buffer_at(end)
-                        buffer_delta(-op[8])
-                    now = end
-                elif code == SEND:
-                    start = send_free[c] if send_free[c] > now else now
-                    done, mb = start, op[4]
-                    for k in (slots[op.flows] if op.flows >= 0 else ()):
-                        sent = start + kind_s[k]
-                        if sent > done:
-                            done = sent
-                        kind = kinds[k]
-                        rec.bytes_sent += kind.send_bytes_per_device
-                        self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
-                    send_free[c] = done
-                    starts[i], ends[i] = start, done
-                    if op[5]:
-                        now += op[5] * slowdown if slow and now >= slow_from else op[5]
-                elif code == RECV:
-                    flows = slots[op.flows] if op.flows >= 0 else ()
-                    if flows:
-                        key = kind_box[flows[0]] + op[4]
-                        got = arrived.get(key)
-                        if got is None or got[0] < len(flows):
-                            waiting[key] = c
-                            break
-                        arrival = got[1] if got[1] > now else now
-                    else:
-                        arrival = now
-                    end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
-                    starts[i], ends[i] = now, end
-                    now = end
-                elif code == GROUP:
-                    end = self._group(c, i, op, now)
-                    if end is None:
-                        break  # the rest of its group has not issued it yet
-                    if op.overlap:
-                        if end > pending[c]:
-                            pending[c] = end
-                    elif end > now:
-                        now = end
-                else:
-                    self._reduce(c, i, op, now)
-                i += 1
-            self.cursor[c], self.clock[c] = i, now
+            self._advance(ready.pop())
         self._finish()
+
+    def _advance(self, c: int) -> None:
+        """Run class ``c``'s ops from its cursor until it must wait (or has none left)."""
+        cls, kinds, kind_box, kind_s = self.w.classes[c], self.w.kinds, self.kind_box, self.kind_s
+        ops, i, now, rec, pending = cls.ops, self.cursor[c], self.clock[c], self.records[c], self.pending_s
+        steps = self.steps.get(id(ops))
+        if steps is None:
+            steps = self.steps[id(ops)] = rules.steps(ops)
+        durations, slots, arrived, send_free = cls.durations, cls.slots, self.arrived, self.send_free
+        starts, ends = rec.op_times.start, rec.op_times.end
+        memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append  # ``rules.ACTIVATIONS``
+        buffer_at, buffer_delta = rec.buffers.times.append, rec.buffers.deltas.append  # ``rules.BUFFERS``
+        slowdown, slow_from = cls.slowdown, cls.slow_from_s
+        slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
+        n = len(ops)
+        while i < n:
+            code, mb, flows, cost_s, alloc, gather, free, buffer = steps[i]
+            if code == COMPUTE:
+                duration = rules.stretched_s(durations[i], now, slowdown, slow_from) if slow else durations[i]
+                # ``rules.compute_end`` and the rest of this loop's max-plus rules, inlined: a call
+                # per op costs this loop ~4% (``tests/test_rules.py`` holds every replay to them)
+                end = now + duration
+                if pending[c] > end:  # the collectives that ran beside it
+                    end = pending[c]
+                starts[i], ends[i] = now, end
+                pending[c] = 0.0
+                if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
+                    memory_at(now)
+                    memory_delta(alloc)
+                if gather:
+                    buffer_at(now)
+                    buffer_delta(gather)
+                    buffer_at(end)
+                    buffer_delta(-gather)
+                if free:
+                    memory_at(end)
+                    memory_delta(-free)
+                if buffer:
+                    buffer_at(end)
+                    buffer_delta(-buffer)
+                now = end
+            elif code == SEND:
+                start = done = send_free[c] if send_free[c] > now else now  # ``rules.send_start_s``
+                for k in (slots[flows] if flows >= 0 else ()):
+                    sent = start + kind_s[k]
+                    if sent > done:
+                        done = sent
+                    kind = kinds[k]
+                    rec.bytes_sent += kind.send_bytes_per_device
+                    self._deliver(kind_box[k] + mb, sent + kind.latency_s, kind)
+                send_free[c] = done
+                starts[i], ends[i] = start, done
+                if cost_s:  # issuing holds up the compute stream (gloo on a CPU)
+                    now += rules.stretched_s(cost_s, now, slowdown, slow_from) if slow else cost_s
+            elif code == RECV:
+                flows = slots[flows] if flows >= 0 else ()
+                arrival = now
+                if flows:
+                    key = kind_box[flows[0]] + mb
+                    got = arrived.get(key)
+                    if got is None or got[0] < len(flows):
+                        self.waiting[key] = c
+                        break
+                    arrival = got[1] if got[1] > now else now
+                cost = rules.stretched_s(cost_s, arrival, slowdown, slow_from) if slow else cost_s
+                starts[i] = now
+                now = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``now``)
+            elif code == GROUP:
+                end = self._group(c, i, ops[i], now)
+                if end is None:
+                    break  # the rest of its group has not issued it yet
+                now, pending[c] = rules.after_group(now, pending[c], end, ops[i].overlap)
+            else:
+                self._reduce(c, i, ops[i], now)
+            i += 1
+        self.cursor[c], self.clock[c] = i, now
 
     def _deliver(self, key: int, when: float, kind) -> None:
         got = self.arrived.get(key)
@@ -350,8 +347,8 @@ class _PlanState:
         issued.append((c, i, now))
         if len(issued) < len(coll.participants):
             return
-        start = max(max(t for _, _, t in issued), max(self.coll_free[p] for p in coll.participants))
-        end = start + collective_duration_s(self.w, coll)
+        start, end = rules.collective_times((t for _, _, t in issued), collective_duration_s(self.w, coll),
+                                            (self.coll_free[p] for p in coll.participants))
         for p, index, _ in issued:
             self.coll_free[p] = end
             self.records[p].op_times[index] = (start, end)
@@ -369,30 +366,19 @@ class _PlanState:
         if len(issued) < len(coll.participants):
             self.group_waiting.setdefault(key, []).append(c)
             return None
-        start = max(t for _, t in issued.values())
-        end = self.group_end[key] = start + collective_duration_s(self.w, coll)
+        start, end = rules.collective_times((t for _, t in issued.values()), collective_duration_s(self.w, coll))
+        self.group_end[key] = end
         for p, (index, _) in issued.items():
             self.records[p].op_times[index] = (start, end)
         self.ready += self.group_waiting.pop(key, [])
         return end
 
     def _finish(self) -> None:
-        from sim.core.errors import ScheduleError
-
         classes = self.w.classes
         stuck = [c for c in range(len(classes)) if self.cursor[c] < len(classes[c].ops)]
         if stuck:
             blocked = ", ".join(f"device {classes[c].devices[0]} at {classes[c].ops[self.cursor[c]].text}" for c in stuck[:4])
             raise ScheduleError(f"the replay cannot make progress: {blocked} wait for data that never comes")
         for c, cls in enumerate(classes):
-            start = max(self.clock[c], self.coll_free[c])
+            start = rules.optimizer_start_s(self.clock[c], self.coll_free[c])
             self.records[c].optimizer = (start, start + cls.optimizer_s)
-
-
-def collective_duration_s(workload, collective) -> float:
-    """An all-reduce alone: each phase lasts its slowest flow plus one latency per ring step."""
-    total = 0.0
-    for kinds, latency in collective.phases:
-        total += max((workload.kinds[k].bytes / workload.kinds[k].static_rate_bytes_per_s for k in kinds),
-                     default=0.0) + latency
-    return total

@@ -20,9 +20,11 @@ Every device has four streams, as a GPU running NCCL does:
   the group has issued it; a tensor-parallel one holds the compute stream until it ends, the
   others run beside the next compute op, which ends no earlier than they do.
 
-After its last action a device waits for its all-reduces and runs the optimizer step; the
-iteration ends with the last optimizer step. Memory (``sim.engine.result``) is recorded as
-allocations and frees over time per device class. Classes of identical devices
+What each op does, in time and memory, is the rule book's (``sim.engine.rules``), which the
+fast path (``sim.engine.fastpath``, ``sim.engine.vector``) reads too. After its last action a
+device waits for its all-reduces and runs the optimizer step; the iteration ends with the last
+optimizer step. Memory (``sim.engine.result``) is recorded as allocations and frees over time
+per device class. Classes of identical devices
 (``sim.engine.symmetry``) run as one SimPy process, so the number of events grows with the number
 of *distinct* devices and actions, not with replicas.
 
@@ -59,13 +61,14 @@ from array import array
 
 import simpy
 
-from sim.engine.fastpath import collective_duration_s
+from sim.core.errors import ScheduleError
+from sim.engine import rules
 from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
+from sim.engine.result import OpTimes, Recorder, SimResult
+from sim.engine.rules import collective_duration_s
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous
-from sim.core.errors import ScheduleError
-from sim.engine.result import OpTimes, Recorder, SimResult
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
 
 __all__ = ["Diverged", "simulate"]
@@ -124,15 +127,16 @@ class _Replay(Sends, Synchronous):
         # own clock: see ``_actions_ahead``
         self.contention = contention
         self.ahead = run_ahead and not any(c.fails_at_s is not None for c in workload.classes)
+        self.steps: dict[int, tuple] = {}  # per op list (classes share them): ``rules.steps``
+        self.memory_plans: dict[int, tuple] = {}  # and ``rules.memory_plan``
         if self.ahead:
-            self.kind_s = [k.bytes / k.static_rate_bytes_per_s if k.bytes > 0 else 0.0 for k in workload.kinds]
+            self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
             # mailboxes are ints, ``2 * (box * num_microbatches + microbatch)`` (the fast path's
-            # numbering, doubled): ``box[key]`` counts the flows in, ``box[key + 1]`` is the last
-            # arrival (side by side, one cache line for both)
-            stride, boxes = max(workload.num_microbatches, 1), {}
-            self.kind_box = [2 * boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
-                             if k.label[0] in ("F", "B") else -1 for k in workload.kinds]
-            self.box = array("d", [0.0]) * (2 * len(boxes) * stride)
+            # numbering, ``rules.box_numbers``, doubled): ``box[key]`` counts the flows in,
+            # ``box[key + 1]`` is the last arrival (side by side, one cache line for both)
+            numbers, num_boxes = rules.box_numbers(workload.kinds, workload.num_microbatches)
+            self.kind_box = [2 * number if number >= 0 else -1 for number in numbers]
+            self.box = array("d", [0.0]) * (2 * num_boxes * max(workload.num_microbatches, 1))
             self.coll_free = [0.0] * n
             self.clock = [0.0] * n
             self.unfinished_collectives = [0] * n
@@ -143,6 +147,20 @@ class _Replay(Sends, Synchronous):
                 self.env.process(self._fail(c, cls.fails_at_s))
 
     # --- compute stream ----------------------------------------------------------------------
+
+    def steps_of(self, ops) -> tuple:
+        """``rules.steps(ops)``, once per op list (classes whose ops are alike share one)."""
+        steps = self.steps.get(id(ops))
+        if steps is None:
+            steps = self.steps[id(ops)] = rules.steps(ops)
+        return steps
+
+    def memory_plan(self, ops) -> tuple:
+        """``rules.memory_plan(ops)``, once per op list (the synchronous replay reads it)."""
+        plan = self.memory_plans.get(id(ops))
+        if plan is None:
+            plan = self.memory_plans[id(ops)] = rules.memory_plan(ops)
+        return plan
 
     def _device(self, c: int):
         if self.ahead:
@@ -156,90 +174,71 @@ class _Replay(Sends, Synchronous):
     # --- every device on its own clock (run ahead) --------------------------------------------
 
     def _actions_ahead(self, c: int):
-        """The compute stream of class ``c`` on the device's own clock ``t``.
-
-        What a device does depends on the others only through what it waits for: its data
-        (a RECV), its group's collectives and its all-reduces. So the process computes its
-        own actions' times and yields to SimPy only to wait for something a device behind it
-        has not done yet; a RECV whose data has arrived by ``t``, or arrives before the wait
-        ends, costs nothing more. Its sends start on the network at their own instants (one
-        event each, the network's bookkeeping apart); without contention a flow's time is
-        fixed, so it arrives when it is sent, without any event. The rules are the ones the
-        synchronous ``_actions`` replays (and, without contention, the fast path's).
-        """
+        """The compute stream of class ``c`` on the device's own clock ``t``: it yields to SimPy
+        only to wait for something a device behind it has not done yet (its data, its group's
+        collectives), and its sends start on the network at their own instants (without
+        contention they arrive when sent: ``_send_alone``). The rules are the rule book's
+        (``sim.engine.rules``), as the synchronous ``_actions`` and the fast path replay them."""
         env, rec, cls = self.env, self.records[c], self.w.classes[c]
-        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers
+        ops, position, durations, slots, groups = cls.ops, self.position, cls.durations, cls.slots, cls.groups
+        steps = self.steps_of(ops)
         starts, ends = rec.op_times.start, rec.op_times.end
-        memory_at, memory_delta = memory.times.append, memory.deltas.append
-        buffer_at, buffer_delta = buffers.times.append, buffers.deltas.append
-        kinds, kind_s, contention = self.w.kinds, self.kind_s, self.contention
-        kind_box, box = self.kind_box, self.box
-        durations, slots, groups, queue_send = cls.durations, cls.slots, cls.groups, self._queue_send
-        stream = self.streams[c]
-        slowdown, slow_from = cls.slowdown, cls.slow_from_s
-        slow = slowdown != 1.0
+        memory_at, memory_delta = rec.memory.times.append, rec.memory.deltas.append  # ``rules.ACTIVATIONS``
+        buffer_at, buffer_delta = rec.buffers.times.append, rec.buffers.deltas.append  # ``rules.BUFFERS``
+        kind_box, box, contention, stream = self.kind_box, self.box, self.contention, self.streams[c]
+        slowdown, slow_from, slow = cls.slowdown, cls.slow_from_s, cls.slowdown != 1.0
         t, send_free = 0.0, 0.0  # its clock; when its send stream is free (without contention)
         beside: list = []  # collectives running beside the next compute op
-        for i, op in enumerate(ops):  # ``position`` is set where it waits: no one reads it otherwise
-            code = op[0]
+        for i, (code, mb, flows, cost_s, alloc, gather, free, buffer) in enumerate(steps):
             if code == COMPUTE:
-                end = t + (durations[i] * slowdown if slow and t >= slow_from else durations[i])
-                starts[i], ends[i] = t, end
-                if op[6]:
-                    memory_at(t)
-                    memory_delta(op[6])
+                duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
+                overlapped = 0.0
                 if beside:  # the action ends with the collectives that ran beside it
-                    for key, done in beside:
-                        if not done.triggered:
-                            position[c] = i
-                            yield done
-                        if self.group_end[key] > end:
-                            end = self.group_end[key]
+                    position[c] = i  # ``position`` is set where it waits: no one reads it otherwise
+                    overlapped = yield from self._beside_end(beside)
                     beside = []
-                if op[13]:  # op.gather_bytes
-                    buffers.append((t, op[13]))
-                    buffers.append((end, -op[13]))
-                if op[7]:
-                    memory_at(end)
-                    memory_delta(-op[7])
-                if op[8]:
+                end = t + duration  # ``rules.compute_end`` inlined, as ``recv_end_s`` (a call per op costs ~4%)
+                end = overlapped if overlapped > end else end
+                starts[i], ends[i] = t, end
+                if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
+                    memory_at(t)
+                    memory_delta(alloc)
+                if gather:
+                    buffer_at(t)
+                    buffer_delta(gather)
                     buffer_at(end)
-                    buffer_delta(-op[8])
+                    buffer_delta(-gather)
+                if free:
+                    memory_at(end)
+                    memory_delta(-free)
+                if buffer:
+                    buffer_at(end)
+                    buffer_delta(-buffer)
                 t = end
             elif code == SEND:
                 if contention:  # its flows start at ``t`` or when the send stream is free
-                    queue_send(stream, i, op, t)
+                    self._queue_send(stream, i, ops[i], t)
                 else:
-                    start = send_free if send_free > t else t
-                    done, mb = start, op[4]
-                    for k in (slots[op.flows] if op.flows >= 0 else ()):
-                        sent = start + kind_s[k]
-                        if sent > done:
-                            done = sent
-                        kind = kinds[k]
-                        rec.bytes_sent += kind.send_bytes_per_device
-                        self._deliver(kind_box[k] + 2 * mb, sent + kind.latency_s, kind)
-                    send_free = done
-                    starts[i], ends[i] = start, done
-                if op[5]:  # issuing holds up the compute stream (gloo on a CPU)
-                    t += op[5] * slowdown if slow and t >= slow_from else op[5]
+                    send_free = self._send_alone(c, i, ops[i], t, send_free)
+                if cost_s:  # issuing holds up the compute stream (gloo on a CPU)
+                    t += rules.stretched_s(cost_s, t, slowdown, slow_from) if slow else cost_s
             elif code == RECV:
-                flows = slots[op[10]] if op[10] >= 0 else ()  # op.flows
+                flows = slots[flows] if flows >= 0 else ()
+                arrival = t
                 if flows:
-                    key = kind_box[flows[0]] + 2 * op[4]
+                    key = kind_box[flows[0]] + 2 * mb
                     if box[key] < len(flows):
                         event = env.event()
                         self.waiters[key] = (len(flows), event)
                         position[c] = i
                         yield event
                     arrival = box[key + 1] if box[key + 1] > t else t
-                else:
-                    arrival = t
-                end = arrival + (op[5] * slowdown if slow and arrival >= slow_from else op[5])
-                starts[i], ends[i] = t, end
-                t = end
+                cost = rules.stretched_s(cost_s, arrival, slowdown, slow_from) if slow else cost_s
+                starts[i] = t
+                t = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``t``)
             elif code == GROUP:
-                key = (groups[op.collective], op.microbatch, op.kind)
+                op = ops[i]
+                key = (groups[op.collective], mb, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
                 if op.overlap:
                     beside.append((key, done))
@@ -247,13 +246,38 @@ class _Replay(Sends, Synchronous):
                     if not done.triggered:
                         position[c] = i
                         yield done
-                    if self.group_end[key] > t:
-                        t = self.group_end[key]
+                    t = rules.after_group(t, 0.0, self.group_end[key], False)[0]
             else:
-                self._reduce_ahead(c, i, op, t)
+                self._reduce_ahead(c, i, ops[i], t)
         position[c] = len(ops)
         self.clock[c] = t
         self.finished[c] = self.unfinished_collectives[c] == 0
+
+    def _beside_end(self, beside: list):
+        """Wait for the collectives that ran beside a compute op; their latest end (a generator)."""
+        latest = 0.0
+        for key, done in beside:
+            if not done.triggered:
+                yield done
+            if self.group_end[key] > latest:
+                latest = self.group_end[key]
+        return latest
+
+    def _send_alone(self, c: int, i: int, op, t: float, send_free: float) -> float:
+        """SEND ``op`` of class ``c`` issued at ``t`` without contention: its flows' times are
+        fixed, so each arrives in its mailbox when sent. When its send stream is free after it."""
+        rec, kinds, kind_s, kind_box = self.records[c], self.kinds, self.kind_s, self.kind_box
+        start = done = rules.send_start_s(t, send_free)
+        mb = op.microbatch
+        for k in (self.w.classes[c].slots[op.flows] if op.flows >= 0 else ()):
+            sent = start + kind_s[k]
+            if sent > done:
+                done = sent
+            kind = kinds[k]
+            rec.bytes_sent += kind.send_bytes_per_device
+            self._deliver(kind_box[k] + 2 * mb, sent + kind.latency_s, kind)
+        rec.op_times.start[i], rec.op_times.end[i] = start, done
+        return done
 
     def _reduce_ahead(self, c: int, i: int, op, t: float) -> None:
         """Class ``c`` issues its part of an all-reduce at ``t``; the last to issue it starts it."""
@@ -268,12 +292,13 @@ class _Replay(Sends, Synchronous):
             self.last_collective[c] = self.collective_done.setdefault(coll.index, self.env.event())
         if len(issued) < len(coll.participants):
             return
-        start = max(when for _, _, when, _ in issued)
-        if self.contention:  # it runs through the ports from ``start``
+        if self.contention:  # it runs through the ports from its last issue
+            start = max(when for _, _, when, _ in issued)
             self.env.process(self._collective_ahead(coll, issued, start, self.collective_done[coll.index]))
             return
-        start = max(start, max(self.coll_free[p] for p in coll.participants))
-        self._collective_ended(issued, start, start + collective_duration_s(self.w, coll))
+        self._collective_ended(issued, *rules.collective_times(
+            (when for _, _, when, _ in issued), collective_duration_s(self.w, coll),
+            (self.coll_free[p] for p in coll.participants)))
 
     def _collective_ahead(self, coll, issued, start: float, done: simpy.Event):
         if start > self.env.now:
@@ -306,11 +331,13 @@ class _Replay(Sends, Synchronous):
         issued = self.group_issued.setdefault(key, {})
         issued.setdefault(c, (i, t))
         if len(issued) == len(coll.participants):
-            start = max(when for _, when in issued.values())
-            if self.contention:
+            if self.contention:  # it runs through the ports from its last issue
+                start = max(when for _, when in issued.values())
                 self.env.process(self._group_ahead(coll, issued, start, key, done))
             else:
-                self._group_ended(issued, start, start + collective_duration_s(self.w, coll), key, done)
+                start, end = rules.collective_times((when for _, when in issued.values()),
+                                                    collective_duration_s(self.w, coll))
+                self._group_ended(issued, start, end, key, done)
         return done
 
     def _group_ahead(self, coll, issued, start: float, key: tuple, done: simpy.Event):
@@ -329,21 +356,8 @@ class _Replay(Sends, Synchronous):
     def optimizer_steps(self) -> None:
         """Each device's optimizer step, once its compute stream and its last all-reduce have ended."""
         for c, cls in enumerate(self.w.classes):
-            start = max(self.clock[c], self.coll_free[c])
+            start = rules.optimizer_start_s(self.clock[c], self.coll_free[c])
             self.records[c].optimizer = (start, start + cls.optimizer_s)
-
-    # --- collectives -------------------------------------------------------------------------
-
-    def _phases(self, coll):
-        """Run a collective's phases one after another: each phase's flows together, then its latency."""
-        for kinds, latency in coll.phases:
-            if kinds:
-                phase = [len(kinds), self.env.event(), {}]  # flows to go, the event when they have left
-                for k in kinds:
-                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
-                yield phase[1]
-            if latency > 0:
-                yield self.env.timeout(latency)
 
     # --- end -----------------------------------------------------------------------------------
 
@@ -366,12 +380,3 @@ class _Replay(Sends, Synchronous):
             detail="\n".join(lines) + "\n" + format_grid(self.w.schedule, mark, window=12),
         )
 
-
-def _phase_left(kind, phase: list) -> None:
-    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event,
-    when each sibling group left)."""
-    if kind.sibling >= 0 and phase[2].setdefault(kind.sibling, phase[1].env.now) != phase[1].env.now:
-        raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
-    phase[0] -= 1
-    if phase[0] == 0:
-        phase[1].succeed()

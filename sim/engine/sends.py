@@ -6,7 +6,8 @@ once it is due and the one before it has left; their flows cross the network
 a waiting device goes on once everything it needs is in. What the network's callbacks learn
 goes to flat logs (when a SEND's flows have left, which flows came in and when), written
 into each class's records when the replay ends (``Sends.record_logs``): reaching into
-16,384 devices' records flow by flow costs a cache miss at each step.
+16,384 devices' records flow by flow costs a cache miss at each step. A collective's phases
+(``Sends._phases``) put their flows on the same network, one phase after the other.
 """
 
 from __future__ import annotations
@@ -93,11 +94,11 @@ class Sends:
                 net.at(due, self.next_send, stream)
                 return
             del queue[0]
-            flows = stream.slots[op[10]] if op[10] >= 0 else ()  # op.flows
+            flows = stream.slots[op.flows] if op.flows >= 0 else ()
             if flows:
                 stream.busy = True
                 kinds, left = self.kinds, self.left
-                sending = [stream, i, now, len(flows), op[4], None]  # what ``_left`` needs of this SEND
+                sending = [stream, i, now, len(flows), op.microbatch, None]  # what ``_left`` needs of this SEND
                 for k in flows:
                     kind = kinds[k]
                     stream.bytes_sent += kind.send_bytes_per_device
@@ -159,6 +160,27 @@ class Sends:
         if waiter is not None and box[0] >= waiter[0]:
             del self.waiters[key]
             waiter[1].succeed()
+
+    def _phases(self, coll):
+        """Run a collective's phases one after another: each phase's flows together, then its latency."""
+        for kinds, latency in coll.phases:
+            if kinds:
+                phase = [len(kinds), self.env.event(), {}]  # flows to go, the event when they have left
+                for k in kinds:
+                    self.net.transfer(self.w.kinds[k], _phase_left, phase)
+                yield phase[1]
+            if latency > 0:
+                yield self.env.timeout(latency)
+
+
+def _phase_left(kind, phase: list) -> None:
+    """One flow of a collective's phase has left (``phase``: flows to go, the phase's event,
+    when each sibling group left)."""
+    if kind.sibling >= 0 and phase[2].setdefault(kind.sibling, phase[1].env.now) != phase[1].env.now:
+        raise Diverged(f"flows {kind.label} of class {kind.src_class} left at different times")
+    phase[0] -= 1
+    if phase[0] == 0:
+        phase[1].succeed()
 
 
 def _by_class(classes, n: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import simpy
 
+from sim.engine import rules
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, recv_mailbox
 
 __all__ = ["Synchronous"]
@@ -34,44 +35,36 @@ class Synchronous:
         raise simpy.core.StopSimulation(self.failure)
 
     def _actions(self, c: int):
+        """The compute stream of class ``c``, each action its own SimPy event at its own instant;
+        the rules are the rule book's (``sim.engine.rules``): a wait is an event here."""
         env, rec = self.env, self.records[c]
         cls = self.w.classes[c]
-        ops, position, memory, buffers = cls.ops, self.position, rec.memory, rec.buffers  # ``Deltas``
-        durations = cls.durations
-        starts, ends = rec.op_times.start, rec.op_times.end
-        timeout = env.timeout
-        slowdown, slow_from = cls.slowdown, cls.slow_from_s
-        slow = slowdown != 1.0  # x * 1.0 == x: skipping the product changes no time
+        ops, position, durations = cls.ops, self.position, cls.durations
+        ledgers = (rec.memory, rec.buffers)  # per ledger (``rules.ACTIVATIONS``, ``BUFFERS``): ``Deltas``
+        plan = self.memory_plan(ops)
         for i, op in enumerate(ops):
             position[c] = i
-            code = op[0]
+            code = op.code
             if code == COMPUTE:
                 start = env.now
-                if op[6]:
-                    memory.append((start, op[6]))
-                if op.gather_bytes:
-                    buffers.append((start, op.gather_bytes))
-                duration = durations[i] * slowdown if slow and start >= slow_from else durations[i]
+                at_start, at_end = plan[i]
+                for ledger, nbytes in at_start:
+                    ledgers[ledger].append((start, nbytes))
+                duration = rules.stretched_s(durations[i], start, cls.slowdown, cls.slow_from_s)
                 if duration > 0:
-                    yield timeout(duration)
-                end = env.now
-                starts[i], ends[i] = start, end
-                if self.pending[c]:  # the action ends with the collectives that ran beside it
+                    yield env.timeout(duration)
+                if self.pending[c]:  # it ends no earlier than the collectives that ran beside it
                     pending = [e for e in self.pending[c] if not e.processed]
                     self.pending[c] = []
                     if pending:
                         yield simpy.AllOf(env, pending)
-                        end = env.now
-                if op.gather_bytes:
-                    buffers.append((end, -op.gather_bytes))
-                if op[7]:
-                    memory.append((end, -op[7]))
-                if op[8]:
-                    buffers.append((end, -op[8]))
+                rec.op_times[i] = (start, env.now)
+                for ledger, nbytes in at_end:
+                    ledgers[ledger].append((env.now, nbytes))
             elif code == SEND:
                 self._queue_send(self.streams[c], i, op)
                 if op.duration_s > 0:  # issuing holds up the compute stream (gloo on a CPU)
-                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
+                    yield env.timeout(rules.stretched_s(op.duration_s, env.now, cls.slowdown, cls.slow_from_s))
             elif code == GROUP:
                 done = self._join_group(c, i, op)
                 if op.overlap:
@@ -79,17 +72,7 @@ class Synchronous:
                 elif not done.processed:
                     yield done
             elif code == RECV:
-                start = env.now
-                key = recv_mailbox(c, op)
-                box = self.boxes.get(key)
-                flows = cls.slots[op.flows] if op.flows >= 0 else ()
-                if flows and (box is None or box[0] < len(flows)):
-                    event = env.event()
-                    self.waiters[key] = (len(flows), event)
-                    yield event
-                if op.duration_s > 0:  # taking the data in costs the compute stream (gloo on a CPU)
-                    yield env.timeout(op.duration_s * (cls.slowdown if env.now >= cls.slow_from_s else 1.0))
-                rec.op_times[i] = (start, env.now)
+                yield from self._recv(c, i, op)
             else:
                 self._issue_collective(c, i, op)
         self.position[c] = len(ops)
@@ -102,6 +85,21 @@ class Synchronous:
             yield env.timeout(optimizer_s)
         rec.optimizer = (start, env.now)
         self.finished[c] = True
+
+    def _recv(self, c: int, i: int, op):
+        """RECV ``op`` (op ``i``) of class ``c``: wait until its flows are in, then its receive cost."""
+        env, cls = self.env, self.w.classes[c]
+        start = env.now
+        key = recv_mailbox(c, op)
+        box = self.boxes.get(key)
+        flows = cls.slots[op.flows] if op.flows >= 0 else ()
+        if flows and (box is None or box[0] < len(flows)):
+            event = env.event()
+            self.waiters[key] = (len(flows), event)
+            yield event
+        if op.duration_s > 0:  # taking the data in costs the compute stream (gloo on a CPU)
+            yield env.timeout(rules.stretched_s(op.duration_s, env.now, cls.slowdown, cls.slow_from_s))
+        self.records[c].op_times[i] = (start, env.now)
 
     def _issue_collective(self, c: int, i: int, op) -> None:
         if op.collective < 0:

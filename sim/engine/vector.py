@@ -22,6 +22,10 @@ from collections import deque
 
 import numpy as np
 
+from sim.core.errors import ScheduleError
+from sim.engine import rules
+from sim.engine.result import Deltas, OpTimes, Recorder
+from sim.engine.rules import collective_duration_s
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 
 __all__ = ["vector_records", "worth_vectorising"]
@@ -72,8 +76,9 @@ class _Bundle:
         self.beside = np.zeros(m)
         self.starts = np.full((m, n), np.nan)
         self.ends = np.full((m, n), np.nan)
-        self.memory: list[tuple[np.ndarray, float]] = []  # (times of each member, bytes) in op order
-        self.buffers: list[tuple[np.ndarray, float]] = []
+        self.plan = rules.memory_plan(first.ops)
+        self.ledgers: tuple[list[tuple[np.ndarray, float]], ...] = ([], [])
+        """Per ledger (``rules.ACTIVATIONS``, ``BUFFERS``): (times of each member, bytes) in op order."""
         self.bytes_sent = np.zeros(m)
         self.joined = -1
         """The op index of the group collective it has joined and waits for, else −1."""
@@ -84,180 +89,209 @@ class _Bundle:
         return np.where(at >= self.slow_from, self.slowdown, 1.0) if self.slow else 1.0
 
 
-def vector_records(workload):
-    """The fast path's records (``sim.engine.result.Recorder`` per class), bundle by bundle."""
-    from sim.engine.fastpath import collective_duration_s
-    from sim.engine.result import Deltas, OpTimes, Recorder
-    from sim.core.errors import ScheduleError
+class _VectorReplay:
+    """The fast path's rules (``sim.engine.rules``) over bundles: per-kind tables, mailboxes,
+    group and all-reduce registers, and what each class received."""
 
-    w = workload
-    classes, kinds = w.classes, w.kinds
-    stride = max(w.num_microbatches, 1)
-    boxes: dict[tuple, int] = {}
-    kind_box = np.array([boxes.setdefault((k.dst_class, k.label[0], k.label[1]), len(boxes)) * stride
-                         if k.label[0] in ("F", "B") else -1 for k in kinds], dtype=np.int64)
-    kind_s = np.array([k.bytes / k.static_rate_bytes_per_s for k in kinds])
-    kind_lat = np.array([k.latency_s for k in kinds])
-    send_bytes = np.array([k.send_bytes_per_device for k in kinds])
-    kind_dst = np.array([k.dst_class for k in kinds], dtype=np.int64)
-    kind_recv = np.array([k.recv_bytes_per_device for k in kinds])
-    box_count = np.zeros(len(boxes) * stride, dtype=np.int64)
-    box_time = np.zeros(len(boxes) * stride)
-    received: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (receiving class, time, bytes)
-    n_groups = len(w.group_collectives)
-    group_need = np.array([len(g.participants) for g in w.group_collectives], dtype=np.int64)
-    group_s = np.array([collective_duration_s(w, g) for g in w.group_collectives])
-    group_issue: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (micro-batch, kind) -> latest issue, count per group
-    coll_free = np.zeros(len(classes))
-    coll_issued: dict[int, list] = {}  # all-reduce -> [latest issue, count, [(bundle, op index)]]
-    bundles = [_Bundle(members, w, kind_box, kind_s, kind_lat, send_bytes) for members in bundles_of(w)]
+    def __init__(self, workload) -> None:
+        w = self.w = workload
+        kinds = w.kinds
+        stride = max(w.num_microbatches, 1)
+        numbers, num_boxes = rules.box_numbers(kinds, w.num_microbatches)
+        kind_box = np.array(numbers, dtype=np.int64)
+        kind_s = np.array([rules.flow_alone_s(k) for k in kinds])
+        kind_lat = np.array([k.latency_s for k in kinds])
+        send_bytes = np.array([k.send_bytes_per_device for k in kinds])
+        self.kind_dst = np.array([k.dst_class for k in kinds], dtype=np.int64)
+        self.kind_recv = np.array([k.recv_bytes_per_device for k in kinds])
+        self.box_count = np.zeros(num_boxes * stride, dtype=np.int64)
+        self.box_time = np.zeros(num_boxes * stride)
+        self.received: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (receiving class, time, bytes)
+        self.n_groups = len(w.group_collectives)
+        self.group_need = np.array([len(g.participants) for g in w.group_collectives], dtype=np.int64)
+        self.group_s = np.array([collective_duration_s(w, g) for g in w.group_collectives])
+        self.group_issue: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (mb, kind) -> latest issue, count per group
+        self.coll_free = np.zeros(len(w.classes))
+        self.coll_issued: dict[int, list] = {}  # all-reduce -> [latest issue, count, [(bundle, op index)]]
+        self.bundles = [_Bundle(members, w, kind_box, kind_s, kind_lat, send_bytes) for members in bundles_of(w)]
 
-    def blocked_on(b: _Bundle) -> bool:
+    def blocked_on(self, b: _Bundle) -> bool:
         """Whether bundle ``b``'s next op still waits for someone (a RECV's data, a group's members)."""
         op = b.ops[b.pos]
-        if op[0] == RECV and op.flows >= 0:
-            keys = b.slot_box[op.flows][:, 0] + op[4]
-            return bool((box_count[keys] < b.slot_box[op.flows].shape[1]).any())
-        if op[0] == GROUP and b.joined == b.pos:
+        if op.code == RECV and op.flows >= 0:
+            keys = b.slot_box[op.flows][:, 0] + op.microbatch
+            return bool((self.box_count[keys] < b.slot_box[op.flows].shape[1]).any())
+        if op.code == GROUP and b.joined == b.pos:
             gids = b.groups[:, op.collective]
-            return bool((group_issue[(op.microbatch, op.kind)][1][gids] < group_need[gids]).any())
+            return bool((self.group_issue[(op.microbatch, op.kind)][1][gids] < self.group_need[gids]).any())
         return False
 
-    def run(b: _Bundle) -> None:
+    def run(self, b: _Bundle) -> None:
         """Run bundle ``b`` until one of its members must wait (see ``sim.engine.fastpath``)."""
-        ops, t = b.ops, b.t
-        D, starts, ends = b.durations, b.starts, b.ends
+        ops = b.ops
         while b.pos < len(ops):
             i = b.pos
             op = ops[i]
-            code = op[0]
+            code = op.code
             if code == COMPUTE:
-                end = t + D[:, i] * b.factor(t)
-                starts[:, i], ends[:, i] = t, end
-                if op[6]:
-                    b.memory.append((t, op[6]))
-                end = np.maximum(end, b.beside)
-                b.beside = np.zeros_like(t)
-                if op.gather_bytes:
-                    b.buffers.append((t, op.gather_bytes))
-                    b.buffers.append((end, -op.gather_bytes))
-                if op[7]:
-                    b.memory.append((end, -op[7]))
-                if op[8]:
-                    b.buffers.append((end, -op[8]))
-                t = end
+                self._compute(b, i)
             elif code == SEND:
-                start = np.maximum(b.send_free, t)
-                done = start
-                if op.flows >= 0:
-                    box, secs = b.slot_box[op.flows], b.slot_s[op.flows]
-                    lat, sent_bytes = b.slot_lat[op.flows], b.slot_sent[op.flows]
-                    slot_kinds = b.slot_kinds[op.flows]
-                    for f in range(box.shape[1]):
-                        sent = start + secs[:, f]
-                        done = np.maximum(done, sent)
-                        b.bytes_sent += sent_bytes[:, f]
-                        keys, when = box[:, f] + op[4], sent + lat[:, f]
-                        np.add.at(box_count, keys, 1)
-                        np.maximum.at(box_time, keys, when)
-                        k = slot_kinds[:, f]
-                        received.append((kind_dst[k], when, kind_recv[k]))
-                b.send_free = done
-                starts[:, i], ends[:, i] = start, done
-                if op[5]:
-                    t = t + D[:, i] * b.factor(t)
+                self._send(b, i, op)
             elif code == RECV:
-                if op.flows >= 0:
-                    box = b.slot_box[op.flows]
-                    keys = box[:, 0] + op[4]
-                    if (box_count[keys] < box.shape[1]).any():
-                        break  # some member's data is not all sent yet
-                    arrival = np.maximum(box_time[keys], t)
-                else:
-                    arrival = t
-                end = arrival + D[:, i] * b.factor(arrival)
-                starts[:, i], ends[:, i] = t, end
-                t = end
+                if not self._recv(b, i, op):
+                    break  # some member's data is not all sent yet
             elif code == GROUP:
-                gids = b.groups[:, op.collective]
-                latest, count = group_issue.setdefault((op.microbatch, op.kind),
-                                                       (np.full(n_groups, -np.inf), np.zeros(n_groups, np.int64)))
-                if b.joined != i:
-                    np.maximum.at(latest, gids, t)
-                    np.add.at(count, gids, 1)
-                    b.joined = i
-                if (count[gids] < group_need[gids]).any():
+                if not self._group(b, i, op):
                     break  # the rest of some member's group has not issued it yet
-                b.joined = -1
-                start = latest[gids]
-                end = start + group_s[gids]
-                starts[:, i], ends[:, i] = start, end
-                if op.overlap:
-                    b.beside = np.maximum(b.beside, end)
-                else:
-                    t = np.maximum(t, end)
-            else:  # REDUCE: issued without waiting; the last to issue it starts it
-                if op.collective < 0:
-                    starts[:, i], ends[:, i] = t, t
-                else:
-                    entry = coll_issued.setdefault(op.collective, [-np.inf, 0, []])
-                    entry[0] = max(entry[0], float(t.max()))
-                    entry[1] += len(t)
-                    entry[2].append((b, i))
-                    coll = w.collectives[op.collective]
-                    if entry[1] == len(coll.participants):
-                        participants = np.array(coll.participants, dtype=np.int64)
-                        start = max(entry[0], float(coll_free[participants].max()))
-                        end = start + collective_duration_s(w, coll)
-                        coll_free[participants] = end
-                        for other, index in entry[2]:
-                            other.starts[:, index], other.ends[:, index] = start, end
+            else:
+                self._reduce(b, i, op)
             b.pos = i + 1
-        b.t = t
 
-    ready, waiting = deque(bundles), []
-    while ready:
-        b = ready.popleft()
-        run(b)
-        if b.pos < len(b.ops):
-            waiting.append(b)
-        still = []
-        for b in waiting:  # whoever it sent to or joined may go on
-            (still if blocked_on(b) else ready).append(b)
-        waiting = still
-    stuck = [b for b in bundles if b.pos < len(b.ops)]
-    if stuck:
-        blocked = ", ".join(f"device {classes[int(b.members[0])].devices[0]} at {b.ops[b.pos].text}" for b in stuck[:4])
-        raise ScheduleError(f"the replay cannot make progress: {blocked} wait for data that never comes")
+    def _compute(self, b: _Bundle, i: int) -> None:
+        t = b.t
+        end = np.maximum(t + b.durations[:, i] * b.factor(t), b.beside)  # ``rules.compute_end``
+        b.starts[:, i], b.ends[:, i] = t, end
+        b.beside = np.zeros_like(t)
+        at_start, at_end = b.plan[i]
+        for ledger, nbytes in at_start:
+            b.ledgers[ledger].append((t, nbytes))
+        for ledger, nbytes in at_end:
+            b.ledgers[ledger].append((end, nbytes))
+        b.t = end
 
-    # what each class received, grouped by class (stable: in the order it was sent)
-    if received:
-        dst = np.concatenate([r[0] for r in received])
-        when = np.concatenate([r[1] for r in received])
-        nbytes = np.concatenate([r[2] for r in received])
-        order = np.argsort(dst, kind="stable")
-        dst, when, nbytes = dst[order], when[order], nbytes[order]
-        bounds = np.searchsorted(dst, np.arange(len(classes) + 1))
-    else:
-        dst = when = nbytes = np.zeros(0)
-        bounds = np.zeros(len(classes) + 1, dtype=np.int64)
-    records: list = [None] * len(classes)
-    for b in bundles:
-        mem_t = np.stack([x for x, _ in b.memory], axis=1) if b.memory else np.zeros((len(b.members), 0))
-        mem_d = np.array([d for _, d in b.memory])
-        buf_t = np.stack([x for x, _ in b.buffers], axis=1) if b.buffers else np.zeros((len(b.members), 0))
-        buf_d = np.array([d for _, d in b.buffers])
-        for j, c in enumerate(b.members.tolist()):
-            times = OpTimes(0)
-            times.start.frombytes(b.starts[j].tobytes())
-            times.end.frombytes(b.ends[j].tobytes())
-            lo, hi = bounds[c], bounds[c + 1]
-            memory, buffers = Deltas(), Deltas()
-            memory.times, memory.deltas = mem_t[j], mem_d
-            buffers.times = np.concatenate((buf_t[j], when[lo:hi]))
-            buffers.deltas = np.concatenate((buf_d, nbytes[lo:hi]))
-            start = max(float(b.t[j]), float(coll_free[c]))
-            records[c] = Recorder(op_times=times, memory=memory, buffers=buffers,
-                                  optimizer=(start, start + classes[c].optimizer_s),
-                                  bytes_sent=float(b.bytes_sent[j]), bytes_received=float(nbytes[lo:hi].sum()))
-    return records
+    def _send(self, b: _Bundle, i: int, op) -> None:
+        t = b.t
+        start = done = np.maximum(b.send_free, t)  # ``rules.send_start_s``
+        if op.flows >= 0:
+            box, secs = b.slot_box[op.flows], b.slot_s[op.flows]
+            lat, sent_bytes = b.slot_lat[op.flows], b.slot_sent[op.flows]
+            slot_kinds = b.slot_kinds[op.flows]
+            for f in range(box.shape[1]):
+                sent = start + secs[:, f]
+                done = np.maximum(done, sent)
+                b.bytes_sent += sent_bytes[:, f]
+                keys, when = box[:, f] + op.microbatch, sent + lat[:, f]
+                np.add.at(self.box_count, keys, 1)
+                np.maximum.at(self.box_time, keys, when)
+                k = slot_kinds[:, f]
+                self.received.append((self.kind_dst[k], when, self.kind_recv[k]))
+        b.send_free = done
+        b.starts[:, i], b.ends[:, i] = start, done
+        if op.duration_s:  # issuing holds up the compute stream
+            b.t = t + b.durations[:, i] * b.factor(t)
+
+    def _recv(self, b: _Bundle, i: int, op) -> bool:
+        t = b.t
+        if op.flows >= 0:
+            box = b.slot_box[op.flows]
+            keys = box[:, 0] + op.microbatch
+            if (self.box_count[keys] < box.shape[1]).any():
+                return False
+            arrival = np.maximum(self.box_time[keys], t)
+        else:
+            arrival = t
+        end = arrival + b.durations[:, i] * b.factor(arrival)  # ``rules.recv_end_s``
+        b.starts[:, i], b.ends[:, i] = t, end
+        b.t = end
+        return True
+
+    def _group(self, b: _Bundle, i: int, op) -> bool:
+        gids = b.groups[:, op.collective]
+        latest, count = self.group_issue.setdefault(
+            (op.microbatch, op.kind), (np.full(self.n_groups, -np.inf), np.zeros(self.n_groups, np.int64)))
+        if b.joined != i:
+            np.maximum.at(latest, gids, b.t)
+            np.add.at(count, gids, 1)
+            b.joined = i
+        if (count[gids] < self.group_need[gids]).any():
+            return False
+        b.joined = -1
+        start = latest[gids]  # ``rules.collective_times``: the last issue
+        end = start + self.group_s[gids]
+        b.starts[:, i], b.ends[:, i] = start, end
+        if op.overlap:  # ``rules.after_group``
+            b.beside = np.maximum(b.beside, end)
+        else:
+            b.t = np.maximum(b.t, end)
+        return True
+
+    def _reduce(self, b: _Bundle, i: int, op) -> None:
+        """Issued without waiting; the last to issue it starts it."""
+        if op.collective < 0:
+            b.starts[:, i], b.ends[:, i] = b.t, b.t
+            return
+        entry = self.coll_issued.setdefault(op.collective, [-np.inf, 0, []])
+        entry[0] = max(entry[0], float(b.t.max()))
+        entry[1] += len(b.t)
+        entry[2].append((b, i))
+        coll = self.w.collectives[op.collective]
+        if entry[1] == len(coll.participants):
+            participants = np.array(coll.participants, dtype=np.int64)
+            start, end = rules.collective_times((entry[0],), collective_duration_s(self.w, coll),
+                                                (float(self.coll_free[participants].max()),))
+            self.coll_free[participants] = end
+            for other, index in entry[2]:
+                other.starts[:, index], other.ends[:, index] = start, end
+
+    def replay(self) -> None:
+        """Run the bundles until none can go on; raise ``ScheduleError`` if some never finish."""
+        ready, waiting = deque(self.bundles), []
+        while ready:
+            b = ready.popleft()
+            self.run(b)
+            if b.pos < len(b.ops):
+                waiting.append(b)
+            still = []
+            for b in waiting:  # whoever it sent to or joined may go on
+                (still if self.blocked_on(b) else ready).append(b)
+            waiting = still
+        stuck = [b for b in self.bundles if b.pos < len(b.ops)]
+        if stuck:
+            classes = self.w.classes
+            blocked = ", ".join(f"device {classes[int(b.members[0])].devices[0]} at {b.ops[b.pos].text}"
+                                for b in stuck[:4])
+            raise ScheduleError(f"the replay cannot make progress: {blocked} wait for data that never comes")
+
+    def records(self) -> list[Recorder]:
+        """Each class's ``Recorder``: its bundle's rows, and what it received (in the order it was sent)."""
+        classes = self.w.classes
+        if self.received:
+            dst = np.concatenate([r[0] for r in self.received])
+            when = np.concatenate([r[1] for r in self.received])
+            nbytes = np.concatenate([r[2] for r in self.received])
+            order = np.argsort(dst, kind="stable")
+            dst, when, nbytes = dst[order], when[order], nbytes[order]
+            bounds = np.searchsorted(dst, np.arange(len(classes) + 1))
+        else:
+            dst = when = nbytes = np.zeros(0)
+            bounds = np.zeros(len(classes) + 1, dtype=np.int64)
+        records: list = [None] * len(classes)
+        for b in self.bundles:
+            (mem_t, mem_d), (buf_t, buf_d) = (_ledger_arrays(b, ledger) for ledger in b.ledgers)
+            for j, c in enumerate(b.members.tolist()):
+                times = OpTimes(0)
+                times.start.frombytes(b.starts[j].tobytes())
+                times.end.frombytes(b.ends[j].tobytes())
+                lo, hi = bounds[c], bounds[c + 1]
+                memory, buffers = Deltas(), Deltas()
+                memory.times, memory.deltas = mem_t[j], mem_d
+                buffers.times = np.concatenate((buf_t[j], when[lo:hi]))
+                buffers.deltas = np.concatenate((buf_d, nbytes[lo:hi]))
+                start = rules.optimizer_start_s(float(b.t[j]), float(self.coll_free[c]))
+                records[c] = Recorder(op_times=times, memory=memory, buffers=buffers,
+                                      optimizer=(start, start + classes[c].optimizer_s),
+                                      bytes_sent=float(b.bytes_sent[j]), bytes_received=float(nbytes[lo:hi].sum()))
+        return records
+
+
+def _ledger_arrays(b: _Bundle, events: list) -> tuple[np.ndarray, np.ndarray]:
+    """One ledger's ``(times per member, deltas)``: a (members × events) array and the bytes."""
+    times = np.stack([x for x, _ in events], axis=1) if events else np.zeros((len(b.members), 0))
+    return times, np.array([d for _, d in events])
+
+
+def vector_records(workload) -> list[Recorder]:
+    """The fast path's records (``sim.engine.result.Recorder`` per class), bundle by bundle."""
+    state = _VectorReplay(workload)
+    state.replay()
+    return state.records()

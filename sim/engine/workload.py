@@ -46,7 +46,8 @@ __all__ = [
 
 COMPUTE, SEND, RECV, REDUCE, GROUP = 0, 1, 2, 3, 4
 """Op codes: run on the compute stream, issue flows, wait for flows, join an all-reduce, join
-a collective of the device's group for one action (blocking, or overlapping the next compute)."""
+a collective of the device's group for one action (blocking, or overlapping the next compute);
+what each does is said once, in ``sim.engine.rules``."""
 
 
 
@@ -94,14 +95,16 @@ class FlowKind:
 
 
 class Op(NamedTuple):
-    """One action of a device class, ready to replay.
+    """One action of a device class, ready to replay; what it does is the rule book's
+    (``sim.engine.rules``: which stream, when its memory is allocated and freed).
 
     A named tuple rather than a frozen dataclass: a plan compiles to hundreds of thousands of
-    them in the planner's inner loop, and a tuple is built several times faster.
+    them in the planner's inner loop, and a tuple is built several times faster. Read its
+    fields by name (``op.alloc_bytes``): on Python 3.11 that costs what ``op[6]`` does.
     """
 
     code: int
-    """COMPUTE, SEND, RECV or REDUCE."""
+    """COMPUTE, SEND, RECV, REDUCE or GROUP."""
     text: str
     """The IR action (``2F0``)."""
     stage: int
