@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from runtime.execution.status import write_frozen
 
 __all__ = [
     "LAUNCHED_ENV",
@@ -125,8 +126,6 @@ def launch(nproc: int, module_args: Sequence[str], *, log_path: Path, timeout_s:
 def _kill_frozen(folder: Path) -> None:
     """SIGKILL every worker whose process is stopped (state ``T`` in /proc) and record its rank."""
     import signal
-
-    from runtime.execution.status import write_frozen
 
     for pid_file in folder.glob("pid-rank*"):
         rank = int(pid_file.name.removeprefix("pid-rank"))

@@ -23,6 +23,7 @@ from runtime.execution.launch import LAUNCHED_ENV, init_distributed, leave_proce
 from runtime.execution.status import StatusBoard, write_failure
 from sim.core import jsonio
 from sim.core.errors import DappleError
+from runtime.measure.trace import measured_trace, write_events
 
 __all__ = ["default_out", "profile_worker", "run_worker", "write_run_outputs"]
 
@@ -37,8 +38,6 @@ def write_run_outputs(summary: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write ``trace.json`` (a Chrome/Perfetto trace of the median step, laid out as the
     simulator's), ``events.csv`` (its event rows) and ``summary.json``; return the summary
     with their paths."""
-    from runtime.measure.trace import measured_trace, write_events
-
     out.mkdir(parents=True, exist_ok=True)
     events = summary.pop("events")
     trace = out / "trace.json"

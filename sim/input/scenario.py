@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.core.errors import ScenarioError, read_user_file
+from sim.core.errors import ScenarioError
+from sim.core.userfiles import read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
