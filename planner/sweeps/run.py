@@ -103,6 +103,7 @@ def open_executor(workers: int | None = None, dask: str | None = None, *,
             yield pool, count
         return
     try:
+        # Dask only for a sweep on a Dask cluster (an optional dependency)
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise SweepError(f"{prefix}--dask needs Dask: pip install 'dask[distributed]'") from None
@@ -220,6 +221,7 @@ def _bar(total: int, name: str, show: bool):
 
 def _table(sweep: Sweep, rows: Mapping[str, dict]):
     """The rows of ``sweep``'s points that have run, in point order, with fixed column types."""
+    # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
     metrics = {**COLUMNS, **(PLAN_COLUMNS if sweep.mode == "plan" else {}), **TAIL_COLUMNS}
@@ -298,6 +300,7 @@ def _resume(sweep: Sweep, out: Path) -> dict[str, dict]:
 
 def read_results(out: str | Path):
     """The table saved in ``out`` (``results.parquet``, else ``results.csv``), or None."""
+    # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
     out = Path(out)
@@ -353,6 +356,7 @@ def write_plots(sweep: Sweep, table, out: str | Path) -> list[Path]:
     """Draw the sweep file's ``plots:`` from ``table`` into ``out``; returns the PNG paths."""
     if not sweep.plots:
         return []
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     import matplotlib.pyplot as plt
 
     written = []

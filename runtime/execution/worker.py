@@ -78,6 +78,7 @@ def _as_worker(args: argparse.Namespace, body: Callable[[int, Any], None]) -> in
 
 def run_worker(args: argparse.Namespace, print_summary: Callable[[dict], None]) -> int:
     """``dapple-run run`` under torchrun."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
 
@@ -107,6 +108,7 @@ def run_worker(args: argparse.Namespace, print_summary: Callable[[dict], None]) 
 
 def profile_worker(args: argparse.Namespace, finish: Callable[[dict], None]) -> int:
     """``dapple-run profile`` under torchrun: every rank measures links, rank 0 the layers."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import measure_links
 
     world = worker_env()[1]
@@ -124,6 +126,7 @@ def profile_worker(args: argparse.Namespace, finish: Callable[[dict], None]) -> 
 
 
 def _check_gpus(world: int) -> None:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
     if torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world)):

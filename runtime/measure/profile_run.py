@@ -27,6 +27,7 @@ __all__ = ["finish", "profile_here"]
 
 
 def _links_worker(device, repeats: int) -> dict[str, Any]:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import measure_links
 
     return measure_links(device, repeats=repeats)
@@ -34,6 +35,7 @@ def _links_worker(device, repeats: int) -> dict[str, Any]:
 
 def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Measure links on 2 fresh local processes, then layers and the device in this one."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
     if args.backend == "nccl" and torch.cuda.device_count() < (1 if args.no_links else 2):
@@ -46,6 +48,7 @@ def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path
     sharded = None
     t = runnable.plan.tensor_parallel
     if t > 1:  # one tensor-parallel group: its layers and collectives (runtime.measure.tp_profile)
+        # torch only where this runs: the command line and its checks before launch stay torch-free
         from runtime.measure.tp_profile import tp_profile_worker
 
         if args.backend == "nccl" and torch.cuda.device_count() < t:
@@ -63,8 +66,10 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
     ``sharded``: a tensor-parallel plan's layers and collectives, measured on one group
     (``runtime.measure.tp_profile``); the measured scenario then has one device per group
     (``runtime.validation.collapse``)."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import cluster_yaml, measure_device
     from runtime.measure.profiler import profile_layers, write_profile
 
