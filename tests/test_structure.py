@@ -228,3 +228,51 @@ def test_a_needless_function_level_import_is_found(tmp_path):
     assert len(bad) == 2, bad
     assert bad[0].startswith("sim.a:2 imports sim.b in a function; import it at the top")
     assert bad[1].startswith("sim.d:2 imports sim.plot in a function without a comment")
+
+
+# --- docs/architecture.md's map of rooms is the tree ----------------------------------------
+
+
+def _mapped_modules(text: str) -> set[str]:
+    """Every ``*.py`` the "Map of rooms" names, as a path from the repository root.
+
+    Each paragraph (a bold heading and its table) names its folder first (`` `sim/cost/` ``);
+    a bare name is in the folder of the name before it in the same cell, or the paragraph's.
+    """
+    import re
+
+    section = text.split("## Map of rooms", 1)[1].split("\n## ", 1)[0]
+    found = set()
+    for paragraph in re.split(r"\n(?=\*\*)", section):
+        folders = re.findall(r"`((?:sim|planner|runtime)/(?:[\w/]*/)?)`", paragraph.split("\n", 1)[0])
+        if not folders:
+            continue  # the section's preamble: no folder, no rooms
+        base = folders[0]
+        for line in paragraph.splitlines():
+            cell = line.split("|")[1] if line.startswith("|") else line
+            here = base
+            for name in re.findall(r"`([\w/]+\.py)`", cell):
+                if name.split("/")[0] in PACKAGES:
+                    path = name
+                elif "/" in name:
+                    path = base + name
+                else:
+                    path = here + name
+                here = path.rsplit("/", 1)[0] + "/"
+                found.add(path)
+    return found
+
+
+def test_the_map_of_rooms_lists_every_module():
+    mapped = _mapped_modules((REPO / "docs" / "architecture.md").read_text())
+    actual = {str(p.relative_to(REPO)) for p in GRAPH.paths.values() if p.name != "__init__.py"}
+    assert not mapped - actual, f"the map names modules that do not exist: {sorted(mapped - actual)}"
+    assert not actual - mapped, f"modules missing from docs/architecture.md's map: {sorted(actual - mapped)}"
+
+
+def test_the_map_reader_resolves_folders():
+    text = ("## Map of rooms\n\n**Rooms, `runtime/`**\n\n| module | what |\n|---|---|\n"
+            "| `commands/cli.py`, `run.py`, `runtime/__main__.py` | x |\n| `model/config.py` | y |\n\n"
+            "**More, `sim/models/`**: generators (`transformer.py`; `vgg.py`)\n\n## Next\n")
+    assert _mapped_modules(text) == {"runtime/commands/cli.py", "runtime/commands/run.py", "runtime/__main__.py",
+                                     "runtime/model/config.py", "sim/models/transformer.py", "sim/models/vgg.py"}
