@@ -210,7 +210,7 @@ def test_a_schedule_that_skipped_the_check_stops_with_the_grid():
     from dataclasses import replace
 
     from sim.engine.replay import simulate
-    from sim.schedule.ir import parse_schedule
+    from sim.schedule.text import parse_schedule
     from sim.engine.compile import compile_workload
 
     # rank 1 waits for micro-batch 1 while rank 0 waits for micro-batch 0's gradient

@@ -193,7 +193,8 @@ def test_torch_dry_runs_our_lowered_new_schedules(name: str) -> None:
 
 
 def test_torch_parses_our_overlapped_pairs_into_its_own_actions() -> None:
-    from sim.schedule.ir import OverlapFB, parse_action
+    from sim.schedule.ir import OverlapFB
+    from sim.schedule.text import parse_action
 
     ours = [step for acts in generate("dualpipe-v", 4, 8).ranks for step in acts if isinstance(step, OverlapFB)]
     assert ours

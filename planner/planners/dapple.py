@@ -130,68 +130,105 @@ def partitions(
     must not make more alive than it has room for (the module docstring). ``pressure``, if
     given, gets an entry when memory dropped or limited an extension (more recompute could help).
     """
-    per_node = per_node or tables.cluster.devices_per_node
-    exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
-    M = num_microbatches
-    capacity = tables.cluster.device.memory_bytes
-    last = len(cuts) - 1
-    widest = max(replica_set)
-    # frontier[cut index][units used] = [(PipelineFold, stages, parent key, parent index, replicas, most stages)]
-    frontier: list[dict[int, list[tuple]]] = [dict() for _ in range(last + 1)]
-    frontier[0][0] = [(PIPELINE_START, 0, None, -1, 0, max_stages)]
-    stage_cost: dict[tuple, tuple] = {}
-    for ci in range(last):
-        for g in sorted(frontier[ci]):
-            records = [(i, rec) for i, rec in enumerate(frontier[ci][g]) if rec[1] < min(max_stages, rec[5])]
-            if not records:
+    dp = _ParetoDP(tables=tables, cuts=cuts, num_devices=num_devices, microbatch_size=microbatch_size,
+                   num_microbatches=num_microbatches, replica_set=replica_set, max_stages=max_stages, bound=bound,
+                   per_node=per_node or tables.cluster.devices_per_node, recompute=recompute,
+                   memory_sharding=memory_sharding, pressure=pressure)
+    for ci in range(dp.last):
+        for g in sorted(dp.frontier[ci]):
+            dp.extend(ci, g)
+    return dp.finished(keep)
+
+
+class _ParetoDP:
+    """The state of :func:`partitions`' dynamic programme over (cut index, units used).
+
+    ``frontier[cut index][units used]`` holds the Pareto set of partial plans ending at that
+    cut with that many units: ``(PipelineFold, stages, parent key, parent index, replicas,
+    most stages)``, where *most stages* is how many stages the plan may still reach before a
+    stage's room for live micro-batches runs out.
+    """
+
+    def __init__(self, *, tables: CostTables, cuts: list[int], num_devices: int, microbatch_size: int,
+                 num_microbatches: int, replica_set: tuple[int, ...], max_stages: int, bound: float,
+                 per_node: int, recompute: Recompute, memory_sharding: Sharding, pressure: list | None) -> None:
+        self.tables, self.cuts, self.num_devices = tables, cuts, num_devices
+        self.microbatch_size, self.num_microbatches = microbatch_size, num_microbatches
+        self.replica_set, self.max_stages, self.bound, self.per_node = replica_set, max_stages, bound, per_node
+        self.recompute, self.memory_sharding, self.pressure = recompute, memory_sharding, pressure
+        self.exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
+        self.capacity = tables.cluster.device.memory_bytes
+        self.last = len(cuts) - 1
+        self.widest = max(replica_set)
+        self.frontier: list[dict[int, list[tuple]]] = [dict() for _ in range(self.last + 1)]
+        self.frontier[0][0] = [(PIPELINE_START, 0, None, -1, 0, max_stages)]
+        self.stage_cost: dict[tuple, tuple] = {}
+
+    def _pressed(self, why) -> None:
+        """Note that memory dropped or limited an extension (the first reason is kept)."""
+        if self.pressure is not None and not self.pressure:
+            self.pressure.append(why)
+
+    def extend(self, ci: int, g: int) -> None:
+        """Extend every partial plan ending at cut ``ci`` with ``g`` units by one more stage."""
+        records = [(i, rec) for i, rec in enumerate(self.frontier[ci][g]) if rec[1] < min(self.max_stages, rec[5])]
+        if not records:
+            return
+        a, cuts, last, per_node, num_devices = self.cuts[ci], self.cuts, self.last, self.per_node, self.num_devices
+        for cj in range(ci + 1, last + 1):
+            b = cuts[cj]
+            if self.tables.static_bytes(a, b, self.widest, self.memory_sharding) > self.capacity:
+                self._pressed((ci, cj))
+                break  # longer stages only hold more parameters
+            for r in self.replica_set:
+                if g + r > num_devices:
+                    break
+                if self.exact and (num_devices - g - r) > r * (last - cj):
+                    continue  # a grid must use every unit: too few cuts left for its stages
+                first, final = g // per_node, (g + r - 1) // per_node
+                crosses = ci > 0 and (g - 1) // per_node != final
+                cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
+                if cost_key not in self.stage_cost:
+                    self.stage_cost[cost_key] = _stage(self.tables, a, b, r, final - first + 1, self.microbatch_size,
+                                                       ci > 0, crosses, self.recompute, self.memory_sharding,
+                                                       self.capacity)
+                self._add(records, cost_key, self.frontier[cj], g + r, (ci, g), r)
+
+    def _add(self, records: list, cost_key: tuple, ending: dict[int, list[tuple]], units: int,
+             parent: tuple[int, int], r: int) -> None:
+        """Each of ``records`` extended by the stage ``cost_key`` of ``r`` units, into the Pareto
+        set ``ending[units]`` of the plans ending at the stage's last cut."""
+        f, bk, comm, tail, room = self.stage_cost[cost_key]
+        if room < 1:
+            self._pressed(cost_key)
+            return  # not even one micro-batch's activations fit beside the states
+        target = ending.setdefault(units, [])
+        M = self.num_microbatches
+        # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
+        worst = target[-1][0][0] + target[-1][0][2] if len(target) >= PARETO_CAP else self.bound
+        for index, record in records:
+            j, most = record[1], record[5]
+            if room < M and j + room < most:
+                most = j + int(room)
+                self._pressed(cost_key)
+            if j + 1 > most:
+                continue  # its stages after would keep more alive than it holds
+            extended = extend_pipeline(record[0], f, bk, comm, tail, M)
+            if extended[0] + extended[2] >= worst:
+                continue  # the cap would drop it (it cannot dominate a kept plan)
+            _insert(target, (extended, j + 1, parent, index, r, most))
+
+    def finished(self, keep: int) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
+        """The ``keep`` best complete plans: (score, bounds, replicas), best first."""
+        done = []
+        for g in sorted(self.frontier[self.last]):
+            if self.exact and g != self.num_devices:
                 continue
-            a = cuts[ci]
-            for cj in range(ci + 1, last + 1):
-                b = cuts[cj]
-                if tables.static_bytes(a, b, widest, memory_sharding) > capacity:
-                    if pressure is not None and not pressure:
-                        pressure.append((ci, cj))
-                    break  # longer stages only hold more parameters
-                for r in replica_set:
-                    if g + r > num_devices:
-                        break
-                    if exact and (num_devices - g - r) > r * (last - cj):
-                        continue  # a grid must use every unit: too few cuts left for its stages
-                    first, final = g // per_node, (g + r - 1) // per_node
-                    crosses = ci > 0 and (g - 1) // per_node != final
-                    cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
-                    if cost_key not in stage_cost:
-                        stage_cost[cost_key] = _stage(tables, a, b, r, final - first + 1, microbatch_size, ci > 0,
-                                                      crosses, recompute, memory_sharding, capacity)
-                    f, bk, comm, tail, room = stage_cost[cost_key]
-                    if room < 1:
-                        if pressure is not None and not pressure:
-                            pressure.append(cost_key)
-                        continue  # not even one micro-batch's activations fit beside the states
-                    target = frontier[cj].setdefault(g + r, [])
-                    # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
-                    worst = target[-1][0][0] + target[-1][0][2] if len(target) >= PARETO_CAP else bound
-                    for index, record in records:
-                        j, most = record[1], record[5]
-                        if room < M and j + room < most:
-                            most = j + int(room)
-                            if pressure is not None and not pressure:
-                                pressure.append(cost_key)
-                        if j + 1 > most:
-                            continue  # its stages after would keep more alive than it holds
-                        extended = extend_pipeline(record[0], f, bk, comm, tail, M)
-                        if extended[0] + extended[2] >= worst:
-                            continue  # the cap would drop it (it cannot dominate a kept plan)
-                        _insert(target, (extended, j + 1, (ci, g), index, r, most))
-    finished = []
-    for g in sorted(frontier[last]):
-        if exact and g != num_devices:
-            continue
-        for index, record in enumerate(frontier[last][g]):
-            bounds, replicas = _trace(frontier, cuts, (last, g), index)
-            finished.append((record[0].total_s, bounds, replicas))
-    finished.sort(key=lambda item: (item[0], len(item[2]), item[2]))
-    return finished[:keep]
+            for index, record in enumerate(self.frontier[self.last][g]):
+                bounds, replicas = _trace(self.frontier, self.cuts, (self.last, g), index)
+                done.append((record[0].total_s, bounds, replicas))
+        done.sort(key=lambda item: (item[0], len(item[2]), item[2]))
+        return done[:keep]
 
 
 def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, microbatch_size: int, has_input: bool,

@@ -25,6 +25,7 @@ from sim.core.errors import DappleError, SpecError
 from sim.input.scenario import Scenario
 from sim.core.parallelism import Recompute, Sharding, Shard
 from planner.search.space import CONTEXT_PARALLEL_FROM, PlannerOptions
+from sim.models import shard_model
 
 __all__ = ["Level", "layouts", "levels"]
 
@@ -39,7 +40,6 @@ def _splits(scenario: Scenario, t: int, c: int) -> bool:
     """Whether the model has a share for tensor degree t and context degree c."""
     if t == c == 1:
         return True
-    from sim.models import shard_model
 
     try:
         shard_model(scenario.model, Shard(tensor=t, context=c, sequence_parallel=t > 1))

@@ -11,8 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
 from sim.input.strict import show_text, show_value
 from sim.core.parallelism import Recompute, Sharding
+from planner.search.space import PLACEMENTS, PlannerOptions
+from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
+from sim.schedule.policy import DapplePolicy
+from sim.report.plots.tables import TABLE_FIGURES
 
 __all__ = ["check_plots", "planner_option"]
 
@@ -22,10 +27,6 @@ _COLUMN_ARGUMENTS = {"gpus", "throughput", "hue", "style", "microbatches", "memo
 
 def planner_option(name: str, value: Any, where: str, fail) -> Any:
     """A ``PlannerOptions`` field from YAML; returns a hashable value."""
-    from planner.search.space import PLACEMENTS, PlannerOptions
-    from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
-    from sim.schedule.policy import DapplePolicy
-
     fields = list(PlannerOptions.__dataclass_fields__)
     if name == "fast_budget_s":
         raise fail(where, "the planner's budget counts work now, not seconds: give fast_budget_ops, the actions "
@@ -95,9 +96,6 @@ def check_plots(data: Any, fail, *, mode: str, keys: tuple[str, ...], planners: 
     """The ``plots:`` list, checked before any point runs: each argument has its figure's type,
     and one that names a column names a column the table will have."""
     import inspect
-
-    from planner.sweeps.run import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
-    from sim.report.plots.tables import TABLE_FIGURES
 
     if data is None:
         return ()

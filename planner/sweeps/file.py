@@ -42,9 +42,16 @@ from typing import Any
 import yaml
 
 from planner.sweeps.checks import check_plots, planner_option
-from sim.core.errors import DappleError, read_user_file
+from sim.core.errors import DappleError
+from sim.core.userfiles import read_user_file
 from sim.input.strict import show_text, show_value
 from sim.input.yaml_text import load_yaml
+from sim.core.userfiles import show_path
+from planner.planners.registry import PLANNERS
+from sim.engine.run import ENGINES
+from sim.core.userfiles import user_file_problem
+from sim.core.errors import ScenarioError
+from sim.input.scenario import apply_overrides, parse_scenario
 
 __all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value"]
 
@@ -107,8 +114,6 @@ class Sweep:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check the sweep file at ``path``."""
-    from sim.core.userfiles import show_path
-
     path = Path(path)
     text = read_user_file(path, "sweep file", SweepError)
     data = load_yaml(text, where=show_path(path), error=SweepError)
@@ -138,8 +143,6 @@ def sweep_from_dict(
         for key in ("planner", "options"):
             if key in data:
                 raise fail(key, "only for mode: plan")
-    from planner.planners.registry import PLANNERS
-    from sim.engine.run import ENGINES
 
     engine = _choice(data, "engine", ENGINES, "simpy", fail)
     planner = _choice(data, "planner", tuple(sorted(PLANNERS)), "dapple", fail)
@@ -176,8 +179,6 @@ def sweep_from_dict(
 
 def _read_base(base: str, base_dir: str | Path, fail) -> tuple[Path, str]:
     """The base scenario's absolute path and text (read as a scenario file is, within its limits)."""
-    from sim.core.userfiles import show_path, user_file_problem
-
     try:
         path = (Path(base_dir) / base).resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
@@ -215,9 +216,6 @@ def _sweep_key(key: Any, mode: str, fail, where: str) -> str:
 
 
 def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
-    from planner.planners.registry import PLANNERS
-    from sim.engine.run import ENGINES
-
     if key == "planner" and (not isinstance(value, str) or value not in PLANNERS):
         raise fail(where, f"unknown planner {show_value(value)}; valid: {', '.join(sorted(PLANNERS))}")
     if key == "engine" and (not isinstance(value, str) or value not in ENGINES):
@@ -324,9 +322,6 @@ def _probe_keys(sweep: Sweep, fail) -> None:
     Each distinct value is applied alone to the base; only errors that no other setting can
     cure are reported here (an unknown key, an unknown choice such as a schedule's name).
     Everything else may depend on the combination, and is each point's own result."""
-    from sim.core.errors import ScenarioError
-    from sim.input.scenario import apply_overrides, parse_scenario
-    from sim.core.userfiles import show_path
 
     raw = load_yaml(sweep.base_text, where=f"{sweep.source}: base: {show_path(sweep.base)}", error=SweepError)
     if not isinstance(raw, dict):

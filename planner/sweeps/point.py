@@ -21,6 +21,11 @@ from sim.core import jsonio
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
 from sim.core.summary import metrics_row
+from sim.input.scenario import parse_scenario
+from planner.search.evaluation import evaluation_row
+from planner.planners.registry import get_planner
+from planner.search.space import PlannerOptions
+from sim.engine.run import run_scenario
 
 __all__ = ["one_line", "run_point"]
 
@@ -48,8 +53,6 @@ def one_line(text: str) -> str:
 
 
 def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
-    from sim.input.scenario import parse_scenario
-
     settings = dict(point.settings)
     planner = settings.pop("planner", sweep.planner)
     engine = settings.pop("engine", sweep.engine)
@@ -68,8 +71,6 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         "memory_capacity_bytes": cluster.device.memory_bytes,
     }
     if sweep.mode == "simulate":
-        from sim.engine.run import run_scenario
-
         result = run_scenario(scenario, engine=engine)
         row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute is Recompute.FULL)
         return row
@@ -77,10 +78,6 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
 
 
 def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    from planner.search.evaluation import evaluation_row
-    from planner.planners.registry import get_planner
-    from planner.search.space import PlannerOptions
-
     found = get_planner(planner)(scenario, PlannerOptions(**options))
     if found.best is None:  # nothing fits: a result of the study, not a failure
         return {"oom": True, "planner_note": found.note}

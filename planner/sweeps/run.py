@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 
+from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
 from planner.sweeps.file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
 from planner.sweeps.point import one_line, run_point
-from sim.core.errors import read_user_file
+from sim.core.userfiles import read_user_file
 from sim.input.strict import show_text
 from sim.core.jsonio import dumps
 from sim.core.userfiles import open_output, show_path
+from sim.report.plots.tables import TABLE_FIGURES
 
 __all__ = [
     "SweepError", "Sweep", "Point", "SweepResult", "load_sweep", "sweep_from_dict", "sweep_points",
@@ -46,20 +48,6 @@ CHECKPOINT_S = 5.0
 DASK_CONNECT_TIMEOUT_S = 10.0
 """Seconds to wait for a Dask scheduler given by address."""
 
-COLUMNS: dict[str, str] = {
-    "scenario": "string", "model_name": "string", "device_name": "string", "num_nodes": "Int64",
-    "cluster_devices": "Int64", "schedule": "string", "num_stages": "Int64", "num_devices": "Int64",
-    "global_batch_size": "Int64", "microbatch_size": "Int64", "num_microbatches": "Int64", "recompute": "boolean",
-    "iteration_time_s": "float64", "throughput_samples_per_s": "float64", "bubble_fraction": "float64",
-    "mfu": "float64", "peak_memory_bytes": "float64", "min_peak_memory_bytes": "float64",
-    "memory_capacity_bytes": "float64", "oom": "boolean", "oom_device": "Int64", "oom_overshoot_bytes": "float64",
-}
-"""Metric columns of every table (name -> pandas dtype), after the point id and axis columns."""
-PLAN_COLUMNS: dict[str, str] = {
-    "plan_description": "string", "plan_placement": "string", "plan_json": "string", "planner_note": "string",
-}
-"""Extra columns of ``mode: plan``: the plan found (``plan_json`` is a plan file) or why none fits."""
-TAIL_COLUMNS: dict[str, str] = {"error": "string", "wall_s": "float64"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +103,7 @@ def open_executor(workers: int | None = None, dask: str | None = None, *,
             yield pool, count
         return
     try:
+        # Dask only for a sweep on a Dask cluster (an optional dependency)
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise SweepError(f"{prefix}--dask needs Dask: pip install 'dask[distributed]'") from None
@@ -232,6 +221,7 @@ def _bar(total: int, name: str, show: bool):
 
 def _table(sweep: Sweep, rows: Mapping[str, dict]):
     """The rows of ``sweep``'s points that have run, in point order, with fixed column types."""
+    # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
     metrics = {**COLUMNS, **(PLAN_COLUMNS if sweep.mode == "plan" else {}), **TAIL_COLUMNS}
@@ -310,6 +300,7 @@ def _resume(sweep: Sweep, out: Path) -> dict[str, dict]:
 
 def read_results(out: str | Path):
     """The table saved in ``out`` (``results.parquet``, else ``results.csv``), or None."""
+    # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
     out = Path(out)
@@ -365,9 +356,8 @@ def write_plots(sweep: Sweep, table, out: str | Path) -> list[Path]:
     """Draw the sweep file's ``plots:`` from ``table`` into ``out``; returns the PNG paths."""
     if not sweep.plots:
         return []
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     import matplotlib.pyplot as plt
-
-    from sim.report.plots.tables import TABLE_FIGURES
 
     written = []
     for index, entry in enumerate(sweep.plots):

@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from runtime.model.tensor_parallel import local_tensor
+from runtime.model.models import local_tensor
 from sim.cost.split import sample_overlaps, sample_ranges
 from sim.core.errors import DappleError
 from sim.core.plan import PlanSpec

@@ -56,7 +56,8 @@ from runtime.model.models import input_dtype, sample_shape, synthetic_batch
 from runtime.execution.p2p import Mailbox
 from runtime.model.sharding import RankOptimizer, state_bytes
 from runtime.execution.status import StatusBoard
-from runtime.model.tensor_parallel import local_tensor, loss_parallel_if
+from runtime.model.models import local_tensor
+from runtime.model.tensor_parallel import loss_parallel_if
 from sim.core.parallelism import Recompute, Sharding
 from sim.schedule.ir import Action, ActionKind
 

@@ -31,6 +31,8 @@ from runtime.model.config import RunnableScenario
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from sim.cost.split import sample_ranges
 from sim.core.parallelism import Sharding
+from runtime.model.tensor_parallel import parallelize_stage
+from runtime.model.sharding import shard_stage
 
 __all__ = ["Holdings", "LocalStage", "column", "hold_stages", "position"]
 
@@ -110,12 +112,8 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     owner, at = plan.stage_ranks, position(plan, rank)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
-        from runtime.model.tensor_parallel import parallelize_stage
-
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
     if plan.sharding is Sharding.FULL:
-        from runtime.model.sharding import shard_stage
-
         shard_stage(module, mesh["data"])
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from runtime.execution.status import write_frozen
 
 __all__ = [
     "LAUNCHED_ENV",
@@ -52,6 +53,7 @@ def init_distributed(
 
     gloo runs on the CPU with one thread per rank; nccl uses GPU ``LOCAL_RANK``.
     """
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
     import torch.distributed as dist
 
@@ -73,9 +75,11 @@ def leave_process_group() -> None:
     """Leave ``torch.distributed`` after a successful run: a barrier first, so that no rank
     tears its connections down while a peer still talks over them (gloo aborts a process
     whose peer closes a connection under it), then ``destroy_process_group``."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
     if dist.get_backend() == "nccl":
+        # torch only where this runs: the command line and its checks before launch stay torch-free
         import torch
 
         dist.barrier(device_ids=[torch.cuda.current_device()])
@@ -126,8 +130,6 @@ def _kill_frozen(folder: Path) -> None:
     """SIGKILL every worker whose process is stopped (state ``T`` in /proc) and record its rank."""
     import signal
 
-    from runtime.execution.status import write_frozen
-
     for pid_file in folder.glob("pid-rank*"):
         rank = int(pid_file.name.removeprefix("pid-rank"))
         try:
@@ -145,6 +147,7 @@ def _kill_frozen(folder: Path) -> None:
 
 def _spawned(rank: int, fn: Callable, args: tuple, nproc: int, init_file: str, backend: str, timeout_s: float,
              results: str) -> None:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank))
@@ -171,6 +174,7 @@ def spawn(
     importing it again (seconds per rank on a small machine); each sets one thread, so
     OpenMP's pool in this process is never used by them. GPU ranks start fresh ("spawn").
     """
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
     import torch.multiprocessing as mp
 

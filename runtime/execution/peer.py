@@ -32,6 +32,7 @@ from runtime.model.models import (
 )
 from sim.core.errors import DappleError
 from sim.schedule.policy import DapplePolicy
+from torch.distributed.pipelining import PipelineStage, schedules
 
 __all__ = ["PEER_SCHEDULES", "PeerRunner", "check_peer_plan", "run_peer"]
 
@@ -77,8 +78,6 @@ class PeerRunner:
     """One rank's stage under torch's schedule; ``step`` trains one step and times it."""
 
     def __init__(self, runnable: RunnableScenario, device: torch.device, *, seed: int = 0, lr: float = 1e-3) -> None:
-        from torch.distributed.pipelining import PipelineStage, schedules
-
         rank, world = dist.get_rank(), dist.get_world_size()
         check_peer_plan(runnable, world)
         self.runnable, self.device, self.seed = runnable, device, seed

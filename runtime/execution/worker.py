@@ -23,6 +23,7 @@ from runtime.execution.launch import LAUNCHED_ENV, init_distributed, leave_proce
 from runtime.execution.status import StatusBoard, write_failure
 from sim.core import jsonio
 from sim.core.errors import DappleError
+from runtime.measure.trace import measured_trace, write_events
 
 __all__ = ["default_out", "profile_worker", "run_worker", "write_run_outputs"]
 
@@ -37,8 +38,6 @@ def write_run_outputs(summary: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write ``trace.json`` (a Chrome/Perfetto trace of the median step, laid out as the
     simulator's), ``events.csv`` (its event rows) and ``summary.json``; return the summary
     with their paths."""
-    from runtime.measure.trace import measured_trace, write_events
-
     out.mkdir(parents=True, exist_ok=True)
     events = summary.pop("events")
     trace = out / "trace.json"
@@ -79,6 +78,7 @@ def _as_worker(args: argparse.Namespace, body: Callable[[int, Any], None]) -> in
 
 def run_worker(args: argparse.Namespace, print_summary: Callable[[dict], None]) -> int:
     """``dapple-run run`` under torchrun."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
 
@@ -108,6 +108,7 @@ def run_worker(args: argparse.Namespace, print_summary: Callable[[dict], None]) 
 
 def profile_worker(args: argparse.Namespace, finish: Callable[[dict], None]) -> int:
     """``dapple-run profile`` under torchrun: every rank measures links, rank 0 the layers."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import measure_links
 
     world = worker_env()[1]
@@ -125,6 +126,7 @@ def profile_worker(args: argparse.Namespace, finish: Callable[[dict], None]) -> 
 
 
 def _check_gpus(world: int) -> None:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
     if torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world)):

@@ -18,11 +18,16 @@ import yaml
 
 from runtime.model.config import RunnableScenario
 from sim.core import jsonio
+from runtime.execution.launch import spawn
+from sim.input.scenario import load_scenario
+from runtime.validation.collapse import collapsed_stages
+from sim.core.errors import DappleError
 
 __all__ = ["finish", "profile_here"]
 
 
 def _links_worker(device, repeats: int) -> dict[str, Any]:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import measure_links
 
     return measure_links(device, repeats=repeats)
@@ -30,13 +35,10 @@ def _links_worker(device, repeats: int) -> dict[str, Any]:
 
 def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Measure links on 2 fresh local processes, then layers and the device in this one."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
-    from runtime.execution.launch import spawn
-
     if args.backend == "nccl" and torch.cuda.device_count() < (1 if args.no_links else 2):
-        from sim.core.errors import DappleError
-
         raise DappleError("--backend nccl needs GPUs (2 for the link measurement); use --backend gloo")
     device = torch.device("cuda", 0) if args.backend == "nccl" else torch.device("cpu")
     if device.type == "cpu":
@@ -46,11 +48,10 @@ def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path
     sharded = None
     t = runnable.plan.tensor_parallel
     if t > 1:  # one tensor-parallel group: its layers and collectives (runtime.measure.tp_profile)
+        # torch only where this runs: the command line and its checks before launch stay torch-free
         from runtime.measure.tp_profile import tp_profile_worker
 
         if args.backend == "nccl" and torch.cuda.device_count() < t:
-            from sim.core.errors import DappleError
-
             raise DappleError(f"--backend nccl needs {t} GPUs for a tensor-parallel group; use --backend gloo")
         batch = args.batch_size or runnable.scenario.training.microbatch_size
         sharded = spawn(tp_profile_worker, t, runnable, batch, args.warmup, args.repeats, backend=args.backend,
@@ -65,19 +66,18 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
     ``sharded``: a tensor-parallel plan's layers and collectives, measured on one group
     (``runtime.measure.tp_profile``); the measured scenario then has one device per group
     (``runtime.validation.collapse``)."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import cluster_yaml, measure_device
     from runtime.measure.profiler import profile_layers, write_profile
-    from sim.input.scenario import load_scenario
 
     if device.type == "cpu":
         torch.set_num_threads(1)
     scenario, t = runnable.scenario, runnable.plan.tensor_parallel
     batch = args.batch_size or scenario.training.microbatch_size
     if t > 1 and sharded is None:
-        from sim.core.errors import DappleError
-
         raise DappleError("a tensor-parallel plan is profiled on one local group: run dapple-run profile "
                           "without torchrun")
     layers = sharded["layers"] if sharded is not None else profile_layers(
@@ -95,8 +95,6 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
     if links is not None:
         cluster = scenario.cluster
         if cluster.devices_per_node % t:
-            from sim.core.errors import DappleError
-
             raise DappleError(f"cluster.devices_per_node: {cluster.devices_per_node} is not a multiple of "
                               f"tensor_parallel {t}; a tensor-parallel group must fit in a node")
         text = cluster_yaml(device_info, links, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node // t,
@@ -114,8 +112,6 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
 
 def _measured_scenario(runnable: RunnableScenario, cluster: dict, batch: int,
                        collectives: list[dict[str, Any]] | None = None) -> str:
-    from runtime.validation.collapse import collapsed_stages
-
     scenario, plan = runnable.scenario, runnable.plan
     schedule: Any = plan.schedule if not plan.schedule_params else {"name": plan.schedule, **plan.params}
     stages = collapsed_stages(plan) if plan.tensor_parallel > 1 else \

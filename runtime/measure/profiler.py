@@ -42,6 +42,7 @@ from runtime.model.models import (
 )
 from sim.core import jsonio
 from sim.models import build_model
+from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
 
 __all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
 
@@ -106,8 +107,6 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
     the sequence too.
     """
-    from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
-
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:

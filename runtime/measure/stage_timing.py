@@ -34,10 +34,16 @@ from runtime.model.models import (
     sample_shape,
 )
 from runtime.model.models import synthetic_batch
-from runtime.model.tensor_parallel import local_tensor, loss_parallel_if, parallelize_stage
+from runtime.model.models import local_tensor
+from runtime.model.tensor_parallel import loss_parallel_if, parallelize_stage
 from sim.cost.split import split_samples
 from sim.schedule.generators import generate
 from sim.schedule.ir import ActionKind
+from runtime.measure.profiler import profile_layers, write_profile
+from sim.input.plan_file import plan_to_dict
+from sim.input.scenario import parse_scenario
+from sim.engine.run import run_scenario
+from sim.report.analysis.validation import predicted_view
 
 __all__ = ["predict_stages", "profiled_scenario", "time_stage"]
 
@@ -159,10 +165,6 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     with ``overrides`` (dotted keys) applied to training and plan."""
     from pathlib import Path
 
-    from runtime.measure.profiler import profile_layers, write_profile
-    from sim.input.plan_file import plan_to_dict
-    from sim.input.scenario import parse_scenario
-
     scenario, folder = runnable.scenario, Path(folder)
     fewest = min(scenario.plan.num_replicas(s) for s in range(scenario.plan.num_stages))
     batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
@@ -194,8 +196,6 @@ training: {{global_batch_size: {scenario.training.global_batch_size}, microbatch
 def predict_stages(scenario, *, memory: str) -> list[dict[str, float]]:
     """Per stage (first device of each): the simulator's F+B seconds of one iteration and peak
     memory (``allocator``: everything; ``counted``: static bytes plus activations)."""
-    from sim.engine.run import run_scenario
-    from sim.report.analysis.validation import predicted_view
 
     result = run_scenario(scenario, engine="simpy")
     view = predicted_view(result, memory=memory)

@@ -29,6 +29,9 @@ import torch.distributed as dist
 
 from runtime.model.config import RunnableScenario
 from runtime.model.models import TORCH_DTYPES
+from sim.models import shard_model
+from torch.distributed.device_mesh import DeviceMesh
+from runtime.measure.profiler import profile_layers
 
 __all__ = ["collective_sizes", "measure_collectives", "tp_profile_worker"]
 
@@ -38,8 +41,6 @@ _BUS_FACTOR = {"all-reduce": lambda t: 2 * (t - 1) / t, "all-gather": lambda t: 
 
 def collective_sizes(runnable: RunnableScenario, batch: int) -> list[tuple[str, float]]:
     """(kind, bytes) of each distinct collective one block runs for ``batch`` samples."""
-    from sim.models import shard_model
-
     plan = runnable.plan
     block = shard_model(runnable.scenario.model, plan.shard).layers[1]
     return sorted({(c.kind, c.bytes * batch) for c in block.tp_collectives})
@@ -87,9 +88,6 @@ def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: i
                       repeats: int) -> dict[str, Any]:
     """On each of the t ranks (``runtime.execution.launch.spawn``): the layers as one device's share and
     the block's collectives."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from runtime.measure.profiler import profile_layers
 
     mesh = DeviceMesh(device.type, list(range(dist.get_world_size())), mesh_dim_names=("tensor",))
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0, mesh=mesh,

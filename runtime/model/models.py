@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from runtime.model.config import ModelConfig
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
@@ -44,6 +45,7 @@ __all__ = [
     "build_layers",
     "input_dtype",
     "layer_param_bytes",
+    "local_tensor",
     "make_optimizer",
     "sample_shape",
     "synthetic_batch",
@@ -161,10 +163,13 @@ def build_layers(
     return layers
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this device stores (``t`` itself unless it is a DTensor)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def layer_param_bytes(module: nn.Module) -> int:
     """Bytes of the parameters registered in ``module`` (a DTensor's: this device's shard)."""
-    from runtime.model.tensor_parallel import local_tensor
-
     return sum(local_tensor(p).numel() * p.element_size() for p in module.parameters())
 
 

@@ -49,8 +49,9 @@ from torch.distributed.tensor.parallel import (
 from runtime.model.layers import Embedding, LMHead, TransformerBlock
 from runtime.model.models import StageModule
 from sim.core.plan import PlanSpec
+from torch.distributed.tensor.parallel import loss_parallel
 
-__all__ = ["MESH_DIMS", "gather_sequence", "local_tensor", "loss_parallel_if", "parallelize_layer",
+__all__ = ["MESH_DIMS", "gather_sequence", "loss_parallel_if", "parallelize_layer",
            "parallelize_stage", "scatter_sequence", "set_layout", "settle_grads", "stage_mesh", "uniform_layout"]
 
 MESH_DIMS = ("data", "context", "tensor")
@@ -155,14 +156,8 @@ def loss_parallel_if(tensor_parallel: int):
 
     if tensor_parallel == 1:
         return contextlib.nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
 
     return loss_parallel()
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The part of ``t`` this device stores (``t`` itself unless it is a DTensor)."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def settle_grads(params: list[nn.Parameter]) -> None:

@@ -6,9 +6,8 @@ any other exception is ours and keeps its traceback.
 
 from __future__ import annotations
 
-from pathlib import Path
 
-__all__ = ["DappleError", "ScenarioError", "ScheduleError", "SpecError", "UnitError", "read_user_file"]
+__all__ = ["DappleError", "ScenarioError", "ScheduleError", "SpecError", "UnitError"]
 
 
 class DappleError(ValueError):
@@ -45,13 +44,3 @@ class ScheduleError(DappleError):
     def __init__(self, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.detail = detail
-
-
-def read_user_file(path: str | Path, what: str, error: type[DappleError] = DappleError, *,
-                   max_bytes: int | None = None) -> str:
-    """The text of a file a user named; a missing, unreadable, special (``/dev/zero``, a FIFO)
-    or oversized one is ``error`` in one line. The reader lives in ``sim.core.userfiles``."""
-    from sim.core.userfiles import INPUT_MAX_BYTES
-    from sim.core.userfiles import read_user_file as read
-
-    return read(path, what, error, max_bytes=INPUT_MAX_BYTES if max_bytes is None else max_bytes)

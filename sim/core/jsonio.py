@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from sim.core.errors import DappleError
+from sim.core.userfiles import show_path, write_user_file
 
 __all__ = ["dumps", "write_json"]
 
@@ -37,8 +38,6 @@ def dumps(value: Any, *, what: str = "JSON output", error: type[DappleError] = D
 def write_json(path: str | os.PathLike, value: Any, *, what: str | None = None,
                error: type[DappleError] = DappleError, **kwargs: Any) -> None:
     """Write ``value`` as JSON (and a newline) to ``path``; nothing is written if it cannot be encoded."""
-    from sim.core.userfiles import show_path, write_user_file
-
     text = dumps(value, what=show_path(path), error=error, **kwargs) + "\n"
     write_user_file(path, text, what or os.path.basename(os.fspath(path)), error=error)
 

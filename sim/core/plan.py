@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from sim.core.errors import SpecError
 from sim.core.parallelism import Recompute, Shard, Sharding
+from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES
+from sim.schedule.vshape import v_stage_ranks
 
 if TYPE_CHECKING:
     from sim.schedule.ir import Schedule
@@ -233,8 +235,6 @@ def check_plan(plan: PlanSpec, *, num_layers: int, num_devices: int) -> None:
         )
     ranks = plan.stage_ranks
     num_ranks = len(plan.device_groups)
-    from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES
-    from sim.schedule.vshape import v_stage_ranks
 
     if plan.schedule in V_SCHEDULES and ranks != v_stage_ranks(num_ranks):
         raise SpecError(

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from sim.engine.flows import static_rates
 from sim.engine.symmetry import refine, refine_behaviour
+from sim.core.faults import Failure, Jitter, SlowLink, Straggler
+from sim.core.faults import jitter_key
 
 __all__ = ["FaultView", "MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 
@@ -124,8 +126,6 @@ class FaultView:
     """The signature of a device without faults."""
 
     def __init__(self, faults: tuple, cluster, plan=None) -> None:
-        from sim.core.faults import Failure, Jitter, SlowLink, Straggler
-
         self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
         self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
         self.jitters = [f for f in faults if isinstance(f, Jitter)]
@@ -152,8 +152,6 @@ class FaultView:
 
     def jitter_for(self, device: int):
         """``(jitter, key of its draws)`` for ``device`` (``sim.core.faults.jitter_key``), or None."""
-        from sim.core.faults import jitter_key
-
         jitter = next((j for j in self.jitters if j.applies_to(device)), None)
         if jitter is None:
             return None

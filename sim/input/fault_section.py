@@ -22,6 +22,8 @@ from typing import Any
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 from sim.core.specs import ClusterSpec
 from sim.core.units import parse_time
+from sim.core.faults import FAULT_TYPES
+from sim.core.faults import FACTOR_RANGE, JITTER_PER, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
 
 __all__ = ["read_faults"]
 
@@ -38,8 +40,6 @@ _FAULT_REQUIRED = {"straggler": {"device", "slowdown"}, "jitter": set(), "slow_l
 
 def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
     """The ``faults:`` list (see ``sim.core.faults``), with device and NIC ids checked against the cluster."""
-    from sim.core.faults import FAULT_TYPES
-
     if data is None:
         return ()
     if not isinstance(data, list):
@@ -55,18 +55,6 @@ def read_faults(reader: StrictReader, data: Any, cluster: ClusterSpec) -> tuple:
 
 
 def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: ClusterSpec):
-    from sim.core.faults import (
-        FACTOR_RANGE,
-        JITTER_PER,
-        MAX_FAULT_TIME_S,
-        MAX_SEED,
-        SLOWDOWN_RANGE,
-        Failure,
-        Jitter,
-        SlowLink,
-        Straggler,
-    )
-
     times = (0.0, MAX_FAULT_TIME_S, "0s to 1e6s")
     if kind == "straggler":
         return reader.build(key, Straggler, device=_hardware_id(reader, item, key, "device", cluster.num_devices),

@@ -20,6 +20,10 @@ from typing import Any
 from sim.core.errors import DappleError, SpecError
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.core.model_spec import ModelSpec
+from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
+from sim.input.profiles import load_profile
+from sim.core.userfiles import PROFILE_MAX_BYTES
+from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
 
 __all__ = ["read_model"]
 
@@ -43,8 +47,6 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
 def _optimizer(reader: StrictReader, value: Any, default_implementation: str) -> dict[str, Any]:
     """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32}``:
     the name (None: the model's default), the step's implementation, the gradients' dtype."""
-    from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
-
     if value is None or isinstance(value, str):
         return {"name": value, "implementation": default_implementation, "grad_dtype": None}
     data = reader.mapping(value, "model.optimizer")
@@ -59,9 +61,6 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
 
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
-    from sim.input.profiles import load_profile
-    from sim.core.userfiles import PROFILE_MAX_BYTES
-
     reader.keys(data, "model", allowed=_PROFILE_KEYS, required={"profile", "profile_batch_size"})
     path = reader.path(data["profile"], "model.profile", data_fallback=True, max_bytes=PROFILE_MAX_BYTES)
     try:
@@ -78,8 +77,6 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 
 
 def _generated(reader: StrictReader, data: dict) -> ModelSpec:
-    from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
-
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
     params = {k: v for k, v in data.items() if k not in ("preset", "name")}
     reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]))

@@ -26,7 +26,8 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.core.errors import ScenarioError, read_user_file
+from sim.core.errors import ScenarioError
+from sim.core.userfiles import read_user_file
 from sim.input.strict import show_text, show_value
 from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec

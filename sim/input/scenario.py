@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from sim.core.errors import DappleError, ScenarioError, read_user_file
+from sim.core.errors import DappleError, ScenarioError
+from sim.core.userfiles import read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model

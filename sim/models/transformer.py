@@ -32,6 +32,7 @@ from sim.core.parallelism import Recompute, Shard
 from sim.cost.comm import tensor_parallel_collectives
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.specs import DTYPE_BYTES
+from sim.cost.comm import TensorParallelCollective as C
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
 
@@ -120,8 +121,6 @@ def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tu
     goes through operator f (all-reduce of its gradient in the backward; with sequence
     parallelism an all-gather forward and a reduce-scatter backward). The cross-entropy's
     s-sized reductions are left out."""
-    from sim.cost.comm import TensorParallelCollective as C
-
     if shard.tensor <= 1:
         return ()
     nbytes = float(d * s / shard.context * h)

@@ -332,17 +332,3 @@ def _locate(where: dict[Ref, Where], ref: Ref, rank: int, index: int, action: Ac
 def _ref_text(ref: Ref) -> str:
     stage, kind, mb = ref
     return f"{stage}{kind.value}" if mb is None else f"{stage}{kind.value}{mb}"
-
-
-# --- the text form's readers, kept importable from here ---------------------------------
-
-_TEXT_FORM = frozenset({"parse_action", "parse_schedule", "schedule_from_ranks"})
-
-
-def __getattr__(name: str):
-    """The text form's readers live in ``sim.schedule.text``; importing them from here still works."""
-    if name in _TEXT_FORM:
-        from sim.schedule import text
-
-        return getattr(text, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

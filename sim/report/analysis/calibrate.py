@@ -43,7 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import DappleError, read_user_file
+from sim.core.errors import DappleError
+from sim.core.userfiles import read_user_file
 from sim.input.scenario import Scenario
 
 __all__ = ["COLUMNS", "PARAMS", "CalibrationResult", "CalibrationScore", "MeasuredRun", "ScoredRun", "calibrate",
