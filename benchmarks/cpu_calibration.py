@@ -41,8 +41,8 @@ def _links(device):
 def measure_base() -> None:
     import torch
 
-    from runtime.measure.bandwidth import cluster_yaml, measure_device
     from runtime.execution.launch import spawn
+    from runtime.measure.bandwidth import cluster_yaml, measure_device
 
     torch.set_num_threads(1)
     links = spawn(_links, 2)[0]
@@ -83,10 +83,10 @@ def _session(device, runnable):
 
 
 def measure_runs(count: int, rounds: int) -> None:
-    from runtime.model.config import load_runnable
     from runtime.execution.launch import spawn
-    from sim.report.analysis.calibrate import COLUMNS, row_scenario
+    from runtime.model.config import load_runnable
     from sim.input.scenario import load_scenario
+    from sim.report.analysis.calibrate import COLUMNS, row_scenario
 
     base = load_scenario(BASE)
     configs = _configs(count)
@@ -122,8 +122,8 @@ def measure_runs(count: int, rounds: int) -> None:
 
 
 def fit_and_test(fit_rows: int) -> None:
-    from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
     from sim.input.scenario import load_scenario
+    from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
 
     base = load_scenario(BASE)
     runs = read_runs(RUNS)

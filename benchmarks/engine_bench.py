@@ -297,10 +297,8 @@ def _best_of(repeat: int, run) -> tuple[float, object]:
 def run_case(gpus: int, regime: str, engine: str, num_stages: int, references: bool, repeat: int = 1) -> dict:
     from sim.engine.compile import compile_workload
     from sim.engine.fastpath import replay
-    from sim.engine.replay import simulate
+    from sim.engine.replay import Diverged, simulate
     from sim.input.scenario import parse_scenario
-
-    from sim.engine.replay import Diverged
 
     scenario = parse_scenario(scenario_text(gpus, regime, num_stages), source=f"bench-{gpus}")
     contention = engine == "simpy"

@@ -46,9 +46,9 @@ def _scenario(model: dict, device_name: str, memory: str, stages: int, microbatc
 
 
 def main() -> None:
-    from runtime.model.config import load_runnable
     from runtime.measure.profiler import profile_layers, write_profile
     from runtime.measure.stage_timing import predict_stages, time_stage
+    from runtime.model.config import load_runnable
     from sim.input.scenario import load_scenario
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,10 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
+from sim.core.units import format_bytes
 from sim.engine.compile import compile_workload
 from sim.engine.replay import simulate
 from sim.input.scenario import load_scenario, parse_scenario
-from sim.core.units import format_bytes
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SHIPPED = ("gpt3_175b_a100_tp8_pp8", "llama3_70b_h100_fsdp", "llama3_8b_h100_context_parallel")

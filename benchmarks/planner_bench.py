@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 
 from planner.planners.baselines import grid_candidates
-from planner.search.evaluation import evaluate
 from planner.planners.registry import DEFAULT_PLANNERS, get_planner
+from planner.search.evaluation import evaluate
 from planner.search.space import Candidate, PlannerOptions
-from sim.input.plan_section import balanced_cuts
-from sim.input.scenario import load_scenario, parse_scenario
 from sim.core.parallelism import Recompute
 from sim.core.units import format_bytes
+from sim.input.plan_section import balanced_cuts
+from sim.input.scenario import load_scenario, parse_scenario
 
 PAPER = Path(__file__).resolve().parent.parent / "scenarios" / "paper"
 

@@ -28,9 +28,9 @@ def _worker(device, scenario: str, overrides: dict, steps: int, warmup: int, rou
     import torch
     import torch.distributed as dist
 
-    from runtime.model.config import load_runnable
     from runtime.execution.executor import ExecOptions, RankExecutor
     from runtime.execution.peer import PeerRunner
+    from runtime.model.config import load_runnable
 
     runners = {}
     for schedule, peer in (("gpipe", "ScheduleGPipe"), ("dapple", "Schedule1F1B")):
@@ -64,8 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in args.overrides)
 
-    from runtime.model.config import load_runnable
     from runtime.execution.launch import spawn
+    from runtime.model.config import load_runnable
 
     runnable = load_runnable(args.scenario, overrides)
     times = spawn(_worker, 2, args.scenario, overrides, args.steps, args.warmup, args.rounds)[0]

@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
+from planner.search.report import PlannerReport, build_report
+from planner.search.space import PlannerOptions, to_scenario
+from planner.sweeps.run import load_sweep, run_sweep, write_plots
 from sim.core import jsonio
 from sim.core.command import (
     Stopwatch,
@@ -39,7 +43,13 @@ from sim.core.command import (
     run_cli,
 )
 from sim.core.errors import DappleError
-from planner.search.report import PlannerReport, build_report
+from sim.core.units import format_bytes, format_time
+from sim.core.userfiles import open_output
+from sim.engine.run import run_scenario
+from sim.input.scenario import load_scenario
+from sim.report.plots.style import pyplot
+from sim.report.plots.tables import planner_comparison_figure
+from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
 
 __all__ = ["main"]
 
@@ -73,8 +83,6 @@ a sweep file:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS
-
     parser = argparse.ArgumentParser(
         prog="dapple-plan",
         usage=USAGE,
@@ -141,8 +149,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from planner.sweeps.run import load_sweep, run_sweep, write_plots
-
     watch = Stopwatch()
     with watch.phase("read the sweep file"):
         sweep = load_sweep(args.sweep)
@@ -171,8 +177,6 @@ _CELL = 32
 
 
 def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
-    from sim.core.units import format_bytes, format_time
-
     def show(value, fmt) -> str:
         return "-" if value is None or value != value else fmt(value)
 
@@ -212,10 +216,6 @@ def _sweep_table(sweep, table, counts: dict[str, Any], limit: int = 40) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from planner.planners.registry import DEFAULT_PLANNERS, get_planner
-    from planner.search.space import PlannerOptions
-    from sim.input.scenario import load_scenario
-
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), ignore_plan=True)
     bad = [size for size in args.microbatch_size or () if size < 1]
     if bad:
@@ -239,8 +239,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _table(report: PlannerReport) -> str:
-    from sim.core.units import format_bytes, format_time
-
     ignored = "; the scenario's own plan is ignored" if report.scenario_plan_ignored else ""
     lines = [f"{report.scenario}: plans by the SimPy engine (search {report.search_time_s:.1f} s{ignored})",
              f"  {'planner':<10} {'iteration':>10} {'samples/s':>10} {'peak mem':>10} {'vs dp':>7}  plan"]
@@ -286,11 +284,6 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
     (``best_plan_metrics.json``) and the plots into ``out``; ``data`` is ``report.to_json()``."""
     from dataclasses import replace
 
-    from planner.search.space import to_scenario
-    from sim.engine.run import run_scenario
-    from sim.report.plots.tables import planner_comparison_figure
-    from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
-
     if report.best is None:
         raise DappleError("no plan fits in memory; nothing to write")
     try:
@@ -302,8 +295,6 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
     winner = results[report.best_planner].best.candidate
     watch = watch or Stopwatch()
     with watch.phase("load matplotlib"):
-        from sim.report.plots.style import pyplot
-
         plt = pyplot()
 
     # GPipe's all-forwards-first order beside the winner's own; over looped chunks that order is
@@ -345,8 +336,6 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
 
 def _save(fig, path: Path, plt) -> None:
     """Save a figure through ``sim.core.userfiles.open_output`` (a folder, device or FIFO there is one line)."""
-    from sim.core.userfiles import open_output
-
     try:
         with open_output(path, "plot", binary=True) as handle:
             fig.savefig(handle, dpi=DPI, format="png")

@@ -40,11 +40,11 @@ def synthetic_scenario(
     in order; with ``ranks`` (interleaved), stage s uses the devices of rank ``ranks[s]``;
     ``send_overhead_s``, ``send_bandwidth`` and ``recv_overhead_s`` are both links' charges
     on the compute streams for sending and receiving."""
+    from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.parallelism import Recompute
     from sim.core.plan import PlanSpec, StageSpec
-    from sim.input.scenario import Scenario
-    from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+    from sim.input.scenario import Scenario
 
     num_stages = len(fwd_s)
     ranks = list(range(num_stages)) if ranks is None else list(ranks)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cost.closed_forms import bubble_fraction, dapple_latency_s, makespan_s, peak_inflight_microbatches
 from sim.core.errors import DappleError, ScheduleError
+from sim.cost.closed_forms import bubble_fraction, dapple_latency_s, makespan_s, peak_inflight_microbatches
 from sim.engine.fastpath import time_schedule
 from sim.schedule import generate, lower
 

@@ -8,6 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from sim.app.cli import main
+from sim.core.errors import DappleError
+from sim.cost.compute import kernel_time_s, layer_times_s, optimizer_step_s, stage_cost
+from sim.cost.kernels import transformer_block
+from sim.input.scenario import parse_scenario
+from sim.models import build_model
 from sim.report.analysis.calibrate import (
     MeasuredRun,
     calibrate,
@@ -16,12 +22,6 @@ from sim.report.analysis.calibrate import (
     read_runs,
     row_scenario,
 )
-from sim.app.cli import main
-from sim.cost.compute import kernel_time_s, layer_times_s, optimizer_step_s, stage_cost
-from sim.core.errors import DappleError
-from sim.cost.kernels import transformer_block
-from sim.models import build_model
-from sim.input.scenario import parse_scenario
 
 BASE_TEXT = """
 cluster: {preset: a100-nvlink-8, nodes: 2}
@@ -74,8 +74,8 @@ def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tens
     assert optimizer_step_s(device, "adamw", "bf16", 4e6, 10) == pytest.approx(
         (20 * 4 + 2 * 6) * elements / bw + (9 + 2) * 10 * 5e-6)
     assert optimizer_step_s(device, "sgd", "fp32", 0.0, 0) == 0.0
-    from sim.cost.compute import OPTIMIZER_KERNELS
     from sim.core.specs import OPTIMIZER_STATES
+    from sim.cost.compute import OPTIMIZER_KERNELS
 
     assert set(OPTIMIZER_KERNELS) == set(OPTIMIZER_STATES)  # every optimizer a scenario accepts has a step cost
     # a GPT block steps 12 tensors (four linear layers' and two layer norms' weights and biases)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import schedule_text
-
 from conftest import REPO, SCENARIOS
+from planner.cli import schedule_text
 from terminal import run_on_a_terminal
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
@@ -185,8 +184,8 @@ def _recorded_run() -> dict:
 
 
 def test_validation_report_has_headers_and_rows_that_explain_its_headline():
-    from sim.report.analysis.validation import format_report
     from sim.core.units import format_time
+    from sim.report.analysis.validation import format_report
 
     run = _recorded_run()
     text = format_report(run)

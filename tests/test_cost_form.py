@@ -8,15 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from sim.cost.comm import embedding_group_link, hierarchical_allreduce_s, ring_s
+from sim.core.errors import ScenarioError
+from sim.core.parallelism import Shard
+from sim.cost.comm import embedding_group_link, hierarchical_allreduce_s, ring_s, tied_allreduce_s
 from sim.cost.compute import kernel_time_s, layer_times_s, stage_cost
 from sim.cost.memory import static_bytes
-from sim.cost.comm import tied_allreduce_s
-from sim.core.errors import ScenarioError
+from sim.cost.optimizer import multi_tensor_launches, optimizer_step_kernels, optimizer_step_s
 from sim.input.scenario import parse_scenario
 from sim.models import build_model, shard_model
-from sim.cost.optimizer import multi_tensor_launches, optimizer_step_kernels, optimizer_step_s
-from sim.core.parallelism import Shard
 
 BASE = """
 cluster: {preset: a100-nvlink-8, nodes: 2}

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import synthetic_scenario
+from sim.engine.compile import compile_workload
+from sim.engine.fastpath import replay
 from sim.engine.ports import Network
 from sim.engine.replay import simulate
-from sim.engine.fastpath import replay
-from sim.engine.compile import compile_workload
 from sim.engine.workload import PortClass
 
 F, B = 1.0, 2.0
@@ -445,8 +445,8 @@ def test_faulted_symmetry_reduction_with_contention_is_exact(scenario, seed):
     import random
     from dataclasses import replace
 
-    from sim.engine.run import run_scenario
     from sim.core.faults import Jitter, SlowLink, Straggler
+    from sim.engine.run import run_scenario
 
     rng = random.Random(seed)
     devices = scenario.cluster.num_devices

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from conftest import SCENARIOS, synthetic_scenario
-from sim.engine.replay import simulate
+from sim.app.report import write_outputs
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
-from sim.app.report import write_outputs
+from sim.engine.compile import compile_workload
+from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
-from sim.engine.compile import compile_workload
 
 STRAGGLER = SCENARIOS / "bert48_v100_straggler.yaml"
 

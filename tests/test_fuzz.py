@@ -180,11 +180,11 @@ SCHEDULES = [("gpipe", {}), ("dapple", {}), ("dapple", {"policy": "2(s-i)-1"}), 
 def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, rounds, lowered, seed, mutations):
     from dataclasses import replace
 
+    from sim.engine.compile import compile_workload
     from sim.engine.replay import simulate
+    from sim.schedule.check import check_schedule
     from sim.schedule.generators import generate
     from sim.schedule.passes import lower
-    from sim.schedule.check import check_schedule
-    from sim.engine.compile import compile_workload
 
     name, params = SCHEDULES[which]
     schedule = generate(name, ranks, ranks * rounds, **params)
@@ -209,9 +209,9 @@ def test_mutated_schedules_are_rejected_or_replay_to_the_end(which, ranks, round
 def test_a_schedule_that_skipped_the_check_stops_with_the_grid():
     from dataclasses import replace
 
+    from sim.engine.compile import compile_workload
     from sim.engine.replay import simulate
     from sim.schedule.text import parse_schedule
-    from sim.engine.compile import compile_workload
 
     # rank 1 waits for micro-batch 1 while rank 0 waits for micro-batch 0's gradient
     schedule = parse_schedule("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0")

@@ -18,10 +18,10 @@ import yaml
 
 from conftest import SCENARIOS
 from sim.core.errors import DappleError, ScenarioError
+from sim.core.userfiles import open_output, read_user_file, show_path, user_file_problem
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.input.strict import show_value
 from sim.input.yaml_text import MAX_DEPTH, MAX_NODES, check_nesting, load_yaml
-from sim.core.userfiles import open_output, read_user_file, show_path, user_file_problem
 
 TINY = SCENARIOS / "gpt_tiny_cpu.yaml"
 

@@ -8,11 +8,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import SCENARIOS
-
 from sim.core.errors import DappleError, SpecError
+from sim.core.model_spec import ModelPreset
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.models import PRESET_PARAMS, build_model
-from sim.core.model_spec import ModelPreset
 
 TINY_GPT = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 100}
 

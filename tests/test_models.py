@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.core.errors import SpecError
-from sim.models import MODEL_PRESETS, PRESET_PARAMS, REQUIRED, build_model, model_flop_per_sample
 from sim.core.specs import DTYPE_BYTES
+from sim.models import MODEL_PRESETS, PRESET_PARAMS, REQUIRED, build_model, model_flop_per_sample
 
 GPT2_SMALL = dict(layers=12, hidden=768, heads=12, seq_len=1024, vocab=50257, tied_embeddings=True)
 BERT_LARGE = dict(layers=24, hidden=1024, heads=16, seq_len=512, vocab=30522)

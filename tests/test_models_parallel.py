@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.core.errors import SpecError
-from sim.models import build_model, shard_model
 from sim.core.parallelism import Shard
+from sim.models import build_model, shard_model
 
 GPT = dict(layers=4, hidden=1024, heads=16, seq_len=2048, vocab=51200, dtype="fp16")
 LLAMA3_8B = dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192)

@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import synthetic_scenario
+from sim.core.errors import DappleError, SpecError
 from sim.cost.compute import overlapped_pair_s
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay, time_schedule
 from sim.engine.replay import simulate
 from sim.engine.workload import COMPUTE
-from sim.core.errors import DappleError, SpecError
 from sim.schedule import generate
 from sim.schedule.ir import OverlapFB
 from sim.schedule.vshape import v_stage_ranks

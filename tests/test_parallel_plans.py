@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
+from sim.core.errors import ScenarioError
+from sim.core.parallelism import Recompute, Sharding
 from sim.cost.comm import ring_bytes
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay
 from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
-from sim.core.errors import ScenarioError
 from sim.input.scenario import load_scenario, parse_scenario
-from sim.core.parallelism import Recompute, Sharding
 
 MODEL = "{preset: gpt, layers: 4, hidden: 64, heads: 4, seq_len: 32, vocab: 128, dtype: fp16}"
 

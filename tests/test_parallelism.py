@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cost.memory import BlockShape, block_activation_bytes, model_state_bytes
 from sim.core.parallelism import Recompute, Sharding
 from sim.cost.comm import tensor_parallel_collectives
+from sim.cost.memory import BlockShape, block_activation_bytes, model_state_bytes
 
 # GPT-3 175B's block (Brown et al. 2020, Table 2.1): s = 2048, h = 12288, a = 96
 S, H, A = 2048, 12288, 96

@@ -14,14 +14,14 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import _assert_close
 
 from conftest import SCENARIOS, synthetic_scenario
-from test_engine import _assert_close
+from sim.core.errors import ScenarioError
+from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
 from sim.engine.compile import compile_workload
 from sim.engine.replay import simulate
 from sim.engine.run import run_scenario
-from sim.core.errors import ScenarioError
-from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_factors
 from sim.input.scenario import load_scenario
 
 ENGINES = [("fast", False), ("simpy", False), ("simpy", True)]

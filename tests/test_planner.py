@@ -6,18 +6,18 @@ import json
 import random
 
 import pytest
-from conftest import SCENARIOS
 
+from conftest import SCENARIOS
 from planner.planners.baselines import dp_planner, even_planner, pipedream_planner
-from planner.search.costs import CostTables
 from planner.planners.dapple import dapple_planner
-from planner.search.evaluation import evaluate
 from planner.planners.exhaustive import exhaustive_planner, lower_bound_s
+from planner.search.costs import CostTables
+from planner.search.evaluation import evaluate
 from planner.search.space import Candidate, PlannerOptions, place
-from sim.input.scenario import Scenario, load_scenario
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import Sharding
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+from sim.input.scenario import Scenario, load_scenario
 
 
 def _cluster(nodes, per_node, memory=2.0**40, inter=2e9, intra=2e10):

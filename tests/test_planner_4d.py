@@ -12,10 +12,10 @@ from planner.search.evaluation import evaluate
 from planner.search.layouts import layouts, levels
 from planner.search.memory import plan_peak_bytes
 from planner.search.space import Candidate, PlannerOptions, place, to_scenario
+from sim.core.parallelism import Recompute, Sharding
 from sim.engine.run import run_scenario
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import parse_scenario
-from sim.core.parallelism import Recompute, Sharding
 
 GPT_6_7B = """
 name: gpt-6.7b

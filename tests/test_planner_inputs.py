@@ -7,11 +7,11 @@ import json
 from contextlib import redirect_stdout
 
 from conftest import SCENARIOS
-from planner.planners.baselines import dp_planner
 from planner.cli import main as plan_main
+from planner.planners.baselines import dp_planner
 from planner.search.space import PlannerOptions
-from sim.input.scenario import load_scenario
 from sim.core.parallelism import Sharding
+from sim.input.scenario import load_scenario
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
 

@@ -17,9 +17,9 @@ import pytest
 import sim.cost.compute
 import sim.schedule.passes
 import sim.schedule.plan_schedule
+from planner.planners.dapple import dapple_planner
 from planner.search.evaluation import evaluate
 from planner.search.memory import plan_peak_bytes
-from planner.planners.dapple import dapple_planner
 from planner.search.space import Candidate, PlannerOptions, to_scenario
 from sim.core.errors import DappleError
 from sim.core.parallelism import Sharding

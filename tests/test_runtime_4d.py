@@ -61,8 +61,8 @@ SIX_RANKS = {  # DAPPLE's uneven plan: 2 replicas (tensor 2 each) feeding 1
 
 
 def _cases(device, cases: dict):
-    from runtime.model.config import load_runnable
     from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
 
     return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
@@ -172,8 +172,8 @@ def test_each_tensor_rank_talks_to_the_same_tensor_rank_of_the_next_stage():
 
 
 def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
-    from runtime.validation.collapse import collapsed_stages, expand_view
     from runtime.model.config import load_runnable
+    from runtime.validation.collapse import collapsed_stages, expand_view
 
     plan = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
     assert collapsed_stages(plan) == [{"layers": [0, 3], "devices": [0, 1]}, {"layers": [3, 6], "devices": [2]}]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import SCENARIOS
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")

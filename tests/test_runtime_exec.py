@@ -62,9 +62,9 @@ THREE_RANKS = {
 
 
 def _cases(device, cases: dict, peer: tuple[str, ...]):
-    from runtime.model.config import load_runnable
     from runtime.execution.peer import run_peer
     from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
 
     results = {}
     for name, (path, overrides) in cases.items():

@@ -8,14 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import SCENARIOS
-
 from runtime.execution.comm import check_message_order, pieces_between, sample_ranges, tag
-from runtime.model.config import check_world, load_runnable, model_config
 from runtime.measure.memory import SavedTensorMeter
+from runtime.model.config import check_world, load_runnable, model_config
 from runtime.model.models import StageModule, build_layers, layer_param_bytes, synthetic_batch, whole_model
 from sim.core.errors import DappleError
-from sim.models import build_model
 from sim.core.plan import PlanSpec, StageSpec
+from sim.models import build_model
 
 GPT = {"preset": "gpt", "layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 50, "dtype": "fp32"}
 LLAMA = {"preset": "llama", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "seq_len": 8, "vocab": 50,

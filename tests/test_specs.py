@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cost.split import split_samples
-from sim.cost.compute import stage_cost
-from sim.cost.memory import static_bytes
 from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
 from sim.core.plan import PlanSpec, StageSpec, check_plan
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
+from sim.cost.compute import stage_cost
+from sim.cost.memory import static_bytes
+from sim.cost.split import split_samples
 
 V100 = DeviceSpec(
     name="V100", memory_bytes=16 * 2**30, peak_flop_per_s=125e12, peak_fp32_flop_per_s=15.7e12,
@@ -145,9 +145,8 @@ def test_a_link_charges_the_sender_for_issuing_a_send():
 
 
 def test_a_scenario_sets_the_send_issue_cost_per_link():
-    from sim.input.scenario import load_scenario
-
     from conftest import SCENARIOS
+    from sim.input.scenario import load_scenario
 
     path = SCENARIOS / "gpt_tiny_cpu.yaml"
     plain = load_scenario(path)

@@ -10,6 +10,8 @@ top, an import cycle cannot hide, and there is none.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -197,6 +199,14 @@ def test_modules_and_functions_fit_on_a_page(name):
     assert not long, f"{name}: {', '.join(long)} over {MAX_FUNCTION_LINES} lines"
 
 
+def test_the_code_keeps_its_written_style_rules():
+    """pyproject.toml's ``[tool.ruff]``: no unused or undefined names, imports sorted."""
+    pytest.importorskip("ruff")
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *PACKAGES, "tests", "benchmarks"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+
+
 # --- the checks themselves can fail ---------------------------------------------------------
 
 
@@ -239,8 +249,6 @@ def _mapped_modules(text: str) -> set[str]:
     Each paragraph (a bold heading and its table) names its folder first (`` `sim/cost/` ``);
     a bare name is in the folder of the name before it in the same cell, or the paragraph's.
     """
-    import re
-
     section = text.split("## Map of rooms", 1)[1].split("\n## ", 1)[0]
     found = set()
     for paragraph in re.split(r"\n(?=\*\*)", section):

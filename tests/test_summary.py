@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from conftest import SCENARIOS
+from sim.core.summary import DeviceSummary, Summary, metrics_row
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
-from sim.core.summary import DeviceSummary, Summary, metrics_row
 
 SUMMARY_KEYS = {"name", "engine", "contention", "iteration_time_s", "throughput_samples_per_s", "bubble_fraction",
                 "peak_memory_bytes", "mfu", "oom", "oom_detail", "schedule", "num_stages", "num_microbatches",

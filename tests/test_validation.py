@@ -160,8 +160,8 @@ def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path)
     pytest.importorskip("torch")
     import torch
 
-    from runtime.model.config import load_runnable
     from runtime.measure.stage_timing import predict_stages, profiled_scenario, time_stage
+    from runtime.model.config import load_runnable
 
     torch.set_num_threads(1)
     # time_stage runs generate(schedule) with no parameters, i.e. dapple's s-i: predict that order

@@ -13,15 +13,15 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import _assert_close, random_plans
 
 from conftest import SCENARIOS, synthetic_scenario
+from sim.core.errors import ScheduleError
+from sim.core.faults import Jitter, SlowLink, Straggler
 from sim.engine import vector
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay
-from sim.core.errors import ScheduleError
-from sim.core.faults import Jitter, SlowLink, Straggler
 from sim.input.scenario import load_scenario
-from test_engine import _assert_close, random_plans
 
 
 def _both(workload, monkeypatch) -> tuple[dict, dict]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import time
-
 from dataclasses import replace
 
 from planner.search.costs import CostTables

@@ -54,9 +54,9 @@ from planner.search.costs import CostTables
 from planner.search.layouts import layouts, levels
 from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
+from sim.core.parallelism import Recompute, Sharding
 from sim.cost.closed_forms import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
-from sim.core.parallelism import Recompute, Sharding
 
 __all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
 

@@ -28,10 +28,10 @@ from planner.search.costs import CostTables
 from planner.search.evaluation import check_plannable, evaluate
 from planner.search.ranking import PlannerResult
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
-from sim.cost.comm import gradient_sync
 from sim.core.errors import DappleError
-from sim.input.scenario import Scenario
 from sim.core.parallelism import Sharding
+from sim.cost.comm import gradient_sync
+from sim.input.scenario import Scenario
 
 __all__ = ["MAX_DEVICES", "MAX_LAYERS", "exhaustive_planner", "lower_bound_s"]
 

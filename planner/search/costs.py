@@ -36,15 +36,28 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from sim.cost.comm import collective_s, context_ring_s, gradient_sync, point_to_point_s, ring_bytes, ring_steps, \
-    tensor_parallel_bytes_and_steps
+from sim.core.parallelism import Recompute, Shard, Sharding
+from sim.cost.comm import (
+    collective_s,
+    context_ring_s,
+    gradient_sync,
+    point_to_point_s,
+    ring_bytes,
+    ring_steps,
+    tensor_parallel_bytes_and_steps,
+)
+from sim.cost.compute import (
+    action_overhead_s,
+    attention_core_s,
+    layer_times_s,
+    recompute_extra_s,
+    stage_optimizer_step_s,
+    tied_copy_tensors,
+)
 from sim.cost.links import busiest_nic_flows, contiguous_span, span_link
-from sim.cost.compute import (action_overhead_s, attention_core_s, layer_times_s, recompute_extra_s,
-                              stage_optimizer_step_s, tied_copy_tensors)
+from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
 from sim.input.scenario import Scenario
 from sim.models import shard_model
-from sim.core.parallelism import Recompute, Shard, Sharding
-from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
 
 __all__ = ["CostTables"]
 

@@ -30,12 +30,14 @@ from typing import Any, Iterable
 from planner.search.memory import MemoryEstimate, plan_peak_bytes
 from planner.search.space import Candidate, to_scenario
 from sim.core.errors import DappleError, ScheduleError
-from sim.input.plan_file import plan_to_dict
-from sim.input.scenario import Scenario
+from sim.core.faults import first_failure
 from sim.core.plan import PlanSpec
 from sim.core.specs import TrainingSpec
 from sim.core.summary import Summary
 from sim.core.units import format_bytes
+from sim.engine.run import run_scenario
+from sim.input.plan_file import plan_to_dict
+from sim.input.scenario import Scenario
 
 __all__ = ["Evaluation", "EvaluationRow", "PlanMetrics", "Rejection", "RejectionKind", "check_plannable",
            "count_rejections", "evaluate", "evaluation_row"]
@@ -126,8 +128,6 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast",
     a search passes the same mapping to the fast path's and the SimPy engine's evaluations, so a
     candidate that both score is resolved once.
     """
-    from sim.engine.run import run_scenario
-
     try:
         scenario_of = resolved.get(candidate) if resolved is not None else None
         if scenario_of is None:
@@ -162,8 +162,6 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast",
 
 def check_plannable(scenario: Scenario) -> None:
     """A scenario whose faults stop every iteration has no plan to find: one line saying so."""
-    from sim.core.faults import first_failure
-
     failing = first_failure(scenario.faults)
     if failing is not None:
         raise DappleError(

@@ -21,10 +21,10 @@ ZeRO-3 gathers parameters every action). The search keeps the cheapest levels wh
 
 from __future__ import annotations
 
-from sim.core.errors import DappleError, SpecError
-from sim.input.scenario import Scenario
-from sim.core.parallelism import Recompute, Sharding, Shard
 from planner.search.space import CONTEXT_PARALLEL_FROM, PlannerOptions
+from sim.core.errors import DappleError, SpecError
+from sim.core.parallelism import Recompute, Shard, Sharding
+from sim.input.scenario import Scenario
 from sim.models import shard_model
 
 __all__ = ["Level", "layouts", "levels"]

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.ops import compute_memory
 from sim.core.parallelism import Recompute
 from sim.cost.memory import fsdp_gather_bytes
+from sim.engine.ops import compute_memory
 from sim.schedule.ir import ActionKind, OverlapFB
 from sim.schedule.resolved import ResolvedPlan
 

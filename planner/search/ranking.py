@@ -29,11 +29,11 @@ from functools import lru_cache
 from planner.search.costs import CostTables
 from planner.search.evaluation import Evaluation, check_plannable, count_rejections, evaluate
 from planner.search.space import Candidate, PlannerOptions
+from sim.core.parallelism import Recompute, Sharding
+from sim.core.units import format_bytes
 from sim.cost.closed_forms import PIPELINE_START, extend_pipeline
 from sim.input.scenario import Scenario
-from sim.core.parallelism import Recompute, Sharding
 from sim.schedule.policy import DapplePolicy, dapple_warmup, interleaved_peak_inflight
-from sim.core.units import format_bytes
 
 __all__ = ["PlannerResult", "TablesCache", "analytic_score", "no_fit_note", "settle"]
 

@@ -34,9 +34,9 @@ from functools import lru_cache
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.schedule.policy import DapplePolicy
-from sim.input.scenario import Scenario
 from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.input.scenario import Scenario
+from sim.schedule.policy import DapplePolicy
 
 __all__ = [
     "PLACEMENTS",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
-from sim.input.strict import show_text, show_value
-from sim.core.parallelism import Recompute, Sharding
 from planner.search.space import PLACEMENTS, PlannerOptions
+from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
+from sim.core.parallelism import Recompute, Sharding
+from sim.input.strict import show_text, show_value
+from sim.report.plots.tables import TABLE_FIGURES
 from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
 from sim.schedule.policy import DapplePolicy
-from sim.report.plots.tables import TABLE_FIGURES
 
 __all__ = ["check_plots", "planner_option"]
 

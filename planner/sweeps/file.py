@@ -41,17 +41,14 @@ from typing import Any
 
 import yaml
 
+from planner.planners.registry import PLANNERS
 from planner.sweeps.checks import check_plots, planner_option
-from sim.core.errors import DappleError
-from sim.core.userfiles import read_user_file
+from sim.core.errors import DappleError, ScenarioError
+from sim.core.userfiles import read_user_file, show_path, user_file_problem
+from sim.engine.run import ENGINES
+from sim.input.scenario import apply_overrides, parse_scenario
 from sim.input.strict import show_text, show_value
 from sim.input.yaml_text import load_yaml
-from sim.core.userfiles import show_path
-from planner.planners.registry import PLANNERS
-from sim.engine.run import ENGINES
-from sim.core.userfiles import user_file_problem
-from sim.core.errors import ScenarioError
-from sim.input.scenario import apply_overrides, parse_scenario
 
 __all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value"]
 

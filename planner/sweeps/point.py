@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from planner.planners.registry import get_planner
+from planner.search.evaluation import evaluation_row
+from planner.search.space import PlannerOptions
 from planner.sweeps.checks import planner_option
 from planner.sweeps.file import Point, Sweep, SweepError, column_value, override_value
 from sim.core import jsonio
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
 from sim.core.summary import metrics_row
-from sim.input.scenario import parse_scenario
-from planner.search.evaluation import evaluation_row
-from planner.planners.registry import get_planner
-from planner.search.space import PlannerOptions
 from sim.engine.run import run_scenario
+from sim.input.scenario import parse_scenario
 
 __all__ = ["one_line", "run_point"]
 

@@ -26,14 +26,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-
 from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
 from planner.sweeps.file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
 from planner.sweeps.point import one_line, run_point
-from sim.core.userfiles import read_user_file
-from sim.input.strict import show_text
 from sim.core.jsonio import dumps
-from sim.core.userfiles import open_output, show_path
+from sim.core.userfiles import open_output, read_user_file, show_path
+from sim.input.strict import show_text
 from sim.report.plots.tables import TABLE_FIGURES
 
 __all__ = [

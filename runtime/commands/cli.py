@@ -32,6 +32,7 @@ from sim.core.command import (
     run_cli,
 )
 from sim.core.errors import DappleError
+from sim.input.plan_file import read_plan_file
 
 __all__ = ["COMMANDS", "main"]
 
@@ -150,8 +151,6 @@ def _fail_at(text: str | None) -> tuple[int, str, str] | None:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from sim.input.plan_file import read_plan_file
-
     args.overrides = parse_overrides(args.overrides)
     args.plan_data = None if args.plan is None else read_plan_file(args.plan)
     for key in ("steps", "warmup", "nproc", "batch_size", "repeats"):

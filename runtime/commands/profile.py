@@ -12,6 +12,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from runtime.execution.launch import worker_env
+from runtime.execution.worker import profile_worker
+from runtime.measure import profile_run
+from runtime.model.config import load_runnable
 from sim.core import jsonio
 from sim.core.command import Stopwatch, progress
 from sim.core.units import format_bytes, format_time
@@ -21,16 +25,10 @@ __all__ = ["cmd_profile", "print_profile"]
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``dapple-run profile``: measure here (or, under torchrun, as one worker) and print the result."""
-    from runtime.model.config import load_runnable
-    from runtime.execution.launch import worker_env
-
     runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
     out = Path(args.out) if args.out else Path("out") / f"{runnable.scenario.name}-profile"
-    from runtime.measure import profile_run
 
     if worker_env() is not None:
-        from runtime.execution.worker import profile_worker
-
         return profile_worker(args, lambda measured: print_profile(
             profile_run.finish(runnable, args, out, measured["device"], measured["links"]), args.json))
     watch = Stopwatch()

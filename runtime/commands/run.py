@@ -26,12 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.execution.launch import launch, worker_env
+from runtime.execution.status import read_failures, read_frozen, read_status
+from runtime.execution.worker import run_worker
 from runtime.model.config import RunnableScenario, check_world, load_runnable
 from sim.core import jsonio
 from sim.core.command import Stopwatch, progress
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
 from sim.core.units import format_bytes, format_time
+from sim.report.analysis.calibrate import COLUMNS
 
 __all__ = ["check_launch", "cmd_run", "follow_steps", "print_run", "report_failure"]
 
@@ -40,11 +44,7 @@ log = logging.getLogger(__name__)
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``dapple-run run``: launch the workers (or, under torchrun, be one) and report rank 0's summary."""
-    from runtime.execution.launch import worker_env
-
     if worker_env() is not None:
-        from runtime.execution.worker import run_worker
-
         return run_worker(args, lambda summary: print_run(summary, args.json))
     watch = Stopwatch()
     runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
@@ -70,8 +70,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) -> None:
     """Append this run as one row of ``sim.report.analysis.calibrate``'s measured-run CSV (header if new)."""
     import csv
-
-    from sim.report.analysis.calibrate import COLUMNS
 
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
@@ -105,8 +103,6 @@ def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) 
 def _launch_run(args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
     """Run the plan through torchrun into ``out``; rank 0's summary, or None when it failed
     (``args.failure_code`` then holds torchrun's exit code)."""
-    from runtime.execution.launch import launch
-
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("failure-rank*.txt")) + list(out.glob("status-rank*")) + [out / "summary.json"]:
         stale.unlink(missing_ok=True)
@@ -128,8 +124,6 @@ def follow_steps(out: Path, nproc: int, tick, every_s: float = 0.25):
         yield
         return
     import threading
-
-    from runtime.execution.status import read_status
 
     stop, started = threading.Event(), time.perf_counter()
 
@@ -187,6 +181,7 @@ def _worker_args(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def _check_gpus(nproc: int) -> None:
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
     if torch.cuda.device_count() < nproc:
@@ -204,8 +199,6 @@ def report_failure(out: Path, code: int) -> int:
     only when torchrun observed it failing first (its "Root Cause"), when every raised failure is
     a lost connection (the others only lost it), or when nothing else failed.
     """
-    from runtime.execution.status import read_failures, read_frozen, read_status
-
     failures, status = read_failures(out), read_status(out)
     frozen = read_frozen(out)
     if frozen:  # the others timed out waiting for it: it is the cause, whatever they raised

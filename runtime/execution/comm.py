@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.model.models import local_tensor
-from sim.cost.split import sample_overlaps, sample_ranges
 from sim.core.errors import DappleError
 from sim.core.plan import PlanSpec
+from sim.cost.split import sample_overlaps, sample_ranges
 from sim.schedule.ir import ActionKind, Schedule
 
 __all__ = [

@@ -47,17 +47,16 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
-from runtime.model.config import RunnableScenario
-from sim.core.events import EventRow
-from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.execution.holdings import LocalStage, hold_stages, position
-from runtime.measure.memory import SavedTensorMeter
-from runtime.model.models import input_dtype, sample_shape, synthetic_batch
 from runtime.execution.p2p import Mailbox
-from runtime.model.sharding import RankOptimizer, state_bytes
 from runtime.execution.status import StatusBoard
-from runtime.model.models import local_tensor
-from runtime.model.tensor_parallel import loss_parallel_if
+from runtime.execution.types import ActionError, ExecOptions, StepRecord
+from runtime.measure.memory import SavedTensorMeter
+from runtime.model.config import RunnableScenario
+from runtime.model.models import input_dtype, local_tensor, sample_shape, synthetic_batch
+from runtime.model.sharding import RankOptimizer, state_bytes
+from runtime.model.tensor_parallel import loss_parallel_if, settle_grads, stage_mesh
+from sim.core.events import EventRow
 from sim.core.parallelism import Recompute, Sharding
 from sim.schedule.ir import Action, ActionKind
 
@@ -106,8 +105,6 @@ class RankExecutor:
         self.tensor_parallel, self.sharding = plan.tensor_parallel, plan.sharding
         self.mesh = None
         if plan.group_size > 1 or plan.sharding is not Sharding.NONE:
-            from runtime.model.tensor_parallel import stage_mesh
-
             self.mesh = stage_mesh(plan, self.rank, device.type)
         self.counts_loss = position(plan, self.rank) == 0
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
@@ -341,8 +338,6 @@ class RankExecutor:
     def _reduce(self, s: int) -> None:
         st = self.stages[s]
         if self.tensor_parallel > 1:
-            from runtime.model.tensor_parallel import settle_grads
-
             settle_grads(st.params)
         group = self.groups.group(self._gradient_group(s))
         if group is None or self.sharding is Sharding.FULL:

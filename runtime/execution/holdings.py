@@ -29,10 +29,10 @@ import torch
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
-from sim.cost.split import sample_ranges
-from sim.core.parallelism import Sharding
-from runtime.model.tensor_parallel import parallelize_stage
 from runtime.model.sharding import shard_stage
+from runtime.model.tensor_parallel import parallelize_stage
+from sim.core.parallelism import Sharding
+from sim.cost.split import sample_ranges
 
 __all__ = ["Holdings", "LocalStage", "column", "hold_stages", "position"]
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
 from runtime.execution.status import write_frozen
 
 __all__ = [

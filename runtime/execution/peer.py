@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, schedules
 
 from runtime.model.config import RunnableScenario
 from runtime.model.models import (
@@ -32,7 +33,6 @@ from runtime.model.models import (
 )
 from sim.core.errors import DappleError
 from sim.schedule.policy import DapplePolicy
-from torch.distributed.pipelining import PipelineStage, schedules
 
 __all__ = ["PEER_SCHEDULES", "PeerRunner", "check_peer_plan", "run_peer"]
 

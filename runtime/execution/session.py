@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.model.config import RunnableScenario
 from runtime.execution.executor import ExecOptions, RankExecutor
 from runtime.execution.status import StatusBoard
+from runtime.model.config import RunnableScenario
 from runtime.validation.grad_check import compare_grads, reference_step
 
 __all__ = ["SessionOptions", "run_session"]

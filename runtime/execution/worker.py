@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runtime.model.config import check_world, load_runnable
 from runtime.execution.launch import LAUNCHED_ENV, init_distributed, leave_process_group, worker_env
 from runtime.execution.status import StatusBoard, write_failure
+from runtime.measure.trace import measured_trace, write_events
+from runtime.model.config import check_world, load_runnable
 from sim.core import jsonio
 from sim.core.errors import DappleError
-from runtime.measure.trace import measured_trace, write_events
 
 __all__ = ["default_out", "profile_worker", "run_worker", "write_run_outputs"]
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import yaml
 
-from runtime.model.config import RunnableScenario
-from sim.core import jsonio
 from runtime.execution.launch import spawn
-from sim.input.scenario import load_scenario
+from runtime.model.config import RunnableScenario
 from runtime.validation.collapse import collapsed_stages
+from sim.core import jsonio
 from sim.core.errors import DappleError
+from sim.input.scenario import load_scenario
 
 __all__ = ["finish", "profile_here"]
 

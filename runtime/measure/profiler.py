@@ -29,20 +29,20 @@ from typing import Any
 
 import torch
 
-from runtime.model.config import ModelConfig
 from runtime.measure.memory import SavedTensorMeter
+from runtime.model.config import ModelConfig
 from runtime.model.models import (
+    TRANSFORMERS,
     build_layer,
     input_dtype,
     layer_param_bytes,
-    TRANSFORMERS,
     num_layers,
     sample_shape,
     synthetic_batch,
 )
+from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
 from sim.core import jsonio
 from sim.models import build_model
-from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
 
 __all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
 

@@ -23,27 +23,27 @@ from typing import Any
 
 import torch
 
-from runtime.model.config import RunnableScenario
 from runtime.measure.memory import SavedTensorMeter, static_bytes
+from runtime.measure.profiler import profile_layers, write_profile
+from runtime.model.config import RunnableScenario
 from runtime.model.models import (
     StageModule,
     build_layers,
     input_dtype,
+    local_tensor,
     make_optimizer,
     num_layers,
     sample_shape,
+    synthetic_batch,
 )
-from runtime.model.models import synthetic_batch
-from runtime.model.models import local_tensor
 from runtime.model.tensor_parallel import loss_parallel_if, parallelize_stage
 from sim.cost.split import split_samples
-from sim.schedule.generators import generate
-from sim.schedule.ir import ActionKind
-from runtime.measure.profiler import profile_layers, write_profile
+from sim.engine.run import run_scenario
 from sim.input.plan_file import plan_to_dict
 from sim.input.scenario import parse_scenario
-from sim.engine.run import run_scenario
 from sim.report.analysis.validation import predicted_view
+from sim.schedule.generators import generate
+from sim.schedule.ir import ActionKind
 
 __all__ = ["predict_stages", "profiled_scenario", "time_stage"]
 

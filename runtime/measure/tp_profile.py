@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
+from runtime.measure.profiler import profile_layers
 from runtime.model.config import RunnableScenario
 from runtime.model.models import TORCH_DTYPES
 from sim.models import shard_model
-from torch.distributed.device_mesh import DeviceMesh
-from runtime.measure.profiler import profile_layers
 
 __all__ = ["collective_sizes", "measure_collectives", "tp_profile_worker"]
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import DappleError
-from sim.input.scenario import Scenario, load_scenario
-from sim.models import build_model
+from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec
-from sim.core.model_spec import ModelSpec
+from sim.input.scenario import Scenario, load_scenario
+from sim.models import build_model
 
 __all__ = [
     "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",

@@ -43,13 +43,13 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
 from runtime.model.layers import Embedding, LMHead, TransformerBlock
 from runtime.model.models import StageModule
 from sim.core.plan import PlanSpec
-from torch.distributed.tensor.parallel import loss_parallel
 
 __all__ = ["MESH_DIMS", "gather_sequence", "loss_parallel_if", "parallelize_layer",
            "parallelize_stage", "scatter_sequence", "set_layout", "settle_grads", "stage_mesh", "uniform_layout"]

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from runtime.model.config import RunnableScenario
+from sim.cost.compute import optimizer_step_kernels
 from sim.cost.split import split_samples
 
 __all__ = ["CACHE_FLUSH_BYTES", "CPU_IDLE_S", "measure_action_overhead", "measure_optimizer", "profile_slice"]
@@ -42,10 +43,11 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
     """
     import statistics
 
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.model.models import build_layers, make_optimizer, num_layers
-    from sim.cost.compute import optimizer_step_kernels
 
     indices = list(range(num_layers(runnable.model))) if layers is None else layers
     modules = build_layers(runnable.model, indices, seed=0, device=device)
@@ -88,6 +90,7 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     the process back does not move. Empty for plans whose stages share a rank (interleaved
     chunks). With ``tp_mesh`` the stage is one device's share, timed with its group.
     """
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.stage_timing import time_stage
 
     plan, training = runnable.plan, runnable.scenario.training
@@ -117,10 +120,13 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     over this rank's stages and their per-action overhead. With ``tp_mesh`` (this rank's
     tensor-parallel group) each layer and stage is one device's share, timed with its group
     (``runtime.validation.collapse``)."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
-    from runtime.model.models import num_layers
     from runtime.measure.profiler import profile_layer
+
+    # torch only where this runs: the command line and its checks before launch stay torch-free
+    from runtime.model.models import num_layers
 
     layers = []
     for index in range(num_layers(runnable.model)):

@@ -13,14 +13,18 @@ Things that are allowed but probably unintended become ``warnings``.
 
 from __future__ import annotations
 
-from sim.app.description import (Description, DeviceDescription, ModelDescription, ParallelismDescription,
-                                 PlanDescription, StageDescription)
-from sim.cost.split import split_samples
-from sim.cost.compute import stage_cost
-from sim.cost.memory import sum_state_bytes
-from sim.models import shard_model
-from sim.input.scenario import Scenario
+from sim.app.description import (
+    Description,
+    DeviceDescription,
+    ModelDescription,
+    ParallelismDescription,
+    PlanDescription,
+    StageDescription,
+)
 from sim.core.units import format_bytes, format_time
+from sim.cost.memory import sum_state_bytes
+from sim.cost.split import split_samples
+from sim.input.scenario import Scenario
 
 __all__ = ["describe", "format_description"]
 
@@ -75,17 +79,17 @@ def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
 
 
 def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDescription, ...]:
-    """Each stage's largest replica slice, its cost (``stage_cost``) and its memory at rest
-    (``StageCost.states``: ``sim.cost.memory.stage_state_bytes``); warns of idle replicas."""
-    cluster, training, plan = scenario.cluster, scenario.training, scenario.plan
-    part = shard_model(scenario.model, plan.shard)
+    """Each stage's largest replica slice, its cost (the resolved plan's, ``sim.schedule.resolved``:
+    the engine's own) and its memory at rest (``StageCost.states``: ``sim.cost.memory.stage_state_bytes``);
+    warns of idle replicas."""
+    training, plan = scenario.training, scenario.plan
+    costs = scenario.resolved.stage_costs
     stages = []
     for index, stage in enumerate(plan.stages):
         start, end = stage.layers
         replicas = plan.num_replicas(index)
         slices = split_samples(training.microbatch_size, replicas)
-        cost = stage_cost(part, cluster.device, start, end, max(slices), recompute=plan.recompute,
-                          data_parallel=len(plan.gradient_groups(index)[0]), sharding=plan.sharding)
+        cost = costs[index]
         idle = sum(1 for n in slices if n == 0)
         if idle:
             warnings.append(

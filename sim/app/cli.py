@@ -12,6 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from sim.app.check import describe, format_description
+from sim.app.compare import DEFAULT_SCHEDULES, format_rows, parse_schedules, plan_variants, run_variants
+from sim.app.published import DEFAULT_SUITE, format_results, read_suite, run_suite, suite_json
+from sim.app.published import write_outputs as write_suite_outputs
+from sim.app.report import format_summary, write_outputs
 from sim.core import jsonio
 from sim.core.command import (
     Stopwatch,
@@ -24,6 +29,16 @@ from sim.core.command import (
     run_cli,
 )
 from sim.core.errors import DappleError
+from sim.engine.run import run_scenario
+from sim.input.plan_file import read_plan_file
+from sim.input.scenario import load_scenario
+from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
+from sim.report.plots.style import pyplot
+from sim.report.plots.timeline import schedule_comparison_figure
+from sim.schedule.check import check_schedule, format_grid
+from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS, generate
+from sim.schedule.passes import lower
+from sim.schedule.torch_csv import to_csv
 
 __all__ = ["main"]
 
@@ -98,7 +113,6 @@ def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
         "schedules.png (stacked Gantt and memory charts) and compare.json.",
     )
     compare.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file with a plan")
-    from sim.app.compare import DEFAULT_SCHEDULES
 
     compare.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES), metavar="A,B,...",
                          help=f"schedules to compare, separated by commas (default {','.join(DEFAULT_SCHEDULES)})")
@@ -145,7 +159,6 @@ def _study_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
         description="Print the named schedule in torch.distributed.pipelining's action text, one line per rank "
         "in rank order: the format a plan's schedule_file uses.",
     )
-    from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
 
     schedule.add_argument("name", metavar="NAME", help=f"schedule: {', '.join(sorted(GENERATORS))}")
     schedule.add_argument("--stages", type=int, required=True, metavar="S", help="pipeline ranks (devices in a pipeline)")
@@ -165,9 +178,6 @@ def _study_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from sim.app.check import describe, format_description
-    from sim.input.scenario import load_scenario
-
     scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
     description = describe(scenario)
     print(jsonio.dumps(description.to_json(), indent=2, sort_keys=True) if args.json
@@ -176,10 +186,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.app.report import format_summary, write_outputs
-    from sim.engine.run import run_scenario
-    from sim.input.scenario import load_scenario
-
     watch = Stopwatch()
     with progress("reading the scenario", total=3 if args.out else 2, unit="phase") as tick:
         with watch.phase("read the scenario"):
@@ -195,8 +201,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             with watch.phase("load pandas and matplotlib"):  # most of a small run's writing: said apart
                 import pandas  # noqa: F401 - events.csv
 
-                from sim.report.plots.style import pyplot
-
                 pyplot()
             with watch.phase("write summary, trace, events and plots"):
                 write_outputs(result, args.out, trace_all=args.trace_all)
@@ -207,9 +211,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from sim.app.compare import format_rows, parse_schedules, plan_variants, run_variants
-    from sim.input.scenario import load_scenario
-
     schedules = parse_schedules(args.schedules)
     watch = Stopwatch()
     with watch.phase("read the scenario"):
@@ -226,9 +227,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise DappleError(f"--out {out}: cannot write ({exc.strerror})") from None
             if results:
-                from sim.report.plots.style import pyplot
-                from sim.report.plots.timeline import schedule_comparison_figure
-
                 plt = pyplot()
                 fig = schedule_comparison_figure(results, title=f"{scenario.name}: one plan, {len(results)} schedules")
                 fig.savefig(out / "schedules.png", dpi=100)
@@ -244,9 +242,6 @@ def _tick(tick, desc: str) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
-    from sim.input.scenario import load_scenario
-
     watch = Stopwatch()
     base = load_scenario(args.scenario)
     fit_runs = read_runs(args.fit)
@@ -283,8 +278,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_published(args: argparse.Namespace) -> int:
-    from sim.app.published import DEFAULT_SUITE, format_results, read_suite, run_suite, suite_json, write_outputs
-
     watch = Stopwatch()
     with watch.phase("read the suite"):
         rows = read_suite(args.suite or DEFAULT_SUITE)
@@ -292,17 +285,13 @@ def _cmd_published(args: argparse.Namespace) -> int:
         results = run_suite(rows)
     if args.out:
         with watch.phase("write published.json and published.png"):
-            write_outputs(results, args.out)
+            write_suite_outputs(results, args.out)
     watch.report()
     print(jsonio.dumps(suite_json(results), indent=2, sort_keys=True) if args.json else format_results(results))
     return 0
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from sim.schedule.check import check_schedule, format_grid
-    from sim.schedule.generators import generate
-    from sim.schedule.passes import lower
-
     params: dict[str, object] = {}
     if args.chunks is not None:
         params["chunks"] = args.chunks
@@ -313,8 +302,6 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         schedule = lower(schedule)
     check_schedule(schedule)
     if args.csv:
-        from sim.schedule.torch_csv import to_csv
-
         sys.stdout.write(to_csv(schedule))
         return 0
     print(format_grid(schedule) if args.grid else schedule.to_text())
@@ -323,8 +310,6 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 def _policy_arg(text: str) -> str | tuple[str, ...]:
     """``--policy``: one DAPPLE policy, or one per stage separated by commas."""
-    from sim.schedule.generators import DAPPLE_POLICIES
-
     parts = tuple(part.strip() for part in text.split(","))
     bad = [part for part in parts if part not in DAPPLE_POLICIES]
     if bad:
@@ -334,8 +319,6 @@ def _policy_arg(text: str) -> str | tuple[str, ...]:
 
 
 def _plan(path: str | None):
-    from sim.input.plan_file import read_plan_file
-
     return None if path is None else read_plan_file(path)
 
 

@@ -29,6 +29,12 @@ from typing import Any, Sequence
 
 from sim.core.errors import DappleError
 from sim.core.plan import PlanSpec, StageSpec, check_plan
+from sim.cost.compute import layer_times_s
+from sim.engine.run import run_scenario
+from sim.input.plan_section import balanced_cuts
+from sim.models import shard_model
+from sim.schedule.generators import GENERATORS, LOOPED_SCHEDULES, V_SCHEDULES
+from sim.schedule.vshape import v_stage_ranks
 
 __all__ = ["DEFAULT_SCHEDULES", "Variant", "format_rows", "plan_variants", "run_variants"]
 
@@ -47,8 +53,6 @@ class Variant:
 
 def parse_schedules(text: str) -> tuple[str, ...]:
     """``"gpipe,dapple"`` → ``("gpipe", "dapple")``; an unknown name is a ``DappleError`` listing valid ones."""
-    from sim.schedule.generators import GENERATORS
-
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not names:
         raise DappleError(f"--schedules: give at least one schedule; valid: {', '.join(sorted(GENERATORS))}")
@@ -59,18 +63,12 @@ def parse_schedules(text: str) -> tuple[str, ...]:
 
 
 def _layer_costs(scenario) -> list[float]:
-    from sim.cost.compute import layer_times_s
-    from sim.models import shard_model
-
     part = shard_model(scenario.model, scenario.plan.shard)
     return [sum(layer_times_s(layer, scenario.cluster.device, part.dtype, 1)[:2]) for layer in part.layers]
 
 
 def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
     """The scenario's plan mapped onto each schedule's placement (see the module docstring)."""
-    from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES
-    from sim.schedule.vshape import v_stage_ranks
-
     plan = scenario.plan
     if plan is None:
         raise DappleError(f"{scenario.path or scenario.name}: plan: missing; compare needs a plan to replay")
@@ -96,8 +94,6 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
             continue
         if count not in bounds_by_count:
             if costs is None:
-                from sim.input.plan_section import balanced_cuts
-
                 costs = _layer_costs(scenario)
             bounds_by_count[count] = balanced_cuts(costs, count)
         bounds = bounds_by_count[count]
@@ -116,8 +112,6 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
 
 def run_variants(scenario, variants: Sequence[Variant], *, engine: str = "simpy") -> tuple[list[dict[str, Any]], dict]:
     """Replay each variant: (one row per schedule, ``{schedule: SimResult}`` of those that ran)."""
-    from sim.engine.run import run_scenario
-
     rows, results = [], {}
     for variant in variants:
         row: dict[str, Any] = {"schedule": variant.schedule, "num_stages": None, "iteration_time_s": None,

@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import ScenarioError
+from sim.core.errors import DappleError, ScenarioError
+from sim.core.jsonio import write_json
 from sim.core.units import parse_bytes, parse_time
+from sim.core.userfiles import read_user_file, show_path
+from sim.engine.run import run_scenario
+from sim.input.scenario import load_scenario
+from sim.input.strict import StrictReader
+from sim.input.yaml_text import load_yaml
+from sim.report.plots.style import pyplot
 
 __all__ = ["DEFAULT_SUITE", "METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results", "group_stats",
            "read_suite", "run_suite", "suite_json", "write_outputs"]
@@ -88,10 +95,6 @@ class GroupStats:
 
 def read_suite(path: str | Path = DEFAULT_SUITE) -> tuple[PublishedRow, ...]:
     """The suite file's rows, checked key by key (one line naming the file and key per mistake)."""
-    from sim.input.strict import StrictReader
-    from sim.input.yaml_text import load_yaml
-    from sim.core.userfiles import read_user_file, show_path
-
     path = Path(path)
     reader = StrictReader(show_path(path), path.parent)
     data = reader.mapping(load_yaml(read_user_file(path, "suite file", ScenarioError), where=show_path(path)), "")
@@ -134,9 +137,6 @@ def _measure(metric: str, scenario, summary) -> float:
 
 def run_suite(rows: tuple[PublishedRow, ...]) -> tuple[RowResult, ...]:
     """Replay every scenario the rows name (each once, fast path) and read each row's metric."""
-    from sim.engine.run import run_scenario
-    from sim.input.scenario import load_scenario
-
     replays: dict[Path, tuple[Any, Any]] = {}
     results = []
     for row in rows:
@@ -190,10 +190,6 @@ def suite_json(results: tuple[RowResult, ...]) -> dict[str, Any]:
 
 def write_outputs(results: tuple[RowResult, ...], out: str | Path) -> None:
     """``--out DIR``: ``published.json`` and ``published.png`` (each row's error, by table)."""
-    from sim.core.errors import DappleError
-    from sim.core.jsonio import write_json
-    from sim.report.plots.style import pyplot
-
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.engine.result import SimResult
-from sim.engine.trace import perfetto_trace, traced_devices
 from sim.core.errors import DappleError
 from sim.core.jsonio import write_json
 from sim.core.summary import Summary
 from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output, show_path
+from sim.engine.result import SimResult
+from sim.engine.trace import perfetto_trace, traced_devices
+from sim.report.plots.timeline import gantt_figure, memory_figure
+from sim.report.plots.validation import fault_impact_figure
 
 __all__ = ["format_summary", "write_outputs"]
 
@@ -25,8 +27,6 @@ __all__ = ["format_summary", "write_outputs"]
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
     (and faults.png, idle time with and without the faults, when the scenario has faults)."""
-    from sim.report.plots.timeline import gantt_figure, memory_figure
-
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -47,10 +47,9 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     written.append(events)
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
-        from sim.report.plots.validation import fault_impact_figure
-
         figures.append(("faults.png", fault_impact_figure))
     for name, figure in figures:
+        # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
         import matplotlib.pyplot as plt
 
         fig = figure(result)

@@ -6,7 +6,6 @@ any other exception is ours and keeps its traceback.
 
 from __future__ import annotations
 
-
 __all__ = ["DappleError", "ScenarioError", "ScheduleError", "SpecError", "UnitError"]
 
 

@@ -32,12 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.model_spec import ModelSpec
-from sim.cost.kernels import ATTENTION_CORE
-from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
-from sim.cost.comm import tied_allreduce_s
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
 from sim.core.specs import DeviceSpec, LinkSpec
+from sim.cost.comm import tied_allreduce_s
+from sim.cost.kernels import ATTENTION_CORE
+from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
+from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "kernel_time_s",
            "layer_times_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",

@@ -21,10 +21,9 @@ draws under, ``sim.core.faults.jitter_key``) and each NIC's bandwidth factor.
 
 from __future__ import annotations
 
+from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_key
 from sim.engine.flows import static_rates
 from sim.engine.symmetry import refine, refine_behaviour
-from sim.core.faults import Failure, Jitter, SlowLink, Straggler
-from sim.core.faults import jitter_key
 
 __all__ = ["FaultView", "MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 

@@ -27,8 +27,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sim.cost.comm import cross_server_flow_bytes, gradient_sync_bytes, hierarchical_allreduce, inside_halves, \
-    ring_flow_bytes
+from sim.cost.comm import (
+    cross_server_flow_bytes,
+    gradient_sync_bytes,
+    hierarchical_allreduce,
+    inside_halves,
+    ring_flow_bytes,
+)
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["allreduce_flows", "build_collectives"]

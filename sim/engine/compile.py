@@ -34,7 +34,7 @@ import numpy as np
 from sim.core.faults import jitter_factors
 from sim.core.parallelism import Recompute
 from sim.core.summary import Parallelism
-from sim.cost.memory import StateBytes
+from sim.cost.memory import sum_state_bytes
 from sim.cost.split import sample_ranges
 from sim.engine.classes import FaultView, Symmetry, group_members
 from sim.engine.collectives import allreduce_flows, build_collectives
@@ -232,14 +232,13 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
                         ctx.collectives)
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
-        shared = ctx.shared_ops[key] = ops, array("d", [op[5] for op in ops]), compute
+        shared = ctx.shared_ops[key] = ops, array("d", [op.duration_s for op in ops]), compute
     ops, durations, compute = shared
     jitter = ctx.faults.jitter_for(devices[0])
     if jitter is not None:  # the devices of a class draw the same factors (their signature has the key)
         durations = array("d", durations)
         np.frombuffer(durations, dtype=float)[compute] *= jitter_factors(jitter[0], jitter[1], len(compute))
     straggler, failure = ctx.faults.stragglers.get(devices[0]), ctx.faults.failures.get(devices[0])
-    states = [costs[s].states for s in stages]
     return DeviceClass(
         index=index,
         devices=devices,
@@ -251,8 +250,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
         slots=tuple(tuple((out_kinds if link[0] == "out" else in_kinds)[link[1]]) for link in links),
         groups=tuple(g for _, g in group_keys),
         static_bytes=sum(costs[s].static_bytes for s in stages),
-        states=StateBytes(parameters=sum(x.parameters for x in states), gradients=sum(x.gradients for x in states),
-                          optimizer=sum(x.optimizer for x in states)),
+        states=sum_state_bytes(costs[s].states for s in stages),
         optimizer_s=sum(costs[s].optimizer_s for s in stages),
         slowdown=straggler.slowdown if straggler else 1.0,
         slow_from_s=straggler.from_s if straggler else 0.0,

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from sim.core.parallelism import Recompute, Sharding
 from sim.cost.comm import context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
 from sim.cost.links import group_link
 from sim.engine.workload import Collective, FlowKind
-from sim.core.parallelism import Recompute, Sharding
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
 

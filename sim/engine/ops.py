@@ -20,8 +20,9 @@ from a template and stamped per step.
 
 from __future__ import annotations
 
-from sim.core.parallelism import Recompute, Sharding
+from sim.core.parallelism import Recompute
 from sim.cost.compute import overlapped_pair_s
+from sim.cost.memory import fsdp_gather_bytes
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
@@ -49,8 +50,8 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
     def template(a) -> list:
         key = (a.stage, a.kind)
         if key not in templates:
-            gather = costs[a.stage].param_bytes * (1 - 1 / len(plan.gradient_groups(a.stage)[0])) \
-                if plan.sharding is Sharding.FULL else 0.0
+            gather = fsdp_gather_bytes(costs[a.stage].param_bytes, data_parallel=len(plan.gradient_groups(a.stage)[0]),
+                                       sharding=plan.sharding)
             fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
             templates[key] = _with_groups(a, fields, group_slot, gather)
         return templates[key]

@@ -70,6 +70,7 @@ from sim.engine.rules import collective_duration_s
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
+from sim.schedule.check import format_grid
 
 __all__ = ["Diverged", "simulate"]
 
@@ -365,7 +366,6 @@ class _Replay(Sends, Synchronous):
         stuck = [c for c, ok in enumerate(self.finished) if not ok]
         if not stuck:
             return
-        from sim.schedule.check import format_grid
 
         classes = self.w.classes
         lines, mark = [], None

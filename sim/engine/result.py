@@ -23,8 +23,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
-from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 from sim.core.events import EVENT_COLUMNS, EventRow
 from sim.core.summary import (
     DeviceSummary,
@@ -35,6 +33,8 @@ from sim.core.summary import (
     OomDetail,
     Summary,
 )
+from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
+from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 
 __all__ = ["Deltas", "OpTimes", "OutOfMemory", "Recorder", "SimResult"]
 
@@ -276,6 +276,7 @@ class SimResult:
 
     def events(self, devices: list[int] | None = None):
         """Per-action events as a pandas DataFrame (pandas is imported only here)."""
+        # pandas only when a table is built: keeps it off the import path of the rest
         import pandas as pd
 
         return pd.DataFrame([row.to_json() for row in self.event_rows(devices)], columns=list(EVENT_COLUMNS))

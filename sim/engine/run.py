@@ -11,8 +11,12 @@ fault-free baseline.
 from __future__ import annotations
 
 import logging
-from sim.engine.result import SimResult
+
 from sim.core.errors import DappleError
+from sim.core.faults import first_failure
+from sim.engine.compile import compile_workload
+from sim.engine.fastpath import replay
+from sim.engine.result import SimResult
 from sim.input.scenario import Scenario
 
 __all__ = ["ENGINES", "run_scenario"]
@@ -27,9 +31,6 @@ def run_scenario(
     scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True
 ) -> SimResult:
     """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
-    from sim.engine.fastpath import replay
-    from sim.engine.compile import compile_workload
-
     if scenario.plan is None:
         raise DappleError(
             f"{scenario.path or scenario.name}: plan: missing; add a plan (stages and schedule) to simulate, "
@@ -38,8 +39,6 @@ def run_scenario(
     if engine not in ENGINES:
         raise DappleError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "fast":
-        from sim.core.faults import first_failure
-
         failing = first_failure(scenario.faults)
         if failing is not None:
             raise DappleError(
@@ -54,6 +53,7 @@ def run_scenario(
     if engine == "fast":
         result = replay(workload)
     else:
+        # SimPy only when the SimPy engine is asked for: a fast-path replay loads none
         from sim.engine.replay import Diverged, simulate
 
         try:

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sim.core.summary import Parallelism
 from sim.cost.memory import StateBytes
 from sim.schedule.ir import ActionKind, Schedule
-from sim.core.summary import Parallelism
 
 __all__ = [
     "COMPUTE",

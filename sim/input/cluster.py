@@ -30,8 +30,6 @@ import copy
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
-from sim.input.strict import StrictReader, join_key, show_value
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
 from sim.core.units import (
     format_bandwidth,
@@ -41,6 +39,8 @@ from sim.core.units import (
     parse_flop_rate,
     parse_time,
 )
+from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
+from sim.input.strict import StrictReader, join_key, show_value
 
 __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
 

@@ -19,11 +19,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.input.strict import StrictReader, device_ids, join_key, show_value
+from sim.core.faults import (
+    FACTOR_RANGE,
+    FAULT_TYPES,
+    JITTER_PER,
+    MAX_FAULT_TIME_S,
+    MAX_SEED,
+    SLOWDOWN_RANGE,
+    Failure,
+    Jitter,
+    SlowLink,
+    Straggler,
+)
 from sim.core.specs import ClusterSpec
 from sim.core.units import parse_time
-from sim.core.faults import FAULT_TYPES
-from sim.core.faults import FACTOR_RANGE, JITTER_PER, MAX_FAULT_TIME_S, MAX_SEED, SLOWDOWN_RANGE, Failure, Jitter, SlowLink, Straggler
+from sim.input.strict import StrictReader, device_ids, join_key, show_value
 
 __all__ = ["read_faults"]
 

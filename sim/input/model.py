@@ -18,11 +18,11 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import DappleError, SpecError
-from sim.input.strict import StrictReader, join_key, show_text
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
-from sim.input.profiles import load_profile
 from sim.core.userfiles import PROFILE_MAX_BYTES
+from sim.input.profiles import load_profile
+from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
 
 __all__ = ["read_model"]

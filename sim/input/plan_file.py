@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.core.errors import ScenarioError
-from sim.core.userfiles import read_user_file
-from sim.input.strict import show_text, show_value
 from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
 from sim.core.specs import TrainingSpec
+from sim.core.userfiles import read_user_file, show_path
+from sim.input.strict import show_text, show_value
+from sim.input.yaml_text import check_nesting
 
 __all__ = ["LEGACY_METRIC_KEYS", "PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
 
@@ -80,9 +81,6 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
     """Read a plan file: the plan alone (a whole ``dapple-plan --json`` output gives its ``best``;
     an old file's metric keys are dropped with a logged note). A missing, unreadable or
     non-JSON file is a one-line error."""
-    from sim.input.yaml_text import check_nesting
-    from sim.core.userfiles import show_path
-
     path = Path(path)
     shown = show_path(path)
     text = read_user_file(path, "plan file", ScenarioError)

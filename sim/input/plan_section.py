@@ -34,14 +34,17 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import ScenarioError, ScheduleError, SpecError
-from sim.core.userfiles import read_user_file
-from sim.input.strict import StrictReader, device_ids, join_key, show_value
-from sim.models import shard_model
+from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.core.model_spec import ModelSpec
 from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.userfiles import read_user_file
+from sim.cost.compute import layer_times_s
+from sim.input.strict import StrictReader, device_ids, join_key, show_value
+from sim.models import shard_model
+from sim.schedule.generators import GENERATORS
 from sim.schedule.plan_schedule import parse_schedule_for_plan
+from sim.schedule.policy import DapplePolicy
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
 __all__ = ["read_plan"]
@@ -107,9 +110,6 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
 
 
 def _schedule_name(reader: StrictReader, value: Any) -> tuple[str, dict]:
-    from sim.schedule.generators import GENERATORS
-    from sim.schedule.policy import DapplePolicy
-
     if isinstance(value, str):
         value = {"name": value}
     data = reader.mapping(value, "plan.schedule")
@@ -166,8 +166,6 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
 def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,
           params: dict) -> tuple[StageSpec, ...]:
     """A uniform plan in Megatron-LM's rank order, its layers cut into stages of balanced compute."""
-    from sim.cost.compute import layer_times_s
-
     p = reader.integer(data, "plan", "pipeline_parallel", 1)
     d = reader.integer(data, "plan", "data_parallel", 1)
     chunks = params.get("chunks", 2) if name == "interleaved" else 1

@@ -30,17 +30,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from sim.core.command import MalformedOverride
 from sim.core.errors import DappleError, ScenarioError
+from sim.core.model_spec import ModelSpec
+from sim.core.plan import PlanSpec
+from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.core.userfiles import read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
+from sim.input.plan_file import merge_plan
 from sim.input.plan_section import read_plan
+from sim.input.presets import DEVICE_PRESETS
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
 from sim.input.yaml_text import load_yaml
-from sim.core.plan import PlanSpec
-from sim.core.model_spec import ModelSpec
-from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
 __all__ = ["DATA_DIR", "Scenario", "apply_overrides", "default_optimizer_implementation", "load_scenario",
@@ -139,8 +142,6 @@ def parse_scenario(
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with cluster, model, training (and plan); got {show_value(raw)}")
     if plan is not None:
-        from sim.input.plan_file import merge_plan
-
         raw = merge_plan(raw, plan, source=source)
     if overrides:
         raw = apply_overrides(raw, overrides, source=source)
@@ -168,8 +169,6 @@ def default_optimizer_implementation(cluster: ClusterSpec) -> str:
     device (GPUs, where Megatron-LM and DeepSpeed run apex's or Transformer Engine's
     ``FusedAdam``), ``for-loop`` on a custom device (what torch runs on a CPU, the device
     ``dapple-run profile`` measures)."""
-    from sim.input.presets import DEVICE_PRESETS
-
     return "fused" if cluster.device.name in DEVICE_PRESETS else "for-loop"
 
 
@@ -185,8 +184,6 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
     reported here, where the file it applies to is known. A value is read as YAML within
     ``sim.input.yaml_text``'s limits; what a message echoes of a key is at most 60 characters.
     """
-    from sim.core.command import MalformedOverride
-
     raw = copy.deepcopy(raw)
     for dotted, text in overrides.items():
         shown = show_text(str(dotted))

@@ -43,12 +43,12 @@ from typing import Any, Callable, Mapping
 
 from sim.core.errors import SpecError
 from sim.core.model_spec import ModelSpec
+from sim.core.parallelism import Shard
+from sim.core.specs import DTYPE_BYTES
 from sim.models.mlp import mlp
 from sim.models.params import PRESET_PARAMS, REQUIRED, names
 from sim.models.transformer import bert, gpt, llama
 from sim.models.vgg import vgg
-from sim.core.parallelism import Shard
-from sim.core.specs import DTYPE_BYTES
 
 __all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "build_model", "mfu_flop_per_sample",
            "model_flop_per_sample", "shard_model"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sim.core.model_spec import LayerSpec, ModelPreset, ModelSpec
 from sim.cost import kernels as K
 from sim.models.params import describe
-from sim.core.model_spec import LayerSpec, ModelPreset, ModelSpec
 
 __all__ = ["LOSS_BYTES", "MASK_BYTES", "TOKEN_ID_BYTES", "chain", "classifier", "linear", "matmul_layer"]
 

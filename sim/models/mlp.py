@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.models.layers import chain, classifier, linear
-from sim.models.params import resolve
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import DTYPE_BYTES
+from sim.models.layers import chain, classifier, linear
+from sim.models.params import resolve
 
 __all__ = ["mlp"]
 

@@ -23,16 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from sim.cost import kernels as K
 from sim.core.errors import SpecError
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.parallelism import Recompute, Shard
+from sim.core.specs import DTYPE_BYTES
+from sim.cost import kernels as K
+from sim.cost.comm import TensorParallelCollective as C
+from sim.cost.comm import tensor_parallel_collectives
+from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.params import resolve
-from sim.cost.memory import BlockShape, block_activation_bytes
-from sim.core.parallelism import Recompute, Shard
-from sim.cost.comm import tensor_parallel_collectives
-from sim.core.model_spec import LayerSpec, ModelSpec
-from sim.core.specs import DTYPE_BYTES
-from sim.cost.comm import TensorParallelCollective as C
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.cost import kernels as K
 from sim.core.errors import SpecError
-from sim.models.layers import MASK_BYTES, chain, classifier, linear, matmul_layer
-from sim.models.params import names, resolve
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.specs import DTYPE_BYTES
+from sim.cost import kernels as K
+from sim.models.layers import MASK_BYTES, chain, classifier, linear, matmul_layer
+from sim.models.params import names, resolve
 
 __all__ = ["vgg"]
 

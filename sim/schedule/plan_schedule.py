@@ -19,8 +19,8 @@ from pathlib import Path
 from sim.core.errors import ScheduleError
 from sim.core.model_spec import ModelSpec
 from sim.core.plan import PlanSpec
-from sim.cost.links import group_link
 from sim.cost.compute import StageCost
+from sim.cost.links import group_link
 from sim.schedule.check import check_schedule
 from sim.schedule.generators import LOOPED_SCHEDULES, generate
 from sim.schedule.ir import Schedule

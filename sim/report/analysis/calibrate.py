@@ -44,8 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import DappleError
-from sim.core.userfiles import read_user_file
+from sim.core.parallelism import Recompute
+from sim.core.plan import PlanSpec, StageSpec, check_plan
+from sim.core.specs import TrainingSpec
+from sim.core.units import format_time
+from sim.core.userfiles import CSV_MAX_BYTES, read_user_file, show_path
+from sim.engine.compile import compile_workload
+from sim.engine.fastpath import replay
 from sim.input.scenario import Scenario
+from sim.models import build_model
 
 __all__ = ["COLUMNS", "PARAMS", "CalibrationResult", "CalibrationScore", "MeasuredRun", "ScoredRun", "calibrate",
            "kendall_tau", "params_yaml", "predict", "read_runs", "row_scenario", "score_runs", "with_params"]
@@ -160,8 +167,6 @@ MAX_ITERATION_TIME_S = 1e6
 def read_runs(path: str | Path) -> list[MeasuredRun]:
     """Read a measured-run CSV (at most 16 MiB and ``MAX_ROWS`` runs); one line naming the
     file, line and column for any problem."""
-    from sim.core.userfiles import CSV_MAX_BYTES, show_path
-
     path = Path(path)
     shown = show_path(path)
     text = read_user_file(path, "CSV file", max_bytes=CSV_MAX_BYTES)
@@ -214,11 +219,6 @@ def _run(row: dict, where: str, line: int) -> MeasuredRun:
 
 def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> Scenario:
     """The scenario of ``run`` on ``base``'s cluster, device, dtype and optimizer (see the module doc)."""
-    from sim.models import build_model
-    from sim.core.parallelism import Recompute
-    from sim.core.plan import PlanSpec, StageSpec, check_plan
-    from sim.core.specs import TrainingSpec
-
     where = f"{source}:{run.line}"
     if run.pp > run.layers:
         raise DappleError(f"{where}: pp: {run.pp} stages for {run.layers} transformer layers")
@@ -272,9 +272,6 @@ def _with_params(scenario: Scenario, x) -> Scenario:
 
 def predict(scenarios: list[Scenario], x=None) -> list[float]:
     """Iteration time of each scenario by the fast path (with scaled parameters ``x`` if given)."""
-    from sim.engine.fastpath import replay
-    from sim.engine.compile import compile_workload
-
     return [replay(compile_workload(s if x is None else _with_params(s, x), contention=False)).iteration_time_s for s in scenarios]
 
 
@@ -288,6 +285,7 @@ def _start(cluster) -> list[float]:
 
 def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>") -> CalibrationResult:
     """Fit ``PARAMS`` to ``runs``; the fitted device values, the fit's error and predictions."""
+    # SciPy only when a fit runs: keeps it off the import path of the commands
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -367,8 +365,6 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
 
 def params_yaml(params: dict[str, float], *, runs: int, mape: float) -> str:
     """The fitted values as a ``cluster`` snippet (``device`` and ``intra_node`` keys) to merge into a scenario."""
-    from sim.core.units import format_time
-
     def time(value_s: float) -> str:  # a time fitted to its lower bound prints as 0s, not 1e-11ns
         return format_time(value_s if value_s >= 1e-12 else 0.0, 6)
 

@@ -46,6 +46,7 @@ LEGEND = ("colour: blue forward, orange backward, red input-gradient backward (I
 def _shade(colour: str, microbatch: int | None, alternate: bool):
     """The kind's colour; with ``alternate``, a little lighter for odd micro-batches, so that
     neighbours stay apart where bars are too narrow for white edges."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.colors import to_rgb
 
     rgb = to_rgb(colour)
@@ -55,6 +56,7 @@ def _shade(colour: str, microbatch: int | None, alternate: bool):
 
 
 def _darker(colour: str):
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.colors import to_rgb
 
     return tuple(0.6 * c for c in to_rgb(colour))
@@ -106,6 +108,7 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
     unit handling and ``add_patch`` a third of that in updating the data limits, which are
     set once here; with hundreds of bars that was most of a plan's plotting time.
     """
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.patches import Rectangle
 
     index = {d: i for i, (d, _) in enumerate(rows)}
@@ -194,6 +197,7 @@ def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt
     few milliseconds. The numbers are kept as ``collection.numbers``, the texts in order."""
     if not numbers:
         return
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.collections import PathCollection
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextPath
@@ -221,6 +225,7 @@ def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt
 def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = False) -> list:
     """Legend handles for what a Gantt chart drew: the kinds in ``seen`` (``F``, ``B``, ``I``,
     ``W``, ``REDUCE_GRAD``, ``OPTIM``, ``chunk1``...) and what the numbers are."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 

@@ -13,10 +13,12 @@ GiB = 2.0**30
 
 
 def pyplot():
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     import matplotlib
 
     if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
         matplotlib.use("Agg")
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     import matplotlib.pyplot as plt
 
     return plt

@@ -39,6 +39,7 @@ def _groups(table, column):
 def _levels(table, column: str) -> list:
     """Values of ``column``: a categorical column's categories (so that colours stay the same
     across figures of parts of one table), else the values in order of appearance."""
+    # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
     if isinstance(table[column].dtype, pd.CategoricalDtype):
@@ -63,6 +64,7 @@ def throughput_vs_gpus_figure(table, *, gpus: str = "cluster_devices", throughpu
     GPU counts at which no setting fits are marked with an x on the axis; with ``target``
     (samples/s) a dashed line and, on each curve, the fewest GPUs that reach it.
     """
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.lines import Line2D
 
     fig, ax = _figure(ax, (8, 4.5))
@@ -143,6 +145,7 @@ def oom_frontier_figure(table, *, model: str = "model_name", gpus: str = "cluste
     (``value="memory"``) or its samples/s (``value="throughput"``). Cells where every point
     ran out of memory (or no plan fits) are red and read OOM; cells with only errors, "err".
     """
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     import numpy as np
     from matplotlib.patches import Rectangle
 

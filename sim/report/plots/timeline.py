@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from sim.core.units import format_bytes
 from sim.engine.result import SimResult
 from sim.report.plots.gantt import KINDS, LEGEND, add_key, draw_gantt, gantt_key, merge_keys
 from sim.report.plots.style import GiB as _GiB
@@ -76,6 +77,7 @@ def _draw_memory(ax, result: SimResult, scale: float, name: str, *, capacity_in_
                  capacity_note: bool = True) -> None:
     """One step line per class of identical devices and the capacity: a red dashed line when
     in view, else (unless ``capacity_note`` is False: a title says it) its value in the key."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.lines import Line2D
 
     rows = _class_rows(result)[:16]
@@ -84,7 +86,6 @@ def _draw_memory(ax, result: SimResult, scale: float, name: str, *, capacity_in_
         times = [t * 1e3 for t in times] + [result.end_s * 1e3]
         values = [v / scale for v in values] + [values[-1] / scale]
         ax.step(times, values, where="post", label=f"dev {device}" + (f" (x{count})" if count > 1 else ""))
-    from sim.core.units import format_bytes
 
     capacity = result.workload.device_memory_bytes
     handles, _ = ax.get_legend_handles_labels()
