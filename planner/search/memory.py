@@ -5,7 +5,7 @@ A replay is the planner's costliest step, and a candidate that runs out of memor
 device class's parameters, gradients and optimizer state (the resolved plan's stage costs,
 ``sim.schedule.resolved``, the very ones ``sim.engine.compile`` reads: ``sim.cost.memory.stage_state_bytes``
 through ``sim.cost.compute.stage_cost``), then walks its pipeline rank's actions in the schedule's
-order with the same allocations and frees as the engine's ops (``sim.engine.ops.compute_memory``),
+order with the same allocations and frees as the engine's ops (``sim.cost.memory.compute_memory``),
 FSDP holding the gathered parameters during an action (``sim.cost.memory.fsdp_gather_bytes``).
 
 Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.parallelism import Recompute
-from sim.cost.memory import fsdp_gather_bytes
-from sim.engine.ops import compute_memory
+from sim.cost.memory import compute_memory, fsdp_gather_bytes
 from sim.schedule.ir import ActionKind, OverlapFB
 from sim.schedule.resolved import ResolvedPlan
 

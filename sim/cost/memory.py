@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.schedule.ir import ActionKind
 
 __all__ = ["ActivationBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes", "fsdp_gather_bytes",
            "layer_stash_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
-           "sum_state_bytes"]
+           "sum_state_bytes", "WGRAD_STASH_FRACTION", "compute_memory"]
 
 
 def block_activation_bytes(
@@ -222,3 +223,30 @@ def fsdp_gather_bytes(param_bytes: float, *, data_parallel: int, sharding: Shard
     §5.3; FSDP2's ``fully_shard`` unshards before the computation and reshards after); 0 for any
     other sharding."""
     return param_bytes * (1 - 1 / data_parallel) if sharding is Sharding.FULL else 0.0
+
+
+# -- what a compute action allocates and frees ---------------------------------------------
+
+WGRAD_STASH_FRACTION = 0.5
+"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
+weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
+
+
+def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
+    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
+    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
+    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
+    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
+    I and the rest at W. The engine's ops and the planner's count before a replay
+    (``planner.search.memory``) both read it."""
+    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
+    rebuilt = cost.rebuilt_bytes if recompute else 0.0
+    extra = cost.stash_bytes if recompute else 0.0
+    f = WGRAD_STASH_FRACTION
+    if kind is ActionKind.F:
+        return cost.stash_bytes, 0.0
+    if kind is ActionKind.B:
+        return rebuilt, kept + extra
+    if kind is ActionKind.I:
+        return rebuilt, (1 - f) * kept + extra
+    return 0.0, f * kept  # W

@@ -22,16 +22,12 @@ from __future__ import annotations
 
 from sim.core.parallelism import Recompute
 from sim.cost.compute import overlapped_pair_s
-from sim.cost.memory import fsdp_gather_bytes
+from sim.cost.memory import compute_memory, fsdp_gather_bytes
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
 
-__all__ = ["WGRAD_STASH_FRACTION", "class_ops", "compute_memory"]
-
-WGRAD_STASH_FRACTION = 0.5
-"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
-weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
+__all__ = ["class_ops"]
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -119,26 +115,6 @@ def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) ->
     if gather_bytes and before:
         fields = {**fields, "gather_bytes": gather_bytes}
     return before + [fields] + after
-
-
-def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
-    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
-    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
-    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
-    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
-    I and the rest at W. The engine's ops and the planner's count before a replay
-    (``planner.search.memory``) both read it."""
-    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
-    rebuilt = cost.rebuilt_bytes if recompute else 0.0
-    extra = cost.stash_bytes if recompute else 0.0
-    f = WGRAD_STASH_FRACTION
-    if kind is ActionKind.F:
-        return cost.stash_bytes, 0.0
-    if kind is ActionKind.B:
-        return rebuilt, kept + extra
-    if kind is ActionKind.I:
-        return rebuilt, (1 - f) * kept + extra
-    return 0.0, f * kept  # W
 
 
 def _op_fields(action, cost, recompute, slot_of, cost_of, collective_of) -> dict:
