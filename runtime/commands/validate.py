@@ -24,6 +24,7 @@ from sim.core.command import Stopwatch, progress
 from sim.core.errors import DappleError
 from sim.core.validation_report import ValidationReport
 from sim.report.analysis.validation import format_report
+from sim.report.plots.validation import validation_gantt_figure, validation_memory_figure
 
 __all__ = ["cmd_validate", "write_report"]
 
@@ -78,8 +79,6 @@ def write_report(report: ValidationReport, out: Path, *, document: dict[str, Any
     (``validation_gantt.png``, ``validation_memory.png``) in ``out``; their paths."""
     # matplotlib only where charts are drawn
     import matplotlib.pyplot as plt
-
-    from sim.report.plots.validation import validation_gantt_figure, validation_memory_figure
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]

@@ -38,10 +38,12 @@ import yaml
 
 from runtime.commands.run import follow_steps
 from runtime.execution.launch import spawn
+from runtime.execution.status import StatusBoard
 from runtime.measure import profile_run
 from runtime.measure.trace import write_traces
 from runtime.model.config import RunnableScenario
 from runtime.validation.collapse import expand_view
+from runtime.validation.profile import profile_slice
 from sim.core.command import Stopwatch
 from sim.core.units import format_bandwidth, format_time
 from sim.core.validation_report import RoundComparison, TurnComparison, ValidationProfile, ValidationReport
@@ -63,17 +65,14 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     the launcher's progress bar follows."""
     # torch only in the processes that run the plan: the loop's own module stays torch-free
     import torch.distributed as dist
-
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
-    from runtime.execution.status import StatusBoard
-    from runtime.validation.profile import profile_slice
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
     tp_mesh = None
     if runnable.plan.tensor_parallel > 1:  # every rank builds every group's mesh; each profiles with its own
-        from runtime.model.tensor_parallel import stage_mesh
+        from runtime.model.tensor_parallel import stage_mesh  # torch, as above
 
         tp_mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)["tensor"]
 
