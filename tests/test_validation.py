@@ -136,8 +136,8 @@ def test_validate_rejects_zero_rounds(capsys):
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
     pytest.importorskip("torch")
-    from runtime.model.config import load_runnable
     from runtime.commands.validate import write_report
+    from runtime.model.config import load_runnable
     from runtime.validation.loop import validate
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
@@ -237,8 +237,8 @@ def test_single_device_stage_timing_matches_predicted_memory(schedule, tmp_path)
     pytest.importorskip("torch")
     import torch
 
-    from runtime.model.config import load_runnable
     from runtime.measure.stage_timing import predict_stages, profiled_scenario, time_stage
+    from runtime.model.config import load_runnable
 
     torch.set_num_threads(1)
     # time_stage runs generate(schedule) with no parameters, i.e. dapple's s-i: predict that order

@@ -65,6 +65,8 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     the launcher's progress bar follows."""
     # torch only in the processes that run the plan: the loop's own module stays torch-free
     import torch.distributed as dist
+
+    # torch too: the executor and the session run the plan's modules
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
 

@@ -32,7 +32,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sim.core.events import EventRow
 from sim.core.units import format_bytes, format_time
-from sim.engine.result import SimResult
 from sim.core.validation_report import (
     ActionComparison,
     ActionErrors,
@@ -43,6 +42,7 @@ from sim.core.validation_report import (
     ValidationReport,
 )
 from sim.core.validation_sides import MEMORY_KINDS, DeviceSide, MemoryByKind, RunSide, StageCompute
+from sim.engine.result import SimResult
 
 __all__ = ["MEMORY_KINDS", "MEMORY_MODES", "compare", "format_report", "measured_view", "predicted_view", "run_side"]
 

@@ -18,9 +18,9 @@ from typing import Any, Mapping, Sequence
 from sim.core.events import EventRow
 from sim.core.validation_report import ValidationReport
 from sim.core.validation_sides import RunSide
+from sim.report.plots.gantt import add_key, draw_gantt
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import pyplot as _pyplot
-from sim.report.plots.gantt import add_key, draw_gantt
 
 __all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_gantt_figure", "validation_memory_figure"]
 
