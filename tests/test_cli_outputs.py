@@ -183,12 +183,18 @@ def _recorded_run() -> dict:
     return data["runs"][0]
 
 
+def _recorded_report():
+    from sim.core.validation_report import ValidationReport
+
+    return ValidationReport.from_json(_recorded_run())
+
+
 def test_validation_report_has_headers_and_rows_that_explain_its_headline():
     from sim.core.units import format_time
     from sim.report.analysis.validation import format_report
 
     run = _recorded_run()
-    text = format_report(run)
+    text = format_report(_recorded_report())
     lines = text.splitlines()
     assert lines[1].split() == ["predicted", "measured", "error"]
     chosen = run["profile"]["slice"]
@@ -209,7 +215,7 @@ def test_validation_gantt_draws_the_measured_step_within_its_own_line():
     from sim.report.plots.validation import validation_gantt_figure
 
     run = _recorded_run()
-    fig = validation_gantt_figure(run)
+    fig = validation_gantt_figure(_recorded_report())
     measured_ax = fig.axes[1]
     (line,) = [ln for ln in measured_ax.get_lines() if ln.get_linestyle() == ":"]
     end_ms = max(row["end_s"] for row in run["measured"]["events"]) * 1e3

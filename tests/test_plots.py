@@ -13,6 +13,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from sim.core.validation_report import ValidationReport
 from sim.report import plots
 
 GiB = 2.0**30
@@ -171,7 +172,7 @@ def test_validation_figure_reads_the_recorded_schema():
     runs = data["runs"] if "runs" in data else [data]
     single = {k: v for k, v in data.items() if k != "runs"} | runs[0]  # the one-run form of the same schema
     for run in runs + [single]:
-        fig = plots.validation_figure(run)
+        fig = plots.validation_figure(run)  # a recording's JSON, as the notebook hands it over
         assert len(fig.axes) == 5
         times = [bar.get_height() for bar in fig.axes[0].patches]
         expected = [run["predicted"]["iteration_time_s"] * 1e3, run["measured"]["iteration_time_s"] * 1e3]
@@ -179,6 +180,9 @@ def test_validation_figure_reads_the_recorded_schema():
         devices = sorted(d["device"] for d in run["predicted"]["devices"])
         assert [t.get_text() for t in fig.axes[3].get_yticklabels()] == [f"dev {d}" for d in devices]
         assert ("PLACEHOLDER" in fig._suptitle.get_text()) == bool(run.get("placeholder"))
+        typed = plots.validation_figure(ValidationReport.from_json(run))  # the report itself draws alike
+        assert [bar.get_height() for bar in typed.axes[0].patches] == pytest.approx(expected)
+        plt.close(typed)
 
 
 # --- what a reader of a Gantt chart needs: a key, colours by kind, numbers, chunks ------------------
@@ -268,7 +272,7 @@ def test_memory_figure_zooms_on_small_runs_and_draws_the_capacity_when_near():
 
 def test_validation_memory_title_fits_in_its_figure():
     data = json.loads((REPO / "notebooks" / "data" / "validation_cpu.json").read_text())
-    fig = plots.validation_memory_figure(data["runs"][0])
+    fig = plots.validation_memory_figure(ValidationReport.from_json(data["runs"][0]))
     fig.canvas.draw()
     box = fig.axes[0].title.get_window_extent()
     width, height = fig.canvas.get_width_height()

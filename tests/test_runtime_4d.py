@@ -177,12 +177,20 @@ def test_a_collapsed_plan_has_one_device_per_tensor_group_and_expands_back():
 
     plan = load_runnable(GPT, SIX_RANKS["tp2-2:1"]).plan
     assert collapsed_stages(plan) == [{"layers": [0, 3], "devices": [0, 1]}, {"layers": [3, 6], "devices": [2]}]
-    view = {"iteration_time_s": 1.0, "devices": [{"device": g, "peak_memory_bytes": 10.0 * g} for g in range(3)],
-            "events": [{"device": 2, "action": "1F0", "start_s": 0.0, "end_s": 1.0}]}
+    from sim.core.events import EventRow
+    from sim.core.validation_sides import DeviceSide
+    from sim.report.analysis.validation import run_side
+
+    view = run_side(iteration_time_s=1.0, events=[EventRow(device=2, stage=1, kind="F", microbatch=0, action="1F0",
+                                                           stream="compute", start_s=0.0, end_s=1.0)],
+                    devices=[DeviceSide(device=g, stages=None, peak_memory_bytes=10.0 * g, peak_activation_bytes=None,
+                                        memory_breakdown_bytes=None) for g in range(3)])
     expanded = expand_view(view, plan)
-    assert [(d["device"], d["peak_memory_bytes"]) for d in expanded["devices"]] == \
+    assert [(d.device, d.peak_memory_bytes) for d in expanded.devices] == \
         [(0, 0.0), (1, 0.0), (2, 10.0), (3, 10.0), (4, 20.0), (5, 20.0)]
-    assert [e["device"] for e in expanded["events"]] == [4, 5]
+    assert [e.device for e in expanded.events] == [4, 5]
+    # each device of the group runs the group's actions: its compute is theirs
+    assert [d.compute_s for d in expanded.devices] == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
 
 
 def test_fsdp_gathered_parameters_are_not_counted_as_activations(two_ranks):

@@ -2,54 +2,126 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import SCENARIOS
-from sim.report.analysis.validation import compare, format_report
+from runtime.validation.loop import combine_rounds
+from sim.core import jsonio
+from sim.core.events import EventRow
+from sim.core.validation_report import (
+    ActionComparison,
+    DeviceError,
+    MemoryErrorByKind,
+    StageError,
+    ValidationReport,
+)
+from sim.core.validation_sides import DeviceSide, MemoryByKind, StageCompute
+from sim.report.analysis.validation import compare, format_report, measured_view, run_side
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 
 
-def _rows(device, times):
-    return [{"device": device, "stage": device, "kind": kind, "microbatch": 0, "action": f"{device}{kind}0",
-             "stream": "compute", "start_s": start, "end_s": end} for kind, (start, end) in times.items()]
+def _row(kind, start, end, action=None, stream="compute"):
+    return EventRow(device=0, stage=0, kind=kind, microbatch=0, action=action or f"0{kind}0", stream=stream,
+                    start_s=start, end_s=end)
 
 
-def test_compare_reports_relative_errors_per_iteration_stage_device_and_action():
-    predicted = {"iteration_time_s": 1.1,
-                 "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 102.0, "peak_activation_bytes": 2.0}],
-                 "events": _rows(0, {"F": (0.0, 0.4), "B": (0.4, 1.0)})}
-    measured = {"median_iteration_time_s": 1.0, "iteration_times_s": [1.0, 1.0],
-                "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 100.0, "peak_activation_bytes": 0.0}],
-                "events": _rows(0, {"F": (0.1, 0.6), "B": (0.6, 1.0)})}
-    report = compare(predicted, measured, scenario="toy", schedule="gpipe")
-    error = report["error"]
-    assert error["iteration_time_frac"] == pytest.approx(0.1)
-    assert error["peak_memory_frac"] == pytest.approx(0.02)
-    assert error["devices"][0]["compute_frac"] == pytest.approx(1.0 / 0.9 - 1)
-    assert error["stages"][0]["compute_frac"] == pytest.approx(1.0 / 0.9 - 1)
-    actions = error["actions"]
-    assert actions["matched"] == 2 and actions["unmatched"] == 0
-    assert actions["start_mean_abs_s"] == pytest.approx(0.1 / 2 + 0.2 / 2)
-    assert actions["duration_mean_abs_frac"] == pytest.approx((0.1 / 0.5 + 0.2 / 0.4) / 2)
-    assert "+10.0%" in format_report(report)
+def _toy_report():
+    """One device, one F and one B on each side (times in eighths, so every error is exact);
+    the measurement from a run summary's JSON, with a send the prediction does not have."""
+    predicted = run_side(
+        iteration_time_s=0.875, events=[_row("F", 0.0, 0.25), _row("B", 0.25, 0.75)],
+        devices=[DeviceSide(device=0, stages=(0,), peak_memory_bytes=136.0, peak_activation_bytes=8.0,
+                            memory_breakdown_bytes=MemoryByKind(parameters=64.0, gradients=32.0, optimizer=32.0,
+                                                                activations=8.0))])
+    summary = {"median_iteration_time_s": 1.0, "iteration_times_s": [0.75, 1.0, 1.25],
+               "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 128.0, "peak_activation_bytes": 16.0,
+                            "memory_breakdown_bytes": {"parameters": 64.0, "gradients": 32.0, "optimizer": 16.0,
+                                                       "activations": 16.0, "buffers": None}}],
+               "events": [r.to_json() for r in (_row("F", 0.125, 0.625), _row("B", 0.625, 1.0),
+                                                 _row("SEND_F", 0.625, 0.75, stream="send"))]}
+    return compare(predicted, measured_view(summary), scenario="toy", schedule="gpipe", memory="counted")
+
+
+def test_a_report_holds_every_error_as_typed_fields():
+    report = _toy_report()
+    assert report.predicted.devices[0].compute_s == 0.75 and report.measured.devices[0].compute_s == 0.875
+    assert report.predicted.stages == (StageCompute(stage=0, compute_s=0.75),)
+    error = report.error
+    assert error.iteration_time_frac == -0.125
+    assert error.peak_memory_frac == 0.0625 and error.memory_by_kind_frac == 1.0
+    assert error.devices == (DeviceError(device=0, peak_memory_frac=0.0625, compute_frac=-1 / 7,
+                                         memory_by_kind_frac=MemoryErrorByKind(parameters=0.0, gradients=0.0,
+                                                                               optimizer=1.0, activations=-0.5)),)
+    assert error.stages == (StageError(stage=0, compute_frac=-1 / 7),)
+    actions = error.actions
+    assert (actions.matched, actions.unmatched) == (2, 1)  # the send has no predicted twin
+    assert actions.start_mean_abs_s == (0.125 + 0.375) / 2 and actions.start_mean_abs_frac_of_iteration == 0.25
+    assert actions.duration_mean_abs_frac == (0.25 / 0.5 + 0.125 / 0.375) / 2
+    assert actions.by_stage_and_kind == (
+        ActionComparison(stage=0, kind="B", count=1, predicted_mean_s=0.5, measured_mean_s=0.375, frac=1 / 3),
+        ActionComparison(stage=0, kind="F", count=1, predicted_mean_s=0.25, measured_mean_s=0.5, frac=-0.5))
+    text = format_report(report)
+    assert "-12.5%" in text and "    optimizer" in text and "+100.0%" in text
+
+
+def test_a_report_writes_the_json_it_always_wrote_and_reads_it_back():
+    report = _toy_report()
+    kinds = ("device", "stage", "kind", "microbatch", "action", "stream", "start_s", "end_s")
+    rows = lambda *times: [dict(zip(kinds, (0, 0, k, 0, f"0{k}0", s, a, b))) for k, s, a, b in times]  # noqa: E731
+    expected = {
+        "scenario": "toy", "schedule": "gpipe", "memory": "counted",
+        "predicted": {
+            "iteration_time_s": 0.875, "stages": [{"stage": 0, "compute_s": 0.75}],
+            "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 136.0, "peak_activation_bytes": 8.0,
+                         "memory_breakdown_bytes": {"parameters": 64.0, "gradients": 32.0, "optimizer": 32.0,
+                                                    "activations": 8.0}, "compute_s": 0.75}],
+            "events": rows(("F", "compute", 0.0, 0.25), ("B", "compute", 0.25, 0.75))},
+        "measured": {
+            "iteration_time_s": 1.0, "iteration_times_s": [0.75, 1.0, 1.25], "stages": [{"stage": 0, "compute_s": 0.875}],
+            # the run summary's "buffers" (always None: a run does not count them) is not carried over
+            "devices": [{"device": 0, "stages": [0], "peak_memory_bytes": 128.0, "peak_activation_bytes": 16.0,
+                         "memory_breakdown_bytes": {"parameters": 64.0, "gradients": 32.0, "optimizer": 16.0,
+                                                    "activations": 16.0}, "compute_s": 0.875}],
+            "events": rows(("F", "compute", 0.125, 0.625), ("B", "compute", 0.625, 1.0),
+                           ("SEND_F", "send", 0.625, 0.75))},
+        "error": {
+            "iteration_time_frac": -0.125, "peak_memory_frac": 0.0625, "memory_by_kind_frac": 1.0,
+            "devices": [{"device": 0, "peak_memory_frac": 0.0625, "compute_frac": -1 / 7,
+                         "memory_by_kind_frac": {"parameters": 0.0, "gradients": 0.0, "optimizer": 1.0,
+                                                 "activations": -0.5}}],
+            "stages": [{"stage": 0, "compute_frac": -1 / 7}],
+            "actions": {"matched": 2, "unmatched": 1, "start_mean_abs_s": 0.25, "start_mean_abs_frac_of_iteration": 0.25,
+                        "duration_mean_abs_frac": (0.5 + 1 / 3) / 2,
+                        "by_stage_and_kind": [
+                            {"stage": 0, "kind": "B", "count": 1, "predicted_mean_s": 0.5, "measured_mean_s": 0.375,
+                             "frac": 1 / 3},
+                            {"stage": 0, "kind": "F", "count": 1, "predicted_mean_s": 0.25, "measured_mean_s": 0.5,
+                             "frac": -0.5}]}},
+    }
+    assert report.to_json() == expected
+    assert ValidationReport.from_json(expected) == report
+    assert ValidationReport.from_json(expected).to_json() == expected
 
 
 def test_rounds_report_the_median_round_and_every_round():
-    pytest.importorskip("torch")
-    from runtime.validation.loop import combine_rounds
-
     reports = []
     for predicted, measured in ((1.3, 1.0), (0.9, 1.0), (1.05, 1.0)):
-        report = compare({"iteration_time_s": predicted, "devices": [], "events": []},
-                         {"median_iteration_time_s": measured, "iteration_times_s": [measured], "devices": [],
-                          "events": []}, scenario="toy", schedule="gpipe")
-        reports.append(report)
+        reports.append(compare(run_side(iteration_time_s=predicted, devices=[], events=[]),
+                               measured_view({"median_iteration_time_s": measured, "iteration_times_s": [measured],
+                                              "devices": [], "events": []}), scenario="toy", schedule="gpipe"))
     combined = combine_rounds(reports)
-    assert combined["median_round"] == 3 and combined["predicted"]["iteration_time_s"] == pytest.approx(1.05)
-    assert combined["error"]["iteration_time_frac_median"] == pytest.approx(0.05)
-    assert [r["iteration_time_frac"] for r in combined["rounds"]] == pytest.approx([0.3, -0.1, 0.05])
+    assert combined.median_round == 3 and combined.predicted.iteration_time_s == pytest.approx(1.05)
+    assert combined.error.iteration_time_frac_median == pytest.approx(0.05)
+    assert [r.iteration_time_frac for r in combined.rounds] == pytest.approx([0.3, -0.1, 0.05])
     assert "3 rounds: iteration-time error median +5.0% (from -10.0% to +30.0%); this table is round 3" in format_report(combined)
+    document = combined.to_json()
+    assert [r["round"] for r in document["rounds"]] == [1, 2, 3] and document["median_round"] == 3
+    assert document["error"]["iteration_time_frac_median"] == pytest.approx(0.05)
+    assert "rounds" not in reports[0].to_json() and "iteration_time_frac_median" not in reports[0].to_json()["error"]
+    assert ValidationReport.from_json(document) == combined
 
 
 def test_validate_rejects_zero_rounds(capsys):
@@ -64,35 +136,41 @@ def test_validate_rejects_zero_rounds(capsys):
 @pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
     pytest.importorskip("torch")
+    from runtime.commands.validate import write_report
     from runtime.model.config import load_runnable
-    from runtime.validation.loop import validate, write_report
+    from runtime.validation.loop import validate
 
     runnable = load_runnable(GPT, {"plan.schedule": schedule})
     report = validate(runnable, nproc=2, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
     # profile and run took turns: two profile slices, each before one of the two measured steps
-    assert report["profile"]["slices"] == 2 and len(report["measured"]["iteration_times_s"]) == 2
+    assert report.profile.num_turns == 2 and len(report.measured.iteration_times_s) == 2
     # each turn is also simulated on its own profile, against the step run right after it
-    assert [t["slice"] for t in report["slices"]] == [1, 2]
-    assert all(t["predicted_s"] > 0 and t["measured_s"] in report["measured"]["iteration_times_s"]
-               for t in report["slices"])
+    assert [t.turn for t in report.turns] == [1, 2]
+    assert all(t.predicted_s > 0 and t.measured_s in report.measured.iteration_times_s for t in report.turns)
     assert "2 turns of profile and run" in format_report(report)
     print(format_report(report))  # the iteration-time error, for the log
-    assert report["memory"] == "counted"
-    assert len(report["error"]["devices"]) == 2
-    for device in report["error"]["devices"]:
-        assert abs(device["peak_memory_frac"]) <= 0.02, device
-    assert report["error"]["iteration_time_frac"] is not None
-    assert report["error"]["actions"]["matched"] >= 16  # every F and B of 4 micro-batches on 2 devices
+    assert report.memory == "counted"
+    assert len(report.error.devices) == 2
+    for device in report.error.devices:
+        assert abs(device.peak_memory_frac) <= 0.02, device
+    assert report.error.iteration_time_frac is not None
+    assert report.error.actions.matched >= 16  # every F and B of 4 micro-batches on 2 devices
     # the measured scenario carries the measured per-action overhead and optimizer bandwidth
     from sim.input.scenario import load_scenario
 
-    measured = load_scenario(report["profile"]["scenario"]).cluster.device
-    assert report["profile"]["action_overhead_s"] >= 0
-    assert measured.action_overhead_s == pytest.approx(report["profile"]["action_overhead_s"], rel=1e-4, abs=1e-9)
-    assert measured.memory_bandwidth_bytes_per_s == pytest.approx(
-        report["profile"]["optimizer"]["implied_bandwidth_bytes_per_s"], rel=1e-4)
+    measured = load_scenario(report.profile.scenario).cluster.device
+    assert report.profile.action_overhead_s >= 0
+    assert measured.action_overhead_s == pytest.approx(report.profile.action_overhead_s, rel=1e-4, abs=1e-9)
+    assert measured.memory_bandwidth_bytes_per_s == pytest.approx(report.profile.optimizer_bandwidth_bytes_per_s,
+                                                                  rel=1e-4)
     for path in write_report(report, tmp_path):
         assert path.stat().st_size > 0
+    written = json.loads((tmp_path / "validation.json").read_text())
+    assert written == json.loads(jsonio.dumps(report.to_json())) and ValidationReport.from_json(written) == report
+    assert sorted(written) == ["backend", "error", "measured", "memory", "nproc", "predicted", "profile", "scenario",
+                               "schedule", "slices", "steps", "traces"]
+    assert sorted(written["profile"]) == ["action_overhead_s", "batch_size", "layers", "links", "optimizer",
+                                          "scenario", "slice", "slices"]
 
 
 @pytest.mark.slow
@@ -107,17 +185,16 @@ def test_a_tensor_parallel_run_memory_by_kind_within_two_percent_of_the_predicti
                                    "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"})
     report = validate(runnable, nproc=4, backend="gloo", steps=2, warmup=1, slices=2, repeats=4, out=tmp_path)
     print(format_report(report))  # the iteration-time error, for the log
-    assert "collapsed" in report and report["error"]["iteration_time_frac"] is not None
-    assert sorted(d["device"] for d in report["error"]["devices"]) == [0, 1, 2, 3]
-    for device in report["error"]["devices"]:
-        assert abs(device["peak_memory_frac"]) <= 0.02, device
-        assert set(device["memory_by_kind_frac"]) == {"parameters", "gradients", "optimizer", "activations"}
-        assert all(abs(frac) <= 0.02 for frac in device["memory_by_kind_frac"].values()), device
+    assert report.collapsed and report.error.iteration_time_frac is not None
+    assert sorted(d.device for d in report.error.devices) == [0, 1, 2, 3]
+    for device in report.error.devices:
+        assert abs(device.peak_memory_frac) <= 0.02, device
+        assert all(abs(frac) <= 0.02 for frac in device.memory_by_kind_frac.to_json().values()), device
     assert "    activations" in format_report(report)
     # the measured scenario: one device per tensor-parallel group, one device's share of each layer
     from sim.input.scenario import load_scenario
 
-    measured = load_scenario(report["profile"]["scenario"])
+    measured = load_scenario(report.profile.scenario)
     assert [list(stage.devices) for stage in measured.plan.stages] == [[0], [1]]
     assert measured.plan.tensor_parallel == 1
 
@@ -134,14 +211,14 @@ def test_validate_reports_a_failed_run_in_one_line(monkeypatch, capsys, tmp_path
     pytest.importorskip("torch")
     from torch.multiprocessing import ProcessRaisedException
 
-    import runtime.validation.loop
+    import runtime.commands.validate
     from runtime.commands.cli import main
 
     def failing(*args, **kwargs):
         raise ProcessRaisedException("Traceback (most recent call last):\n  ...\n"
                                      "runtime.execution.executor.ActionError: rank 1 failed at 1F2 of step 3: boom\n", 1, 4242)
 
-    monkeypatch.setattr(runtime.validation.loop, "validate", failing)
+    monkeypatch.setattr(runtime.commands.validate, "validate", failing)
     assert main(["validate", GPT, "--nproc", "2", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rank 1 failed at 1F2 of step 3: boom" in err

@@ -14,22 +14,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from runtime.commands.run import check_launch
+from runtime.model.config import load_runnable
+from runtime.validation.loop import combine_rounds, validate
 from sim.core import jsonio
 from sim.core.command import Stopwatch, progress
 from sim.core.errors import DappleError
+from sim.core.validation_report import ValidationReport
+from sim.report.analysis.validation import format_report
+from sim.report.plots.validation import validation_gantt_figure, validation_memory_figure
 
-__all__ = ["cmd_validate"]
+__all__ = ["cmd_validate", "write_report"]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """``dapple-run validate``: the loop, one or ``--rounds`` times, and its report."""
+    """``dapple-run validate``: the loop, one or ``--rounds`` times, and its report (its JSON
+    made here, once: ``validation.json`` and ``--json`` print the same)."""
+    # torch only once the command runs: the command line and its checks before launch stay torch-free
     from torch.multiprocessing import ProcessRaisedException
-
-    from runtime.model.config import load_runnable
-    from runtime.validation.loop import combine_rounds, validate, write_report
-    from sim.report.analysis.validation import format_report
 
     args.check, args.no_memory, args.fail_at = False, False, None
     runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
@@ -55,18 +59,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"dapple-run: error: the run failed: {_last_line(str(failed))}", file=sys.stderr)
         return 1
     report = reports[0] if args.rounds == 1 else combine_rounds(reports)
+    document = report.to_json()
     with watch.phase("write the report and its charts"):
-        paths = write_report(report, out)
+        paths = write_report(report, out, document=document)
     watch.report()
     if args.json:
-        print(jsonio.dumps(report, indent=2, sort_keys=True))
+        print(jsonio.dumps(document, indent=2, sort_keys=True))
     else:
         print(format_report(report))
-        traces = report.get("traces") or {}
+        traces = report.traces or {}
         print("report: " + ", ".join(str(p) for p in paths))
         if traces:
             print(f"traces (open side by side in https://ui.perfetto.dev): {traces['predicted']}, {traces['measured']}")
     return 0
+
+
+def write_report(report: ValidationReport, out: Path, *, document: dict[str, Any] | None = None) -> list[Path]:
+    """``validation.json`` (``document``, default ``report.to_json()``) and the two charts
+    (``validation_gantt.png``, ``validation_memory.png``) in ``out``; their paths."""
+    # matplotlib only where charts are drawn
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]
+    document = report.to_json() if document is None else document
+    paths[0].write_text(jsonio.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    for path, figure in zip(paths[1:], (validation_gantt_figure, validation_memory_figure)):
+        fig = figure(report)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return paths
 
 
 def _named(tick, name: str):

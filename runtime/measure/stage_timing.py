@@ -198,14 +198,6 @@ def predict_stages(scenario, *, memory: str) -> list[dict[str, float]]:
     memory (``allocator``: everything; ``counted``: static bytes plus activations)."""
 
     result = run_scenario(scenario, engine="simpy")
-    view = predicted_view(result, memory=memory)
-    devices = {d["device"]: d for d in view["devices"]}
-    busy: dict[int, float] = {}
-    for row in view["events"]:
-        if row["kind"] in ("F", "B", "I", "W"):
-            busy[row["device"]] = busy.get(row["device"], 0.0) + row["end_s"] - row["start_s"]
-    out = []
-    for stage in scenario.plan.stages:
-        device = stage.devices[0]
-        out.append({"compute_s": busy.get(device, 0.0), "peak_memory_bytes": devices[device]["peak_memory_bytes"]})
-    return out
+    devices = {d.device: d for d in predicted_view(result, memory=memory).devices}
+    return [{"compute_s": devices[stage.devices[0]].compute_s,
+             "peak_memory_bytes": devices[stage.devices[0]].peak_memory_bytes} for stage in scenario.plan.stages]

@@ -19,9 +19,12 @@ devices ``g·t .. g·t + t − 1`` exactly when the plan numbers its devices tha
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sim.core.plan import PlanSpec
+from sim.core.validation_sides import RunSide
+from sim.report.analysis.validation import run_side
 
 __all__ = ["collapsed_stages", "expand_view", "tensor_group_ids"]
 
@@ -42,14 +45,15 @@ def collapsed_stages(plan: PlanSpec) -> list[dict[str, Any]]:
     return stages
 
 
-def expand_view(view: dict[str, Any], plan: PlanSpec) -> dict[str, Any]:
+def expand_view(view: RunSide, plan: PlanSpec) -> RunSide:
     """A prediction (``sim.report.analysis.validation.predicted_view``) of the collapsed plan, with
     every simulated device's entry and events repeated for each device of its group."""
     ids = tensor_group_ids(plan)
     members: dict[int, list[int]] = {}
     for device, g in sorted(ids.items()):
         members.setdefault(g, []).append(device)
-    devices = [{**entry, "device": device} for entry in view["devices"] for device in members[entry["device"]]]
-    events = [{**row, "device": device} for row in view["events"] for device in members[row["device"]]]
-    return {**view, "devices": sorted(devices, key=lambda d: d["device"]),
-            "events": sorted(events, key=lambda e: (e["device"], e["start_s"], e["end_s"]))}
+    devices = [replace(entry, device=device) for entry in view.devices for device in members[entry.device]]
+    events = [replace(row, device=device) for row in view.events for device in members[row.device]]
+    return run_side(iteration_time_s=view.iteration_time_s, iteration_times_s=view.iteration_times_s,
+                    devices=sorted(devices, key=lambda d: d.device),
+                    events=sorted(events, key=lambda e: (e.device, e.start_s, e.end_s)))

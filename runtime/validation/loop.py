@@ -17,27 +17,43 @@
    turn with the median prediction is the prediction;
 4. **compare** per iteration, per stage, per action and per device (``sim.report.analysis.validation``).
 
-The report is JSON-ready; ``write_report`` saves it with the predicted-over-measured Gantt
-chart and the per-device memory chart. ``validate`` also writes the prediction and the
-median measured step as Chrome/Perfetto traces (``trace_predicted.json``,
-``trace_measured.json``), laid out alike.
+The report is a ``sim.core.validation_report.ValidationReport``; ``combine_rounds`` makes
+one of several rounds, and ``dapple-run validate`` (``runtime.commands.validate``) writes its
+JSON and charts. ``validate`` also writes the prediction and the median measured step as
+Chrome/Perfetto traces (``trace_predicted.json``, ``trace_measured.json``), laid out alike.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import tempfile
 import time
 from argparse import Namespace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runtime.commands.run import follow_steps
+from runtime.execution.launch import spawn
+from runtime.execution.status import StatusBoard
+from runtime.measure import profile_run
+from runtime.measure.trace import write_traces
 from runtime.model.config import RunnableScenario
-from sim.core import jsonio
+from runtime.validation.collapse import expand_view
+from runtime.validation.profile import profile_slice
+from sim.core.command import Stopwatch
+from sim.core.units import format_bandwidth, format_time
+from sim.core.validation_report import RoundComparison, TurnComparison, ValidationProfile, ValidationReport
 from sim.cost.split import split_samples
+from sim.engine.result import SimResult
+from sim.engine.run import run_scenario
+from sim.input.scenario import load_scenario
+from sim.report.analysis.validation import compare, measured_view, predicted_view
 
-__all__ = ["combine_rounds", "validate", "write_report"]
+__all__ = ["combine_rounds", "validate"]
 
 
 def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int, warmup_steps: int, slices: int,
@@ -47,18 +63,18 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     elsewhere) and this rank's profile slices, each with the ``seconds`` it took. With
     ``status_folder`` each rank keeps its status file there (``runtime.execution.status``), which
     the launcher's progress bar follows."""
+    # torch only in the processes that run the plan: the loop's own module stays torch-free
     import torch.distributed as dist
 
+    # torch too: the executor and the session run the plan's modules
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
-    from runtime.execution.status import StatusBoard
-    from runtime.validation.profile import profile_slice
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
     tp_mesh = None
     if runnable.plan.tensor_parallel > 1:  # every rank builds every group's mesh; each profiles with its own
-        from runtime.model.tensor_parallel import stage_mesh
+        from runtime.model.tensor_parallel import stage_mesh  # torch, as above
 
         tp_mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)["tensor"]
 
@@ -86,16 +102,40 @@ def _owners(plan, num_layers: int) -> list[list[int]]:
     return [ranks or everyone for ranks in owners]
 
 
-def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int, plan):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TurnProfile:
+    """One turn of the profile, as the simulator gets it (``_slice_profile``)."""
+
+    layers: tuple
+    """Every layer (``runtime.measure.profiler.LayerProfile``, seconds and bytes), in model order."""
+    optimizer: dict[str, float]
+    """The slowest rank's optimizer step (``runtime.validation.profile.measure_optimizer``'s:
+    ``optimizer_s``, ``implied_bandwidth_bytes_per_s``)."""
+    action_overhead_s: float
+    """The per-action overhead, seconds (never below 0)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Prediction:
+    """Every turn simulated on its own profile, and the turn with the median prediction."""
+
+    turns: tuple[TurnComparison, ...]
+    """Each turn's prediction against the steps run right after it."""
+    middle: int
+    """Index (from 0) of the turn with the median prediction: the report's prediction."""
+    result: SimResult
+    """That turn's simulation."""
+    profile: _TurnProfile
+    """That turn's profile."""
+
+
+def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int, plan) -> _TurnProfile:
     """What the simulator gets from one turn of the profile on every rank: each layer's
     forward and backward time the median over the ranks that run it in the plan (every rank
     times every layer, but a device that runs slower than another, as a shared host's cores
     can, runs its own stages so); the slowest rank's optimizer step (one memory bandwidth
     for every device: the one that gets the slowest rank right); the per-action overhead
     the median over the ranks' samples, never below 0."""
-    import statistics
-    from dataclasses import replace
-
     profiles = [ranks[turn] for ranks in per_rank]
     owners = _owners(plan, len(profiles[0]["layers"]))
     layers = []
@@ -105,22 +145,23 @@ def _slice_profile(per_rank: list[list[dict[str, Any]]], turn: int, plan):
                               bwd_s=statistics.median(m.bwd_s for m in measured)))
     optimizer = max((p["optimizer"] for p in profiles), key=lambda o: o["optimizer_s"])
     overheads = [v for p in profiles for v in p["overheads"]]
-    return layers, optimizer, max(0.0, statistics.median(overheads)) if overheads else 0.0
+    return _TurnProfile(layers=tuple(layers), optimizer=optimizer,
+                        action_overhead_s=max(0.0, statistics.median(overheads)) if overheads else 0.0)
 
 
-def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimizer: dict[str, float],
-                             action_overhead: float) -> Path:
+def _write_measured_scenario(frame: Path, out: Path, device: str, profile: _TurnProfile) -> Path:
     """The measured scenario in ``out``: the scenario ``frame`` (links, device, plan, as
-    ``profile_run`` wrote it) on ``layers`` (``out/profile.txt``), with the optimizer's
+    ``profile_run`` wrote it) on the turn's layers (``out/profile.txt``), with the optimizer's
     memory bandwidth and the action overhead; its path."""
+    # torch only where a profile is written: the loop's own module stays torch-free
     from runtime.measure.profiler import write_profile
-    from sim.core.units import format_bandwidth, format_time
 
     out.mkdir(parents=True, exist_ok=True)
-    write_profile(layers, out, device=device)
+    write_profile(list(profile.layers), out, device=device)
     doc = yaml.safe_load(frame.read_text(encoding="utf-8"))
-    doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(optimizer["implied_bandwidth_bytes_per_s"], 6)
-    doc["cluster"]["device"]["action_overhead"] = format_time(action_overhead, 6)
+    doc["cluster"]["device"]["memory_bandwidth"] = format_bandwidth(
+        profile.optimizer["implied_bandwidth_bytes_per_s"], 6)
+    doc["cluster"]["device"]["action_overhead"] = format_time(profile.action_overhead_s, 6)
     path = out / "scenario.yaml"
     path.write_text(
         "# The scenario on the layers, links, optimizer step and per-action overhead measured by\n"
@@ -131,36 +172,25 @@ def _write_measured_scenario(frame: Path, out: Path, device: str, layers, optimi
     return path
 
 
-def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float], plan):
+def _predict_turns(frame: Path, device: str, per_rank: list[list[dict[str, Any]]], measured: list[float],
+                   plan) -> _Prediction:
     """Each turn on its own: its profile simulated (its scenario in ``sliceK`` next to
     ``frame``, or in ``frame``'s folder for a single turn) against the median of the steps
     run right after it. A turn's profile is one moment of the machine; pooling every layer's
-    times over turns would mix moments. Returns the turns' report rows and the turn with the
-    median prediction: its index, simulation and profile (layers, optimizer, overhead)."""
-    import statistics
-
-    from sim.engine.run import run_scenario
-    from sim.input.scenario import load_scenario
-
+    times over turns would mix moments."""
     count = len(per_rank[0])
-    rows, results, profiles = [], [], []
+    turns, results, profiles = [], [], []
     for k in range(count):
         profiles.append(_slice_profile(per_rank, k, plan))
         folder = frame.parent / f"slice{k + 1}" if count > 1 else frame.parent
-        results.append(run_scenario(load_scenario(_write_measured_scenario(frame, folder, device, *profiles[k])),
+        results.append(run_scenario(load_scenario(_write_measured_scenario(frame, folder, device, profiles[k])),
                                     engine="simpy"))
         steps = statistics.median(measured[len(measured) * k // count:len(measured) * (k + 1) // count])
         predicted = results[k].iteration_time_s
-        rows.append({"slice": k + 1, "predicted_s": predicted, "measured_s": steps,
-                     "iteration_time_frac": (predicted - steps) / steps})
-    middle = sorted(range(count), key=lambda k: rows[k]["predicted_s"])[count // 2]
-    return rows, middle, results[middle], profiles[middle]
-
-
-def _as_dict(layer) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(layer)
+        turns.append(TurnComparison(turn=k + 1, predicted_s=predicted, measured_s=steps,
+                                    iteration_time_frac=(predicted - steps) / steps))
+    middle = sorted(range(count), key=lambda k: turns[k].predicted_s)[count // 2]
+    return _Prediction(turns=tuple(turns), middle=middle, result=results[middle], profile=profiles[middle])
 
 
 def validate(
@@ -177,7 +207,7 @@ def validate(
     timeout: float = 45.0,
     tick=None,
     watch=None,
-) -> dict[str, Any]:
+) -> ValidationReport:
     """Profile, run, simulate and compare; the report (``sim.report.analysis.validation.compare``).
 
     ``tick(n, desc=...)`` (a progress bar's, over the ``warmup + steps`` steps) hears what
@@ -192,71 +222,72 @@ def validate(
     taken before the run predicts a different machine. Each turn's profile is simulated
     with the SimPy engine (``_predict_turns``); the turn with the median prediction is the
     prediction, against the median of all measured steps; every turn's own prediction and
-    steps are in the report's ``slices``.
+    steps are in the report's ``turns``.
     """
-    import tempfile
-
-    from runtime.measure import profile_run
-    from runtime.execution.launch import spawn
-    from runtime.commands.run import follow_steps
-    from runtime.measure.trace import write_traces
-    from sim.report.analysis.validation import compare, predicted_view
-    from sim.core.command import Stopwatch
-
     watch = watch or Stopwatch()
     say = tick or (lambda n=1, desc=None: None)
-    plan, training = runnable.plan, runnable.scenario.training
+    plan = runnable.plan
     slices = max(1, min(slices, steps))
     # the largest slice of the least replicated stage
-    batch = split_samples(training.microbatch_size, min(plan.num_replicas(s) for s in range(plan.num_stages)))[0]
+    batch = split_samples(runnable.scenario.training.microbatch_size,
+                          min(plan.num_replicas(s) for s in range(plan.num_stages)))[0]
     args = Namespace(backend=backend, batch_size=batch, warmup=3, repeats=10, no_links=False, timeout=timeout)
     say(0, desc="measuring the device and the links")
     with watch.phase("measure the device and the links"):
         profile = profile_run.profile_here(runnable, args, out / "profile")  # links, the device, the scenario's frame
-    say(0, desc=f"starting {nproc} processes")
+    measured, per_rank = _run_taking_turns(runnable, nproc, backend, batch, steps, warmup, slices, repeats, seed,
+                                           timeout, tick, watch)
+    frame, device = Path(profile["scenario"]), profile["device"]["name"]
+    say(0, desc=f"simulating {len(per_rank[0])} profiles")
+    with watch.phase(f"simulate {len(per_rank[0])} profiles"):
+        prediction = _predict_turns(frame, device, per_rank, measured["iteration_times_s"], plan)
+        if len(prediction.turns) > 1:  # the measured scenario next to the links is the median turn's
+            _write_measured_scenario(frame, frame.parent, device, prediction.profile)
+    return _report(runnable, prediction, measured, profile, backend=backend, nproc=nproc, steps=steps, out=out)
+
+
+def _run_taking_turns(runnable: RunnableScenario, nproc: int, backend: str, batch: int, steps: int, warmup: int,
+                      slices: int, repeats: int, seed: int, timeout: float, tick, watch: Stopwatch):
+    """``nproc`` processes run the plan, profiling before each of ``slices`` runs of steps
+    (``_validate_worker``): rank 0's run summary and every rank's profile turns."""
+    if tick is not None:
+        tick(0, desc=f"starting {nproc} processes")
     with watch.phase(f"run {warmup} + {steps} steps taking turns with {slices} profiles"), \
             tempfile.TemporaryDirectory(prefix="dapple-validate-status-") as folder, \
             follow_steps(Path(folder), nproc, tick):
         results = spawn(_validate_worker, nproc, runnable, batch, steps, warmup, slices, repeats, seed, timeout,
                         folder if tick is not None else None, backend=backend, timeout_s=max(timeout, 600.0))
-    measured = results[0][0]
     per_rank = [profiles for _, profiles in results]
     watch.add("of which profiling between the steps (rank 0)", sum(p.get("seconds", 0.0) for p in per_rank[0]))
-    frame, device = Path(profile["scenario"]), profile["device"]["name"]
-    say(0, desc=f"simulating {len(per_rank[0])} profiles")
-    with watch.phase(f"simulate {len(per_rank[0])} profiles"):
-        turns, middle, predicted, (layers, optimizer, action_overhead) = _predict_turns(
-            frame, device, per_rank, measured["iteration_times_s"], plan)
-        if len(turns) > 1:  # the measured scenario next to the links is the median turn's
-            _write_measured_scenario(frame, frame.parent, device, layers, optimizer, action_overhead)
+    return results[0][0], per_rank
+
+
+_COLLAPSED = ("each simulated device is one tensor-parallel group; its layers were measured as one device's share, "
+              "collectives included (runtime.validation.collapse)")
+
+
+def _report(runnable: RunnableScenario, prediction: _Prediction, measured: dict[str, Any], profile: dict[str, Any],
+            *, backend: str, nproc: int, steps: int, out: Path) -> ValidationReport:
+    """The median turn's prediction against the run, with what it was simulated on and the traces."""
+    plan, turn = runnable.plan, prediction.profile
     memory = "allocator" if backend == "nccl" else "counted"
-    view = predicted_view(predicted, memory=memory)
+    view = predicted_view(prediction.result, memory=memory)
     if plan.tensor_parallel > 1:  # each simulated device is one tensor-parallel group (runtime.validation.collapse)
-        from runtime.validation.collapse import expand_view
-
         view = expand_view(view, plan)
-    report = compare(
-        view,
-        measured,
-        scenario=runnable.scenario.name,
-        schedule=runnable.plan.schedule,
-        backend=backend,
-        nproc=nproc,
-        steps=steps,
-        memory=memory,
-        profile={"batch_size": profile["batch_size"], "links": profile["links"], "optimizer": optimizer,
-                 "action_overhead_s": action_overhead, "scenario": profile["scenario"],
-                 "layers": [_as_dict(layer) for layer in layers], "slices": len(turns), "slice": middle + 1},
-    )
-    report["slices"] = turns if len(turns) > 1 else []
-    report["traces"] = write_traces(predicted, measured, out, scenario=runnable.scenario.name)
-    if plan.tensor_parallel > 1:
-        report["collapsed"] = ("each simulated device is one tensor-parallel group; its layers were measured as one "
-                               "device's share, collectives included (runtime.validation.collapse)")
-    return report
+    simulated_on = ValidationProfile(
+        batch_size=profile["batch_size"], links=profile["links"], optimizer_s=turn.optimizer["optimizer_s"],
+        optimizer_bandwidth_bytes_per_s=turn.optimizer["implied_bandwidth_bytes_per_s"],
+        action_overhead_s=turn.action_overhead_s, scenario=profile["scenario"],
+        layers=tuple(asdict(layer) for layer in turn.layers), num_turns=len(prediction.turns),
+        turn=prediction.middle + 1)
+    return compare(view, measured_view(measured), scenario=runnable.scenario.name, schedule=plan.schedule,
+                   backend=backend, nproc=nproc, steps=steps, memory=memory, profile=simulated_on,
+                   turns=prediction.turns if len(prediction.turns) > 1 else (),
+                   traces=write_traces(prediction.result, measured, out, scenario=runnable.scenario.name),
+                   collapsed=_COLLAPSED if plan.tensor_parallel > 1 else None)
 
 
-def combine_rounds(reports: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_rounds(reports: list[ValidationReport]) -> ValidationReport:
     """One report from several rounds of profile → simulate → run → compare.
 
     A machine whose speed drifts (a shared or virtual host) moves each round's profile and
@@ -265,31 +296,12 @@ def combine_rounds(reports: list[dict[str, Any]]) -> dict[str, Any]:
     tables, events and charts), with ``rounds`` (each round's predicted and measured
     iteration time and error) and ``error.iteration_time_frac_median``.
     """
-    import statistics
-
-    ordered = sorted(range(len(reports)), key=lambda k: reports[k]["error"]["iteration_time_frac"])
+    ordered = sorted(range(len(reports)), key=lambda k: reports[k].error.iteration_time_frac)
     median_round = ordered[len(ordered) // 2]
-    combined = dict(reports[median_round])
-    combined["rounds"] = [{"round": k + 1, "predicted_s": r["predicted"]["iteration_time_s"],
-                           "measured_s": r["measured"]["iteration_time_s"],
-                           "iteration_time_frac": r["error"]["iteration_time_frac"]} for k, r in enumerate(reports)]
-    combined["median_round"] = median_round + 1
-    combined["error"] = {**combined["error"], "iteration_time_frac_median": statistics.median(
-        r["error"]["iteration_time_frac"] for r in reports)}
-    return combined
-
-
-def write_report(report: dict[str, Any], out: Path) -> list[Path]:
-    """``validation.json`` and the two charts (``validation_gantt.png``, ``validation_memory.png``)."""
-    import matplotlib.pyplot as plt
-
-    from sim.report.plots.validation import validation_gantt_figure, validation_memory_figure
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "validation.json", out / "validation_gantt.png", out / "validation_memory.png"]
-    paths[0].write_text(jsonio.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    for path, figure in zip(paths[1:], (validation_gantt_figure, validation_memory_figure)):
-        fig = figure(report)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return paths
+    chosen = reports[median_round]
+    rounds = tuple(RoundComparison(round=k + 1, predicted_s=r.predicted.iteration_time_s,
+                                   measured_s=r.measured.iteration_time_s,
+                                   iteration_time_frac=r.error.iteration_time_frac) for k, r in enumerate(reports))
+    median = statistics.median(r.error.iteration_time_frac for r in reports)
+    return replace(chosen, rounds=rounds, median_round=median_round + 1,
+                   error=replace(chosen.error, iteration_time_frac_median=median))
