@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -282,8 +283,6 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
            watch: Stopwatch | None = None) -> None:
     """Write the best plan (``best_plan.json``, the plan alone), its metrics beside it
     (``best_plan_metrics.json``) and the plots into ``out``; ``data`` is ``report.to_json()``."""
-    from dataclasses import replace
-
     if report.best is None:
         raise DappleError("no plan fits in memory; nothing to write")
     try:

@@ -76,12 +76,11 @@ class Graph:
                     self.top[name].add(target)
 
     def resolve(self, name: str) -> str | None:
-        """The project module ``name`` loads (its longest known prefix), or a heavy dependency's root."""
+        """The project module ``name`` loads (its longest known prefix), or another package's root
+        (the standard library's or a dependency's: only the heavy ones may wait for a function)."""
         root = name.split(".")[0]
-        if root in HEAVY:
-            return root
         if root not in PACKAGES:
-            return None
+            return root
         while name and name not in self.paths:
             name = name.rpartition(".")[0]
         return name or None
@@ -159,11 +158,11 @@ class Graph:
 
 def _commented(source: list[str], line: int) -> bool:
     """Whether the import at ``line`` (1-based) has a comment: on its line, or on the line above
-    the run of import lines it belongs to."""
+    the block of import lines it belongs to (sorted imports put a blank line between groups)."""
     if "#" in source[line - 1]:
         return True
     above = line - 2
-    while above >= 0 and source[above].strip().startswith(("import ", "from ")):
+    while above >= 0 and (source[above].strip().startswith(("import ", "from ")) or not source[above].strip()):
         if "#" in source[above]:
             return True
         above -= 1
@@ -233,11 +232,13 @@ def test_a_needless_function_level_import_is_found(tmp_path):
         "sim/plot.py": "import matplotlib\n",
         "sim/c.py": "def f():\n    # matplotlib only for the figure\n    import sim.plot\n",
         "sim/d.py": "def f():\n    import sim.plot\n",
+        "sim/e.py": "def f():\n    import statistics\n",
     })
     bad = graph.needless_lazy_imports()
-    assert len(bad) == 2, bad
+    assert len(bad) == 3, bad
     assert bad[0].startswith("sim.a:2 imports sim.b in a function; import it at the top")
     assert bad[1].startswith("sim.d:2 imports sim.plot in a function without a comment")
+    assert bad[2].startswith("sim.e:2 imports statistics in a function; import it at the top")
 
 
 # --- docs/architecture.md's map of rooms is the tree ----------------------------------------

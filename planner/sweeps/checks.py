@@ -8,6 +8,7 @@ column it names one the table will have, so a typo does not surface after every 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -95,8 +96,6 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
 def check_plots(data: Any, fail, *, mode: str, keys: tuple[str, ...], planners: set[str]) -> tuple:
     """The ``plots:`` list, checked before any point runs: each argument has its figure's type,
     and one that names a column names a column the table will have."""
-    import inspect
-
     if data is None:
         return ()
     if not isinstance(data, list):

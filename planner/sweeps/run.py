@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -25,6 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+from tqdm import tqdm
 
 from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
 from planner.sweeps.file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
@@ -91,8 +94,6 @@ def open_executor(workers: int | None = None, dask: str | None = None, *,
         if count == 1:
             yield _InlineExecutor(), 1
             return
-        import multiprocessing
-
         # forkserver: safe when threads run (tqdm, a Dask client); workers fork from a warm server
         context = multiprocessing.get_context("forkserver" if sys.platform != "win32" else "spawn")
         if context.get_start_method() == "forkserver":
@@ -209,10 +210,6 @@ def _drain(lean: Sweep, pending: list[Point], pool: Executor, window: int, rows:
 
 def _bar(total: int, name: str, show: bool):
     if not show or total == 0:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
         return None
     return tqdm(total=total, desc=name, unit="point", file=sys.stderr)
 

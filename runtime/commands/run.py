@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import logging
 import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,8 +71,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _append_csv(path: str, runnable: RunnableScenario, summary: dict[str, Any]) -> None:
     """Append this run as one row of ``sim.report.analysis.calibrate``'s measured-run CSV (header if new)."""
-    import csv
-
     if runnable.model.preset != "gpt":
         raise DappleError(f"--csv: the calibration CSV describes GPT models; this scenario's model is "
                           f"{runnable.model.preset!r}")
@@ -123,7 +123,6 @@ def follow_steps(out: Path, nproc: int, tick, every_s: float = 0.25):
     if tick is None:
         yield
         return
-    import threading
 
     stop, started = threading.Event(), time.perf_counter()
 

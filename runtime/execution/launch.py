@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -107,8 +109,6 @@ def launch(nproc: int, module_args: Sequence[str], *, log_path: Path, timeout_s:
     a rank whose process is stopped is killed after ``FROZEN_GRACE_S`` (and recorded as frozen,
     ``runtime.execution.status.write_frozen``), so every rank is gone soon after the others' timeouts.
     """
-    import time
-
     env = {**os.environ, LAUNCHED_ENV: "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     folder = Path(log_path).parent
     with open(log_path, "w", encoding="utf-8") as log:
@@ -129,8 +129,6 @@ def launch(nproc: int, module_args: Sequence[str], *, log_path: Path, timeout_s:
 
 def _kill_frozen(folder: Path) -> None:
     """SIGKILL every worker whose process is stopped (state ``T`` in /proc) and record its rank."""
-    import signal
-
     for pid_file in folder.glob("pid-rank*"):
         rank = int(pid_file.name.removeprefix("pid-rank"))
         try:

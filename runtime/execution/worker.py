@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,6 @@ def _as_worker(args: argparse.Namespace, body: Callable[[int, Any], None]) -> in
         message = str(exc) if str(exc).startswith(f"rank {rank} ") else f"rank {rank} failed: {type(exc).__name__}: {exc}"
         write_failure(out, rank, message)
         print(f"dapple-run: {message}", file=sys.stderr)
-        import traceback
 
         traceback.print_exc()
         sys.stderr.flush()

@@ -19,9 +19,11 @@ counted parameters, gradients, optimizer state and saved activations.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from runtime.measure.memory import SavedTensorMeter, static_bytes
 from runtime.measure.profiler import profile_layers, write_profile
@@ -163,8 +165,6 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
                       warmup: int = 3, repeats: int = 10):
     """``runnable``'s scenario on layers profiled on ``device`` (profile written into ``folder``),
     with ``overrides`` (dotted keys) applied to training and plan."""
-    from pathlib import Path
-
     scenario, folder = runnable.scenario, Path(folder)
     fewest = min(scenario.plan.num_replicas(s) for s in range(scenario.plan.num_stages))
     batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
@@ -185,7 +185,6 @@ cluster:
 model: {{profile: profile.txt, profile_batch_size: {batch}, dtype: {scenario.model.dtype}, optimizer: {scenario.model.optimizer}}}
 training: {{global_batch_size: {scenario.training.global_batch_size}, microbatch_size: {scenario.training.microbatch_size}}}
 """
-    import yaml
 
     raw = yaml.safe_load(text)
     raw["plan"] = {k: plan[k] for k in ("schedule", "recompute", "stages")}

@@ -34,6 +34,8 @@ parameter's placement before the data-parallel reduction and the optimizer see i
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -152,8 +154,6 @@ def parallelize_stage(module: StageModule, mesh: DeviceMesh, *, sequence_paralle
 def loss_parallel_if(tensor_parallel: int):
     """``loss_parallel()`` with tensor parallelism (the vocabulary-sharded cross-entropy's
     forward and backward both run inside it), else a context that does nothing."""
-    import contextlib
-
     if tensor_parallel == 1:
         return contextlib.nullcontext()
 

@@ -7,6 +7,7 @@ its layers (``measure_action_overhead``); ``runtime.validation.loop`` simulates 
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -41,8 +42,6 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
     The simulator charges a step its bytes over the memory bandwidth
     (``sim.cost.compute.optimizer_step_kernels``; the measured scenario has no launch overhead).
     """
-    import statistics
-
     # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
@@ -124,8 +123,6 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     import torch.distributed as dist
 
     from runtime.measure.profiler import profile_layer
-
-    # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.model.models import num_layers
 
     layers = []

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from typing import Callable, Sequence
 
+from tqdm import tqdm
+
 from sim.core.errors import DappleError, ScheduleError
 
 __all__ = ["MalformedOverride", "Stopwatch", "add_scenario_options", "add_verbosity_options", "configure_output", "parse_overrides",
@@ -171,18 +173,13 @@ def progress(desc: str, total: int | None = None, *, unit: str = "step") -> Iter
     bar = None
     if _bars_wanted():
         try:
-            from tqdm import tqdm
-        except ImportError:  # pragma: no cover - tqdm is a dependency
-            tqdm = None
-        if tqdm is not None:
-            try:
-                columns = os.get_terminal_size(sys.stderr.fileno()).columns
-            except (OSError, ValueError):
-                columns = 0
-            # a terminal that reports no size (a pty nobody sized) would hide the bar: 100 x 50 then
-            sized = {} if columns > 0 else {"ncols": 100, "nrows": 50}
-            bar = tqdm(desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=columns > 0,
-                       **sized)
+            columns = os.get_terminal_size(sys.stderr.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        # a terminal that reports no size (a pty nobody sized) would hide the bar: 100 x 50 then
+        sized = {} if columns > 0 else {"ncols": 100, "nrows": 50}
+        bar = tqdm(desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=columns > 0,
+                   **sized)
     if bar is None:
         yield None
         return

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from sim.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -76,8 +78,6 @@ def memory_timeline(cls: DeviceClass, record: Recorder, live_peak: int | None = 
     at one instant, each group in recorded order (activations, then buffers); the running
     sums are sequential (``cumsum``), so every value equals a plain loop's to the last bit.
     """
-    import numpy as np
-
     stash_t, stash_d = record.memory.times, record.memory.deltas  # lists, or arrays (``sim.engine.vector``)
     times = np.concatenate((np.asarray(stash_t, dtype=float), np.asarray(record.buffers.times, dtype=float)))
     deltas = np.concatenate((np.asarray(stash_d, dtype=float), np.asarray(record.buffers.deltas, dtype=float)))

@@ -23,6 +23,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from sim.core.events import EVENT_COLUMNS, EventRow
 from sim.core.summary import (
     DeviceSummary,
@@ -158,8 +160,6 @@ class SimResult:
 
     def busy_s(self, index: int) -> float:
         """Seconds the class's compute stream works (what actually ran, stragglers included)."""
-        import numpy as np
-
         cls, rec = self.workload.classes[index], self.records[index]
         at = self._compute_at.get(id(cls.ops))
         if at is None:  # classes that share their ops share where their compute actions are

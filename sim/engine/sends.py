@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 from sim.engine.workload import mailbox
 
 __all__ = ["Diverged", "SendStream", "Sends"]
@@ -52,8 +54,6 @@ class Sends:
     def record_logs(self) -> None:
         """Write what the logs hold into each class's records: the SENDs' times, the bytes its
         send stream sent, and each flow in (its receive buffer and bytes, in arrival order)."""
-        import numpy as np
-
         records = self.records
         for stream in self.streams:
             records[stream.index].bytes_sent += stream.bytes_sent
@@ -185,8 +185,6 @@ def _phase_left(kind, phase: list) -> None:
 
 def _by_class(classes, n: int):
     """``(class, rows)`` for each class in ``classes`` (an int array), its rows in log order."""
-    import numpy as np
-
     order = np.argsort(classes, kind="stable")
     bounds = np.searchsorted(classes[order], np.arange(n + 1))
     for c in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():

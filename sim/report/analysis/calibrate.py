@@ -43,6 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
 from sim.core.plan import PlanSpec, StageSpec, check_plan
@@ -286,7 +288,6 @@ def _start(cluster) -> list[float]:
 def calibrate(base: Scenario, runs: list[MeasuredRun], *, source: str = "<csv>") -> CalibrationResult:
     """Fit ``PARAMS`` to ``runs``; the fitted device values, the fit's error and predictions."""
     # SciPy only when a fit runs: keeps it off the import path of the commands
-    import numpy as np
     from scipy.optimize import least_squares
 
     # a configuration measured more than once is simulated once

@@ -15,6 +15,7 @@ right of the axes.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 __all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND", "OPTIMIZER_COLOUR",
@@ -89,8 +90,6 @@ def _labelling(widths_pt: list[float], num_mb: int) -> tuple[int, bool]:
     smallest nice step that leaves each number room, and at least enough to keep about
     ``LABEL_EVERY_MICROBATCHES // 2`` numbers per row.
     """
-    import statistics
-
     widest = _label_pt(str(max(num_mb - 1, 0)))
     typical = statistics.median(widths_pt) if widths_pt else widest
     if typical >= widest and num_mb <= LABEL_EVERY_MICROBATCHES:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import figure_and_axes as _figure
 from sim.report.plots.style import pyplot as _pyplot
@@ -146,7 +148,6 @@ def oom_frontier_figure(table, *, model: str = "model_name", gpus: str = "cluste
     ran out of memory (or no plan fits) are red and read OOM; cells with only errors, "err".
     """
     # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
-    import numpy as np
     from matplotlib.patches import Rectangle
 
     plt = _pyplot()
@@ -213,8 +214,6 @@ def planner_comparison_figure(report_or_table, *, metric: str = "throughput_samp
     ``by`` (a column or a list of columns). ``relative_to`` (a planner's name) divides every
     bar by that planner's value in the same group. A group where a planner finds nothing
     that fits reads "no plan fits"."""
-    import numpy as np
-
     label, scale, fmt, higher = _METRICS.get(metric, (metric, 1.0, "{:.4g}", True))
     notes: dict[tuple[str, int], str] = {}
     if isinstance(report_or_table, Mapping):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from sim.core.events import EventRow
 from sim.core.validation_report import ValidationReport
 from sim.core.validation_sides import RunSide
@@ -135,8 +137,6 @@ def validation_figure(run: ValidationReport | Mapping[str, Any], *, title: str |
     a notebook's recording may flag itself ``placeholder``, which the title then says unless
     ``placeholder`` is given).
     """
-    import numpy as np  # with matplotlib, only where a chart is drawn
-
     if isinstance(run, Mapping):
         placeholder = bool(run.get("placeholder")) if placeholder is None else placeholder
         run = ValidationReport.from_json(run)
