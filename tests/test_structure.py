@@ -40,22 +40,23 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(tree: ast.AST):
-    """(imported name, line, inside a function) for every import outside ``if TYPE_CHECKING:``."""
-    def walk(node, in_function):
+def _imports(tree: ast.AST, *, typing: bool = False):
+    """(imported name, line, inside a function) for every import outside ``if TYPE_CHECKING:``
+    (with ``typing``, those inside it alone)."""
+    def walk(node, in_function, in_typing):
         for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
-                continue
+            typed = in_typing or _is_type_checking(child)
             inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            if isinstance(child, ast.Import):
-                for alias in child.names:
-                    yield alias.name, child.lineno, in_function
-            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                yield child.module, child.lineno, in_function
-                for alias in child.names:  # ``from sim.core import jsonio`` imports a module
-                    yield f"{child.module}.{alias.name}", child.lineno, in_function
-            yield from walk(child, inside)
-    yield from walk(tree, False)
+            if typed == typing:
+                if isinstance(child, ast.Import):
+                    for alias in child.names:
+                        yield alias.name, child.lineno, in_function
+                elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                    yield child.module, child.lineno, in_function
+                    for alias in child.names:  # ``from sim.core import jsonio`` imports a module
+                        yield f"{child.module}.{alias.name}", child.lineno, in_function
+            yield from walk(child, inside, typed)
+    yield from walk(tree, False, False)
 
 
 class Graph:
@@ -65,8 +66,14 @@ class Graph:
         self.paths = _sources(root)
         self.top: dict[str, set[str]] = defaultdict(set)
         self.lazy: list[tuple[str, str, int]] = []  # (importer, imported module or dependency, line)
+        self.typing: dict[str, set[str]] = defaultdict(set)  # imports for annotations only
         for name, path in self.paths.items():
-            for imported, line, in_function in _imports(ast.parse(path.read_text(), filename=str(path))):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for imported, _, _ in _imports(tree, typing=True):
+                target = self.resolve(imported)
+                if target is not None and target != name:
+                    self.typing[name].add(target)
+            for imported, line, in_function in _imports(tree):
                 target = self.resolve(imported)
                 if target is None or target == name:
                     continue
@@ -98,10 +105,12 @@ class Graph:
         return seen
 
     def cycles(self) -> list[list[str]]:
-        """Strongly connected components of more than one module, over every edge."""
+        """Strongly connected components of more than one module, over every edge (imports for
+        annotations under ``if TYPE_CHECKING:`` too: a cycle of types is a cycle of concepts)."""
         edges = defaultdict(set)
-        for m, targets in self.top.items():
-            edges[m] |= targets
+        for table in (self.top, self.typing):
+            for m, targets in table.items():
+                edges[m] |= targets
         for m, target, _ in self.lazy:
             edges[m].add(target)
         index, low, stack, on, found = {}, {}, [], set(), []
@@ -222,6 +231,12 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Graph:
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
     graph = _tree(tmp_path, {"sim/a.py": "import sim.b\n", "sim/b.py": "def f():\n    from sim import a\n"})
+    assert graph.cycles() == [["sim.a", "sim.b"]]
+
+
+def test_a_cycle_through_annotations_is_found(tmp_path):
+    graph = _tree(tmp_path, {"sim/a.py": "import sim.b\n",
+                             "sim/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sim.a import X\n"})
     assert graph.cycles() == [["sim.a", "sim.b"]]
 
 

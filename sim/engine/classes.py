@@ -21,11 +21,11 @@ draws under, ``sim.core.faults.jitter_key``) and each NIC's bandwidth factor.
 
 from __future__ import annotations
 
-from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_key
+from sim.engine.fault_view import FaultView
 from sim.engine.flows import static_rates
 from sim.engine.symmetry import refine, refine_behaviour
 
-__all__ = ["FaultView", "MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
+__all__ = ["MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 
 MAX_REFINE_ROUNDS = 32
 """Rounds of the equitable refinement with faults before every device gets its own class: a
@@ -118,54 +118,3 @@ def group_members(plan, g_flows) -> list[tuple[tuple, tuple[int, ...]]]:
     return [((name, s), group) for name, s in labels for group in groups_of[name](s)]
 
 
-class FaultView:
-    """The scenario's faults, as the compiler asks about them."""
-
-    NEUTRAL = (None, None, 1.0, None)
-    """The signature of a device without faults."""
-
-    def __init__(self, faults: tuple, cluster, plan=None) -> None:
-        self.stragglers = {f.device: f for f in faults if isinstance(f, Straggler)}
-        self.failures = {f.device: f for f in faults if isinstance(f, Failure)}
-        self.jitters = [f for f in faults if isinstance(f, Jitter)]
-        self.any = bool(faults)
-        """Whether the scenario has faults at all."""
-        self.slow_ports: dict[int, float] = {}
-        self.slow_nics: dict[int, float] = {}
-        for f in faults:
-            if isinstance(f, SlowLink):
-                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
-                table[key] = table.get(key, 1.0) * f.factor
-        # the lowest device of each device's replica and device set: what coarser jitter draws under
-        self.first_of: dict[str, dict[int, int]] = {"device": {}, "replica": {}, "stage": {}}
-        if plan is not None and self.jitters:
-            for s in range(plan.num_stages):
-                for replica in plan.replicas(s):
-                    first = min(replica)
-                    for d in replica:
-                        self.first_of["replica"][d] = first
-            for group in plan.device_groups:
-                first = min(group)
-                for d in group:
-                    self.first_of["stage"][d] = first
-
-    def jitter_for(self, device: int):
-        """``(jitter, key of its draws)`` for ``device`` (``sim.core.faults.jitter_key``), or None."""
-        jitter = next((j for j in self.jitters if j.applies_to(device)), None)
-        if jitter is None:
-            return None
-        return jitter, jitter_key(jitter, device, self.first_of[jitter.per].get(device, device))
-
-    def device_signature(self, device: int) -> tuple:
-        """What makes a device unlike its replicas; devices that draw different jitter differ."""
-        straggler, failure = self.stragglers.get(device), self.failures.get(device)
-        jitter = self.jitter_for(device)
-        return (
-            (straggler.slowdown, straggler.from_s) if straggler else None,
-            failure.at_s if failure else None,
-            self.slow_ports.get(device, 1.0),
-            (self.jitters.index(jitter[0]), jitter[1]) if jitter is not None else None,
-        )
-
-    def nic_factor(self, nic: int) -> float:
-        return self.slow_nics.get(nic, 1.0)

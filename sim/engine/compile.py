@@ -36,8 +36,9 @@ from sim.core.parallelism import Recompute
 from sim.core.summary import Parallelism
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import sample_ranges
-from sim.engine.classes import FaultView, Symmetry, group_members
+from sim.engine.classes import Symmetry, group_members
 from sim.engine.collectives import allreduce_flows, build_collectives
+from sim.engine.fault_view import FaultView
 from sim.engine.flows import (
     PortTable,
     flow_kinds,

@@ -31,7 +31,8 @@ from sim.core.errors import DappleError, ScheduleError
 from sim.cost.compute import overlapped_pair_s
 from sim.engine import rules
 from sim.engine.gcpause import gc_paused
-from sim.engine.result import OpTimes, Recorder, SimResult
+from sim.engine.records import OpTimes, Recorder
+from sim.engine.result import SimResult
 from sim.engine.rules import collective_duration_s
 from sim.engine.vector import vector_records, worth_vectorising
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND

@@ -25,7 +25,7 @@ from sim.cost.split import sample_overlaps
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:
-    from sim.engine.classes import FaultView
+    from sim.engine.fault_view import FaultView
 
 __all__ = ["PortTable", "flow_kinds", "flow_paths", "kinds_by_class", "p2p_flows", "static_rates"]
 

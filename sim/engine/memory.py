@@ -1,7 +1,7 @@
 """Memory of a device over one iteration, from what a replay recorded.
 
 A replay records, per device class, ``(time_s, bytes delta)`` events of stashed activations
-and of receive buffers (``sim.engine.result.Recorder``). Starting from the bytes held at rest
+and of receive buffers (``sim.engine.records.Recorder``). Starting from the bytes held at rest
 (parameters, gradients, optimizer state: ``DeviceClass.static_bytes``), their running sum is
 the device's memory as a step function of time. Events at the same instant apply frees before
 allocations, as an allocator would, so a buffer handed from one action to the next does not
@@ -18,7 +18,7 @@ import numpy as np
 from sim.core.units import format_bytes
 
 if TYPE_CHECKING:
-    from sim.engine.result import Recorder
+    from sim.engine.records import Recorder
     from sim.engine.workload import DeviceClass, Workload
 
 __all__ = ["MemoryTimeline", "OutOfMemory", "first_out_of_memory", "memory_timeline"]

@@ -65,7 +65,8 @@ from sim.core.errors import ScheduleError
 from sim.engine import rules
 from sim.engine.gcpause import gc_paused
 from sim.engine.ports import Network
-from sim.engine.result import OpTimes, Recorder, SimResult
+from sim.engine.records import OpTimes, Recorder
+from sim.engine.result import SimResult
 from sim.engine.rules import collective_duration_s
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous

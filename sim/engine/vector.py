@@ -24,7 +24,7 @@ import numpy as np
 
 from sim.core.errors import ScheduleError
 from sim.engine import rules
-from sim.engine.result import Deltas, OpTimes, Recorder
+from sim.engine.records import Deltas, OpTimes, Recorder
 from sim.engine.rules import collective_duration_s
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 
@@ -291,7 +291,7 @@ def _ledger_arrays(b: _Bundle, events: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def vector_records(workload) -> list[Recorder]:
-    """The fast path's records (``sim.engine.result.Recorder`` per class), bundle by bundle."""
+    """The fast path's records (``sim.engine.records.Recorder`` per class), bundle by bundle."""
     state = _VectorReplay(workload)
     state.replay()
     return state.records()
