@@ -108,7 +108,6 @@ class Sweep:
     source: str = "<sweep>"
 
 
-
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check the sweep file at ``path``."""
     path = Path(path)
@@ -348,8 +347,6 @@ def _probe_keys(sweep: Sweep, fail) -> None:
                 if related and (": unknown key" in message or ": unknown value" in message):
                     where = sweep.source if named == key else f"{sweep.source}: {show_text(key)}"
                     raise SweepError(f"{where}: {message}") from None
-
-
 
 
 def override_value(value: Any) -> Any:

@@ -50,7 +50,6 @@ DASK_CONNECT_TIMEOUT_S = 10.0
 """Seconds to wait for a Dask scheduler given by address."""
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepResult:
     """A finished (or interrupted) sweep."""

@@ -52,7 +52,6 @@ class MemoryErrorByKind:
         return None if data is None else cls(**{kind: data.get(kind) for kind in MEMORY_KINDS})
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceError:
     """One device's relative errors (fractions; None where nothing was measured)."""

@@ -59,7 +59,6 @@ class MemoryByKind:
         return None if data is None else cls(**{kind: data.get(kind) for kind in MEMORY_KINDS})
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceSide:
     """One device in one step, predicted or measured."""

@@ -50,7 +50,6 @@ a collective of the device's group for one action (blocking, or overlapping the 
 what each does is said once, in ``sim.engine.rules``."""
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PortClass:
     """Ports that carry the same load at all times (one or more real ports)."""

@@ -57,7 +57,6 @@ __all__ = [
 ]
 
 
-
 class ActionKind(StrEnum):
     """What an action does; the value is its text in torch's action strings."""
 
