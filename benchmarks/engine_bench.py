@@ -82,7 +82,7 @@ def bare_heapq(workload) -> float:
     path's rules: ops in order, a SEND's flows arrive after bytes / static rate + latency
     (one SEND at a time per device), a RECV waits for every flow, an all-reduce or group
     collective starts when every member has issued it. Returns the last device's end."""
-    from sim.engine.fastpath import collective_duration_s
+    from sim.engine.rules import collective_duration_s
     from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
 
     classes, kinds = workload.classes, workload.kinds
@@ -166,7 +166,7 @@ def naive_simpy(workload, *, contention: bool = False) -> float:
     recomputations or devices running ahead)."""
     import simpy
 
-    from sim.engine.fastpath import collective_duration_s
+    from sim.engine.rules import collective_duration_s
     from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND
 
     env = simpy.Environment()

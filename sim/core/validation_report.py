@@ -20,14 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sim.core.validation_sides import MEMORY_KINDS, RunSide
+from sim.core.validation_sides import ByKind, RunSide
 
 __all__ = ["ActionComparison", "ActionErrors", "DeviceError", "MemoryErrorByKind", "RoundComparison",
            "StageError", "TurnComparison", "ValidationErrors", "ValidationProfile", "ValidationReport"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryErrorByKind:
+class MemoryErrorByKind(ByKind):
     """One device's relative memory error by kind, ``(predicted − measured) / measured``; a kind
     that both sides hold none of is exact (0), one with nothing measured is None."""
 
@@ -39,17 +39,6 @@ class MemoryErrorByKind:
     """Error of the optimizer-state bytes (a fraction)."""
     activations: float | None
     """Error of the saved-activation peak (a fraction)."""
-
-    def kind(self, name: str) -> float | None:
-        """The error of kind ``name`` (one of ``MEMORY_KINDS``)."""
-        return getattr(self, name)
-
-    def to_json(self) -> dict[str, Any]:
-        return {kind: getattr(self, kind) for kind in MEMORY_KINDS}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> MemoryErrorByKind | None:
-        return None if data is None else cls(**{kind: data.get(kind) for kind in MEMORY_KINDS})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from sim.core.events import EventRow
 
-__all__ = ["MEMORY_KINDS", "DeviceSide", "MemoryByKind", "RunSide", "StageCompute"]
+__all__ = ["MEMORY_KINDS", "ByKind", "DeviceSide", "MemoryByKind", "RunSide", "StageCompute"]
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations")
 """The kinds of ``sim.core.summary.MemoryBreakdown`` a counted run measures (its buffers are not)."""
@@ -33,8 +33,28 @@ def _list(values) -> list | None:
     return None if values is None else list(values)
 
 
+class ByKind:
+    """A value per memory kind (``MEMORY_KINDS``, one field each): how the bytes by kind and the
+    errors by kind are read, written and read back."""
+
+    __slots__ = ()
+
+    def kind(self, name: str) -> float | None:
+        """The value of kind ``name`` (one of ``MEMORY_KINDS``)."""
+        return getattr(self, name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {kind: getattr(self, kind) for kind in MEMORY_KINDS}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None):
+        """The kinds of a mapping (a run summary's ``memory_breakdown_bytes``, a report's errors;
+        other keys are not read); None for None."""
+        return None if data is None else cls(**{kind: data.get(kind) for kind in MEMORY_KINDS})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryByKind:
+class MemoryByKind(ByKind):
     """One device's bytes by kind (``MEMORY_KINDS``): model states and activations at their peak."""
 
     parameters: float | None
@@ -45,18 +65,6 @@ class MemoryByKind:
     """Optimizer-state bytes the device stores."""
     activations: float | None
     """Saved-activation bytes at their peak; None where the run did not count them."""
-
-    def kind(self, name: str) -> float | None:
-        """The bytes of kind ``name`` (one of ``MEMORY_KINDS``)."""
-        return getattr(self, name)
-
-    def to_json(self) -> dict[str, Any]:
-        return {kind: getattr(self, kind) for kind in MEMORY_KINDS}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> MemoryByKind | None:
-        """The kinds of a mapping (a run summary's ``memory_breakdown_bytes``; other keys are not read)."""
-        return None if data is None else cls(**{kind: data.get(kind) for kind in MEMORY_KINDS})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

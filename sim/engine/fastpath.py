@@ -39,8 +39,7 @@ from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 from sim.schedule.check import check_schedule, run_ranks
 from sim.schedule.ir import ActionKind, OverlapFB, Schedule, Step, wait_lists
 
-__all__ = ["Timing", "collective_duration_s", "replay", "time_schedule"]
-# ``collective_duration_s`` lives in ``sim.engine.rules``; importable from here for older callers
+__all__ = ["Timing", "replay", "time_schedule"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
