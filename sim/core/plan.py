@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.core.errors import SpecError
+from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.schedule.generators import LOOPED_SCHEDULES, V_SCHEDULES
 from sim.schedule.vshape import v_stage_ranks
@@ -100,6 +101,11 @@ class PlanSpec:
     """e in [0, 1]: how much of the shorter part of an overlapped forward-backward pair
     (``dualpipe-v``'s ``OVERLAP_F_B``) hides under the longer; the pair takes F + B − e·min(F, B)
     (``sim.cost.compute.overlapped_pair_s``). 0: the two share the device (F + B); 1: max(F, B)."""
+    overlap: OverlapSpec = OverlapSpec()
+    """Which collectives run beside compute (``sim.core.overlap``): the gradient reduction in
+    buckets, ZeRO's parameter all-gather, tensor-parallel collectives."""
+    fsdp: FsdpSpec = FsdpSpec()
+    """How ZeRO-2/3 and FSDP gather parameters (by unit) and reduce gradients (per micro-batch or once)."""
 
     def __post_init__(self) -> None:
         if not self.stages:

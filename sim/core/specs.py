@@ -96,7 +96,7 @@ class DeviceSpec:
     name: str
     """Display name, e.g. ``V100-16GB``."""
     memory_bytes: float
-    """Usable device memory in bytes; exceeding it is an out-of-memory verdict."""
+    """The device's memory in bytes, as its data sheet gives it."""
     peak_flop_per_s: float
     """Dense half-precision (fp16/bf16 tensor core) peak, FLOP/s."""
     peak_fp32_flop_per_s: float
@@ -122,6 +122,9 @@ class DeviceSpec:
     action_overhead_s: float = 0.0
     """Fixed cost of each forward and each backward a framework runs for one stage on one
     micro-batch, outside its kernels (the Python and autograd work around them), seconds."""
+    memory_reserved_bytes: float = 0.0
+    """Bytes of ``memory_bytes`` a training process cannot use for tensors: the CUDA context,
+    NCCL's buffers, the caching allocator's fragmentation; ``usable_memory_bytes`` is the rest."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -136,6 +139,15 @@ class DeviceSpec:
         non_negative("action_overhead", self.action_overhead_s)
         non_negative("kernel_overhead", self.kernel_overhead_s)
         non_negative("kernel_issue", self.kernel_issue_s)
+        non_negative("memory_reserved", self.memory_reserved_bytes)
+        if self.memory_reserved_bytes >= self.memory_bytes:
+            raise SpecError("memory_reserved", f"must be less than memory ({self.memory_bytes:.6g} B), "
+                                               f"got {self.memory_reserved_bytes:.6g} B")
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What tensors may fill: ``memory_bytes − memory_reserved_bytes``; more is out of memory."""
+        return self.memory_bytes - self.memory_reserved_bytes
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
         """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""

@@ -46,7 +46,8 @@ __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
-                "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead"}
+                "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
+                "memory_reserved"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency"}
 
@@ -94,6 +95,7 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "kernel_overhead": "0s",
         "kernel_issue": "0s",
         "action_overhead": "0s",
+        "memory_reserved": "0B",
     }
 )
 """``cluster.device`` key -> what a custom device that leaves it out gets.
@@ -189,6 +191,8 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
                                        CUSTOM_DEVICE_DEFAULTS["kernel_issue"], bounds=OVERHEAD_RANGE),
         action_overhead_s=reader.quantity(values, key, "action_overhead", parse_time,
                                           CUSTOM_DEVICE_DEFAULTS["action_overhead"], bounds=OVERHEAD_RANGE),
+        memory_reserved_bytes=reader.quantity(values, key, "memory_reserved", parse_bytes,
+                                              CUSTOM_DEVICE_DEFAULTS["memory_reserved"], allow_zero=True),
     )
     shown = {
         "peak_fp32_flops": format_flop_rate(derived["peak_fp32_flops"]),

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from sim.core.errors import ScenarioError
+from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
 from sim.core.specs import TrainingSpec
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "context_parallel", "sharding")
 """The plan's parallel degrees; a plan file writes those that differ from their defaults."""
 
-PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages", *PARALLEL_KEYS}
+PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages", "overlap", "fsdp", *PARALLEL_KEYS}
 """Keys of a plan file (keys that start with ``_`` are comments and ignored; any other is an error)."""
 
 LEGACY_METRIC_KEYS = frozenset({
@@ -74,6 +75,9 @@ def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
         value = getattr(plan, key)
         if value != defaults[key]:
             data[key] = value.value if isinstance(value, Sharding) else value
+    for key, default in (("overlap", OverlapSpec()), ("fsdp", FsdpSpec())):
+        if getattr(plan, key) != default:  # written only when a stack or the plan changed them
+            data[key] = getattr(plan, key).to_json()
     return data
 
 
@@ -132,7 +136,7 @@ def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
         raise ScenarioError(f"{source}: stages: missing from the plan file")
     merged = dict(raw)
     section = {"stages": plan["stages"], "recompute": plan.get("recompute", False)}
-    section.update((key, plan[key]) for key in PARALLEL_KEYS if key in plan)
+    section.update((key, plan[key]) for key in (*PARALLEL_KEYS, "overlap", "fsdp") if key in plan)
     if "schedule" in plan:
         section["schedule"] = plan["schedule"]
     merged["plan"] = section

@@ -35,9 +35,11 @@ from typing import Any
 
 from sim.core.errors import ScenarioError, ScheduleError, SpecError
 from sim.core.model_spec import ModelSpec
+from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.units import parse_bytes
 from sim.core.userfiles import read_user_file
 from sim.cost.compute import layer_times_s
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
@@ -50,7 +52,7 @@ from sim.schedule.resolved import ResolvedPlan, resolve_plan
 __all__ = ["read_plan"]
 
 _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parallel", "sequence_parallel",
-              "context_parallel", "sharding", "pipeline_parallel", "data_parallel"}
+              "context_parallel", "sharding", "pipeline_parallel", "data_parallel", "overlap", "fsdp"}
 
 
 def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec,
@@ -160,7 +162,32 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
         sequence_parallel=reader.boolean(data, "plan", "sequence_parallel", False),
         context_parallel=reader.integer(data, "plan", "context_parallel", 1),
         sharding=Sharding(sharding),
+        overlap=_overlap(reader, data.get("overlap", {})),
+        fsdp=_fsdp(reader, data.get("fsdp", {})),
     )
+
+
+def _overlap(reader: StrictReader, value: Any) -> OverlapSpec:
+    """``plan.overlap``: which collectives run beside compute (``sim.core.overlap``)."""
+    key = "plan.overlap"
+    data = reader.mapping(value, key)
+    reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size"})
+    return reader.build(key, OverlapSpec,
+                        grad_reduce=reader.boolean(data, key, "grad_reduce", False),
+                        param_gather=reader.boolean(data, key, "param_gather", False),
+                        tensor_parallel=reader.boolean(data, key, "tensor_parallel", False),
+                        bucket_bytes=reader.quantity(data, key, "bucket_size", parse_bytes, "25MiB"))
+
+
+def _fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
+    """``plan.fsdp``: how ZeRO-2/3 and FSDP gather by unit and reduce gradients."""
+    key = "plan.fsdp"
+    data = reader.mapping(value, key)
+    reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch"})
+    return reader.build(key, FsdpSpec,
+                        unit_layers=reader.integer(data, key, "unit_layers", 1),
+                        reshard_after_forward=reader.boolean(data, key, "reshard_after_forward", True),
+                        reduce_every_microbatch=reader.boolean(data, key, "reduce_every_microbatch", True))
 
 
 def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,

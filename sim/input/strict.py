@@ -122,9 +122,9 @@ class StrictReader:
         return value
 
     def quantity(self, data: dict, key: str, name: str, parse: Callable, default: Any = MISSING, *,
-                 bounds: tuple[float, float, str] | None = None) -> float:
+                 bounds: tuple[float, float, str] | None = None, allow_zero: bool = False) -> float:
         """A quantity with its unit, in ``bounds`` (low, high, how the range reads), by
-        default its kind's ``QUANTITY_RANGES``."""
+        default its kind's ``QUANTITY_RANGES``; ``allow_zero`` lets a size or rate be 0."""
         value = data.get(name, default)
         if value is MISSING or value is None:
             raise self.fail(join_key(key, name), f"missing; add it with a unit, e.g. {EXAMPLES[parse]}")
@@ -132,6 +132,8 @@ class StrictReader:
             number = parse(value)
         except DappleError as exc:
             raise self.fail(join_key(key, name), str(exc)) from None
+        if allow_zero and number == 0:
+            return 0.0
         if number <= 0 and parse is not parse_time:
             raise self.fail(join_key(key, name), f"must be positive, got {show_value(value)}")
         if number < 0:

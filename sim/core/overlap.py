@@ -1,0 +1,84 @@
+"""How a training stack hides communication behind compute, and how FSDP/ZeRO-3 gathers by unit.
+
+Frameworks do not run their collectives after the compute that feeds them; they launch them as
+soon as their inputs exist, on their own CUDA streams, and let the next compute run beside
+them. What a plan overlaps is part of the plan (``plan.overlap`` and ``plan.fsdp`` in a
+scenario; a ``stack`` sets them as that stack does):
+
+* ``grad_reduce`` — the data-parallel gradient reduction (all-reduce, or ZeRO's
+  reduce-scatter) runs in buckets of ``bucket_bytes`` launched as the last backward produces
+  them (torch DDP's ``bucket_cap_mb``, Megatron-LM's ``--overlap-grad-reduce``, FSDP2's
+  per-unit reduce-scatter);
+* ``param_gather`` — ZeRO-1/2's parameter all-gather after the optimizer step runs during the
+  next forward (Megatron-LM's ``--overlap-param-gather``);
+* ``tensor_parallel`` — the tensor-parallel all-gathers and reduce-scatters run beside the
+  GEMMs that consume or produce them (Megatron-LM's ``--tp-comm-overlap``, torch's AsyncTP);
+
+and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit of
+``unit_layers`` layers at a time, the next unit prefetched, and freed after use when
+``reshard_after_forward`` (FSDP2's ``fully_shard``; Rajbhandari et al. 2020, §5.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.core.errors import SpecError
+
+__all__ = ["DDP_BUCKET_BYTES", "FsdpSpec", "OverlapSpec"]
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""torch DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverlapSpec:
+    """Which collectives run beside compute rather than after it."""
+
+    grad_reduce: bool = False
+    """The gradient all-reduce or reduce-scatter runs in buckets during the last backward."""
+    param_gather: bool = False
+    """ZeRO-1/2's parameter all-gather runs during the next iteration's forward."""
+    tensor_parallel: bool = False
+    """Tensor-parallel collectives run beside the GEMMs next to them."""
+    bucket_bytes: float = DDP_BUCKET_BYTES
+    """Bytes of gradients per bucket of the overlapped reduction."""
+
+    def __post_init__(self) -> None:
+        for key in ("grad_reduce", "param_gather", "tensor_parallel"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
+        b = self.bucket_bytes
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0 or b != b or b == float("inf"):
+            raise SpecError("bucket_size", f"must be a positive size such as 25MiB, got {b!r}")
+
+    def to_json(self) -> dict:
+        return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
+                "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B"}  # read back by parse_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpSpec:
+    """How ZeRO-2/3 and FSDP move parameters and gradients."""
+
+    unit_layers: int = 1
+    """Layers per FSDP unit (one ``fully_shard`` call): 1, a transformer block, as torchtitan wraps."""
+    reshard_after_forward: bool = True
+    """Free a unit's gathered parameters after its forward and gather them again for its
+    backward (FSDP2's default), rather than keeping them until the backward."""
+    reduce_every_microbatch: bool = True
+    """Under sharded gradients (ZeRO-2/3), reduce-scatter each micro-batch's gradients (DeepSpeed,
+    FSDP2's default) rather than accumulating them unsharded until the last micro-batch
+    (FSDP2's ``set_requires_gradient_sync(False)``: less traffic, more memory)."""
+
+    def __post_init__(self) -> None:
+        u = self.unit_layers
+        if isinstance(u, bool) or not isinstance(u, int) or u < 1:
+            raise SpecError("unit_layers", f"must be an integer >= 1, got {u!r}")
+        for key in ("reshard_after_forward", "reduce_every_microbatch"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
+
+    def to_json(self) -> dict:
+        return {"unit_layers": self.unit_layers, "reshard_after_forward": self.reshard_after_forward,
+                "reduce_every_microbatch": self.reduce_every_microbatch}
