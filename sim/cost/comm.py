@@ -23,8 +23,8 @@ point-to-point transfers at the full ``bandwidth``. The engine's flows go throug
 the full bandwidth, so a collective's flow is charged ``ring_bytes / collective_efficiency``
 (``ring_flow_bytes``): alone on a port it takes the time the ring takes at the collective bandwidth.
 
-This module is the one home of those formulas (and ``sim.cost.links`` of which link a group
-crosses): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
+This module is the one home of those formulas (``sim.cost.links`` of which link a group
+crosses, ``sim.cost.group_comm`` of a tensor-parallel or FSDP group's path across servers): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
 steps and latencies into flows through ports, the planners (``planner.search.costs``,
 ``planner.planners.exhaustive``) into seconds, and a test (``tests/test_one_home_comm.py``)
 replays each collective alone in the engine against them. Each cost is a :class:`CommCost`

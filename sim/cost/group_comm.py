@@ -21,7 +21,11 @@ not run it that way:
   all-reduce ``2(k−1)/k · b/n``, an all-gather or reduce-scatter ``(k−1)/k · b/n``), a ring
   all-gather inside each server. An all-gather skips the first part, a reduce-scatter the
   last. Where a server has fewer NICs than GPUs, the GPUs that share a card share its
-  bandwidth (``sim.cost.links.busiest_nic_flows``);
+  bandwidth (``sim.cost.links.busiest_nic_flows``). It is a stand-in, not NCCL's exact
+  algorithm: with eight NICs "Tree will struggle to get better performance than ring"
+  (same thread), and a ring over eight rails moves NVLink and NIC bytes at once where the
+  phases here run one after another, so for large messages across two servers this layout
+  is somewhat slower than NCCL's best and far faster than the flat ring on one NIC;
 * **the context-parallel ring** passes key/value blocks point to point to the next rank
   (``sim.cost.comm.context_ring``): only the hops that cross a server boundary use a NIC.
   With consecutive ranks on one server, a ring of ``c`` over ``k`` servers has ``k``
