@@ -23,15 +23,16 @@ from sim.engine.run import run_scenario
 from sim.engine.workload import GROUP, RECV, REDUCE, SEND
 from sim.input.scenario import parse_scenario
 
-MODEL = "{preset: gpt, layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab: 128, dtype: fp16}"
+MODEL = "{{preset: gpt, layers: 2, hidden: 64, heads: {heads}, seq_len: 32, vocab: 128, dtype: fp16}}"
 REL = 1e-9
 
 
-def _scenario(plan: str, *, nodes: int, per_node: int, nics: int = 1, batch: int = 4, microbatch: int = 4):
+def _scenario(plan: str, *, nodes: int, per_node: int, nics: int = 1, batch: int = 4, microbatch: int = 4,
+              heads: int = 4):
     text = f"""
 name: one-home
 cluster: {{preset: a100-nvlink-8, nodes: {nodes}, devices_per_node: {per_node}, nics_per_node: {nics}}}
-model: {MODEL}
+model: {MODEL.format(heads=heads)}
 training: {{global_batch_size: {batch}, microbatch_size: {microbatch}}}
 plan: {plan}
 """
@@ -93,13 +94,18 @@ def test_full_sharding_leaves_half_the_gradient_bytes():
 TWO_PLACES = [pytest.param(1, 2, id="one-server"), pytest.param(2, 1, id="two-servers")]
 
 
+# the group on one server, one member per server (a flat ring), across 2 and 4 servers (hierarchical)
+GROUP_PLACES = [*TWO_PLACES, pytest.param(2, 2, id="two-servers-of-two"), pytest.param(4, 2, id="four-servers-of-two")]
+
+
 @pytest.mark.parametrize("recompute", ["none", "full"])
-@pytest.mark.parametrize("nodes, per_node", TWO_PLACES)
+@pytest.mark.parametrize("nodes, per_node", GROUP_PLACES)
 def test_tensor_parallel_collectives_alone_take_what_the_planners_table_says(recompute, nodes, per_node):
-    scenario = _scenario(f"{{schedule: gpipe, tensor_parallel: 2, recompute: {recompute}, pipeline_parallel: 1, "
-                         "data_parallel: 1}", nodes=nodes, per_node=per_node)
+    t = nodes * per_node  # heads 4: t = 8 needs more
+    scenario = _scenario(f"{{schedule: gpipe, tensor_parallel: {t}, recompute: {recompute}, pipeline_parallel: 1, "
+                         "data_parallel: 1}", nodes=nodes, per_node=per_node, heads=8)
     engine = _engine(scenario)
-    tables = CostTables(scenario, tensor_parallel=2)
+    tables = CostTables(scenario, tensor_parallel=t)
     fwd, bwd = tables.tensor_parallel_s(0, tables.num_layers, scenario.training.microbatch_size)
     if recompute == "full":  # the recomputed forward repeats its collectives inside the backward
         bwd += fwd
@@ -127,16 +133,19 @@ def test_context_ring_alone_takes_what_the_planners_table_says(nodes, per_node):
     assert bwd == pytest.approx(2 * ring / link.bandwidth_bytes_per_s + (c - 1) * link.latency_s, rel=REL)
 
 
-@pytest.mark.parametrize("nodes, per_node", TWO_PLACES)
+@pytest.mark.parametrize("nodes, per_node", GROUP_PLACES)
 def test_fsdp_gather_alone_takes_what_the_planners_table_says(nodes, per_node):
-    scenario = _scenario("{schedule: gpipe, sharding: full, pipeline_parallel: 1, data_parallel: 2}",
-                         nodes=nodes, per_node=per_node)
+    d = nodes * per_node
+    scenario = _scenario(f"{{schedule: gpipe, sharding: full, pipeline_parallel: 1, data_parallel: {d}}}",
+                         nodes=nodes, per_node=per_node, batch=d, microbatch=d)
     engine = _engine(scenario)
     tables = CostTables(scenario)
-    gather = tables.gather_s(0, tables.num_layers, 2)
+    gather = tables.gather_s(0, tables.num_layers, d)
     gathers = _op_seconds(engine, GROUP, overlap=True)
     assert gathers and gather > 0
     assert gathers == pytest.approx([gather] * len(gathers), rel=REL)
+    if d > 2:  # across servers hierarchically: tests/test_cross_server_groups.py writes it out
+        return
     link = scenario.cluster.intra_node if nodes == 1 else scenario.cluster.inter_node
     assert gather == pytest.approx(tables.param_bytes(0, tables.num_layers) / 2 / link.collective_bandwidth_bytes_per_s
                                    + link.latency_s, rel=REL)

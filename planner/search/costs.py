@@ -11,9 +11,10 @@ Megatron's sequence parallelism whenever t > 1), so every figure below is per de
   tabulated once per slice size), with what the recompute mode adds (``recompute_extra_s``: the
   forward again under ``full``, attention's core under ``selective``) and the action overhead,
   the stage's tensor-parallel collectives (on the critical path, as the engine's ``TP``
-  flows: ring bytes over the tensor group's link plus a latency per ring step), and the
-  context-parallel ring and FSDP's parameter gathers, which run beside the compute, so an
-  action takes the longer of the two (``sim.engine.groups``);
+  flows: ring bytes over the tensor group's link plus a latency per ring step; a group
+  across servers hierarchically, ``sim.cost.group_comm``), and the context-parallel ring
+  and FSDP's parameter gathers, which run beside the compute, so an action takes the longer
+  of the two (``sim.engine.groups``);
 * a boundary's transfer time per micro-batch: latency + bytes / bandwidth, where the bytes
   are the cut's activations (each device's share) and the bandwidth is that of the ports
   carrying them in parallel (each receiving GPU's port inside a server; the receiving
@@ -38,6 +39,7 @@ from itertools import accumulate
 
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.cost.comm import (
+    HALVES,
     collective_s,
     context_ring_s,
     gradient_sync,
@@ -54,7 +56,8 @@ from sim.cost.compute import (
     stage_optimizer_step_s,
     tied_copy_tensors,
 )
-from sim.cost.links import busiest_nic_flows, contiguous_span, span_link
+from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
+from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
 from sim.input.scenario import Scenario
 from sim.models import shard_model
@@ -99,6 +102,16 @@ class CostTables:
             for phase in ("forward", "backward")
         } if t > 1 else None
         self._tp_link = span_link(cluster, contiguous_span(cluster, t))
+        self._tp_members = members_per_node(cluster, t)
+        self._tp_kinds = {  # a group across servers: per-kind prefix sums of bytes and counts (sim.cost.group_comm)
+            phase: {kind: (_prefix(sum(c.bytes for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
+                                   for layer in layers),
+                           _prefix(sum(1 for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
+                                   for layer in layers))
+                    for kind in HALVES}
+            for phase in ("forward", "backward")
+        } if t > 1 and is_hierarchical(self._tp_members) else None
+        self._gathers: dict[int, tuple[float, float]] = {}  # per data_parallel: seconds per byte, latency
         self._unit_link = span_link(cluster, contiguous_span(cluster, self.unit))
         self._allreduce: dict[tuple, tuple] = {}
         self.grad_factor = model.grad_bytes_per_param_byte
@@ -143,26 +156,49 @@ class CostTables:
         over the link t consecutive devices cross; the engine's ``TP`` flows)."""
         if self._tp is None:
             return 0.0, 0.0
+        if self._tp_kinds is not None:
+            return tuple(self._spanning_s(self._tp_kinds[phase], start, end, samples) for phase in ("forward", "backward"))
         link = self._tp_link
         (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
         return (collective_s((fb[end] - fb[start]) * samples, fs[end] - fs[start], link),
                 collective_s((bb[end] - bb[start]) * samples, bs[end] - bs[start], link))
 
+    def _spanning_s(self, kinds: dict, start: int, end: int, samples: int) -> float:
+        """Seconds of layers ``[start, end)``'s collectives of one phase over a tensor group across
+        servers: ``sim.cost.group_comm.spanning_phases`` of their per-kind bytes and counts."""
+        volumes = {kind: ((b[end] - b[start]) * samples, int(n[end] - n[start])) for kind, (b, n) in kinds.items()
+                   if n[end] > n[start]}
+        return sum(p.seconds for p in spanning_phases(volumes, self._tp_members, self.cluster).values())
+
     def context_ring_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
         """(forward, backward) seconds of ring attention's blocks for layers ``[start, end)`` on
         ``samples`` samples (``sim.cost.comm.context_ring_s``; the backward sends twice the bytes),
-        inside a server when the replica's unit fits in one."""
+        inside a server when the replica's unit fits in one; across servers each step waits for its
+        crossing hop, whose NIC the t rings' crossing hops share (``group_comm.context_ring_flows_per_nic``)."""
         c, link = self.context_parallel, self._unit_link
         if c <= 1:
             return 0.0, 0.0
         nbytes = (self._cp_ring[end] - self._cp_ring[start]) * samples
-        return context_ring_s(nbytes, c, link), context_ring_s(2 * nbytes, c, link)
+        if link is self.cluster.intra_node:
+            return context_ring_s(nbytes, c, link), context_ring_s(2 * nbytes, c, link)
+        flows = context_ring_flows_per_nic(self.cluster, self.tensor_parallel)
+        return (context_ring_s(nbytes, c, link, flows_per_port=flows),
+                context_ring_s(2 * nbytes, c, link, flows_per_port=flows))
 
     def gather_s(self, start: int, end: int, data_parallel: int) -> float:
         """FSDP's all-gather of the stage's parameters over its gradient group (the
         ``data_parallel × c`` shards), per action (``sim.cost.comm.fsdp_gather``), across servers
         when the stage's ``data_parallel`` units do not fit in one."""
         n = data_parallel * self.context_parallel
+        members = members_per_node(self.cluster, n, self.tensor_parallel)
+        if is_hierarchical(members):  # NCCL's path across servers (sim.cost.group_comm), linear in the bytes
+            cached = self._gathers.get(data_parallel)
+            if cached is None:  # the t gradient groups' cross-server flows share the NICs
+                flows = busiest_nic_flows(self.cluster, min(members) * self.tensor_parallel)
+                phases = spanning_phases({"all-gather": (1.0, 1)}, members, self.cluster, flows_per_nic=flows).values()
+                cached = self._gathers[data_parallel] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
+                                                         sum(p.latency_s for p in phases))
+            return self.param_bytes(start, end) * cached[0] + cached[1]
         link = span_link(self.cluster, contiguous_span(self.cluster, data_parallel * self.unit))
         return collective_s(ring_bytes(n, self.param_bytes(start, end), halves=1), ring_steps(n, halves=1), link)
 

@@ -53,7 +53,7 @@ def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
     spans = _group_spans(plan, cluster)
     for name, span in spans.items():
         if span == "across servers" and name != "data-parallel":  # data parallelism across servers is the norm
-            warnings.append(f"{name} groups span servers: their collectives cross the NICs "
+            warnings.append(f"{name} groups span servers: {_SPANNING_PATHS[name]} "
                             f"(keep {name} groups inside a server of {cluster.devices_per_node} devices)")
     stages = _describe_stages(scenario, warnings)
     devices = _describe_devices(stages, cluster)
@@ -121,6 +121,15 @@ def _describe_devices(stages: tuple[StageDescription, ...], cluster) -> tuple[De
             fits_at_rest=at_rest <= cluster.device.memory_bytes,
         ))
     return tuple(devices)
+
+
+_SPANNING_PATHS = {
+    "tensor-parallel": "costed on NCCL's path (sim.cost.group_comm), a ring inside each server and each GPU's "
+                       "1/n share across the servers through its own NIC, the GPUs that share a NIC sharing it",
+    "context-parallel": "the ring's hops between servers (one out of each server per step) cross the NICs, "
+                        "the others stay inside a server, and each step waits for its crossing hop",
+}
+"""What path a group that spans servers is costed on, by kind (``sim.cost.group_comm``)."""
 
 
 def _group_spans(plan, cluster) -> dict[str, str]:

@@ -23,8 +23,8 @@ point-to-point transfers at the full ``bandwidth``. The engine's flows go throug
 the full bandwidth, so a collective's flow is charged ``ring_bytes / collective_efficiency``
 (``ring_flow_bytes``): alone on a port it takes the time the ring takes at the collective bandwidth.
 
-This module is the one home of those formulas (and ``sim.cost.links`` of which link a group
-crosses): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
+This module is the one home of those formulas (``sim.cost.links`` of which link a group
+crosses, ``sim.cost.group_comm`` of a tensor-parallel or FSDP group's path across servers): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
 steps and latencies into flows through ports, the planners (``planner.search.costs``,
 ``planner.planners.exhaustive``) into seconds, and a test (``tests/test_one_home_comm.py``)
 replays each collective alone in the engine against them. Each cost is a :class:`CommCost`
@@ -219,11 +219,13 @@ def tensor_parallel_cost(nbytes: float, steps: int, link: LinkSpec, cluster: Clu
     return _cost(nbytes, nbytes / link.collective_efficiency, steps, link, cluster)
 
 
-def context_ring_s(nbytes: float, context_parallel: int, link: LinkSpec) -> float:
+def context_ring_s(nbytes: float, context_parallel: int, link: LinkSpec, *, flows_per_port: int = 1) -> float:
     """Seconds of ring attention's blocks alone: ``nbytes`` (all c − 1 steps' key/value blocks,
     ``LayerSpec.cp_ring_bytes`` × samples) point to point at ``link``'s full bandwidth, plus c − 1
-    latencies (Liu et al. 2023, §3; each device sends its blocks to the next of its group)."""
-    return nbytes / link.bandwidth_bytes_per_s + (context_parallel - 1) * link.latency_s
+    latencies (Liu et al. 2023, §3; each device sends its blocks to the next of its group).
+    Across servers ``link`` is the crossing hop's (the slowest of each step), its NIC shared by
+    ``flows_per_port`` rings' crossing hops (``sim.cost.group_comm.context_ring_flows_per_nic``)."""
+    return nbytes * flows_per_port / link.bandwidth_bytes_per_s + (context_parallel - 1) * link.latency_s
 
 
 def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: int, link: LinkSpec,

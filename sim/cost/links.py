@@ -16,7 +16,10 @@ forms:
 And how many of a server's cross-server flows share its busiest NIC
 (:func:`busiest_nic_flows`): GPU ``l`` of a server sends through NIC ``l·nics // per_node``
 (``ClusterSpec.nic_of``), so the first ``g`` GPUs load NIC 0 with ``min(g, ⌈per_node/nics⌉)``
-flows. Pure Python, no SimPy.
+flows. A group's members by server, for its collectives' hierarchical path
+(``sim.cost.group_comm``): :func:`by_server` for real device ids, :func:`members_per_node` for
+a planner's shape (every ``stride``-th of consecutive devices from a server's first). Pure
+Python, no SimPy.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["busiest_nic_flows", "contiguous_span", "group_link", "same_server", "span_link"]
+__all__ = ["busiest_nic_flows", "by_server", "contiguous_span", "group_link", "members_per_node", "same_server",
+           "span_link"]
 
 
 def span_link(cluster: ClusterSpec, servers: int) -> LinkSpec:
@@ -55,3 +59,22 @@ def busiest_nic_flows(cluster: ClusterSpec, gpus: int) -> int:
     (``ClusterSpec.nic_of``: GPU l through NIC ``l·nics // per_node``; NIC 0 is the busiest)."""
     per_nic = -(-cluster.devices_per_node // cluster.nics_per_node)
     return max(1, min(gpus, per_nic))
+
+
+def by_server(cluster: ClusterSpec, devices: Iterable[int]) -> list[list[int]]:
+    """``devices`` (global ids) split by the server they sit on, servers and devices in order."""
+    nodes: dict[int, list[int]] = {}
+    for d in sorted(devices):
+        nodes.setdefault(cluster.node_of(d), []).append(d)
+    return [nodes[n] for n in sorted(nodes)]
+
+
+def members_per_node(cluster: ClusterSpec, members: int, stride: int = 1) -> tuple[int, ...]:
+    """How many of a group's ``members`` sit on each server it spans when they are every
+    ``stride``-th of consecutive devices placed from a server's first (a tensor group: stride 1;
+    a context-parallel or gradient group: stride ``tensor_parallel``, one device per tensor rank)."""
+    counts: dict[int, int] = {}
+    for i in range(members):
+        node = i * stride // cluster.devices_per_node
+        counts[node] = counts.get(node, 0) + 1
+    return tuple(counts[n] for n in sorted(counts))

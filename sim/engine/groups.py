@@ -19,7 +19,13 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
 ``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts, steps and links of
 ``sim.cost.comm`` (``tensor_parallel_bytes_and_steps``, ``context_ring``, ``fsdp_gather``) and
-``sim.cost.links.group_link``, the planners' formulas too. One
+``sim.cost.links.group_link``, the planners' formulas too. A tensor-parallel or FSDP group
+that spans servers with two or more members on a server takes NCCL's path instead
+(``sim.cost.group_comm``): a ring inside each server, each GPU's share across the servers
+through its own NIC, a ring inside each server again, as phases labelled
+``(..., "F" | "B", phase)`` with ``phase`` the index in ``group_comm.PHASES``; each phase's
+latency is its slowest group's. The context-parallel ring's flows already take their real
+hops (NVLink inside a server, a NIC between servers). One
 action's collectives of a kind are one collective of the summed bytes and latencies: the
 same traffic on the same ports; the order of its pieces inside the action is not modelled.
 Tensor-parallel collectives block the compute stream after the action's compute; the ring's
@@ -32,7 +38,16 @@ from collections import defaultdict
 
 from sim.core.parallelism import Recompute, Sharding
 from sim.cost.comm import context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
-from sim.cost.links import group_link
+from sim.cost.group_comm import (
+    PHASES,
+    across_bytes,
+    add_volumes,
+    is_hierarchical,
+    spanning_phases,
+    tensor_parallel_volumes,
+    within_bytes,
+)
+from sim.cost.links import by_server, group_link
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
@@ -49,13 +64,61 @@ def _ring(devices: tuple[int, ...], label: tuple, nbytes: float) -> list[tuple[i
     return [(d, devices[(i + 1) % n], label, nbytes) for i, d in enumerate(devices)] if n > 1 and nbytes > 0 else []
 
 
+def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: list, latency: dict) -> None:
+    """A hierarchical group's flows, one phase after another (``sim.cost.group_comm``): a ring
+    inside each server, then each GPU's shard to the GPU of its rank on the next server (its
+    rail), then a ring inside each server; each phase's latency the slowest group's."""
+    k = len(servers)
+    phases = spanning_phases(volumes, [len(g) for g in servers], cluster)
+    for number, name in enumerate(PHASES):
+        cost = phases.get(name)
+        if cost is None:
+            continue
+        phase_label = (*label, number)
+        latency[phase_label] = max(latency.get(phase_label, 0.0), cost.latency_s)
+        if name == "across":
+            for j, g in enumerate(servers):
+                nxt = servers[(j + 1) % k]
+                nbytes = across_bytes(volumes, k, len(g))[0] / cluster.inter_node.collective_efficiency
+                flows += [(d, nxt[i % len(nxt)], phase_label, nbytes) for i, d in enumerate(g)]
+        else:
+            for g in servers:
+                nbytes = within_bytes(volumes, len(g), name)[0] / cluster.intra_node.collective_efficiency
+                flows += _ring(tuple(g), phase_label, nbytes)
+
+
+def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, flows: list, latency: dict) -> None:
+    """One tensor-parallel group's forward and backward collectives: the flat ring on one
+    server (or one member per server), else hierarchical."""
+    servers = by_server(cluster, group)
+    if is_hierarchical([len(g) for g in servers]):
+        fwd = tensor_parallel_volumes(layers, "forward", samples)
+        bwd = tensor_parallel_volumes(layers, "backward", samples)
+        if full:  # the recomputed forward repeats the forward's collectives inside the backward
+            bwd = add_volumes(bwd, fwd)
+        _spanning(servers, ("TP", s, "F"), fwd, cluster, flows, latency)
+        _spanning(servers, ("TP", s, "B"), bwd, cluster, flows, latency)
+        return
+    t = len(group)
+    fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", samples)
+    bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples)
+    if full:  # the recomputed forward repeats the forward's collectives inside the backward
+        bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
+    link = group_link(cluster, group)
+    forward = tensor_parallel_cost(fwd, fwd_steps, link, cluster)
+    backward = tensor_parallel_cost(bwd, bwd_steps, link, cluster)
+    flows += _ring(group, ("TP", s, "F"), forward.flow_bytes) + _ring(group, ("TP", s, "B"), backward.flow_bytes)
+    latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
+
+
 def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, int]]]):
     """The group flows of every stage, ``(src, dst, label, bytes)``, and each label's latency.
 
     ``model`` is one device's share (``sim.models.shard_model``); ``samples[s][device]`` is the
     range of a micro-batch's samples the device's replica processes.
     """
-    flows, latency = [], {}
+    flows: list = []
+    latency: dict = {}
     t, c = plan.tensor_parallel, plan.context_parallel
     full = plan.recompute is Recompute.FULL
     for s, stage in enumerate(plan.stages):
@@ -63,15 +126,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
         if t > 1:
             for group in plan.tensor_groups(s):
                 start, end = samples[s][group[0]]
-                fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", end - start)
-                bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", end - start)
-                if full:  # the recomputed forward repeats the forward's collectives inside the backward
-                    bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
-                link = group_link(cluster, group)
-                forward = tensor_parallel_cost(fwd, fwd_steps, link, cluster)
-                backward = tensor_parallel_cost(bwd, bwd_steps, link, cluster)
-                flows += _ring(group, ("TP", s, "F"), forward.flow_bytes) + _ring(group, ("TP", s, "B"), backward.flow_bytes)
-                latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
+                _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency)
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
             for group in plan.context_groups(s):
@@ -83,6 +138,11 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
             for group in plan.gradient_groups(s):
+                servers = by_server(cluster, group)
+                if is_hierarchical([len(g) for g in servers]):  # one all-gather of the stage's parameters
+                    for phase in ("F", "B"):
+                        _spanning(servers, ("FS", s, phase), {"all-gather": (params, 1)}, cluster, flows, latency)
+                    continue
                 gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster)
                 for phase in ("F", "B"):
                     flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
@@ -98,10 +158,10 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
     collectives and a map ``(label, class) -> collective index`` for the compiler's ops.
     """
     groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups}
-    by_label: dict[tuple, list[FlowKind]] = defaultdict(list)
+    by_label: dict[tuple, list[FlowKind]] = defaultdict(list)  # by collective: a phase number dropped
     for k in kinds:
         if k.label[0] in GROUP_LABELS:
-            by_label[k.label].append(k)
+            by_label[k.label[:3]].append(k)
     result, index_of = [], {}
     for label in sorted(by_label, key=repr):
         name, s, _ = label
@@ -115,8 +175,17 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
                 own = sorted((k for p in participants for k in by_source.get(p, ())), key=lambda k: k.index)
                 seen[participants] = len(result)
                 result.append(Collective(index=len(result), stage=s, participants=participants,
-                                         phases=((tuple(k.index for k in own), latency.get(label, 0.0)),),
-                                         bytes=sum(k.bytes for k in own)))
+                                         phases=_phases(own, latency), bytes=sum(k.bytes for k in own)))
             for p in participants:
                 index_of[(label, p)] = seen[participants]
     return result, index_of
+
+
+def _phases(own: list[FlowKind], latency: dict[tuple, float]) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """A group collective's phases: its kinds by flow label (one label, or one per phase number
+    of a hierarchical collective, in phase order), each with its latency."""
+    by_phase: dict[tuple, list[int]] = defaultdict(list)
+    for k in own:
+        by_phase[k.label].append(k.index)
+    order = sorted(by_phase, key=lambda label: label[3:])
+    return tuple((tuple(by_phase[label]), latency.get(label, 0.0)) for label in order)
