@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import DappleError, ScenarioError
+from sim.core.errors import DappleError, ScenarioError, UnitError
 from sim.core.jsonio import write_json
-from sim.core.errors import UnitError
 from sim.core.units import parse_bytes, parse_flop_rate, parse_time
 from sim.core.userfiles import read_user_file, show_path
 from sim.engine.run import run_scenario
