@@ -44,6 +44,7 @@ def describe(scenario: Scenario) -> Description:
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
+        stack=scenario.stack, stack_values=scenario.stack_values,
     )
 
 
@@ -167,6 +168,17 @@ def _device_defaults_line(description: Description) -> list[str]:
     return [f"device defaults (not in the file; sim.input.cluster): {used}"]
 
 
+def _stack_lines(description: Description) -> list[str]:
+    """The stack's defaults that filled keys the file left open, one line each with its source."""
+    if description.stack == "none":
+        return []
+    lines = [f"stack {description.stack}: {len(description.stack_values)} defaults set (sim.input.stack; "
+             "the file's own keys win)"]
+    shown = {True: "true", False: "false"}
+    return lines + [f"  {v.key} = {shown.get(v.value, v.value) if isinstance(v.value, bool) else v.value}  ({v.source})"
+                    for v in description.stack_values]
+
+
 def format_description(description: Description) -> str:
     """The human-readable form of ``describe``'s result."""
     d, model = description, description.model
@@ -175,6 +187,7 @@ def format_description(description: Description) -> str:
         f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer})",
         f"cluster: {d.nodes} x {d.devices_per_node} {d.device} = {d.num_devices} devices",
         *_device_defaults_line(d),
+        *_stack_lines(d),
         f"training: global batch {d.global_batch_size}, micro-batch {d.microbatch_size} "
         f"-> {d.num_microbatches} micro-batches",
     ]

@@ -17,6 +17,7 @@ from typing import Any
 
 from sim.core.parallelism import Recompute
 from sim.cost.memory import StateBytes
+from sim.input.stack import StackValue
 
 __all__ = ["Description", "DeviceDescription", "ModelDescription", "ParallelismDescription", "PlanDescription",
            "StageDescription"]
@@ -183,9 +184,13 @@ class Description:
     """The plan; None when the planner is to choose one."""
     warnings: tuple[str, ...]
     """Things allowed but probably unintended, one sentence each."""
+    stack: str = "none"
+    """The training stack the scenario names (``sim.input.stack``)."""
+    stack_values: tuple[StackValue, ...] = ()
+    """The defaults that stack set (keys the file left open), each with its citation."""
 
     def to_json(self) -> dict[str, Any]:
-        """``check --json``'s JSON (the keys of a plan only with one)."""
+        """``check --json``'s JSON (the keys of a plan only with one; ``stack`` only with one)."""
         info: dict[str, Any] = {
             "name": self.name, "num_layers": self.num_layers, "num_devices": self.num_devices, "nodes": self.nodes,
             "devices_per_node": self.devices_per_node, "device": self.device,
@@ -202,4 +207,6 @@ class Description:
                         recompute=plan.recompute.to_json(), num_stages=plan.num_stages,
                         parallelism=plan.parallelism.to_json(), group_spans=dict(plan.group_spans),
                         stages=[s.to_json() for s in plan.stages], devices=[d.to_json() for d in plan.devices])
+        if self.stack != "none":
+            info["stack"] = {"name": self.stack, "set": [v.to_json() for v in self.stack_values]}
         return info

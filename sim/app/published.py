@@ -9,23 +9,35 @@ table, row), the scenario file that sets up the run and what to read from its re
 * ``state_memory`` — parameters, gradients and optimizer state of the first device of the
   middle pipeline rank (what a stage of transformer blocks holds: no embedding, no head);
 * ``activation_memory`` — the peak of stashed activations on device 0 (the first pipeline
-  rank keeps the most micro-batches in flight).
+  rank keeps the most micro-batches in flight);
+* ``tflops_per_gpu`` — the paper's own model FLOPs per iteration (Narayanan et al. 2021, §5.1,
+  equation 3: ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, ``narayanan_flops``, which counts
+  the forward that full recomputation runs again) over the predicted iteration time and the
+  cluster's GPUs; the scenario's model must be a built-in transformer (``gpt``, ``bert``, ``llama``);
+* ``tokens_per_s_per_gpu`` — global batch × sequence / iteration time / GPUs (torchtitan's TPS/GPU);
+* ``peak_memory`` — the replay's peak memory on the device that peaks highest (torchtitan reports
+  the maximum over GPUs). Live bytes only: torchtitan's "memory" is the caching allocator's peak
+  *reserved* bytes (``reserved_bytes.all.peak``), which adds the allocator's cached and fragmented
+  blocks, so a prediction below it by that slack is expected.
 
-Every scenario is replayed once, with the fast path (these plans have one replica per stage:
-no gradient all-reduce competes with the pipeline's transfers, and the SimPy engine gives the
-same times), and each row gets its relative error ``predicted / published − 1``. Rows are
+Every scenario is replayed once, with the fast path (contention-free: Korthikanti's plans have
+one replica per stage, so the SimPy engine gives the same times; the data-parallel rows of
+Narayanan et al. and torchtitan are replayed the same way, their gradient reductions costed
+without competing flows), and each row gets its relative error ``predicted / published − 1``
+and says whether the replay ran out of memory (a published run that ran must not). Rows are
 grouped by source and table, each group with its mean and worst absolute error.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import DappleError, ScenarioError
+from sim.core.errors import DappleError, ScenarioError, UnitError
 from sim.core.jsonio import write_json
-from sim.core.units import parse_bytes, parse_time
+from sim.core.units import parse_bytes, parse_flop_rate, parse_time
 from sim.core.userfiles import read_user_file, show_path
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
@@ -34,16 +46,34 @@ from sim.input.yaml_text import load_yaml
 from sim.report.plots.style import pyplot
 
 __all__ = ["DEFAULT_SUITE", "METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results", "group_stats",
-           "read_suite", "run_suite", "suite_json", "write_outputs"]
+           "narayanan_flops", "parse_tokens_rate", "read_suite", "run_suite", "suite_json", "write_outputs"]
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "scenarios" / "published" / "suite.yaml"
 """The suite shipped with the project."""
 
+
+def parse_tokens_rate(value: object) -> float:
+    """Tokens per second per GPU, written ``5762tokens/s`` (commas allowed: ``5,762 tokens/s``)."""
+    text = value.replace(",", "").strip() if isinstance(value, str) else ""
+    number = text.removesuffix("tokens/s").strip()
+    try:
+        rate = float(number) if text.endswith("tokens/s") and number else float("nan")
+    except ValueError:
+        rate = float("nan")
+    if not math.isfinite(rate):
+        raise UnitError(f"cannot read {str(value)[:60]!r} as a token rate; write e.g. 5762tokens/s")
+    return rate
+
+
 METRICS = {"iteration_time": (parse_time, "s", 1.0), "state_memory": (parse_bytes, "GiB", 2.0**30),
-           "activation_memory": (parse_bytes, "GiB", 2.0**30)}
+           "activation_memory": (parse_bytes, "GiB", 2.0**30), "tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12),
+           "tokens_per_s_per_gpu": (parse_tokens_rate, "tok/s", 1.0), "peak_memory": (parse_bytes, "GiB", 2.0**30)}
 """Metric -> (how its published value is read, the unit it is shown in, that unit in SI)."""
-_BOUNDS = {parse_time: (1e-6, 1e6, "1us to 1e6s"), parse_bytes: (1.0, 2.0**50, "1B to 1PiB")}
-"""Range of a published value: a time, or a size."""
+_BOUNDS = {parse_time: (1e-6, 1e6, "1us to 1e6s"), parse_bytes: (1.0, 2.0**50, "1B to 1PiB"),
+           parse_flop_rate: (1e9, 1e18, "1GFLOP/s to 1000PFLOP/s"), parse_tokens_rate: (1e-3, 1e9, "0.001 to 1e9 tokens/s")}
+"""Range of a published value: a time, a size, a FLOP rate or a token rate."""
+_JSON_UNITS = {parse_time: "s", parse_bytes: "bytes", parse_flop_rate: "FLOP/s", parse_tokens_rate: "tokens/s"}
+"""The SI unit of a metric's values in ``--json``."""
 
 _ROW_KEYS = {"scenario", "metric", "published", "source", "table", "row"}
 
@@ -73,6 +103,8 @@ class RowResult:
     row: PublishedRow
     predicted: float
     """SI, as ``row.published``."""
+    oom: bool = False
+    """The replay ran out of memory on some device (a published run that ran must not)."""
 
     @property
     def error(self) -> float:
@@ -115,8 +147,7 @@ def read_suite(path: str | Path = DEFAULT_SUITE) -> tuple[PublishedRow, ...]:
         rows.append(PublishedRow(
             scenario=reader.path(item["scenario"], f"{key}.scenario", data_fallback=False),
             metric=metric,
-            published=reader.quantity(item, key, "published", METRICS[metric][0],
-                                      bounds=_BOUNDS[METRICS[metric][0]]),
+            published=_published(reader, item, key, metric),
             source=sources[source],
             table=reader.string(item, key, "table"),
             row=reader.string(item, key, "row"),
@@ -124,11 +155,46 @@ def read_suite(path: str | Path = DEFAULT_SUITE) -> tuple[PublishedRow, ...]:
     return tuple(rows)
 
 
+def _published(reader: StrictReader, item: dict, key: str, metric: str) -> float:
+    parse = METRICS[metric][0]
+    if item.get("published") is None:
+        raise reader.fail(f"{key}.published", f"missing; give the published value with its unit ({metric})")
+    return reader.quantity(item, key, "published", parse, bounds=_BOUNDS[parse])
+
+
+def narayanan_flops(*, batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
+    """Model FLOPs of one iteration as Narayanan et al. 2021 count them (SC21, §5.1, equation 3):
+    ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, the GEMMs of the transformer blocks and the
+    logit layer, forward, backward and the forward full recomputation runs again (the paper: "a
+    lower bound for the true FLOP count"). B global batch, s sequence, l layers, h hidden, V vocabulary."""
+    return 96.0 * batch * seq_len * layers * hidden**2 * (1.0 + seq_len / (6.0 * hidden)
+                                                          + vocab / (16.0 * layers * hidden))
+
+
+def _transformer_shape(scenario) -> dict[str, int]:
+    preset = scenario.model.preset
+    values = {} if preset is None else preset.values
+    shape = {key: values.get(key) for key in ("seq_len", "layers", "hidden", "vocab")}
+    if any(not isinstance(v, int) for v in shape.values()):
+        raise ScenarioError(f"{scenario.path}: tflops_per_gpu needs a built-in transformer model (gpt, bert, llama) "
+                            "with layers, hidden, seq_len and vocab; use iteration_time for this scenario")
+    return shape
+
+
 def _measure(metric: str, scenario, summary) -> float:
     groups = scenario.plan.device_groups
     by_id = {d.device: d for d in summary.devices}
+    gpus = scenario.cluster.num_devices
     if metric == "iteration_time":
         return summary.iteration_time_s
+    if metric == "tflops_per_gpu":
+        flops = narayanan_flops(batch=scenario.training.global_batch_size, **_transformer_shape(scenario))
+        return flops / summary.iteration_time_s / gpus
+    if metric == "tokens_per_s_per_gpu":
+        tokens = scenario.training.global_batch_size * _transformer_shape(scenario)["seq_len"]
+        return tokens / summary.iteration_time_s / gpus
+    if metric == "peak_memory":
+        return summary.peak_memory_bytes
     if metric == "state_memory":
         b = by_id[groups[len(groups) // 2][0]].memory_breakdown
         return b.parameters + b.gradients + b.optimizer
@@ -146,7 +212,7 @@ def run_suite(rows: tuple[PublishedRow, ...]) -> tuple[RowResult, ...]:
                 raise ScenarioError(f"{row.scenario}: plan: missing; a published run needs its plan")
             replays[row.scenario] = (scenario, run_scenario(scenario, engine="fast").summarize())
         scenario, summary = replays[row.scenario]
-        results.append(RowResult(row=row, predicted=_measure(row.metric, scenario, summary)))
+        results.append(RowResult(row=row, predicted=_measure(row.metric, scenario, summary), oom=summary.oom))
     return tuple(results)
 
 
@@ -170,7 +236,7 @@ def format_results(results: tuple[RowResult, ...]) -> str:
     lines = [f"{'published run':<{width}}  {'predicted':>11}  {'published':>11}  {'error':>7}"]
     for r in results:
         lines.append(f"{r.row.table + ': ' + r.row.row:<{width}}  {_shown(r.predicted, r.row.metric):>11}  "
-                     f"{_shown(r.row.published, r.row.metric):>11}  {r.error:>+7.1%}")
+                     f"{_shown(r.row.published, r.row.metric):>11}  {r.error:>+7.1%}" + ("  out of memory" if r.oom else ""))
     for g in group_stats(results):
         lines.append(f"{g.table} ({g.source}): {g.rows} rows, mean |error| {g.mean_abs_error:.1%}, "
                      f"worst {g.worst_abs_error:.1%}")
@@ -180,8 +246,8 @@ def format_results(results: tuple[RowResult, ...]) -> str:
 def suite_json(results: tuple[RowResult, ...]) -> dict[str, Any]:
     """``--json``: every row (SI values) and every group's statistics."""
     return {
-        "rows": [{"scenario": r.row.scenario.name, "metric": r.row.metric, "unit": "s" if r.row.metric == "iteration_time"
-                  else "bytes", "predicted": r.predicted, "published": r.row.published, "error_frac": r.error,
+        "rows": [{"scenario": r.row.scenario.name, "metric": r.row.metric, "unit": _JSON_UNITS[METRICS[r.row.metric][0]],
+                  "predicted": r.predicted, "published": r.row.published, "error_frac": r.error, "oom": r.oom,
                   "source": r.row.source, "table": r.row.table, "row": r.row.row} for r in results],
         "groups": [{"source": g.source, "table": g.table, "rows": g.rows, "mean_abs_error_frac": g.mean_abs_error,
                     "worst_abs_error_frac": g.worst_abs_error} for g in group_stats(results)],

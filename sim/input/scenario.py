@@ -42,6 +42,7 @@ from sim.input.model import read_model
 from sim.input.plan_file import merge_plan
 from sim.input.plan_section import read_plan
 from sim.input.presets import DEVICE_PRESETS
+from sim.input.stack import StackValue, apply_stack
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
 from sim.input.yaml_text import load_yaml
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
@@ -74,6 +75,10 @@ class Scenario:
     empty for a preset device. ``dapple-sim check`` reports them."""
     ignored_plan: bool = False
     """The file had a plan that the loader was asked to ignore (the planner chooses its own)."""
+    stack: str = "none"
+    """The training stack whose defaults filled the keys the file left open (``sim.input.stack``)."""
+    stack_values: tuple[StackValue, ...] = ()
+    """The values the stack set, each with its citation (``dapple-sim check`` lists them)."""
     _resolved: ResolvedPlan | None = field(default=None, init=False, repr=False, compare=False)
     """The plan resolved on this scenario's model, cluster and training (:attr:`resolved`),
     once built. Not an ``__init__`` argument, so ``dataclasses.replace`` starts the copy
@@ -145,6 +150,7 @@ def parse_scenario(
         raw = merge_plan(raw, plan, source=source)
     if overrides:
         raw = apply_overrides(raw, overrides, source=source)
+    raw, stack, stack_values = apply_stack(raw, source=source)  # after --plan and --set: they win over it
     ignored = ignore_plan and raw.get("plan") is not None
     if ignore_plan:
         raw = {key: value for key, value in raw.items() if key != "plan"}
@@ -158,7 +164,8 @@ def parse_scenario(
     resolved = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
     scenario = Scenario(name=name, cluster=cluster, model=model, training=training,
                         plan=None if resolved is None else resolved.plan, faults=faults, path=source,
-                        device_defaults=device_defaults, ignored_plan=ignored)
+                        device_defaults=device_defaults, ignored_plan=ignored, stack=stack,
+                        stack_values=tuple(v for v in stack_values if not (ignored and v.key.startswith("plan."))))
     if resolved is not None:  # what the reader built to check the plan, kept for the compiler
         _keep_resolved(scenario, resolved)
     return scenario
