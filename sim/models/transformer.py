@@ -16,6 +16,10 @@ Every layer can be built as one device of a tensor- and context-parallel group s
 (``Shard``): Megatron-LM's column- and row-parallel products and vocabulary-parallel
 embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti et al.
 §4.2.2) and ring attention over the sequence (Liu et al. 2023).
+
+A block's attention runs as ``attention`` says (``flash``, ``sdpa`` or ``unfused``,
+``sim.core.specs.ATTENTION_KERNELS``): its kernels (``sim.cost.kernels.transformer_block``) and its
+stash (``block_activation_bytes``) follow; its parameters and FLOPs do not depend on it.
 """
 
 from __future__ import annotations
