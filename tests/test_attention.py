@@ -19,6 +19,7 @@ from sim.core.specs import DeviceSpec
 from sim.cost import kernels as K
 from sim.cost.compute import attention_core_s, fused_attention_s, layer_times_s, stage_time_s
 from sim.cost.memory import BlockShape, block_activation_bytes, layer_stash_bytes
+from sim.input.scenario import parse_scenario
 from sim.models import build_model, shard_model
 
 PEAK = 1.0e15
@@ -155,3 +156,28 @@ def test_a_model_without_attention_blocks_refuses_the_key(tmp_path, capsys):
                                              "preset: mlp, layers: 2, hidden: 64, attention: flash")
     assert main(["check", _write(tmp_path, text)]) == 2
     assert "model.attention: preset mlp has no attention blocks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("cluster", "kernel"), [
+    ("{preset: dgx-h100, nodes: 1}", "flash"),
+    ("{preset: a100-nvlink-8, nodes: 1}", "flash"),
+    ("{preset: v100-nvlink-8, nodes: 1}", "unfused"),  # FlashAttention-2 does not run on Volta
+    ("{preset: a100-nvlink-8, nodes: 1, device: {name: cpu-core, memory: 4GiB, peak_flops: 50GFLOP/s}}", "unfused"),
+    ("{preset: a100-nvlink-8, nodes: 1, device: {name: my-gpu, memory: 80GiB, peak_flops: 500TFLOP/s, "
+     "default_attention: flash}}", "flash"),
+], ids=["h100", "a100", "v100", "custom", "custom-gpu"])
+def test_the_default_kernel_is_the_devices(cluster, kernel):
+    scenario = parse_scenario(SCENARIO.format(extra="").replace("{preset: dgx-h100, nodes: 1}", cluster))
+    assert scenario.model.attention == kernel
+    assert parse_scenario(SCENARIO.format(extra=", attention: sdpa").replace(
+        "{preset: dgx-h100, nodes: 1}", cluster)).model.attention == "sdpa"  # the model's key wins
+
+
+def test_the_presets_efficiencies_are_the_papers_measurements():
+    h100 = parse_scenario(SCENARIO.format(extra="")).cluster.device
+    # FlashAttention-3 Fig. 5(d) / Fig. 6 and their FlashAttention-2 bars, head dim 128, 4k, over 989 TFLOP/s
+    assert h100.attention_efficiencies("flash") == pytest.approx((579 / 989, 542 / 989), abs=5e-4)
+    assert h100.attention_efficiencies("sdpa") == pytest.approx((319 / 989, 310 / 989), abs=5e-4)
+    a100 = parse_scenario(SCENARIO.format(extra="").replace("dgx-h100", "a100-nvlink-8")).cluster.device
+    # FlashAttention-2 Fig. 4(d): forward + backward, causal, head dim 128, 4k, over 312 TFLOP/s
+    assert a100.attention_efficiencies("flash") == pytest.approx((173 / 312, 173 / 312), abs=5e-4)
