@@ -40,7 +40,7 @@ def describe(scenario: Scenario) -> Description:
         devices_per_node=cluster.devices_per_node, device=cluster.device.name,
         device_memory_bytes=cluster.device.memory_bytes, device_defaults=tuple(scenario.device_defaults),
         model=ModelDescription(name=model.name, source=model.source, param_bytes=model.param_bytes(),
-                               dtype=model.dtype, optimizer=model.optimizer),
+                               dtype=model.dtype, optimizer=model.optimizer, attention=model.attention),
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
@@ -184,7 +184,8 @@ def format_description(description: Description) -> str:
     d, model = description, description.model
     lines = [
         f"scenario {d.name}: {model.name} ({d.num_layers} layers, "
-        f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer})",
+        f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer}"
+        f"{'' if model.attention is None else f', attention {model.attention}'})",
         f"cluster: {d.nodes} x {d.devices_per_node} {d.device} = {d.num_devices} devices",
         *_device_defaults_line(d),
         *_stack_lines(d),

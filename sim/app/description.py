@@ -37,10 +37,14 @@ class ModelDescription:
     """Training dtype of parameters and activations."""
     optimizer: str
     """Optimizer name (``adam``)."""
+    attention: str | None = None
+    """The attention kernel a generated transformer runs (``flash``, ``sdpa``, ``unfused``); None for a
+    model without one (a measured profile, mlp, vgg), which the JSON then leaves out."""
 
     def to_json(self) -> dict[str, Any]:
+        kernel = {} if self.attention is None else {"attention": self.attention}
         return {"name": self.name, "source": self.source, "param_bytes": self.param_bytes, "dtype": self.dtype,
-                "optimizer": self.optimizer}
+                "optimizer": self.optimizer, **kernel}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

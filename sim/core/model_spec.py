@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import SpecError
-from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, non_negative, optimizer_state_factor
+from sim.core.specs import (
+    ATTENTION_KERNELS,
+    DTYPE_BYTES,
+    OPTIMIZER_IMPLEMENTATIONS,
+    non_negative,
+    optimizer_state_factor,
+)
 
 __all__ = ["LayerSpec", "ModelPreset", "ModelSpec"]
 
@@ -159,6 +165,10 @@ class ModelSpec:
     shard: Any = None
     """The share of every layer one device holds (``sim.core.parallelism.Shard``) when the layers are
     one device's of a tensor- or context-parallel group (``sim.models.shard_model``); None: whole."""
+    attention: str | None = None
+    """How a generated transformer's attention runs, one of ``sim.core.specs.ATTENTION_KERNELS``
+    (``flash``, ``sdpa``, ``unfused``: its blocks' kernels and stash, ``sim.cost.kernels``); None
+    for a model without attention blocks (a measured profile, mlp, vgg)."""
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -177,6 +187,8 @@ class ModelSpec:
         if self.grad_dtype is not None and self.grad_dtype not in DTYPE_BYTES:
             raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
         non_negative("tied_bytes", self.tied_bytes)
+        if self.attention is not None and self.attention not in ATTENTION_KERNELS:
+            raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
         if self.tied_layers is not None and not all(0 <= k < len(self.layers) for k in self.tied_layers):
             raise SpecError("tied_layers", f"must name two of the {len(self.layers)} layers, got {self.tied_layers!r}")
 

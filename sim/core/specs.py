@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sim.core.errors import SpecError
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "DTYPE_BYTES",
     "MAX_MICROBATCHES",
     "OPTIMIZER_IMPLEMENTATIONS",
@@ -49,6 +50,14 @@ kernel doing the whole update in one pass (apex/Transformer Engine ``FusedAdam``
 and DeepSpeed use it, torch's ``fused=True``); ``foreach``, one multi-tensor launch per
 element-wise operation (torch's ``foreach=True``, its default on CUDA); ``for-loop``, every
 operation once per tensor (torch's single-tensor path, its default on CPUs)."""
+
+
+ATTENTION_KERNELS = ("flash", "sdpa", "unfused")
+"""How a generated transformer's attention runs (``model.attention``; ``sim.cost.kernels``): ``flash``,
+one fused kernel (FlashAttention-2 on Ampere, FlashAttention-3 on Hopper) at the device's
+``attention_efficiency``; ``sdpa``, ``torch.nn.functional.scaled_dot_product_attention``'s flash
+backend (FlashAttention-2 on every GPU) at ``sdpa_efficiency``; ``unfused``, Megatron-LM's
+separate score, softmax, dropout and value kernels with their s×s tensors in memory."""
 
 
 def optimizer_state_factor(optimizer: str, dtype: str) -> float:
@@ -125,6 +134,19 @@ class DeviceSpec:
     memory_reserved_bytes: float = 0.0
     """Bytes of ``memory_bytes`` a training process cannot use for tensors: the CUDA context,
     NCCL's buffers, the caching allocator's fragmentation; ``usable_memory_bytes`` is the rest."""
+    default_attention: str = "unfused"
+    """The attention kernel (``ATTENTION_KERNELS``) a generated transformer on this device gets
+    when its ``model.attention`` names none: ``flash`` on the Ampere and Hopper presets."""
+    attention_efficiency: float = 0.554
+    """Fraction of ``peak_flop_per_s`` a ``flash`` attention forward reaches on the FLOPs it does,
+    in (0, 1] (``sim.cost.compute.fused_attention_s``; the presets' values are FlashAttention's
+    published measurements, ``sim.input.presets``). Default: the A100's, FlashAttention-2."""
+    attention_backward_efficiency: float = 0.554
+    """The same for a ``flash`` attention backward (which recomputes the scores), in (0, 1]."""
+    sdpa_efficiency: float = 0.554
+    """Fraction of peak an ``sdpa`` attention forward reaches (torch's FlashAttention-2 backend), in (0, 1]."""
+    sdpa_backward_efficiency: float = 0.554
+    """The same for an ``sdpa`` attention backward, in (0, 1]."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -140,6 +162,14 @@ class DeviceSpec:
         non_negative("kernel_overhead", self.kernel_overhead_s)
         non_negative("kernel_issue", self.kernel_issue_s)
         non_negative("memory_reserved", self.memory_reserved_bytes)
+        if self.default_attention not in ATTENTION_KERNELS:
+            raise SpecError("default_attention", f"unknown kernel {self.default_attention!r}; "
+                                                 f"valid: {', '.join(ATTENTION_KERNELS)}")
+        for key in ("attention_efficiency", "attention_backward_efficiency", "sdpa_efficiency",
+                    "sdpa_backward_efficiency"):
+            positive(key, getattr(self, key))
+            if getattr(self, key) > 1:
+                raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
         if self.memory_reserved_bytes >= self.memory_bytes:
             raise SpecError("memory_reserved", f"must be less than memory ({self.memory_bytes:.6g} B), "
                                                f"got {self.memory_reserved_bytes:.6g} B")
@@ -148,6 +178,12 @@ class DeviceSpec:
     def usable_memory_bytes(self) -> float:
         """What tensors may fill: ``memory_bytes − memory_reserved_bytes``; more is out of memory."""
         return self.memory_bytes - self.memory_reserved_bytes
+
+    def attention_efficiencies(self, kernel: str) -> tuple[float, float]:
+        """(forward, backward) fraction of peak the fused attention ``kernel`` (flash or sdpa) reaches."""
+        if kernel == "sdpa":
+            return self.sdpa_efficiency, self.sdpa_backward_efficiency
+        return self.attention_efficiency, self.attention_backward_efficiency
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
         """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""

@@ -10,9 +10,12 @@ home of a stage's compute time (the engine's compiler and the planner's prefix-s
   of its kernels (``sim.cost.kernels``), each the largest of its FLOPs over the size-dependent
   matrix rate, its bytes over the memory bandwidth and the host's time to issue it; a layer
   with FLOPs but no kernels costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+* a fused attention kernel (``fused_attention_s``: ``flash``, ``sdpa``) at the rate FlashAttention
+  is measured to reach on the device, its backward recomputing the scores;
 * what recompute adds to the backward (``recompute_extra_s``): the forward again under
   ``full``, attention's core (``attention_core_s``) under ``selective`` (Korthikanti et al.
-  2022, §5);
+  2022, §5), which a fused attention does not have: it keeps no s×s tensor to drop, so
+  selective recompute adds nothing to its backward;
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
   (``action_overhead_s``, ``DeviceSpec.action_overhead_s``);
 * the optimizer step of the scenario's implementation (fused, foreach or for-loop:
@@ -35,11 +38,11 @@ from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.specs import DeviceSpec, LinkSpec
 from sim.cost.comm import tied_allreduce_s
-from sim.cost.kernels import ATTENTION_CORE
+from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
 from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
 from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "kernel_time_s",
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_time_s",
            "layer_times_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
            "stage_cost", "stage_optimizer_step_s", "stage_time_s", "tied_copy_tensors"]
 
@@ -57,7 +60,7 @@ def overlapped_pair_s(forward_s: float, backward_s: float, efficiency: float) ->
 
 
 def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
-                  dims: tuple[float, float, float] | None = None) -> float:
+                  dims: tuple[float, float, float] | None = None, *, efficiency: float | None = None) -> float:
     """One kernel call of ``flop`` FLOPs on an (M, N, K) product moving ``nbytes`` bytes.
 
     Its device time is ``sim.cost.kernels``' roofline with the dimension-dependent matrix
@@ -67,9 +70,12 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
     ``max(device time, kernel_issue_s)``, not their sum, and a layer of tiny kernels costs its
     kernel count times the issue time whatever its size. ``kernel_overhead_s`` is added on top
     where nothing overlaps it (a CPU runs its kernels in the thread that issues them).
+    ``efficiency`` replaces the matrix efficiency (and its size dependence) with a measured rate.
     """
     compute = 0.0
-    if flop > 0:
+    if flop > 0 and efficiency is not None:
+        compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
+    elif flop > 0:
         efficiency = device.efficiency
         half = device.matmul_half_dim
         if dims is not None and half > 0:
@@ -78,6 +84,19 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     return max(compute, memory, device.kernel_issue_s) + device.kernel_overhead_s
+
+
+def fused_attention_s(kernel: KernelSpec, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a fused attention kernel (``sim.cost.kernels.fused_attention``)
+    on ``samples`` samples: a roofline at the rate FlashAttention reaches on this device
+    (``DeviceSpec.attention_efficiencies``, measured on its own FLOPs, so without the matrix
+    products' size dependence); the backward does ``FUSED_BACKWARD_FLOP_RATIO`` times the forward's
+    FLOPs (it recomputes the scores) and moves ``bwd_bytes``."""
+    forward, backward = device.attention_efficiencies(kernel.fused_attention)
+    flop = kernel.flop * samples
+    bwd_bytes = (2 * kernel.bytes if kernel.bwd_bytes is None else kernel.bwd_bytes) * samples
+    return (kernel_time_s(flop, kernel.bytes * samples, device, dtype, efficiency=forward),
+            kernel_time_s(FUSED_BACKWARD_FLOP_RATIO * flop, bwd_bytes, device, dtype, efficiency=backward))
 
 
 def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float, float]:
@@ -93,6 +112,10 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
         return layer.fwd_flop * samples / rate, bwd, bwd * layer.wgrad_fraction
     fwd = bwd = wgrad = 0.0
     for k in layer.kernels:
+        if k.fused_attention:  # no weights: all of its backward is input gradient
+            forward, backward = fused_attention_s(k, device, dtype, samples)
+            fwd, bwd = fwd + forward, bwd + backward
+            continue
         flop, nbytes = k.flop * samples, k.bytes * samples + k.fixed_bytes
         m, n, inner = k.rows * samples, k.cols, k.inner
         t = kernel_time_s(flop, nbytes, device, dtype, (m, n, inner) if k.flop > 0 else None)
@@ -112,7 +135,9 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
 
 def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
     """Forward time of a layer's attention core (scores, softmax, its dropout, attention over values), which
-    selective recompute runs again in the backward; 0 for a layer without one."""
+    selective recompute runs again in the backward; 0 for a layer without one, and for a fused
+    attention (``flash``, ``sdpa``), which keeps no s×s tensor for selective recompute to drop
+    (Megatron-LM's selective recompute exists for those tensors, Korthikanti et al. 2022, §5)."""
     total = 0.0
     for k in layer.kernels:
         if k.name in ATTENTION_CORE and samples:

@@ -32,16 +32,31 @@ gradients) and every element-wise kernel once over twice the bytes, unless the k
 what its backward moves (``KernelSpec.bwd_bytes``).
 
 Transformer kernels follow Megatron-LM's layer (Shoeybi et al., 2019; FLOPs as in
-Narayanan et al., SC'21, §5.1): layer norm, QKV projection, attention scores, softmax,
-attention dropout (GPT, BERT), attention over values, output projection, residual add, layer
-norm, MLP up, GeLU, MLP down, residual add.
+Narayanan et al., SC'21, §5.1): layer norm, QKV projection, attention, output projection,
+residual add, layer norm, MLP up, GeLU, MLP down, residual add. Attention runs as the model's
+``attention`` says (``sim.core.specs.ATTENTION_KERNELS``):
+
+* ``unfused``: attention scores, softmax, attention dropout (GPT, BERT) and attention over
+  values, four kernels whose s×s scores and probabilities go through device memory;
+* ``flash`` and ``sdpa``: one fused kernel (``fused_attention``; Dao et al. 2022,
+  "FlashAttention", §3.1; Dao 2023, "FlashAttention-2", §3.1). It computes the scores block by
+  block in on-chip memory, so what it moves is linear in s: it reads Q, K and V and writes the
+  output O and the softmax's row log-sum-exp (one fp32 per query and head). Its backward reads
+  Q, K, V, O, dO and the log-sum-exp, recomputes the scores and writes dQ, dK and dV: five
+  products where the forward has two, 2.5 times its FLOPs (``FUSED_BACKWARD_FLOP_RATIO``). Under a
+  causal mask it skips the blocks above the diagonal, about half the work
+  (``CAUSAL_WORK_FRACTION``). Its rate is measured, not a roofline of its parts: the device's
+  ``attention_efficiency`` (``sdpa_efficiency`` for ``sdpa``), ``sim.cost.compute.fused_attention_s``.
+  The K and V blocks it re-reads for every block of queries (FlashAttention, Theorem 2) are
+  left out: they come from L2 and the kernel is compute-bound at these sizes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ATTENTION_CORE", "ATTENTION_DROPOUT_MASK_BYTES", "KernelSpec", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
+__all__ = ["ATTENTION_CORE", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
+           "LSE_BYTES", "KernelSpec", "fused_attention", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
 
@@ -65,8 +80,11 @@ class KernelSpec:
     weights: bool = False
     """Its backward computes a weight gradient."""
     bwd_bytes: float | None = None
-    """Bytes per sample its backward reads and writes (element-wise kernels); None: twice
+    """Bytes per sample its backward reads and writes (element-wise and fused kernels); None: twice
     ``bytes`` (the gradient and what it saved read, one gradient written)."""
+    fused_attention: str = ""
+    """``flash`` or ``sdpa`` for a fused attention kernel (``fused_attention``), whose ``flop`` are
+    the FLOPs it does and whose rate is the device's attention efficiency; empty for any other."""
 
 
 def _gemm(name: str, m: float, n: float, k: float, d: int, *, weights: bool) -> KernelSpec:
@@ -82,9 +100,37 @@ def _elementwise(name: str, elements: float, d: int, *, passes: int = 2, weights
     return KernelSpec(name=name, bytes=passes * d * elements, weights=weights)
 
 
+FUSED_BACKWARD_FLOP_RATIO = 2.5
+"""A fused attention backward's FLOPs over its forward's: five products (the scores recomputed,
+dV, dP, dQ, dK) against two (Dao 2023, "FlashAttention-2", §3.1, Algorithm 2; its benchmark,
+``benchmarks/benchmark_flash_attention.py``'s ``flops``, counts the backward as 2.5 × forward)."""
+
+CAUSAL_WORK_FRACTION = 0.5
+"""Share of the s×s scores a fused kernel computes under a causal mask: it skips the blocks above
+the diagonal (Dao 2023, §3.1.1, causal masking), and FlashAttention's benchmarks halve the
+FLOPs they count for it (``flops``: ``// (2 if causal else 1)``). The model's FLOPs
+(``LayerSpec.fwd_flop``, MFU) still count the whole 4s²h, as Narayanan et al. 2021 §5.1 do."""
+
+LSE_BYTES = 4
+"""Bytes per query and head of the softmax's log-sum-exp a fused kernel keeps for its backward
+(fp32: FlashAttention-2's ``softmax_lse``)."""
+
+
+def fused_attention(kernel: str, q: float, s: int, h: int, h_kv: int, a: int, t: int, d: int, *,
+                    causal: bool) -> KernelSpec:
+    """The fused attention of one device, per sample: ``q`` queries of its a/t heads attend over
+    ``s`` keys of width h_kv/t. Forward: reads Q, K, V, writes O and the log-sum-exp; backward:
+    reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV (see the module's docstring)."""
+    work = 4 * q * s * h / t * (CAUSAL_WORK_FRACTION if causal else 1.0)
+    queries, keys, lse = d * q * h / t, d * s * h_kv / t, LSE_BYTES * q * a / t
+    return KernelSpec(name="attention", flop=work, bytes=2 * queries + 2 * keys + lse,
+                      bwd_bytes=4 * queries + 4 * keys + lse, fused_attention=kernel)
+
+
 def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int | None = None, gated: bool = False,
                       tensor: int = 1, context: int = 1, sequence_parallel: bool = False,
-                      dropout: bool = False) -> tuple[KernelSpec, ...]:
+                      dropout: bool = False, attention: str = "unfused",
+                      causal: bool = True) -> tuple[KernelSpec, ...]:
     """One pre-norm transformer block on s tokens of width h, a heads, MLP width f, as one device
     of a tensor-parallel group of ``tensor`` and a context-parallel group of ``context`` runs it.
 
@@ -99,7 +145,10 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     (Megatron-LM's ``attention_dropout`` after the fused scale-mask-softmax, the s×s tensors
     Korthikanti et al. 2022, §4.1 count: its output and 1-byte mask): it reads the
     probabilities and writes them and the mask, and its backward reads the gradient and the
-    mask and writes one gradient (``ATTENTION_DROPOUT_MASK_BYTES``).
+    mask and writes one gradient (``ATTENTION_DROPOUT_MASK_BYTES``). With ``attention`` ``flash`` or
+    ``sdpa`` the four attention kernels are one fused kernel (``fused_attention``; ``causal``: the
+    decoder's mask, which it skips) that regenerates its dropout mask from the random generator's
+    state (FlashAttention-2, §3.1) and keeps no s×s tensor.
     """
     t, q = tensor, s / context
     h_kv = (kv_heads or a) * h // a
@@ -108,13 +157,19 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     probs = a / t * q * s
     drop = (KernelSpec(name="attention_dropout", bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs,
                        bwd_bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs),) if dropout else ()
+    if attention == "unfused":
+        core = (
+            _gemm("scores", q * a / t, s, h // a, d, weights=False),
+            _elementwise("softmax", probs, d),
+            *drop,
+            _gemm("attend", q * a / t, h // a, s, d, weights=False),
+        )
+    else:
+        core = (fused_attention(attention, q, s, h, h_kv, a, t, d, causal=causal),)
     return (
         _elementwise("ln1", pointwise * h, d),
         _gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True),
-        _gemm("scores", q * a / t, s, h // a, d, weights=False),
-        _elementwise("softmax", probs, d),
-        *drop,
-        _gemm("attend", q * a / t, h // a, s, d, weights=False),
+        *core,
         _gemm("proj", q, h, h / t, d, weights=True),
         _elementwise("residual1", pointwise * h, d, passes=3),
         _elementwise("ln2", pointwise * h, d),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.cost.kernels import LSE_BYTES
 from sim.schedule.ir import ActionKind
 
 __all__ = ["ActivationBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes", "fsdp_gather_bytes",
@@ -44,8 +45,10 @@ def block_activation_bytes(
     context_parallel: int = 1,
     sequence_parallel: bool = False,
     recompute: Recompute = Recompute.NONE,
+    attention: str = "unfused",
 ) -> float:
-    """Bytes one block stashes per sample on one device.
+    """Bytes one block stashes per sample on one device, its attention run ``attention``
+    (``sim.core.specs.ATTENTION_KERNELS``).
 
     Korthikanti et al. §4.1 count, per block, with e-byte elements (e = 2 gives their numbers)
     and m = 1 if there are dropouts, else 0:
@@ -65,6 +68,16 @@ def block_activation_bytes(
     Context parallelism splits the sequence over c (ring attention: Liu et al. 2023), so every
     term divides by c, the s×s terms included (each device holds s/c queries × s/c keys per
     step and keeps its own block).
+
+    A fused attention (``flash``, ``sdpa``: FlashAttention-2, Dao 2023, §3.1) keeps no s×s tensor:
+    not the softmax output, nor the dropout's output, nor its mask, which the backward
+    regenerates from the random generator's state. What it saves for its backward is Q, K, V,
+    its output O and the softmax's row log-sum-exp (``flash_attn``'s ``save_for_backward``, with
+    the generator's state, 16 bytes a call, left out). Q, K, V and O are already in the count
+    above (Q and K for QKᵀ, V for attention over values, O as the output projection's input), so
+    it keeps the count without its s×s terms, 34sh/t with sequence parallelism, plus the
+    log-sum-exp, ``LSE_BYTES``·as/t (one fp32 per query and head, split over t with the heads and
+    over c with the queries). Selective recompute then has nothing to drop and keeps the same.
     """
     s, h, a, f, e = shape.seq_len, shape.hidden, shape.heads, shape.ffn_hidden, shape.element_bytes
     t, c = tensor_parallel, context_parallel
@@ -77,7 +90,9 @@ def block_activation_bytes(
     split += (2 if shape.gated else 1) * e * s * f + e * s * f  # activation input(s), second linear input
     quadratic = (e + m) * a * s * s  # softmax output and its dropout mask (and the dropout's output: see below)
     quadratic += e * a * s * s if m else 0  # the dropout's output, attention over values' input
-    if recompute is Recompute.SELECTIVE:
+    if attention != "unfused":  # a fused kernel: its log-sum-exp instead of the s×s tensors
+        quadratic = LSE_BYTES * a * s
+    elif recompute is Recompute.SELECTIVE:
         quadratic = 0
     per_device = replicated / (t if sequence_parallel else 1) + split / t + quadratic / t
     return per_device / c

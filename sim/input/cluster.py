@@ -30,7 +30,7 @@ import copy
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.core.specs import ATTENTION_KERNELS, ClusterSpec, DeviceSpec, LinkSpec
 from sim.core.units import (
     format_bandwidth,
     format_flop_rate,
@@ -47,7 +47,8 @@ __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
-                "memory_reserved"}
+                "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
+                "sdpa_efficiency", "sdpa_backward_efficiency"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency"}
 
@@ -65,9 +66,13 @@ DEVICE_NUMBER_RANGES: Mapping[str, tuple[float, float, bool]] = MappingProxyType
     "efficiency": (0.01, 1.0, False),
     "matmul_half_dim": (0.0, 1e6, False),
     "memory_efficiency": (0.01, 1.0, False),
+    "attention_efficiency": (0.01, 1.0, False),
+    "attention_backward_efficiency": (0.01, 1.0, False),
+    "sdpa_efficiency": (0.01, 1.0, False),
+    "sdpa_backward_efficiency": (0.01, 1.0, False),
 })
 """``cluster.device`` plain number -> (low, high, low excluded): efficiency and
-memory_efficiency in [0.01, 1] (the range ``dapple-sim calibrate`` fits them in; at a
+memory_efficiency and the four attention efficiencies in [0.01, 1] (the range ``dapple-sim calibrate`` fits them in; at a
 millionth of the peak a step would take years), matmul_half_dim in [0, 1e6]."""
 
 FP32_PEAK_DIVISOR: float = parse_flop_rate(_REFERENCE["peak_flops"]) / parse_flop_rate(_REFERENCE["peak_fp32_flops"])
@@ -96,6 +101,11 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "kernel_issue": "0s",
         "action_overhead": "0s",
         "memory_reserved": "0B",
+        "default_attention": "unfused",
+        "attention_efficiency": _REFERENCE["attention_efficiency"],
+        "attention_backward_efficiency": _REFERENCE["attention_backward_efficiency"],
+        "sdpa_efficiency": _REFERENCE["sdpa_efficiency"],
+        "sdpa_backward_efficiency": _REFERENCE["sdpa_backward_efficiency"],
     }
 )
 """``cluster.device`` key -> what a custom device that leaves it out gets.
@@ -105,7 +115,12 @@ The two rates are derived from ``peak_flops`` by the A100's ratios (``FP32_PEAK_
 ``sim.cost.kernels``): large matrix products reach half the peak whatever their size, element-wise
 kernels the full memory bandwidth, and neither a kernel launch (no overhead, no issue-time
 floor) nor the framework around a stage's forward or backward costs a fixed time. Fit them to measured runs with
-``dapple-sim calibrate``. A preset device gives every key itself, so takes none of these.
+``dapple-sim calibrate``. The attention efficiencies are the A100's (FlashAttention-2,
+``sim.input.presets``). A custom device runs attention ``unfused`` unless it names a
+``default_attention`` (or the model an ``attention``): a custom device is costed as the CPU that
+``dapple-run profile`` measures, as its ``for-loop`` optimizer default is, and the CPU
+calibrations were fitted with unfused attention; a custom GPU sets ``default_attention: flash``.
+A preset device gives every key itself, so takes none of these.
 """
 
 
@@ -193,6 +208,8 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
                                           CUSTOM_DEVICE_DEFAULTS["action_overhead"], bounds=OVERHEAD_RANGE),
         memory_reserved_bytes=reader.quantity(values, key, "memory_reserved", parse_bytes,
                                               CUSTOM_DEVICE_DEFAULTS["memory_reserved"], allow_zero=True),
+        default_attention=reader.string(values, key, "default_attention", CUSTOM_DEVICE_DEFAULTS["default_attention"],
+                                        choices=set(ATTENTION_KERNELS)),
     )
     shown = {
         "peak_fp32_flops": format_flop_rate(derived["peak_fp32_flops"]),

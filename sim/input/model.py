@@ -9,7 +9,10 @@ batch size it was measured at) or generated from a handful of shape parameters b
 
 A generated model keeps the generator's name and resolved parameters
 (``ModelSpec.preset``), which is what the runtime builds as torch modules. ``name:``
-renames either kind for display.
+renames either kind for display. A generated transformer (gpt, bert, llama) also says how its
+attention runs, ``attention: flash | sdpa | unfused`` (``sim.core.specs.ATTENTION_KERNELS``),
+by default the device's ``default_attention``; a measured profile's times already include its
+attention, so it takes no such key.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from sim.core.errors import DappleError, SpecError
 from sim.core.model_spec import ModelSpec
-from sim.core.specs import DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
+from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
@@ -28,18 +31,22 @@ from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
 __all__ = ["read_model"]
 
 _PROFILE_KEYS = {"profile", "profile_batch_size", "optimizer", "dtype", "name"}
+_ATTENTION_PRESETS = ("bert", "gpt", "llama")
+"""Generators whose blocks have attention, and so take ``model.attention``."""
 
 
-def read_model(reader: StrictReader, data: Any, *, default_implementation: str = "fused") -> ModelSpec:
+def read_model(reader: StrictReader, data: Any, *, default_implementation: str = "fused",
+               default_attention: str = "unfused") -> ModelSpec:
     """The model of a scenario's ``model:`` mapping; an optimizer that names no implementation
-    gets ``default_implementation`` (the scenario's: fused on a preset GPU, else for-loop)."""
+    gets ``default_implementation`` (the scenario's: fused on a preset GPU, else for-loop), and a
+    transformer that names no ``attention`` gets ``default_attention`` (the device's)."""
     data = reader.mapping(data, "model")
     if ("profile" in data) == ("preset" in data):
         raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
     optimizer = _optimizer(reader, data.get("optimizer"), default_implementation)
     if optimizer["name"] is not None:
         data = {**data, "optimizer": optimizer["name"]}
-    model = _profiled(reader, data) if "profile" in data else _generated(reader, data)
+    model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
@@ -61,6 +68,9 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
 
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
+    if "attention" in data:
+        raise reader.fail("model.attention", "a measured profile's times already include its attention kernel; "
+                                             "remove the key (it chooses the kernel of a generated gpt, bert or llama)")
     reader.keys(data, "model", allowed=_PROFILE_KEYS, required={"profile", "profile_batch_size"})
     path = reader.path(data["profile"], "model.profile", data_fallback=True, max_bytes=PROFILE_MAX_BYTES)
     try:
@@ -76,10 +86,16 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
         raise reader.fail("model.profile", str(exc)) from None
 
 
-def _generated(reader: StrictReader, data: dict) -> ModelSpec:
+def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
-    params = {k: v for k, v in data.items() if k not in ("preset", "name")}
-    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]))
+    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention")}
+    if preset in _ATTENTION_PRESETS:
+        params["attention"] = reader.string(data, "model", "attention", default_attention,
+                                            choices=set(ATTENTION_KERNELS))
+    elif "attention" in data:
+        raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
+                                             f"(it applies to {', '.join(_ATTENTION_PRESETS)})")
+    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention"})
     try:
         return build_model(preset, **params)
     except SpecError as exc:

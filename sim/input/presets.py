@@ -30,6 +30,27 @@ NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
 25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
 DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+
+Attention (``sim.cost.compute.fused_attention_s``): ``default_attention`` is the kernel a generated
+transformer gets unless ``model.attention`` names one: ``flash`` on the A100, H100 and H200;
+``unfused`` on the V100, which FlashAttention-2 does not run on (its README: "Ampere, Ada, or
+Hopper GPUs"). The efficiencies are FlashAttention's measured TFLOP/s over the dense 16-bit
+peak, at head dimension 128 (every shipped GPT and Llama) and sequence 4k (the middle of the
+2k-8k the shipped models train at), with the causal mask (GPT and Llama are decoders), FLOPs
+counted as the papers count them (4·s²·d·heads forward, halved under the causal mask, 2.5×
+that backward):
+A100 (FlashAttention-2, both ``flash`` and ``sdpa``): Dao 2023, "FlashAttention-2" (arXiv
+2307.08691), Figure 4(d), forward + backward with causal mask, head dim 128, 4k: 173 TFLOP/s,
+173/312 = 0.554, taken for the forward and for the backward (the separate forward and
+backward figures were not available to read);
+H100 and H200 ``flash`` (FlashAttention-3): Shah et al. 2024, "FlashAttention-3" (arXiv
+2407.08608), Figure 5(d), forward with causal mask, head dim 128, 4k: 579 TFLOP/s, 579/989 =
+0.585; Figure 6, backward, head dim 128, 4k: 542 TFLOP/s, 0.548;
+H100 and H200 ``sdpa`` (torch's flash backend is FlashAttention-2, ``torch.nn.functional.
+scaled_dot_product_attention``'s documentation): the same figures' FlashAttention-2 bars, 319
+TFLOP/s forward (0.323) and 310 backward (0.313).
+The H200 is the H100's chip with more memory (same 989 TFLOP/s); its values are the H100's.
+The V100's are the A100's, standing in where no FlashAttention measurement exists.
 """
 
 from __future__ import annotations
@@ -52,6 +73,11 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
+            "default_attention": "unfused",
+            "attention_efficiency": 0.554,
+            "attention_backward_efficiency": 0.554,
+            "sdpa_efficiency": 0.554,
+            "sdpa_backward_efficiency": 0.554,
         },
         "A100-80GB": {
             "memory": "80GiB",
@@ -64,6 +90,11 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
+            "default_attention": "flash",
+            "attention_efficiency": 0.554,
+            "attention_backward_efficiency": 0.554,
+            "sdpa_efficiency": 0.554,
+            "sdpa_backward_efficiency": 0.554,
         },
         "H100-80GB": {
             "memory": "80GiB",
@@ -76,6 +107,11 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
+            "default_attention": "flash",
+            "attention_efficiency": 0.585,
+            "attention_backward_efficiency": 0.548,
+            "sdpa_efficiency": 0.323,
+            "sdpa_backward_efficiency": 0.313,
         },
         "H200-141GB": {
             "memory": "141GB",
@@ -88,6 +124,11 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
+            "default_attention": "flash",
+            "attention_efficiency": 0.585,
+            "attention_backward_efficiency": 0.548,
+            "sdpa_efficiency": 0.323,
+            "sdpa_backward_efficiency": 0.313,
         },
     }
 )

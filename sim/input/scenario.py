@@ -158,7 +158,8 @@ def parse_scenario(
                 required={"cluster", "model", "training"})
     name = reader.string(raw, "", "name", Path(source).stem)
     cluster, device_defaults = read_cluster(reader, raw["cluster"])
-    model = read_model(reader, raw["model"], default_implementation=default_optimizer_implementation(cluster))
+    model = read_model(reader, raw["model"], default_implementation=default_optimizer_implementation(cluster),
+                       default_attention=cluster.device.default_attention)
     training = _training(reader, raw["training"], planning=ignore_plan)
     faults = read_faults(reader, raw.get("faults", []), cluster)
     resolved = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None

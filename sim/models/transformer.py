@@ -16,6 +16,10 @@ Every layer can be built as one device of a tensor- and context-parallel group s
 (``Shard``): Megatron-LM's column- and row-parallel products and vocabulary-parallel
 embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti et al.
 §4.2.2) and ring attention over the sequence (Liu et al. 2023).
+
+A block's attention runs as ``attention`` says (``flash``, ``sdpa`` or ``unfused``,
+``sim.core.specs.ATTENTION_KERNELS``): its kernels (``sim.cost.kernels.transformer_block``) and its
+stash (``block_activation_bytes``) follow; its parameters and FLOPs do not depend on it.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Mapping
 from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import Recompute, Shard
-from sim.core.specs import DTYPE_BYTES
+from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES
 from sim.cost import kernels as K
 from sim.cost.comm import TensorParallelCollective as C
 from sim.cost.comm import tensor_parallel_collectives
@@ -47,12 +51,14 @@ class _Arch:
     """Parameters per hidden unit of a norm: 2 for LayerNorm (scale, shift), 1 for RMSNorm."""
     position_table: bool
     """A learned position embedding (GPT, BERT) rather than rotary embeddings (Llama)."""
+    causal: bool
+    """A decoder's causal mask (GPT, Llama), which a fused attention skips; BERT attends both ways."""
 
 
 _ARCH = {
-    "gpt": _Arch(bias=True, norm_params=2, position_table=True),
-    "bert": _Arch(bias=True, norm_params=2, position_table=True),
-    "llama": _Arch(bias=False, norm_params=1, position_table=False),
+    "gpt": _Arch(bias=True, norm_params=2, position_table=True, causal=True),
+    "bert": _Arch(bias=True, norm_params=2, position_table=True, causal=False),
+    "llama": _Arch(bias=False, norm_params=1, position_table=False, causal=True),
 }
 
 
@@ -81,7 +87,9 @@ def _block_fwd_flop(shape: BlockShape, shard: Shard) -> float:
     backward being twice the forward): QKV and output projections 8sh², attention scores and
     attention over values 4s²h, MLP 4shf. Causal masking is not subtracted (as there). Each
     device of a tensor-parallel group does 1/t of every product; context parallelism gives it
-    s/c of the queries.
+    s/c of the queries. The count is the same whatever kernel runs attention: a fused kernel
+    skips the causal mask's half of the scores in time (``sim.cost.kernels.CAUSAL_WORK_FRACTION``),
+    not in the model's FLOPs, as MFU counts them.
     """
     s, h, f = shape.seq_len, shape.hidden, shape.ffn_hidden
     h_kv = (shape.kv_heads or shape.heads) * h // shape.heads
@@ -90,10 +98,11 @@ def _block_fwd_flop(shape: BlockShape, shard: Shard) -> float:
     return 2 * q * (h * (h + 2 * h_kv) + h * h + h * up + f * h) / shard.tensor + 4 * q * s * h / shard.tensor
 
 
-def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) -> LayerSpec:
+def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str) -> LayerSpec:
     s, h, d, t, c = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context
     params, tensors = _block_params(shape, arch, t)
-    degrees = dict(tensor_parallel=t, context_parallel=c, sequence_parallel=shard.sequence_parallel)
+    degrees = dict(tensor_parallel=t, context_parallel=c, sequence_parallel=shard.sequence_parallel,
+                   attention=attention)
     h_kv = (shape.kv_heads or shape.heads) * h // shape.heads
     layer = matmul_layer(
         name,
@@ -104,7 +113,8 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard) 
         d=d,
         kernels=K.transformer_block(s, h, shape.heads, shape.ffn_hidden, d, kv_heads=shape.kv_heads,
                                     gated=shape.gated, tensor=t, context=c,
-                                    sequence_parallel=shard.sequence_parallel, dropout=shape.dropout),
+                                    sequence_parallel=shard.sequence_parallel, dropout=shape.dropout,
+                                    attention=attention, causal=arch.causal),
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
@@ -237,7 +247,9 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
                    "the sequence splits into 2·context_parallel chunks (Megatron-Core's causal load balancing)")
 
 
-def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) -> ModelSpec:
+def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str) -> ModelSpec:
+    if attention not in ATTENTION_KERNELS:
+        raise SpecError("attention", f"unknown kernel {attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
     p = resolve(preset, params)
     if p["ffn_hidden"] is None:
         p["ffn_hidden"] = llama_ffn_hidden(p["hidden"]) if preset == "llama" else 4 * p["hidden"]
@@ -258,7 +270,7 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) ->
     shape = BlockShape(seq_len=s, hidden=h, heads=a, ffn_hidden=f, kv_heads=kv, element_bytes=d,
                        dropout=not llama, gated=llama)
     layers = [_embedding(s, h, vocab, d, arch, shard, bert=bert)]
-    layers += [_transformer_block(f"block_{i}", shape, arch, shard) for i in range(p["layers"])]
+    layers += [_transformer_block(f"block_{i}", shape, arch, shard, attention) for i in range(p["layers"])]
     head = _bert_head if bert else _lm_head
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
@@ -266,19 +278,21 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None) ->
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
         table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
+    model = replace(model, attention=attention)
     return model if shard.is_whole else replace(model, shard=shard)
 
 
-def gpt(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
-    """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``."""
-    return _transformer("gpt", params, shard)
+def gpt(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
+    """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``; its attention
+    runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``; the scenario's default is the device's)."""
+    return _transformer("gpt", params, shard, attention)
 
 
-def bert(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
-    """A BERT encoder with its masked-LM head; same layer names as ``gpt``."""
-    return _transformer("bert", params, shard)
+def bert(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
+    """A BERT encoder with its masked-LM head; same layer names and ``attention`` as ``gpt``."""
+    return _transformer("bert", params, shard, attention)
 
 
-def llama(*, shard: Shard | None = None, **params: Any) -> ModelSpec:
+def llama(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
     """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head)."""
-    return _transformer("llama", params, shard)
+    return _transformer("llama", params, shard, attention)
