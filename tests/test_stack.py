@@ -14,7 +14,7 @@ import pytest
 from sim.app.cli import main
 from sim.input.plan_file import plan_to_dict
 from sim.input.scenario import parse_scenario
-from sim.input.stack import ATTENTION, STACKS
+from sim.input.stack import STACKS, apply_stack
 
 BASE = """
 cluster: {preset: dgx-h100, nodes: 1}
@@ -94,14 +94,14 @@ def test_check_lists_what_the_stack_set_with_its_source(tmp_path, capsys):
     path.write_text("stack: torchtitan\n" + BASE.replace("SHARDING", "full"))
     assert main(["check", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "stack torchtitan: 6 defaults set" in text
+    assert "stack torchtitan: 7 defaults set" in text and "model.attention = sdpa" in text
     assert "plan.overlap.grad_reduce = true  (pytorch/torchtitan@9dec370 " in text
     assert "model.optimizer.implementation = foreach" in text
     assert main(["check", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["stack"]
-    assert data["name"] == "torchtitan" and len(data["set"]) == 6
-    assert data["set"][0] == {"key": "plan.overlap.grad_reduce", "value": True,
-                              "source": STACKS["torchtitan"][0].source}
+    assert data["name"] == "torchtitan" and len(data["set"]) == 7
+    assert data["set"][1] == {"key": "plan.overlap.grad_reduce", "value": True,
+                              "source": STACKS["torchtitan"][1].source}
 
 
 def test_check_without_a_stack_prints_no_stack_line(tmp_path, capsys):
@@ -121,6 +121,13 @@ def test_an_unknown_stack_is_one_line_and_exit_2(tmp_path, capsys, value):
     assert "\n" not in err
 
 
-def test_every_stack_but_none_records_its_attention_kernel_with_a_source():
-    assert set(ATTENTION) == set(STACKS) - {"none"}
-    assert all(kernel in {"flash", "sdpa", "unfused"} and source for kernel, source in ATTENTION.values())
+def test_every_stack_but_none_sets_its_attention_kernel_with_a_source():
+    for name in sorted(set(STACKS) - {"none"}):
+        kernels = [v for v in STACKS[name] if v.key == "model.attention"]
+        assert len(kernels) == 1 and kernels[0].value in {"flash", "sdpa", "unfused"} and kernels[0].source
+        assert _scenario(name, "none").model.attention == kernels[0].value
+
+
+def test_a_stack_sets_no_attention_on_a_measured_profile():
+    raw, _, used = apply_stack({"stack": "torchtitan", "model": {"profile": "x.json"}}, source="s")
+    assert "attention" not in raw["model"] and all(v.key != "model.attention" for v in used)

@@ -28,10 +28,10 @@ from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
 
-__all__ = ["read_model"]
+__all__ = ["ATTENTION_PRESETS", "read_model"]
 
 _PROFILE_KEYS = {"profile", "profile_batch_size", "optimizer", "dtype", "name"}
-_ATTENTION_PRESETS = ("bert", "gpt", "llama")
+ATTENTION_PRESETS = ("bert", "gpt", "llama")
 """Generators whose blocks have attention, and so take ``model.attention``."""
 
 
@@ -89,12 +89,12 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
     params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention")}
-    if preset in _ATTENTION_PRESETS:
+    if preset in ATTENTION_PRESETS:
         params["attention"] = reader.string(data, "model", "attention", default_attention,
                                             choices=set(ATTENTION_KERNELS))
     elif "attention" in data:
         raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
-                                             f"(it applies to {', '.join(_ATTENTION_PRESETS)})")
+                                             f"(it applies to {', '.join(ATTENTION_PRESETS)})")
     reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention"})
     try:
         return build_model(preset, **params)

@@ -29,8 +29,8 @@ runs" (the code's defaults, unless the stack's own large-run example changes the
 
 Not here, because they are a user's choice rather than a stack's default: the sharding mode
 (ZeRO stage, distributed optimizer on or off, except where the recipe turns it on), the
-parallel degrees, the schedule. Not yet here: the attention kernel (``model.attention`` is not
-a key yet); each stack's is recorded in ``ATTENTION`` for when it is.
+parallel degrees, the schedule. The attention kernel (``model.attention``) is set only for a
+generated transformer (a measured profile already includes its attention).
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from sim.core.errors import ScenarioError
+from sim.input.model import ATTENTION_PRESETS
 from sim.input.strict import show_value
 
-__all__ = ["ATTENTION", "STACKS", "StackValue", "apply_stack"]
+__all__ = ["STACKS", "StackValue", "apply_stack"]
 
 _MEGATRON = "NVIDIA/Megatron-LM"
 _DEEPSPEED = "microsoft/DeepSpeed"
@@ -78,6 +79,8 @@ _MCORE_BUCKET = (f"{_MEGATRON} megatron/core/distributed/distributed_data_parall
 STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "none": (),
     "megatron-lm": (
+        _v("model.attention", "unfused", f"{_MEGATRON}: attention as matmuls with the fused scale-mask-softmax "
+           "kernel (Narayanan et al. 2021 §4.2); --use-flash-attn is store_true"),
         _v("plan.overlap.grad_reduce", False, f"{_MEGATRON} megatron/training/arguments.py: --overlap-grad-reduce "
            "(store_true, default False)"),
         _v("plan.overlap.param_gather", False, f"{_MEGATRON} megatron/training/arguments.py: --overlap-param-gather "
@@ -88,6 +91,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "Engine FusedAdam (--optimizer adam, the default)"),
     ),
     "megatron-core": (
+        _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
+           "fused (Transformer Engine's cuDNN fused attention)"),
         _v("plan.overlap.grad_reduce", True, f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: "
            "--overlap-grad-reduce"),
         _v("plan.overlap.param_gather", True, f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: "
@@ -103,6 +108,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "accumulate_allreduce_grads_in_fp32 (main_grads_dtype fp32)"),
     ),
     "deepspeed": (
+        _v("model.attention", "unfused", f"{_DEEPSPEED}: the model's own attention; Megatron-DeepSpeed's GPT runs "
+           "Megatron's fused-softmax attention unless --use-flash-attn"),
         _v("plan.overlap.grad_reduce", False, f"{_DEEPSPEED} deepspeed/runtime/zero/config.py: overlap_comm "
            "unset is False below ZeRO-3 (overlap_comm_valid)"),
         _v("plan.overlap.grad_reduce", True, f"{_DEEPSPEED} deepspeed/runtime/zero/config.py: overlap_comm "
@@ -115,6 +122,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "\"optimizer\": {\"type\": \"Adam\"} builds FusedAdam on GPU"),
     ),
     "torchtitan": (
+        _v("model.attention", "sdpa", f"{_TITAN} torchtitan/models/llama/model.py: "
+           "F.scaled_dot_product_attention(is_causal=True)"),
         _v("plan.overlap.grad_reduce", True, f"{_TITAN} torchtitan/parallelisms/parallelize_llama.py apply_fsdp: "
            "FSDP2 fully_shard per block, each block's reduce-scatter on its own stream during the backward"),
         _v("plan.fsdp.unit_layers", 1, f"{_TITAN} torchtitan/parallelisms/parallelize_llama.py apply_fsdp: "
@@ -131,16 +140,7 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
 })
 """Stack name -> its defaults, in the order ``check`` lists them."""
 
-ATTENTION: Mapping[str, tuple[str, str]] = MappingProxyType({
-    "megatron-lm": ("unfused", f"{_MEGATRON}: attention as matmuls with the fused scale-mask-softmax kernel "
-                    "(Narayanan et al. 2021 §4.2); --use-flash-attn is store_true"),
-    "megatron-core": ("flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
-                      "fused (Transformer Engine's cuDNN fused attention)"),
-    "deepspeed": ("unfused", f"{_DEEPSPEED}: the model's own attention; Megatron-DeepSpeed's GPT runs "
-                  "Megatron's fused-softmax attention unless --use-flash-attn"),
-    "torchtitan": ("sdpa", f"{_TITAN} torchtitan/models/llama/model.py: F.scaled_dot_product_attention(is_causal=True)"),
-})
-"""Stack -> (the attention kernel it runs, source), for ``model.attention`` once it is a key."""
+
 
 
 def apply_stack(raw: dict, *, source: str) -> tuple[dict, str, tuple[StackValue, ...]]:
@@ -162,9 +162,17 @@ def apply_stack(raw: dict, *, source: str) -> tuple[dict, str, tuple[StackValue,
         if value.when_sharding is None and any(v.key == value.key and v.when_sharding is not None
                                                and v.when_sharding == sharding for v in STACKS[name]):
             continue  # the value for this sharding mode comes instead
+        if value.key == "model.attention" and not _has_attention(raw):
+            continue
         if _set_default(raw, value.key, value.value):
             used.append(value)
     return raw, name, tuple(used)
+
+
+def _has_attention(raw: dict) -> bool:
+    """Whether the scenario's model is a generated transformer, which takes ``model.attention``."""
+    model = raw.get("model")
+    return isinstance(model, dict) and "profile" not in model and model.get("preset") in ATTENTION_PRESETS
 
 
 _SHORTHANDS = {("plan", "schedule"): "name", ("model", "optimizer"): "name"}
