@@ -24,6 +24,7 @@ from sim.app.description import (
 from sim.core.units import format_bytes, format_time
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
+from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
 
 __all__ = ["describe", "format_description"]
@@ -84,6 +85,7 @@ def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDesc
     warns of idle replicas."""
     training, plan = scenario.training, scenario.plan
     costs = scenario.resolved.stage_costs
+    held = held_by_stage(scenario.resolved)
     stages = []
     for index, stage in enumerate(plan.stages):
         start, end = stage.layers
@@ -99,7 +101,7 @@ def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDesc
         stages.append(StageDescription(
             stage=index, layers=(start, end), devices=tuple(stage.devices), replicas=replicas,
             samples_per_replica=tuple(slices), param_bytes=cost.param_bytes, fwd_s=cost.fwd_s, bwd_s=cost.bwd_s,
-            stash_bytes_per_microbatch=cost.stash_bytes, states=cost.states,
+            stash_bytes_per_microbatch=cost.stash_bytes, states=cost.states, held=held[index],
         ))
     return tuple(stages)
 
@@ -200,4 +202,11 @@ def _plan_lines(plan: PlanDescription, device_memory_bytes: float) -> list[str]:
         f"memory at rest: at most {format_bytes(top.memory_at_rest_bytes)} per device of "
         f"{format_bytes(device_memory_bytes)} ({kinds})"
     )
+    unit = max(plan.stages, key=lambda stage: stage.held.backward_bytes)
+    if unit.held.forward_bytes or unit.held.backward_bytes:
+        lines.append(
+            f"sharded by unit: a forward holds up to {format_bytes(unit.held.forward_bytes)} more, a backward "
+            f"{format_bytes(unit.held.backward_bytes)} (the live units' unsharded parameters and gradient; "
+            f"stage {unit.stage})"
+        )
     return lines

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.parallelism import Recompute
-from sim.cost.memory import StateBytes
+from sim.cost.memory import HeldBytes, StateBytes
 
 __all__ = ["Description", "DeviceDescription", "ModelDescription", "ParallelismDescription", "PlanDescription",
            "StageDescription"]
@@ -88,6 +88,9 @@ class StageDescription:
     """Activations the largest slice keeps until its backward, bytes."""
     states: StateBytes
     """Memory at rest of one of its devices by kind (``sim.cost.memory.stage_state_bytes``)."""
+    held: HeldBytes = HeldBytes()
+    """What one of its devices holds unsharded beside its states while a forward or a backward
+    runs (ZeRO-2/3, FSDP by unit: ``sim.cost.memory.stage_held_bytes``), bytes."""
 
     @property
     def memory_at_rest_bytes(self) -> float:
@@ -99,7 +102,10 @@ class StageDescription:
                 "replicas": self.replicas, "samples_per_replica": list(self.samples_per_replica),
                 "param_bytes": self.param_bytes, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s,
                 "stash_bytes_per_microbatch": self.stash_bytes_per_microbatch,
-                "memory_at_rest_bytes": self.memory_at_rest_bytes}
+                "memory_at_rest_bytes": self.memory_at_rest_bytes,
+                **({"unsharded_forward_bytes": self.held.forward_bytes,
+                    "unsharded_backward_bytes": self.held.backward_bytes}
+                   if self.held.forward_bytes or self.held.backward_bytes else {})}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,6 +49,7 @@ from sim.engine.flows import (
     static_rates,
 )
 from sim.engine.gcpause import gc_paused
+from sim.engine.memory import held_by_stage
 from sim.engine.groups import build_group_collectives, group_flows
 from sim.engine.ops import class_ops
 from sim.engine.workload import COMPUTE, DeviceClass, Workload
@@ -231,7 +232,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     shared = ctx.shared_ops.get(key)
     if shared is None:
         ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
-                        ctx.collectives)
+                        ctx.collectives, held_by_stage(ctx.resolved))
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
         shared = ctx.shared_ops[key] = ops, array("d", [op.duration_s for op in ops]), compute
     ops, durations, compute = shared
