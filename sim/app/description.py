@@ -124,7 +124,7 @@ class DeviceDescription:
     by_kind: StateBytes
     """The same by kind, each kind summed over its stages (the engine's memory breakdown)."""
     fits_at_rest: bool
-    """Whether ``memory_at_rest_bytes`` fits the device's memory."""
+    """Whether ``memory_at_rest_bytes`` fits the device's usable memory."""
 
     def to_json(self) -> dict[str, Any]:
         kinds = self.by_kind
@@ -175,6 +175,9 @@ class Description:
     """Device name."""
     device_memory_bytes: float
     """Memory of one device, bytes."""
+    device_usable_memory_bytes: float
+    """What tensors may fill on one device (``DeviceSpec.usable_memory_bytes``: its memory less
+    ``memory_reserved``), bytes; the fit verdicts compare with it."""
     device_defaults: tuple[tuple[str, str], ...]
     """(key, value used) for each custom-device key the file left to its default."""
     model: ModelDescription
@@ -196,6 +199,7 @@ class Description:
             "name": self.name, "num_layers": self.num_layers, "num_devices": self.num_devices, "nodes": self.nodes,
             "devices_per_node": self.devices_per_node, "device": self.device,
             "device_memory_bytes": self.device_memory_bytes,
+            "device_usable_memory_bytes": self.device_usable_memory_bytes,
             "device_defaults": [key for key, _ in self.device_defaults],
             "device_default_values": dict(self.device_defaults), "model": self.model.to_json(),
             "global_batch_size": self.global_batch_size, "microbatch_size": self.microbatch_size,

@@ -146,6 +146,7 @@ def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kin
         collectives=tuple(collectives),
         group_collectives=tuple(group_collectives),
         device_memory_bytes=cluster.device.memory_bytes,
+        usable_memory_bytes=cluster.device.usable_memory_bytes,
         flop_per_iteration=flop * training.global_batch_size if flop else None,
         peak_flop_per_s=cluster.device.peak_flop_per_s_for(resolved.model.dtype),
         schedule_name=plan.schedule if plan.custom_schedule is None else "file",

@@ -47,12 +47,19 @@ class OutOfMemory:
     device: int
     time_s: float
     overshoot_bytes: float
-    """Peak bytes minus capacity."""
+    """Peak bytes minus the usable capacity."""
+    usable_bytes: float = 0.0
+    """The usable capacity it passed (``DeviceSpec.usable_memory_bytes``), bytes."""
+    memory_bytes: float = 0.0
+    """The device's whole memory, bytes."""
 
     def __str__(self) -> str:
+        usable = ""
+        if self.usable_bytes < self.memory_bytes:
+            usable = f" of its {format_bytes(self.usable_bytes)} usable of {format_bytes(self.memory_bytes)}"
         return (
             f"device {self.device} runs out of memory at {self.time_s * 1e3:.3f} ms "
-            f"(needs {format_bytes(self.overshoot_bytes)} more than it has)"
+            f"(needs {format_bytes(self.overshoot_bytes)} more than it has{usable})"
         )
 
 
@@ -121,13 +128,14 @@ def memory_timeline(cls: DeviceClass, record: Recorder, live_peak: int | None = 
 
 
 def first_out_of_memory(workload: Workload, timelines: list[MemoryTimeline]) -> OutOfMemory | None:
-    """The earliest moment (then the lowest device id) any class passes the device capacity."""
-    capacity = workload.device_memory_bytes
+    """The earliest moment (then the lowest device id) any class passes the device's usable capacity."""
+    capacity = workload.capacity_bytes
     first = None
     for cls, mem in zip(workload.classes, timelines):
         if mem.peak_bytes <= capacity:
             continue
         when = next(t for t, b in zip(mem.times_s, mem.bytes) if b > capacity)
         if first is None or (when, cls.devices[0]) < (first.time_s, first.device):
-            first = OutOfMemory(device=cls.devices[0], time_s=when, overshoot_bytes=mem.peak_bytes - capacity)
+            first = OutOfMemory(device=cls.devices[0], time_s=when, overshoot_bytes=mem.peak_bytes - capacity,
+                                usable_bytes=capacity, memory_bytes=workload.device_memory_bytes)
     return first
