@@ -209,7 +209,7 @@ def _plan_lines(plan: PlanDescription, capacity: str) -> list[str]:
                       for kind in ("parameters", "gradients", "optimizer"))
     lines.append(
         f"memory at rest: at most {format_bytes(top.memory_at_rest_bytes)} per device of "
-        f"{capacity} ({kinds})"
+        f"{capacity}; {kinds}"
     )
     unit = max(plan.stages, key=lambda stage: stage.held.backward_bytes)
     if unit.held.forward_bytes or unit.held.backward_bytes:

@@ -30,6 +30,9 @@ NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
 25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
 DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
+A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
+(``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
 """
 
 from __future__ import annotations
@@ -37,12 +40,20 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sim.cost.reserved import reserved_memory_bytes
+
 __all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS"]
+
+
+def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
+    """A preset's ``memory_reserved``, in bytes, as a scenario file writes it."""
+    return f"{reserved_memory_bytes(memory_bytes, cublas_workspace_bytes=cublas_workspace_bytes):.17g}B"
 
 DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "V100-16GB": {
             "memory": "16GiB",
+            "memory_reserved": _reserved(16 * 2**30, 2**20),
             "peak_flops": "125TFLOP/s",
             "peak_fp32_flops": "15.7TFLOP/s",
             "memory_bandwidth": "900GB/s",
@@ -55,6 +66,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "A100-80GB": {
             "memory": "80GiB",
+            "memory_reserved": _reserved(80 * 2**30, 4 * 2**20),
             "peak_flops": "312TFLOP/s",
             "peak_fp32_flops": "19.5TFLOP/s",
             "memory_bandwidth": "2039GB/s",
@@ -67,6 +79,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "H100-80GB": {
             "memory": "80GiB",
+            "memory_reserved": _reserved(80 * 2**30, 32 * 2**20),
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "3350GB/s",
@@ -79,6 +92,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "H200-141GB": {
             "memory": "141GB",
+            "memory_reserved": _reserved(141e9, 32 * 2**20),
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "4800GB/s",
