@@ -16,11 +16,11 @@ from planner.search.memory import plan_peak_bytes
 from sim.app.check import describe, format_description
 from sim.app.cli import main
 from sim.core.specs import DeviceSpec
+from sim.core.units import format_bytes, parse_bytes
 from sim.cost.reserved import reserved_memory_bytes
 from sim.engine.run import run_scenario
 from sim.input.presets import DEVICE_PRESETS
 from sim.input.scenario import load_scenario
-from sim.core.units import format_bytes, parse_bytes
 
 TINY = "scenarios/gpt_tiny_cpu.yaml"
 MiB, GiB = 2**20, 2**30

@@ -49,8 +49,8 @@ from sim.engine.flows import (
     static_rates,
 )
 from sim.engine.gcpause import gc_paused
-from sim.engine.memory import held_by_stage
 from sim.engine.groups import build_group_collectives, group_flows
+from sim.engine.memory import held_by_stage
 from sim.engine.ops import class_ops
 from sim.engine.workload import COMPUTE, DeviceClass, Workload
 from sim.input.scenario import Scenario
