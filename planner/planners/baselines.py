@@ -102,7 +102,7 @@ def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, ord
                     ) -> list[Candidate]:
     """``base`` under the first ``keep`` (recompute, sharding) levels of ``order`` whose estimated
     peak fits, or under the last (the most frugal) if none does."""
-    capacity = scenario.cluster.device.memory_bytes
+    capacity = scenario.cluster.device.usable_memory_bytes
     fitting = []
     for recompute, sharding in order:
         if sharding.value != "none" and max(base.replicas) * base.context_parallel == 1:

@@ -157,7 +157,7 @@ class _ParetoDP:
         self.replica_set, self.max_stages, self.bound, self.per_node = replica_set, max_stages, bound, per_node
         self.recompute, self.memory_sharding, self.pressure = recompute, memory_sharding, pressure
         self.exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
-        self.capacity = tables.cluster.device.memory_bytes
+        self.capacity = tables.cluster.device.usable_memory_bytes
         self.last = len(cuts) - 1
         self.widest = max(replica_set)
         self.frontier: list[dict[int, list[tuple]]] = [dict() for _ in range(self.last + 1)]
@@ -312,7 +312,7 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list
 def _shardings(tables: CostTables, scenario: Scenario, base: Candidate, options: PlannerOptions) -> list[Sharding]:
     """The sharding modes to try on a partition: the fastest two whose estimated memory fits
     (or, if none does by the estimate, the one that needs the least)."""
-    capacity = scenario.cluster.device.memory_bytes
+    capacity = scenario.cluster.device.usable_memory_bytes
     scored = []
     for sharding in sorted(dict.fromkeys(options.sharding), key=list(Sharding).index):
         if sharding is not Sharding.NONE and max(base.replicas) * base.context_parallel == 1:

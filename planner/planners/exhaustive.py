@@ -103,7 +103,7 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
         )
     tables = CostTables(scenario)
     gbs = scenario.training.global_batch_size
-    capacity = scenario.cluster.device.memory_bytes
+    capacity = scenario.cluster.device.usable_memory_bytes
     bounded = []
     for stages in range(1, min(n, layers, options.max_stages or n) + 1):
         for sizes in _compositions(layers, stages):

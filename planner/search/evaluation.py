@@ -135,10 +135,12 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast",
             if resolved is not None:
                 resolved[candidate] = scenario_of
         estimate = plan_peak_bytes(scenario_of.resolved)
-        capacity = scenario.cluster.device.memory_bytes
+        device = scenario.cluster.device
+        capacity = device.usable_memory_bytes
         if estimate.peak_bytes > capacity:
+            usable = f" usable of {format_bytes(device.memory_bytes)}" if capacity < device.memory_bytes else ""
             message = (f"device {estimate.device} runs out of memory: it needs {format_bytes(estimate.peak_bytes)} "
-                       f"of {format_bytes(capacity)} ({format_bytes(estimate.static_bytes)} of model states, "
+                       f"of {format_bytes(capacity)}{usable} ({format_bytes(estimate.static_bytes)} of model states, "
                        f"{format_bytes(estimate.activation_bytes)} of activations)")
             return Evaluation(candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training,
                               estimate=estimate,

@@ -6,7 +6,8 @@ device class's parameters, gradients and optimizer state (the resolved plan's st
 ``sim.schedule.resolved``, the very ones ``sim.engine.compile`` reads: ``sim.cost.memory.stage_state_bytes``
 through ``sim.cost.compute.stage_cost``), then walks its pipeline rank's actions in the schedule's
 order with the same allocations and frees as the engine's ops (``sim.cost.memory.compute_memory``),
-FSDP holding the gathered parameters during an action (``sim.cost.memory.fsdp_gather_bytes``).
+ZeRO-2/3 and FSDP holding the live units' unsharded parameters and gradient during an action
+(``sim.engine.memory.held_by_stage``, the engine's own: ``sim.cost.memory.stage_held_bytes``).
 
 Receive buffers are left out, so the figure is at most the engine's peak: a candidate over
 capacity here runs out of memory in the replay too, and is rejected without one; one under
@@ -18,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.parallelism import Recompute
-from sim.cost.memory import compute_memory, fsdp_gather_bytes
+from sim.cost.memory import compute_memory
+from sim.engine.memory import held_by_stage
 from sim.schedule.ir import ActionKind, OverlapFB
 from sim.schedule.resolved import ResolvedPlan
 
@@ -37,7 +39,7 @@ class MemoryEstimate:
     """That device's parameters, gradients and optimizer state, bytes (``StageCost.static_bytes``
     summed over its stages, as the engine's ``DeviceClass.static_bytes``)."""
     activation_bytes: float
-    """Its activations (and gathered parameters) at the peak, bytes."""
+    """Its activations (and the units' unsharded parameters and gradient) at the peak, bytes."""
 
 
 def plan_peak_bytes(resolved: ResolvedPlan) -> MemoryEstimate:
@@ -45,11 +47,7 @@ def plan_peak_bytes(resolved: ResolvedPlan) -> MemoryEstimate:
     its stage costs (``sim.schedule.resolved``: the engine's, on each stage's largest slice)."""
     plan, schedule = resolved.plan, resolved.schedule
     full = plan.recompute is Recompute.FULL
-    costs = []
-    for s, cost in enumerate(resolved.stage_costs):
-        data = len(plan.gradient_groups(s)[0])
-        gather = fsdp_gather_bytes(cost.param_bytes, data_parallel=data, sharding=plan.sharding)
-        costs.append((cost, gather))
+    costs = list(zip(resolved.stage_costs, held_by_stage(resolved)))
     ranks = plan.stage_ranks
     best = None
     for rank, group in enumerate(plan.device_groups):
@@ -60,9 +58,11 @@ def plan_peak_bytes(resolved: ResolvedPlan) -> MemoryEstimate:
             for action in parts:
                 if action.kind not in _COMPUTE:
                     continue
-                cost, gather = costs[action.stage]
+                cost, unsharded = costs[action.stage]
                 alloc, free = compute_memory(action.kind, cost, full)
                 held += alloc
+                gather = unsharded.forward_bytes if action.kind is ActionKind.F else (
+                    0.0 if action.kind is ActionKind.W else unsharded.backward_bytes)
                 peak = max(peak, held + gather)
                 held -= free
         if best is None or static + peak > best.peak_bytes:

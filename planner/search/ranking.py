@@ -174,7 +174,7 @@ def settle(
     """
     check_plannable(scenario)
     tables = tables or TablesCache(scenario)
-    capacity = scenario.cluster.device.memory_bytes
+    capacity = scenario.cluster.device.usable_memory_bytes
     scored = []
     reserved = set(reserved)
     for candidate in dict.fromkeys([*candidates, *reserved]):  # drop duplicates, keep order
@@ -240,7 +240,7 @@ def no_fit_note(evaluations: list[Evaluation], scenario: Scenario | None = None)
     if scenario is None or not sized:
         return f"no candidate fits: {reasons[0]} ({kinds})"
     smallest = min(sized, key=lambda e: (e.memory_bytes, repr(e.candidate)))
-    capacity = scenario.cluster.device.memory_bytes
+    capacity = scenario.cluster.device.usable_memory_bytes
     need = smallest.memory_bytes / capacity
     layout = smallest.candidate.layout() or "no tensor parallelism, sharding or recompute"
     return (f"no plan fits: the smallest peak found is {format_bytes(smallest.memory_bytes)} per device of "

@@ -68,7 +68,7 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         "scenario": scenario.name, "model_name": scenario.model.name, "device_name": cluster.device.name,
         "num_nodes": cluster.nodes, "cluster_devices": cluster.num_devices,
         "global_batch_size": training.global_batch_size, "microbatch_size": training.microbatch_size,
-        "memory_capacity_bytes": cluster.device.memory_bytes,
+        "memory_capacity_bytes": cluster.device.usable_memory_bytes,
     }
     if sweep.mode == "simulate":
         result = run_scenario(scenario, engine=engine)

@@ -24,6 +24,7 @@ from sim.app.description import (
 from sim.core.units import format_bytes, format_time
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
+from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
 
 __all__ = ["describe", "format_description"]
@@ -38,7 +39,8 @@ def describe(scenario: Scenario) -> Description:
     return Description(
         name=scenario.name, num_layers=model.num_layers, num_devices=cluster.num_devices, nodes=cluster.nodes,
         devices_per_node=cluster.devices_per_node, device=cluster.device.name,
-        device_memory_bytes=cluster.device.memory_bytes, device_defaults=tuple(scenario.device_defaults),
+        device_memory_bytes=cluster.device.memory_bytes,
+        device_usable_memory_bytes=cluster.device.usable_memory_bytes, device_defaults=tuple(scenario.device_defaults),
         model=ModelDescription(name=model.name, source=model.source, param_bytes=model.param_bytes(),
                                dtype=model.dtype, optimizer=model.optimizer, attention=model.attention),
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
@@ -58,12 +60,12 @@ def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
                             f"(keep {name} groups inside a server of {cluster.devices_per_node} devices)")
     stages = _describe_stages(scenario, warnings)
     devices = _describe_devices(stages, cluster)
-    capacity = cluster.device.memory_bytes
     over = [d.device for d in devices if not d.fits_at_rest]
     if over:
         warnings.append(
             f"devices {_ranges(over)} need {format_bytes(max(d.memory_at_rest_bytes for d in devices))} at rest, "
-            f"more than their {format_bytes(capacity)}; use more stages or fewer layers per stage"
+            f"more than their {_capacity(cluster.device.memory_bytes, cluster.device.usable_memory_bytes)}; "
+            "use more stages or fewer layers per stage"
         )
     unused = cluster.num_devices - len(devices)
     if unused:
@@ -85,6 +87,7 @@ def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDesc
     warns of idle replicas."""
     training, plan = scenario.training, scenario.plan
     costs = scenario.resolved.stage_costs
+    held = held_by_stage(scenario.resolved)
     stages = []
     for index, stage in enumerate(plan.stages):
         start, end = stage.layers
@@ -100,7 +103,7 @@ def _describe_stages(scenario: Scenario, warnings: list[str]) -> tuple[StageDesc
         stages.append(StageDescription(
             stage=index, layers=(start, end), devices=tuple(stage.devices), replicas=replicas,
             samples_per_replica=tuple(slices), param_bytes=cost.param_bytes, fwd_s=cost.fwd_s, bwd_s=cost.bwd_s,
-            stash_bytes_per_microbatch=cost.stash_bytes, states=cost.states,
+            stash_bytes_per_microbatch=cost.stash_bytes, states=cost.states, held=held[index],
         ))
     return tuple(stages)
 
@@ -119,7 +122,7 @@ def _describe_devices(stages: tuple[StageDescription, ...], cluster) -> tuple[De
         devices.append(DeviceDescription(
             device=device, node=cluster.node_of(device), stages=tuple(stage.stage for stage in held),
             memory_at_rest_bytes=at_rest, by_kind=sum_state_bytes(stage.states for stage in held),
-            fits_at_rest=at_rest <= cluster.device.memory_bytes,
+            fits_at_rest=at_rest <= cluster.device.usable_memory_bytes,
         ))
     return tuple(devices)
 
@@ -144,6 +147,13 @@ def _group_spans(plan, cluster) -> dict[str, str]:
             across = any(len({cluster.node_of(d) for d in g}) > 1 for g in groups)
             spans[name] = "across servers" if across else "inside one server"
     return spans
+
+
+def _capacity(memory_bytes: float, usable_bytes: float) -> str:
+    """``80GiB``, or ``80GiB (77.1GiB usable)`` when the device reserves some of it."""
+    if usable_bytes < memory_bytes:
+        return f"{format_bytes(memory_bytes)} ({format_bytes(usable_bytes)} usable)"
+    return format_bytes(memory_bytes)
 
 
 def _ranges(ids: list[int]) -> str:
@@ -193,13 +203,14 @@ def format_description(description: Description) -> str:
         f"-> {d.num_microbatches} micro-batches",
     ]
     if d.plan is not None:
-        lines += _plan_lines(d.plan, d.device_memory_bytes)
+        lines += _plan_lines(d.plan, _capacity(d.device_memory_bytes, d.device_usable_memory_bytes))
     lines += [f"warning: {warning}" for warning in d.warnings]
     return "\n".join(lines)
 
 
-def _plan_lines(plan: PlanDescription, device_memory_bytes: float) -> list[str]:
-    """The plan's lines of ``format_description``: schedule, degrees, stages, memory at rest."""
+def _plan_lines(plan: PlanDescription, capacity: str) -> list[str]:
+    """The plan's lines of ``format_description``: schedule, degrees, stages, memory at rest of
+    the device's ``capacity`` (``_capacity``)."""
     params = "".join(f", {k}={v}" for k, v in sorted(plan.schedule_params))
     recompute = "" if not plan.recompute else f", recompute {plan.recompute.value}"
     degrees = plan.parallelism
@@ -221,6 +232,13 @@ def _plan_lines(plan: PlanDescription, device_memory_bytes: float) -> list[str]:
                       for kind in ("parameters", "gradients", "optimizer"))
     lines.append(
         f"memory at rest: at most {format_bytes(top.memory_at_rest_bytes)} per device of "
-        f"{format_bytes(device_memory_bytes)} ({kinds})"
+        f"{capacity}; {kinds}"
     )
+    unit = max(plan.stages, key=lambda stage: stage.held.backward_bytes)
+    if unit.held.forward_bytes or unit.held.backward_bytes:
+        lines.append(
+            f"sharded by unit: a forward holds up to {format_bytes(unit.held.forward_bytes)} more, a backward "
+            f"{format_bytes(unit.held.backward_bytes)} (the live units' unsharded parameters and gradient; "
+            f"stage {unit.stage})"
+        )
     return lines

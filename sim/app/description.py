@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.parallelism import Recompute
-from sim.cost.memory import StateBytes
+from sim.cost.memory import HeldBytes, StateBytes
 from sim.input.stack import StackValue
 
 __all__ = ["Description", "DeviceDescription", "ModelDescription", "ParallelismDescription", "PlanDescription",
@@ -93,6 +93,9 @@ class StageDescription:
     """Activations the largest slice keeps until its backward, bytes."""
     states: StateBytes
     """Memory at rest of one of its devices by kind (``sim.cost.memory.stage_state_bytes``)."""
+    held: HeldBytes = HeldBytes()
+    """What one of its devices holds unsharded beside its states while a forward or a backward
+    runs (ZeRO-2/3, FSDP by unit: ``sim.cost.memory.stage_held_bytes``), bytes."""
 
     @property
     def memory_at_rest_bytes(self) -> float:
@@ -104,7 +107,10 @@ class StageDescription:
                 "replicas": self.replicas, "samples_per_replica": list(self.samples_per_replica),
                 "param_bytes": self.param_bytes, "fwd_s": self.fwd_s, "bwd_s": self.bwd_s,
                 "stash_bytes_per_microbatch": self.stash_bytes_per_microbatch,
-                "memory_at_rest_bytes": self.memory_at_rest_bytes}
+                "memory_at_rest_bytes": self.memory_at_rest_bytes,
+                **({"unsharded_forward_bytes": self.held.forward_bytes,
+                    "unsharded_backward_bytes": self.held.backward_bytes}
+                   if self.held.forward_bytes or self.held.backward_bytes else {})}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +129,7 @@ class DeviceDescription:
     by_kind: StateBytes
     """The same by kind, each kind summed over its stages (the engine's memory breakdown)."""
     fits_at_rest: bool
-    """Whether ``memory_at_rest_bytes`` fits the device's memory."""
+    """Whether ``memory_at_rest_bytes`` fits the device's usable memory."""
 
     def to_json(self) -> dict[str, Any]:
         kinds = self.by_kind
@@ -174,6 +180,9 @@ class Description:
     """Device name."""
     device_memory_bytes: float
     """Memory of one device, bytes."""
+    device_usable_memory_bytes: float
+    """What tensors may fill on one device (``DeviceSpec.usable_memory_bytes``: its memory less
+    ``memory_reserved``), bytes; the fit verdicts compare with it."""
     device_defaults: tuple[tuple[str, str], ...]
     """(key, value used) for each custom-device key the file left to its default."""
     model: ModelDescription
@@ -199,6 +208,7 @@ class Description:
             "name": self.name, "num_layers": self.num_layers, "num_devices": self.num_devices, "nodes": self.nodes,
             "devices_per_node": self.devices_per_node, "device": self.device,
             "device_memory_bytes": self.device_memory_bytes,
+            "device_usable_memory_bytes": self.device_usable_memory_bytes,
             "device_defaults": [key for key, _ in self.device_defaults],
             "device_default_values": dict(self.device_defaults), "model": self.model.to_json(),
             "global_batch_size": self.global_batch_size, "microbatch_size": self.microbatch_size,

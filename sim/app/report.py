@@ -64,7 +64,9 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
 
 def format_summary(summary: Summary, result: SimResult) -> str:
     """A short human-readable report: headline numbers, then one row per class of devices."""
-    capacity = result.workload.device_memory_bytes
+    capacity = format_bytes(result.workload.device_memory_bytes)
+    if result.workload.capacity_bytes < result.workload.device_memory_bytes:
+        capacity += f" ({format_bytes(result.workload.capacity_bytes)} usable)"
     mode = summary.engine + (", contention" if summary.contention else ", no contention")
     lines = [
         f"{summary.name}: {summary.schedule}, {summary.num_stages} stages, "
@@ -83,7 +85,7 @@ def format_summary(summary: Summary, result: SimResult) -> str:
         lines.append(
             f"iteration {format_time(summary.iteration_time_s)}   throughput "
             f"{summary.throughput_samples_per_s:.4g} samples/s   bubble {summary.bubble_fraction:.1%}   "
-            f"peak memory {format_bytes(summary.peak_memory_bytes)} of {format_bytes(capacity)}"
+            f"peak memory {format_bytes(summary.peak_memory_bytes)} of {capacity}"
             + (f"   MFU {summary.mfu:.1%}" if summary.mfu is not None else "")
         )
     impact = summary.fault_impact

@@ -261,6 +261,7 @@ def stage_cost(
     data_parallel: int = 1,
     sharding: Sharding = Sharding.NONE,
     tied_link: LinkSpec | None = None,
+    accumulate_unsharded: bool = False,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``: its time
     (``stage_time_s``), its activations (``sim.cost.memory.stage_activation_bytes``), its model
@@ -276,12 +277,15 @@ def stage_cost(
     runs on its shard. A stage that holds the head of a tied embedding but not the embedding
     keeps its own copy of the matrix (memory and optimizer step), and a stage holding either
     end alone all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
+    ``accumulate_unsharded``: sharded gradients kept whole over the micro-batches
+    (``sim.cost.memory.accumulates_unsharded``).
     """
     recompute = Recompute.of(recompute)
     time = stage_time_s(model, device, start, end, samples, recompute)
     kept = stage_activation_bytes(model, start, end, samples, recompute)
     params = model.stage_param_bytes(start, end)
-    states = stage_state_bytes(model, params, data_parallel=data_parallel, sharding=sharding)
+    states = stage_state_bytes(model, params, data_parallel=data_parallel, sharding=sharding,
+                               accumulate_unsharded=accumulate_unsharded)
     tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + tied_copy_tensors(model, start, end)
     step_s = stage_optimizer_step_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding)
     tied_s = tied_allreduce_s(model, start, end, tied_link)

@@ -19,8 +19,8 @@ check`` and the tests call it. A device holds three kinds of bytes:
   a layer adds to a stage's stash by recompute mode, per sample (the terms the planner's
   prefix sums are built from); ``stage_activation_bytes``: a stage's slice of a micro-batch,
   summed from those terms, with what full recompute rebuilds at once;
-* buffers — ``fsdp_gather_bytes``: the other devices' shards of a stage's parameters that
-  FSDP gathers for the length of an action.
+* buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs,
+  one unit at a time with the next prefetched (``fsdp_unit_param_bytes``, ``unit_peak_bytes``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.overlap import FsdpSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 from sim.cost.kernels import LSE_BYTES
 from sim.schedule.ir import ActionKind
 
-__all__ = ["ActivationBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes", "fsdp_gather_bytes",
-           "layer_stash_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
-           "sum_state_bytes", "WGRAD_STASH_FRACTION", "compute_memory"]
+__all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes",
+           "fsdp_unit_param_bytes", "layer_stash_bytes", "stage_held_bytes", "unit_peak_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
+           "sum_state_bytes", "WGRAD_STASH_FRACTION", "accumulates_unsharded", "compute_memory"]
 
 
 def block_activation_bytes(
@@ -107,7 +108,8 @@ class StateBytes:
     parameters: float
     """Parameter bytes (1/d of them under ``sharding: full``)."""
     gradients: float
-    """Gradient bytes, in ``ModelSpec.grad_dtype`` (1/d of them under ``gradients`` and ``full``)."""
+    """Gradient bytes, in ``ModelSpec.grad_dtype`` (1/d of them under ``gradients`` and ``full``,
+    unless accumulated unsharded over the micro-batches)."""
     optimizer: float
     """Optimizer state (with mixed precision, the fp32 master weights too), bytes (1/d of it
     under any sharding)."""
@@ -119,7 +121,8 @@ class StateBytes:
 
 
 def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: float, data_parallel: int,
-                      sharding: Sharding = Sharding.NONE, grad_bytes_per_param_byte: float = 1.0) -> StateBytes:
+                      sharding: Sharding = Sharding.NONE, grad_bytes_per_param_byte: float = 1.0,
+                      accumulate_unsharded: bool = False) -> StateBytes:
     """Parameters, gradients and optimizer state per device for ``param_bytes`` of parameters
     (already divided by tensor parallelism and the pipeline), over ``data_parallel`` replicas.
 
@@ -129,6 +132,14 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
     (ZeRO-3, FSDP). Gradients kept in fp32 for 16-bit weights (Megatron-LM's ``main_grad``,
     ``grad_bytes_per_param_byte`` 2) make it 18Ψ unsharded, Megatron-LM's count for "bf16
     param, fp32 grads" (its distributed-optimizer guide, ``docs/source/distrib_optimizer.md``).
+
+    Over several micro-batches, ZeRO-2/3 and FSDP2 reduce-scatter each micro-batch's gradients
+    and keep the shard (DeepSpeed's ``reduce_ready_partitions_and_remove_grads`` reduces every
+    backward when gradients are partitioned, and only at the accumulation boundary under
+    ZeRO-1, whose gradients stay full: ``deepspeed/runtime/zero/stage_1_and_2.py``). FSDP2's
+    ``set_requires_gradient_sync(False)`` instead "avoids the communication but uses more
+    gradient memory (storing the unsharded gradients)" until the last micro-batch (pytorch/pytorch
+    PR #126166): ``accumulate_unsharded`` counts the full gradients then.
     """
     d = data_parallel
     grads = param_bytes * grad_bytes_per_param_byte
@@ -136,24 +147,34 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
     sharded = {Sharding.NONE: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}[sharding]
     return StateBytes(
         parameters=param_bytes / d if sharded >= 3 else param_bytes,
-        gradients=grads / d if sharded >= 2 else grads,
+        gradients=grads / d if sharded >= 2 and not accumulate_unsharded else grads,
         optimizer=optimizer / d if sharded >= 1 else optimizer,
     )
 
 
 def stage_state_bytes(model: ModelSpec, param_bytes: float, *, data_parallel: int = 1,
-                      sharding: Sharding = Sharding.NONE) -> StateBytes:
+                      sharding: Sharding = Sharding.NONE, accumulate_unsharded: bool = False) -> StateBytes:
     """Memory at rest of one device of a stage holding ``param_bytes`` of ``model``'s parameters
     (its tensor-parallel share, a tied embedding's copy included: ``ModelSpec.stage_param_bytes``),
     over the ``data_parallel`` devices of its gradient group: ``model_state_bytes`` with the
-    model's gradient width and optimizer state per parameter byte.
+    model's gradient width and optimizer state per parameter byte (``accumulate_unsharded``:
+    gradients kept whole over the micro-batches, ``accumulates_unsharded``).
 
     The engine (through ``sim.cost.compute.stage_cost``), the planner's tables and ``dapple-sim
     check`` all call it, so a plan's memory at rest is the same number everywhere.
     """
     return model_state_bytes(param_bytes, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
                              data_parallel=data_parallel, sharding=sharding,
-                             grad_bytes_per_param_byte=model.grad_bytes_per_param_byte)
+                             grad_bytes_per_param_byte=model.grad_bytes_per_param_byte,
+                             accumulate_unsharded=accumulate_unsharded)
+
+
+def accumulates_unsharded(sharding: Sharding, fsdp: FsdpSpec, num_microbatches: int) -> bool:
+    """Whether a plan keeps its gradients unsharded from the first backward to the last: sharded
+    gradients (``gradients``, ``full``) over several micro-batches with
+    ``plan.fsdp.reduce_every_microbatch`` false (see ``model_state_bytes``)."""
+    return (sharding in (Sharding.GRADIENTS, Sharding.FULL) and num_microbatches > 1
+            and not fsdp.reduce_every_microbatch)
 
 
 def sum_state_bytes(states: Iterable[StateBytes]) -> StateBytes:
@@ -230,14 +251,98 @@ def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
     return ActivationBytes(stash_bytes=stash, rebuilt_bytes=0.0)
 
 
-# -- buffers ---------------------------------------------------------------------------------------
+# -- buffers: FSDP and ZeRO by unit ---------------------------------------------------------------
 
-def fsdp_gather_bytes(param_bytes: float, *, data_parallel: int, sharding: Sharding) -> float:
-    """Bytes FSDP gathers around an action (``sharding: full``): the other d − 1 shards of the
-    stage's ``param_bytes``, held while the action runs (ZeRO-3's parameter gathers, Rajbhandari et al. 2020,
-    §5.3; FSDP2's ``fully_shard`` unshards before the computation and reshards after); 0 for any
-    other sharding."""
-    return param_bytes * (1 - 1 / data_parallel) if sharding is Sharding.FULL else 0.0
+def fsdp_unit_param_bytes(model: ModelSpec, start: int, end: int, unit_layers: int = 1) -> tuple[float, ...]:
+    """Parameter bytes of each FSDP unit of layers ``[start, end)`` on one device, in forward order.
+
+    A unit is one ``fully_shard`` call: ``unit_layers`` consecutive transformer blocks (layers with
+    ``checkpoint_bytes``), and every other layer a unit of its own, as torchtitan wraps Llama: the
+    token embedding, each ``TransformerBlock``, then the final norm with the output projection
+    (torchtitan ``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``). A tied
+    embedding's copy (``ModelSpec.tied_copy_bytes``) belongs to the stage's last unit, the head.
+    """
+    units: list[float] = []
+    run = 0  # blocks in the unit being filled
+    for layer in model.layers[start:end]:
+        if layer.checkpoint_bytes is not None and 0 < run < unit_layers:
+            units[-1] += layer.param_bytes
+            run += 1
+        else:
+            units.append(layer.param_bytes)
+            run = 1 if layer.checkpoint_bytes is not None else unit_layers  # a non-block closes its unit
+    tied = model.tied_copy_bytes(start, end)
+    if tied and units:
+        units[-1] += tied
+    return tuple(units)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldBytes:
+    """What a compute action holds beside the model states at rest while it runs, bytes."""
+
+    forward_bytes: float = 0.0
+    """A forward: the gathered (unsharded) parameters of the units live at once."""
+    backward_bytes: float = 0.0
+    """A backward: the gathered parameters live at once plus the unsharded gradient of the unit
+    computing, before its reduce-scatter."""
+
+
+def unit_peak_bytes(unit_param_bytes: tuple[float, ...], *, grad_bytes_per_param_byte: float,
+                    gather_parameters: bool, reshard_after_forward: bool = True) -> HeldBytes:
+    """The most a device holds beside its shards while FSDP/ZeRO runs a stage's units
+    (``unit_param_bytes``, forward order: ``fsdp_unit_param_bytes``).
+
+    ZeRO-3/FSDP (``gather_parameters``) all-gathers a unit's whole parameters p_i (the
+    all-gather's output is the unsharded tensor; the shard stays in the model states) before
+    it runs and frees them after. FSDP2 issues the next unit's all-gather while the current unit
+    computes (implicit prefetching: torch docs, "FSDP Notes", "FSDP Prefetch Nuances"; the
+    backward prefetches the unit before), so at most two units' parameters are live:
+    forward max_i (p_i + p_(i+1)), backward max_i (p_i + p_(i−1) + g·p_i), where g·p_i is the
+    unit's gradient, unsharded in the gradient dtype until its reduce-scatter (the
+    "reduce-scatter input" of ``fully_shard``'s post-backward; Rajbhandari et al. 2020, §5.2–5.3).
+
+    With ``reshard_after_forward`` false the unsharded parameters stay "in memory after
+    forward", avoiding the all-gather in backward (``torch.distributed.fsdp.fully_shard``,
+    ``reshard_after_forward``); FSDP keeps one unsharded copy per unit, not one per
+    micro-batch (a later micro-batch's forward finds it gathered), freed by the unit's
+    post-backward. So a forward ends with every unit gathered, Σp, and unit i's backward holds
+    the units not yet run backward, max_i (p_0 + … + p_i + g·p_i).
+
+    ZeRO-2 (gradients sharded, not parameters) holds only the unit's gradient in its backward,
+    max_i g·p_i (DeepSpeed reduces each bucket of gradients as the backward produces it and
+    frees it: ``stage_1_and_2.py``, ``reduce_ready_partitions_and_remove_grads``).
+    """
+    p, g = unit_param_bytes, grad_bytes_per_param_byte
+    if not p:
+        return HeldBytes()
+    if not gather_parameters:
+        return HeldBytes(backward_bytes=max(g * x for x in p))
+    if not reshard_after_forward:
+        prefix = [sum(p[:i + 1]) for i in range(len(p))]
+        return HeldBytes(forward_bytes=prefix[-1], backward_bytes=max(prefix[i] + g * p[i] for i in range(len(p))))
+    forward = max(p[i] + (p[i + 1] if i + 1 < len(p) else 0.0) for i in range(len(p)))
+    backward = max(p[i] + (p[i - 1] if i > 0 else 0.0) + g * p[i] for i in range(len(p)))
+    return HeldBytes(forward_bytes=forward, backward_bytes=backward)
+
+
+def stage_held_bytes(model: ModelSpec, start: int, end: int, *, data_parallel: int, sharding: Sharding,
+                     fsdp: FsdpSpec = FsdpSpec(), num_microbatches: int = 1) -> HeldBytes:
+    """What a compute action of layers ``[start, end)`` holds beside the model states on one
+    device (``model``: its share of each layer), over ``data_parallel`` devices: ``unit_peak_bytes``
+    of the stage's units under ``sharding: full`` (parameters) or ``gradients`` (gradients only);
+    nothing unsharded, under ``optimizer`` (ZeRO-1 keeps full gradients at rest) or with one
+    device (nothing is sharded). Gradients accumulated unsharded (``accumulates_unsharded``)
+    are counted at rest, so a unit's gradient adds nothing then. The engine's ops
+    (``Op.gather_bytes``), the planner's count (``planner.search.memory``) and ``dapple-sim
+    check`` all read it."""
+    if data_parallel <= 1 or sharding not in (Sharding.GRADIENTS, Sharding.FULL):
+        return HeldBytes()
+    whole = accumulates_unsharded(sharding, fsdp, num_microbatches)
+    return unit_peak_bytes(fsdp_unit_param_bytes(model, start, end, fsdp.unit_layers),
+                           grad_bytes_per_param_byte=0.0 if whole else model.grad_bytes_per_param_byte,
+                           gather_parameters=sharding is Sharding.FULL,
+                           reshard_after_forward=fsdp.reshard_after_forward)
 
 
 # -- what a compute action allocates and frees ---------------------------------------------

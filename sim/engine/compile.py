@@ -50,6 +50,7 @@ from sim.engine.flows import (
 )
 from sim.engine.gcpause import gc_paused
 from sim.engine.groups import build_group_collectives, group_flows
+from sim.engine.memory import held_by_stage
 from sim.engine.ops import class_ops
 from sim.engine.workload import COMPUTE, DeviceClass, Workload
 from sim.input.scenario import Scenario
@@ -145,6 +146,7 @@ def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kin
         collectives=tuple(collectives),
         group_collectives=tuple(group_collectives),
         device_memory_bytes=cluster.device.memory_bytes,
+        usable_memory_bytes=cluster.device.usable_memory_bytes,
         flop_per_iteration=flop * training.global_batch_size if flop else None,
         peak_flop_per_s=cluster.device.peak_flop_per_s_for(resolved.model.dtype),
         schedule_name=plan.schedule if plan.custom_schedule is None else "file",
@@ -231,7 +233,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     shared = ctx.shared_ops.get(key)
     if shared is None:
         ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
-                        ctx.collectives)
+                        ctx.collectives, held_by_stage(ctx.resolved))
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
         shared = ctx.shared_ops[key] = ops, array("d", [op.duration_s for op in ops]), compute
     ops, durations, compute = shared

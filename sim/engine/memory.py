@@ -5,7 +5,11 @@ and of receive buffers (``sim.engine.records.Recorder``). Starting from the byte
 (parameters, gradients, optimizer state: ``DeviceClass.static_bytes``), their running sum is
 the device's memory as a step function of time. Events at the same instant apply frees before
 allocations, as an allocator would, so a buffer handed from one action to the next does not
-count twice. A device runs out of memory the first time that sum passes its capacity.
+count twice. Under ZeRO-2/3 and FSDP a compute op also holds, while it runs, the unsharded
+parameters and gradient of the units live at once (``held_by_stage``: ``sim.cost.memory.stage_held_bytes``).
+A device runs out of memory the first time that sum passes its usable capacity
+(``DeviceSpec.usable_memory_bytes``: its memory less what the CUDA context, NCCL and the
+allocator reserve).
 """
 
 from __future__ import annotations
@@ -16,12 +20,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.core.units import format_bytes
+from sim.cost.memory import HeldBytes, stage_held_bytes
 
 if TYPE_CHECKING:
     from sim.engine.records import Recorder
     from sim.engine.workload import DeviceClass, Workload
+    from sim.schedule.resolved import ResolvedPlan
 
-__all__ = ["MemoryTimeline", "OutOfMemory", "first_out_of_memory", "memory_timeline"]
+__all__ = ["MemoryTimeline", "OutOfMemory", "first_out_of_memory", "held_by_stage", "memory_timeline"]
+
+
+def held_by_stage(resolved: ResolvedPlan) -> tuple[HeldBytes, ...]:
+    """What each stage's compute actions hold unsharded while they run, on one device
+    (``sim.cost.memory.stage_held_bytes`` on the stage's layers, its gradient group, the plan's
+    sharding and ``plan.fsdp``): the engine's ops and the planner's count read the same."""
+    plan = resolved.plan
+    return tuple(stage_held_bytes(resolved.model, *stage.layers, data_parallel=len(plan.gradient_groups(s)[0]),
+                                  sharding=plan.sharding, fsdp=plan.fsdp, num_microbatches=resolved.num_microbatches)
+                 for s, stage in enumerate(plan.stages))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,12 +47,19 @@ class OutOfMemory:
     device: int
     time_s: float
     overshoot_bytes: float
-    """Peak bytes minus capacity."""
+    """Peak bytes minus the usable capacity."""
+    usable_bytes: float = 0.0
+    """The usable capacity it passed (``DeviceSpec.usable_memory_bytes``), bytes."""
+    memory_bytes: float = 0.0
+    """The device's whole memory, bytes."""
 
     def __str__(self) -> str:
+        usable = ""
+        if self.usable_bytes < self.memory_bytes:
+            usable = f" of its {format_bytes(self.usable_bytes)} usable of {format_bytes(self.memory_bytes)}"
         return (
             f"device {self.device} runs out of memory at {self.time_s * 1e3:.3f} ms "
-            f"(needs {format_bytes(self.overshoot_bytes)} more than it has)"
+            f"(needs {format_bytes(self.overshoot_bytes)} more than it has{usable})"
         )
 
 
@@ -105,13 +128,14 @@ def memory_timeline(cls: DeviceClass, record: Recorder, live_peak: int | None = 
 
 
 def first_out_of_memory(workload: Workload, timelines: list[MemoryTimeline]) -> OutOfMemory | None:
-    """The earliest moment (then the lowest device id) any class passes the device capacity."""
-    capacity = workload.device_memory_bytes
+    """The earliest moment (then the lowest device id) any class passes the device's usable capacity."""
+    capacity = workload.capacity_bytes
     first = None
     for cls, mem in zip(workload.classes, timelines):
         if mem.peak_bytes <= capacity:
             continue
         when = next(t for t, b in zip(mem.times_s, mem.bytes) if b > capacity)
         if first is None or (when, cls.devices[0]) < (first.time_s, first.device):
-            first = OutOfMemory(device=cls.devices[0], time_s=when, overshoot_bytes=mem.peak_bytes - capacity)
+            first = OutOfMemory(device=cls.devices[0], time_s=when, overshoot_bytes=mem.peak_bytes - capacity,
+                                usable_bytes=capacity, memory_bytes=workload.device_memory_bytes)
     return first

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from sim.core.parallelism import Recompute
 from sim.cost.compute import overlapped_pair_s
-from sim.cost.memory import compute_memory, fsdp_gather_bytes
+from sim.cost.memory import HeldBytes, compute_memory
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
@@ -31,11 +31,12 @@ __all__ = ["class_ops"]
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
-              collectives: list) -> tuple[Op, ...]:
+              collectives: list, held: tuple[HeldBytes, ...] = ()) -> tuple[Op, ...]:
     """The ops of a class that runs ``steps`` (its rank of the lowered schedule, ``texts``
     their text), whose stages cost ``costs`` (stage -> ``StageCost`` of its slice), with its
     links' costs (``(link, flows, issue s, receive s, received bytes)``), its group
-    collectives ``((label, index), ...)`` and the gradient all-reduces ``collectives``."""
+    collectives ``((label, index), ...)``, the gradient all-reduces ``collectives`` and what
+    each stage's compute actions hold unsharded (``held``, by stage: ``sim.engine.memory.held_by_stage``)."""
     slot_of = {link: slot for slot, (link, *_) in enumerate(link_costs)}
     cost_of = {link: rest for link, *rest in link_costs}
     group_slot = {label: slot for slot, (label, _) in enumerate(group_keys)}
@@ -46,8 +47,7 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
     def template(a) -> list:
         key = (a.stage, a.kind)
         if key not in templates:
-            gather = fsdp_gather_bytes(costs[a.stage].param_bytes, data_parallel=len(plan.gradient_groups(a.stage)[0]),
-                                       sharding=plan.sharding)
+            gather = held[a.stage] if held else HeldBytes()
             fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
             templates[key] = _with_groups(a, fields, group_slot, gather)
         return templates[key]
@@ -97,10 +97,11 @@ def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], effici
     return ops
 
 
-def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) -> list[dict]:
+def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes) -> list[dict]:
     """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
     FSDP's gather) and followed by its blocking ones (tensor parallelism); a GROUP op names its
-    collective by its slot in ``DeviceClass.groups``."""
+    collective by its slot in ``DeviceClass.groups``. A forward holds ``held.forward_bytes`` while
+    it runs, a backward (or its input-gradient half) ``held.backward_bytes`` (FSDP's units)."""
     kind = action.kind
     if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
         return [fields]
@@ -112,7 +113,8 @@ def _with_groups(action, fields: dict, group_slot: dict, gather_bytes: float) ->
             continue
         op = dict(code=GROUP, collective=slot, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
         (before if name in OVERLAPPED else after).append(op)
-    if gather_bytes and before:
+    gather_bytes = held.forward_bytes if kind is ActionKind.F else held.backward_bytes
+    if gather_bytes:
         fields = {**fields, "gather_bytes": gather_bytes}
     return before + [fields] + after
 

@@ -197,6 +197,7 @@ class Workload:
     group_collectives: tuple[Collective, ...]
     """Per-action collectives of tensor- and context-parallel groups and FSDP (``GROUP`` ops)."""
     device_memory_bytes: float
+    """Memory of one device, bytes (``DeviceSpec.memory_bytes``)."""
     flop_per_iteration: float | None
     """Model FLOPs of one iteration when the model's FLOPs are known (for MFU)."""
     peak_flop_per_s: float
@@ -213,6 +214,14 @@ class Workload:
     """The classes are exact with contention only while sibling kinds leave together
     (``compile_workload(optimistic=True)``): the SimPy replay checks it and raises
     ``sim.engine.replay.Diverged`` when they do not."""
+    usable_memory_bytes: float | None = None
+    """What tensors may fill on one device (``DeviceSpec.usable_memory_bytes``); None: all of
+    ``device_memory_bytes``."""
+
+    @property
+    def capacity_bytes(self) -> float:
+        """The bytes past which a device is out of memory: ``usable_memory_bytes``, else all of it."""
+        return self.device_memory_bytes if self.usable_memory_bytes is None else self.usable_memory_bytes
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -51,6 +51,10 @@ scaled_dot_product_attention``'s documentation): the same figures' FlashAttentio
 TFLOP/s forward (0.323) and 310 backward (0.313).
 The H200 is the H100's chip with more memory (same 989 TFLOP/s); its values are the H100's.
 The V100's are the A100's, standing in where no FlashAttention measurement exists.
+
+``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
+A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
+(``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
 """
 
 from __future__ import annotations
@@ -58,12 +62,21 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sim.cost.reserved import reserved_memory_bytes
+
 __all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS"]
+
+
+def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
+    """A preset's ``memory_reserved``, in bytes, as a scenario file writes it."""
+    return f"{reserved_memory_bytes(memory_bytes, cublas_workspace_bytes=cublas_workspace_bytes):.17g}B"
+
 
 DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "V100-16GB": {
             "memory": "16GiB",
+            "memory_reserved": _reserved(16 * 2**30, 2**20),
             "peak_flops": "125TFLOP/s",
             "peak_fp32_flops": "15.7TFLOP/s",
             "memory_bandwidth": "900GB/s",
@@ -81,6 +94,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "A100-80GB": {
             "memory": "80GiB",
+            "memory_reserved": _reserved(80 * 2**30, 4 * 2**20),
             "peak_flops": "312TFLOP/s",
             "peak_fp32_flops": "19.5TFLOP/s",
             "memory_bandwidth": "2039GB/s",
@@ -98,6 +112,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "H100-80GB": {
             "memory": "80GiB",
+            "memory_reserved": _reserved(80 * 2**30, 32 * 2**20),
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "3350GB/s",
@@ -115,6 +130,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "H200-141GB": {
             "memory": "141GB",
+            "memory_reserved": _reserved(141e9, 32 * 2**20),
             "peak_flops": "989TFLOP/s",
             "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "4800GB/s",

@@ -48,7 +48,7 @@ def dapple_stage_policies(plan: PlanSpec, part: ModelSpec, cluster, training,
       when both stages sit on one server, else inter-node), for the larger of the two sides'
       per-device slices; 0 when the two stages share devices;
     - ``max_warmup[i]``: the micro-batches whose stash fits beside the stage's model states in
-      a device's memory.
+      a device's usable memory (``DeviceSpec.usable_memory_bytes``).
     """
     if plan.custom_schedule is not None or plan.params.get("policy") != DapplePolicy.AUTO:
         return None
@@ -57,7 +57,7 @@ def dapple_stage_policies(plan: PlanSpec, part: ModelSpec, cluster, training,
     compute, room = [], []
     for cost in costs:
         compute.append(cost.fwd_s + cost.bwd_s)
-        free = device.memory_bytes - cost.static_bytes
+        free = device.usable_memory_bytes - cost.static_bytes
         room.append(m if cost.stash_bytes <= 0 else max(0, min(m, int(free // cost.stash_bytes))))
     transfer = []
     for s in range(plan.num_stages - 1):

@@ -35,6 +35,7 @@ from sim.core.plan import PlanSpec
 from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.cost.comm import embedding_group_link
 from sim.cost.compute import StageCost, stage_cost
+from sim.cost.memory import accumulates_unsharded
 from sim.cost.split import split_samples
 from sim.models import shard_model
 from sim.schedule.ir import Schedule
@@ -86,11 +87,13 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
     part = shard_model(model, plan.shard)
     tied = embedding_group_link(plan, cluster)
     costs = []
+    whole = accumulates_unsharded(plan.sharding, plan.fsdp, training.num_microbatches)
     for s, stage in enumerate(plan.stages):
         slices = sorted(set(split_samples(training.microbatch_size, len(plan.replicas(s)))), reverse=True)
         data = len(plan.gradient_groups(s)[0])
         costs.append(tuple(stage_cost(part, cluster.device, *stage.layers, n, recompute=plan.recompute,
-                                      data_parallel=data, sharding=plan.sharding, tied_link=tied)
+                                      data_parallel=data, sharding=plan.sharding, tied_link=tied,
+                                      accumulate_unsharded=whole)
                            for n in slices))
     first = [stage_costs[0] for stage_costs in costs]
     policies = dapple_stage_policies(plan, part, cluster, training, first)

@@ -87,15 +87,17 @@ def _draw_memory(ax, result: SimResult, scale: float, name: str, *, capacity_in_
         values = [v / scale for v in values] + [values[-1] / scale]
         ax.step(times, values, where="post", label=f"dev {device}" + (f" (x{count})" if count > 1 else ""))
 
-    capacity = result.workload.device_memory_bytes
+    capacity = result.workload.capacity_bytes
+    label = f"capacity {format_bytes(capacity)}"
+    if capacity < result.workload.device_memory_bytes:
+        label = f"usable {format_bytes(capacity)} of {format_bytes(result.workload.device_memory_bytes)}"
     handles, _ = ax.get_legend_handles_labels()
     if capacity_in_view:
-        handles.append(ax.axhline(capacity / scale, color="red", linestyle="--",
-                                  label=f"capacity {format_bytes(capacity)}"))
+        handles.append(ax.axhline(capacity / scale, color="red", linestyle="--", label=label))
     elif capacity_note:
         share = result.summarize().peak_memory_bytes / capacity
         percent = f"{share:.0%}" if share >= 0.01 else f"{share:.2%}"
-        handles.append(Line2D([], [], color="red", linestyle="--", label=f"capacity {format_bytes(capacity)},\n"
+        handles.append(Line2D([], [], color="red", linestyle="--", label=f"{label},\n"
                               f"above the scale (zoomed\non the curves; peak {percent} of it)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="x-small", frameon=False,
               borderaxespad=0.0)
@@ -119,7 +121,7 @@ def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> An
         fig = ax.figure
     values = [v for device, _ in _class_rows(result)[:16] for v in result.memory_timeline(device)[1]]
     peak, low = max(values, default=0.0), min(values, default=0.0)
-    capacity = result.workload.device_memory_bytes
+    capacity = result.workload.capacity_bytes
     scale, name = _memory_unit(peak)
     in_view = peak > CAPACITY_IN_VIEW * capacity
     _draw_memory(ax, result, scale, name, capacity_in_view=in_view)
@@ -163,7 +165,7 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
     # one memory scale for all panels; zoomed on the curves unless one comes near the capacity
     peak_gib = max(r.summarize().peak_memory_bytes for r in results.values()) / _GiB
     low_gib = min(min(r.memory_timeline(d)[1]) for r in results.values() for d, _ in _class_rows(r)) / _GiB
-    capacity_gib = max(r.workload.device_memory_bytes for r in results.values()) / _GiB
+    capacity_gib = max(r.workload.capacity_bytes for r in results.values()) / _GiB
     show_capacity = peak_gib > CAPACITY_IN_VIEW * capacity_gib
     top_gib = max(peak_gib, capacity_gib) * 1.06 if show_capacity else peak_gib + 0.15 * max(peak_gib - low_gib, 0.1)
     bottom_gib = 0.0 if show_capacity else max(0.0, low_gib - 0.15 * max(peak_gib - low_gib, 0.1))
