@@ -68,7 +68,8 @@ def test_rejections_have_a_kind_and_the_report_counts_them(tmp_path):
     scenario = load_scenario(BERT)
     layers = scenario.model.num_layers
     tiny = replace(scenario, cluster=replace(scenario.cluster, device=replace(scenario.cluster.device,
-                                                                              memory_bytes=2**30)))
+                                                                              memory_bytes=2**30,
+                                                                              memory_reserved_bytes=0.0)))
     fits = Candidate(bounds=(0, 27, layers), replicas=(8, 8), microbatch_size=16)
     oom = evaluate(tiny, fits)
     assert oom.rejection.kind is RejectionKind.OUT_OF_MEMORY and "runs out of memory" in oom.rejected

@@ -34,7 +34,7 @@ def test_the_planner_ignores_the_scenarios_plan_and_says_so(capsys):
 def test_data_parallelism_accumulates_one_forward_and_one_backward_at_a_time():
     # 10 GiB per V100: BERT-48's states leave room for half the batch's activations at once
     # (unsharded: ZeRO would make room for the whole batch)
-    found = dp_planner(load_scenario(BERT, {"cluster.device.memory": "10GiB"}, ignore_plan=True),
+    found = dp_planner(load_scenario(BERT, {"cluster.device.memory": "10GiB", "cluster.device.memory_reserved": "0B"}, ignore_plan=True),
                        PlannerOptions(sharding=(Sharding.NONE,)))
     summary = found.best.summary
     assert found.best.candidate.num_stages == 1 and summary.num_microbatches > 1

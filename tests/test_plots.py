@@ -64,11 +64,11 @@ def test_schedule_comparison_stacks_gantt_and_memory_on_one_time_axis():
     low, high = memory_limits.pop()
     peak = max(r.summary()["peak_memory_bytes"] for r in results.values()) / GiB
     assert low < 5.0 < peak < high < 16  # zoomed on the curves: 16 GiB is far above them
-    assert "capacity 16 GiB, above the scale" in fig.axes[1].get_title(loc="left")
+    assert "usable 14.7 of 16 GiB, above the scale" in fig.axes[1].get_title(loc="left")
     from sim.engine.run import run_scenario
     from sim.input.scenario import load_scenario
 
-    small = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB"}))
+    small = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB", "cluster.device.memory_reserved": "0B"}))
     near = plots.schedule_comparison_figure({"dapple": small})  # 5 of 6 GiB: the capacity line is in view
     assert near.axes[1].get_ylim() == (0.0, pytest.approx(6 * 1.06))
 
@@ -264,7 +264,7 @@ def test_memory_figure_zooms_on_small_runs_and_draws_the_capacity_when_near():
     assert ax.get_ylabel() == "memory (MiB)" and peak < high < 1.5 * peak and low > 0
     assert any("capacity 4GiB" in t.get_text() and "above the scale" in t.get_text()
                for t in ax.get_legend().get_texts())
-    near = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB"}))
+    near = run_scenario(load_scenario(SCENARIOS / "bert48_v100_2x8.yaml", {"cluster.device.memory": "6GiB", "cluster.device.memory_reserved": "0B"}))
     ax = plots.memory_figure(near).axes[0]
     (capacity,) = [line for line in ax.get_lines() if line.get_label() == "capacity 6GiB"]
     assert list(capacity.get_ydata()) == [6, 6] and ax.get_ylim() == (0.0, pytest.approx(6 * 1.06))

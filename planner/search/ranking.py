@@ -243,8 +243,10 @@ def no_fit_note(evaluations: list[Evaluation], scenario: Scenario | None = None)
     capacity = scenario.cluster.device.usable_memory_bytes
     need = smallest.memory_bytes / capacity
     layout = smallest.candidate.layout() or "no tensor parallelism, sharding or recompute"
+    memory = scenario.cluster.device.memory_bytes
+    usable = format_bytes(capacity) + (f" usable of {format_bytes(memory)}" if capacity < memory else "")
     return (f"no plan fits: the smallest peak found is {format_bytes(smallest.memory_bytes)} per device of "
-            f"{format_bytes(capacity)} ({smallest.candidate.describe()}; {layout}); it would fit with about "
+            f"{usable} ({smallest.candidate.describe()}; {layout}); it would fit with about "
             f"{need:.1f}x the devices (the model's states spread over more stages and replicas), "
             f"{'full sharding, ' if smallest.candidate.sharding is not Sharding.FULL else ''}"
             f"{'full recompute, ' if smallest.candidate.recompute is not Recompute.FULL else ''}"

@@ -180,7 +180,10 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
                            f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
                            loc="left", fontsize="medium", color="red" if oom else "black")
         _draw_memory(memory_ax, result, _GiB, "GiB", capacity_in_view=show_capacity, capacity_note=False)
-        note = "" if show_capacity else f" (capacity {capacity_gib:.3g} GiB, above the scale)"
+        total_gib = result.workload.device_memory_bytes / _GiB
+        usable = f"usable {capacity_gib:.3g} of {total_gib:.3g} GiB" if capacity_gib < total_gib \
+            else f"capacity {capacity_gib:.3g} GiB"
+        note = "" if show_capacity else f" ({usable}, above the scale)"
         memory_ax.set_title("memory" + note, loc="left", fontsize="small", color="0.3")
         memory_ax.set_ylim(bottom_gib, top_gib)
         for ax in (gantt_ax, memory_ax):
