@@ -176,7 +176,7 @@ def _every_microbatch(plan, num_microbatches: int) -> bool:
 def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int) -> Pipelining:
     """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``)."""
     units, reductions = {}, {}
-    if False and plan.sharding is Sharding.FULL:
+    if plan.sharding is Sharding.FULL:
         units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
                  for s, stage in enumerate(plan.stages)}
     if plan.overlap.grad_reduce:
