@@ -15,11 +15,12 @@ import pytest
 from conftest import synthetic_scenario
 from test_rules import EXAMPLE, _assert_all, _example, _replays, _timeline, _with_group, _with_ops
 
-from sim.core.overlap import OverlapSpec
+from sim.core.overlap import FsdpSpec, OverlapSpec
+from sim.core.parallelism import Sharding
 from sim.cost import overlap
 from sim.engine import rules
 from sim.engine.compile import compile_workload
-from sim.engine.workload import REDUCE, Collective
+from sim.engine.workload import COMPUTE, REDUCE, Collective
 
 
 def _bucketed(reduce_s: float, buckets: int):
@@ -111,3 +112,35 @@ def test_a_compiled_bucketed_reduction_equals_the_closed_form():
     b_start, b_end = timeline["0B0"]
     assert b_end - b_start == 2.0
     assert timeline["optimizer"][0] == pytest.approx(b_start + overlap.bucketed_reduce_end_s(2.0, c, 4))
+
+
+def test_every_microbatch_reduce_scatters_each_backward():
+    plan = dict(sharding=Sharding.GRADIENTS)
+    every = compile_workload(_data_parallel(4, **plan))
+    once = compile_workload(_data_parallel(4, **plan, fsdp=FsdpSpec(reduce_every_microbatch=False)))
+    reduces = [op for op in every.classes[0].ops if op.code == REDUCE]
+    # four reduce-scatters, one after each backward, and ZeRO-2's all-gather at the end
+    assert [op.microbatch for op in reduces] == [0, 1, 2, 3, None]
+    assert [op.code for op in once.classes[0].ops].count(REDUCE) == 1
+
+    def flow_bytes(w):
+        return sum(k.bytes for k in w.kinds if k.label[0] == "AR")
+    # each is half the all-reduce's traffic (a reduce-scatter, or the all-gather): 5/2 of it in all
+    assert flow_bytes(every) == flow_bytes(once) / 2
+    _all_replays_agree(every)
+    full = compile_workload(_data_parallel(4, sharding=Sharding.FULL))
+    assert [op.microbatch for op in full.classes[0].ops if op.code == REDUCE] == [0, 1, 2, 3]  # no all-gather
+    # one micro-batch: reduced once, as before
+    assert [op.code for op in compile_workload(_data_parallel(1, **plan)).classes[0].ops].count(REDUCE) == 1
+
+
+def test_bucketed_every_microbatch_reduce_scatters_start_inside_their_backward():
+    w = compile_workload(_data_parallel(2, sharding=Sharding.FULL,
+                                        overlap=OverlapSpec(grad_reduce=True, bucket_bytes=1e6)))
+    ops = w.classes[0].ops
+    times = dict((name, (s, e)) for name, s, e in _all_replays_agree(w))
+    for op in ops:
+        if op.code == REDUCE:
+            b = ops[op.source]
+            assert b.code == COMPUTE and b.microbatch == op.microbatch
+            assert times[op.text][0] == pytest.approx(times[b.text][0] + 2.0 / op.buckets)

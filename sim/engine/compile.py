@@ -169,7 +169,7 @@ def _every_microbatch(plan, num_microbatches: int) -> bool:
     under sharded gradients (ZeRO-2/3: DeepSpeed reduces at every micro-step, FSDP2 unless told
     ``set_requires_gradient_sync(False)``) with several micro-batches; ZeRO-1 and plain data
     parallelism accumulate locally and reduce once (DDP's ``no_sync``, Megatron-LM's ``main_grad``)."""
-    return False and (plan.fsdp.reduce_every_microbatch and num_microbatches > 1
+    return (plan.fsdp.reduce_every_microbatch and num_microbatches > 1
             and plan.sharding in (Sharding.GRADIENTS, Sharding.FULL))
 
 
