@@ -144,3 +144,43 @@ def test_bucketed_every_microbatch_reduce_scatters_start_inside_their_backward()
             b = ops[op.source]
             assert b.code == COMPUTE and b.microbatch == op.microbatch
             assert times[op.text][0] == pytest.approx(times[b.text][0] + 2.0 / op.buckets)
+
+
+# --- exposed communication ------------------------------------------------------------------------
+
+
+def test_exposure_of_intervals():
+    from sim.engine.exposure import exposure_s, union
+    assert union([(3.0, 4.0), (0.0, 2.0), (1.0, 2.5), (5.0, 5.0)]) == [(0.0, 2.5), (3.0, 4.0)]
+    # 3.5 s of communication, 1.5 s of it under compute (1-2, 3-3.5)
+    assert exposure_s([(0.0, 2.5), (3.0, 4.0)], [(1.0, 2.0), (3.0, 3.5)]) == (3.5, 2.0)
+
+
+def _summary(workload):
+    from sim.engine.replay import simulate
+    return simulate(workload, contention=False).summarize()
+
+
+def test_exposed_communication_is_zero_when_hidden_and_c_when_nothing_overlaps():
+    # hidden: C = 1.5 in 3 buckets under B0 (9-12): runs 10-12.5, of which 12-12.5 is exposed (C/K)
+    device = _summary(_bucketed(1.5, 3)).device(0)
+    assert device.communication_s == 2.5 and device.exposed_communication_s == 0.5
+    assert device.overlap_fraction == 1 - 0.5 / 2.5
+    # a ring-like collective (no lead, no tail) of 1 s beside F0's 2 s is wholly hidden; 4 s is not
+    hidden = _with_group(overlap=True)
+    hidden = dataclasses.replace(hidden, group_collectives=(
+        Collective(index=0, stage=0, participants=(0,), phases=(((), 1.0),), bytes=0.0),))
+    device = _summary(hidden).device(0)
+    assert device.communication_s == 1.0 and device.exposed_communication_s == 0.0
+    assert device.overlap_fraction == 1.0
+    device = _summary(_with_group(overlap=True)).device(0)
+    assert device.communication_s == 4.0 and device.exposed_communication_s == 2.0  # F0 busy 0-2 of 0-4
+    w = _example()
+    ops = list(w.classes[0].ops)
+    ops[4] = ops[4]._replace(collective=0)  # not bucketed: C = 1.5 after B0, nothing beside it
+    plain = _with_ops(w, 0, ops, collectives=(
+        Collective(index=0, stage=0, participants=(0,), phases=(((), 1.5),), bytes=0.0),))
+    summary = _summary(plain)
+    assert summary.device(0).exposed_communication_s == 1.5 and summary.device(0).overlap_fraction == 0.0
+    assert summary.exposed_communication_s == 1.5  # the worst device
+    assert summary.to_json()["devices"][0]["exposed_communication_s"] == 1.5
