@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from sim.core.errors import DappleError, ScheduleError
 from sim.cost.compute import overlapped_pair_s
 from sim.engine import rules
+from sim.engine.fast_collectives import FastCollectives
 from sim.engine.gcpause import gc_paused
 from sim.engine.records import OpTimes, Recorder
 from sim.engine.result import SimResult
-from sim.engine.rules import collective_duration_s
 from sim.engine.vector import vector_records, worth_vectorising
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 from sim.schedule.check import check_schedule, run_ranks
@@ -213,7 +213,7 @@ def replay(workload) -> SimResult:
     return SimResult(workload, records, engine="fast", contention=False)
 
 
-class _PlanState:
+class _PlanState(FastCollectives):
     """Per-class cursors and clocks of a contention-free replay.
 
     The hot loop keeps its state in locals and looks flows up in flat per-kind tables: a
@@ -318,15 +318,10 @@ class _PlanState:
                 starts[i] = now
                 now = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``now``)
             elif code == GROUP:
-                op = ops[i]
-                times = self._group(c, i, op, now)
-                if times is None:
+                after = self._group_op(c, i, ops[i], now)
+                if after is None:
                     break  # the rest of its group has not issued it yet
-                if op.overlap:
-                    pending_start[c], pending[c] = rules.beside_bounds(pending_start[c], pending[c], *times,
-                                                                       op.lead_s, op.tail_s)
-                else:
-                    now = rules.after_group(now, pending[c], times[1], False)[0]
+                now = after
             else:
                 self._reduce(c, i, ops[i], now)
             i += 1
@@ -346,49 +341,6 @@ class _PlanState:
         waiter = self.waiting.pop(key, None)
         if waiter is not None:
             self.ready.append(waiter)
-
-    def _reduce(self, c: int, i: int, op, now: float) -> None:
-        if op.collective < 0:
-            self.records[c].op_times[i] = (now, now)
-            return
-        coll = self.w.collectives[op.collective]
-        issued = self.issued.setdefault((coll.index, op.microbatch), [])
-        ready = -float("inf")
-        if op.source >= 0:  # in buckets: from its backward's first bucket (``rules.reduce_issue_s``)
-            cls, times = self.w.classes[c], self.records[c].op_times
-            source_start = times.start[op.source]
-            source_s = rules.stretched_s(cls.durations[op.source], source_start, cls.slowdown, cls.slow_from_s)
-            now, ready = rules.reduce_issue_s(now, source_start, source_s, op.buckets, True), times.end[op.source]
-        issued.append((c, i, now, ready + op.tail_s))
-        if len(issued) < len(coll.participants):
-            return
-        start, end = rules.collective_times((t for _, _, t, _ in issued), collective_duration_s(self.w, coll),
-                                            (self.coll_free[p] for p in coll.participants),
-                                            max(floor for *_, floor in issued))
-        for p, index, *_ in issued:
-            self.coll_free[p] = end
-            self.records[p].op_times[index] = (start, end)
-
-    def _group(self, c: int, i: int, op, now: float) -> tuple[float, float] | None:
-        """When one action's group collective starts and ends, or None while some participant has
-        not issued it."""
-        g = self.w.classes[c].groups[op.collective]
-        key = (g, op.microbatch, op.kind)
-        times = self.group_end.get(key)
-        if times is not None:
-            return times
-        coll = self.w.group_collectives[g]
-        issued = self.group_issued.setdefault(key, {})
-        issued.setdefault(c, (i, now))
-        if len(issued) < len(coll.participants):
-            self.group_waiting.setdefault(key, []).append(c)
-            return None
-        start, end = rules.collective_times((t for _, t in issued.values()), collective_duration_s(self.w, coll))
-        self.group_end[key] = start, end
-        for p, (index, _) in issued.items():
-            self.records[p].op_times[index] = (start, end)
-        self.ready += self.group_waiting.pop(key, [])
-        return start, end
 
     def _finish(self) -> None:
         classes = self.w.classes
