@@ -169,18 +169,20 @@ class Synchronous:
             self.records[c].op_times[i] = (start, self.env.now)
         done.succeed()
 
-    def _join_group(self, c: int, i: int, op) -> tuple[simpy.Event, simpy.Event]:
+    def _join_group(self, c: int, i: int, op) -> tuple[simpy.Event, simpy.Event | None]:
         """Issue class ``c``'s part of one action's group collective: two events, which fire with
-        its end and with its start (when the last member issues it)."""
+        its end and (when it has a lead) with its start, when the last member issues it."""
         g = self.w.classes[c].groups[op.collective]
         key = (g, op.microbatch, op.kind)
         coll = self.w.group_collectives[g]
         issued = self.group_issued.setdefault(key, [])
         issued.append((c, i))
         done = self.group_done.setdefault(key, self.env.event())
-        started = self.group_started.setdefault(key, self.env.event())
+        # only a pipelined one's start matters (its members' ops share their lead): no event otherwise
+        started = self.group_started.setdefault(key, self.env.event()) if op.lead_s > 0 else None
         if len(issued) == len(coll.participants):
-            started.succeed(self.env.now)
+            if started is not None:
+                started.succeed(self.env.now)
             self.env.process(self._group(coll, issued, done))
         return done, started
 
