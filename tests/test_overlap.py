@@ -12,14 +12,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import synthetic_scenario
 from test_rules import EXAMPLE, _assert_all, _example, _replays, _timeline, _with_group, _with_ops
 
+from conftest import synthetic_scenario
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Sharding
 from sim.cost import overlap
 from sim.engine import rules
 from sim.engine.compile import compile_workload
+from sim.engine.exposure import exposure_s, union
+from sim.engine.replay import simulate
 from sim.engine.workload import COMPUTE, REDUCE, Collective
 
 
@@ -150,14 +152,12 @@ def test_bucketed_every_microbatch_reduce_scatters_start_inside_their_backward()
 
 
 def test_exposure_of_intervals():
-    from sim.engine.exposure import exposure_s, union
     assert union([(3.0, 4.0), (0.0, 2.0), (1.0, 2.5), (5.0, 5.0)]) == [(0.0, 2.5), (3.0, 4.0)]
     # 3.5 s of communication, 1.5 s of it under compute (1-2, 3-3.5)
     assert exposure_s([(0.0, 2.5), (3.0, 4.0)], [(1.0, 2.0), (3.0, 3.5)]) == (3.5, 2.0)
 
 
 def _summary(workload):
-    from sim.engine.replay import simulate
     return simulate(workload, contention=False).summarize()
 
 
