@@ -14,10 +14,10 @@ from sim.input.scenario import load_scenario
 SUMMARY_KEYS = {"name", "engine", "contention", "iteration_time_s", "throughput_samples_per_s", "bubble_fraction",
                 "peak_memory_bytes", "mfu", "oom", "oom_detail", "schedule", "num_stages", "num_microbatches",
                 "num_devices", "device_classes", "devices", "parallelism", "tokens_per_s",
-                "model_flops_per_device_per_s"}
+                "model_flops_per_device_per_s", "exposed_communication_s", "overlap_fraction"}
 DEVICE_KEYS = {"device", "stage", "stages", "busy_s", "idle_s", "peak_memory_bytes", "peak_memory_time_s",
                "peak_activation_microbatches", "peak_activation_bytes", "bytes_sent", "bytes_received",
-               "memory_breakdown_bytes"}
+               "memory_breakdown_bytes", "communication_s", "exposed_communication_s", "overlap_fraction"}
 
 
 def test_summary_json_has_the_documented_keys_and_matches_the_fields():

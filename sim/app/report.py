@@ -88,6 +88,12 @@ def format_summary(summary: Summary, result: SimResult) -> str:
             f"peak memory {format_bytes(summary.peak_memory_bytes)} of {capacity}"
             + (f"   MFU {summary.mfu:.1%}" if summary.mfu is not None else "")
         )
+    worst = summary.most_exposed
+    if worst.communication_s > 0:  # what overlap hid (``sim.engine.exposure``)
+        lines.append(
+            f"communication: device {worst.device} exposes {format_time(worst.exposed_communication_s)} of "
+            f"{format_time(worst.communication_s)} ({worst.overlap_fraction:.0%} hidden behind compute)"
+        )
     impact = summary.fault_impact
     if impact is not None and impact.slowdown is not None:
         grown = sorted(impact.devices, key=lambda d: -(d.idle_growth_s or 0))[:3]

@@ -82,9 +82,22 @@ class DeviceSummary:
     bytes_received: float
     memory_breakdown: MemoryBreakdown | None = None
     """``peak_memory_bytes`` by kind (``memory_breakdown_bytes`` in JSON)."""
+    communication_s: float = 0.0
+    """Seconds its gradient reductions and group collectives are in flight (their union;
+    ``sim.engine.exposure``)."""
+    exposed_communication_s: float = 0.0
+    """Seconds of ``communication_s`` while its compute stream is not busy: what overlap did not hide."""
+
+    @property
+    def overlap_fraction(self) -> float | None:
+        """Share of its communication hidden behind compute; None without communication."""
+        c = self.communication_s
+        return 1.0 - self.exposed_communication_s / c if c > 0 else None
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "communication_s": self.communication_s, "exposed_communication_s": self.exposed_communication_s,
+            "overlap_fraction": self.overlap_fraction,
             "memory_breakdown_bytes": None if self.memory_breakdown is None else self.memory_breakdown.to_json(),
             "device": self.device, "stage": self.stage, "stages": list(self.stages), "busy_s": self.busy_s,
             "idle_s": self.idle_s, "peak_memory_bytes": self.peak_memory_bytes,
@@ -193,6 +206,21 @@ class Summary:
     def oom(self) -> bool:
         return self.oom_detail is not None
 
+    @property
+    def most_exposed(self) -> DeviceSummary:
+        """The device with the most exposed communication (the lowest id among equals)."""
+        return max(self.devices, key=lambda d: (d.exposed_communication_s, -d.device))
+
+    @property
+    def exposed_communication_s(self) -> float:
+        """The worst device's exposed communication, seconds."""
+        return self.most_exposed.exposed_communication_s
+
+    @property
+    def overlap_fraction(self) -> float | None:
+        """The overlap fraction of the device with the most exposed communication."""
+        return self.most_exposed.overlap_fraction
+
     def device(self, device: int) -> DeviceSummary:
         """The summary of ``device`` (a device the plan uses)."""
         for entry in self.devices:
@@ -213,6 +241,7 @@ class Summary:
             "parallelism": None if self.parallelism is None else self.parallelism.to_json(),
             "tokens_per_s": self.tokens_per_s,
             "model_flops_per_device_per_s": self.model_flops_per_device_per_s,
+            "exposed_communication_s": self.exposed_communication_s, "overlap_fraction": self.overlap_fraction,
         }
         if self.failure is not None:
             data["failure"] = self.failure.to_json()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from sim.core.parallelism import Sharding
 from sim.cost.comm import (
     cross_server_flow_bytes,
     gradient_sync_bytes,
@@ -39,17 +40,21 @@ from sim.engine.workload import Collective, FlowKind
 __all__ = ["allreduce_flows", "build_collectives"]
 
 
-def allreduce_flows(plan, model, cluster) -> tuple[list[tuple[int, int, tuple, float]], dict[tuple, float]]:
+def allreduce_flows(plan, model, cluster, *,
+                    scatter_only: bool = False) -> tuple[list[tuple[int, int, tuple, float]], dict[tuple, float]]:
     """Ring inside a server; reduce-scatter, cross-server ring, all-gather across servers.
 
     Returns the flows ``(src, dst, label, bytes)`` and, per ``(stage, phase)``, the phase's
     latency: one link latency per ring step (``sim.cost.comm.ring_steps``), set by the
-    widest server.
+    widest server. ``scatter_only``: the collective is one reduce-scatter (a ZeRO-2/3 stage
+    reduce-scatters every micro-batch's gradients; ZeRO-2's final all-gather runs the same
+    bytes), laid out as ZeRO-3's: an all-reduce of half the bytes.
     """
     flows, latency = [], {}
+    sharding = Sharding.FULL if scatter_only else plan.sharding
     for s, stage in enumerate(plan.stages):
         grad_bytes = gradient_sync_bytes(model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte,
-                                         plan.sharding)
+                                         sharding)
         for group in plan.gradient_groups(s):
             if len(group) < 2:
                 continue

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.core.faults import jitter_factors
-from sim.core.parallelism import Recompute
+from sim.core.parallelism import Recompute, Sharding
 from sim.core.summary import Parallelism
 from sim.cost.memory import sum_state_bytes
+from sim.cost.overlap import bucket_count, unit_count
 from sim.cost.split import sample_ranges
 from sim.engine.classes import Symmetry, group_members
 from sim.engine.collectives import allreduce_flows, build_collectives
@@ -51,7 +52,8 @@ from sim.engine.flows import (
 from sim.engine.gcpause import gc_paused
 from sim.engine.groups import build_group_collectives, group_flows
 from sim.engine.memory import held_by_stage
-from sim.engine.ops import class_ops
+from sim.engine.ops import Pipelining, class_ops
+from sim.engine.rules import collective_alone_s
 from sim.engine.workload import COMPUTE, DeviceClass, Workload
 from sim.input.scenario import Scenario
 from sim.models import mfu_flop_per_sample
@@ -83,7 +85,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     samples = {s: _replica_samples(plan, s, training.microbatch_size) for s in range(plan.num_stages)}
     stages_of_rank = [tuple(s for s, r in enumerate(plan.stage_ranks) if r == rank) for rank in range(len(groups))]
 
-    ar_flows, ar_latency = allreduce_flows(plan, model, cluster)
+    ar_flows, ar_latency = allreduce_flows(plan, model, cluster,
+                                           scatter_only=_every_microbatch(plan, training.num_microbatches))
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
     p2p = p2p_flows(plan, model, training.microbatch_size)
     flows = p2p + ar_flows + g_flows
@@ -121,7 +124,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     context = _Context(scenario=scenario, resolved=resolved, schedule=resolved.lowered, rank_of=rank_of,
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
-                       by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={})
+                       by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
+                       pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches))
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
@@ -160,6 +164,36 @@ def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kin
         contention=contention,
         optimistic=optimistic,
     )
+
+
+def _every_microbatch(plan, num_microbatches: int) -> bool:
+    """Whether each backward reduce-scatters its gradients (``plan.fsdp.reduce_every_microbatch``):
+    under sharded gradients (ZeRO-2/3: DeepSpeed reduces at every micro-step, FSDP2 unless told
+    ``set_requires_gradient_sync(False)``) with several micro-batches; ZeRO-1 and plain data
+    parallelism accumulate locally and reduce once (DDP's ``no_sync``, Megatron-LM's ``main_grad``)."""
+    return (plan.fsdp.reduce_every_microbatch and num_microbatches > 1
+            and plan.sharding in (Sharding.GRADIENTS, Sharding.FULL))
+
+
+def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int) -> Pipelining:
+    """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``)."""
+    units, reductions = {}, {}
+    if plan.sharding is Sharding.FULL:
+        units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
+                 for s, stage in enumerate(plan.stages)}
+    if plan.overlap.grad_reduce:
+        for coll in collectives:
+            stage = plan.stages[coll.stage]
+            grad_bytes = model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte
+            buckets = bucket_count(grad_bytes, plan.overlap.bucket_bytes)
+            reductions[coll.stage] = (buckets, collective_alone_s(kinds, coll) / buckets)
+    every = _every_microbatch(plan, num_microbatches)
+    tp_chunks = plan.tensor_parallel if plan.overlap.tensor_parallel and plan.tensor_parallel > 1 else 0
+    group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if units or tp_chunks else ()
+    return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
+                      reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
+                      every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
+                      final_gather=every and plan.sharding is Sharding.GRADIENTS)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:
@@ -204,6 +238,8 @@ class _Context:
     shared_ops: dict
     """``(ops, their durations)`` of the classes whose ops are alike (``_device_class``'s key),
     built once (a class with jitter scales a copy of the durations)."""
+    pipelining: Pipelining
+    """How the plan pipelines its collectives with its compute, for the ops."""
 
     def texts(self, rank: int) -> list[str]:
         """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
@@ -230,10 +266,12 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     )
     group_keys = ctx.group_keys.get(index, ())
     key = (rank, slices, link_costs, tuple(label for label, _ in group_keys))
+    if ctx.pipelining.group_s:  # the ops' leads depend on their group collectives' times
+        key += (tuple(ctx.pipelining.group_s[g] for _, g in group_keys),)
     shared = ctx.shared_ops.get(key)
     if shared is None:
         ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
-                        ctx.collectives, held_by_stage(ctx.resolved))
+                        ctx.collectives, held_by_stage(ctx.resolved), ctx.pipelining)
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
         shared = ctx.shared_ops[key] = ops, array("d", [op.duration_s for op in ops]), compute
     ops, durations, compute = shared

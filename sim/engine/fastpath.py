@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from sim.core.errors import DappleError, ScheduleError
 from sim.cost.compute import overlapped_pair_s
 from sim.engine import rules
+from sim.engine.fast_collectives import FastCollectives
 from sim.engine.gcpause import gc_paused
 from sim.engine.records import OpTimes, Recorder
 from sim.engine.result import SimResult
-from sim.engine.rules import collective_duration_s
 from sim.engine.vector import vector_records, worth_vectorising
 from sim.engine.workload import COMPUTE, GROUP, RECV, SEND
 from sim.schedule.check import check_schedule, run_ranks
@@ -213,7 +213,7 @@ def replay(workload) -> SimResult:
     return SimResult(workload, records, engine="fast", contention=False)
 
 
-class _PlanState:
+class _PlanState(FastCollectives):
     """Per-class cursors and clocks of a contention-free replay.
 
     The hot loop keeps its state in locals and looks flows up in flat per-kind tables: a
@@ -232,9 +232,10 @@ class _PlanState:
         self.waiting: dict[int, int] = {}
         self.issued: dict[int, list] = {}
         self.group_issued: dict[tuple, dict] = {}
-        self.group_end: dict[tuple, float] = {}
+        self.group_end: dict[tuple, tuple[float, float]] = {}
         self.group_waiting: dict[tuple, list] = {}
         self.pending_s = [0.0] * n
+        self.pending_start_s = [0.0] * n  # the earliest start the overlapped collectives allow
         self.ready = list(range(n - 1, -1, -1))
         self.kind_box = rules.box_numbers(workload.kinds, workload.num_microbatches)[0]
         self.kind_s = [rules.flow_alone_s(k) for k in workload.kinds]
@@ -251,6 +252,7 @@ class _PlanState:
         """Run class ``c``'s ops from its cursor until it must wait (or has none left)."""
         cls, kinds, kind_box, kind_s = self.w.classes[c], self.w.kinds, self.kind_box, self.kind_s
         ops, i, now, rec, pending = cls.ops, self.cursor[c], self.clock[c], self.records[c], self.pending_s
+        pending_start = self.pending_start_s
         steps = self.steps.get(id(ops))
         if steps is None:
             steps = self.steps[id(ops)] = rules.steps(ops)
@@ -264,6 +266,8 @@ class _PlanState:
         while i < n:
             code, mb, flows, cost_s, alloc, gather, free, buffer = steps[i]
             if code == COMPUTE:
+                if pending_start[c] > now:  # it needs the first piece of a pipelined collective
+                    now = pending_start[c]
                 duration = rules.stretched_s(durations[i], now, slowdown, slow_from) if slow else durations[i]
                 # ``rules.compute_end`` and the rest of this loop's max-plus rules, inlined: a call
                 # per op costs this loop ~4% (``tests/test_rules.py`` holds every replay to them)
@@ -271,7 +275,7 @@ class _PlanState:
                 if pending[c] > end:  # the collectives that ran beside it
                     end = pending[c]
                 starts[i], ends[i] = now, end
-                pending[c] = 0.0
+                pending[c] = pending_start[c] = 0.0
                 if alloc:  # ``rules.MEMORY``, unrolled (see ``rules.steps``)
                     memory_at(now)
                     memory_delta(alloc)
@@ -314,10 +318,10 @@ class _PlanState:
                 starts[i] = now
                 now = ends[i] = arrival + cost  # ``rules.recv_end_s`` (``arrival`` >= ``now``)
             elif code == GROUP:
-                end = self._group(c, i, ops[i], now)
-                if end is None:
+                after = self._group_op(c, i, ops[i], now)
+                if after is None:
                     break  # the rest of its group has not issued it yet
-                now, pending[c] = rules.after_group(now, pending[c], end, ops[i].overlap)
+                now = after
             else:
                 self._reduce(c, i, ops[i], now)
             i += 1
@@ -337,41 +341,6 @@ class _PlanState:
         waiter = self.waiting.pop(key, None)
         if waiter is not None:
             self.ready.append(waiter)
-
-    def _reduce(self, c: int, i: int, op, now: float) -> None:
-        if op.collective < 0:
-            self.records[c].op_times[i] = (now, now)
-            return
-        coll = self.w.collectives[op.collective]
-        issued = self.issued.setdefault(coll.index, [])
-        issued.append((c, i, now))
-        if len(issued) < len(coll.participants):
-            return
-        start, end = rules.collective_times((t for _, _, t in issued), collective_duration_s(self.w, coll),
-                                            (self.coll_free[p] for p in coll.participants))
-        for p, index, _ in issued:
-            self.coll_free[p] = end
-            self.records[p].op_times[index] = (start, end)
-
-    def _group(self, c: int, i: int, op, now: float) -> float | None:
-        """When one action's group collective ends, or None while some participant has not issued it."""
-        g = self.w.classes[c].groups[op.collective]
-        key = (g, op.microbatch, op.kind)
-        end = self.group_end.get(key)
-        if end is not None:
-            return end
-        coll = self.w.group_collectives[g]
-        issued = self.group_issued.setdefault(key, {})
-        issued.setdefault(c, (i, now))
-        if len(issued) < len(coll.participants):
-            self.group_waiting.setdefault(key, []).append(c)
-            return None
-        start, end = rules.collective_times((t for _, t in issued.values()), collective_duration_s(self.w, coll))
-        self.group_end[key] = end
-        for p, (index, _) in issued.items():
-            self.records[p].op_times[index] = (start, end)
-        self.ready += self.group_waiting.pop(key, [])
-        return end
 
     def _finish(self) -> None:
         classes = self.w.classes

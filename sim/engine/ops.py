@@ -20,6 +20,8 @@ from a template and stamped per step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from sim.core.parallelism import Recompute
 from sim.cost.compute import overlapped_pair_s
 from sim.cost.memory import HeldBytes, compute_memory
@@ -27,19 +29,48 @@ from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
 
-__all__ = ["class_ops"]
+__all__ = ["Pipelining", "class_ops"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pipelining:
+    """How a plan pipelines its collectives with its compute (``plan.overlap``, ``plan.fsdp``),
+    as the compiler hands it to :func:`class_ops`; the defaults compile today's ops."""
+
+    group_s: tuple[float, ...] = ()
+    """Alone seconds of each group collective (``Workload.group_collectives``), when needed."""
+    units: dict = field(default_factory=dict)
+    """Stage -> FSDP units (``sim.cost.overlap.unit_count``) under ``sharding: full``: its gather is
+    pipelined unit by unit with the action (lead: one unit's gather, tail: one unit's compute)."""
+    tp_chunks: int = 0
+    """Chunks of an overlapped tensor-parallel collective (``plan.overlap.tensor_parallel``: the
+    tensor-parallel degree), 0 when it blocks the compute stream."""
+    reshard_after_forward: bool = True
+    """False: the backward keeps the forward's gathered parameters and does not gather again."""
+    reductions: dict = field(default_factory=dict)
+    """Stage -> ``(buckets, last bucket's alone seconds)`` of its bucketed gradient reduction."""
+    every_microbatch: bool = False
+    """A reduce-scatter after every backward (``plan.fsdp.reduce_every_microbatch`` under
+    ``sharding: gradients|full`` with several micro-batches) rather than one at the end."""
+    collective_of: dict = field(default_factory=dict)
+    """Stage -> index of its gradient reduction in ``Workload.collectives`` (``every_microbatch``)."""
+    final_gather: bool = False
+    """With ``every_microbatch``: the end keeps a REDUCE op, ZeRO-2's all-gather of the updated
+    parameters (``sharding: gradients``); ZeRO-3 has none (``full``)."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
-              collectives: list, held: tuple[HeldBytes, ...] = ()) -> tuple[Op, ...]:
+              collectives: list, held: tuple[HeldBytes, ...] = (),
+              pipelining: Pipelining = Pipelining()) -> tuple[Op, ...]:
     """The ops of a class that runs ``steps`` (its rank of the lowered schedule, ``texts``
     their text), whose stages cost ``costs`` (stage -> ``StageCost`` of its slice), with its
     links' costs (``(link, flows, issue s, receive s, received bytes)``), its group
-    collectives ``((label, index), ...)``, the gradient all-reduces ``collectives`` and what
-    each stage's compute actions hold unsharded (``held``, by stage: ``sim.engine.memory.held_by_stage``)."""
+    collectives ``((label, index), ...)``, the gradient all-reduces ``collectives``, what
+    each stage's compute actions hold unsharded (``held``, by stage: ``sim.engine.memory.held_by_stage``)
+    and how the collectives pipeline with the compute (``pipelining``)."""
     slot_of = {link: slot for slot, (link, *_) in enumerate(link_costs)}
     cost_of = {link: rest for link, *rest in link_costs}
-    group_slot = {label: slot for slot, (label, _) in enumerate(group_keys)}
+    group_slot = {label: (slot, index) for slot, (label, index) in enumerate(group_keys)}
     collective_of = {c.stage: c.index for c in collectives}
     templates: dict[tuple, list] = {}  # (stage, kind) -> the ops' fields but text and micro-batch
     ops = []
@@ -49,7 +80,7 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
         if key not in templates:
             gather = held[a.stage] if held else HeldBytes()
             fields = _op_fields(a, costs[a.stage], plan.recompute is Recompute.FULL, slot_of, cost_of, collective_of)
-            templates[key] = _with_groups(a, fields, group_slot, gather)
+            templates[key] = _with_groups(a, fields, group_slot, gather, pipelining)
         return templates[key]
 
     efficiency = plan.overlap_efficiency
@@ -63,7 +94,48 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
             rows[key] = [_op_row(fields) for fields in template(step)]
         mb = step.microbatch
         ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
+    if pipelining.reductions or pipelining.every_microbatch:
+        ops = _with_reductions(ops, pipelining)
     return tuple(ops)
+
+
+def _with_reductions(ops: list[Op], pipelining: Pipelining) -> list[Op]:
+    """The ops with each stage's gradient reduction where the plan puts it: a reduce-scatter
+    after every backward (``every_microbatch``), each bucketed inside it when the stage's
+    reduction is (``reductions``: its REDUCE op names the backward as its ``source``)."""
+    out: list[Op] = []
+    last: dict[int, int] = {}  # stage -> index of its latest backward (B, or W when split)
+    for op in ops:
+        if op.code == REDUCE:
+            s = op.stage
+            if pipelining.every_microbatch:
+                if pipelining.final_gather:  # ZeRO-2's all-gather of the updated parameters, not bucketed
+                    out.append(op)
+                continue
+            if s in pipelining.reductions and s in last and op.collective >= 0:
+                buckets, tail_s = pipelining.reductions[s]
+                op = op._replace(source=last[s], buckets=buckets, tail_s=tail_s)
+            out.append(op)
+            continue
+        out.append(op)
+        if op.code == COMPUTE and op.kind in (ActionKind.B, ActionKind.W):
+            last[op.stage] = len(out) - 1
+            if pipelining.every_microbatch and op.stage in pipelining.collective_of:
+                out.append(_scatter(op, len(out) - 1, pipelining))
+    return out
+
+
+def _scatter(backward: Op, index: int, pipelining: Pipelining) -> Op:
+    """The reduce-scatter of one backward's gradients (op ``index``), bucketed inside it when
+    the stage's reduction is."""
+    s = backward.stage
+    text = f"{s}REDUCE_SCATTER{backward.microbatch}"
+    op = Op(code=REDUCE, text=text, stage=s, kind=ActionKind.REDUCE_GRAD, microbatch=backward.microbatch,
+            collective=pipelining.collective_of[s])
+    if s in pipelining.reductions:
+        buckets, tail_s = pipelining.reductions[s]
+        op = op._replace(source=index, buckets=buckets, tail_s=tail_s)
+    return op
 
 
 _new_tuple = tuple.__new__  # an Op from its values in field order, without keyword parsing
@@ -97,22 +169,33 @@ def _pair_ops(pair: OverlapFB, forward: list[dict], backward: list[dict], effici
     return ops
 
 
-def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes) -> list[dict]:
+def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipelining: Pipelining) -> list[dict]:
     """An action's op, preceded by its overlapped group collectives (the context-parallel ring,
-    FSDP's gather) and followed by its blocking ones (tensor parallelism); a GROUP op names its
-    collective by its slot in ``DeviceClass.groups``. A forward holds ``held.forward_bytes`` while
-    it runs, a backward (or its input-gradient half) ``held.backward_bytes`` (FSDP's units)."""
+    FSDP's gather, tensor parallelism when overlapped) and followed by its blocking ones
+    (tensor parallelism); a GROUP op names its collective by its slot in ``DeviceClass.groups``.
+    A collective pipelined in ``pieces`` with the compute (FSDP's units, tensor-parallel chunks)
+    carries one piece's communication as its lead and one piece's compute as its tail
+    (``sim.engine.rules.beside_bounds``; ``sim.cost.overlap.pipelined_s``). A forward holds
+    ``held.forward_bytes`` while it runs, a backward (or its input-gradient half)
+    ``held.backward_bytes`` (FSDP's units)."""
     kind = action.kind
     if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
         return [fields]
     phase = "F" if kind is ActionKind.F else "B"
     before, after = [], []
     for name in ("FS", "CP", "TP"):
-        slot = group_slot.get((name, action.stage, phase))
-        if slot is None:
+        found = group_slot.get((name, action.stage, phase))
+        if found is None:
             continue
-        op = dict(code=GROUP, collective=slot, overlap=name in OVERLAPPED, stage=action.stage, kind=kind)
-        (before if name in OVERLAPPED else after).append(op)
+        slot, index = found
+        if name == "FS" and phase == "B" and not pipelining.reshard_after_forward:
+            continue  # the forward's gathered parameters are still there
+        overlap = name in OVERLAPPED or (name == "TP" and pipelining.tp_chunks > 0)
+        op = dict(code=GROUP, collective=slot, overlap=overlap, stage=action.stage, kind=kind)
+        pieces = pipelining.units.get(action.stage, 0) if name == "FS" else pipelining.tp_chunks if name == "TP" else 0
+        if pieces:
+            op.update(lead_s=pipelining.group_s[index] / pieces, tail_s=fields["duration_s"] / pieces)
+        (before if overlap else after).append(op)
     gather_bytes = held.forward_bytes if kind is ActionKind.F else held.backward_bytes
     if gather_bytes:
         fields = {**fields, "gather_bytes": gather_bytes}

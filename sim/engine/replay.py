@@ -122,7 +122,8 @@ class _Replay(Sends, Synchronous):
         self.collective_done: dict[int, simpy.Event] = {}
         self.group_issued: dict[tuple, list] = {}
         self.group_done: dict[tuple, simpy.Event] = {}
-        self.pending: list[list[simpy.Event]] = [[] for _ in range(n)]
+        self.group_started: dict[tuple, simpy.Event] = {}  # the synchronous replay's, with their start
+        self.pending: list[list[tuple]] = [[] for _ in range(n)]  # the synchronous replay's beside collectives
         self.kinds = workload.kinds
         self.failure: dict | None = None
         # without failures (which stop everyone at one instant) each device runs ahead on its
@@ -142,7 +143,7 @@ class _Replay(Sends, Synchronous):
             self.coll_free = [0.0] * n
             self.clock = [0.0] * n
             self.unfinished_collectives = [0] * n
-            self.group_end: dict[tuple, float] = {}
+            self.group_end: dict[tuple, tuple[float, float]] = {}
         self.processes = [self.env.process(self._device(c)) for c in range(n)]
         for c, cls in enumerate(workload.classes):
             if cls.fails_at_s is not None:
@@ -193,12 +194,13 @@ class _Replay(Sends, Synchronous):
         beside: list = []  # collectives running beside the next compute op
         for i, (code, mb, flows, cost_s, alloc, gather, free, buffer) in enumerate(steps):
             if code == COMPUTE:
-                duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
                 overlapped = 0.0
                 if beside:  # the action ends with the collectives that ran beside it
                     position[c] = i  # ``position`` is set where it waits: no one reads it otherwise
-                    overlapped = yield from self._beside_end(beside)
+                    first, overlapped = yield from self._beside_end(beside)
                     beside = []
+                    t = first if first > t else t  # it needs their first pieces (``rules.beside_bounds``)
+                duration = rules.stretched_s(durations[i], t, slowdown, slow_from) if slow else durations[i]
                 end = t + duration  # ``rules.compute_end`` inlined, as ``recv_end_s`` (a call per op costs ~4%)
                 end = overlapped if overlapped > end else end
                 starts[i], ends[i] = t, end
@@ -243,12 +245,12 @@ class _Replay(Sends, Synchronous):
                 key = (groups[op.collective], mb, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
                 if op.overlap:
-                    beside.append((key, done))
+                    beside.append((key, done, op.lead_s, op.tail_s))
                 else:
                     if not done.triggered:
                         position[c] = i
                         yield done
-                    t = rules.after_group(t, 0.0, self.group_end[key], False)[0]
+                    t = rules.after_group(t, 0.0, self.group_end[key][1], False)[0]
             else:
                 self._reduce_ahead(c, i, ops[i], t)
         position[c] = len(ops)
@@ -256,14 +258,14 @@ class _Replay(Sends, Synchronous):
         self.finished[c] = self.unfinished_collectives[c] == 0
 
     def _beside_end(self, beside: list):
-        """Wait for the collectives that ran beside a compute op; their latest end (a generator)."""
-        latest = 0.0
-        for key, done in beside:
+        """Wait for the collectives that ran beside a compute op; the earliest start and end they
+        allow it (``rules.beside_bounds``; a generator)."""
+        first = latest = 0.0
+        for key, done, lead_s, tail_s in beside:
             if not done.triggered:
                 yield done
-            if self.group_end[key] > latest:
-                latest = self.group_end[key]
-        return latest
+            first, latest = rules.beside_bounds(first, latest, *self.group_end[key], lead_s, tail_s)
+        return first, latest
 
     def _send_alone(self, c: int, i: int, op, t: float, send_free: float) -> float:
         """SEND ``op`` of class ``c`` issued at ``t`` without contention: its flows' times are
@@ -287,29 +289,39 @@ class _Replay(Sends, Synchronous):
             self.records[c].op_times[i] = (t, t)
             return
         coll = self.w.collectives[op.collective]
-        issued = self.issued.setdefault(coll.index, [])
-        issued.append((c, i, t, self.last_collective[c]))
+        key = (coll.index, op.microbatch)  # a stage's reduce-scatters, one per micro-batch
+        issued = self.issued.setdefault(key, [])
+        floor = -float("inf")
+        if op.source >= 0:  # in buckets: from its backward's first bucket (``rules.reduce_issue_s``)
+            cls, times = self.w.classes[c], self.records[c].op_times
+            source_start = times.start[op.source]
+            source_s = rules.stretched_s(cls.durations[op.source], source_start, cls.slowdown, cls.slow_from_s)
+            t, floor = rules.reduce_issue_s(t, source_start, source_s, op.buckets, True), times.end[op.source] + op.tail_s
+        issued.append((c, i, t, self.last_collective[c], floor))
         self.unfinished_collectives[c] += 1
         if self.contention:  # its previous all-reduce must end first (the sync replay's rule)
-            self.last_collective[c] = self.collective_done.setdefault(coll.index, self.env.event())
+            self.last_collective[c] = self.collective_done.setdefault(key, self.env.event())
         if len(issued) < len(coll.participants):
             return
+        floor = max(f for *_, f in issued)
         if self.contention:  # it runs through the ports from its last issue
-            start = max(when for _, _, when, _ in issued)
-            self.env.process(self._collective_ahead(coll, issued, start, self.collective_done[coll.index]))
+            start = max(when for _, _, when, *_ in issued)
+            self.env.process(self._collective_ahead(coll, issued, start, floor, self.collective_done[key]))
             return
         self._collective_ended(issued, *rules.collective_times(
-            (when for _, _, when, _ in issued), collective_duration_s(self.w, coll),
-            (self.coll_free[p] for p in coll.participants)))
+            (when for _, _, when, *_ in issued), collective_duration_s(self.w, coll),
+            (self.coll_free[p] for p in coll.participants), floor))
 
-    def _collective_ahead(self, coll, issued, start: float, done: simpy.Event):
+    def _collective_ahead(self, coll, issued, start: float, floor: float, done: simpy.Event):
         if start > self.env.now:
             yield self.env.timeout(start - self.env.now)
-        earlier = [prev for _, _, _, prev in issued if prev is not None and not prev.processed]
+        earlier = [prev for _, _, _, prev, _ in issued if prev is not None and not prev.processed]
         if earlier:
             yield simpy.AllOf(self.env, earlier)
         begin = self.env.now
         yield from self._phases(coll)
+        if floor > self.env.now:  # its last bucket, after the last backward (``rules.collective_times``)
+            yield self.env.timeout(floor - self.env.now)
         self._collective_ended(issued, begin, self.env.now)
         done.succeed()
 
@@ -350,7 +362,7 @@ class _Replay(Sends, Synchronous):
         self._group_ended(issued, begin, self.env.now, key, done)
 
     def _group_ended(self, issued, start: float, end: float, key: tuple, done: simpy.Event) -> None:
-        self.group_end[key] = end
+        self.group_end[key] = start, end
         for p, (index, _) in issued.items():
             self.records[p].op_times[index] = (start, end)
         done.succeed()

@@ -32,6 +32,7 @@ from sim.core.summary import (
     OomDetail,
     Summary,
 )
+from sim.engine.exposure import class_exposure, op_indices
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
 from sim.engine.records import Recorder
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
@@ -57,6 +58,7 @@ class SimResult:
         """Why the optimistic classes of a faulted plan did not hold with contention, when they
         did not and the equitable ones were replayed instead (set by ``sim.engine.run``)."""
         self._compute_at: dict[int, Any] = {}  # id(ops) -> where its COMPUTE ops are (``busy_s``)
+        self._comm_at: dict[int, Any] = {}  # id(ops) -> where its compute and communication ops are
         self.iteration_time_s = None if failure else max((r.optimizer[1] for r in records), default=0.0)
         live: dict[int, int] = {}  # classes that share their ops share their live peak
         for c in workload.classes:
@@ -109,13 +111,18 @@ class SimResult:
         devices = []
         for cls, mem in zip(w.classes, self._memory):
             busy, record = self.busy_s(cls.index), self.records[cls.index]
+            indices = self._comm_at.get(id(cls.ops))
+            if indices is None:  # classes that share their ops share where their communication is
+                indices = self._comm_at[id(cls.ops)] = op_indices(cls.ops)
+            communication, exposed = class_exposure(cls, record, indices)
             devices += [
                 DeviceSummary(
                     device=device, stage=cls.stages[0], stages=tuple(cls.stages), busy_s=busy,
                     idle_s=None if T is None else max(T - busy, 0.0), peak_memory_bytes=mem.peak_bytes,
                     peak_memory_time_s=mem.peak_time_s, peak_activation_microbatches=mem.peak_live_microbatches,
                     peak_activation_bytes=mem.peak_activation_bytes, bytes_sent=record.bytes_sent,
-                    bytes_received=record.bytes_received,
+                    bytes_received=record.bytes_received, communication_s=communication,
+                    exposed_communication_s=exposed,
                     memory_breakdown=MemoryBreakdown(
                         parameters=cls.states.parameters, gradients=cls.states.gradients,
                         optimizer=cls.states.optimizer, activations=mem.activations_at_peak_bytes,

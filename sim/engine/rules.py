@@ -24,12 +24,21 @@ tensor-parallel, context-parallel or FSDP collective inside its replica's group)
   receive cost (``duration_s``) (:func:`recv_end_s`);
 * ``GROUP`` joins one action's collective, which starts when the last member of the group
   has issued it (:func:`collective_times`); with ``overlap`` it runs beside the next compute
-  op (ring attention, FSDP's prefetched gathers), otherwise the compute stream waits for it
-  (Megatron's tensor-parallel all-reduces) (:func:`after_group`);
-* ``REDUCE`` issues the stage's gradient all-reduce without holding the compute stream; it
-  starts when every replica has issued it and has finished its previous all-reduce
-  (:func:`collective_times` with the collective stream's free times); the optimizer step
-  waits for the compute stream and the last all-reduce (:func:`optimizer_start_s`).
+  op (ring attention, FSDP's prefetched gathers, overlapped tensor parallelism), otherwise the
+  compute stream waits for it (Megatron's tensor-parallel all-reduces) (:func:`after_group`).
+  An overlapped one pipelined with its compute carries two numbers (:func:`beside_bounds`):
+  the compute starts no earlier than the collective's start plus ``lead_s`` (the first
+  piece it needs) and ends no earlier than the collective's end plus ``tail_s`` (the last
+  piece's compute), which gives ``sim.cost.overlap.pipelined_s`` exactly when alone;
+* ``REDUCE`` issues the stage's gradient all-reduce (or reduce-scatter) without holding the
+  compute stream; it starts when every replica has issued it and has finished its previous
+  one (:func:`collective_times` with the collective stream's free times); the optimizer step
+  waits for the compute stream and the last of them (:func:`optimizer_start_s`). In buckets
+  (``source`` ≥ 0) it is issued when its backward's first bucket is full and ends no earlier
+  than the latest participant's backward end plus its last bucket (``tail_s``)
+  (:func:`reduce_issue_s`), which gives ``sim.cost.overlap.bucketed_reduce_end_s`` exactly
+  when alone. Several REDUCE ops of one stage (a reduce-scatter per micro-batch) are told
+  apart by their micro-batch.
 
 **Memory.** Two ledgers per device, activations (the stash) and communication buffers. Only
 compute ops change them (:data:`MEMORY`): ``alloc_bytes`` is allocated when the op starts;
@@ -71,8 +80,10 @@ __all__ = [
     "Hold",
     "Rule",
     "after_group",
+    "beside_bounds",
     "blocks_compute",
     "box_numbers",
+    "collective_alone_s",
     "collective_duration_s",
     "collective_times",
     "compute_end",
@@ -82,6 +93,7 @@ __all__ = [
     "memory_plan",
     "optimizer_start_s",
     "recv_end_s",
+    "reduce_issue_s",
     "send_start_s",
     "steps",
     "stretched_s",
@@ -230,12 +242,34 @@ def after_group(clock_s: float, overlapped_end_s: float, end_s: float, overlap: 
     return (end_s if end_s > clock_s else clock_s), overlapped_end_s
 
 
+def beside_bounds(start_floor_s: float, end_floor_s: float, start_s: float, end_s: float,
+                  lead_s: float, tail_s: float) -> tuple[float, float]:
+    """``(earliest start, earliest end)`` of the next compute op after an overlapped GROUP op
+    whose collective runs ``start_s``–``end_s``, from those the GROUP ops before it set: it
+    starts ``lead_s`` after the collective does (when ``lead_s`` > 0) and ends ``tail_s``
+    after it ends."""
+    if lead_s > 0 and start_s + lead_s > start_floor_s:
+        start_floor_s = start_s + lead_s
+    end = end_s + tail_s
+    return start_floor_s, end if end > end_floor_s else end_floor_s
+
+
+def reduce_issue_s(clock_s: float, source_start_s: float, source_s: float, buckets: int, bucketed: bool) -> float:
+    """When a REDUCE op is issued: when the compute stream reaches it, or, in buckets, when its
+    backward (started at ``source_start_s``, ``source_s`` of compute) has filled the first of
+    its ``buckets``."""
+    return source_start_s + source_s / buckets if bucketed else clock_s
+
+
 def collective_times(issued_s: Iterable[float], duration_s: float,
-                     free_s: Iterable[float] = ()) -> tuple[float, float]:
+                     free_s: Iterable[float] = (), floor_s: float = -float("inf")) -> tuple[float, float]:
     """``(start, end)`` of a collective without contention: it starts when its last member has
-    issued it and (an all-reduce) every member's collective stream is free (``free_s``)."""
+    issued it and (an all-reduce) every member's collective stream is free (``free_s``); it
+    ends no earlier than ``floor_s`` (a bucketed reduction: its last bucket after the last
+    backward, :func:`reduce_issue_s`)."""
     start = max(max(issued_s), max(free_s, default=-float("inf")))
-    return start, start + duration_s
+    end = start + duration_s
+    return start, floor_s if floor_s > end else end
 
 
 def optimizer_start_s(clock_s: float, collectives_free_s: float) -> float:
@@ -250,9 +284,14 @@ def flow_alone_s(kind) -> float:
 
 def collective_duration_s(workload, collective) -> float:
     """A collective alone: each phase lasts its slowest flow plus one latency per ring step."""
+    return collective_alone_s(workload.kinds, collective)
+
+
+def collective_alone_s(kinds, collective) -> float:
+    """:func:`collective_duration_s` from the flow kinds alone (what the compiler has)."""
     total = 0.0
-    for kinds, latency in collective.phases:
-        total += max((flow_alone_s(workload.kinds[k]) for k in kinds), default=0.0) + latency
+    for members, latency in collective.phases:
+        total += max((flow_alone_s(kinds[k]) for k in members), default=0.0) + latency
     return total
 
 

@@ -74,6 +74,8 @@ class _Bundle:
         self.t = np.zeros(m)
         self.send_free = np.zeros(m)
         self.beside = np.zeros(m)
+        self.first = None
+        """The earliest start the pipelined collectives beside the next compute op allow, or None."""
         self.starts = np.full((m, n), np.nan)
         self.ends = np.full((m, n), np.nan)
         self.plan = rules.memory_plan(first.ops)
@@ -149,6 +151,9 @@ class _VectorReplay:
 
     def _compute(self, b: _Bundle, i: int) -> None:
         t = b.t
+        if b.first is not None:  # ``rules.beside_bounds``: it needs their first pieces
+            t = b.t = np.maximum(t, b.first)
+            b.first = None
         end = np.maximum(t + b.durations[:, i] * b.factor(t), b.beside)  # ``rules.compute_end``
         b.starts[:, i], b.ends[:, i] = t, end
         b.beside = np.zeros_like(t)
@@ -209,8 +214,10 @@ class _VectorReplay:
         start = latest[gids]  # ``rules.collective_times``: the last issue
         end = start + self.group_s[gids]
         b.starts[:, i], b.ends[:, i] = start, end
-        if op.overlap:  # ``rules.after_group``
-            b.beside = np.maximum(b.beside, end)
+        if op.overlap:  # ``rules.after_group``, ``rules.beside_bounds``
+            b.beside = np.maximum(b.beside, end + op.tail_s)
+            if op.lead_s > 0:
+                b.first = start + op.lead_s if b.first is None else np.maximum(b.first, start + op.lead_s)
         else:
             b.t = np.maximum(b.t, end)
         return True
@@ -220,15 +227,20 @@ class _VectorReplay:
         if op.collective < 0:
             b.starts[:, i], b.ends[:, i] = b.t, b.t
             return
-        entry = self.coll_issued.setdefault(op.collective, [-np.inf, 0, []])
-        entry[0] = max(entry[0], float(b.t.max()))
+        entry = self.coll_issued.setdefault((op.collective, op.microbatch), [-np.inf, 0, [], -np.inf])
+        issued = b.t
+        if op.source >= 0:  # in buckets: from its backward's first bucket (``rules.reduce_issue_s``)
+            source_start = b.starts[:, op.source]
+            issued = source_start + b.durations[:, op.source] * b.factor(source_start) / op.buckets
+            entry[3] = max(entry[3], float(b.ends[:, op.source].max()) + op.tail_s)
+        entry[0] = max(entry[0], float(issued.max()))
         entry[1] += len(b.t)
         entry[2].append((b, i))
         coll = self.w.collectives[op.collective]
         if entry[1] == len(coll.participants):
             participants = np.array(coll.participants, dtype=np.int64)
             start, end = rules.collective_times((entry[0],), collective_duration_s(self.w, coll),
-                                                (float(self.coll_free[participants].max()),))
+                                                (float(self.coll_free[participants].max()),), entry[3])
             self.coll_free[participants] = end
             for other, index in entry[2]:
                 other.starts[:, index], other.ends[:, index] = start, end

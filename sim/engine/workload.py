@@ -133,6 +133,20 @@ class Op(NamedTuple):
     (Megatron's tensor-parallel collectives)."""
     gather_bytes: float = 0.0
     """COMPUTE: bytes of gathered parameters it holds while it runs (FSDP), freed when it ends."""
+    lead_s: float = 0.0
+    """GROUP with ``overlap``: the next compute op starts no earlier than the collective's start
+    plus this (the first FSDP unit's or tensor-parallel chunk's communication, which it needs
+    first); 0: it need not wait for the collective to start (the ring's first block is local)."""
+    tail_s: float = 0.0
+    """GROUP with ``overlap``: the next compute op ends no earlier than the collective's end plus
+    this (its last unit's or chunk's compute). REDUCE: the reduction ends no earlier than the
+    latest participant's ``source`` end plus this (its last bucket alone, ``C/K``)."""
+    source: int = -1
+    """REDUCE in buckets (``plan.overlap.grad_reduce``): the index of the backward op whose
+    gradients it reduces; it is issued when that op's first bucket is full, its start plus
+    its duration over ``buckets``. −1: issued when the compute stream reaches it."""
+    buckets: int = 1
+    """REDUCE in buckets: how many (``sim.cost.overlap.bucket_count``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

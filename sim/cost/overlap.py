@@ -1,0 +1,68 @@
+"""Overlap: how long an action takes when its communication is pipelined with its compute.
+
+A framework hides a collective behind compute by cutting both into pieces and running the
+pieces on two CUDA streams, one piece of communication beside one piece of compute. Two
+shapes cover what the stacks do, and each has a closed form the engine's rule book
+(``sim.engine.rules``) reproduces exactly when nothing else shares the links:
+
+**The communication follows the compute** (gradient buckets). The backward of duration ``B``
+produces its gradients progressively; torch DDP (``bucket_cap_mb=25``), Megatron-LM's
+``--overlap-grad-reduce`` (``DistributedDataParallelConfig.bucket_size``: by default
+max(40,000,000, 1,000,000 · dp) parameters, megatron/core/distributed/
+distributed_data_parallel_config.py) and FSDP2 (one reduce-scatter per unit) launch a bucket's
+reduction as soon as it is full. With ``K`` equal buckets, bucket ``k`` (1..K) is ready at
+``B_start + k·B/K``; the buckets reduce one after another on one stream, each taking ``C/K``
+of the whole reduction's alone-time ``C``. Bucket k ends at
+``e_k = max(e_{k−1}, B_start + k·B/K) + C/K`` with ``e_0 = −∞``. If ``C/K ≥ B/K`` (the link
+is the bottleneck) every bucket waits for the one before it: ``e_K = B_start + B/K + C``.
+Otherwise every bucket is ready after the previous one has ended, so the last starts when
+it is ready: ``e_K = B_start + B + C/K``. Both cases are
+:func:`bucketed_reduce_end_s`: ``B_start + max(B/K + C, B + C/K)``.
+
+**The communication feeds the compute** (FSDP's unit-by-unit gathers, tensor-parallel
+all-gathers decomposed into chunks). The action's compute ``A`` needs ``U`` pieces gathered
+one after another (alone-time ``G`` in all); piece ``u`` is gathered while piece ``u − 1``
+computes (FSDP2 prefetches the next unit; Rajbhandari et al. 2020, §5.3, ZeRO-3's prefetch;
+Wang et al., ASPLOS 2023, decompose a collective into one step per device and pipeline each
+with the partial GEMM that consumes it). The gathers end at ``u·G/U``; compute of piece u
+starts at max(end of its gather, end of piece u − 1's compute). By the same argument the
+action ends at :func:`pipelined_s`: ``max(G/U + A, G + A/U)`` after the collective starts —
+the first piece's gather exposed when compute dominates, the last piece's compute when
+communication does. Its exposed communication is ``max(G − A, 0) + min(G, A)/U``.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["bucket_count", "bucketed_reduce_end_s", "exposed_pipelined_s", "pipelined_s", "unit_count"]
+
+
+def bucket_count(grad_bytes: float, bucket_bytes: float) -> int:
+    """Buckets a stage's ``grad_bytes`` of gradients fill, ``ceil(grad_bytes / bucket_bytes)``
+    (at least 1): DDP and Megatron-LM fill buckets up to their cap."""
+    return max(1, math.ceil(grad_bytes / bucket_bytes)) if grad_bytes > 0 else 1
+
+
+def unit_count(layers: int, unit_layers: int) -> int:
+    """FSDP units a stage of ``layers`` layers holds when each ``fully_shard`` wraps
+    ``unit_layers`` of them (``FsdpSpec.unit_layers``; the last unit may be shorter)."""
+    return max(1, math.ceil(layers / unit_layers))
+
+
+def bucketed_reduce_end_s(backward_s: float, reduce_s: float, buckets: int) -> float:
+    """Seconds from the backward's start to the end of its gradients' bucketed reduction:
+    ``max(B/K + C, B + C/K)`` (the module docstring derives it)."""
+    return max(backward_s / buckets + reduce_s, backward_s + reduce_s / buckets)
+
+
+def pipelined_s(gather_s: float, compute_s: float, pieces: int) -> float:
+    """Seconds of an action whose compute ``A`` consumes ``pieces`` gathered pieces (``G`` in
+    all), the next gathered while the current one computes: ``max(G/U + A, G + A/U)``."""
+    return max(gather_s / pieces + compute_s, gather_s + compute_s / pieces)
+
+
+def exposed_pipelined_s(gather_s: float, compute_s: float, pieces: int) -> float:
+    """The communication of :func:`pipelined_s` that compute does not hide:
+    ``max(G − A, 0) + min(G, A)/U``."""
+    return pipelined_s(gather_s, compute_s, pieces) - compute_s
