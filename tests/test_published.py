@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from sim.app.cli import main
-from sim.app.published import DEFAULT_SUITE, group_stats, narayanan_flops, parse_tokens_rate, read_suite, run_suite
+from sim.app.published import (
+    DEFAULT_SUITE,
+    RUN_METRICS,
+    group_stats,
+    narayanan_flops,
+    parse_tokens_rate,
+    read_suite,
+    run_suite,
+)
 from sim.core.errors import UnitError
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
@@ -155,3 +164,13 @@ def test_a_token_rate_is_read_with_its_unit(text, value):
 def test_a_token_rate_without_its_unit_is_refused(text):
     with pytest.raises(UnitError, match="tokens/s"):
         parse_tokens_rate(text)
+
+
+def test_only_a_measured_run_carries_an_out_of_memory_verdict():
+    # Figure 1's no-recompute configuration does not fit in 80 GB (the paper's point); its
+    # memory accounting row carries no verdict, the same scenario's run metric would
+    rows = [r for r in read_suite() if r.metric == "activation_memory" and "no recompute" in r.row][:1]
+    (result,) = run_suite(rows)
+    assert result.oom is False and result.row.metric not in RUN_METRICS
+    timed = replace(result.row, metric="iteration_time", published=1.0)
+    assert run_suite((timed,))[0].oom is True

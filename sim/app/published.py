@@ -24,8 +24,11 @@ Every scenario is replayed once, with the fast path (contention-free: Korthikant
 one replica per stage, so the SimPy engine gives the same times; the data-parallel rows of
 Narayanan et al. and torchtitan are replayed the same way, their gradient reductions costed
 without competing flows), and each row gets its relative error ``predicted / published − 1``
-and says whether the replay ran out of memory (a published run that ran must not). Rows are
-grouped by source and table, each group with its mean and worst absolute error.
+and, for a row that reports what a run measured (``RUN_METRICS``), whether the replay ran out
+of memory: a published run that ran must not. The memory accounting rows (``state_memory``,
+``activation_memory``: Korthikanti et al.'s Figure 1 computes them for configurations, and its
+no-recompute ones do not fit, as the paper shows) carry no such verdict. Rows are grouped by
+source and table, each group with its mean and worst absolute error.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from sim.input.strict import StrictReader
 from sim.input.yaml_text import load_yaml
 from sim.report.plots.style import pyplot
 
-__all__ = ["DEFAULT_SUITE", "METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results", "group_stats",
-           "narayanan_flops", "parse_tokens_rate", "read_suite", "run_suite", "suite_json", "write_outputs"]
+__all__ = ["DEFAULT_SUITE", "METRICS", "RUN_METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results",
+           "group_stats", "narayanan_flops", "parse_tokens_rate", "read_suite", "run_suite", "suite_json", "write_outputs"]
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "scenarios" / "published" / "suite.yaml"
 """The suite shipped with the project."""
@@ -69,6 +72,8 @@ METRICS = {"iteration_time": (parse_time, "s", 1.0), "state_memory": (parse_byte
            "activation_memory": (parse_bytes, "GiB", 2.0**30), "tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12),
            "tokens_per_s_per_gpu": (parse_tokens_rate, "tok/s", 1.0), "peak_memory": (parse_bytes, "GiB", 2.0**30)}
 """Metric -> (how its published value is read, the unit it is shown in, that unit in SI)."""
+RUN_METRICS = frozenset({"iteration_time", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory"})
+"""Metrics a run measured: the configuration ran, so the replay must fit in memory."""
 _BOUNDS = {parse_time: (1e-6, 1e6, "1us to 1e6s"), parse_bytes: (1.0, 2.0**50, "1B to 1PiB"),
            parse_flop_rate: (1e9, 1e18, "1GFLOP/s to 1000PFLOP/s"), parse_tokens_rate: (1e-3, 1e9, "0.001 to 1e9 tokens/s")}
 """Range of a published value: a time, a size, a FLOP rate or a token rate."""
@@ -104,7 +109,8 @@ class RowResult:
     predicted: float
     """SI, as ``row.published``."""
     oom: bool = False
-    """The replay ran out of memory on some device (a published run that ran must not)."""
+    """The replay ran out of memory on some device and the row is a run's measurement
+    (``RUN_METRICS``): a published run that ran must not."""
 
     @property
     def error(self) -> float:
@@ -212,7 +218,8 @@ def run_suite(rows: tuple[PublishedRow, ...]) -> tuple[RowResult, ...]:
                 raise ScenarioError(f"{row.scenario}: plan: missing; a published run needs its plan")
             replays[row.scenario] = (scenario, run_scenario(scenario, engine="fast").summarize())
         scenario, summary = replays[row.scenario]
-        results.append(RowResult(row=row, predicted=_measure(row.metric, scenario, summary), oom=summary.oom))
+        results.append(RowResult(row=row, predicted=_measure(row.metric, scenario, summary),
+                                 oom=summary.oom and row.metric in RUN_METRICS))
     return tuple(results)
 
 
