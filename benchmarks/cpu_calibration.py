@@ -128,20 +128,22 @@ def fit_and_test(fit_rows: int) -> None:
     base = load_scenario(BASE)
     runs = read_runs(RUNS)
     fitted = calibrate(base, runs[:fit_rows], source=str(RUNS))
-    parts = [("fit", fitted["fit"])]
+    parts = [("fit", fitted.fit)]
     if runs[fit_rows:]:
-        parts.append(("test", score_runs(base, runs[fit_rows:], fitted["params"], source=str(RUNS))))
-    print(params_yaml(fitted["params"], runs=len(runs[:fit_rows]), mape=fitted["fit"]["mape"]))
-    for note in fitted["notes"]:  # a parameter at a bound of its physical range, too few runs
+        parts.append(("test", score_runs(base, runs[fit_rows:], fitted.params, source=str(RUNS))))
+    print(params_yaml(fitted.params, runs=len(runs[:fit_rows]), mape=fitted.fit.mape))
+    for note in fitted.notes:  # a parameter at a bound of its physical range, too few runs
         print(f"note: {note}")
     for name, part in parts:
-        print(f"{name}: {len(part['rows'])} runs, MAPE {part['mape']:.2%}, Kendall tau {part['kendall_tau']:.3f}")
+        tau = "-" if part.kendall_tau is None else f"{part.kendall_tau:.3f}"
+        print(f"{name}: {len(part.runs)} runs, MAPE {part.mape:.2%}, Kendall tau {tau}")
         print(f"  {'hidden':>6} {'heads':>5} {'layers':>6} {'seq':>4} {'vocab':>5} {'mb':>3} {'gbs':>4} {'dp':>3} "
               f"{'pp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>7}")
-        for r in part["rows"]:
-            print(f"  {r['hidden']:>6} {r['heads']:>5} {r['layers']:>6} {r['seq_len']:>4} {r['vocab']:>5} "
-                  f"{r['microbatch_size']:>3} {r['global_batch_size']:>4} {r['dp']:>3} {r['pp']:>3} "
-                  f"{r['measured_s'] * 1e3:>12.2f} {r['predicted_s'] * 1e3:>13.2f} {r['error_frac']:>+7.1%}")
+        for scored in part.runs:
+            r = scored.run
+            print(f"  {r.hidden:>6} {r.heads:>5} {r.layers:>6} {r.seq_len:>4} {r.vocab:>5} "
+                  f"{r.microbatch_size:>3} {r.global_batch_size:>4} {r.dp:>3} {r.pp:>3} "
+                  f"{r.iteration_time_s * 1e3:>12.2f} {scored.predicted_s * 1e3:>13.2f} {scored.error_frac:>+7.1%}")
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from sim.core.command import (
     run_cli,
 )
 from sim.core.errors import DappleError
+from sim.core.units import format_bytes
 from sim.engine.run import run_scenario
 from sim.input.plan_file import read_plan_file
 from sim.input.scenario import load_scenario
@@ -130,10 +131,13 @@ def _study_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
         "calibrate",
         help="fit the kernel cost model to measured iteration times",
         description="Fit the device's cost-model parameters (efficiency, matmul_half_dim, kernel_overhead, "
-        "kernel_issue, memory_efficiency, action_overhead) and the intra-node link's collective_efficiency, each "
-        "within its physical range (a parameter that ends at a bound is named), to the runs in FIT.csv (columns hidden, heads, layers, seq_len, vocab, "
-        "microbatch_size (per replica), global_batch_size, tp, dp, pp, recompute, iteration_time_s), on "
-        "BASE_SCENARIO's cluster, device, dtype and optimizer; then predict TEST.csv's runs with them.",
+        "kernel_issue, memory_efficiency, action_overhead), the intra-node link's collective_efficiency, the fused "
+        "attention efficiencies of the kernels the runs use (attention_* for flash, sdpa_* for sdpa) and, from runs "
+        "that give their peak memory, memory_reserved, each within its physical range (a parameter that ends at a "
+        "bound, or that no run constrains, is named), to the runs in FIT.csv (columns hidden, heads, layers, "
+        "seq_len, vocab, microbatch_size (per replica), global_batch_size, tp, dp, pp, recompute, iteration_time_s; "
+        "optional attention, peak_memory_bytes), on BASE_SCENARIO's cluster, device, dtype, optimizer and model "
+        "family; then predict TEST.csv's runs with them.",
     )
     calibrate.add_argument("scenario", metavar="BASE_SCENARIO", help="scenario whose cluster and device are fitted")
     calibrate.add_argument("--fit", required=True, metavar="FIT.csv", help="measured runs to fit on")
@@ -273,8 +277,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 print(f"  h{run.hidden} L{run.layers} s{run.seq_len} mb{run.microbatch_size} "
                       f"dp{run.dp} pp{run.pp}{' rc' if run.recompute else ''}: "
                       f"measured {run.iteration_time_s * 1e3:.2f} ms, predicted {scored.predicted_s * 1e3:.2f} ms "
-                      f"({scored.error_frac:+.1%})")
+                      f"({scored.error_frac:+.1%})" + _calibrated_peak(scored))
     return 0
+
+
+def _calibrated_peak(scored) -> str:
+    """A calibrated run's peak memory, measured and predicted, where the run gives it."""
+    if scored.predicted_peak_memory_bytes is None:
+        return ""
+    return (f", peak memory measured {format_bytes(scored.run.peak_memory_bytes)}, "
+            f"predicted {format_bytes(scored.predicted_peak_memory_bytes)}")
 
 
 def _cmd_published(args: argparse.Namespace) -> int:
