@@ -148,7 +148,8 @@ def test_recompute_adds_the_forward_or_the_attention_core_to_the_backward():
     core; the action overhead is paid once per action either way."""
     scenario = load_scenario(TINY)
     model, device = scenario.model, scenario.cluster.device
-    none, selective, full = (stage_cost(model, device, 0, 3, 4, recompute=r) for r in Recompute)
+    none, selective, full = (stage_cost(model, device, 0, 3, 4, recompute=r)
+                             for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL))
     overhead = device.action_overhead_s
     assert full.bwd_s == pytest.approx(none.bwd_s + (none.fwd_s - overhead))
     assert none.bwd_s < selective.bwd_s < full.bwd_s

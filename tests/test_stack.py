@@ -29,11 +29,11 @@ def _scenario(stack: str, sharding: str = "full", extra: str = "", **kwargs):
     return parse_scenario(text, **kwargs)
 
 
-def test_torchtitan_sets_fsdp2_per_block_foreach_adamw_fp32_reduction_and_selective_recompute():
+def test_torchtitan_sets_fsdp2_per_block_foreach_adamw_fp32_reduction_and_op_level_recompute():
     s = _scenario("torchtitan")
     assert s.plan.overlap.grad_reduce is True and s.plan.overlap.param_gather is False
     assert s.plan.fsdp.unit_layers == 1 and s.plan.fsdp.reshard_after_forward is True
-    assert s.plan.recompute.value == "selective"
+    assert s.plan.recompute.value == "selective-op"
     assert s.model.optimizer_implementation == "foreach" and s.model.grad_dtype == "fp32"
     assert [v.key for v in s.stack_values] == [v.key for v in STACKS["torchtitan"]]
 

@@ -52,6 +52,7 @@ from sim.cost.compute import (
     action_overhead_s,
     attention_core_s,
     layer_times_s,
+    op_recompute_s,
     recompute_extra_s,
     stage_optimizer_step_s,
     tied_copy_tensors,
@@ -84,11 +85,11 @@ class CostTables:
         self.model = model
         self.tensor_parallel, self.context_parallel = tensor_parallel, context_parallel
         self.unit = tensor_parallel * context_parallel
-        self._times: dict[int, tuple[list[float], ...]] = {}
+        self._times: dict = {}  # per slice size (and selective-op's, keyed by mode and size)
         layers = model.layers
         # per-sample activation terms of sim.cost.memory, the ones stage_activation_bytes sums
         self._stash = {mode: _prefix(layer_stash_bytes(layer, mode) for layer in layers)
-                       for mode in (Recompute.NONE, Recompute.SELECTIVE)}
+                       for mode in (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP)}
         self._checkpoints = _prefix(checkpoint_bytes(model, k, first=False) for k in range(len(layers)))
         self._params = _prefix(layer.param_bytes for layer in layers)
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
@@ -127,6 +128,14 @@ class CostTables:
             self._times[samples] = (_prefix(t[0] for t in times), _prefix(t[1] for t in times), _prefix(again))
         return self._times[samples]
 
+    def _op_again(self, samples: int) -> list[float]:
+        """Prefix sums of what selective-op runs again per layer (``sim.cost.compute.op_recompute_s``)."""
+        key = ("selective-op", samples)
+        if key not in self._times:
+            device, dtype = self.cluster.device, self.model.dtype
+            self._times[key] = _prefix(op_recompute_s(layer, device, dtype, samples) for layer in self.model.layers)
+        return self._times[key]
+
     def compute_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
                   *, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> tuple[float, float]:
         """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples, the
@@ -135,6 +144,8 @@ class CostTables:
             return 0.0, 0.0
         recompute = Recompute.of(recompute)
         fwd, bwd, again = self._table(samples)
+        if recompute is Recompute.SELECTIVE_OP:  # what the mode runs again
+            again = self._op_again(samples)
         overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
         f = fwd[end] - fwd[start]
         b = bwd[end] - bwd[start]

@@ -141,7 +141,7 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("plan.sharding", plan.sharding is Sharding.FULL and split_schedule,
          "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
          "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
-        ("plan.recompute", plan.recompute is Recompute.SELECTIVE,
+        ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP),
          "it recomputes all of a stage (recompute: full) or nothing"),
         ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
          "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),

@@ -36,6 +36,10 @@ class Recompute(str, Enum):
     """Every activation the backward needs."""
     SELECTIVE = "selective"
     """All but the attention's s×s tensors, which the backward recomputes (Korthikanti et al. §5)."""
+    SELECTIVE_OP = "selective-op"
+    """torchtitan's op-level selective checkpointing of each transformer block: it keeps the block's
+    input, the outputs of every other matrix product and of the fused attention, and runs every
+    other operation of the block again in the backward (``sim.cost.kernels``' ``sac_`` tags)."""
     FULL = "full"
     """Only the block's input; the backward runs the forward again (Chen et al. 2016)."""
 

@@ -15,7 +15,8 @@ home of a stage's compute time (the engine's compiler and the planner's prefix-s
 * what recompute adds to the backward (``recompute_extra_s``): the forward again under
   ``full``, attention's core (``attention_core_s``) under ``selective`` (Korthikanti et al.
   2022, §5), which a fused attention does not have: it keeps no s×s tensor to drop, so
-  selective recompute adds nothing to its backward;
+  selective recompute adds nothing to its backward; under ``selective-op`` (torchtitan's op-level
+  checkpointing) every kernel of a block it does not save (``op_recompute_s``);
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
   (``action_overhead_s``, ``DeviceSpec.action_overhead_s``);
 * the optimizer step of the scenario's implementation (fused, foreach or for-loop:
@@ -42,8 +43,8 @@ from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSp
 from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
 from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_time_s",
-           "layer_times_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_forward_s",
+           "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
            "stage_cost", "stage_optimizer_step_s", "stage_time_s", "tied_copy_tensors"]
 
 
@@ -118,8 +119,7 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
             continue
         flop, nbytes = k.flop * samples, k.bytes * samples + k.fixed_bytes
         m, n, inner = k.rows * samples, k.cols, k.inner
-        t = kernel_time_s(flop, nbytes, device, dtype, (m, n, inner) if k.flop > 0 else None)
-        fwd += t
+        fwd += kernel_forward_s(k, device, dtype, samples)
         if k.flop > 0:  # two products back: the input gradient (M × K out), the weight (or second
             # input) gradient (K × N out), each with the forward's FLOPs and bytes
             weight_grad = kernel_time_s(flop, nbytes, device, dtype, (inner, n, m))
@@ -131,6 +131,27 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
             bwd += back
             wgrad += back if k.weights else 0.0
     return fwd, bwd, wgrad
+
+
+def kernel_forward_s(kernel: KernelSpec, device: DeviceSpec, dtype: str, samples: int) -> float:
+    """Forward seconds of one kernel on ``samples`` samples (``kernel_time_s`` on its product's
+    dimensions, or ``fused_attention_s``'s forward for a fused attention)."""
+    if kernel.fused_attention:
+        return fused_attention_s(kernel, device, dtype, samples)[0]
+    dims = (kernel.rows * samples, kernel.cols, kernel.inner) if kernel.flop > 0 else None
+    return kernel_time_s(kernel.flop * samples, kernel.bytes * samples + kernel.fixed_bytes, device, dtype, dims)
+
+
+def op_recompute_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
+    """Forward seconds of what op-level selective checkpointing (``recompute: selective-op``, torchtitan's
+    ``selective_ac_option = 'op'``) runs again in a transformer block's backward: every kernel it
+    does not save, and the unsaved parts of those it does (``KernelSpec.sac_recompute``; the policy
+    in ``sim.cost.kernels``' docstring). torchtitan checkpoints only the blocks, so 0 for any other
+    layer (``LayerSpec.checkpoint_bytes`` None) and without samples."""
+    if layer.checkpoint_bytes is None or not samples:
+        return 0.0
+    again = [part for k in layer.kernels for part in ((k,) if k.sac_recompute is None else k.sac_recompute)]
+    return sum((kernel_forward_s(k, device, dtype, samples) for k in again), 0.0)
 
 
 def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:
@@ -146,15 +167,16 @@ def attention_core_s(layer, device: DeviceSpec, dtype: str, samples: int) -> flo
     return total
 
 
-def recompute_extra_s(recompute: Recompute, fwd_s: float, attention_core_s: float) -> float:
-    """Seconds recompute adds to a stage's backward, given its forward ``fwd_s`` and its layers'
-    attention cores ``attention_core_s`` (``attention_core_s`` summed): the whole forward again
-    under full recompute (Chen et al. 2016, §3; Korthikanti et al. 2022, Table 2), the score,
-    softmax and value products under selective recompute (Korthikanti et al. 2022, §5), nothing
-    without recompute."""
+def recompute_extra_s(recompute: Recompute, fwd_s: float, again_s: float) -> float:
+    """Seconds recompute adds to a stage's backward, given its forward ``fwd_s`` and ``again_s``,
+    what a selective mode runs again summed over its layers: the whole forward under full
+    recompute (Chen et al. 2016, §3; Korthikanti et al. 2022, Table 2); under selective recompute
+    the score, softmax and value products (``attention_core_s``; Korthikanti et al. 2022, §5);
+    under selective-op the kernels op-level checkpointing does not save (``op_recompute_s``;
+    torchtitan's ``parallelize_llama.py``); nothing without recompute."""
     if recompute is Recompute.FULL:
         return fwd_s
-    return attention_core_s if recompute is Recompute.SELECTIVE else 0.0
+    return again_s if recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) else 0.0
 
 
 def action_overhead_s(device: DeviceSpec, samples: int, num_layers: int) -> float:
@@ -211,6 +233,8 @@ def stage_time_s(model: ModelSpec, device: DeviceSpec, start: int, end: int, sam
         wgrad_s += layer_wgrad
         if recompute is Recompute.SELECTIVE:
             again_s += attention_core_s(layer, device, model.dtype, samples)
+        elif recompute is Recompute.SELECTIVE_OP:
+            again_s += op_recompute_s(layer, device, model.dtype, samples)
     bwd_s += recompute_extra_s(recompute, fwd_s, again_s)
     overhead = action_overhead_s(device, samples, end - start)
     return StageTime(fwd_s=fwd_s + overhead, bwd_s=bwd_s + overhead, wgrad_s=wgrad_s)

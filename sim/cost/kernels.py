@@ -49,14 +49,33 @@ residual add, layer norm, MLP up, GeLU, MLP down, residual add. Attention runs a
   ``attention_efficiency`` (``sdpa_efficiency`` for ``sdpa``), ``sim.cost.compute.fused_attention_s``.
   The K and V blocks it re-reads for every block of queries (FlashAttention, Theorem 2) are
   left out: they come from L2 and the kernel is compute-bound at these sizes.
+
+Each kernel of a block also says what torchtitan's op-level selective activation checkpointing
+(``recompute: selective-op``) does with it (``sac_saved_bytes``, ``sac_recompute``). Its policy
+(torchtitan 9dec370, ``torchtitan/parallelisms/parallelize_llama.py``, ``_save_list`` and
+``_custom_policy``) runs at the dispatcher, op by op: it saves the output of ``aten.mm`` (but
+only of the 1st, 3rd, 5th… of each block: the counter lives in a ``defaultdict`` made afresh by
+``selective_checkpointing_context_fn`` for every checkpointed call, and an even count is not
+saved), of ``_scaled_dot_product_flash_attention`` and ``_efficient_attention`` (output and
+log-sum-exp) and of ``_c10d_functional.reduce_scatter_tensor`` (sequence parallelism's), and
+recomputes everything else in the backward. torchtitan's Llama block runs its products as
+``wq, wk, wv`` (``Attention.forward``), ``wo``, then ``w1, w3, w2`` (``FeedForward.forward``:
+``w2(silu(w1(x)) * w3(x))``), all bias-free ``nn.Linear``, which reach the dispatcher as
+``aten.mm``: so wq, wv, w1 and w2 are saved, wk, wo and w3 recomputed (``OP_SAC_PRODUCTS``).
+A linear with a bias (GPT, BERT) reaches it as ``aten.addmm`` (``at::linear`` folds a
+contiguous 3-D input into ``addmm``), which is not in the list: none of their products is
+saved. Norms, rotary embeddings, SwiGLU and residual adds are never saved. On H100 in
+December 2024 SDPA picked FlashAttention-2 over cuDNN (pytorch/pytorch#142132: cuDNN is not
+chosen automatically), so ``sdpa`` and ``flash`` are saved; an unfused attention's ``bmm`` and
+softmax are not.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["ATTENTION_CORE", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
-           "LSE_BYTES", "KernelSpec", "fused_attention", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
+           "LSE_BYTES", "OP_SAC_PRODUCTS", "KernelSpec", "fused_attention", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
 
@@ -85,6 +104,13 @@ class KernelSpec:
     fused_attention: str = ""
     """``flash`` or ``sdpa`` for a fused attention kernel (``fused_attention``), whose ``flop`` are
     the FLOPs it does and whose rate is the device's attention efficiency; empty for any other."""
+    sac_saved_bytes: float = 0.0
+    """Bytes per sample of its outputs that op-level selective checkpointing keeps for the
+    backward (``recompute: selective-op``; see the module's docstring); 0: none."""
+    sac_recompute: tuple | None = None
+    """What of it op-level selective checkpointing runs again in the backward: None, all of it;
+    else the kernels listed (() for a kernel it saves whole; a fused product's parts that
+    torchtitan runs as separate, unsaved products, such as ``wk`` of the QKV projection)."""
 
 
 def _gemm(name: str, m: float, n: float, k: float, d: int, *, weights: bool) -> KernelSpec:
@@ -130,7 +156,7 @@ def fused_attention(kernel: str, q: float, s: int, h: int, h_kv: int, a: int, t:
 def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int | None = None, gated: bool = False,
                       tensor: int = 1, context: int = 1, sequence_parallel: bool = False,
                       dropout: bool = False, attention: str = "unfused",
-                      causal: bool = True) -> tuple[KernelSpec, ...]:
+                      causal: bool = True, bias: bool = False) -> tuple[KernelSpec, ...]:
     """One pre-norm transformer block on s tokens of width h, a heads, MLP width f, as one device
     of a tensor-parallel group of ``tensor`` and a context-parallel group of ``context`` runs it.
 
@@ -148,12 +174,16 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     mask and writes one gradient (``ATTENTION_DROPOUT_MASK_BYTES``). With ``attention`` ``flash`` or
     ``sdpa`` the four attention kernels are one fused kernel (``fused_attention``; ``causal``: the
     decoder's mask, which it skips) that regenerates its dropout mask from the random generator's
-    state (FlashAttention-2, §3.1) and keeps no s×s tensor.
+    state (FlashAttention-2, §3.1) and keeps no s×s tensor. ``bias``: the linears have biases
+    (GPT, BERT), which only changes what op-level selective checkpointing saves (the module's
+    docstring).
     """
     t, q = tensor, s / context
     h_kv = (kv_heads or a) * h // a
     pointwise = q / t if sequence_parallel else q
     up = 2 * f if gated else f
+    saved = _op_sac_saved(gated=gated, bias=bias)
+    scattered = d * q / t * h if t > 1 and sequence_parallel else 0.0  # a reduce-scatter's output, saved
     probs = a / t * q * s
     drop = (KernelSpec(name="attention_dropout", bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs,
                        bwd_bytes=(2 * d + ATTENTION_DROPOUT_MASK_BYTES) * probs),) if dropout else ()
@@ -165,19 +195,49 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
             _gemm("attend", q * a / t, h // a, s, d, weights=False),
         )
     else:
-        core = (fused_attention(attention, q, s, h, h_kv, a, t, d, causal=causal),)
+        fused = fused_attention(attention, q, s, h, h_kv, a, t, d, causal=causal)  # output and log-sum-exp saved
+        core = (replace(fused, sac_saved_bytes=d * q * h / t + LSE_BYTES * q * a / t, sac_recompute=()),)
+    mlp_parts = (("w1", f), ("w3", f)) if gated else (("w1", f),)
     return (
         _elementwise("ln1", pointwise * h, d),
-        _gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True),
+        _op_sac(_gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True), (("wq", h), ("wk", h_kv), ("wv", h_kv)),
+                saved, d, q, h, t=t),
         *core,
-        _gemm("proj", q, h, h / t, d, weights=True),
+        _op_sac(_gemm("proj", q, h, h / t, d, weights=True), (("wo", h),), saved, d, q, h / t, extra=scattered),
         _elementwise("residual1", pointwise * h, d, passes=3),
         _elementwise("ln2", pointwise * h, d),
-        _gemm("mlp_up", q, up / t, h, d, weights=True),
+        _op_sac(_gemm("mlp_up", q, up / t, h, d, weights=True), mlp_parts, saved, d, q, h, t=t),
         _elementwise("swiglu" if gated else "gelu", q * f / t, d, passes=3 if gated else 2),
-        _gemm("mlp_down", q, h, f / t, d, weights=True),
+        _op_sac(_gemm("mlp_down", q, h, f / t, d, weights=True), (("w2", h),), saved, d, q, f / t, extra=scattered),
         _elementwise("residual2", pointwise * h, d, passes=3),
     )
+
+
+OP_SAC_PRODUCTS = {True: ("wq", "wk", "wv", "wo", "w1", "w3", "w2"), False: ("wq", "wk", "wv", "wo", "w1", "w2")}
+"""A Llama block's products in the order torchtitan runs them, with a gated MLP (True) or not
+(``torchtitan/models/llama/model.py``, ``Attention.forward`` and ``FeedForward.forward``)."""
+
+
+def _op_sac_saved(*, gated: bool, bias: bool) -> frozenset:
+    """The products whose output op-level selective checkpointing saves: the odd ones of
+    ``OP_SAC_PRODUCTS`` (``aten.mm``, counted 1, 2, … per block, saved unless the count is even);
+    none with biases (``aten.addmm``, not in torchtitan's ``_save_list``)."""
+    if bias:
+        return frozenset()
+    return frozenset(name for i, name in enumerate(OP_SAC_PRODUCTS[gated], start=1) if i % 2)
+
+
+def _op_sac(kernel: KernelSpec, parts: tuple, saved: frozenset, d: int, q: float, inner: float, *, t: int = 1,
+            extra: float = 0.0) -> KernelSpec:
+    """``kernel``, a product that torchtitan runs as ``parts`` ((name, output width) products of
+    ``inner`` each; column-parallel widths divide by ``t``), tagged with what op-level selective
+    checkpointing saves of it (the saved parts' outputs, and ``extra``: a reduce-scatter's) and
+    what it runs again (the other parts; all of the kernel if none is saved)."""
+    kept = [width / t for name, width in parts if name in saved]
+    if not kept:
+        return replace(kernel, sac_saved_bytes=extra) if extra else kernel
+    again = tuple(_gemm(name, q, width / t, inner, d, weights=True) for name, width in parts if name not in saved)
+    return replace(kernel, sac_saved_bytes=d * q * sum(kept) + extra, sac_recompute=again)
 
 
 ATTENTION_CORE = frozenset({"scores", "softmax", "attention_dropout", "attend"})

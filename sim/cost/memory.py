@@ -16,7 +16,8 @@ check`` and the tests call it. A device holds three kinds of bytes:
 * activations — ``block_activation_bytes``: what one transformer block stashes per sample
   (Korthikanti et al., §4.1–4.3 and Table 2), for any element width and MLP width, for
   grouped-query attention and gated MLPs; ``layer_stash_bytes`` and ``checkpoint_bytes``: what
-  a layer adds to a stage's stash by recompute mode, per sample (the terms the planner's
+  a layer adds to a stage's stash by recompute mode, per sample (``op_sac_stash_bytes``: under
+  torchtitan's op-level checkpointing; the terms the planner's
   prefix sums are built from); ``stage_activation_bytes``: a stage's slice of a micro-batch,
   summed from those terms, with what full recompute rebuilds at once;
 * buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs,
@@ -35,7 +36,7 @@ from sim.cost.kernels import LSE_BYTES
 from sim.schedule.ir import ActionKind
 
 __all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes",
-           "fsdp_unit_param_bytes", "layer_stash_bytes", "stage_held_bytes", "unit_peak_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
+           "fsdp_unit_param_bytes", "layer_stash_bytes", "op_sac_stash_bytes", "stage_held_bytes", "unit_peak_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
            "sum_state_bytes", "WGRAD_STASH_FRACTION", "accumulates_unsharded", "compute_memory"]
 
 
@@ -197,9 +198,29 @@ def static_bytes(model: ModelSpec, start: int, end: int) -> float:
 def layer_stash_bytes(layer: LayerSpec, recompute: Recompute) -> float:
     """Bytes per sample ``layer`` keeps from its forward until its backward: everything it saves
     (``stash_bytes``), or under selective recompute all but attention's s×s tensors
-    (``selective_stash``, Korthikanti et al. 2022, §5). Under full recompute a stage keeps only
-    ``checkpoint_bytes``; this is then what the backward rebuilds of the layer."""
+    (``selective_stash``, Korthikanti et al. 2022, §5), or under selective-op what op-level
+    checkpointing saves of a block (``op_sac_stash_bytes``). Under full recompute a stage keeps
+    only ``checkpoint_bytes``; this is then what the backward rebuilds of the layer."""
+    if recompute is Recompute.SELECTIVE_OP and layer.checkpoint_bytes is not None:
+        return op_sac_stash_bytes(layer)
     return layer.selective_stash if recompute is Recompute.SELECTIVE else layer.stash_bytes
+
+
+def op_sac_stash_bytes(layer: LayerSpec) -> float:
+    """Bytes per sample a transformer block keeps under torchtitan's op-level selective
+    checkpointing (``recompute: selective-op``): the block's input, which the checkpoint wrapper
+    holds (``checkpoint_bytes``), and the outputs its policy saves (``KernelSpec.sac_saved_bytes``;
+    torchtitan 9dec370 ``parallelize_llama.py`` ``_save_list``, the policy in ``sim.cost.kernels``).
+
+    For a Llama block (no biases, gated MLP) on one device of a t-way group with e-byte elements:
+    the input e·sh, wq's output e·sh, wv's e·s·h_kv, the attention's output e·sh and log-sum-exp
+    4as, w1's e·sf, w2's e·sh, all /t but w2's (a row-parallel partial sum), plus with sequence
+    parallelism the two reduce-scatters' outputs 2e·sh/t and the input /t; with t = 1:
+    e·s(4h + h_kv + f) + 4as, 63,616·s bytes for Llama 3.1 8B against 34sh = 139,264·s kept by
+    selective. A block with biases (GPT, BERT) saves no product (``aten.addmm``): its input, the
+    attention's output and log-sum-exp, e·2sh + 4as (/t, /c).
+    """
+    return layer.checkpoint_bytes + sum((k.sac_saved_bytes for k in layer.kernels), 0.0)
 
 
 def checkpoint_bytes(model: ModelSpec, k: int, *, first: bool) -> float:
@@ -228,7 +249,8 @@ class ActivationBytes:
     under full recompute the checkpoints (``checkpoint_bytes``)."""
     rebuilt_bytes: float
     """Full recompute: what the backward rebuilds at once, the largest checkpointed segment's
-    stash (a block alone, or a run of other layers); 0 under any other mode."""
+    stash (a block alone, or a run of other layers); selective-op: the largest block's stash less
+    what it kept; 0 under any other mode."""
 
 
 def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
@@ -248,6 +270,10 @@ def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
             rebuilt = max(rebuilt, segment)
     if recompute is Recompute.FULL:
         return ActivationBytes(stash_bytes=checkpoints, rebuilt_bytes=rebuilt)
+    if recompute is Recompute.SELECTIVE_OP:  # a block's backward rebuilds the rest of its stash at once
+        again = max((layer.stash_bytes - op_sac_stash_bytes(layer) for layer in model.layers[start:end]
+                     if layer.checkpoint_bytes is not None), default=0.0)
+        return ActivationBytes(stash_bytes=stash, rebuilt_bytes=max(again, 0.0) * samples)
     return ActivationBytes(stash_bytes=stash, rebuilt_bytes=0.0)
 
 
@@ -356,12 +382,12 @@ def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, floa
     """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
     a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
     the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
-    largest segment's); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
+    largest segment's; under selective-op a block's unsaved rest); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
     I and the rest at W. The engine's ops and the planner's count before a replay
     (``planner.search.memory``) both read it."""
-    kept = cost.rebuilt_bytes if recompute else cost.stash_bytes
-    rebuilt = cost.rebuilt_bytes if recompute else 0.0
-    extra = cost.stash_bytes if recompute else 0.0
+    rebuilt = cost.rebuilt_bytes  # 0 but under full and selective-op recompute
+    kept = rebuilt if recompute else cost.stash_bytes + rebuilt  # what the backward holds
+    extra = cost.stash_bytes if recompute else 0.0  # full recompute's checkpoints, freed at the end
     f = WGRAD_STASH_FRACTION
     if kind is ActionKind.F:
         return cost.stash_bytes, 0.0

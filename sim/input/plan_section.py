@@ -153,8 +153,8 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
     """The plan-wide parallel settings (``PlanSpec`` fields)."""
     recompute = data.get("recompute", False)
     if not isinstance(recompute, bool) and not (isinstance(recompute, str) and recompute in {r.value for r in Recompute}):
-        raise reader.fail("plan.recompute", f"must be none, selective or full (true/false: full/none), "
-                                            f"got {show_value(recompute)}")
+        raise reader.fail("plan.recompute", f"must be one of {', '.join(r.value for r in Recompute)} "
+                                            f"(true/false: full/none), got {show_value(recompute)}")
     sharding = reader.string(data, "plan", "sharding", Sharding.NONE.value, choices={s.value for s in Sharding})
     return dict(
         recompute=Recompute.of(recompute),

@@ -24,7 +24,7 @@ runs" (the code's defaults, unless the stack's own large-run example changes the
   ``overlap_comm`` unset is true under ZeRO-3 and false below it, buckets of 5e8 elements;
 * ``torchtitan`` — torchtitan as its December 2024 benchmark ran it (commit 9dec370): FSDP2
   per transformer block, resharded after forward, fp32 gradient reduction, AdamW with foreach,
-  selective activation checkpointing;
+  op-level selective activation checkpointing (``recompute: selective-op``);
 * ``none`` — no bundle (the default).
 
 Not here, because they are a user's choice rather than a stack's default: the sharding mode
@@ -130,8 +130,10 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "fully_shard(transformer_block) for each block"),
         _v("plan.fsdp.reshard_after_forward", True, f"{_TITAN} torchtitan/parallelisms/parallelize_llama.py "
            "apply_fsdp: reshard_after_forward for every block but the last when not pipelined"),
-        _v("plan.recompute", "selective", f"{_TITAN} torchtitan/config_manager.py: --activation_checkpoint.mode "
-           "default 'selective' (op-level SAC there; Korthikanti's selective here)"),
+        _v("plan.recompute", "selective-op", f"{_TITAN} train_configs/llama3_8b.toml, the benchmark's: "
+           "[activation_checkpoint] mode = 'selective', selective_ac_option = 'op' (parallelize_llama.py "
+           "_save_list: every other mm, SDPA's output; the rest recomputed; config_manager.py's own default "
+           "is '2', every other block, and the 70B and 405B configs say mode = 'full')"),
         _v("model.optimizer.implementation", "foreach", f"{_TITAN} torchtitan/optimizer.py: foreach = not fused; "
            "--optimizer.fused store_true (default False)"),
         _v("model.optimizer.grad_dtype", "fp32", f"{_TITAN} torchtitan/config_manager.py: "

@@ -114,7 +114,7 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
         kernels=K.transformer_block(s, h, shape.heads, shape.ffn_hidden, d, kv_heads=shape.kv_heads,
                                     gated=shape.gated, tensor=t, context=c,
                                     sequence_parallel=shard.sequence_parallel, dropout=shape.dropout,
-                                    attention=attention, causal=arch.causal),
+                                    attention=attention, causal=arch.causal, bias=arch.bias),
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
