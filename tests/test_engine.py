@@ -505,7 +505,7 @@ def test_simulate_command_writes_summary_trace_events_and_plots(tmp_path, capsys
     assert json.loads((out / "summary.json").read_text()) == summary
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
     names = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert names == {"compute", "send", "recv", "allreduce"}
+    assert names == {"compute", "send", "recv", "allreduce", "group"}
     assert any(e["ph"] == "C" and e["name"] == "memory" for e in trace)
     assert any(e["ph"] == "X" and e["name"] == "0F0" and e["pid"] == 0 for e in trace)
     assert (out / "gantt.png").stat().st_size > 10_000 and (out / "memory.png").stat().st_size > 10_000

@@ -148,6 +148,54 @@ def test_bucketed_every_microbatch_reduce_scatters_start_inside_their_backward()
             assert times[op.text][0] == pytest.approx(times[b.text][0] + 2.0 / op.buckets)
 
 
+@pytest.mark.parametrize("sharding", [Sharding.OPTIMIZER, Sharding.GRADIENTS])
+def test_param_gather_runs_beside_the_first_forward(sharding):
+    """``plan.overlap.param_gather`` (ZeRO-1/2): the REDUCE keeps only the reduce-scatter and the
+    all-gather runs beside each stage's first forward in K buckets: F0 ends
+    max(AG/K + F, AG + F/K) after the gather starts (F = 1 s here)."""
+    flags = dict(sharding=sharding, overlap=OverlapSpec(param_gather=True, bucket_bytes=1e6))
+    w = compile_workload(_data_parallel(2, **flags))
+    off = compile_workload(_data_parallel(2, sharding=sharding, fsdp=FsdpSpec(reduce_every_microbatch=False)))
+    ops = w.classes[0].ops
+    gathers = [op for op in ops if op.text.startswith("0PARAM_GATHER")]
+    assert len(gathers) == 1 and gathers[0].overlap and ops[ops.index(gathers[0]) + 1].text == "0F0"
+    g = rules.collective_alone_s(w.kinds, w.group_collectives[w.classes[0].groups[gathers[0].collective]])
+    buckets = 4  # 4 MB of gradients in 1 MB buckets
+    assert gathers[0].lead_s == pytest.approx(g / buckets) and gathers[0].tail_s == 1.0 / buckets
+    # the all-gather moves the reduce-scatter's bytes, which is half the all-reduce's
+    reduce_bytes = sum(k.bytes for k in off.kinds if k.label[0] == "AR")
+    assert sum(k.bytes for k in w.kinds if k.label[0] == "PG") == pytest.approx(reduce_bytes / 2)
+    times = dict((name, (s, e)) for name, s, e in _all_replays_agree(w))
+    start = times[gathers[0].text][0]
+    assert times["0F0"][1] - start == pytest.approx(overlap.pipelined_s(g, 1.0, buckets))
+    assert times["0F0"][1] - start == pytest.approx(max(g / buckets + 1.0, g + 1.0 / buckets))
+    assert "0F1" in times and not any(name.startswith("0PARAM_GATHER1") for name in times)  # first forward only
+
+
+@pytest.mark.parametrize("sharding", [Sharding.OPTIMIZER, Sharding.GRADIENTS])
+@pytest.mark.parametrize("microbatches", [1, 3])
+def test_param_gather_is_never_slower(sharding, microbatches):
+    """With the gather beside the first forward an iteration is at most as long as with it
+    after the reduce-scatter, for a data-parallel plan (shorter when the reduction was not
+    bucketed: the forward hides most of the gather)."""
+    def iteration(**overlap_fields):
+        scenario = _data_parallel(microbatches, sharding=sharding, overlap=OverlapSpec(**overlap_fields))
+        return _summary(compile_workload(scenario)).iteration_time_s
+    for grad_reduce in (False, True):
+        on = iteration(param_gather=True, grad_reduce=grad_reduce, bucket_bytes=1e6)
+        off = iteration(param_gather=False, grad_reduce=grad_reduce, bucket_bytes=1e6)
+        assert on <= off * (1 + 1e-12)
+        if not grad_reduce:  # the all-gather after the last backward was all exposed
+            assert on < off
+
+
+def test_param_gather_needs_zero_1_or_2():
+    for sharding in (Sharding.NONE, Sharding.FULL):
+        w = compile_workload(_data_parallel(2, sharding=sharding, overlap=OverlapSpec(param_gather=True)))
+        assert not any(op.text.startswith("0PARAM_GATHER") for op in w.classes[0].ops)
+        assert not any(k.label[0] == "PG" for k in w.kinds)
+
+
 # --- exposed communication ------------------------------------------------------------------------
 
 

@@ -168,7 +168,9 @@ def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():
 
 
 def test_gpt_175b_gets_a_plan_on_64_h100():
-    """The issue's 175B GPT, which the data x pipeline planner could not place on 64 H100."""
+    """The issue's 175B GPT, which the data x pipeline planner could not place on 64 H100: the
+    plan it finds needs the 4D space (tensor parallelism or sharding; priced with FSDP's
+    unit-by-unit gathers, 64-way FSDP with full recompute replays fastest)."""
     scenario = parse_scenario("""
 cluster: {preset: dgx-h100, nodes: 8}
 model: {preset: gpt, layers: 96, hidden: 12288, heads: 96, seq_len: 2048, vocab: 51200, dtype: bf16}
@@ -176,4 +178,6 @@ training: {global_batch_size: 1536}
 """, ignore_plan=True)
     found = dapple_planner(scenario, PlannerOptions())
     assert found.best is not None, found.note
-    assert found.best.candidate.tensor_parallel > 1 and found.best.peak_memory_bytes <= scenario.cluster.device.memory_bytes
+    best = found.best.candidate
+    assert best.tensor_parallel > 1 or best.sharding is not Sharding.NONE
+    assert found.best.peak_memory_bytes <= scenario.cluster.device.usable_memory_bytes

@@ -286,3 +286,82 @@ def test_sweep_legends_are_titled_with_their_axis_key():
     ])
     fig = plots.throughput_vs_gpus_figure(table, hue="model.hidden")
     assert fig.axes[0].get_legend().get_title().get_text() == "model.hidden"
+
+
+def _communication_widths_ms(fig, colour):
+    from matplotlib.colors import to_hex
+
+    return [b.get_width() for b in _bars(fig.axes[0]) if to_hex(b.get_facecolor()) == colour]
+
+
+@pytest.mark.parametrize("grad_reduce", [False, True])
+def test_gantt_draws_exposed_communication_strong_and_hidden_faint(grad_reduce):
+    """A data-parallel stage (F 1 s, B 2 s) whose all-reduce takes C alone: without overlap the
+    lane's exposed bar is the whole all-reduce; bucketed (K = 4, C < B) only the last bucket
+    after the backward, C/K, is exposed, and the reduction's span under the backward (from its
+    first bucket, B/K in, to the backward's end) is drawn faint."""
+    import dataclasses
+
+    from conftest import synthetic_scenario
+    from sim.core.overlap import OverlapSpec
+    from sim.engine.rules import collective_alone_s
+    from sim.engine.run import run_scenario
+    from sim.report.plots.gantt import EXPOSED_COLOUR, HIDDEN_COLOUR
+
+    scenario = synthetic_scenario(fwd_s=[1.0], bwd_s=[2.0], replicas=[2], microbatches=1, param_bytes=4e6,
+                                  intra_bandwidth=4e6, stash_bytes=0.0)
+    overlap = OverlapSpec(grad_reduce=grad_reduce, bucket_bytes=1e6)
+    scenario = dataclasses.replace(scenario, plan=dataclasses.replace(scenario.plan, overlap=overlap))
+    result = run_scenario(scenario, engine="fast")
+    c_ms = collective_alone_s(result.workload.kinds, result.workload.collectives[0]) * 1e3
+    assert 0 < c_ms < 2000.0  # shorter than the backward: hidden but for its last bucket when bucketed
+    fig = plots.gantt_figure(result)
+    exposed = _communication_widths_ms(fig, EXPOSED_COLOUR)
+    hidden = _communication_widths_ms(fig, HIDDEN_COLOUR)
+    rows = len(plots.rows_to_plot(result))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "communication, exposed (compute idle)" in labels
+    if grad_reduce:
+        assert exposed == pytest.approx([c_ms / 4] * rows)
+        # issued once the first bucket is full (B/K in): under the backward from there to its end
+        assert hidden == pytest.approx([2000.0 - 2000.0 / 4] * rows)
+        assert "communication, hidden under compute" in labels
+    else:
+        assert exposed == pytest.approx([c_ms] * rows) and hidden == []
+    summary = result.summarize()
+    assert summary.device(0).exposed_communication_s * 1e3 == pytest.approx(exposed[0])
+
+
+def test_split_exposed_cuts_communication_where_compute_runs():
+    from sim.engine.exposure import exposure_s, split_exposed
+
+    communication, busy = [(0.0, 2.5), (3.0, 4.0), (1.0, 2.0)], [(1.0, 2.0), (3.0, 3.5), (6.0, 7.0)]
+    exposed, hidden = split_exposed(communication, busy)
+    assert exposed == [(0.0, 1.0), (2.0, 2.5), (3.5, 4.0)] and hidden == [(1.0, 2.0), (3.0, 3.5)]
+    total, lost = exposure_s(communication, busy)
+    assert sum(e - s for s, e in exposed) == lost and sum(e - s for s, e in exposed + hidden) == total
+
+
+def test_chrome_trace_puts_group_collectives_on_their_own_thread():
+    """FSDP's gathers (``sharding: full``) are group collectives: each forward's and backward's is
+    a complete event on the device's ``group`` thread, spanning its collective's replay."""
+    import dataclasses
+
+    from conftest import synthetic_scenario
+    from sim.core.parallelism import Sharding
+    from sim.engine.run import run_scenario
+    from sim.engine.trace import STREAM_THREADS, perfetto_trace
+    from sim.engine.workload import GROUP
+
+    scenario = synthetic_scenario(fwd_s=[1.0], bwd_s=[2.0], replicas=[2], microbatches=2, param_bytes=4e6,
+                                  intra_bandwidth=4e6, stash_bytes=0.0)
+    scenario = dataclasses.replace(scenario, plan=dataclasses.replace(scenario.plan, sharding=Sharding.FULL))
+    result = run_scenario(scenario, engine="fast")
+    trace = perfetto_trace(result)["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in trace if e["name"] == "thread_name" and e["tid"] == 4}
+    assert names == {(0, "group"), (1, "group")}
+    groups = [e for e in trace if e["ph"] == "X" and e["tid"] == STREAM_THREADS["group"] and e["pid"] == 0]
+    cls, record = result.workload.classes[0], result.records[0]
+    spans = [(s * 1e6, (e - s) * 1e6) for op, (s, e) in zip(cls.ops, record.op_times) if op.code == GROUP]
+    assert len(groups) == 4  # F and B of two micro-batches gather again (reshard after forward)
+    assert [(e["ts"], e["dur"]) for e in groups] == spans

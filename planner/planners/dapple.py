@@ -238,7 +238,9 @@ def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, microbatch_si
     samples = CostTables.slice_of(microbatch_size, r)
     f, bk = tables.compute_s(a, b, samples, recompute)
     comm = tables.transfer_s(a, microbatch_size, r, nodes, not crosses) if has_input else 0.0
-    tail = tables.allreduce_s(a, b, math.ceil(r / nodes), nodes) + tables.optimizer_s(a, b)
+    # the reduction as the plan overlaps it (the DP times every stage unsharded)
+    tail = tables.reduction_tail_s(a, b, samples, recompute, per_node=math.ceil(r / nodes), nodes=nodes) \
+        + tables.optimizer_s(a, b)
     stash = tables.stash_bytes(a, b, samples, recompute=recompute)
     free = capacity - tables.static_bytes(a, b, r, memory_sharding)
     room = math.inf if stash <= 0 and free >= 0 else (free / stash if stash > 0 else 0.0)

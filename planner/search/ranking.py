@@ -97,7 +97,7 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
     groups = candidate.devices(cluster)
     S, unit, sharding = candidate.num_stages, candidate.unit, candidate.sharding
     policy = dict(candidate.params).get("policy", DapplePolicy.S_MINUS_I)
-    fold, peak, backward = PIPELINE_START, 0.0, 0.0
+    fold, peak, backward, gathered = PIPELINE_START, 0.0, 0.0, 0.0
     for s, (a, b, devices) in enumerate(zip(candidate.bounds, candidate.bounds[1:], groups)):
         replicas = len(devices) // unit
         samples = CostTables.slice_of(microbatch_size, replicas)
@@ -109,13 +109,17 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
             previous = servers_of(groups[s - 1], cluster.devices_per_node)
             comm = tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)
         per_node = math.ceil(replicas / len(nodes))
-        # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e)
-        tail = tables.allreduce_s(a, b, per_node, len(nodes), sharding) + tables.optimizer_s(a, b, replicas, sharding)
+        # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e); its
+        # reduction as the plan overlaps it, and its first forward's parameter gather
+        where = dict(per_node=per_node, nodes=len(nodes), data_parallel=replicas, sharding=sharding)
+        tail = tables.reduction_tail_s(a, b, samples, candidate.recompute, num_microbatches=M, **where) \
+            + tables.optimizer_s(a, b, replicas, sharding)
+        gathered += tables.first_forward_extra_s(a, b, samples, candidate.recompute, **where)
         fold = extend_pipeline(fold, f, bk, comm, tail, M)
         alive = M if candidate.schedule == "gpipe" else dapple_warmup(S, M, s, policy)
         stash = tables.stash_bytes(a, b, samples, recompute=candidate.recompute)
         peak = max(peak, tables.static_bytes(a, b, replicas, sharding) + alive * stash)
-    latency = fold.total_s
+    latency = fold.total_s + gathered if gathered else fold.total_s
     if candidate.schedule == "zb-h1":
         latency -= (S - 1) * backward
     return latency, peak
@@ -141,8 +145,9 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
         stash[g] += tables.stash_bytes(a, b, samples, recompute=candidate.recompute) / v
         static[g] += tables.static_bytes(a, b, replicas, sharding)
         nodes = servers_of(devices, cluster.devices_per_node)
-        tail[g] += tables.allreduce_s(a, b, math.ceil(replicas / len(nodes)), len(nodes), sharding) \
-            + tables.optimizer_s(a, b, replicas, sharding)
+        tail[g] += tables.reduction_tail_s(a, b, samples, candidate.recompute, per_node=math.ceil(replicas / len(nodes)),
+                                           nodes=len(nodes), data_parallel=replicas, sharding=sharding,
+                                           num_microbatches=M) + tables.optimizer_s(a, b, replicas, sharding)
         if s > 0:
             previous = servers_of(groups[s - 1], cluster.devices_per_node)
             comm += 2 * tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)

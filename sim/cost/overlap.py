@@ -29,13 +29,23 @@ starts at max(end of its gather, end of piece u − 1's compute). By the same ar
 action ends at :func:`pipelined_s`: ``max(G/U + A, G + A/U)`` after the collective starts —
 the first piece's gather exposed when compute dominates, the last piece's compute when
 communication does. Its exposed communication is ``max(G − A, 0) + min(G, A)/U``.
+Several collectives beside one action (FSDP's gather and tensor-parallel chunks, the context
+ring, which is not cut in pieces) give :func:`beside_action_s`: the compute starts after the
+longest first piece and ends after every collective's last piece.
+
+**A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
+``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
+its reduction alone would end ``a`` after its backward starts; the reductions queue on one
+stream, so ``x_k = max(a, x_{k−1} + C − P)`` and the last ends
+:func:`queued_reductions_end_s`: ``a + (M − 1)·max(0, C − P)`` after the last backward starts.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["bucket_count", "bucketed_reduce_end_s", "exposed_pipelined_s", "pipelined_s", "unit_count"]
+__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "exposed_pipelined_s", "pipelined_s",
+           "queued_reductions_end_s", "reduce_end_s", "unit_count"]
 
 
 def bucket_count(grad_bytes: float, bucket_bytes: float) -> int:
@@ -53,7 +63,17 @@ def unit_count(layers: int, unit_layers: int) -> int:
 def bucketed_reduce_end_s(backward_s: float, reduce_s: float, buckets: int) -> float:
     """Seconds from the backward's start to the end of its gradients' bucketed reduction:
     ``max(B/K + C, B + C/K)`` (the module docstring derives it)."""
-    return max(backward_s / buckets + reduce_s, backward_s + reduce_s / buckets)
+    return reduce_end_s(lead_s=0.0, compute_s=backward_s, end_s=backward_s, reduce_s=reduce_s, buckets=buckets)
+
+
+def reduce_end_s(*, lead_s: float, compute_s: float, end_s: float, reduce_s: float, buckets: int) -> float:
+    """Seconds from a backward action's start to the end of its bucketed reduction when its
+    compute (``compute_s`` of work) starts ``lead_s`` in and ends ``end_s`` in (after the
+    collectives beside it, :func:`beside_action_s`): the first bucket is issued once
+    ``compute_s/K`` is done, the last leaves after the compute ends:
+    ``max(lead + A/K + C, end + C/K)`` (``sim.engine.rules.reduce_issue_s`` and ``collective_times``'s
+    floor). With nothing beside the backward it is :func:`bucketed_reduce_end_s`."""
+    return max(lead_s + compute_s / buckets + reduce_s, end_s + reduce_s / buckets)
 
 
 def pipelined_s(gather_s: float, compute_s: float, pieces: int) -> float:
@@ -66,3 +86,27 @@ def exposed_pipelined_s(gather_s: float, compute_s: float, pieces: int) -> float
     """The communication of :func:`pipelined_s` that compute does not hide:
     ``max(G − A, 0) + min(G, A)/U``."""
     return pipelined_s(gather_s, compute_s, pieces) - compute_s
+
+
+def beside_action_s(compute_s: float, beside: tuple[tuple[float, int], ...]) -> tuple[float, float]:
+    """``(lead, end)``: seconds from an action's start to its compute's start and end when the
+    collectives ``beside`` it (``(alone seconds, pieces)`` each, all started with the action;
+    0 pieces: not cut, the compute waits only for its end) run beside it: it starts after the
+    longest first piece ``max c_i/U_i`` and ends no earlier than each collective's end plus its
+    last piece's compute ``c_i + A/U_i`` (``sim.engine.rules.beside_bounds``). One collective
+    cut in ``U`` gives :func:`pipelined_s`."""
+    lead = max((c / pieces for c, pieces in beside if pieces), default=0.0)
+    end = lead + compute_s
+    for c, pieces in beside:
+        floor = c + compute_s / pieces if pieces else c
+        if floor > end:
+            end = floor
+    return lead, end
+
+
+def queued_reductions_end_s(first_end_s: float, reduce_s: float, period_s: float, microbatches: int) -> float:
+    """Seconds from the last of ``microbatches`` backwards' start to the end of its reduction
+    when each backward, ``period_s`` after the one before, issues one (``first_end_s``: one
+    reduction's end after its backward starts, alone; ``reduce_s``: its alone time on the shared
+    stream): ``a + (M − 1)·max(0, C − P)`` (the module docstring derives it)."""
+    return first_end_s + (microbatches - 1) * max(0.0, reduce_s - period_s)

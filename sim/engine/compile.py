@@ -85,9 +85,12 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     samples = {s: _replica_samples(plan, s, training.microbatch_size) for s in range(plan.num_stages)}
     stages_of_rank = [tuple(s for s, r in enumerate(plan.stage_ranks) if r == rank) for rank in range(len(groups))]
 
+    gathered = _param_gather(plan)
     ar_flows, ar_latency = allreduce_flows(plan, model, cluster,
-                                           scatter_only=_every_microbatch(plan, training.num_microbatches))
+                                           scatter_only=_every_microbatch(plan, training.num_microbatches) or gathered)
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
+    if gathered:
+        g_flows, g_latency = g_flows + _gather_flows(ar_flows), {**g_latency, **_gather_latency(ar_latency)}
     p2p = p2p_flows(plan, model, training.microbatch_size)
     flows = p2p + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
@@ -175,25 +178,50 @@ def _every_microbatch(plan, num_microbatches: int) -> bool:
             and plan.sharding in (Sharding.GRADIENTS, Sharding.FULL))
 
 
+def _param_gather(plan) -> bool:
+    """Whether ZeRO-1/2's all-gather of the updated parameters runs beside each stage's first
+    forward (``plan.overlap.param_gather``: Megatron-LM's ``--overlap-param-gather`` with its
+    distributed optimizer: ``_make_forward_pre_hook`` in megatron/core/distributed/
+    distributed_data_parallel.py waits for a bucket's all-gather before a module uses it, and the
+    bucket group's ``finish_param_sync`` (param_and_grad_buffer.py) dispatches the next one): the
+    gradient reduction keeps only its reduce-scatter. One simulated iteration stands for the
+    steady state, the gather launched after the previous step. No effect under ``none``
+    (nothing gathered) or ``full`` (FSDP gathers by unit)."""
+    return plan.overlap.param_gather and plan.sharding in (Sharding.OPTIMIZER, Sharding.GRADIENTS)
+
+
+def _gather_flows(ar_flows: list) -> list:
+    """The parameter all-gather's flows: the reduce-scatter's (same bytes and layout, as
+    ZeRO-2's final all-gather), labelled ``("PG", stage, "F", phase)`` for the first forward."""
+    return [(src, dst, ("PG", label[1], "F", label[2]), nbytes) for src, dst, label, nbytes in ar_flows]
+
+
+def _gather_latency(ar_latency: dict) -> dict:
+    """Each all-gather phase's latency: its reduce-scatter phase's (``allreduce_flows`` keys them ``(stage, phase)``)."""
+    return {("PG", s, "F", phase): latency for (s, phase), latency in ar_latency.items()}
+
+
 def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int) -> Pipelining:
     """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``)."""
     units, reductions = {}, {}
     if plan.sharding is Sharding.FULL:
         units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
                  for s, stage in enumerate(plan.stages)}
-    if plan.overlap.grad_reduce:
-        for coll in collectives:
-            stage = plan.stages[coll.stage]
-            grad_bytes = model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte
-            buckets = bucket_count(grad_bytes, plan.overlap.bucket_bytes)
-            reductions[coll.stage] = (buckets, collective_alone_s(kinds, coll) / buckets)
-    every = _every_microbatch(plan, num_microbatches)
+    buckets_of = {}
+    for coll in collectives:
+        stage = plan.stages[coll.stage]
+        grad_bytes = model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte
+        buckets_of[coll.stage] = bucket_count(grad_bytes, plan.overlap.bucket_bytes)
+        if plan.overlap.grad_reduce:
+            reductions[coll.stage] = (buckets_of[coll.stage], collective_alone_s(kinds, coll) / buckets_of[coll.stage])
+    every, gathered = _every_microbatch(plan, num_microbatches), _param_gather(plan)
     tp_chunks = plan.tensor_parallel if plan.overlap.tensor_parallel and plan.tensor_parallel > 1 else 0
-    group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if units or tp_chunks else ()
+    group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if units or tp_chunks or gathered else ()
     return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
-                      final_gather=every and plan.sharding is Sharding.GRADIENTS)
+                      final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
+                      gather_buckets=buckets_of if gathered else {})
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from sim.engine.workload import COMPUTE, GROUP, REDUCE
 
-__all__ = ["class_exposure", "exposure_s", "op_indices", "union"]
+__all__ = ["class_exposure", "class_intervals", "exposure_s", "op_indices", "split_exposed", "union"]
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -69,12 +69,40 @@ def op_indices(ops) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(codes == COMPUTE), np.flatnonzero((codes == REDUCE) | (codes == GROUP))
 
 
-def class_exposure(cls, record, indices: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float]:
-    """:func:`exposure_s` of one device class from its replay's records (``Recorder``);
-    ``indices``: its :func:`op_indices`, when the caller keeps them."""
+def split_exposed(communication, busy) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """``(exposed, hidden)``: the union of ``communication`` cut where ``busy`` covers it, as
+    disjoint sorted intervals (what a timeline draws strong and faint; their lengths add up to
+    :func:`exposure_s`'s two numbers)."""
+    exposed, hidden = [], []
+    covers = union(busy)
+    j = 0
+    for start, end in union(communication):
+        at = start
+        while j < len(covers) and covers[j][1] <= at:
+            j += 1
+        k = j
+        while at < end:
+            if k < len(covers) and covers[k][0] < end:
+                lo, hi = max(covers[k][0], at), min(covers[k][1], end)
+                if lo > at:
+                    exposed.append((at, lo))
+                if hi > lo:
+                    hidden.append((lo, hi))
+                at = max(at, hi)
+                k += 1
+            else:
+                exposed.append((at, end))
+                at = end
+    return exposed, hidden
+
+
+def class_intervals(cls, record, indices: tuple[np.ndarray, np.ndarray] | None = None):
+    """``(communication, busy)`` intervals of one device class from its replay's records
+    (``Recorder``): its REDUCE and GROUP ops' spans, and its compute ops' own durations and
+    optimizer step (see the module docstring); ``indices``: its :func:`op_indices`."""
     compute, comm = op_indices(cls.ops) if indices is None else indices
     if not len(comm):
-        return 0.0, 0.0
+        return [], []
     starts = np.frombuffer(record.op_times.start, dtype=float)
     ends = np.frombuffer(record.op_times.end, dtype=float)
     begin = starts[compute]
@@ -85,4 +113,13 @@ def class_exposure(cls, record, indices: tuple[np.ndarray, np.ndarray] | None = 
     busy = list(zip(begin[ran].tolist(), (begin + own)[ran].tolist())) + [record.optimizer]
     c_start, c_end = starts[comm], ends[comm]
     ran = c_start == c_start
-    return exposure_s(zip(c_start[ran].tolist(), c_end[ran].tolist()), busy)
+    return list(zip(c_start[ran].tolist(), c_end[ran].tolist())), busy
+
+
+def class_exposure(cls, record, indices: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float]:
+    """:func:`exposure_s` of one device class from its replay's records (``Recorder``);
+    ``indices``: its :func:`op_indices`, when the caller keeps them."""
+    communication, busy = class_intervals(cls, record, indices)
+    if not communication and not busy:
+        return 0.0, 0.0
+    return exposure_s(communication, busy)

@@ -52,9 +52,11 @@ from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
 
-GROUP_LABELS = ("TP", "CP", "FS")
-"""Labels of group flows: tensor parallelism, the context-parallel ring, FSDP's gathers."""
-OVERLAPPED = frozenset({"CP", "FS"})
+GROUP_LABELS = ("TP", "CP", "FS", "PG")
+"""Labels of group flows: tensor parallelism, the context-parallel ring, FSDP's gathers, and
+ZeRO-1/2's parameter all-gather beside a stage's first forward (``plan.overlap.param_gather``,
+flows made by ``sim.engine.compile``)."""
+OVERLAPPED = frozenset({"CP", "FS", "PG"})
 """Group collectives that run beside the compute (the others block it)."""
 
 
@@ -157,7 +159,8 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
     with a straggler (its own classes) gets its own, so it slows only its replica. Returns the
     collectives and a map ``(label, class) -> collective index`` for the compiler's ops.
     """
-    groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups}
+    groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups,
+                 "PG": plan.gradient_groups}
     by_label: dict[tuple, list[FlowKind]] = defaultdict(list)  # by collective: a phase number dropped
     for k in kinds:
         if k.label[0] in GROUP_LABELS:

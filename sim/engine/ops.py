@@ -57,6 +57,10 @@ class Pipelining:
     final_gather: bool = False
     """With ``every_microbatch``: the end keeps a REDUCE op, ZeRO-2's all-gather of the updated
     parameters (``sharding: gradients``); ZeRO-3 has none (``full``)."""
+    gather_buckets: dict = field(default_factory=dict)
+    """Stage -> buckets of ZeRO-1/2's parameter all-gather (``plan.overlap.param_gather``), which
+    runs beside the stage's first forward as a ``("PG", stage, "F")`` GROUP op, pipelined bucket
+    by bucket (lead: one bucket's gather, tail: one bucket's forward); empty without it."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -94,9 +98,31 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
             rows[key] = [_op_row(fields) for fields in template(step)]
         mb = step.microbatch
         ops += [_new_tuple(Op, (code, text, stage, kind, mb) + rest) for code, stage, kind, rest in rows[key]]
+    if pipelining.gather_buckets:  # first: the reductions name their backward by its index
+        ops = _with_param_gather(ops, group_slot, pipelining)
     if pipelining.reductions or pipelining.every_microbatch:
         ops = _with_reductions(ops, pipelining)
     return tuple(ops)
+
+
+def _with_param_gather(ops: list[Op], group_slot: dict, pipelining: Pipelining) -> list[Op]:
+    """The ops with ZeRO-1/2's parameter all-gather before each stage's first forward compute,
+    overlapped with it bucket by bucket (``sim.cost.overlap.pipelined_s``: the forward ends
+    ``max(AG/K + F, AG + F/K)`` after the gather starts, alone)."""
+    out: list[Op] = []
+    seen: set[int] = set()
+    for op in ops:
+        s = op.stage
+        found = group_slot.get(("PG", s, "F"))
+        if op.code == COMPUTE and op.kind is ActionKind.F and s not in seen and found is not None:
+            seen.add(s)
+            slot, index = found
+            buckets = pipelining.gather_buckets.get(s, 1)
+            out.append(Op(code=GROUP, text=f"{s}PARAM_GATHER{op.microbatch}", stage=s, kind=ActionKind.F,
+                          microbatch=op.microbatch, collective=slot, overlap=True,
+                          lead_s=pipelining.group_s[index] / buckets, tail_s=op.duration_s / buckets))
+        out.append(op)
+    return out
 
 
 def _with_reductions(ops: list[Op], pipelining: Pipelining) -> list[Op]:

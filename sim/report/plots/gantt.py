@@ -8,7 +8,10 @@ many micro-batches (or bars too narrow for a number) every k-th is numbered, for
 the row and backwards below, and where bars are too narrow for white edges neighbouring
 micro-batches alternate two shades of their colour. An interleaved plan's model chunks on
 one device are told apart by hatching (chunk 0 plain, chunk 1 ``///``, ...). The gradient
-all-reduce is a grey bar under the row and the optimizer step a black one. ``gantt_key``
+all-reduce is a grey bar under the row and the optimizer step a black one; a simulated run
+draws instead every collective of the device there (gradient reductions and group collectives:
+tensor-, context-parallel, FSDP's and ZeRO's gathers), the part its compute stream was idle
+for (exposed, ``sim.engine.exposure``) strong and the part under compute faint. ``gantt_key``
 is the legend of what was drawn; ``add_key`` puts one (or several charts' merged) to the
 right of the axes.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-__all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND", "OPTIMIZER_COLOUR",
+__all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "EXPOSED_COLOUR", "HIDDEN_COLOUR", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND", "OPTIMIZER_COLOUR",
            "add_key", "draw_gantt", "gantt_key", "merge_keys"]
 
 KINDS = {
@@ -30,6 +33,10 @@ KINDS = {
 """Compute kind -> (colour, its name in the key)."""
 
 ALLREDUCE_COLOUR = "0.55"
+EXPOSED_COLOUR = "#7b2d8e"
+"""Communication with the compute stream idle (exposed): strong purple, unlike any compute kind."""
+HIDDEN_COLOUR = "#d9c3e0"
+"""Communication under compute (hidden by overlap): the same purple, faint."""
 OPTIMIZER_COLOUR = "black"
 CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "+++")
 """Hatch of model chunk k on a device (interleaved): chunk 0 plain."""
@@ -41,7 +48,8 @@ narrow for white edges alternate two shades instead."""
 
 LEGEND = ("colour: blue forward, orange backward, red input-gradient backward (I), green weight-gradient "
           "backward (W); number: micro-batch; hatched: a device's 2nd, 3rd ... model chunk; grey under the "
-          "row: gradient all-reduce; black: optimizer step")
+          "row: gradient all-reduce (a simulated run: every collective, strong purple where exposed, faint where "
+          "hidden under compute); black: optimizer step")
 
 
 def _shade(colour: str, microbatch: int | None, alternate: bool):
@@ -98,10 +106,13 @@ def _labelling(widths_pt: list[float], num_mb: int) -> tuple[int, bool]:
     return next((k for k in _NICE_STEPS if k >= need), _NICE_STEPS[-1]), False
 
 
-def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: float, *, key: bool = True) -> list:
+def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: float, *, key: bool = True,
+               communication: dict | None = None) -> list:
     """Bars of compute ``events`` (``sim.core.events.EventRow``) on one row per (device, devices it stands
     for), with the key (``gantt_key``) to the right of the axes unless ``key`` is False.
-    Returns the key's handles (to merge the keys of several charts into one).
+    Returns the key's handles (to merge the keys of several charts into one). ``communication``
+    maps a device to its ``(exposed, hidden)`` communication intervals (``sim.engine.exposure.split_exposed``),
+    drawn as a thin lane under its row in place of the all-reduce's grey bar.
 
     Bars are patches added as plain artists: ``barh`` costs about 1 ms a bar in matplotlib's
     unit handling and ``add_patch`` a third of that in updating the data limits, which are
@@ -146,12 +157,14 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
                 above = kind == "F"
                 numbers.append((start, y - half - 0.01 if above else y + half + 0.01, str(m),
                                 "above" if above else "below", _darker(colour)))
-        elif kind == "REDUCE_GRAD":
+        elif kind == "REDUCE_GRAD" and communication is None:
             ax.add_artist(Rectangle((start, y + half), width, 0.14, facecolor=ALLREDUCE_COLOUR, edgecolor="none"))
             seen.add(kind)
         elif kind == "OPTIM":
             ax.add_artist(Rectangle((start, y - half), width, 2 * half, facecolor=OPTIMIZER_COLOUR, edgecolor="none"))
             seen.add(kind)
+    if communication is not None:
+        seen |= _draw_communication(ax, communication, index, half)
     _draw_numbers(ax, numbers, _LABEL_PT if inside else _LABEL_PT - 0.5)
     labels = [f"dev {d}" + (f" (x{n})" if n > 1 else "") for d, n in rows]
     ax.set_yticks(range(len(rows)), labels)
@@ -164,14 +177,34 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
     return handles
 
 
+def _draw_communication(ax, communication: dict, index: dict, half: float) -> set[str]:
+    """Each device's communication lane under its row: exposed intervals strong, hidden faint.
+    Returns what it drew (``EXPOSED``, ``HIDDEN``) for the key."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
+    from matplotlib.patches import Rectangle
+
+    drawn = set()
+    for device in sorted(communication):
+        if device not in index:
+            continue
+        exposed, hidden = communication[device]
+        y = index[device] + half
+        for name, colour, intervals in (("HIDDEN", HIDDEN_COLOUR, hidden), ("EXPOSED", EXPOSED_COLOUR, exposed)):
+            for start, end in intervals:
+                ax.add_artist(Rectangle((start * 1e3, y), (end - start) * 1e3, 0.14, facecolor=colour,
+                                        edgecolor="none"))
+                drawn.add(name)
+    return drawn
+
+
 def merge_keys(handles) -> list:
     """Several charts' key handles as one key: each label once (its first handle), what the
     numbers mean last."""
     first: dict[str, Any] = {}
     for handle in handles:
         first.setdefault(handle.get_label(), handle)
-    order = [name for _, name in KINDS.values()] + ["lighter", "gradient all-reduce", "optimizer step", "model chunk",
-                                                     "number"]
+    order = [name for _, name in KINDS.values()] + ["lighter", "gradient all-reduce", "communication", "optimizer step",
+                                                     "model chunk", "number"]
 
     def rank(handle) -> tuple[int, str]:
         label = handle.get_label()
@@ -223,7 +256,7 @@ def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt
 
 def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = False) -> list:
     """Legend handles for what a Gantt chart drew: the kinds in ``seen`` (``F``, ``B``, ``I``,
-    ``W``, ``REDUCE_GRAD``, ``OPTIM``, ``chunk1``...) and what the numbers are."""
+    ``W``, ``REDUCE_GRAD``, ``EXPOSED``, ``HIDDEN``, ``OPTIM``, ``chunk1``...) and what the numbers are."""
     # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -233,6 +266,10 @@ def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = Fa
         handles.append(Patch(facecolor=_shade(KINDS["F"][0], 1, True), label="lighter: odd micro-batch"))
     if "REDUCE_GRAD" in seen:
         handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label="gradient all-reduce"))
+    if "EXPOSED" in seen:
+        handles.append(Patch(facecolor=EXPOSED_COLOUR, label="communication, exposed (compute idle)"))
+    if "HIDDEN" in seen:
+        handles.append(Patch(facecolor=HIDDEN_COLOUR, label="communication, hidden under compute"))
     if "OPTIM" in seen:
         handles.append(Patch(facecolor=OPTIMIZER_COLOUR, label="optimizer step"))
     chunks = sorted(int(k[5:]) for k in seen if k.startswith("chunk"))

@@ -7,7 +7,9 @@ notebooks show them); each takes a ``SimResult``.
 In the Gantt chart each row is a device (one per class of identical devices when there are
 many, labelled with how many it stands for), drawn by ``sim.report.plots.gantt``: colour by kind
 (forward, backward, I, W), the micro-batch's number in each bar, interleaved chunks hatched,
-and a key on every chart.
+a lane under each row with the device's collectives, exposed strong and hidden faint
+(:func:`communication_lanes`, from the records ``sim.engine.exposure`` reads), and a key on
+every chart.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from sim.core.units import format_bytes
+from sim.engine.exposure import class_intervals, split_exposed
 from sim.engine.result import SimResult
 from sim.report.plots.gantt import KINDS, LEGEND, add_key, draw_gantt, gantt_key, merge_keys
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import pyplot as _pyplot
 
-__all__ = ["CAPACITY_IN_VIEW", "KINDS", "LEGEND", "add_key", "draw_gantt", "gantt_figure", "gantt_key", "memory_figure",
+__all__ = ["CAPACITY_IN_VIEW", "KINDS", "LEGEND", "add_key", "communication_lanes", "draw_gantt", "gantt_figure", "gantt_key", "memory_figure",
            "rows_to_plot", "schedule_comparison_figure"]
 
 
@@ -31,6 +34,22 @@ def rows_to_plot(result: SimResult, limit: int = 32) -> list[tuple[int, int]]:
         return [(d, 1) for d in result.workload.devices]
     rows = sorted((cls.devices[0], len(cls.devices)) for cls in classes)
     return rows[:limit]
+
+
+def communication_lanes(result: SimResult, devices) -> dict[int, tuple[list, list]]:
+    """Device -> ``(exposed, hidden)`` intervals of its communication (REDUCE and GROUP ops),
+    cut where its compute stream is busy (``sim.engine.exposure.class_intervals`` and
+    ``split_exposed``: what the summary's ``exposed_communication_s`` adds up)."""
+    wanted, lanes = set(devices), {}
+    for cls, record in zip(result.workload.classes, result.records):
+        members = [d for d in cls.devices if d in wanted]
+        if not members:
+            continue
+        communication, busy = class_intervals(cls, record)
+        split = split_exposed(communication, busy)
+        for device in members:
+            lanes[device] = split
+    return lanes
 
 
 def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any:
@@ -44,7 +63,8 @@ def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any
     else:
         fig = ax.figure
     events = result.event_rows([d for d, _ in rows])
-    draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s)
+    draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s,
+               communication=communication_lanes(result, [d for d, _ in rows]))
     s = result.summarize()
     if title is None and s.failure is not None:
         title = f"{s.name}: {s.schedule}, {s.failure.message}"
@@ -173,8 +193,9 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
     for i, name in enumerate(names):
         result, gantt_ax, memory_ax = results[name], axes[2 * i], axes[2 * i + 1]
         s = result.summarize()
-        handles += draw_gantt(gantt_ax, result.event_rows(), _class_rows(result), result.workload.num_microbatches,
-                              end_s, key=False)
+        rows = _class_rows(result)
+        handles += draw_gantt(gantt_ax, result.event_rows(), rows, result.workload.num_microbatches,
+                              end_s, key=False, communication=communication_lanes(result, [d for d, _ in rows]))
         oom = "  OUT OF MEMORY" if s.oom else ""
         gantt_ax.set_title(f"{name}: {s.iteration_time_s * 1e3:.1f} ms per iteration, bubble "
                            f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
