@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from planner.search.space import Candidate, to_scenario
 from sim.app.cli import main
 from sim.input.plan_file import plan_to_dict
 from sim.input.scenario import parse_scenario
@@ -85,7 +86,10 @@ def test_a_plan_file_wins_over_the_stack():
 
 def test_a_stack_never_creates_a_plan():
     s = parse_scenario("stack: torchtitan\n" + BASE.split("plan:")[0])
-    assert s.plan is None and all(not v.key.startswith("plan.") for v in s.stack_values)
+    # its overlap and FSDP settings still hold for the plans the planner makes
+    assert s.plan is None and all(v.key.startswith(("plan.overlap.", "plan.fsdp.")) for v in s.stack_values
+                                  if v.key.startswith("plan."))
+    assert s.overlap.grad_reduce is True and s.fsdp.unit_layers == 1
     assert s.model.optimizer_implementation == "foreach"
 
 
@@ -131,3 +135,10 @@ def test_every_stack_but_none_sets_its_attention_kernel_with_a_source():
 def test_a_stack_sets_no_attention_on_a_measured_profile():
     raw, _, used = apply_stack({"stack": "torchtitan", "model": {"profile": "x.json"}}, source="s")
     assert "attention" not in raw["model"] and all(v.key != "model.attention" for v in used)
+
+
+def test_the_planner_plans_with_the_stack_s_overlap():
+    s = parse_scenario("stack: megatron-core\n" + BASE.replace("SHARDING", "none"), ignore_plan=True)
+    assert s.plan is None and s.overlap.grad_reduce and s.overlap.param_gather
+    planned = to_scenario(s, Candidate(bounds=(0, s.model.num_layers), replicas=(8,), microbatch_size=2))
+    assert planned.plan.overlap == s.overlap and planned.plan.fsdp == s.fsdp

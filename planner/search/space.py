@@ -266,7 +266,7 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     plan = PlanSpec(stages=stages, schedule=candidate.schedule, schedule_params=candidate.params,
                     recompute=candidate.recompute, tensor_parallel=candidate.tensor_parallel,
                     sequence_parallel=candidate.sequence_parallel, context_parallel=candidate.context_parallel,
-                    sharding=candidate.sharding)
+                    sharding=candidate.sharding, overlap=scenario.overlap, fsdp=scenario.fsdp)
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)

@@ -49,7 +49,7 @@ from sim.schedule.plan_schedule import parse_schedule_for_plan
 from sim.schedule.policy import DapplePolicy
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
-__all__ = ["read_plan"]
+__all__ = ["read_fsdp", "read_overlap", "read_plan"]
 
 _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parallel", "sequence_parallel",
               "context_parallel", "sharding", "pipeline_parallel", "data_parallel", "overlap", "fsdp"}
@@ -162,12 +162,12 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
         sequence_parallel=reader.boolean(data, "plan", "sequence_parallel", False),
         context_parallel=reader.integer(data, "plan", "context_parallel", 1),
         sharding=Sharding(sharding),
-        overlap=_overlap(reader, data.get("overlap", {})),
-        fsdp=_fsdp(reader, data.get("fsdp", {})),
+        overlap=read_overlap(reader, data.get("overlap", {})),
+        fsdp=read_fsdp(reader, data.get("fsdp", {})),
     )
 
 
-def _overlap(reader: StrictReader, value: Any) -> OverlapSpec:
+def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     """``plan.overlap``: which collectives run beside compute (``sim.core.overlap``)."""
     key = "plan.overlap"
     data = reader.mapping(value, key)
@@ -179,7 +179,7 @@ def _overlap(reader: StrictReader, value: Any) -> OverlapSpec:
                         bucket_bytes=reader.quantity(data, key, "bucket_size", parse_bytes, "25MiB"))
 
 
-def _fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
+def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
     """``plan.fsdp``: how ZeRO-2/3 and FSDP gather by unit and reduce gradients."""
     key = "plan.fsdp"
     data = reader.mapping(value, key)

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from sim.core.command import MalformedOverride
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.model_spec import ModelSpec
+from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.plan import PlanSpec
 from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.core.userfiles import read_user_file
@@ -40,7 +41,7 @@ from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
 from sim.input.plan_file import merge_plan
-from sim.input.plan_section import read_plan
+from sim.input.plan_section import read_fsdp, read_overlap, read_plan
 from sim.input.presets import DEVICE_PRESETS
 from sim.input.stack import StackValue, apply_stack
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
@@ -79,6 +80,11 @@ class Scenario:
     """The training stack whose defaults filled the keys the file left open (``sim.input.stack``)."""
     stack_values: tuple[StackValue, ...] = ()
     """The values the stack set, each with its citation (``dapple-sim check`` lists them)."""
+    overlap: OverlapSpec = OverlapSpec()
+    """What a plan of this scenario overlaps: the file's ``plan.overlap`` (its plan's, equal to
+    ``plan.overlap``), else its stack's; the planner gives its candidates these."""
+    fsdp: FsdpSpec = FsdpSpec()
+    """How a plan of this scenario shards by unit: the file's ``plan.fsdp``, else its stack's."""
     _resolved: ResolvedPlan | None = field(default=None, init=False, repr=False, compare=False)
     """The plan resolved on this scenario's model, cluster and training (:attr:`resolved`),
     once built. Not an ``__init__`` argument, so ``dataclasses.replace`` starts the copy
@@ -152,6 +158,14 @@ def parse_scenario(
         raw = apply_overrides(raw, overrides, source=source)
     raw, stack, stack_values = apply_stack(raw, source=source)  # after --plan and --set: they win over it
     ignored = ignore_plan and raw.get("plan") is not None
+    # how plans overlap and shard is the stack's (or the file's) even for the planner's own plans
+    settings = raw.get("plan") if isinstance(raw.get("plan"), dict) else \
+        apply_stack({"stack": stack, "plan": {}}, source=source)[0]["plan"]
+    overlap = read_overlap(reader, settings.get("overlap", {}))
+    fsdp = read_fsdp(reader, settings.get("fsdp", {}))
+    if not isinstance(raw.get("plan"), dict):  # no plan: the stack's plan settings still hold for the planner's
+        stack_values += tuple(v for v in apply_stack({"stack": stack, "plan": {}}, source=source)[2]
+                              if v.key.startswith(("plan.overlap.", "plan.fsdp.")))
     if ignore_plan:
         raw = {key: value for key, value in raw.items() if key != "plan"}
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
@@ -166,10 +180,16 @@ def parse_scenario(
     scenario = Scenario(name=name, cluster=cluster, model=model, training=training,
                         plan=None if resolved is None else resolved.plan, faults=faults, path=source,
                         device_defaults=device_defaults, ignored_plan=ignored, stack=stack,
-                        stack_values=tuple(v for v in stack_values if not (ignored and v.key.startswith("plan."))))
+                        stack_values=tuple(v for v in stack_values if _kept(v, ignored)), overlap=overlap, fsdp=fsdp)
     if resolved is not None:  # what the reader built to check the plan, kept for the compiler
         _keep_resolved(scenario, resolved)
     return scenario
+
+
+def _kept(value: StackValue, ignored: bool) -> bool:
+    """Whether a stack's value still holds once the file's plan is ignored: its overlap and
+    FSDP settings do (the planner's plans get them), the rest of its plan keys do not."""
+    return not (ignored and value.key.startswith("plan.")) or value.key.startswith(("plan.overlap.", "plan.fsdp."))
 
 
 def default_optimizer_implementation(cluster: ClusterSpec) -> str:
