@@ -130,9 +130,6 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "torchtitan": (
         _v("model.attention", "sdpa", f"{_TITAN} torchtitan/models/llama/model.py: "
            "F.scaled_dot_product_attention(is_causal=True)"),
-        _v("model.kernels", "eager", f"{_TITAN} torchtitan/config_manager.py: --training.compile store_true "
-           "(default False; train_configs/llama3_8b.toml compile = false), so models/norms.py RMSNorm, "
-           "models/llama/model.py apply_rotary_emb, repeat_kv and SwiGLU run as eager kernels"),
         _v("plan.overlap.grad_reduce", True, f"{_TITAN} torchtitan/parallelisms/parallelize_llama.py apply_fsdp: "
            "FSDP2 fully_shard per block, each block's reduce-scatter on its own stream during the backward"),
         _v("plan.fsdp.unit_layers", 1, f"{_TITAN} torchtitan/parallelisms/parallelize_llama.py apply_fsdp: "
@@ -147,6 +144,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "--optimizer.fused store_true (default False)"),
         _v("model.optimizer.grad_dtype", "fp32", f"{_TITAN} torchtitan/config_manager.py: "
            "--training.mixed_precision_reduce default float32"),
+        _v("model.kernels", "eager", f"{_TITAN} torchtitan/config_manager.py: --training.compile store_true "
+           "(default False; train_configs/llama3_8b.toml compile = false), so models/norms.py RMSNorm, "
+           "models/llama/model.py apply_rotary_emb, repeat_kv and SwiGLU run as eager kernels"),
     ),
 })
 """Stack name -> its defaults, in the order ``check`` lists them."""
