@@ -169,6 +169,10 @@ class ModelSpec:
     """How a generated transformer's attention runs, one of ``sim.core.specs.ATTENTION_KERNELS``
     (``flash``, ``sdpa``, ``unfused``: its blocks' kernels and stash, ``sim.cost.kernels``); None
     for a model without attention blocks (a measured profile, mlp, vgg)."""
+    kernels: str = "fused"
+    """How a generated transformer's element-wise work runs (``model.kernels``, one of
+    ``sim.cost.kernels.KERNEL_MODES``): ``fused`` kernels (Megatron-LM) or PyTorch's ``eager`` ones
+    (torchtitan without ``torch.compile``; Llama only). A measured profile keeps ``fused``."""
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -189,6 +193,8 @@ class ModelSpec:
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
+        if self.kernels not in ("eager", "fused"):  # sim.cost.kernels.KERNEL_MODES (core imports no cost module)
+            raise SpecError("kernels", f"unknown mode {self.kernels!r}; valid: eager, fused")
         if self.tied_layers is not None and not all(0 <= k < len(self.layers) for k in self.tied_layers):
             raise SpecError("tied_layers", f"must name two of the {len(self.layers)} layers, got {self.tied_layers!r}")
 

@@ -68,13 +68,18 @@ saved. Norms, rotary embeddings, SwiGLU and residual adds are never saved. On H1
 December 2024 SDPA picked FlashAttention-2 over cuDNN (pytorch/pytorch#142132: cuDNN is not
 chosen automatically), so ``sdpa`` and ``flash`` are saved; an unfused attention's ``bmm`` and
 softmax are not.
+
+A block's element-wise work runs as the model's ``kernels`` says (``KERNEL_MODES``): ``fused``
+(Megatron-LM's and Megatron-Core's fused kernels: apex/Transformer Engine LayerNorm and RMSNorm,
+bias-GeLU or SwiGLU, bias-dropout-add, one memory pass each) or ``eager``, the separate PyTorch
+kernels torchtitan's Llama runs without ``training.compile`` (``eager_elementwise``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["ATTENTION_CORE", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
+__all__ = ["ATTENTION_CORE", "FP32_BYTES", "KERNEL_MODES", "eager_elementwise", "eager_rmsnorm", "eager_rotary", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
            "LSE_BYTES", "OP_SAC_PRODUCTS", "KernelSpec", "fused_attention", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
@@ -156,7 +161,7 @@ def fused_attention(kernel: str, q: float, s: int, h: int, h_kv: int, a: int, t:
 def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int | None = None, gated: bool = False,
                       tensor: int = 1, context: int = 1, sequence_parallel: bool = False,
                       dropout: bool = False, attention: str = "unfused",
-                      causal: bool = True, bias: bool = False) -> tuple[KernelSpec, ...]:
+                      causal: bool = True, bias: bool = False, kernels: str = "fused") -> tuple[KernelSpec, ...]:
     """One pre-norm transformer block on s tokens of width h, a heads, MLP width f, as one device
     of a tensor-parallel group of ``tensor`` and a context-parallel group of ``context`` runs it.
 
@@ -176,7 +181,7 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
     decoder's mask, which it skips) that regenerates its dropout mask from the random generator's
     state (FlashAttention-2, §3.1) and keeps no s×s tensor. ``bias``: the linears have biases
     (GPT, BERT), which only changes what op-level selective checkpointing saves (the module's
-    docstring).
+    docstring). ``kernels``: ``fused`` or ``eager`` (``eager_elementwise``).
     """
     t, q = tensor, s / context
     h_kv = (kv_heads or a) * h // a
@@ -198,7 +203,7 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
         fused = fused_attention(attention, q, s, h, h_kv, a, t, d, causal=causal)  # output and log-sum-exp saved
         core = (replace(fused, sac_saved_bytes=d * q * h / t + LSE_BYTES * q * a / t, sac_recompute=()),)
     mlp_parts = (("w1", f), ("w3", f)) if gated else (("w1", f),)
-    return (
+    block = (
         _elementwise("ln1", pointwise * h, d),
         _op_sac(_gemm("qkv", q, (h + 2 * h_kv) / t, h, d, weights=True), (("wq", h), ("wk", h_kv), ("wv", h_kv)),
                 saved, d, q, h, t=t),
@@ -211,6 +216,86 @@ def transformer_block(s: int, h: int, a: int, f: int, d: int, *, kv_heads: int |
         _op_sac(_gemm("mlp_down", q, h, f / t, d, weights=True), (("w2", h),), saved, d, q, f / t, extra=scattered),
         _elementwise("residual2", pointwise * h, d, passes=3),
     )
+    if kernels == "fused":
+        return block
+    return eager_elementwise(block, pointwise=pointwise, q=q, h=h, h_q=h / t, h_kv=h_kv / t,
+                             rep=h // h_kv, f=f / t, d=d)
+
+
+KERNEL_MODES = ("eager", "fused")
+"""How a generated block's element-wise work runs (``model.kernels``): ``fused`` kernels, one
+pass each (Megatron-LM), or PyTorch's ``eager`` kernels, as torchtitan runs them."""
+
+FP32_BYTES = 4
+"""Bytes of an fp32 element: eager RMSNorm and rotary embeddings compute in fp32 (``x.float()``)."""
+
+
+def eager_rmsnorm(name: str, n: float, rows: float, h: int, d: int) -> tuple[KernelSpec, ...]:
+    """torchtitan's ``RMSNorm`` (9dec370, ``torchtitan/models/norms.py`` lines 96–101:
+    ``_norm(x) = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)``, ``forward(x) =
+    self._norm(x.float()).type_as(x) * self.weight``) on ``n`` elements in ``rows`` rows of ``h``,
+    per sample: eight eager kernels, each a pass over memory. Forward: what each reads and writes
+    (x in ``d`` bytes, the fp32 copies in 4, the per-row mean and rsqrt in 4 per row). Backward
+    (autograd): each op reads the incoming gradient and the inputs it saved and writes a gradient
+    per input: ``pow`` saves x, ``rsqrt`` its output, the two products both inputs, the casts,
+    ``mean`` and ``+ eps`` nothing; the fp32 x feeds ``pow`` and the product, so autograd adds
+    its two gradients (read two, write one) before the cast back."""
+    w = FP32_BYTES
+    return (
+        KernelSpec(name=f"{name}_float", bytes=(d + w) * n, bwd_bytes=3 * w * n + (w + d) * n),
+        KernelSpec(name=f"{name}_pow", bytes=2 * w * n, bwd_bytes=3 * w * n),
+        KernelSpec(name=f"{name}_mean", bytes=w * n + w * rows, bwd_bytes=w * n + w * rows),
+        KernelSpec(name=f"{name}_eps", bytes=2 * w * rows, bwd_bytes=2 * w * rows),
+        KernelSpec(name=f"{name}_rsqrt", bytes=2 * w * rows, bwd_bytes=3 * w * rows),
+        KernelSpec(name=f"{name}_scale", bytes=2 * w * n + w * rows, bwd_bytes=3 * w * n + 2 * w * rows),
+        KernelSpec(name=f"{name}_cast", bytes=(w + d) * n, bwd_bytes=(d + w) * n),
+        KernelSpec(name=f"{name}_weight", bytes=2 * d * n, fixed_bytes=d * h, bwd_bytes=3 * d * n),
+    )
+
+
+def eager_rotary(name: str, m: float, d: int) -> tuple[KernelSpec, ...]:
+    """torchtitan's ``apply_rotary_emb`` on one of q and k, ``m`` elements per sample (9dec370,
+    ``torchtitan/models/llama/model.py`` lines 108–113: ``view_as_complex(x.float()...)``, ``* freqs_cis``,
+    ``view_as_real(...).flatten(3)``, ``type_as``; the views and reshapes move nothing): a cast to
+    fp32, a complex product (m/2 complex64 values in and out; ``freqs_cis``, the same for every
+    sample, is left out as cached) and the cast back. Backward: the casts back, and the product's
+    gradient times the saved conjugate frequencies (read the gradient, write one)."""
+    w = FP32_BYTES
+    return (
+        KernelSpec(name=f"{name}_float", bytes=(d + w) * m, bwd_bytes=(w + d) * m),
+        KernelSpec(name=f"{name}_mul", bytes=2 * w * m, bwd_bytes=2 * w * m),
+        KernelSpec(name=f"{name}_cast", bytes=(w + d) * m, bwd_bytes=(d + w) * m),
+    )
+
+
+def eager_elementwise(block: tuple[KernelSpec, ...], *, pointwise: float, q: float, h: int, h_q: float,
+                      h_kv: float, rep: int, f: float, d: int) -> tuple[KernelSpec, ...]:
+    """A Llama block's fused kernels (``transformer_block``) replaced by the eager kernels torchtitan
+    runs (9dec370, ``torchtitan/models/llama/model.py``): each norm by ``eager_rmsnorm`` (on
+    ``pointwise`` tokens of width ``h``); after the QKV products, ``apply_rotary_emb`` on q and k
+    (``h_q`` and ``h_kv`` wide on this device, ``q`` tokens; lines 108–113) and, under grouped-query attention,
+    ``repeat_kv`` (lines 116–125: ``expand`` then ``reshape``, a copy of K and of V to ``rep`` times
+    their ``h_kv`` width; its backward sums the copies back); SwiGLU (``FeedForward.forward``, line
+    253: ``F.silu(self.w1(x)) * self.w3(x)``) as ``silu`` (read, write; backward reads the gradient
+    and its input, writes one) and the product (read two, write one; backward reads the gradient
+    and both inputs, writes two), ``f`` wide. The residual adds (``h = x + ...``, lines 323–324)
+    are one add each, as fused. Left out: ``output.transpose(1, 2).contiguous()`` after SDPA (whether
+    it copies depends on the strides SDPA returns, not checked) and SDPA reading ``rep`` times K and V."""
+    rotary = (*eager_rotary("rope_q", q * h_q, d), *eager_rotary("rope_k", q * h_kv, d))
+    copies = tuple(KernelSpec(name=f"repeat_{x}", bytes=(1 + rep) * d * q * h_kv, bwd_bytes=(1 + rep) * d * q * h_kv)
+                   for x in ("k", "v")) if rep > 1 else ()
+    out: list[KernelSpec] = []
+    for k in block:
+        if k.name in ("ln1", "ln2"):
+            out += eager_rmsnorm(k.name, pointwise * h, pointwise, h, d)
+        elif k.name == "swiglu":
+            out += [KernelSpec(name="silu", bytes=2 * d * q * f, bwd_bytes=3 * d * q * f),
+                    KernelSpec(name="swiglu_mul", bytes=3 * d * q * f, bwd_bytes=5 * d * q * f)]
+        else:
+            out.append(k)
+            if k.name == "qkv":
+                out += rotary + copies
+    return tuple(out)
 
 
 OP_SAC_PRODUCTS = {True: ("wq", "wk", "wv", "wo", "w1", "w3", "w2"), False: ("wq", "wk", "wv", "wo", "w1", "w2")}

@@ -12,7 +12,8 @@ A generated model keeps the generator's name and resolved parameters
 renames either kind for display. A generated transformer (gpt, bert, llama) also says how its
 attention runs, ``attention: flash | sdpa | unfused`` (``sim.core.specs.ATTENTION_KERNELS``),
 by default the device's ``default_attention``; a measured profile's times already include its
-attention, so it takes no such key.
+attention, so it takes no such key. ``kernels: fused | eager`` (``sim.cost.kernels.KERNEL_MODES``,
+default ``fused``) says how a generated transformer's element-wise work runs (``eager``: Llama only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sim.core.errors import DappleError, SpecError
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
+from sim.cost.kernels import KERNEL_MODES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
@@ -68,6 +70,9 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
 
 
 def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
+    if "kernels" in data:
+        raise reader.fail("model.kernels", "a measured profile's times already include its kernels; remove the key "
+                                           "(it chooses the element-wise kernels of a generated llama)")
     if "attention" in data:
         raise reader.fail("model.attention", "a measured profile's times already include its attention kernel; "
                                              "remove the key (it chooses the kernel of a generated gpt, bert or llama)")
@@ -88,14 +93,19 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 
 def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
-    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention")}
+    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels")}
+    if "kernels" in data:
+        if preset not in ATTENTION_PRESETS:
+            raise reader.fail("model.kernels", f"preset {preset} has no transformer blocks; remove the key "
+                                               f"(it applies to {', '.join(ATTENTION_PRESETS)})")
+        params["kernels"] = reader.string(data, "model", "kernels", choices=set(KERNEL_MODES))
     if preset in ATTENTION_PRESETS:
         params["attention"] = reader.string(data, "model", "attention", default_attention,
                                             choices=set(ATTENTION_KERNELS))
     elif "attention" in data:
         raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
                                              f"(it applies to {', '.join(ATTENTION_PRESETS)})")
-    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention"})
+    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels"})
     try:
         return build_model(preset, **params)
     except SpecError as exc:

@@ -81,6 +81,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "megatron-lm": (
         _v("model.attention", "unfused", f"{_MEGATRON}: attention as matmuls with the fused scale-mask-softmax "
            "kernel (Narayanan et al. 2021 §4.2); --use-flash-attn is store_true"),
+        _v("model.kernels", "fused", f"{_MEGATRON}: fused LayerNorm (apex), bias-GeLU and bias-dropout-add "
+           "kernels (megatron/core/fusions)"),
         _v("plan.overlap.grad_reduce", False, f"{_MEGATRON} megatron/training/arguments.py: --overlap-grad-reduce "
            "(store_true, default False)"),
         _v("plan.overlap.param_gather", False, f"{_MEGATRON} megatron/training/arguments.py: --overlap-param-gather "
@@ -93,6 +95,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "megatron-core": (
         _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
            "fused (Transformer Engine's cuDNN fused attention)"),
+        _v("model.kernels", "fused", f"{_MEGATRON}: Transformer Engine's fused RMSNorm, SwiGLU, rotary and "
+           "bias-dropout-add kernels (megatron/core/fusions)"),
         _v("plan.overlap.grad_reduce", True, f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: "
            "--overlap-grad-reduce"),
         _v("plan.overlap.param_gather", True, f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: "
@@ -110,6 +114,8 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "deepspeed": (
         _v("model.attention", "unfused", f"{_DEEPSPEED}: the model's own attention; Megatron-DeepSpeed's GPT runs "
            "Megatron's fused-softmax attention unless --use-flash-attn"),
+        _v("model.kernels", "fused", f"{_DEEPSPEED}: Megatron-DeepSpeed's GPT runs Megatron's fused LayerNorm, "
+           "bias-GeLU and bias-dropout-add kernels"),
         _v("plan.overlap.grad_reduce", False, f"{_DEEPSPEED} deepspeed/runtime/zero/config.py: overlap_comm "
            "unset is False below ZeRO-3 (overlap_comm_valid)"),
         _v("plan.overlap.grad_reduce", True, f"{_DEEPSPEED} deepspeed/runtime/zero/config.py: overlap_comm "
@@ -138,6 +144,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "--optimizer.fused store_true (default False)"),
         _v("model.optimizer.grad_dtype", "fp32", f"{_TITAN} torchtitan/config_manager.py: "
            "--training.mixed_precision_reduce default float32"),
+        _v("model.kernels", "eager", f"{_TITAN} torchtitan/config_manager.py: --training.compile store_true "
+           "(default False; train_configs/llama3_8b.toml compile = false), so models/norms.py RMSNorm, "
+           "models/llama/model.py apply_rotary_emb, repeat_kv and SwiGLU run as eager kernels"),
     ),
 })
 """Stack name -> its defaults, in the order ``check`` lists them."""
@@ -164,8 +173,10 @@ def apply_stack(raw: dict, *, source: str) -> tuple[dict, str, tuple[StackValue,
         if value.when_sharding is None and any(v.key == value.key and v.when_sharding is not None
                                                and v.when_sharding == sharding for v in STACKS[name]):
             continue  # the value for this sharding mode comes instead
-        if value.key == "model.attention" and not _has_attention(raw):
+        if value.key in ("model.attention", "model.kernels") and not _has_attention(raw):
             continue
+        if value.key == "model.kernels" and value.value == "eager" and raw["model"].get("preset") != "llama":
+            continue  # eager element-wise kernels are modelled for Llama blocks only
         if _set_default(raw, value.key, value.value):
             used.append(value)
     return raw, name, tuple(used)

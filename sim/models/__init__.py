@@ -91,8 +91,9 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
     if model.preset.name not in SHARDABLE:
         raise SpecError(key, f"preset {model.preset.name} is modelled whole; {key.replace('_', ' ')}ism is modelled "
                              f"for {', '.join(SHARDABLE)}")
+    eager = {"kernels": "eager"} if model.kernels == "eager" else {}  # only llama takes it
     built = MODEL_PRESETS[model.preset.name](shard=shard, attention=model.attention or "unfused",
-                                             **model.preset.values)
+                                             **eager, **model.preset.values)
     # what the scenario set beside the generator's parameters (sim.input.model) carries over
     return replace(built, optimizer_implementation=model.optimizer_implementation,
                    grad_dtype=model.grad_dtype)

@@ -98,7 +98,8 @@ def _block_fwd_flop(shape: BlockShape, shard: Shard) -> float:
     return 2 * q * (h * (h + 2 * h_kv) + h * h + h * up + f * h) / shard.tensor + 4 * q * s * h / shard.tensor
 
 
-def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str) -> LayerSpec:
+def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str,
+                       kernels: str) -> LayerSpec:
     s, h, d, t, c = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context
     params, tensors = _block_params(shape, arch, t)
     degrees = dict(tensor_parallel=t, context_parallel=c, sequence_parallel=shard.sequence_parallel,
@@ -114,7 +115,8 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
         kernels=K.transformer_block(s, h, shape.heads, shape.ffn_hidden, d, kv_heads=shape.kv_heads,
                                     gated=shape.gated, tensor=t, context=c,
                                     sequence_parallel=shard.sequence_parallel, dropout=shape.dropout,
-                                    attention=attention, causal=arch.causal, bias=arch.bias),
+                                    attention=attention, causal=arch.causal, bias=arch.bias,
+                                    kernels=kernels),
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
@@ -247,9 +249,13 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
                    "the sequence splits into 2·context_parallel chunks (Megatron-Core's causal load balancing)")
 
 
-def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str) -> ModelSpec:
+def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str,
+                 kernels: str = "fused") -> ModelSpec:
     if attention not in ATTENTION_KERNELS:
         raise SpecError("attention", f"unknown kernel {attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
+    if kernels not in K.KERNEL_MODES or (kernels == "eager" and preset != "llama"):
+        raise SpecError("kernels", f"{kernels!r} is not modelled for {preset}; valid: fused, or eager for llama "
+                                   "(torchtitan's eager RMSNorm, rotary and SwiGLU kernels)")
     p = resolve(preset, params)
     if p["ffn_hidden"] is None:
         p["ffn_hidden"] = llama_ffn_hidden(p["hidden"]) if preset == "llama" else 4 * p["hidden"]
@@ -270,7 +276,7 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     shape = BlockShape(seq_len=s, hidden=h, heads=a, ffn_hidden=f, kv_heads=kv, element_bytes=d,
                        dropout=not llama, gated=llama)
     layers = [_embedding(s, h, vocab, d, arch, shard, bert=bert)]
-    layers += [_transformer_block(f"block_{i}", shape, arch, shard, attention) for i in range(p["layers"])]
+    layers += [_transformer_block(f"block_{i}", shape, arch, shard, attention, kernels) for i in range(p["layers"])]
     head = _bert_head if bert else _lm_head
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
@@ -278,21 +284,26 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
         table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
-    model = replace(model, attention=attention)
+    model = replace(model, attention=attention, kernels=kernels)
     return model if shard.is_whole else replace(model, shard=shard)
 
 
-def gpt(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
+def gpt(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
+        **params: Any) -> ModelSpec:
     """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``; its attention
     runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``; the scenario's default is the device's)."""
-    return _transformer("gpt", params, shard, attention)
+    return _transformer("gpt", params, shard, attention, kernels)
 
 
-def bert(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
-    """A BERT encoder with its masked-LM head; same layer names and ``attention`` as ``gpt``."""
-    return _transformer("bert", params, shard, attention)
+def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
+         **params: Any) -> ModelSpec:
+    """A BERT encoder with its masked-LM head; same layer names and ``attention`` as ``gpt``
+    (``kernels``: ``fused`` only, as for ``gpt``; ``eager`` is modelled for Llama)."""
+    return _transformer("bert", params, shard, attention, kernels)
 
 
-def llama(*, shard: Shard | None = None, attention: str = "unfused", **params: Any) -> ModelSpec:
-    """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head)."""
-    return _transformer("llama", params, shard, attention)
+def llama(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
+          **params: Any) -> ModelSpec:
+    """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head);
+    ``kernels``: its element-wise work ``fused`` or ``eager`` (``sim.cost.kernels.eager_elementwise``)."""
+    return _transformer("llama", params, shard, attention, kernels)
