@@ -174,3 +174,38 @@ def test_only_a_measured_run_carries_an_out_of_memory_verdict():
     assert result.oom is False and result.row.metric not in RUN_METRICS
     timed = replace(result.row, metric="iteration_time", published=1.0)
     assert run_suite((timed,))[0].oom is True
+
+
+def _errors(results, source: str, table: str, row_has: str = "") -> list:
+    return [r for r in results if source in r.row.source and r.row.table == table and row_has in r.row.row]
+
+
+def test_sc21_table_1_within_7_percent_on_average_and_14_at_worst(results):
+    # where the shipped presets stand on Narayanan et al.'s weak scaling (nothing fitted): too
+    # fast by 2-13%; issue 29 asks for 3% and 8%, which this does not reach yet
+    rows = _errors(results, "2104.04473", "Table 1")
+    errors = [abs(r.error) for r in rows]
+    assert len(errors) == 10 and not any(r.oom for r in rows)
+    assert sum(errors) / len(errors) <= 0.07 and max(errors) <= 0.14, [(r.row.row, round(r.error, 3)) for r in rows]
+
+
+def test_sc21_table_2_ptd_rows_within_11_percent_on_average_and_17_at_worst(results):
+    rows = _errors(results, "2104.04473", "Table 2", "PTD")
+    errors = [abs(r.error) for r in rows]
+    assert len(errors) == 6 and not any(r.oom for r in rows)
+    assert sum(errors) / len(errors) <= 0.11 and max(errors) <= 0.17, [(r.row.row, round(r.error, 3)) for r in rows]
+
+
+def test_torchtitan_rows_fit_in_memory_and_are_within_35_percent(results):
+    # before this issue's mechanisms (fused attention, FSDP by unit, overlap, op-level
+    # checkpointing, eager kernels) 4 of these 4 runs were predicted out of memory
+    rows = [r for r in results if "torchtitan" in r.row.source]
+    assert len(rows) == 4 and not any(r.oom for r in rows)
+    assert all(abs(r.error) <= 0.35 for r in rows), [(r.row.row, round(r.error, 3)) for r in rows]
+
+
+def test_only_the_530b_zero3_row_on_640_gpus_is_predicted_out_of_memory(results):
+    # DeepSpeed's ZeRO-3 gathers sub-module by sub-module (stage3_max_live_parameters); units
+    # of whole blocks hold two 5B-parameter blocks here: a known gap, named so it cannot grow
+    ooms = [r.row.row for r in results if r.oom]
+    assert ooms == ["529.6B, 640 GPUs, ZeRO-3 without model parallelism"], ooms
