@@ -147,6 +147,11 @@ class CostTables(OverlapPricing):
         """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples, the
         recompute mode's extra work and the layout's collectives included, as the engine replays
         an action (:meth:`actions`)."""
+        if self._tp is None and self.context_parallel == 1 and end > start \
+                and not (sharding is Sharding.FULL and data_parallel > 1):
+            # nothing runs beside or after the compute: the actions' times without building them
+            f, b, overhead = self.own_compute_s(start, end, samples, Recompute.of(recompute))
+            return f + overhead, b + overhead
         f, b = self.actions(start, end, samples, recompute, data_parallel=data_parallel, sharding=sharding)
         return f.total_s, b.total_s
 

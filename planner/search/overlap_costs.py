@@ -66,13 +66,7 @@ class OverlapPricing:
         if end <= start:
             return _IDLE, _IDLE
         recompute = Recompute.of(recompute)
-        fwd, bwd, again = self._table(samples)
-        if recompute is Recompute.SELECTIVE_OP:  # what the mode runs again
-            again = self._op_again(samples)
-        overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
-        f = fwd[end] - fwd[start]
-        b = bwd[end] - bwd[start]
-        b += recompute_extra_s(recompute, f, again[end] - again[start])
+        f, b, overhead = self.own_compute_s(start, end, samples, recompute)
         tp_f = tp_b = 0.0
         if self._tp is not None and samples:
             tp_f, tp_b = self.tensor_parallel_s(start, end, samples)
@@ -90,6 +84,18 @@ class OverlapPricing:
         if first_gather[0] > 0:
             beside_f.append(first_gather)
         return self._action(f + overhead, tp_f, beside_f), self._action(b + overhead, tp_b, beside_b)
+
+    def own_compute_s(self, start: int, end: int, samples: int, recompute: Recompute) -> tuple[float, float, float]:
+        """(forward, backward, action overhead) seconds of layers ``[start, end)``'s own compute on
+        ``samples`` samples, the recompute mode's extra work in the backward (``stage_time_s``'s
+        terms), before any collective."""
+        fwd, bwd, again = self._table(samples)
+        if recompute is Recompute.SELECTIVE_OP:  # what the mode runs again
+            again = self._op_again(samples)
+        overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
+        f = fwd[end] - fwd[start]
+        b = bwd[end] - bwd[start] + recompute_extra_s(recompute, f, again[end] - again[start])
+        return f, b, overhead
 
     def param_gather_s(self, start: int, end: int, per_node: int, nodes: int) -> tuple[float, int]:
         """``(alone seconds, buckets)`` of ZeRO-1/2's parameter all-gather of layers ``[start, end)``
