@@ -191,6 +191,7 @@ def _design() -> list[MeasuredRun]:
     return runs
 
 
+@pytest.mark.slow  # 150 runs fitted over seven parameters: 40 s; test_calibrate_attention.py fits in the default suite
 def test_known_parameters_are_fitted_back_within_five_percent():
     """fp32 (the CPU campaign's dtype): on an A100 in bf16 a product narrow enough for its tiles
     to show is memory-bound, so ``matmul_half_dim`` barely moves any iteration time there (its

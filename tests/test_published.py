@@ -30,6 +30,14 @@ from sim.input.scenario import load_scenario
 
 @pytest.fixture(scope="module")
 def results():
+    """Korthikanti et al.'s rows (the default suite's); the whole suite is ``all_results``."""
+    return run_suite(tuple(r for r in read_suite(DEFAULT_SUITE) if "2205.05198" in r.source))
+
+
+@pytest.fixture(scope="module")
+def all_results():
+    """Every row of the suite: 36 replays up to 3,072 GPUs, half a minute; the tests on it are
+    ``slow`` (``pytest -m slow``; ``benchmarks/published_bench.py`` prints the same numbers)."""
     return run_suite(read_suite(DEFAULT_SUITE))
 
 
@@ -111,7 +119,9 @@ def _new_rows(results):
     return [r for r in results if not r.row.source.startswith("Korthikanti")]
 
 
-def test_the_new_tables_have_every_row_with_its_source(results):
+@pytest.mark.slow
+def test_the_new_tables_have_every_row_with_its_source(all_results):
+    results = all_results
     rows = [r.row for r in _new_rows(results)]
     counts = {key: sum(r.source.startswith(key[0]) and r.table == key[1] for r in rows) for key in NEW_TABLES}
     assert counts == NEW_TABLES
@@ -124,7 +134,9 @@ def test_the_new_tables_have_every_row_with_its_source(results):
         assert r.table in head and ("arXiv 2104.04473" in head or "llama3_h100_202412_torchtitan.md" in head)
 
 
-def test_every_new_row_replays_to_a_finite_prediction(results):
+@pytest.mark.slow
+def test_every_new_row_replays_to_a_finite_prediction(all_results):
+    results = all_results
     rows = _new_rows(results)
     shown = [(r.row.table, r.row.row, f"{r.error:+.1%}", "OOM" if r.oom else "") for r in rows]
     assert all(math.isfinite(r.predicted) and r.predicted > 0 for r in rows), shown
@@ -140,7 +152,9 @@ def test_narayanan_flops_is_section_5_1_equation_3():
     assert 137e12 * 32 == pytest.approx(4.4e15, rel=0.01)
 
 
-def test_the_new_metrics_read_the_replay(results):
+def test_the_new_metrics_read_the_replay():
+    wanted = {"1.7B", "Llama 3.1 8B, 8 H100, FSDP", "Llama 3.1 8B, 8 H100, FSDP, memory"}
+    results = run_suite(tuple(r for r in read_suite(DEFAULT_SUITE) if r.row in wanted))
     by_row = {(r.row.table, r.row.row): r for r in results}
     one = next(r for r in results if r.row.row == "1.7B")
     scenario = load_scenario(one.row.scenario)
@@ -180,7 +194,9 @@ def _errors(results, source: str, table: str, row_has: str = "") -> list:
     return [r for r in results if source in r.row.source and r.row.table == table and row_has in r.row.row]
 
 
-def test_sc21_table_1_within_7_percent_on_average_and_14_at_worst(results):
+@pytest.mark.slow
+def test_sc21_table_1_within_7_percent_on_average_and_14_at_worst(all_results):
+    results = all_results
     # where the shipped presets stand on Narayanan et al.'s weak scaling (nothing fitted): too
     # fast by 2-13%; issue 29 asks for 3% and 8%, which this does not reach yet
     rows = _errors(results, "2104.04473", "Table 1")
@@ -189,14 +205,18 @@ def test_sc21_table_1_within_7_percent_on_average_and_14_at_worst(results):
     assert sum(errors) / len(errors) <= 0.07 and max(errors) <= 0.14, [(r.row.row, round(r.error, 3)) for r in rows]
 
 
-def test_sc21_table_2_ptd_rows_within_11_percent_on_average_and_17_at_worst(results):
+@pytest.mark.slow
+def test_sc21_table_2_ptd_rows_within_11_percent_on_average_and_17_at_worst(all_results):
+    results = all_results
     rows = _errors(results, "2104.04473", "Table 2", "PTD")
     errors = [abs(r.error) for r in rows]
     assert len(errors) == 6 and not any(r.oom for r in rows)
     assert sum(errors) / len(errors) <= 0.11 and max(errors) <= 0.17, [(r.row.row, round(r.error, 3)) for r in rows]
 
 
-def test_torchtitan_rows_fit_in_memory_and_are_within_35_percent(results):
+@pytest.mark.slow
+def test_torchtitan_rows_fit_in_memory_and_are_within_35_percent(all_results):
+    results = all_results
     # before this issue's mechanisms (fused attention, FSDP by unit, overlap, op-level
     # checkpointing, eager kernels) 4 of these 4 runs were predicted out of memory
     rows = [r for r in results if "torchtitan" in r.row.source]
@@ -204,7 +224,9 @@ def test_torchtitan_rows_fit_in_memory_and_are_within_35_percent(results):
     assert all(abs(r.error) <= 0.35 for r in rows), [(r.row.row, round(r.error, 3)) for r in rows]
 
 
-def test_only_the_530b_zero3_row_on_640_gpus_is_predicted_out_of_memory(results):
+@pytest.mark.slow
+def test_only_the_530b_zero3_row_on_640_gpus_is_predicted_out_of_memory(all_results):
+    results = all_results
     # DeepSpeed's ZeRO-3 gathers sub-module by sub-module (stage3_max_live_parameters); units
     # of whole blocks hold two 5B-parameter blocks here: a known gap, named so it cannot grow
     ooms = [r.row.row for r in results if r.oom]
