@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
+from sim.core.units import format_bytes
 
 __all__ = [
     "ATTENTION_KERNELS",
@@ -171,8 +172,8 @@ class DeviceSpec:
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
         if self.memory_reserved_bytes >= self.memory_bytes:
-            raise SpecError("memory_reserved", f"must be less than memory ({self.memory_bytes:.6g} B), "
-                                               f"got {self.memory_reserved_bytes:.6g} B")
+            raise SpecError("memory_reserved", f"must be less than memory ({format_bytes(self.memory_bytes)}), got "
+                                               f"{format_bytes(self.memory_reserved_bytes)}; lower it, or raise memory")
 
     @property
     def usable_memory_bytes(self) -> float:
