@@ -128,7 +128,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
                        by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
-                       pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches))
+                       pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches),
+                       held=held_by_stage(resolved))
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
@@ -268,6 +269,8 @@ class _Context:
     built once (a class with jitter scales a copy of the durations)."""
     pipelining: Pipelining
     """How the plan pipelines its collectives with its compute, for the ops."""
+    held: tuple
+    """What each stage's compute actions hold unsharded (``held_by_stage``), once per plan."""
 
     def texts(self, rank: int) -> list[str]:
         """The text of each step of ``rank`` (``2F0``), made once for all its classes."""
@@ -299,7 +302,7 @@ def _device_class(index: int, devices: tuple[int, ...], ctx: _Context) -> Device
     shared = ctx.shared_ops.get(key)
     if shared is None:
         ops = class_ops(plan, ctx.schedule.ranks[rank], ctx.texts(rank), costs, link_costs, group_keys,
-                        ctx.collectives, held_by_stage(ctx.resolved), ctx.pipelining)
+                        ctx.collectives, ctx.held, ctx.pipelining)
         compute = np.array([i for i, op in enumerate(ops) if op.code == COMPUTE], dtype=np.intp)
         shared = ctx.shared_ops[key] = ops, array("d", [op.duration_s for op in ops]), compute
     ops, durations, compute = shared

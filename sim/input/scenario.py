@@ -158,14 +158,14 @@ def parse_scenario(
         raw = apply_overrides(raw, overrides, source=source)
     raw, stack, stack_values = apply_stack(raw, source=source)  # after --plan and --set: they win over it
     ignored = ignore_plan and raw.get("plan") is not None
-    # how plans overlap and shard is the stack's (or the file's) even for the planner's own plans
-    settings = raw.get("plan") if isinstance(raw.get("plan"), dict) else \
-        apply_stack({"stack": stack, "plan": {}}, source=source)[0]["plan"]
+    # how plans overlap and shard is the file's, else the stack's, even for the planner's own plans
+    settings = raw.get("plan")
+    if not isinstance(settings, dict):  # no plan: the stack's plan settings still hold for the planner's
+        planless, _, values = apply_stack({"stack": stack, "plan": {}}, source=source)
+        settings = planless["plan"]
+        stack_values += tuple(v for v in values if v.key.startswith(_PLANNER_SETTINGS))
     overlap = read_overlap(reader, settings.get("overlap", {}))
     fsdp = read_fsdp(reader, settings.get("fsdp", {}))
-    if not isinstance(raw.get("plan"), dict):  # no plan: the stack's plan settings still hold for the planner's
-        stack_values += tuple(v for v in apply_stack({"stack": stack, "plan": {}}, source=source)[2]
-                              if v.key.startswith(("plan.overlap.", "plan.fsdp.")))
     if ignore_plan:
         raw = {key: value for key, value in raw.items() if key != "plan"}
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
@@ -186,10 +186,14 @@ def parse_scenario(
     return scenario
 
 
+_PLANNER_SETTINGS = ("plan.overlap.", "plan.fsdp.")
+"""The plan keys a stack sets that hold for every plan, the planner's too."""
+
+
 def _kept(value: StackValue, ignored: bool) -> bool:
     """Whether a stack's value still holds once the file's plan is ignored: its overlap and
     FSDP settings do (the planner's plans get them), the rest of its plan keys do not."""
-    return not (ignored and value.key.startswith("plan.")) or value.key.startswith(("plan.overlap.", "plan.fsdp."))
+    return not (ignored and value.key.startswith("plan.")) or value.key.startswith(_PLANNER_SETTINGS)
 
 
 def default_optimizer_implementation(cluster: ClusterSpec) -> str:
