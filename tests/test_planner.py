@@ -8,9 +8,10 @@ import random
 import pytest
 
 from conftest import SCENARIOS
-from planner.planners.baselines import dp_planner, even_planner, pipedream_planner
+from planner.planners.baselines import dp_planner, even_planner
 from planner.planners.dapple import dapple_planner
 from planner.planners.exhaustive import exhaustive_planner, lower_bound_s
+from planner.planners.pipedream import pipedream_planner
 from planner.search.costs import CostTables
 from planner.search.evaluation import evaluate
 from planner.search.space import Candidate, PlannerOptions, place

@@ -124,12 +124,14 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
                             bound = lower_bound_s(tables, candidate, gbs // microbatch_size, scenario.cluster)
                             bounded.append((bound, candidate))
     bounded.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
-    result = PlannerResult(planner="exhaustive", best=None, candidates_scored=len(bounded))
+    result = PlannerResult(planner="exhaustive", best=None)
+    result.spend.candidates = len(bounded)
     for bound, candidate in bounded:
         if result.best is not None and bound >= result.best.iteration_time_s:
             break
         evaluation = evaluate(scenario, candidate, engine="simpy")
         result.evaluations.append(evaluation)
+        result.spend.engine_replays += 1
         if progress is not None:
             progress()
         if evaluation.ok and (result.best is None or evaluation.iteration_time_s < result.best.iteration_time_s):

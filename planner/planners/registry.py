@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from planner.planners.baselines import dp_planner, even_planner, megatron_planner, pipedream_planner
+from planner.planners.baselines import dp_planner, even_planner, megatron_planner
 from planner.planners.dapple import dapple_planner
 from planner.planners.exhaustive import exhaustive_planner
+from planner.planners.pipedream import pipedream_planner
 from planner.search.ranking import PlannerResult
 from sim.core.errors import DappleError
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from planner.search.budget import Spend
 from planner.search.costs import CostTables
 from planner.search.evaluation import Evaluation, check_plannable, count_rejections, evaluate
 from planner.search.space import Candidate, PlannerOptions
@@ -52,10 +53,16 @@ class PlannerResult:
     """The engine's best candidate, or None when nothing fits."""
     evaluations: list[Evaluation] = field(default_factory=list)
     """Every replayed candidate (fast path and engine)."""
-    candidates_scored: int = 0
-    """Candidates scored analytically."""
+    spend: Spend = field(default_factory=Spend)
+    """What the search spent, in work (``planner.search.budget``)."""
     search_time_s: float = 0.0
+    """Wall-clock seconds the search took (reported, never used to decide anything)."""
     note: str = ""
+
+    @property
+    def candidates_scored(self) -> int:
+        """Candidates scored by the closed forms."""
+        return self.spend.candidates
 
 
 @lru_cache(maxsize=8192)
@@ -187,7 +194,8 @@ def settle(
         # an estimate well over capacity is skipped; near it, the replay decides
         scored.append((peak > 1.25 * capacity, latency, candidate))
     scored.sort(key=lambda item: (item[0], item[1], item[2].num_stages, repr(item[2])))
-    result = PlannerResult(planner=name, best=None, candidates_scored=len(scored))
+    result = PlannerResult(planner=name, best=None)
+    result.spend.candidates += len(scored)
     # interleaved and zero-bubble estimates are rougher: they get their own few replays
     plain = [item for item in scored if item[2].chunks == 1 and item[2].schedule != "zb-h1"]
     variants = [item for item in scored if item[2].chunks > 1][:INTERLEAVED_REPLAYS] \
@@ -205,6 +213,8 @@ def settle(
         evaluation = evaluate(scenario, candidate, engine="fast", resolved=resolved)
         fast.append(evaluation)
         replayed += evaluation.summary is not None
+        result.spend.fast_replays += 1
+        result.spend.replayed_ops += evaluation.replayed_ops
         if index >= must:
             spent_ops += evaluation.replayed_ops
         if progress is not None:
@@ -217,6 +227,7 @@ def settle(
     resolved = {e.candidate: resolved[e.candidate] for e in chosen}  # let the others' go
     for evaluation in chosen:
         settled.append(evaluate(scenario, evaluation.candidate, engine="simpy", resolved=resolved))
+        result.spend.engine_replays += 1
         if progress is not None:
             progress()
     result.evaluations.extend(settled)
