@@ -56,6 +56,14 @@ FAST_BUDGET_OPS = 40_000
 a few dozen replays of the 16-GPU paper scenarios, a handful at a thousand GPUs
 (``benchmarks/planner_bench.py``)."""
 
+MAX_CANDIDATES = 50_000
+"""Complete candidates one planner scores by default: a few thousand on the 16-GPU paper
+scenarios, tens of thousands at 16,384 GPUs (``benchmarks/planner_bench.py``)."""
+
+MAX_PARTIALS = 2_000_000
+"""Partial plans one planner's dynamic programme extends by default (about 0.5 million on the
+default BERT-48 on 16 GPUs)."""
+
 SCHEDULES = (("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("gpipe", ()),
              ("zb-h1", ()))
 """(schedule, parameters) the planner tries by default (``interleaved`` comes from ``chunks``)."""
@@ -104,6 +112,12 @@ class PlannerOptions:
     machine and under any load."""
     fast_max: int = 64
     """Candidates the fast path scores at most."""
+    max_candidates: int = MAX_CANDIDATES
+    """Complete candidates a planner may score with the closed forms; past it, it settles what it
+    has and says so (``planner.search.budget.Spend.reached``)."""
+    max_partials: int = MAX_PARTIALS
+    """Partial plans a planner's dynamic programme may extend (DAPPLE's Pareto extensions,
+    PipeDream's cells); past it, the planner settles the plans found so far and says so."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
