@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
+from planner.search.context import SearchContext
 from planner.search.report import PlannerReport, build_report
 from planner.search.space import PlannerOptions, to_scenario
 from planner.sweeps.run import load_sweep, run_sweep, write_plots
@@ -226,9 +227,10 @@ def _run(args: argparse.Namespace) -> int:
     watch = Stopwatch()
     started = time.perf_counter()
     results = {}
+    context = SearchContext(scenario)  # the planners share tables and replays; DAPPLE's runs the baselines
     for name in names:
         with watch.phase(f"plan with {name}"), progress(f"{name}: replays", unit="plan") as tick:
-            results[name] = get_planner(name)(scenario, options, progress=tick)
+            results[name] = context.run(name, get_planner(name), options, progress=tick)
     report = build_report(scenario.name, results, time.perf_counter() - started,
                           scenario_plan_ignored=scenario.ignored_plan)
     data = report.to_json()  # the edge: JSON made once, printed, written and drawn
@@ -301,6 +303,8 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
     variants = [("gpipe", "gpipe", ())] if winner.chunks == 1 else [("looped-bfs", "looped-bfs", ())]
     if winner.schedule == "gpipe":
         variants.append(("dapple", "dapple", ()))
+    elif winner.schedule == "looped-bfs":  # the all-forwards-first order itself: beside it, interleaved 1F1B
+        variants.append(("interleaved", "interleaved", ()))
     else:
         variants.append(("dapple" if winner.schedule == "dapple" else winner.schedule, winner.schedule, winner.params))
     names = {label: schedule_text({"name": schedule, **dict(params)} if params else schedule)

@@ -17,7 +17,8 @@ import pytest
 import sim.cost.compute
 import sim.schedule.passes
 import sim.schedule.plan_schedule
-from planner.planners.dapple import dapple_planner
+from planner.planners.dapple import RIVALS, dapple_planner
+from planner.search.context import SearchContext
 from planner.search.evaluation import evaluate
 from planner.search.memory import plan_peak_bytes
 from planner.search.space import Candidate, PlannerOptions, to_scenario
@@ -83,9 +84,12 @@ def test_a_search_resolves_each_candidate_once_whichever_engines_score_it(counte
     options = PlannerOptions(schedules=(("dapple", ()),), placements=("append",), recompute=(False,),
                              sharding=(Sharding.NONE,), microbatch_sizes=(8, 16), interleaved=False,
                              fast_top=4, fast_max=6, engine_top=2)
-    result = dapple_planner(scenario, options)
-    fast = [e for e in result.evaluations if e.engine == "fast"]
-    settled = [e for e in result.evaluations if e.engine == "simpy"]
+    context = SearchContext(scenario)
+    result = context.run("dapple", dapple_planner, options)
+    searched = [result] + [context.run(name, planner, options) for name, planner in RIVALS]  # run inside DAPPLE's
+    evaluations = [e for r in searched for e in r.evaluations]
+    fast = [e for e in evaluations if e.engine == "fast"]
+    settled = [e for e in evaluations if e.engine == "simpy"]
     assert result.best is not None and settled and all(e.plan is not None for e in fast)
     assert {e.candidate for e in settled} <= {e.candidate for e in fast}
     # one schedule per candidate the fast path scored; the engine's verdicts built none of their own

@@ -39,10 +39,11 @@ GRID_LEVELS = 2
 """Cheapest fitting (recompute, sharding) levels kept per grid point."""
 
 
-def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
-    return settle("megatron", scenario, grid_candidates(scenario, options), options, started=started,
-                  progress=progress)
+    tables = context.tables if context is not None else None
+    return settle("megatron", scenario, grid_candidates(scenario, options, tables), options, started=started,
+                  progress=progress, context=context)
 
 
 def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesCache | None = None
@@ -79,7 +80,7 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
     return candidates
 
 
-def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     tables, order = CostTables(scenario), levels(scenario, options)
@@ -88,7 +89,7 @@ def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> Pl
         base = Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
                          params=(("policy", DapplePolicy.S_MINUS_I.value),))
         candidates += cheapest_levels(tables, scenario, base, order)
-    return settle("dp", scenario, candidates, options, started=started, progress=progress)
+    return settle("dp", scenario, candidates, options, started=started, progress=progress, context=context)
 
 
 def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, order, keep: int = GRID_LEVELS
@@ -108,7 +109,7 @@ def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, ord
     return fitting or [replace(base, recompute=order[-1][0], sharding=order[-1][1])]
 
 
-def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+def even_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     candidates = []
@@ -122,4 +123,4 @@ def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> 
                     Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=microbatch_size,
                               schedule="gpipe", recompute=recompute)
                 )
-    return settle("even", scenario, candidates, options, started=started, progress=progress)
+    return settle("even", scenario, candidates, options, started=started, progress=progress, context=context)

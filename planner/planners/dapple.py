@@ -1,46 +1,18 @@
-"""DAPPLE's planner: dynamic programming over layer prefixes and device counts.
+"""DAPPLE's planner (Fan et al., PPoPP'21, §4) over the 4D space, never worse than its own space.
 
-DAPPLE (Fan et al., PPoPP'21, §4) chooses stage boundaries and per-stage replica counts by
-dynamic programming: a partial plan covers the first ``j`` layers on the first ``g``
-devices, and a new stage extends it by layers ``[j, j')`` on ``r`` more devices. Its value
-is the pipeline latency model: with stages' forward and backward times ``F_s``, ``B_s``,
-the transfer time ``C_s`` of the cut in front of stage s and all-reduce ``AR_s``,
-
-    L = max over stages and cuts u of ( Σ_{u'<u} (F_u' + B_u') + M·busy_u ) + max_s (AR_s − Σ_{s'<s} B_s'),
-
-the pivot form of warm-up + steady phase + ending phase (``sim.cost.closed_forms.dapple_latency_s``)
-in which each cut is a pipeline stage of its own (``F = B = C``, busy ``C`` per micro-batch
-in each direction): transfers overlap compute, so a cut slows the steady phase only when
-it is slower than the stages. ``sim.cost.closed_forms.extend_pipeline`` computes L one stage at a
-time, here and in ``planner.search.ranking``'s scores.
-L is not a sum, so each DP state keeps the Pareto set of partial plans over the quantities
-that decide how extensions fare: the running maximum, the running sum ``Σ(F+B)``, the
-ending so far (a stage's all-reduce starts when the drain of backwards reaches it, so it
-adds ``AR_s − Σ_{s'<s} B_s'``, DAPPLE's ``T_e``) and the drain so far. Pruning dominated partial plans is then exact for
-this model; because the model is only an estimate, a plan is pruned only when another is
-better by ``SLACK`` in every quantity, and the set is capped at ``PARETO_CAP`` per state.
-
-During the DP a stage's devices are the next ``r`` in order (Append First), which fixes
-whether a cut crosses servers; the best partitions are then re-placed under all three
-placement policies, every schedule and recompute setting, and ranked by
-``planner.search.ranking.settle`` (analytic, fast path, engine).
-
-Memory is part of the DP, so a plan that fits is never pruned for one that does not: a
-stage's devices hold its model states and the activations of the micro-batches alive on it,
-min(M, S − i) under DAPPLE's early backward (K_i = S − i, the least of the schedules), which
-depends on the number of stages S that is not known yet. Each partial plan therefore
-carries the most stages its stages allow (stage i with room for k micro-batches allows
-S ≤ i + k), a sixth Pareto quantity; an extension past it is dropped. The check is
-optimistic (the most sharding the options allow, no receive buffers), so it only drops what
-cannot fit; ``planner.search.memory`` counts each candidate exactly before it is replayed.
+The dynamic programme over layer prefixes and device counts, with DAPPLE's latency model and
+memory, is ``planner.planners.dapple_dp``: it proposes partitions (stage boundaries and
+per-stage replica counts) that this module expands into candidates and settles.
 
 The 4D space runs the DP once per *layout* (tensor × context degree, ``planner.search.layouts``) on
 *units* of t·c devices, and per recompute mode (each changes the stages' times and what they
 keep); sharding is chosen per partition afterwards (the cheapest modes whose memory fits).
 
-Layers are grouped into at most ``MAX_SEGMENTS`` segments of similar compute for long
-profiles. Clusters above ``UNIFORM_ABOVE`` units use the same replica count for every
-stage (DP x PP grids), which keeps the search linear in the cluster size.
+Where the DP proposes, the planner then makes sure of its answer: it returns a plan at least
+as fast, by the SimPy engine, as every baseline's (``rivals``: pure data parallelism,
+Megatron's grid, GPipe on even stages, PipeDream's plan, all in DAPPLE's space) and as every
+other schedule its best plan could run on the same devices (``planner.search.variants``), by
+taking the fastest of them all.
 """
 
 from __future__ import annotations
@@ -49,242 +21,29 @@ import math
 import time
 from dataclasses import replace
 
-from planner.planners.baselines import grid_candidates
+from planner.planners.baselines import dp_planner, even_planner, grid_candidates, megatron_planner
+from planner.planners.dapple_dp import SLACK, partitions, replica_choices, segment_cuts
+from planner.planners.pipedream import pipedream_planner
+from planner.search.budget import Spend
+from planner.search.context import SearchContext
 from planner.search.costs import CostTables
+from planner.search.evaluation import Evaluation, check_plannable
 from planner.search.layouts import layouts, levels
-from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
+from planner.search.ranking import PlannerResult, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
-from sim.core.parallelism import Recompute, Sharding
-from sim.cost.closed_forms import PIPELINE_START, extend_pipeline
+from planner.search.subsets import restricted, subset_sizes
+from planner.search.variants import schedule_variants
+from sim.core.parallelism import Sharding
 from sim.input.scenario import Scenario
 
-__all__ = ["MAX_SEGMENTS", "PARETO_CAP", "UNIFORM_ABOVE", "dapple_planner", "segment_cuts", "partitions"]
+__all__ = ["KEEP_PER_BATCH", "POOL", "UNEVEN_BATCHES", "dapple_planner"]
 
-MAX_SEGMENTS = 24
-"""Most layer groups the DP cuts between (long profiles are grouped by compute)."""
-PARETO_CAP = 6
-"""Partial plans kept per DP state."""
-SLACK = 0.03
-"""A partial plan is dropped only when another beats it by this fraction in every quantity:
-the latency model is an estimate, so near-ties survive for the replays to separate."""
-UNIFORM_ABOVE = 64
-"""Above this many units, stages share one replica count."""
-EVERY_COUNT_UP_TO = 16
-"""Up to this many units a stage may have any replica count; above, only counts that divide them."""
 KEEP_PER_BATCH = 16
 """Complete plans kept per micro-batch size for re-scoring."""
 UNEVEN_BATCHES = 2
 """Micro-batch sizes (the best by their uniform grids) searched with uneven replica counts."""
 POOL = 64
 """Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
-
-
-def segment_cuts(tables: CostTables, max_segments: int = MAX_SEGMENTS) -> list[int]:
-    """Layer indices the DP may cut at: all of them, or ones that split compute evenly."""
-    n = tables.num_layers
-    if n <= max_segments:
-        return list(range(n + 1))
-    total = tables.compute_s(0, n, 1)
-    weight = [sum(tables.compute_s(0, k, 1)) for k in range(n + 1)]
-    whole = sum(total)
-    cuts = {0, n}
-    for k in range(1, max_segments):
-        target = whole * k / max_segments
-        cuts.add(min(range(1, n), key=lambda j: (abs(weight[j] - target), j)))
-    return sorted(cuts)
-
-
-def _replica_choices(num_units: int) -> list[tuple[int, ...]]:
-    """Replica-count sets to run the DP with: every count (small clusters), and one uniform
-    count per run (DP x PP grids), whose best partitions the free DP may rank lower."""
-    uniform = [(r,) for r in range(1, num_units + 1) if num_units % r == 0]
-    if num_units <= EVERY_COUNT_UP_TO:
-        return [tuple(range(1, num_units + 1))] + uniform
-    if num_units <= UNIFORM_ABOVE:  # uneven, from the counts that divide the cluster (32 + 16 + 16, ...)
-        return [tuple(r for (r,) in uniform)] + uniform
-    return uniform
-
-
-def partitions(
-    tables: CostTables,
-    cuts: list[int],
-    num_devices: int,
-    microbatch_size: int,
-    num_microbatches: int,
-    replica_set: tuple[int, ...],
-    max_stages: int,
-    keep: int,
-    bound: float = math.inf,
-    *,
-    per_node: int | None = None,
-    recompute: Recompute = Recompute.NONE,
-    memory_sharding: Sharding = Sharding.NONE,
-    pressure: list | None = None,
-) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
-    """The ``keep`` best (score, bounds, replicas) by the latency model, from the Pareto DP.
-
-    ``num_devices`` counts units (``per_node`` of them per server, the cluster's own server
-    size by default). Partial plans whose estimate already exceeds ``bound`` are dropped:
-    extending a plan never lowers its estimate. A stage must fit in memory with
-    ``memory_sharding`` and at least one micro-batch alive, and the stages that follow it
-    must not make more alive than it has room for (the module docstring). ``pressure``, if
-    given, gets an entry when memory dropped or limited an extension (more recompute could help).
-    """
-    dp = _ParetoDP(tables=tables, cuts=cuts, num_devices=num_devices, microbatch_size=microbatch_size,
-                   num_microbatches=num_microbatches, replica_set=replica_set, max_stages=max_stages, bound=bound,
-                   per_node=per_node or tables.cluster.devices_per_node, recompute=recompute,
-                   memory_sharding=memory_sharding, pressure=pressure)
-    for ci in range(dp.last):
-        for g in sorted(dp.frontier[ci]):
-            dp.extend(ci, g)
-    return dp.finished(keep)
-
-
-class _ParetoDP:
-    """The state of :func:`partitions`' dynamic programme over (cut index, units used).
-
-    ``frontier[cut index][units used]`` holds the Pareto set of partial plans ending at that
-    cut with that many units: ``(PipelineFold, stages, parent key, parent index, replicas,
-    most stages)``, where *most stages* is how many stages the plan may still reach before a
-    stage's room for live micro-batches runs out.
-    """
-
-    def __init__(self, *, tables: CostTables, cuts: list[int], num_devices: int, microbatch_size: int,
-                 num_microbatches: int, replica_set: tuple[int, ...], max_stages: int, bound: float,
-                 per_node: int, recompute: Recompute, memory_sharding: Sharding, pressure: list | None) -> None:
-        self.tables, self.cuts, self.num_devices = tables, cuts, num_devices
-        self.microbatch_size, self.num_microbatches = microbatch_size, num_microbatches
-        self.replica_set, self.max_stages, self.bound, self.per_node = replica_set, max_stages, bound, per_node
-        self.recompute, self.memory_sharding, self.pressure = recompute, memory_sharding, pressure
-        self.exact = len(replica_set) == 1  # a grid (one replica count) uses every unit
-        self.capacity = tables.cluster.device.usable_memory_bytes
-        self.last = len(cuts) - 1
-        self.widest = max(replica_set)
-        self.frontier: list[dict[int, list[tuple]]] = [dict() for _ in range(self.last + 1)]
-        self.frontier[0][0] = [(PIPELINE_START, 0, None, -1, 0, max_stages)]
-        self.stage_cost: dict[tuple, tuple] = {}
-
-    def _pressed(self, why) -> None:
-        """Note that memory dropped or limited an extension (the first reason is kept)."""
-        if self.pressure is not None and not self.pressure:
-            self.pressure.append(why)
-
-    def extend(self, ci: int, g: int) -> None:
-        """Extend every partial plan ending at cut ``ci`` with ``g`` units by one more stage."""
-        records = [(i, rec) for i, rec in enumerate(self.frontier[ci][g]) if rec[1] < min(self.max_stages, rec[5])]
-        if not records:
-            return
-        a, cuts, last, per_node, num_devices = self.cuts[ci], self.cuts, self.last, self.per_node, self.num_devices
-        for cj in range(ci + 1, last + 1):
-            b = cuts[cj]
-            if self.tables.static_bytes(a, b, self.widest, self.memory_sharding) > self.capacity:
-                self._pressed((ci, cj))
-                break  # longer stages only hold more parameters
-            for r in self.replica_set:
-                if g + r > num_devices:
-                    break
-                if self.exact and (num_devices - g - r) > r * (last - cj):
-                    continue  # a grid must use every unit: too few cuts left for its stages
-                first, final = g // per_node, (g + r - 1) // per_node
-                crosses = ci > 0 and (g - 1) // per_node != final
-                cost_key = (ci, cj, r, final - first + 1, crosses, ci > 0)
-                if cost_key not in self.stage_cost:
-                    self.stage_cost[cost_key] = _stage(self.tables, a, b, r, final - first + 1, self.microbatch_size,
-                                                       ci > 0, crosses, self.recompute, self.memory_sharding,
-                                                       self.capacity)
-                self._add(records, cost_key, self.frontier[cj], g + r, (ci, g), r)
-
-    def _add(self, records: list, cost_key: tuple, ending: dict[int, list[tuple]], units: int,
-             parent: tuple[int, int], r: int) -> None:
-        """Each of ``records`` extended by the stage ``cost_key`` of ``r`` units, into the Pareto
-        set ``ending[units]`` of the plans ending at the stage's last cut."""
-        f, bk, comm, tail, room = self.stage_cost[cost_key]
-        if room < 1:
-            self._pressed(cost_key)
-            return  # not even one micro-batch's activations fit beside the states
-        target = ending.setdefault(units, [])
-        M = self.num_microbatches
-        # (a fold's total_s, lmax_s + ending_s, spelled out on this hot path)
-        worst = target[-1][0][0] + target[-1][0][2] if len(target) >= PARETO_CAP else self.bound
-        for index, record in records:
-            j, most = record[1], record[5]
-            if room < M and j + room < most:
-                most = j + int(room)
-                self._pressed(cost_key)
-            if j + 1 > most:
-                continue  # its stages after would keep more alive than it holds
-            extended = extend_pipeline(record[0], f, bk, comm, tail, M)
-            if extended[0] + extended[2] >= worst:
-                continue  # the cap would drop it (it cannot dominate a kept plan)
-            _insert(target, (extended, j + 1, parent, index, r, most))
-
-    def finished(self, keep: int) -> list[tuple[float, tuple[int, ...], tuple[int, ...]]]:
-        """The ``keep`` best complete plans: (score, bounds, replicas), best first."""
-        done = []
-        for g in sorted(self.frontier[self.last]):
-            if self.exact and g != self.num_devices:
-                continue
-            for index, record in enumerate(self.frontier[self.last][g]):
-                bounds, replicas = _trace(self.frontier, self.cuts, (self.last, g), index)
-                done.append((record[0].total_s, bounds, replicas))
-        done.sort(key=lambda item: (item[0], len(item[2]), item[2]))
-        return done[:keep]
-
-
-def _stage(tables: CostTables, a: int, b: int, r: int, nodes: int, microbatch_size: int, has_input: bool,
-           crosses: bool, recompute: Recompute, memory_sharding: Sharding, capacity: float):
-    """(forward, backward, transfer of the cut in front, all-reduce + optimizer, micro-batches
-    whose activations fit beside the states) of one stage on ``r`` units."""
-    samples = CostTables.slice_of(microbatch_size, r)
-    f, bk = tables.compute_s(a, b, samples, recompute)
-    comm = tables.transfer_s(a, microbatch_size, r, nodes, not crosses) if has_input else 0.0
-    # the reduction as the plan overlaps it (the DP times every stage unsharded)
-    tail = tables.reduction_tail_s(a, b, samples, recompute, per_node=math.ceil(r / nodes), nodes=nodes) \
-        + tables.optimizer_s(a, b)
-    stash = tables.stash_bytes(a, b, samples, recompute=recompute)
-    free = capacity - tables.static_bytes(a, b, r, memory_sharding)
-    room = math.inf if stash <= 0 and free >= 0 else (free / stash if stash > 0 else 0.0)
-    return f, bk, comm, tail, room
-
-
-def _insert(records: list[tuple], entry: tuple) -> None:
-    """Add ``entry`` unless dominated; drop what it dominates; keep the ``PARETO_CAP`` best.
-
-    Smaller is better for the running maximum, the fill+drain sum and the ending; a larger
-    drain so far and more stages allowed are better (later all-reduces hide behind the drain;
-    later stages need the room). ``records`` stays sorted by the latency estimate
-    ``lmax + ending``, so its last entry is the one the cap drops.
-    """
-    keep = 1.0 - SLACK  # a plan must be clearly better to push another out
-    lmax, psum, ending, drained = entry[0]
-    most = entry[5]
-    end_bar = ending - SLACK * abs(ending)
-    for record in records:
-        o = record[0]
-        if o[0] <= lmax * keep and o[1] <= psum * keep and o[2] <= end_bar and o[3] * keep >= drained \
-                and record[5] >= most:
-            return
-    records[:] = [
-        record for record in records
-        if not (lmax <= (o := record[0])[0] * keep and psum <= o[1] * keep and ending <= o[2] - SLACK * abs(o[2])
-                and drained * keep >= o[3] and most >= record[5])
-    ]
-    proxy = lmax + ending  # total_s, spelled out on this hot path
-    position = len(records)
-    while position and records[position - 1][0][0] + records[position - 1][0][2] > proxy:
-        position -= 1
-    records.insert(position, entry)
-    del records[PARETO_CAP:]
-
-
-def _trace(frontier, cuts, key, index) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    bounds, replicas = [cuts[key[0]]], []
-    while key != (0, 0):
-        record = frontier[key[0]][key[1]][index]
-        replicas.append(record[4])
-        key, index = record[2], record[3]
-        bounds.append(cuts[key[0]])
-    return tuple(reversed(bounds)), tuple(reversed(replicas))
 
 
 def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list[Candidate]:
@@ -326,34 +85,102 @@ def _shardings(tables: CostTables, scenario: Scenario, base: Candidate, options:
     return fitting[:2] if fitting else [scored[0][2]]
 
 
-def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+RIVALS = (("dp", dp_planner), ("megatron", megatron_planner), ("even", even_planner),
+          ("pipedream", pipedream_planner))
+"""The baselines whose plans lie in DAPPLE's space, so its planner never returns a slower one."""
+VARIANT_MARGIN = 0.02
+"""A schedule variant goes to the SimPy engine when its fast-path time is within this fraction
+of the leader's engine time: the fast path has no contention, so one slower by more cannot win."""
+
+
+def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     """DAPPLE's planner over the 4D space: per layout and recompute mode, DP over partitions
-    and replica counts; sharding per partition; then the shared settling rounds."""
+    and replica counts; sharding per partition; the shared settling rounds; then the fastest of
+    its plan, the baselines' plans and its plan's other schedules (the module docstring)."""
     started = time.perf_counter()
-    cluster = scenario.cluster
+    context = context if context is not None else SearchContext(scenario)
+    check_plannable(scenario)
+    rivals = {name: context.run(name, planner, options) for name, planner in RIVALS}
+    spend = Spend()  # the dynamic programme's
+    own = settle("dapple", scenario, _candidates(scenario, options, context, spend), options, started=started,
+                 progress=progress, reserved=grid_candidates(scenario, options, context.tables), context=context)
+    own.spend.add(spend)
+    on_subsets = _on_subsets(scenario, options, context, own, progress)
+    return _never_worse(own, rivals, context, options, started, progress, on_subsets)
+
+
+def _on_subsets(scenario: Scenario, options: PlannerOptions, context: SearchContext, own: PlannerResult,
+                progress) -> list[Evaluation]:
+    """DAPPLE's search again on each of ``planner.search.subsets.subset_sizes`` (a cluster whose
+    size factors badly), its settled plans replayed on the whole cluster with the rest idle;
+    the work is added to ``own``'s spend."""
+    if scenario.faults:
+        return []  # faults name devices of the whole cluster: planned on all of them only
+    found = []
+    for devices in subset_sizes(scenario.cluster):
+        sub = restricted(scenario, devices)
+        sub_context, spend = SearchContext(sub), Spend()
+        result = settle("dapple", sub, _candidates(sub, options, sub_context, spend), options,
+                        started=time.perf_counter(), progress=progress,
+                        reserved=grid_candidates(sub, options, sub_context.tables), context=sub_context)
+        own.spend.add(spend)
+        own.spend.add(result.spend)
+        for settled in (e for e in result.evaluations if e.engine == "simpy" and e.ok):
+            whole = context.evaluate(replace(settled.candidate, on_devices=devices), "simpy")
+            own.spend.engine_replays += 1
+            own.evaluations.append(whole)
+            if whole.ok:
+                found.append(whole)
+    return found
+
+
+def _candidates(scenario: Scenario, options: PlannerOptions, context: SearchContext, spend: Spend
+                ) -> list[Candidate]:
+    """The DP's best partitions, expanded into candidates (sharding, schedule, placement)."""
+    found = _partitions(scenario, options, context, spend)
+    found.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
     gbs = scenario.training.global_batch_size
+    candidates = []
+    for _, base in found[:POOL]:
+        tables = context.tables(base)
+        for sharding in _shardings(tables, scenario, base, options):
+            sharded = replace(base, sharding=sharding)
+            candidates += [replace(sharded, schedule=name, params=params, placement=placement)
+                           for name, params in options.schedules for placement in options.placements]
+            if options.interleaved:
+                candidates += _interleaved([sharded], gbs, options)
+    return candidates
+
+
+def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchContext, spend: Spend
+                ) -> list[tuple[float, Candidate]]:
+    """(score, partition) from the DP, per layout and recompute mode: DP x PP grids first for
+    every micro-batch size (cheap, and they bound the rest), then uneven replica counts for the
+    micro-batch sizes whose grids look best; within the partial-plan budget (``spend``)."""
+    cluster, gbs = scenario.cluster, scenario.training.global_batch_size
     frugal = max(options.sharding, key=list(Sharding).index)
     recomputes = list(dict.fromkeys(r for r, _ in levels(scenario, options)))
-    cache = TablesCache(scenario)  # one table per layout for the DP, the expansion, the grid and the settling
     found = []
     for t, c in layouts(scenario, options):
-        tables = cache.layout(t, c)
-        unit = t * c
-        _, per_node = unit_grid(cluster, unit)
-        num_units = cluster.num_devices // unit
+        tables = context.tables.layout(t, c)
+        _, per_node = unit_grid(cluster, t * c)
+        num_units = cluster.num_devices // (t * c)
         cuts = segment_cuts(tables)
         max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, num_units)
-        choices = sorted(_replica_choices(num_units), key=len)
+        choices = sorted(replica_choices(num_units), key=len)
         uniform, general = [x for x in choices if len(x) == 1], [x for x in choices if len(x) > 1]
         for recompute in recomputes:
             bounds_of: dict[int, float] = {}
             pressure: list = []  # whether memory limited this mode's DP (else more recompute only costs time)
+            costs: dict[int, dict] = {}  # per micro-batch size: the stages' costs, shared by its runs
 
             def run(microbatch_size: int, replica_set: tuple[int, ...]) -> None:
                 stages = min(max_stages, 2 * (gbs // microbatch_size))
                 plans = partitions(tables, cuts, num_units, microbatch_size, gbs // microbatch_size, replica_set,
                                    stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size], per_node=per_node,
-                                   recompute=recompute, memory_sharding=frugal, pressure=pressure)
+                                   recompute=recompute, memory_sharding=frugal, pressure=pressure,
+                                   stage_costs=costs.setdefault(microbatch_size, {}), spend=spend,
+                                   max_partials=options.max_partials)
                 for score, b, r in plans:
                     found.append((score, Candidate(bounds=b, replicas=r, microbatch_size=microbatch_size,
                                                    recompute=recompute, tensor_parallel=t, context_parallel=c)))
@@ -362,28 +189,63 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None) -
 
             for microbatch_size in microbatch_sizes(gbs, options):
                 bounds_of[microbatch_size] = math.inf
-                for replica_set in uniform:  # DP x PP grids first: cheap, and they bound the rest
+                for replica_set in uniform:
                     r = replica_set[0]
                     # a grid uses every unit in at most max_stages stages, and gives every replica a sample
                     if num_units // r <= max_stages and microbatch_size >= r:
                         run(microbatch_size, replica_set)
-            # uneven replicas for the micro-batch sizes whose grids look best
             for microbatch_size in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
                 for replica_set in general:
                     run(microbatch_size, replica_set)
             if not pressure:
                 break  # memory limited nothing: recomputing more would only cost time
-    found.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
-    pool = [base for _, base in found[:POOL]]
-    candidates = []
-    for base in pool:
-        tables = cache(base)
-        for sharding in _shardings(tables, scenario, base, options):
-            sharded = replace(base, sharding=sharding)
-            candidates += [replace(sharded, schedule=name, params=params, placement=placement)
-                           for name, params in options.schedules for placement in options.placements]
-            if options.interleaved:
-                candidates += _interleaved([sharded], gbs, options)
-    # DAPPLE's space holds Megatron's grid: its best few are always replayed
-    return settle("dapple", scenario, candidates, options, started=started, progress=progress,
-                  reserved=grid_candidates(scenario, options, cache), tables=cache)
+    return found
+
+
+def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: SearchContext,
+                 options: PlannerOptions, started: float, progress, on_subsets: list[Evaluation]) -> PlannerResult:
+    """``own`` with its best replaced by the fastest of its settled plans, the rivals' best
+    plans, the plans on subsets of the devices and the other schedules of the leader's device
+    sets (``planner.search.variants``), all by the SimPy engine; its spend then includes the
+    rivals' and the variants'."""
+    on_all = [e for e in own.evaluations if e.engine == "simpy" and e.ok and e.candidate.on_devices is None]
+    on_all += [r.best for r in rivals.values() if r.best is not None]
+    pool = on_all + on_subsets
+    for rival in rivals.values():
+        own.spend.add(rival.spend)
+    if pool:
+        leader = min(pool, key=_rank)
+        for variant in schedule_variants(leader.candidate, options.chunks if options.interleaved else ()):
+            fast = context.evaluate(variant, "fast")
+            own.spend.fast_replays += 1
+            own.spend.replayed_ops += fast.replayed_ops
+            own.evaluations.append(fast)
+            if fast.ok and fast.iteration_time_s <= leader.iteration_time_s * (1 + VARIANT_MARGIN):
+                settled = context.evaluate(variant, "simpy")
+                own.spend.engine_replays += 1
+                own.evaluations.append(settled)
+                if settled.ok:
+                    pool.append(settled)
+            if progress is not None:
+                progress()
+        own.best = min(pool, key=_rank)
+        own.note = _subset_note(own.best, [e for e in pool if e.candidate.on_devices is None],
+                                context.scenario.cluster.num_devices)
+    own.search_time_s = time.perf_counter() - started
+    return own
+
+
+def _rank(evaluation: Evaluation) -> tuple:
+    """Fastest first; on a tie the fewer stages, then the candidate's text (a fixed order)."""
+    return evaluation.iteration_time_s, evaluation.candidate.num_stages, repr(evaluation.candidate)
+
+
+def _subset_note(best: Evaluation, on_all: list[Evaluation], num_devices: int) -> str:
+    """What a plan on a subset of the devices is compared with: the best on all of them."""
+    used = best.candidate.on_devices
+    if used is None:
+        return ""
+    whole = min(on_all, key=_rank, default=None)
+    against = (f"the best plan on all {num_devices:,} takes {whole.iteration_time_s:.4g} s" if whole is not None
+               else f"no plan fits on all {num_devices:,}")
+    return f"planned on {used:,} of {num_devices:,} devices ({num_devices - used:,} idle); {against}"

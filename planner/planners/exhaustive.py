@@ -92,7 +92,7 @@ def _compositions(total: int, parts: int):
         yield tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
-def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     check_plannable(scenario)
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
@@ -129,7 +129,8 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
     for bound, candidate in bounded:
         if result.best is not None and bound >= result.best.iteration_time_s:
             break
-        evaluation = evaluate(scenario, candidate, engine="simpy")
+        evaluation = context.evaluate(candidate, "simpy") if context is not None else \
+            evaluate(scenario, candidate, engine="simpy")
         result.evaluations.append(evaluation)
         result.spend.engine_replays += 1
         if progress is not None:

@@ -22,7 +22,7 @@ from sim.input.scenario import Scenario
 __all__ = ["pipedream_planner"]
 
 
-def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     tables = CostTables(scenario)
     n = scenario.cluster.num_devices
@@ -39,7 +39,7 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
         for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in options.recompute
     ]
-    return settle("pipedream", scenario, candidates, options, started=started, progress=progress)
+    return settle("pipedream", scenario, candidates, options, started=started, progress=progress, context=context)
 
 
 def _pipedream_dp(tables: CostTables, scenario: Scenario, num_devices: int, microbatch_size: int):

@@ -174,6 +174,7 @@ def settle(
     progress=None,
     reserved: list[Candidate] = (),
     tables: TablesCache | None = None,
+    context=None,
 ) -> PlannerResult:
     """Rank ``candidates`` analytically, re-score the best with the fast path, settle with the engine.
 
@@ -183,18 +184,29 @@ def settle(
     A candidate whose estimated peak is well over the device's memory (1.25×: the estimate is
     rough) is ranked after every other; ``planner.search.evaluation.evaluate`` then counts the exact
     peak before it replays one, so a candidate that cannot fit costs no replay.
+
+    At most ``options.max_candidates`` candidates are scored (the first ones: planners propose
+    the most promising first), and the result says when that budget cut the list. ``context``
+    (a ``planner.search.context.SearchContext``) shares tables and evaluations with the other
+    planners of one run.
     """
     check_plannable(scenario)
-    tables = tables or TablesCache(scenario)
+    tables = tables or (context.tables if context is not None else TablesCache(scenario))
+
+    def run(candidate: Candidate, engine: str, resolved: dict) -> Evaluation:
+        if context is not None:
+            return context.evaluate(candidate, engine, resolved)
+        return evaluate(scenario, candidate, engine=engine, resolved=resolved)
+
     capacity = scenario.cluster.device.usable_memory_bytes
     scored = []
     reserved = set(reserved)
-    for candidate in dict.fromkeys([*candidates, *reserved]):  # drop duplicates, keep order
+    result = PlannerResult(planner=name, best=None)
+    for candidate in _within_budget(candidates, reserved, options.max_candidates, result):
         latency, peak = analytic_score(tables(candidate), scenario, candidate)
         # an estimate well over capacity is skipped; near it, the replay decides
         scored.append((peak > 1.25 * capacity, latency, candidate))
     scored.sort(key=lambda item: (item[0], item[1], item[2].num_stages, repr(item[2])))
-    result = PlannerResult(planner=name, best=None)
     result.spend.candidates += len(scored)
     # interleaved and zero-bubble estimates are rougher: they get their own few replays
     plain = [item for item in scored if item[2].chunks == 1 and item[2].schedule != "zb-h1"]
@@ -205,28 +217,16 @@ def settle(
     taken = set(head)
     queue = head + [item for item in plain[options.fast_top :] if item not in taken]
     must = len(head)
-    fast, spent_ops, replayed = [], 0, 0
     resolved = {}  # candidate -> its scenario, resolved once for the fast path and the engine
-    for index, (_, _, candidate) in enumerate(queue):
-        if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
-            break  # the analytic ranking is trusted beyond what the budget allows
-        evaluation = evaluate(scenario, candidate, engine="fast", resolved=resolved)
-        fast.append(evaluation)
-        replayed += evaluation.summary is not None
-        result.spend.fast_replays += 1
-        result.spend.replayed_ops += evaluation.replayed_ops
-        if index >= must:
-            spent_ops += evaluation.replayed_ops
-        if progress is not None:
-            progress()
+    fast = _fast_round(queue, must, options, run, resolved, result, progress)
     result.evaluations.extend(fast)
     fits = sorted((e for e in fast if e.ok), key=lambda e: (e.iteration_time_s, e.candidate.num_stages))
     settled = []
     chosen = fits[: options.engine_top]
     chosen += [e for e in fits if e.candidate in reserved and e not in chosen][:1]  # the reserved family's best too
-    resolved = {e.candidate: resolved[e.candidate] for e in chosen}  # let the others' go
+    resolved = {e.candidate: resolved[e.candidate] for e in chosen if e.candidate in resolved}  # let the others' go
     for evaluation in chosen:
-        settled.append(evaluate(scenario, evaluation.candidate, engine="simpy", resolved=resolved))
+        settled.append(run(evaluation.candidate, "simpy", resolved))
         result.spend.engine_replays += 1
         if progress is not None:
             progress()
@@ -242,6 +242,43 @@ def settle(
              unreplayed, len(fast) - unreplayed, len(settled),
              f"{result.best.iteration_time_s:.6g} s" if result.best else "none")
     return result
+
+
+def _within_budget(candidates: list[Candidate], reserved: set[Candidate], limit: int, result: PlannerResult
+                   ) -> list[Candidate]:
+    """``candidates`` and ``reserved`` without duplicates, in order, cut at ``limit`` (the
+    reserved kept whatever the budget); the cut noted in ``result.spend``."""
+    unique = list(dict.fromkeys([*candidates, *reserved]))
+    if len(unique) <= limit:
+        return unique
+    kept = set(unique[:limit])
+    result.spend.reach("candidates", limit)
+    return unique[:limit] + [c for c in unique[limit:] if c in reserved and c not in kept]
+
+
+def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: dict, result: PlannerResult,
+                progress) -> list[Evaluation]:
+    """The fast path over ``queue`` (its first ``must`` whatever the budget), within
+    ``options.fast_max`` replays and ``options.fast_budget_ops`` actions beyond the first ``must``."""
+    fast, spent_ops, replayed = [], 0, 0
+    for index, (_, _, candidate) in enumerate(queue):
+        if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
+            # the analytic ranking is trusted beyond what the budget allows
+            if replayed >= options.fast_max:
+                result.spend.reach("fast replays", options.fast_max)
+            else:
+                result.spend.reach("replayed actions", options.fast_budget_ops)
+            break
+        evaluation = run(candidate, "fast", resolved)
+        fast.append(evaluation)
+        replayed += evaluation.summary is not None
+        result.spend.fast_replays += 1
+        result.spend.replayed_ops += evaluation.replayed_ops
+        if index >= must:
+            spent_ops += evaluation.replayed_ops
+        if progress is not None:
+            progress()
+    return fast
 
 
 def no_fit_note(evaluations: list[Evaluation], scenario: Scenario | None = None) -> str:

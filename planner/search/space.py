@@ -36,6 +36,7 @@ from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.input.scenario import Scenario
+from sim.schedule.generators import V_SCHEDULES
 from sim.schedule.policy import DapplePolicy
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "PlannerOptions",
     "microbatch_sizes",
     "place",
+    "restrict_cluster",
     "to_scenario",
 ]
 
@@ -140,6 +142,9 @@ class Candidate:
     tensor_parallel: int = 1
     context_parallel: int = 1
     sharding: Sharding = Sharding.NONE
+    on_devices: int | None = None
+    """The plan uses only the cluster's first ``on_devices`` devices (whole servers, or GPUs of a
+    one-server cluster; ``planner.search.subsets``), the rest idle; None: placed on all of them."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.recompute, Recompute):
@@ -161,9 +166,14 @@ class Candidate:
         return self.tensor_parallel > 1
 
     def devices(self, cluster: ClusterSpec) -> tuple[tuple[int, ...], ...]:
-        """Device ids of every stage: placed device sets, reused by later chunks."""
+        """Device ids of every stage: placed device sets, reused by later chunks (chunk s on set
+        s mod S; under a V-shaped schedule chunk s < S on set s and chunk 2S−1−s on set s)."""
         sets = self.num_stages // self.chunks
+        if self.on_devices is not None:
+            cluster = restrict_cluster(cluster, self.on_devices)
         groups = place(self.replicas[:sets], cluster, self.placement, unit=self.unit)
+        if self.schedule in V_SCHEDULES:
+            return tuple(groups[s if s < sets else 2 * sets - 1 - s] for s in range(self.num_stages))
         return tuple(groups[s % sets] for s in range(self.num_stages))
 
     def layout(self) -> str:
@@ -193,6 +203,20 @@ class Candidate:
             f"layers [{a}, {b}) × {r}" + (f" @{s % sets}" if self.chunks > 1 else "")
             for s, (a, b, r) in enumerate(zip(self.bounds, self.bounds[1:], self.replicas))
         )
+
+
+def restrict_cluster(cluster: ClusterSpec, devices: int) -> ClusterSpec:
+    """``cluster``'s first ``devices`` devices as a cluster of their own: whole servers, or the
+    first GPUs of a one-server cluster (their links and devices are the cluster's)."""
+    if devices == cluster.num_devices:
+        return cluster
+    per_node = cluster.devices_per_node
+    if cluster.nodes > 1 and devices % per_node == 0 and 0 < devices < cluster.num_devices:
+        return replace(cluster, nodes=devices // per_node)
+    if cluster.nodes == 1 and 0 < devices < per_node:
+        return replace(cluster, devices_per_node=devices, nics_per_node=min(cluster.nics_per_node, devices))
+    raise DappleError(f"a plan on {devices} of {cluster.num_devices} devices: give whole servers of "
+                      f"{per_node} GPUs, or fewer GPUs of one server")
 
 
 def microbatch_sizes(global_batch_size: int, options: PlannerOptions) -> tuple[int, ...]:
