@@ -228,9 +228,12 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = {}
     context = SearchContext(scenario)  # the planners share tables and replays; DAPPLE's runs the baselines
-    for name in names:
-        with watch.phase(f"plan with {name}"), progress(f"{name}: replays", unit="plan") as tick:
-            results[name] = context.run(name, get_planner(name), options, progress=tick)
+    try:
+        for name in names:
+            with watch.phase(f"plan with {name}"), progress(f"{name}: replays", unit="plan") as tick:
+                results[name] = context.run(name, get_planner(name), options, progress=tick)
+    finally:
+        context.close()
     report = build_report(scenario.name, results, time.perf_counter() - started,
                           scenario_plan_ignored=scenario.ignored_plan)
     data = report.to_json()  # the edge: JSON made once, printed, written and drawn

@@ -120,3 +120,17 @@ def test_a_v_shaped_candidate_places_chunk_s_and_2s_minus_1_minus_s_together():
     v = Candidate(bounds=(0, 2, 4, 6, 8), replicas=(4, 4, 4, 4)[:2] * 2, microbatch_size=4, schedule="zb-v", chunks=2)
     groups = v.devices(scenario.cluster)
     assert groups[0] == groups[3] and groups[1] == groups[2] and groups[0] != groups[1]
+
+
+def test_replays_on_worker_processes_give_the_same_answer_and_spend():
+    scenario = parse_scenario(GPT.format(nodes=1), ignore_plan=True)
+    here = SearchContext(scenario, workers=1).run("dapple", dapple_planner, FEW)
+    pooled = SearchContext(scenario, workers=2)
+    try:
+        there = pooled.run("dapple", dapple_planner, FEW)
+    finally:
+        pooled.close()
+    assert there.best.candidate == here.best.candidate
+    assert there.best.iteration_time_s == here.best.iteration_time_s
+    assert there.spend.to_json() == here.spend.to_json()
+    assert [e.candidate for e in there.evaluations] == [e.candidate for e in here.evaluations]

@@ -17,6 +17,7 @@ taking the fastest of them all.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import replace
@@ -85,6 +86,8 @@ def _shardings(tables: CostTables, scenario: Scenario, base: Candidate, options:
     return fitting[:2] if fitting else [scored[0][2]]
 
 
+log = logging.getLogger(__name__)
+
 RIVALS = (("dp", dp_planner), ("megatron", megatron_planner), ("even", even_planner),
           ("pipedream", pipedream_planner))
 """The baselines whose plans lie in DAPPLE's space, so its planner never returns a slower one."""
@@ -100,9 +103,14 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None, c
     started = time.perf_counter()
     context = context if context is not None else SearchContext(scenario)
     check_plannable(scenario)
+    log.info("dapple: stage 1, the baselines it must beat: %s", ", ".join(name for name, _ in RIVALS))
     rivals = {name: context.run(name, planner, options) for name, planner in RIVALS}
     spend = Spend()  # the dynamic programme's
-    own = settle("dapple", scenario, _candidates(scenario, options, context, spend), options, started=started,
+    candidates = _candidates(scenario, options, context, spend)
+    log.info("dapple: stage 2, dynamic programme: %s partial plans -> %s candidates", f"{spend.partials:,}",
+             f"{len(candidates):,}")
+    log.info("dapple: stage 3, settling: closed forms, fast path, SimPy engine")
+    own = settle("dapple", scenario, candidates, options, started=started,
                  progress=progress, reserved=grid_candidates(scenario, options, context.tables), context=context)
     own.spend.add(spend)
     on_subsets = _on_subsets(scenario, options, context, own, progress)
@@ -118,15 +126,18 @@ def _on_subsets(scenario: Scenario, options: PlannerOptions, context: SearchCont
         return []  # faults name devices of the whole cluster: planned on all of them only
     found = []
     for devices in subset_sizes(scenario.cluster):
+        log.info("dapple: stage 4, %s devices factor badly: planning on %s of them too",
+                 f"{scenario.cluster.num_devices:,}", f"{devices:,}")
         sub = restricted(scenario, devices)
-        sub_context, spend = SearchContext(sub), Spend()
+        sub_context, spend = SearchContext(sub, workers=context.workers), Spend()
         result = settle("dapple", sub, _candidates(sub, options, sub_context, spend), options,
                         started=time.perf_counter(), progress=progress,
                         reserved=grid_candidates(sub, options, sub_context.tables), context=sub_context)
+        sub_context.close()
         own.spend.add(spend)
         own.spend.add(result.spend)
-        for settled in (e for e in result.evaluations if e.engine == "simpy" and e.ok):
-            whole = context.evaluate(replace(settled.candidate, on_devices=devices), "simpy")
+        moved = [replace(e.candidate, on_devices=devices) for e in result.evaluations if e.engine == "simpy" and e.ok]
+        for whole in context.stream(moved, "simpy"):
             own.spend.engine_replays += 1
             own.evaluations.append(whole)
             if whole.ok:
@@ -156,7 +167,9 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
                 ) -> list[tuple[float, Candidate]]:
     """(score, partition) from the DP, per layout and recompute mode: DP x PP grids first for
     every micro-batch size (cheap, and they bound the rest), then uneven replica counts for the
-    micro-batch sizes whose grids look best; within the partial-plan budget (``spend``)."""
+    micro-batch sizes whose grids look best; within the partial-plan budget (``spend``). A
+    recompute mode runs again only the micro-batch sizes whose DP memory limited under the
+    cheaper one: where memory limited nothing, more recompute only costs time."""
     cluster, gbs = scenario.cluster, scenario.training.global_batch_size
     frugal = max(options.sharding, key=list(Sharding).index)
     recomputes = list(dict.fromkeys(r for r, _ in levels(scenario, options)))
@@ -169,16 +182,19 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
         max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, num_units)
         choices = sorted(replica_choices(num_units), key=len)
         uniform, general = [x for x in choices if len(x) == 1], [x for x in choices if len(x) > 1]
+        sizes = microbatch_sizes(gbs, options)
         for recompute in recomputes:
             bounds_of: dict[int, float] = {}
-            pressure: list = []  # whether memory limited this mode's DP (else more recompute only costs time)
+            # per micro-batch size, whether memory limited this mode's DP (else more recompute only costs time)
+            pressed: dict[int, list] = {}
             costs: dict[int, dict] = {}  # per micro-batch size: the stages' costs, shared by its runs
 
             def run(microbatch_size: int, replica_set: tuple[int, ...]) -> None:
                 stages = min(max_stages, 2 * (gbs // microbatch_size))
                 plans = partitions(tables, cuts, num_units, microbatch_size, gbs // microbatch_size, replica_set,
                                    stages, KEEP_PER_BATCH, bound=bounds_of[microbatch_size], per_node=per_node,
-                                   recompute=recompute, memory_sharding=frugal, pressure=pressure,
+                                   recompute=recompute, memory_sharding=frugal,
+                                   pressure=pressed.setdefault(microbatch_size, []),
                                    stage_costs=costs.setdefault(microbatch_size, {}), spend=spend,
                                    max_partials=options.max_partials)
                 for score, b, r in plans:
@@ -187,7 +203,7 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
                 if plans and len(replica_set) == 1:
                     bounds_of[microbatch_size] = min(bounds_of[microbatch_size], plans[0][0] * (1 + 3 * SLACK))
 
-            for microbatch_size in microbatch_sizes(gbs, options):
+            for microbatch_size in sizes:
                 bounds_of[microbatch_size] = math.inf
                 for replica_set in uniform:
                     r = replica_set[0]
@@ -197,7 +213,8 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
             for microbatch_size in sorted(bounds_of, key=lambda m: (bounds_of[m], m))[:UNEVEN_BATCHES]:
                 for replica_set in general:
                     run(microbatch_size, replica_set)
-            if not pressure:
+            sizes = tuple(m for m in sizes if pressed.get(m))
+            if not sizes:
                 break  # memory limited nothing: recomputing more would only cost time
     return found
 
@@ -215,17 +232,23 @@ def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: 
         own.spend.add(rival.spend)
     if pool:
         leader = min(pool, key=_rank)
-        for variant in schedule_variants(leader.candidate, options.chunks if options.interleaved else ()):
-            fast = context.evaluate(variant, "fast")
+        close, before = [], len(own.evaluations)
+        for fast in context.stream(schedule_variants(leader.candidate, options.chunks if options.interleaved else ()),
+                                   "fast"):
             own.spend.fast_replays += 1
             own.spend.replayed_ops += fast.replayed_ops
             own.evaluations.append(fast)
             if fast.ok and fast.iteration_time_s <= leader.iteration_time_s * (1 + VARIANT_MARGIN):
-                settled = context.evaluate(variant, "simpy")
-                own.spend.engine_replays += 1
-                own.evaluations.append(settled)
-                if settled.ok:
-                    pool.append(settled)
+                close.append(fast.candidate)
+            if progress is not None:
+                progress()
+        log.info("dapple: stage 5, the leader's other schedules: %d on the fast path, %d close enough for the engine",
+                 len(own.evaluations) - before, len(close))
+        for settled in context.stream(close, "simpy"):
+            own.spend.engine_replays += 1
+            own.evaluations.append(settled)
+            if settled.ok:
+                pool.append(settled)
             if progress is not None:
                 progress()
         own.best = min(pool, key=_rank)

@@ -193,10 +193,11 @@ def settle(
     check_plannable(scenario)
     tables = tables or (context.tables if context is not None else TablesCache(scenario))
 
-    def run(candidate: Candidate, engine: str, resolved: dict) -> Evaluation:
+    def run(candidates: list[Candidate], engine: str, resolved: dict):
+        """The evaluations of ``candidates`` in order (on the context's workers, if it has any)."""
         if context is not None:
-            return context.evaluate(candidate, engine, resolved)
-        return evaluate(scenario, candidate, engine=engine, resolved=resolved)
+            return context.stream(candidates, engine, resolved)
+        return (evaluate(scenario, candidate, engine=engine, resolved=resolved) for candidate in candidates)
 
     capacity = scenario.cluster.device.usable_memory_bytes
     scored = []
@@ -225,8 +226,8 @@ def settle(
     chosen = fits[: options.engine_top]
     chosen += [e for e in fits if e.candidate in reserved and e not in chosen][:1]  # the reserved family's best too
     resolved = {e.candidate: resolved[e.candidate] for e in chosen if e.candidate in resolved}  # let the others' go
-    for evaluation in chosen:
-        settled.append(run(evaluation.candidate, "simpy", resolved))
+    for evaluation in run([e.candidate for e in chosen], "simpy", resolved):
+        settled.append(evaluation)
         result.spend.engine_replays += 1
         if progress is not None:
             progress()
@@ -261,7 +262,8 @@ def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: 
     """The fast path over ``queue`` (its first ``must`` whatever the budget), within
     ``options.fast_max`` replays and ``options.fast_budget_ops`` actions beyond the first ``must``."""
     fast, spent_ops, replayed = [], 0, 0
-    for index, (_, _, candidate) in enumerate(queue):
+    evaluations = run([candidate for _, _, candidate in queue], "fast", resolved)
+    for index in range(len(queue)):
         if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
             # the analytic ranking is trusted beyond what the budget allows
             if replayed >= options.fast_max:
@@ -269,7 +271,7 @@ def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: 
             else:
                 result.spend.reach("replayed actions", options.fast_budget_ops)
             break
-        evaluation = run(candidate, "fast", resolved)
+        evaluation = next(evaluations)
         fast.append(evaluation)
         replayed += evaluation.summary is not None
         result.spend.fast_replays += 1
@@ -278,6 +280,7 @@ def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: 
             spent_ops += evaluation.replayed_ops
         if progress is not None:
             progress()
+    evaluations.close()  # what workers did beyond the budget is not used
     return fast
 
 
