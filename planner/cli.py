@@ -4,9 +4,13 @@ run what-if sweeps.
 Runs DAPPLE's planner over the 4D space (``planner.planners.dapple``: tensor, context, pipeline and
 data parallelism, sharding, recompute, schedule, placement) and the baselines (Megatron's
 uniform grid, PipeDream's planner, even split with GPipe, pure data parallelism) on a
-scenario's model, cluster and global batch, and prints one row per planner: its plan, the
-SimPy engine's iteration time, samples/s, peak memory per device and speed-up over pure data
-parallelism, then the winner and its margin over the next best. ``--json`` prints the
+scenario's model, cluster and global batch, and prints one row per planner: the SimPy
+engine's iteration time, samples/s, tokens/s and MFU (None for a measured profile), peak
+memory per device, speed-up over pure data parallelism, and the plan in one short line
+(``planner.search.describe``), wrapped at its separators within 120 columns; a planner whose
+plan file equals an earlier one's says ``same plan as <planner>``. Under the table each
+planner's spend in work (``planner.search.budget``; ``-v`` logs it too); then the winner, who
+else found its plan, its margin over the next *different* plan, and its line. ``--json`` prints the
 ``planner.search.report.PlannerReport``: ``{"best": ..., "best_metrics": ..., "planners": {...},
 "search_time_s": ...}``, every plan in the plan-file form that ``dapple-sim simulate --plan``
 and ``dapple-run --plan`` read, its metrics beside it. ``--out DIR`` writes ``best_plan.json``
@@ -31,7 +35,8 @@ from typing import Any, Sequence
 
 from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
 from planner.search.context import SearchContext
-from planner.search.report import PlannerReport, build_report
+from planner.search.describe import wrap_summary
+from planner.search.report import PlannerReport, build_report, spend_text
 from planner.search.space import PlannerOptions, to_scenario
 from planner.sweeps.run import load_sweep, run_sweep, write_plots
 from sim.core import jsonio
@@ -235,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         context.close()
     report = build_report(scenario.name, results, time.perf_counter() - started,
-                          scenario_plan_ignored=scenario.ignored_plan)
+                          scenario_plan_ignored=scenario.ignored_plan, cluster_devices=scenario.cluster.num_devices)
     data = report.to_json()  # the edge: JSON made once, printed, written and drawn
     if args.out:
         _write(scenario, report, data, results, Path(args.out), watch)
@@ -244,34 +249,84 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if report.best is not None else 1
 
 
+WIDTH = 120
+"""Columns the planners' table keeps within: a plan's short line wraps before a ``·``, ``×`` or
+parenthesis (``planner.search.describe.wrap_summary``) rather than run past it."""
+
+SMALL_MARGIN = 1.10
+"""Below this ratio of iteration times the closing line says the margin in percent (``1.8%
+faster``), from it as a ratio (``1.39x faster``)."""
+
+
 def _table(report: PlannerReport) -> str:
     ignored = "; the scenario's own plan is ignored" if report.scenario_plan_ignored else ""
+    width = max([7] + [len(e.planner) for e in report.planners])
+    head = (f"  {'planner':<{width}} {'iteration':>9} {'samples/s':>9} {'tokens/s':>8} {'MFU':>5} {'peak mem':>9} "
+            f"{'vs dp':>6}  ")
+    indent = len(head)
     lines = [f"{report.scenario}: plans by the SimPy engine (search {report.search_time_s:.1f} s{ignored})",
-             f"  {'planner':<10} {'iteration':>10} {'samples/s':>10} {'peak mem':>10} {'vs dp':>7}  plan"]
+             head + "plan"]
     for entry in report.planners:
         name, row = entry.planner, entry.row
         if row is None:
-            lines.append(f"  {name:<10} {'-':>10} {'-':>10} {'-':>10} {'-':>7}  {entry.note}")
+            lines.append(f"  {name:<{width}} {'-':>9} {'-':>9} {'-':>8} {'-':>5} {'-':>9} {'-':>6}  {entry.note}")
             continue
-        plan, metrics = row.plan, row.metrics
+        metrics = row.metrics
         speedup = f"{metrics.speedup_over_dp:.2f}x" if metrics.speedup_over_dp else "-"
-        schedule = schedule_text(plan["schedule"])
-        lines.append(
-            f"  {name:<10} {format_time(metrics.iteration_time_s):>10} {metrics.throughput_samples_per_s:>10.4g} "
-            f"{format_bytes(metrics.peak_memory_bytes):>10} {speedup:>7}  {metrics.description}  "
-            f"[{schedule}, micro-batch {plan['microbatch_size']} x {plan['num_microbatches']}, {metrics.placement}"
-            f"{', ' + metrics.layout.replace(' · ', ', ') if metrics.layout else ''}]"
-        )
+        mfu = "-" if metrics.mfu is None else f"{metrics.mfu:.0%}"
+        cells = (f"  {name:<{width}} {format_time(metrics.iteration_time_s):>9} "
+                 f"{_rate(metrics.throughput_samples_per_s):>9} {_rate(metrics.tokens_per_s):>8} {mfu:>5} "
+                 f"{format_bytes(metrics.peak_memory_bytes):>9} {speedup:>6}  ")
+        plan = f"same plan as {entry.same_plan_as}" if entry.same_plan_as else metrics.summary
+        wrapped = wrap_summary(plan, WIDTH - indent)
+        lines += [cells + wrapped[0]] + [" " * indent + more for more in wrapped[1:]]
+        if entry.note:  # a plan on a subset of the devices, against the best on all of them
+            lines += [" " * indent + more for more in wrap_summary(entry.note, WIDTH - indent)]
     if not report.dp_fits and any(e.planner == "dp" for e in report.planners):
         lines.append("  (pure data parallelism does not fit in memory)")
-    if report.best is None:
-        lines.append("no plan fits in memory")
-    else:
-        times = sorted((e.row.metrics.iteration_time_s, e.planner) for e in report.planners if e.row is not None)
-        margin = (f" ({times[1][0] / times[0][0]:.2f}x faster than {times[1][1]}, the next best)"
-                  if len(times) > 1 and times[0][0] > 0 else "")
-        lines.append(f"best: {report.best_planner}{margin}: {report.best.metrics.description}")
+    for k, entry in enumerate(e for e in report.planners if e.spend):
+        lead = f"{'spend:' if k == 0 else '':<7}{entry.planner:<{width}} "
+        wrapped = wrap_summary(spend_text(entry.spend), WIDTH - len(lead))
+        lines += [lead + wrapped[0]] + [" " * len(lead) + more for more in wrapped[1:]]
+    lines += _closing(report)
     return "\n".join(lines)
+
+
+def _closing(report: PlannerReport) -> list[str]:
+    """``best: dapple (also found by megatron); 1.39x faster than even, the next different
+    plan``, and the best plan's short line under it; never a margin over the same plan."""
+    best = report.best
+    if best is None:
+        return ["no plan fits in memory"]
+    same = [e.planner for e in report.planners if e.row is not None and e.planner != report.best_planner
+            and e.row.plan == best.plan]
+    others = sorted((e.row.metrics.iteration_time_s, e.planner) for e in report.planners
+                    if e.row is not None and e.row.plan != best.plan)
+    line = f"best: {report.best_planner}" + (f" (also found by {', '.join(same)})" if same else "")
+    if others:
+        line += f"; {_margin(others[0][0], best.metrics.iteration_time_s)} {others[0][1]}, the next different plan"
+    return [line] + ["  " + text for text in wrap_summary(best.metrics.summary, WIDTH - 2)]
+
+
+def _margin(other_s: float, best_s: float) -> str:
+    """How much faster ``best_s`` is than ``other_s``: ``1.39x faster than``, ``1.8% faster than``
+    (below ``SMALL_MARGIN``), ``as fast as``."""
+    ratio = other_s / best_s if best_s > 0 else float("inf")
+    if ratio >= SMALL_MARGIN:
+        return f"{ratio:.2f}x faster than"
+    percent = (ratio - 1.0) * 100.0
+    if percent <= 0.0:
+        return "as fast as"
+    return f"{percent:.1f}% faster than" if percent >= 0.1 else f"{percent:.2g}% faster than"
+
+
+def _rate(value: float | None) -> str:
+    """A per-second count in at most 6 characters: ``87.91``, ``5,707``, ``87.9k``, ``1.68M``; ``-`` when unknown."""
+    if value is None:
+        return "-"
+    if value < 1e4:
+        return f"{value:.4g}" if value < 1e3 else f"{value:,.0f}"
+    return f"{value / 1e3:.3g}k" if value < 999.5e3 else f"{value / 1e6:.3g}M"  # never 1e+03k
 
 
 def schedule_text(schedule: str | dict[str, Any]) -> str:

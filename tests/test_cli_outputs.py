@@ -150,10 +150,10 @@ def test_dapple_plan_shows_progress_on_a_terminal_and_where_the_time_went(tmp_pa
         assert len(drawn) == 2 and f"{kind}_{own}.png" in drawn, drawn
     for name in ["best_plan.json", "best_plan_metrics.json", "schedules.png", "planners.png"] + drawn:
         assert (tmp_path / "a" / name).stat().st_size > 100
-    # printed as the files write it: half-open layer ranges, one schedule format
-    assert "best: dapple (" in stdout and metrics["description"] in stdout and "layers [0, " in stdout
-    assert f"[{schedule_text(best['schedule'])}, micro-batch {best['microbatch_size']} x " in stdout
-    assert '{"name"' not in stdout and "–" not in stdout
+    # printed as one short line each (the files hold the stages): degrees, micro-batch size × count
+    assert "best: dapple" in stdout and f"\n  {metrics['summary']}\n" in stdout and "layers [0, " not in stdout
+    assert f"micro-batch {best['microbatch_size']} × {best['num_microbatches']}" in stdout
+    assert '{"name"' not in stdout and "dapple: spend: " in terminal
     assert best["stages"][0]["layers"][0] == 0 and best["stages"][-1]["layers"][1] == 53
     # -q on a terminal: the results only
     code, stdout, terminal = run_on_a_terminal(_dapple_plan(BERT, "-q", "--planner", "even"), REPO)

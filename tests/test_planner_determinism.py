@@ -108,7 +108,10 @@ def test_the_command_line_and_the_sweep_share_one_row_of_an_evaluation():
     assert set(row.plan) - {"sharding", "tensor_parallel", "sequence_parallel", "context_parallel"} == {
         "schedule", "num_microbatches", "microbatch_size", "recompute", "stages"}
     assert set(row.to_json()["metrics"]) == {"description", "layout", "placement", "iteration_time_s",
-                                             "throughput_samples_per_s", "peak_memory_bytes", "speedup_over_dp"}
+                                             "throughput_samples_per_s", "peak_memory_bytes", "speedup_over_dp",
+                                             "summary", "tokens_per_s", "mfu", "tensor_parallel", "context_parallel",
+                                             "pipeline_parallel", "chunks", "data_parallel", "data_parallel_min",
+                                             "devices_used", "idle_devices"}
     assert row.metrics.iteration_time_s == found.best.summary.iteration_time_s
     assert row.plan == found.best.plan_file() and row.metrics.speedup_over_dp is None
 

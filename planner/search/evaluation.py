@@ -16,7 +16,8 @@ sizes and the replay's typed ``Summary``, built once; a candidate that cannot ru
 ``evaluation_row`` is the one view of an evaluation that the command line, the sweeps and
 the planners' plots share, an ``EvaluationRow``: the plan file (what ``--plan`` reads back,
 the plan alone) and beside it the ``PlanMetrics`` (the candidate's description, layout and
-placement, and its headline metrics). Metrics go beside a plan, never inside it.
+placement, its short line and degrees, and its headline metrics: iteration time, samples/s,
+tokens/s, MFU, peak memory). Metrics go beside a plan, never inside it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
 
+from planner.search.describe import devices_used, plan_summary, stage_replicas
 from planner.search.memory import MemoryEstimate, plan_peak_bytes
 from planner.search.space import Candidate, to_scenario
 from sim.core.errors import DappleError, ScheduleError
@@ -202,11 +204,47 @@ class PlanMetrics:
     speedup_over_dp: float | None = None
     """Pure data parallelism's iteration time over this one's; None when it was not compared
     or pure data parallelism does not fit."""
+    summary: str = ""
+    """The plan in one short line (``planner.search.describe.plan_summary``:
+    ``TP 8 × PP 8 (interleaved, 3 chunks) × DP 16 · ZeRO-1 · micro-batch 1 × 96``)."""
+    tokens_per_s: float | None = None
+    """Training tokens per second (the replay's ``Summary.tokens_per_s``); None when the model
+    has no sequence length (a measured profile)."""
+    mfu: float | None = None
+    """Model FLOPs utilisation, a fraction of the devices' peak (``Summary.mfu``); None when the
+    model's FLOPs are not known (a measured profile)."""
+    tensor_parallel: int = 1
+    """Devices that split every layer's matrices (Megatron-LM's ``--tensor-model-parallel-size``)."""
+    context_parallel: int = 1
+    """Devices that split every sequence (``--context-parallel-size``)."""
+    pipeline_parallel: int = 1
+    """Device sets the pipeline runs on (``--pipeline-model-parallel-size``; an interleaved
+    plan's stages are ``pipeline_parallel × chunks``)."""
+    chunks: int = 1
+    """Model chunks per device set (the interleaved schedule's virtual stages)."""
+    data_parallel: int = 1
+    """Replicas of the most replicated stage."""
+    data_parallel_min: int = 1
+    """Replicas of the least replicated stage (below ``data_parallel`` in DAPPLE's uneven plans)."""
+    devices_used: int = 0
+    """Devices the plan runs on."""
+    idle_devices: int | None = None
+    """The cluster's devices the plan leaves idle; None when the cluster's size was not given."""
 
     def to_json(self) -> dict[str, Any]:
         return {"description": self.description, "layout": self.layout, "placement": self.placement,
                 "iteration_time_s": self.iteration_time_s, "throughput_samples_per_s": self.throughput_samples_per_s,
-                "peak_memory_bytes": self.peak_memory_bytes, "speedup_over_dp": self.speedup_over_dp}
+                "peak_memory_bytes": self.peak_memory_bytes, "speedup_over_dp": self.speedup_over_dp,
+                "summary": self.summary, "tokens_per_s": _finite(self.tokens_per_s), "mfu": _finite(self.mfu),
+                "tensor_parallel": self.tensor_parallel, "context_parallel": self.context_parallel,
+                "pipeline_parallel": self.pipeline_parallel, "chunks": self.chunks,
+                "data_parallel": self.data_parallel, "data_parallel_min": self.data_parallel_min,
+                "devices_used": self.devices_used, "idle_devices": self.idle_devices}
+
+
+def _finite(value: float | None) -> float | None:
+    """``value``, or None for a number JSON cannot hold (``sim.core.jsonio`` refuses NaN)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,11 +261,22 @@ class EvaluationRow:
         return {"plan": self.plan, "metrics": self.metrics.to_json()}
 
 
-def evaluation_row(evaluation: Evaluation) -> EvaluationRow:
-    """The plan file of a runnable evaluation, and beside it its description, placement and metrics."""
-    candidate = evaluation.candidate
+def evaluation_row(evaluation: Evaluation, *, cluster_devices: int | None = None) -> EvaluationRow:
+    """The plan file of a runnable evaluation, and beside it its description, degrees and metrics.
+
+    ``cluster_devices`` is the scenario's cluster size, from which ``idle_devices`` is counted
+    (None: not counted, and the short line says nothing of idle devices)."""
+    candidate, summary = evaluation.candidate, evaluation.summary
+    sets = stage_replicas(candidate)
+    used = devices_used(candidate)
     return EvaluationRow(plan=evaluation.plan_file(), metrics=PlanMetrics(
         description=candidate.describe(), layout=candidate.layout(), placement=candidate.placement,
         iteration_time_s=evaluation.iteration_time_s, throughput_samples_per_s=evaluation.throughput_samples_per_s,
         peak_memory_bytes=evaluation.peak_memory_bytes,
+        summary=plan_summary(candidate, global_batch_size=evaluation.training.global_batch_size,
+                             cluster_devices=cluster_devices),
+        tokens_per_s=None if summary is None else summary.tokens_per_s, mfu=None if summary is None else summary.mfu,
+        tensor_parallel=candidate.tensor_parallel, context_parallel=candidate.context_parallel,
+        pipeline_parallel=len(sets), chunks=candidate.chunks, data_parallel=max(sets), data_parallel_min=min(sets),
+        devices_used=used, idle_devices=None if cluster_devices is None else cluster_devices - used,
     ))

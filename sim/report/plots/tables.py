@@ -203,6 +203,8 @@ _METRICS = {  # name -> (axis label, scale, format, higher is better)
     "throughput_samples_per_s": ("samples/s", 1.0, "{:.4g}", True),
     "iteration_time_s": ("iteration time (ms)", 1e3, "{:.4g}", False),
     "peak_memory_bytes": ("peak memory (GiB)", 1 / _GiB, "{:.3g}", False),
+    "tokens_per_s": ("tokens/s", 1.0, "{:.4g}", True),
+    "mfu": ("MFU (%)", 100.0, "{:.3g}", True),
 }
 
 
@@ -222,8 +224,11 @@ def planner_comparison_figure(report_or_table, *, metric: str = "throughput_samp
         for name, info in report["planners"].items():
             # the metrics sit beside the plan (a report from before the split kept them in it)
             metrics = info.get("metrics", info.get("plan"))
-            series[name] = [metrics[metric] * scale if metrics else np.nan]
-            if metrics and metrics.get("speedup_over_dp"):
+            # tokens/s and MFU are None for a measured profile: no bar
+            series[name] = [metrics[metric] * scale if metrics and metrics.get(metric) is not None else np.nan]
+            if metrics and metrics.get(metric) is None:
+                notes[name, 0] = "not known"
+            elif metrics and metrics.get("speedup_over_dp"):
                 notes[name, 0] = f"{fmt.format(metrics[metric] * scale)}\n{metrics['speedup_over_dp']:.2f}x dp"
         default_title = f"{report.get('scenario', '')}: planners compared"
     else:
@@ -258,7 +263,7 @@ def planner_comparison_figure(report_or_table, *, metric: str = "throughput_samp
         values = np.array(series[name], dtype=float)
         ax.bar(x, np.nan_to_num(values), width * 0.9, color=f"C{k % 10}", label=name)
         for g, (xi, v) in enumerate(zip(x, values)):
-            text = "no plan fits" if np.isnan(v) else notes.get((name, g), fmt.format(v))
+            text = notes.get((name, g), "no plan fits") if np.isnan(v) else notes.get((name, g), fmt.format(v))
             ax.text(xi, (0 if np.isnan(v) else v) + top * 0.02, text, ha="center", va="bottom", fontsize="x-small",
                     rotation=90 if np.isnan(v) or len(groups) > 1 else 0)
     if groups == [None]:
