@@ -121,6 +121,11 @@ class CostTables(OverlapPricing):
         self._gathers: dict[int, tuple[float, float]] = {}  # per data_parallel: seconds per byte, latency
         self._unit_link = span_link(cluster, contiguous_span(cluster, self.unit))
         self._allreduce: dict[tuple, tuple] = {}
+        self._param_bytes: dict[tuple[int, int], float] = {}  # memoised: the searches ask for the same stages often
+        self._static: dict[tuple, float] = {}
+        self._memo: dict[tuple, object] = {}  # the overlap pricing's actions and tails, and the optimizer steps
+        self.scores: dict = {}
+        """Candidates' closed-form scores on these tables (``planner.search.ranking.analytic_score``), memoised."""
         self.grad_factor = model.grad_bytes_per_param_byte
         self.num_layers = model.num_layers
 
@@ -210,14 +215,23 @@ class CostTables(OverlapPricing):
     def param_bytes(self, start: int, end: int) -> float:
         """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
         ``ModelSpec.stage_param_bytes``)."""
-        return self._params[end] - self._params[start] + self.model.tied_copy_bytes(start, end)
+        found = self._param_bytes.get((start, end))
+        if found is None:
+            found = self._param_bytes[(start, end)] = \
+                self._params[end] - self._params[start] + self.model.tied_copy_bytes(start, end)
+        return found
 
     def static_bytes(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Parameters, gradients and optimizer state of layers ``[start, end)`` on one device,
         over ``data_parallel`` replicas (times the context-parallel degree: they hold the same):
         ``sim.cost.memory.stage_state_bytes``, the engine's and ``dapple-sim check``'s number."""
-        d = data_parallel * self.context_parallel
-        return stage_state_bytes(self.model, self.param_bytes(start, end), data_parallel=d, sharding=sharding).total
+        key = (start, end, data_parallel, sharding)
+        found = self._static.get(key)
+        if found is None:
+            d = data_parallel * self.context_parallel
+            found = self._static[key] = stage_state_bytes(self.model, self.param_bytes(start, end), data_parallel=d,
+                                                          sharding=sharding).total
+        return found
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
         """Activations one micro-batch slice keeps until its backward (``sim.cost.memory``'s
@@ -271,6 +285,13 @@ class CostTables(OverlapPricing):
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.stage_optimizer_step_s``):
         sharded states step 1/(replicas × c) of the parameters."""
+        key = ("optimizer", start, end, data_parallel, sharding)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._optimizer_s(start, end, data_parallel, sharding)
+        return found
+
+    def _optimizer_s(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         tensors = self._tensors[end] - self._tensors[start] + tied_copy_tensors(self.model, start, end)
         return stage_optimizer_step_s(self.model, self.cluster.device, self.param_bytes(start, end), tensors,
                                       data_parallel=data_parallel * self.context_parallel, sharding=sharding)

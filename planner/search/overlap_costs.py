@@ -54,6 +54,17 @@ class OverlapPricing:
     def actions(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
                 *, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
                 first_gather: tuple[float, int] = (0.0, 0)) -> tuple[Action, Action]:
+        """:meth:`_actions`, memoised (the searches price the same stages many times)."""
+        key = ("actions", start, end, samples, Recompute.of(recompute), data_parallel, sharding, first_gather)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._actions(start, end, samples, recompute, data_parallel=data_parallel,
+                                                    sharding=sharding, first_gather=first_gather)
+        return found
+
+    def _actions(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
+                 *, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
+                 first_gather: tuple[float, int] = (0.0, 0)) -> tuple[Action, Action]:
         """The forward and backward :class:`Action` of layers ``[start, end)`` on ``samples`` samples.
 
         As the engine's ops (``sim.engine.ops._with_groups``): the compute (with its action
@@ -127,6 +138,19 @@ class OverlapPricing:
     def reduction_tail_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
                          *, per_node: int, nodes: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
                          num_microbatches: int = 1) -> float:
+        """:meth:`_reduction_tail_s`, memoised."""
+        key = ("tail", start, end, samples, Recompute.of(recompute), per_node, nodes, data_parallel, sharding,
+               num_microbatches)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._reduction_tail_s(
+                start, end, samples, recompute, per_node=per_node, nodes=nodes, data_parallel=data_parallel,
+                sharding=sharding, num_microbatches=num_microbatches)
+        return found
+
+    def _reduction_tail_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
+                          *, per_node: int, nodes: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
+                          num_microbatches: int = 1) -> float:
         """Seconds from the stage's last backward's end to the end of its gradient reduction, as
         the engine replays ``plan.overlap.grad_reduce`` and ``plan.fsdp.reduce_every_microbatch``:
         one :meth:`allreduce_s` after the backward; in buckets, the last one bucket after the

@@ -95,8 +95,17 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
     as ``planner.planners.dapple``'s DP); the micro-batches alive on stage i are M under GPipe, K_i
     otherwise (``sim.schedule.policy.dapple_warmup``). ZB-H1 (Qi et al., ICLR'24, §3.1) fills
     the 1F1B bubble with the weight-gradient halves of the backwards: (S−1)·2W less, W ≈ B/2.
-    ``tables`` is the candidate's layout's.
+    ``tables`` is the candidate's layout's (and memoise the score: planners ask for the same
+    candidates more than once).
     """
+    found = tables.scores.get(candidate)
+    if found is None:
+        found = tables.scores[candidate] = _score(tables, scenario, candidate)
+    return found
+
+
+def _score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
+    """:func:`analytic_score`, computed."""
     if candidate.chunks > 1:
         return _interleaved_score(tables, scenario, candidate)
     cluster, microbatch_size = scenario.cluster, candidate.microbatch_size
