@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["refine", "refine_behaviour"]
+import numpy as np
+
+__all__ = ["refine", "refine_arrays", "refine_behaviour"]
 
 
 def refine(
@@ -58,17 +60,31 @@ def refine(
     splitting after that many rounds gives way to every device and card its own class (also
     equitable, and by then the refinement is close to it anyway).
     """
-    num_devices = len(initial)
-    outgoing: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
-    incoming: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
-    label_id = _label_ids(label for _, _, label in edges)
-    for src, dst, label in edges:
-        outgoing[src].append((label_id[label], dst))
-        incoming[dst].append((label_id[label], src))
-    members: list[list[int]] = [[] for _ in range(num_cards)]
-    for device, card in enumerate(card_of):
-        members[card].append(device)
+    ids: dict[Hashable, int] = {}
+    labels = [ids.setdefault(label, len(ids)) for _, _, label in edges]
+    src = np.array([edge[0] for edge in edges], dtype=np.int64)
+    dst = np.array([edge[1] for edge in edges], dtype=np.int64)
+    return refine_arrays(initial, card_of, src, dst, np.array(labels, dtype=np.int64), num_cards,
+                         card_initial, max_rounds)
 
+
+def refine_arrays(initial: Sequence[Hashable], card_of: Sequence[int], src: np.ndarray, dst: np.ndarray,
+                  label: np.ndarray, num_cards: int, card_initial: Sequence[Hashable] | None = None,
+                  max_rounds: int | None = None) -> tuple[list[int], list[int]]:
+    """:func:`refine` with the edges as arrays: ``src[e]``, ``dst[e]`` and ``label[e]`` (a small
+    int per distinct label; only which labels are equal matters, not their numbering).
+
+    A round's multisets are sorted with numpy, not in Python: each edge's ``(label, partner
+    class)`` is one integer, a device's sorted integers are its multiset, and their bytes the
+    key that tells devices apart. The classes are those of the per-device tuples, numbered the
+    same way (by first appearance in id order).
+    """
+    num_devices = len(initial)
+    card_of = np.asarray(card_of, dtype=np.int64).reshape(num_devices)
+    width = np.int64(max(num_devices, 1))  # a class id is below it: label * width + class is exact
+    out_group = _Segments(src, num_devices)
+    in_group = _Segments(dst, num_devices)
+    card_group = _Segments(card_of, num_cards)
     device_class = _relabel(initial)
     card_class = _relabel(list(card_initial) if card_initial is not None else [()] * num_cards)
     count, rounds = -1, 0
@@ -76,22 +92,34 @@ def refine(
         rounds += 1
         if max_rounds is not None and rounds > max_rounds:
             return list(range(num_devices)), list(range(num_cards))
-        card_sig = [(card_class[c], tuple(sorted(device_class[d] for d in members[c]))) for c in range(num_cards)]
-        card_class = _relabel(card_sig)
-        device_sig = [
-            (
-                device_class[d],
-                card_class[card_of[d]],
-                tuple(sorted([(label, device_class[dst]) for label, dst in outgoing[d]])),
-                tuple(sorted([(label, device_class[src]) for label, src in incoming[d]])),
-            )
-            for d in range(num_devices)
-        ]
-        device_class = _relabel(device_sig)
+        classes = np.array(device_class, dtype=np.int64)
+        held = card_group.keys(classes)
+        card_class = _relabel([(card_class[c], held[c]) for c in range(num_cards)])
+        out_keys = out_group.keys(label * width + classes[dst])
+        in_keys = in_group.keys(label * width + classes[src])
+        device_class = _relabel([(device_class[d], card_class[card_of_d], out_keys[d], in_keys[d])
+                                 for d, card_of_d in enumerate(card_of.tolist())])
         new_count = max(device_class, default=-1) + max(card_class, default=-1) + 2
         if new_count == count:
             return device_class, card_class
         count = new_count
+
+
+class _Segments:
+    """Items grouped by an owner (an edge by its sender, a device by its card): each owner's
+    values as a sorted multiset, for one round of :func:`refine_arrays`."""
+
+    def __init__(self, owner: np.ndarray, num_owners: int) -> None:
+        self.owner = owner
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=num_owners)))) * 8
+        self.bounds = bounds.tolist()  # byte offsets of each owner's int64 values
+        self.num_owners = num_owners
+
+    def keys(self, values: np.ndarray) -> list[bytes]:
+        """Each owner's values, sorted, as bytes: equal bytes, equal multisets."""
+        ordered = values[np.lexsort((values, self.owner))].astype(np.int64).tobytes()
+        b = self.bounds
+        return [ordered[b[i]:b[i + 1]] for i in range(self.num_owners)]
 
 
 def _relabel(signatures: Sequence[Hashable]) -> list[int]:
