@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engine.fault_view import FaultView
-from sim.engine.flows import RoundedBytes, static_rates
+from sim.engine.flow_table import FlowTable, RoundedBytes
+from sim.engine.flows import static_rates
 from sim.engine.symmetry import refine_arrays, refine_behaviour
 
 __all__ = ["MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
@@ -38,19 +39,22 @@ otherwise take about half the ring's length in passes over every flow (8 s for 1
 class Symmetry:
     """The classes of a compilation: equitable (exact with contention) or behavioural (without)."""
 
-    def __init__(self, devices, nic_ids, flows, cluster, faults: FaultView, rank_of, slices) -> None:
-        self.devices, self.nic_ids, self.flows, self.faults = devices, nic_ids, flows, faults
-        self.local = local = {d: i for i, d in enumerate(devices)}
+    def __init__(self, devices, nic_ids, table: FlowTable, cluster, faults: FaultView, rank_of, slices) -> None:
+        self.devices, self.nic_ids, self.flows, self.faults = devices, nic_ids, table.flows, faults
+        self.local = {d: i for i, d in enumerate(devices)}
         nic_local = {n: i for i, n in enumerate(nic_ids)}
         self.card_of = [nic_local[cluster.nic_of(d)] for d in devices]
         self.structure = [(rank_of[d], slices[d]) for d in devices]
-        # each flow an edge (its devices' local ids) and its label's small int: the flow's label,
-        # bytes (rounded, ``rounded_bytes``) and whether it stays on one server
-        per_node, ids, rounded = cluster.devices_per_node, {}, RoundedBytes()
-        self.labels = np.array([ids.setdefault((label, rounded.of(nbytes), src // per_node == dst // per_node), len(ids))
-                                for src, dst, label, nbytes in flows], dtype=np.int64)
-        self.src = np.array([local[f[0]] for f in flows], dtype=np.int64)
-        self.dst = np.array([local[f[1]] for f in flows], dtype=np.int64)
+        # each flow an edge between its devices' local ids (``devices`` is sorted), with a small
+        # int for what tells flows apart: its label, its bytes (rounded) and whether it stays on one server
+        self.src = np.searchsorted(np.array(devices, dtype=np.int64), table.src)
+        self.dst = np.searchsorted(np.array(devices, dtype=np.int64), table.dst)
+        if len(table):
+            _, labels = np.unique(np.stack([table.label, table.bytes_id(), table.intra.astype(np.int64)], axis=1),
+                                  axis=0, return_inverse=True)
+            self.labels = labels.reshape(-1).astype(np.int64)
+        else:
+            self.labels = np.zeros(0, dtype=np.int64)
 
     def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""

@@ -81,16 +81,15 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
         for phase in (0,) if k == 1 else (0, 2):
             for g in groups:
                 n = len(g)
-                for i, d in enumerate(g if n > 1 else []):
-                    flows.append((d, g[(i + 1) % n], ("AR", s, phase),
-                                  ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)))
+                if n > 1:  # every member sends its ring neighbour the same bytes
+                    nbytes = ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)
+                    flows += [(d, g[(i + 1) % n], ("AR", s, phase), nbytes) for i, d in enumerate(g)]
     if k > 1:
         for j, g in enumerate(groups):
             nxt = groups[(j + 1) % k]
-            for i, d in enumerate(g):
-                # each GPU carries its 1/n shard of the cross-server ring
-                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), cross_server_flow_bytes(k, grad_bytes, cluster,
-                                                                                          len(g))))
+            # each GPU carries its 1/n shard of the cross-server ring
+            nbytes = cross_server_flow_bytes(k, grad_bytes, cluster, len(g))
+            flows += [(d, nxt[i % len(nxt)], ("AR", s, 1), nbytes) for i, d in enumerate(g)]
 
 
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:

@@ -97,7 +97,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     faults = FaultView(scenario.faults, cluster, plan)
     table = flow_paths(flows, cluster, faults)  # every flow's ports, bandwidths and latency, as columns
     slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
-    sym = Symmetry(devices, nic_ids, flows, cluster, faults, rank_of, slices)
+    sym = Symmetry(devices, nic_ids, table, cluster, faults, rank_of, slices)
     # identical devices issue each operation together (``static_rates``), with or without the reduction
     optimistic = optimistic and contention and symmetric and faults.any
     if optimistic:

@@ -23,10 +23,28 @@ import numpy as np
 if TYPE_CHECKING:
     from sim.engine.fault_view import FaultView
 
-__all__ = ["PORT_NAMES", "FlowTable"]
+__all__ = ["PORT_NAMES", "FlowTable", "RoundedBytes"]
 
 PORT_NAMES = ("out", "in", "nic-out", "nic-in")
 """The kinds of real port, by the low two bits of a port code."""
+
+
+class RoundedBytes(dict):
+    """``round(nbytes, 6)``, the byte count flows are told apart by, computed once per distinct
+    float: a compilation rounds every flow's bytes (hundreds of thousands at 16,384 GPUs) but
+    holds few distinct counts. The same values as ``round``: an int, or a zero (``-0.0`` rounds
+    to itself), is rounded afresh, as a dict would mistake ``2`` for ``2.0`` and ``-0.0`` for ``0.0``."""
+
+    __slots__ = ()
+
+    def of(self, nbytes: float) -> float:
+        if type(nbytes) is float and nbytes:
+            return self[nbytes]
+        return round(nbytes, 6)
+
+    def __missing__(self, nbytes: float) -> float:
+        value = self[nbytes] = round(nbytes, 6)
+        return value
 
 
 class FlowTable:
@@ -40,16 +58,19 @@ class FlowTable:
     def __init__(self, flows: list, cluster, faults: FaultView) -> None:
         n = len(flows)
         self.flows = flows
-        self.src = np.fromiter((f[0] for f in flows), dtype=np.int64, count=n)
+        src, dst, labels, nbytes = zip(*flows) if flows else ((), (), (), ())
+        self.src = np.array(src, dtype=np.int64)
         """Sending device of each flow (global id)."""
-        self.dst = np.fromiter((f[1] for f in flows), dtype=np.int64, count=n)
+        self.dst = np.array(dst, dtype=np.int64)
         """Receiving device of each flow (global id)."""
-        ids: dict = {}
-        self.label = np.fromiter((ids.setdefault(f[2], len(ids)) for f in flows), dtype=np.int64, count=n)
-        """Each flow's label as a small int (by first appearance), ``labels[i]`` the label."""
-        self.labels = list(ids)
-        self.nbytes = np.fromiter((f[3] for f in flows), dtype=np.float64, count=n)
+        self.labels = list(dict.fromkeys(labels))
+        """The distinct labels, by first appearance."""
+        ids = {label: i for i, label in enumerate(self.labels)}
+        self.label = np.fromiter(map(ids.__getitem__, labels), dtype=np.int64, count=n)
+        """Each flow's label as a small int: its index in ``labels``."""
+        self.nbytes = np.array(nbytes, dtype=np.float64)
         """Bytes of each flow (as floats; the flows keep the exact values)."""
+        self._bytes_id: np.ndarray | None = None
         per_node, nics = cluster.devices_per_node, cluster.nics_per_node
         intra, inter = cluster.intra_node, cluster.inter_node
         node = self.src // per_node
@@ -74,6 +95,17 @@ class FlowTable:
         """Latency (s) of each flow's link."""
         self.latencies = self.latency.tolist()
         """The latencies as Python floats."""
+
+    def bytes_id(self) -> np.ndarray:
+        """Each flow's bytes, rounded as flows are told apart (``round(nbytes, 6)``,
+        ``sim.engine.flows.RoundedBytes``), as a small int: equal ints, equal rounded bytes.
+        Rounded once per distinct byte count (a plan has few), not once per flow."""
+        if self._bytes_id is None:
+            raw, raw_id = np.unique(self.nbytes, return_inverse=True)
+            rounded, ids = RoundedBytes(), {}
+            self._bytes_id = np.array([ids.setdefault(rounded.of(value), len(ids)) for value in raw.tolist()],
+                                      dtype=np.int64)[raw_id.reshape(-1)]
+        return self._bytes_id
 
     def __len__(self) -> int:
         return len(self.flows)

@@ -17,38 +17,20 @@ cross one port of the class).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.cost.links import group_link
 from sim.cost.split import sample_overlaps
-from sim.engine.flow_table import PORT_NAMES, FlowTable
+from sim.engine.flow_table import PORT_NAMES, FlowTable, RoundedBytes
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:
     from sim.engine.fault_view import FaultView
 
-__all__ = ["PortTable", "RoundedBytes", "flow_kinds", "flow_paths", "kinds_by_class", "p2p_flows", "static_rates"]
-
-
-class RoundedBytes(dict):
-    """``round(nbytes, 6)``, the byte count flows are told apart by, computed once per distinct
-    float: a compilation rounds every flow's bytes (hundreds of thousands at 16,384 GPUs) but
-    holds few distinct counts. The same values as ``round``: an int, or a zero (``-0.0`` rounds
-    to itself), is rounded afresh, as a dict would mistake ``2`` for ``2.0`` and ``-0.0`` for ``0.0``."""
-
-    __slots__ = ()
-
-    def of(self, nbytes: float) -> float:
-        if type(nbytes) is float and nbytes:
-            return self[nbytes]
-        return round(nbytes, 6)
-
-    def __missing__(self, nbytes: float) -> float:
-        value = self[nbytes] = round(nbytes, 6)
-        return value
+__all__ = ["PortTable", "flow_kinds", "flow_paths", "kinds_by_class", "p2p_flows", "static_rates"]
 
 
 def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, float]]:
@@ -66,10 +48,11 @@ def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, 
             continue
         per_sample = model.boundary_bytes[plan.stages[s].layers[1]]
         senders, receivers = plan.replicas(s), plan.replicas(s + 1)
+        # which replicas overlap depends on their counts, not on the position: once per boundary
+        overlaps = sample_overlaps(microbatch_size, tuple(range(len(senders))), tuple(range(len(receivers))))
         for position in range(plan.group_size):
-            column = tuple(replica[position] for replica in senders)
-            target = tuple(replica[position] for replica in receivers)
-            for src, dst, start, end in sample_overlaps(microbatch_size, column, target):
+            for a, b, start, end in overlaps:
+                src, dst = senders[a][position], receivers[b][position]
                 flows.append((src, dst, ("F", s), per_sample * (end - start)))
                 flows.append((dst, src, ("B", s + 1), per_sample * (end - start)))
     return flows
@@ -90,13 +73,18 @@ class PortTable:
         self.ids: dict[tuple, int] = {}
         self.info: list[tuple[str, float, int]] = []  # name, bandwidth, size
         sizes = defaultdict(int)
-        sub = (lambda key: split.get(key, 0)) if split else (lambda key: 0)
-        for d in devices:
-            sizes[("out", class_of[d], sub(("out", d)))] += 1
-            sizes[("in", class_of[d], sub(("in", d)))] += 1
-        for n in nic_ids:
-            sizes[("nic-out", card_of[n], sub(("nic-out", n)))] += 1
-            sizes[("nic-in", card_of[n], sub(("nic-in", n)))] += 1
+        if split:
+            for d in devices:
+                sizes[("out", class_of[d], split.get(("out", d), 0))] += 1
+                sizes[("in", class_of[d], split.get(("in", d), 0))] += 1
+            for n in nic_ids:
+                sizes[("nic-out", card_of[n], split.get(("nic-out", n), 0))] += 1
+                sizes[("nic-in", card_of[n], split.get(("nic-in", n), 0))] += 1
+        else:  # one port class per device class (card class): its size is the class's
+            for names, owners, of in ((("out", "in"), devices, class_of), (("nic-out", "nic-in"), nic_ids, card_of)):
+                for owner, size in Counter(of[o] for o in owners).items():
+                    for name in names:
+                        sizes[(name, owner, 0)] = size
         self.sizes = sizes
 
     def path_ids(self, table: FlowTable) -> np.ndarray:
@@ -114,11 +102,11 @@ class PortTable:
                               dtype=np.int64, count=len(codes))
         key = (owner * 4 + kind) * (int(sub.max(initial=0)) + 1) + sub
         unique, first, where = np.unique(key, return_index=True, return_inverse=True)
-        bandwidths = table.bandwidth.ravel()
+        order = np.argsort(first, kind="stable")  # in order of first appearance, as the flows meet them
+        at = first[order]
         ids = np.empty(len(unique), dtype=np.int64)
-        for u in np.argsort(first, kind="stable").tolist():  # in order of first appearance, as the flows meet them
-            i = int(first[u])
-            ids[u] = self._id((PORT_NAMES[int(kind[i])], int(owner[i]), int(sub[i])), float(bandwidths[i]))
+        ids[order] = [self._id((PORT_NAMES[k], o, b), bw) for k, o, b, bw in
+                      zip(kind[at].tolist(), owner[at].tolist(), sub[at].tolist(), table.bandwidth.ravel()[at].tolist())]
         return ids[where.reshape(-1)].reshape(-1, 2)
 
     def link(self, src: int, dst: int):
@@ -246,7 +234,7 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
         first = members_of[g]
         src, dst, _, nbytes = flows[first]
         counted = whole.pop(family(key, first), 0) if by_path else count[g]
-        weights = tuple((pid, per_port[(g, pid)] / ports.info[pid][2]) for pid in path_of[first])
+        weights = tuple((pid, n / ports.info[pid][2]) for pid, n in zip(path_of[first], per_port[g]))
         link = ports.link(src, dst)
         kinds.append(
             FlowKind(
@@ -269,20 +257,17 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
 
 
 def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray, *, by_rate: bool,
-           by_path: bool) -> tuple[list[int], list[int], dict[tuple[int, int], int]]:
+           by_path: bool) -> tuple[list[int], list[int], list[list[int]]]:
     """The flows grouped into kinds: each group's first flow (groups in the order their first
-    flows come), its number of flows, and ``(group, port class) -> flows of the group on it``.
+    flows come), its number of flows, and how many of its flows cross each of its first flow's two
+    port classes.
 
     Two flows are of one kind when their labels, classes and rounded bytes (``RoundedBytes``)
     are equal, and with ``by_rate`` their rates and latencies, with ``by_path`` their port
     classes: each is a column of small ints (equal ints, equal values), grouped by ``np.unique``.
     """
     classes = table.device_array(class_of)
-    raw, raw_id = np.unique(table.nbytes, return_inverse=True)  # few distinct byte counts
-    rounded, ids = RoundedBytes(), {}
-    bytes_id = np.array([ids.setdefault(rounded.of(value), len(ids)) for value in raw.tolist()],
-                        dtype=np.int64)[raw_id.reshape(-1)]
-    columns = [table.label, classes[table.src], classes[table.dst], bytes_id]
+    columns = [table.label, classes[table.src], classes[table.dst], table.bytes_id()]
     if by_rate:
         columns += [np.unique(np.asarray(rates, dtype=np.float64), return_inverse=True)[1].reshape(-1),
                     np.unique(table.latency, return_inverse=True)[1].reshape(-1)]
@@ -297,8 +282,10 @@ def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray,
     width = int(port_ids.max(initial=0)) + 1
     pairs, pair_count = np.unique(np.concatenate([group * width + port_ids[:, 0], group * width + port_ids[:, 1]]),
                                   return_counts=True)
-    per_port = {(p // width, p % width): c for p, c in zip(pairs.tolist(), pair_count.tolist())}
-    return first[order].tolist(), count, per_port
+    firsts = first[order]  # each group's flows on its first flow's two port classes
+    asked = np.arange(len(order)).reshape(-1, 1) * width + port_ids[firsts]
+    per_port = pair_count[np.searchsorted(pairs, asked)].tolist()
+    return firsts.tolist(), count, per_port
 
 
 def kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:
