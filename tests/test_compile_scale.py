@@ -85,3 +85,25 @@ def test_4096_gpu_summary_unchanged(key):
     assert summary["bubble_fraction"] == bubble
     assert summary["device_classes"] == classes
     assert hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest() == digest
+
+
+def test_refinement_keyed_by_bytes_when_too_wide_to_pad(monkeypatch):
+    """A table too wide to pad falls back to keying each multiset by its bytes: the same classes.
+
+    A ring of 12 devices (one flow each way, one label) with one faulty device: on one card it
+    splits the others by their distance from it (1 and 11, 2 and 10, ...), numbered by first
+    appearance: [0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]; on 3 cards of 4 devices the cards tell
+    the mirror images apart too, and every device is its own class (main's tuple code gives both)."""
+    from sim.engine import symmetry
+
+    n = 12
+    ring = [(d, (d + 1) % n, "x") for d in range(n)] + [((d + 1) % n, d, "x") for d in range(n)]
+    initial = ["faulty"] + ["healthy"] * (n - 1)
+    cards = [d // 4 for d in range(n)]
+    padded = symmetry.refine(initial, [0] * n, ring, 1)
+    assert padded[0] == [0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]
+    with_cards = symmetry.refine(initial, cards, ring, 3)
+    assert with_cards == (list(range(n)), [0, 1, 2])
+    monkeypatch.setattr(symmetry._Segments, "MAX_CELLS", 0)
+    assert symmetry.refine(initial, [0] * n, ring, 1) == padded
+    assert symmetry.refine(initial, cards, ring, 3) == with_cards

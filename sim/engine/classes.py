@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.engine.fault_view import FaultView
-from sim.engine.flow_table import FlowTable, RoundedBytes
+from sim.engine.flow_table import FlowTable, RoundedBytes, row_ids
 from sim.engine.flows import static_rates
 from sim.engine.symmetry import refine_arrays, refine_behaviour
 
@@ -49,12 +49,7 @@ class Symmetry:
         # int for what tells flows apart: its label, its bytes (rounded) and whether it stays on one server
         self.src = np.searchsorted(np.array(devices, dtype=np.int64), table.src)
         self.dst = np.searchsorted(np.array(devices, dtype=np.int64), table.dst)
-        if len(table):
-            _, labels = np.unique(np.stack([table.label, table.bytes_id(), table.intra.astype(np.int64)], axis=1),
-                                  axis=0, return_inverse=True)
-            self.labels = labels.reshape(-1).astype(np.int64)
-        else:
-            self.labels = np.zeros(0, dtype=np.int64)
+        self.labels = row_ids([table.label, table.bytes_id(), table.intra.astype(np.int64)])
 
     def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""
@@ -76,6 +71,7 @@ class Symmetry:
     def _refine(self, edges, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over the flows ``edges`` selects and the network cards, seeded with the faults or not."""
         f = self.faults
+        with_faults = with_faults and f.any  # without faults every signature is NEUTRAL, every factor 1.0
         initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
                    for s, d in zip(self.structure, self.devices)]
         cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]

@@ -24,7 +24,7 @@ import numpy as np
 
 from sim.cost.links import group_link
 from sim.cost.split import sample_overlaps
-from sim.engine.flow_table import PORT_NAMES, FlowTable, RoundedBytes
+from sim.engine.flow_table import PORT_NAMES, FlowTable, RoundedBytes, row_ids
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:
@@ -264,16 +264,15 @@ def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray,
 
     Two flows are of one kind when their labels, classes and rounded bytes (``RoundedBytes``)
     are equal, and with ``by_rate`` their rates and latencies, with ``by_path`` their port
-    classes: each is a column of small ints (equal ints, equal values), grouped by ``np.unique``.
+    classes: rows of columns, equal rows one group (``row_ids``).
     """
     classes = table.device_array(class_of)
     columns = [table.label, classes[table.src], classes[table.dst], table.bytes_id()]
     if by_rate:
-        columns += [np.unique(np.asarray(rates, dtype=np.float64), return_inverse=True)[1].reshape(-1),
-                    np.unique(table.latency, return_inverse=True)[1].reshape(-1)]
+        columns += [np.asarray(rates, dtype=np.float64), table.latency]
     if by_path:
         columns += [port_ids[:, 0], port_ids[:, 1]]
-    _, first, where = np.unique(np.stack(columns, axis=1), axis=0, return_index=True, return_inverse=True)
+    _, first, where = np.unique(row_ids(columns), return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # group ids by first appearance
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))

@@ -37,6 +37,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from sim.engine.flow_table import row_ids
+
 __all__ = ["refine", "refine_arrays", "refine_behaviour"]
 
 
@@ -74,10 +76,11 @@ def refine_arrays(initial: Sequence[Hashable], card_of: Sequence[int], src: np.n
     """:func:`refine` with the edges as arrays: ``src[e]``, ``dst[e]`` and ``label[e]`` (a small
     int per distinct label; only which labels are equal matters, not their numbering).
 
-    A round's multisets are sorted with numpy, not in Python: each edge's ``(label, partner
-    class)`` is one integer, a device's sorted integers are its multiset, and their bytes the
-    key that tells devices apart. The classes are those of the per-device tuples, numbered the
-    same way (by first appearance in id order).
+    A round runs in numpy, not in Python: each edge's ``(label, partner class)`` is one
+    integer, a device's sorted integers are its multiset, and a device's class, its card's
+    class and its two multisets are one row of a table whose equal rows are one new class
+    (``row_ids``). The classes are those of the per-device tuples, numbered the same way (by
+    first appearance in id order).
     """
     num_devices = len(initial)
     card_of = np.asarray(card_of, dtype=np.int64).reshape(num_devices)
@@ -85,35 +88,64 @@ def refine_arrays(initial: Sequence[Hashable], card_of: Sequence[int], src: np.n
     out_group = _Segments(src, num_devices)
     in_group = _Segments(dst, num_devices)
     card_group = _Segments(card_of, num_cards)
-    device_class = _relabel(initial)
-    card_class = _relabel(list(card_initial) if card_initial is not None else [()] * num_cards)
+    device_class = np.array(_relabel(initial), dtype=np.int64)
+    card_class = np.array(_relabel(list(card_initial) if card_initial is not None else [()] * num_cards),
+                          dtype=np.int64)
     count, rounds = -1, 0
     while True:
         rounds += 1
         if max_rounds is not None and rounds > max_rounds:
             return list(range(num_devices)), list(range(num_cards))
-        classes = np.array(device_class, dtype=np.int64)
-        held = card_group.keys(classes)
-        card_class = _relabel([(card_class[c], held[c]) for c in range(num_cards)])
-        out_keys = out_group.keys(label * width + classes[dst])
-        in_keys = in_group.keys(label * width + classes[src])
-        device_class = _relabel([(device_class[d], card_class[card_of_d], out_keys[d], in_keys[d])
-                                 for d, card_of_d in enumerate(card_of.tolist())])
-        new_count = max(device_class, default=-1) + max(card_class, default=-1) + 2
+        card_class = _classes([card_class], card_group, device_class)
+        device_class = _classes([device_class, card_class[card_of]], out_group, label * width + device_class[dst],
+                                in_group, label * width + device_class[src])
+        new_count = int(device_class.max(initial=-1)) + int(card_class.max(initial=-1)) + 2
         if new_count == count:
-            return device_class, card_class
+            return device_class.tolist(), card_class.tolist()
         count = new_count
+
+
+def _classes(own: list[np.ndarray], *multisets) -> np.ndarray:
+    """Each item's new class: its ``own`` columns and its multisets (``(segments, values)``
+    pairs), numbered by first appearance (:func:`_relabel`'s numbering)."""
+    pairs = list(zip(multisets[::2], multisets[1::2]))
+    columns = [group.columns(values) for group, values in pairs]
+    if all(c is not None for c in columns):
+        ids = row_ids(own + [column for matrix in columns for column in matrix])
+    else:  # too wide to pad: the multisets' bytes as keys, in Python
+        keys = [group.keys(values) for group, values in pairs]
+        ids = np.array(_relabel(list(zip(*(c.tolist() for c in own), *keys))), dtype=np.int64)
+    _, first, where = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[where.reshape(-1)]
 
 
 class _Segments:
     """Items grouped by an owner (an edge by its sender, a device by its card): each owner's
-    values as a sorted multiset, for one round of :func:`refine_arrays`."""
+    values as a sorted multiset, for one round of :func:`refine_arrays`. The values are
+    non-negative, so a multiset padded with -1 to the widest owner's count is still itself."""
+
+    MAX_CELLS = 1 << 22
+    """The most cells of a padded table (owners x widest); wider ones are keyed by bytes."""
 
     def __init__(self, owner: np.ndarray, num_owners: int) -> None:
         self.owner = owner
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=num_owners)))) * 8
-        self.bounds = bounds.tolist()  # byte offsets of each owner's int64 values
+        counts = np.bincount(owner, minlength=num_owners)
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        self.bounds = (bounds * 8).tolist()  # byte offsets of each owner's int64 values
         self.num_owners = num_owners
+        self.width = int(counts.max(initial=0))
+        self.sorted_owner = np.sort(owner, kind="stable")  # the owners in any lexsort by (values, owner)
+        self.column = np.arange(len(owner)) - bounds[self.sorted_owner]
+
+    def columns(self, values: np.ndarray) -> list[np.ndarray] | None:
+        """Each owner's values sorted, padded with -1: a table's columns (None when too wide)."""
+        if self.num_owners * self.width > self.MAX_CELLS:
+            return None
+        table = np.full((self.num_owners, self.width), -1, dtype=np.int64)
+        table[self.sorted_owner, self.column] = values[np.lexsort((values, self.owner))]
+        return list(table.T)
 
     def keys(self, values: np.ndarray) -> list[bytes]:
         """Each owner's values, sorted, as bytes: equal bytes, equal multisets."""
