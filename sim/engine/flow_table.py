@@ -147,8 +147,12 @@ def row_ids(columns: list[np.ndarray]) -> np.ndarray:
     and the code is renumbered densely, so no product outgrows int64."""
     code = np.zeros(len(columns[0]), dtype=np.int64)
     for column in columns:
-        _, column = np.unique(column, return_inverse=True)
-        code = code * (int(column.max(initial=0)) + 1) + column.reshape(-1)
+        low = int(column.min(initial=0)) if column.dtype.kind == "i" else 0
+        span = int(column.max(initial=0)) - low + 1 if column.dtype.kind == "i" else None
+        if span is None or span * (int(code.max(initial=0)) + 1) >= 1 << 62:  # floats, or too wide: numbered first
+            _, column = np.unique(column, return_inverse=True)
+            column, low, span = column.reshape(-1), 0, int(column.max(initial=0)) + 1
+        code = code * span + (column - low)
         _, code = np.unique(code, return_inverse=True)
         code = code.reshape(-1)
     return code
