@@ -21,9 +21,12 @@ draws under, ``sim.core.faults.jitter_key``) and each NIC's bandwidth factor.
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.engine.fault_view import FaultView
+from sim.engine.flow_table import FlowTable, RoundedBytes, row_ids
 from sim.engine.flows import static_rates
-from sim.engine.symmetry import refine, refine_behaviour
+from sim.engine.symmetry import refine_arrays, refine_behaviour
 
 __all__ = ["MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 
@@ -36,20 +39,21 @@ otherwise take about half the ring's length in passes over every flow (8 s for 1
 class Symmetry:
     """The classes of a compilation: equitable (exact with contention) or behavioural (without)."""
 
-    def __init__(self, devices, nic_ids, flows, cluster, faults: FaultView, rank_of, slices) -> None:
-        self.devices, self.nic_ids, self.flows, self.faults = devices, nic_ids, flows, faults
-        self.local = local = {d: i for i, d in enumerate(devices)}
+    def __init__(self, devices, nic_ids, table: FlowTable, cluster, faults: FaultView, rank_of, slices) -> None:
+        self.devices, self.nic_ids, self.flows, self.faults = devices, nic_ids, table.flows, faults
+        self.local = {d: i for i, d in enumerate(devices)}
         nic_local = {n: i for i, n in enumerate(nic_ids)}
         self.card_of = [nic_local[cluster.nic_of(d)] for d in devices]
         self.structure = [(rank_of[d], slices[d]) for d in devices]
-        self.edges = [
-            (local[src], local[dst], (label, round(nbytes, 6), cluster.node_of(src) == cluster.node_of(dst)))
-            for src, dst, label, nbytes in flows
-        ]
+        # each flow an edge between its devices' local ids (``devices`` is sorted), with a small
+        # int for what tells flows apart: its label, its bytes (rounded) and whether it stays on one server
+        self.src = np.searchsorted(np.array(devices, dtype=np.int64), table.src)
+        self.dst = np.searchsorted(np.array(devices, dtype=np.int64), table.dst)
+        self.labels = row_ids([table.label, table.bytes_id(), table.intra.astype(np.int64)])
 
     def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""
-        return self._refine(self.edges, with_faults=with_faults)
+        return self._refine(slice(None), with_faults=with_faults)
 
     def optimistic(self) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow but the gradient all-reduces' rings, with faults.
@@ -62,19 +66,19 @@ class Symmetry:
         they did not (``sim.engine.replay.Diverged``), and the caller then replays the
         equitable classes.
         """
-        return self._refine([edge for edge, flow in zip(self.edges, self.flows) if flow[2][0] != "AR"],
-                            with_faults=True)
+        return self._refine(np.array([flow[2][0] != "AR" for flow in self.flows], dtype=bool), with_faults=True)
 
     def _refine(self, edges, *, with_faults: bool) -> tuple[list[int], list[int]]:
-        """Colour refinement over ``edges`` and the network cards, seeded with the faults or not."""
+        """Colour refinement over the flows ``edges`` selects and the network cards, seeded with the faults or not."""
         f = self.faults
+        with_faults = with_faults and f.any  # without faults every signature is NEUTRAL, every factor 1.0
         initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
                    for s, d in zip(self.structure, self.devices)]
         cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
-        return refine(initial, self.card_of, edges, len(self.nic_ids), cards,
-                      max_rounds=MAX_REFINE_ROUNDS if with_faults and f.any else None)
+        return refine_arrays(initial, self.card_of, self.src[edges], self.dst[edges], self.labels[edges],
+                             len(self.nic_ids), cards, max_rounds=MAX_REFINE_ROUNDS if with_faults and f.any else None)
 
-    def behaviour(self, num_p2p: int, paths, groups) -> tuple[list[int], list[float]]:
+    def behaviour(self, num_p2p: int, table, groups) -> tuple[list[int], list[float]]:
         """Classes exact without contention, and every flow's static rate under them.
 
         The first ``num_p2p`` flows are the point-to-point ones. Start from the fault-free
@@ -85,7 +89,7 @@ class Symmetry:
         """
         structural, _ = self.equitable(with_faults=False)
         if not self.faults.any:  # fault-free: the equitable classes, exact in either model, as ever
-            return structural, static_rates(self.flows, paths, dict(zip(self.devices, structural)))
+            return structural, static_rates(table, dict(zip(self.devices, structural)))
         n, local, flows = len(self.devices), self.local, self.flows
         p2p = range(num_p2p)
         incoming = [[] for _ in range(n)]
@@ -96,12 +100,13 @@ class Symmetry:
         ids: dict = {}
         classes = [ids.setdefault(pair, len(ids))
                    for pair in zip(structural, (self.faults.device_signature(d) for d in self.devices))]
+        rounded, latencies = RoundedBytes(), table.latencies
         while True:
-            rates = static_rates(flows, paths, {d: classes[i] for i, d in enumerate(self.devices)})
+            rates = static_rates(table, dict(zip(self.devices, classes)))
             sent, received = [[] for _ in range(n)], [[] for _ in range(n)]
             for i in p2p:
                 src, dst, label, nbytes = flows[i]
-                flow = (repr(label), round(nbytes, 6), rates[i], paths[i][2])
+                flow = (repr(label), rounded.of(nbytes), rates[i], latencies[i])
                 sent[local[src]].append(flow)
                 received[local[dst]].append(flow)
             initial = [(classes[i], tuple(sorted(sent[i])), tuple(sorted(received[i]))) for i in range(n)]

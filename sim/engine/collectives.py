@@ -68,9 +68,9 @@ _PHASE_NUMBERS = {(True, False): (0,), (False, True): (1,), (True, True): (0, 1,
 
 def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
     """One gradient group's ring (one server) or hierarchical (several) all-reduce."""
-    by_node = defaultdict(list)
+    by_node, per_node = defaultdict(list), cluster.devices_per_node
     for d in sorted(group):
-        by_node[cluster.node_of(d)].append(d)
+        by_node[d // per_node].append(d)  # ``ClusterSpec.node_of``, inline: once per device of every group
     groups = [by_node[n] for n in sorted(by_node)]
     k, widest = len(groups), max(len(g) for g in groups)
     phases = hierarchical_allreduce([len(g) for g in groups], grad_bytes, cluster)
@@ -81,16 +81,21 @@ def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, lat
         for phase in (0,) if k == 1 else (0, 2):
             for g in groups:
                 n = len(g)
-                for i, d in enumerate(g if n > 1 else []):
-                    flows.append((d, g[(i + 1) % n], ("AR", s, phase),
-                                  ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)))
-    if k > 1:
+                if n > 1:  # every member sends its ring neighbour the same bytes
+                    nbytes = ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)
+                    flows += [(d, g[(i + 1) % n], ("AR", s, phase), nbytes) for i, d in enumerate(g)]
+    if k > 1 and widest == 1:  # one member per server (the usual data-parallel group): one ring across
+        nbytes = cross_server_flow_bytes(k, grad_bytes, cluster, 1)
+        ring = [g[0] for g in groups]
+        flows += [(d, ring[(j + 1) % k], ("AR", s, 1), nbytes) for j, d in enumerate(ring)]
+    elif k > 1:
+        across = {}  # each GPU carries its 1/n shard of the cross-server ring: the bytes by server width
         for j, g in enumerate(groups):
             nxt = groups[(j + 1) % k]
-            for i, d in enumerate(g):
-                # each GPU carries its 1/n shard of the cross-server ring
-                flows.append((d, nxt[i % len(nxt)], ("AR", s, 1), cross_server_flow_bytes(k, grad_bytes, cluster,
-                                                                                          len(g))))
+            if len(g) not in across:
+                across[len(g)] = cross_server_flow_bytes(k, grad_bytes, cluster, len(g))
+            nbytes = across[len(g)]
+            flows += [(d, nxt[i % len(nxt)], ("AR", s, 1), nbytes) for i, d in enumerate(g)]
 
 
 def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:

@@ -95,30 +95,30 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     flows = p2p + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
     faults = FaultView(scenario.faults, cluster, plan)
-    paths = flow_paths(flows, cluster, faults)
+    table = flow_paths(flows, cluster, faults)  # every flow's ports, bandwidths and latency, as columns
     slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
-    sym = Symmetry(devices, nic_ids, flows, cluster, faults, rank_of, slices)
+    sym = Symmetry(devices, nic_ids, table, cluster, faults, rank_of, slices)
     # identical devices issue each operation together (``static_rates``), with or without the reduction
     optimistic = optimistic and contention and symmetric and faults.any
     if optimistic:
         device_class, card_class = sym.optimistic()
         # every device its own class (jitter drawn per device): nothing merged, nothing to check
         optimistic = max(device_class, default=-1) + 1 < len(devices)
-        rates = static_rates(flows, paths, {d: device_class[i] for i, d in enumerate(devices)})
+        rates = static_rates(table, dict(zip(devices, device_class)))
     elif contention:
         device_class, card_class = sym.equitable(with_faults=True)
-        rates = static_rates(flows, paths, {d: device_class[i] for i, d in enumerate(devices)})
+        rates = static_rates(table, dict(zip(devices, device_class)))
     else:
-        device_class, rates = sym.behaviour(len(p2p), paths, group_members(plan, g_flows))
+        device_class, rates = sym.behaviour(len(p2p), table, group_members(plan, g_flows))
         card_class = list(range(len(nic_ids)))  # a contention-free replay never reads port loads
     if not symmetric:
         device_class, card_class = list(range(len(devices))), list(range(len(nic_ids)))
     class_of = {d: device_class[i] for i, d in enumerate(devices)}
     card_of = {n: card_class[i] for i, n in enumerate(nic_ids)}
 
-    split = port_split(flows, paths, class_of, card_of) if optimistic else None
+    split = port_split(flows, table.paths(), class_of, card_of) if optimistic else None
     ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split)
-    kinds = flow_kinds(flows, paths, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
+    kinds = flow_kinds(table, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
     group_keys = defaultdict(list)

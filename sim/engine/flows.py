@@ -17,11 +17,14 @@ cross one port of the class).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from sim.cost.links import group_link
 from sim.cost.split import sample_overlaps
+from sim.engine.flow_table import PORT_NAMES, FlowTable, RoundedBytes, row_ids
 from sim.engine.workload import FlowKind, PortClass
 
 if TYPE_CHECKING:
@@ -45,10 +48,11 @@ def p2p_flows(plan, model, microbatch_size: int) -> list[tuple[int, int, tuple, 
             continue
         per_sample = model.boundary_bytes[plan.stages[s].layers[1]]
         senders, receivers = plan.replicas(s), plan.replicas(s + 1)
+        # which replicas overlap depends on their counts, not on the position: once per boundary
+        overlaps = sample_overlaps(microbatch_size, tuple(range(len(senders))), tuple(range(len(receivers))))
         for position in range(plan.group_size):
-            column = tuple(replica[position] for replica in senders)
-            target = tuple(replica[position] for replica in receivers)
-            for src, dst, start, end in sample_overlaps(microbatch_size, column, target):
+            for a, b, start, end in overlaps:
+                src, dst = senders[a][position], receivers[b][position]
                 flows.append((src, dst, ("F", s), per_sample * (end - start)))
                 flows.append((dst, src, ("B", s + 1), per_sample * (end - start)))
     return flows
@@ -69,25 +73,41 @@ class PortTable:
         self.ids: dict[tuple, int] = {}
         self.info: list[tuple[str, float, int]] = []  # name, bandwidth, size
         sizes = defaultdict(int)
-        sub = (lambda key: split.get(key, 0)) if split else (lambda key: 0)
-        for d in devices:
-            sizes[("out", class_of[d], sub(("out", d)))] += 1
-            sizes[("in", class_of[d], sub(("in", d)))] += 1
-        for n in nic_ids:
-            sizes[("nic-out", card_of[n], sub(("nic-out", n)))] += 1
-            sizes[("nic-in", card_of[n], sub(("nic-in", n)))] += 1
+        if split:
+            for d in devices:
+                sizes[("out", class_of[d], split.get(("out", d), 0))] += 1
+                sizes[("in", class_of[d], split.get(("in", d), 0))] += 1
+            for n in nic_ids:
+                sizes[("nic-out", card_of[n], split.get(("nic-out", n), 0))] += 1
+                sizes[("nic-in", card_of[n], split.get(("nic-in", n), 0))] += 1
+        else:  # one port class per device class (card class): its size is the class's
+            for names, owners, of in ((("out", "in"), devices, class_of), (("nic-out", "nic-in"), nic_ids, card_of)):
+                for owner, size in Counter(of[o] for o in owners).items():
+                    for name in names:
+                        sizes[(name, owner, 0)] = size
         self.sizes = sizes
 
-    def class_ids(self, real: tuple[tuple, tuple], bandwidths: tuple[float, float]) -> tuple[int, int]:
-        """The port classes of a path's real ports (a GPU's ports by its class, a NIC's by its card's)."""
-        (out_name, out_port), (in_name, in_port) = real
-        of = self.class_of if out_name == "out" else self.card_of
-        ids, split = self.ids, self.split
-        first = (out_name, of[out_port], split.get(real[0], 0) if split else 0)
-        second = (in_name, of[in_port], split.get(real[1], 0) if split else 0)
-        a = ids[first] if first in ids else self._id(first, bandwidths[0])
-        b = ids[second] if second in ids else self._id(second, bandwidths[1])
-        return a, b
+    def path_ids(self, table: FlowTable) -> np.ndarray:
+        """``(n, 2)`` port classes of every flow's two real ports (a GPU's ports by its class, a
+        NIC's by its card's, then by ``split``), classes numbered by first appearance in flow
+        order, a flow's out-port before its in-port."""
+        codes = table.port.ravel()  # flow 0's out, flow 0's in, flow 1's out, ...
+        kind, port = codes & 3, codes >> 2
+        intra = kind < 2
+        owner = np.where(intra, table.device_array(self.class_of)[np.where(intra, port, 0)],
+                         table.device_array(self.card_of)[np.where(intra, 0, port)])
+        sub = np.zeros(len(codes), dtype=np.int64)
+        if self.split:
+            sub = np.fromiter((self.split.get((PORT_NAMES[k], p), 0) for k, p in zip(kind.tolist(), port.tolist())),
+                              dtype=np.int64, count=len(codes))
+        key = (owner * 4 + kind) * (int(sub.max(initial=0)) + 1) + sub
+        unique, first, where = np.unique(key, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # in order of first appearance, as the flows meet them
+        at = first[order]
+        ids = np.empty(len(unique), dtype=np.int64)
+        ids[order] = [self._id((PORT_NAMES[k], o, b), bw) for k, o, b, bw in
+                      zip(kind[at].tolist(), owner[at].tolist(), sub[at].tolist(), table.bandwidth.ravel()[at].tolist())]
+        return ids[where.reshape(-1)].reshape(-1, 2)
 
     def link(self, src: int, dst: int):
         """The ``LinkSpec`` of a transfer src -> dst (``sim.cost.links.group_link``)."""
@@ -105,49 +125,17 @@ class PortTable:
         )
 
 
-def _operation(label: tuple, src: int, together: dict[int, int]) -> tuple:
-    """Flows issued together: the sends of one boundary by a class of identical devices (they
-    always send at the same instant), or one all-reduce phase."""
-    return label if label[0] == "AR" else (label, together[src])
+def flow_paths(flows, cluster, faults: FaultView) -> FlowTable:
+    """Each flow's two real ports, their bandwidths and its latency (``sim.engine.flow_table``):
+    inside a server the sender's out-port and the receiver's in-port, between servers their
+    NICs; a slow link's factor applied."""
+    return FlowTable(flows, cluster, faults)
 
 
-def flow_paths(flows, cluster, faults: FaultView) -> list[tuple[tuple, tuple[float, float], float]]:
-    """Each flow's (real port keys, their bandwidths, latency): inside a server the sender's
-    out-port and the receiver's in-port, between servers their NICs; a slow link's factor applied."""
-    per_node, nics = cluster.devices_per_node, cluster.nics_per_node
-    intra, inter = cluster.intra_node, cluster.inter_node
-    intra_bw, inter_bw = (intra.bandwidth_bytes_per_s,) * 2, (inter.bandwidth_bytes_per_s,) * 2
-    slow_ports, slow_nics = faults.slow_ports, faults.slow_nics
-    paths = []
-    for src, dst, _, _ in flows:
-        node = src // per_node
-        # ``sim.cost.links.group_link``'s rule (one server: its GPU ports), spelled out on this per-flow path
-        if node == dst // per_node:
-            real = (("out", src), ("in", dst))
-            bandwidths = intra_bw if not slow_ports else tuple(
-                intra.bandwidth_bytes_per_s * slow_ports.get(d, 1.0) for d in (src, dst))
-            paths.append((real, bandwidths, intra.latency_s))
-        else:  # ``ClusterSpec.nic_of``, spelled out on this per-flow path
-            out = node * nics + (src % per_node) * nics // per_node
-            into = (dst // per_node) * nics + (dst % per_node) * nics // per_node
-            real = (("nic-out", out), ("nic-in", into))
-            bandwidths = inter_bw if not slow_nics else tuple(
-                inter.bandwidth_bytes_per_s * slow_nics.get(n, 1.0) for n in (out, into))
-            paths.append((real, bandwidths, inter.latency_s))
-    return paths
-
-
-def static_rates(flows, paths, together) -> list[float]:
-    """Each flow's rate when only the operation it belongs to runs (``_operation``): its slowest
-    port's bandwidth over the real flows of that operation crossing it."""
-    op_port_load: dict[tuple, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
-    operations = [_operation(label, src, together) for src, _, label, _ in flows]
-    for operation, (real, _, _) in zip(operations, paths):
-        load = op_port_load[operation]
-        for port in real:
-            load[port] += 1
-    return [min(bw / op_port_load[operation][port] for bw, port in zip(bandwidths, real))
-            for operation, (real, bandwidths, _) in zip(operations, paths)]
+def static_rates(table: FlowTable, together: dict[int, int]) -> list[float]:
+    """Each flow's rate when only the operation it belongs to runs (``FlowTable.static_rates``):
+    its slowest port's bandwidth over the real flows of that operation crossing it."""
+    return table.static_rates(together)
 
 
 def port_split(flows, paths, class_of, card_of, max_rounds: int = 8) -> dict[tuple, int]:
@@ -160,7 +148,8 @@ def port_split(flows, paths, class_of, card_of, max_rounds: int = 8) -> dict[tup
     ``max_rounds``, every port gets its own.
     """
     key_id: dict[tuple, int] = {}
-    keys = [key_id.setdefault((label, class_of[src], class_of[dst], round(nbytes, 6)), len(key_id))
+    rounded = RoundedBytes()
+    keys = [key_id.setdefault((label, class_of[src], class_of[dst], rounded.of(nbytes)), len(key_id))
             for src, dst, label, nbytes in flows]
     colour: dict[tuple, object] = {}
     for real, _, _ in paths:
@@ -194,7 +183,7 @@ def port_split(flows, paths, class_of, card_of, max_rounds: int = 8) -> dict[tup
     return first
 
 
-def flow_kinds(flows, paths, rates, class_of, ports: PortTable, *, by_rate: bool = False,
+def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable, *, by_rate: bool = False,
                by_path: bool = False) -> list[FlowKind]:
     """Group real flows into kinds (same label, classes and bytes), sorted by their key.
 
@@ -203,46 +192,49 @@ def flow_kinds(flows, paths, rates, class_of, ports: PortTable, *, by_rate: bool
     contention-free replay, ``sim.engine.symmetry.refine_behaviour``, may mix them). With
     ``by_path`` flows that cross different port classes are different kinds, *siblings*
     (``FlowKind.sibling``) that the replay checks move together (``Symmetry.optimistic``).
+
+    The flows are grouped with numpy (:func:`_group`); each kind's key, figures and port
+    weights are then its first flow's and its members' counts, as flow by flow.
     """
-    grouped: dict[tuple, list] = defaultdict(list)
-    port_ids = [ports.class_ids(real, bandwidths) for real, bandwidths, _ in paths]  # numbered in flow order
-    for i, ((src, dst, label, nbytes), (_, _, latency)) in enumerate(zip(flows, paths)):
-        key = (label, class_of[src], class_of[dst], round(nbytes, 6))
-        grouped[key + ((rates[i], latency) if by_rate else ()) + ((port_ids[i],) if by_path else ())].append(i)
+    flows = table.flows
+    port_ids = ports.path_ids(table)  # numbered in flow order
+    members_of, count, per_port = _group(table, rates, class_of, port_ids, by_rate=by_rate, by_path=by_path)
+    path_of = port_ids.tolist()
+    rounded, grouped = RoundedBytes(), {}
+    for g, m in enumerate(members_of):  # each kind's key is its first flow's
+        src, dst, label, nbytes = flows[m]
+        key = (label, class_of[src], class_of[dst], rounded.of(nbytes))
+        grouped[key + ((rates[m], table.latencies[m]) if by_rate else ()) + ((tuple(path_of[m]),) if by_path else ())] = g
+
     # kinds split by path: siblings are those of one label, classes, bytes and link (intra- or
     # inter-node); the replay checks that each sibling group leaves together
-    def family(key: tuple, members: list) -> tuple:
-        src, dst, _, _ = flows[members[0]]
+    def family(key: tuple, first: int) -> tuple:
+        src, dst, _, _ = flows[first]
         return key[:4] + (ports.link(src, dst) is ports.cluster.intra_node,)
 
     siblings: dict[tuple, int] = {}
+    whole: dict[tuple, int] = defaultdict(int)
     if by_path:
         paths_of: dict[tuple, int] = defaultdict(int)
-        for key, members in grouped.items():
-            paths_of[family(key, members)] += 1
+        for key, g in grouped.items():
+            paths_of[family(key, members_of[g])] += 1
         for key in sorted((k for k, n in paths_of.items() if n > 1), key=repr):
             if key[0][0] != "AR":  # an all-reduce ends at one instant for all: its flows need not agree
                 siblings[key] = len(siblings)
+        # per-device bytes and charges of kinds split by path go whole to the first of them (the
+        # others carry 0): the same sums, without rounding a device's bytes into fractions
+        for key, g in grouped.items():
+            whole[family(key, members_of[g])] += count[g]
     counts = defaultdict(int)
     for d in class_of:
         counts[class_of[d]] += 1
-    # per-device bytes and charges of kinds split by path go whole to the first of them (the
-    # others carry 0): the same sums, without rounding a device's bytes into fractions
-    whole: dict[tuple, int] = defaultdict(int)
-    if by_path:
-        for key, members in grouped.items():
-            whole[family(key, members)] += len(members)
     kinds = []
-    for key, members in sorted(grouped.items(), key=lambda item: (repr(item[0][:4]), item[0][4:])):
+    for key, g in sorted(grouped.items(), key=lambda item: (repr(item[0][:4]), item[0][4:])):
         label, src_class, dst_class = key[:3]
-        src, dst, _, nbytes = flows[members[0]]
-        counted = whole.pop(family(key, members), 0) if by_path else len(members)
-        latency, ids = paths[members[0]][2], port_ids[members[0]]
-        per_port = defaultdict(int)
-        for m in members:
-            for port_id in port_ids[m]:
-                per_port[port_id] += 1
-        weights = tuple((pid, per_port[pid] / ports.info[pid][2]) for pid in ids)
+        first = members_of[g]
+        src, dst, _, nbytes = flows[first]
+        counted = whole.pop(family(key, first), 0) if by_path else count[g]
+        weights = tuple((pid, n / ports.info[pid][2]) for pid, n in zip(path_of[first], per_port[g]))
         link = ports.link(src, dst)
         kinds.append(
             FlowKind(
@@ -251,17 +243,48 @@ def flow_kinds(flows, paths, rates, class_of, ports: PortTable, *, by_rate: bool
                 src_class=src_class,
                 dst_class=dst_class,
                 bytes=nbytes,
-                latency_s=latency,
+                latency_s=table.latencies[first],
                 ports=weights,
-                static_rate_bytes_per_s=rates[members[0]],
+                static_rate_bytes_per_s=rates[first],
                 send_bytes_per_device=nbytes * counted / counts[src_class],
                 recv_bytes_per_device=nbytes * counted / counts[dst_class],
                 issue_s=link.send_issue_s(nbytes) * counted / counts[src_class],
                 receive_s=(link.recv_overhead_s if nbytes > 0 else 0.0) * counted / counts[dst_class],
-                sibling=siblings.get(family(key, members), -1) if by_path else -1,
+                sibling=siblings.get(family(key, first), -1) if by_path else -1,
             )
         )
     return kinds
+
+
+def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray, *, by_rate: bool,
+           by_path: bool) -> tuple[list[int], list[int], list[list[int]]]:
+    """The flows grouped into kinds: each group's first flow (groups in the order their first
+    flows come), its number of flows, and how many of its flows cross each of its first flow's two
+    port classes.
+
+    Two flows are of one kind when their labels, classes and rounded bytes (``RoundedBytes``)
+    are equal, and with ``by_rate`` their rates and latencies, with ``by_path`` their port
+    classes: rows of columns, equal rows one group (``row_ids``).
+    """
+    classes = table.device_array(class_of)
+    columns = [table.label, classes[table.src], classes[table.dst], table.bytes_id()]
+    if by_rate:
+        columns += [np.asarray(rates, dtype=np.float64), table.latency]
+    if by_path:
+        columns += [port_ids[:, 0], port_ids[:, 1]]
+    _, first, where = np.unique(row_ids(columns), return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # group ids by first appearance
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    group = rank[where.reshape(-1)]
+    count = np.bincount(group, minlength=len(order)).tolist()
+    width = int(port_ids.max(initial=0)) + 1
+    pairs, pair_count = np.unique(np.concatenate([group * width + port_ids[:, 0], group * width + port_ids[:, 1]]),
+                                  return_counts=True)
+    firsts = first[order]  # each group's flows on its first flow's two port classes
+    asked = np.arange(len(order)).reshape(-1, 1) * width + port_ids[firsts]
+    per_port = pair_count[np.searchsorted(pairs, asked)].tolist()
+    return firsts.tolist(), count, per_port
 
 
 def kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:

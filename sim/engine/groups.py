@@ -89,26 +89,35 @@ def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: l
                 flows += _ring(tuple(g), phase_label, nbytes)
 
 
-def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, flows: list, latency: dict) -> None:
+def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, flows: list, latency: dict,
+                     memo: dict) -> None:
     """One tensor-parallel group's forward and backward collectives: the flat ring on one
-    server (or one member per server), else hierarchical."""
+    server (or one member per server), else hierarchical. ``memo`` holds what is the same for
+    every group of the stage with the same samples, size and link (their bytes, steps and costs
+    depend on the layers, not on which devices): computed once per stage, not once per group."""
     servers = by_server(cluster, group)
     if is_hierarchical([len(g) for g in servers]):
-        fwd = tensor_parallel_volumes(layers, "forward", samples)
-        bwd = tensor_parallel_volumes(layers, "backward", samples)
-        if full:  # the recomputed forward repeats the forward's collectives inside the backward
-            bwd = add_volumes(bwd, fwd)
+        key = ("volumes", samples)
+        if key not in memo:
+            fwd = tensor_parallel_volumes(layers, "forward", samples)
+            bwd = tensor_parallel_volumes(layers, "backward", samples)
+            if full:  # the recomputed forward repeats the forward's collectives inside the backward
+                bwd = add_volumes(bwd, fwd)
+            memo[key] = fwd, bwd
+        fwd, bwd = memo[key]
         _spanning(servers, ("TP", s, "F"), fwd, cluster, flows, latency)
         _spanning(servers, ("TP", s, "B"), bwd, cluster, flows, latency)
         return
-    t = len(group)
-    fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", samples)
-    bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples)
-    if full:  # the recomputed forward repeats the forward's collectives inside the backward
-        bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
-    link = group_link(cluster, group)
-    forward = tensor_parallel_cost(fwd, fwd_steps, link, cluster)
-    backward = tensor_parallel_cost(bwd, bwd_steps, link, cluster)
+    t, link = len(group), group_link(cluster, group)
+    key = ("flat", samples, t, link is cluster.intra_node)
+    if key not in memo:
+        fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", samples)
+        bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples)
+        if full:  # the recomputed forward repeats the forward's collectives inside the backward
+            bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
+        memo[key] = (tensor_parallel_cost(fwd, fwd_steps, link, cluster),
+                     tensor_parallel_cost(bwd, bwd_steps, link, cluster))
+    forward, backward = memo[key]
     flows += _ring(group, ("TP", s, "F"), forward.flow_bytes) + _ring(group, ("TP", s, "B"), backward.flow_bytes)
     latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
 
@@ -126,9 +135,10 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
     for s, stage in enumerate(plan.stages):
         layers = model.layers[stage.layers[0]:stage.layers[1]]
         if t > 1:
+            memo: dict = {}
             for group in plan.tensor_groups(s):
                 start, end = samples[s][group[0]]
-                _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency)
+                _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency, memo)
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
             for group in plan.context_groups(s):

@@ -35,7 +35,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["refine", "refine_behaviour"]
+import numpy as np
+
+from sim.engine.flow_table import row_ids
+
+__all__ = ["refine", "refine_arrays", "refine_behaviour"]
 
 
 def refine(
@@ -58,40 +62,96 @@ def refine(
     splitting after that many rounds gives way to every device and card its own class (also
     equitable, and by then the refinement is close to it anyway).
     """
-    num_devices = len(initial)
-    outgoing: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
-    incoming: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
-    label_id = _label_ids(label for _, _, label in edges)
-    for src, dst, label in edges:
-        outgoing[src].append((label_id[label], dst))
-        incoming[dst].append((label_id[label], src))
-    members: list[list[int]] = [[] for _ in range(num_cards)]
-    for device, card in enumerate(card_of):
-        members[card].append(device)
+    ids: dict[Hashable, int] = {}
+    labels = [ids.setdefault(label, len(ids)) for _, _, label in edges]
+    src = np.array([edge[0] for edge in edges], dtype=np.int64)
+    dst = np.array([edge[1] for edge in edges], dtype=np.int64)
+    return refine_arrays(initial, card_of, src, dst, np.array(labels, dtype=np.int64), num_cards,
+                         card_initial, max_rounds)
 
-    device_class = _relabel(initial)
-    card_class = _relabel(list(card_initial) if card_initial is not None else [()] * num_cards)
+
+def refine_arrays(initial: Sequence[Hashable], card_of: Sequence[int], src: np.ndarray, dst: np.ndarray,
+                  label: np.ndarray, num_cards: int, card_initial: Sequence[Hashable] | None = None,
+                  max_rounds: int | None = None) -> tuple[list[int], list[int]]:
+    """:func:`refine` with the edges as arrays: ``src[e]``, ``dst[e]`` and ``label[e]`` (a small
+    int per distinct label; only which labels are equal matters, not their numbering).
+
+    A round runs in numpy, not in Python: each edge's ``(label, partner class)`` is one
+    integer, a device's sorted integers are its multiset, and a device's class, its card's
+    class and its two multisets are one row of a table whose equal rows are one new class
+    (``row_ids``). The classes are those of the per-device tuples, numbered the same way (by
+    first appearance in id order).
+    """
+    num_devices = len(initial)
+    card_of = np.asarray(card_of, dtype=np.int64).reshape(num_devices)
+    width = np.int64(max(num_devices, 1))  # a class id is below it: label * width + class is exact
+    out_group = _Segments(src, num_devices)
+    in_group = _Segments(dst, num_devices)
+    card_group = _Segments(card_of, num_cards)
+    device_class = np.array(_relabel(initial), dtype=np.int64)
+    card_class = np.array(_relabel(list(card_initial) if card_initial is not None else [()] * num_cards),
+                          dtype=np.int64)
     count, rounds = -1, 0
     while True:
         rounds += 1
         if max_rounds is not None and rounds > max_rounds:
             return list(range(num_devices)), list(range(num_cards))
-        card_sig = [(card_class[c], tuple(sorted(device_class[d] for d in members[c]))) for c in range(num_cards)]
-        card_class = _relabel(card_sig)
-        device_sig = [
-            (
-                device_class[d],
-                card_class[card_of[d]],
-                tuple(sorted([(label, device_class[dst]) for label, dst in outgoing[d]])),
-                tuple(sorted([(label, device_class[src]) for label, src in incoming[d]])),
-            )
-            for d in range(num_devices)
-        ]
-        device_class = _relabel(device_sig)
-        new_count = max(device_class, default=-1) + max(card_class, default=-1) + 2
+        card_class = _classes([card_class], card_group, device_class)
+        device_class = _classes([device_class, card_class[card_of]], out_group, label * width + device_class[dst],
+                                in_group, label * width + device_class[src])
+        new_count = int(device_class.max(initial=-1)) + int(card_class.max(initial=-1)) + 2
         if new_count == count:
-            return device_class, card_class
+            return device_class.tolist(), card_class.tolist()
         count = new_count
+
+
+def _classes(own: list[np.ndarray], *multisets) -> np.ndarray:
+    """Each item's new class: its ``own`` columns and its multisets (``(segments, values)``
+    pairs), numbered by first appearance (:func:`_relabel`'s numbering)."""
+    pairs = list(zip(multisets[::2], multisets[1::2]))
+    columns = [group.columns(values) for group, values in pairs]
+    if all(c is not None for c in columns):
+        ids = row_ids(own + [column for matrix in columns for column in matrix])
+    else:  # too wide to pad: the multisets' bytes as keys, in Python
+        keys = [group.keys(values) for group, values in pairs]
+        ids = np.array(_relabel(list(zip(*(c.tolist() for c in own), *keys))), dtype=np.int64)
+    _, first, where = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[where.reshape(-1)]
+
+
+class _Segments:
+    """Items grouped by an owner (an edge by its sender, a device by its card): each owner's
+    values as a sorted multiset, for one round of :func:`refine_arrays`. The values are
+    non-negative, so a multiset padded with -1 to the widest owner's count is still itself."""
+
+    MAX_CELLS = 1 << 22
+    """The most cells of a padded table (owners x widest); wider ones are keyed by bytes."""
+
+    def __init__(self, owner: np.ndarray, num_owners: int) -> None:
+        self.owner = owner
+        counts = np.bincount(owner, minlength=num_owners)
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        self.bounds = (bounds * 8).tolist()  # byte offsets of each owner's int64 values
+        self.num_owners = num_owners
+        self.width = int(counts.max(initial=0))
+        self.sorted_owner = np.sort(owner, kind="stable")  # the owners in any lexsort by (values, owner)
+        self.column = np.arange(len(owner)) - bounds[self.sorted_owner]
+
+    def columns(self, values: np.ndarray) -> list[np.ndarray] | None:
+        """Each owner's values sorted, padded with -1: a table's columns (None when too wide)."""
+        if self.num_owners * self.width > self.MAX_CELLS:
+            return None
+        table = np.full((self.num_owners, self.width), -1, dtype=np.int64)
+        table[self.sorted_owner, self.column] = values[np.lexsort((values, self.owner))]
+        return list(table.T)
+
+    def keys(self, values: np.ndarray) -> list[bytes]:
+        """Each owner's values, sorted, as bytes: equal bytes, equal multisets."""
+        ordered = values[np.lexsort((values, self.owner))].astype(np.int64).tobytes()
+        b = self.bounds
+        return [ordered[b[i]:b[i + 1]] for i in range(self.num_owners)]
 
 
 def _relabel(signatures: Sequence[Hashable]) -> list[int]:

@@ -1,0 +1,166 @@
+"""A compilation's flows as columns: the ports each crosses and its rate alone, for every flow at once.
+
+A 16,384-GPU plan compiles to some 80,000 flows ``(src, dst, label, bytes)``
+(``sim.engine.flows``), and the compiler asks the same questions of each of them: which two
+ports it crosses, at what bandwidth and latency, and how fast it goes when only its own
+operation runs. Asked flow by flow in Python, those questions cost most of a compilation;
+:class:`FlowTable` holds the answers as numpy columns, computed once, so the compiler's
+passes over the flows (its static rates here, its flow kinds in ``sim.engine.flows``) are a
+few array operations. Every number is the one the per-flow rule gives: the same products
+and quotients of the same floats, only computed for all flows together.
+
+A port is an integer code: ``4 · device + 0`` a GPU's out-port, ``4 · device + 1`` its
+in-port (inside a server), ``4 · nic + 2`` a NIC's out side, ``4 · nic + 3`` its in side
+(between servers), :data:`PORT_NAMES` in that order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sim.engine.fault_view import FaultView
+
+__all__ = ["PORT_NAMES", "FlowTable", "RoundedBytes", "row_ids"]
+
+PORT_NAMES = ("out", "in", "nic-out", "nic-in")
+"""The kinds of real port, by the low two bits of a port code."""
+
+
+class RoundedBytes(dict):
+    """``round(nbytes, 6)``, the byte count flows are told apart by, computed once per distinct
+    float: a compilation rounds every flow's bytes (hundreds of thousands at 16,384 GPUs) but
+    holds few distinct counts. The same values as ``round``: an int, or a zero (``-0.0`` rounds
+    to itself), is rounded afresh, as a dict would mistake ``2`` for ``2.0`` and ``-0.0`` for ``0.0``."""
+
+    __slots__ = ()
+
+    def of(self, nbytes: float) -> float:
+        if type(nbytes) is float and nbytes:
+            return self[nbytes]
+        return round(nbytes, 6)
+
+    def __missing__(self, nbytes: float) -> float:
+        value = self[nbytes] = round(nbytes, 6)
+        return value
+
+
+class FlowTable:
+    """Every flow's devices, label, bytes, ports, their bandwidths and the latency, as columns.
+
+    The path rule is ``sim.cost.links.group_link``'s (one server: the GPUs' own ports, else
+    their NICs, ``ClusterSpec.nic_of``: GPU ``l`` of a server through NIC ``l·nics // per_node``),
+    with a slow link's factor applied to the port or NIC it names.
+    """
+
+    def __init__(self, flows: list, cluster, faults: FaultView) -> None:
+        n = len(flows)
+        self.flows = flows
+        src, dst, labels, nbytes = zip(*flows) if flows else ((), (), (), ())
+        self.src = np.array(src, dtype=np.int64)
+        """Sending device of each flow (global id)."""
+        self.dst = np.array(dst, dtype=np.int64)
+        """Receiving device of each flow (global id)."""
+        self.labels = list(dict.fromkeys(labels))
+        """The distinct labels, by first appearance."""
+        ids = {label: i for i, label in enumerate(self.labels)}
+        self.label = np.fromiter(map(ids.__getitem__, labels), dtype=np.int64, count=n)
+        """Each flow's label as a small int: its index in ``labels``."""
+        self.nbytes = np.array(nbytes, dtype=np.float64)
+        """Bytes of each flow (as floats; the flows keep the exact values)."""
+        self._bytes_id: np.ndarray | None = None
+        per_node, nics = cluster.devices_per_node, cluster.nics_per_node
+        intra, inter = cluster.intra_node, cluster.inter_node
+        node = self.src // per_node
+        self.intra = node == self.dst // per_node
+        """Whether each flow stays on one server (its GPUs' ports) or crosses the NICs."""
+        nic_out = node * nics + (self.src % per_node) * nics // per_node
+        nic_in = (self.dst // per_node) * nics + (self.dst % per_node) * nics // per_node
+        self.port = np.stack([np.where(self.intra, 4 * self.src, 4 * nic_out + 2),
+                              np.where(self.intra, 4 * self.dst + 1, 4 * nic_in + 3)], axis=1)
+        """``(n, 2)`` port codes: the port each flow leaves by and the one it enters by."""
+        port_factor = _factors(faults.slow_ports, int(max(self.src.max(initial=0), self.dst.max(initial=0))) + 1)
+        nic_factor = _factors(faults.slow_nics, int(max(nic_out.max(initial=0), nic_in.max(initial=0))) + 1)
+        # a healthy port's factor is 1.0, and ``bandwidth * 1.0`` is the bandwidth itself
+        self.bandwidth = np.stack([
+            np.where(self.intra, intra.bandwidth_bytes_per_s * port_factor[self.src],
+                     inter.bandwidth_bytes_per_s * nic_factor[nic_out]),
+            np.where(self.intra, intra.bandwidth_bytes_per_s * port_factor[self.dst],
+                     inter.bandwidth_bytes_per_s * nic_factor[nic_in]),
+        ], axis=1)
+        """``(n, 2)`` bandwidths (bytes/s) of the two ports, a slow link's factor applied."""
+        self.latency = np.where(self.intra, intra.latency_s, inter.latency_s)
+        """Latency (s) of each flow's link."""
+        self.latencies = self.latency.tolist()
+        """The latencies as Python floats."""
+
+    def bytes_id(self) -> np.ndarray:
+        """Each flow's bytes, rounded as flows are told apart (``round(nbytes, 6)``,
+        ``sim.engine.flows.RoundedBytes``), as a small int: equal ints, equal rounded bytes.
+        Rounded once per distinct byte count (a plan has few), not once per flow."""
+        if self._bytes_id is None:
+            raw, raw_id = np.unique(self.nbytes, return_inverse=True)
+            rounded, ids = RoundedBytes(), {}
+            self._bytes_id = np.array([ids.setdefault(rounded.of(value), len(ids)) for value in raw.tolist()],
+                                      dtype=np.int64)[raw_id.reshape(-1)]
+        return self._bytes_id
+
+    def __len__(self) -> int:
+        return len(self.flows)
+
+    def paths(self) -> list[tuple[tuple, tuple[float, float], float]]:
+        """Each flow's ``(real port keys, their bandwidths, latency)``, a port key ``(name, id)``."""
+        ports, bandwidths = self.port.tolist(), self.bandwidth.tolist()
+        return [(((PORT_NAMES[a & 3], a >> 2), (PORT_NAMES[b & 3], b >> 2)), (bw_a, bw_b), latency)
+                for (a, b), (bw_a, bw_b), latency in zip(ports, bandwidths, self.latencies)]
+
+    def device_array(self, of: dict[int, int]) -> np.ndarray:
+        """``of`` (device -> int, every device of a flow among its keys) as an array indexed by device id."""
+        table = np.zeros(max(of, default=0) + 1, dtype=np.int64)
+        table[np.fromiter(of.keys(), dtype=np.int64, count=len(of))] = np.fromiter(of.values(), dtype=np.int64,
+                                                                                 count=len(of))
+        return table
+
+    def static_rates(self, together: dict[int, int]) -> list[float]:
+        """Each flow's rate when only the operation it belongs to runs: its slowest port's
+        bandwidth over the real flows of that operation crossing it. An operation is the sends
+        of one boundary by a class of identical devices (``together``: device -> class; they
+        always send at the same instant), or one all-reduce phase (whoever sends)."""
+        if not len(self):
+            return []
+        classes = self.device_array(together)
+        is_ar = np.array([label[0] == "AR" for label in self.labels], dtype=bool)[self.label]
+        operation = self.label * (int(classes.max()) + 2) + np.where(is_ar, 0, classes[self.src] + 1)
+        _, operation = np.unique(operation, return_inverse=True)
+        ports, port = np.unique(self.port, return_inverse=True)
+        keys = operation.reshape(-1, 1) * len(ports) + port.reshape(-1, 2)
+        _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
+        load = load[where].reshape(-1, 2)
+        return np.minimum(self.bandwidth[:, 0] / load[:, 0], self.bandwidth[:, 1] / load[:, 1]).tolist()
+
+
+def row_ids(columns: list[np.ndarray]) -> np.ndarray:
+    """A small int per row of equal-length columns (ints or floats): equal rows, equal ints (``np.unique``
+    with ``axis=0``, without its slow row comparisons). Each column folds into the code so far
+    and the code is renumbered densely, so no product outgrows int64."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        low = int(column.min(initial=0)) if column.dtype.kind == "i" else 0
+        span = int(column.max(initial=0)) - low + 1 if column.dtype.kind == "i" else None
+        if span is None or span * (int(code.max(initial=0)) + 1) >= 1 << 62:  # floats, or too wide: numbered first
+            _, column = np.unique(column, return_inverse=True)
+            column, low, span = column.reshape(-1), 0, int(column.max(initial=0)) + 1
+        code = code * span + (column - low)
+        _, code = np.unique(code, return_inverse=True)
+        code = code.reshape(-1)
+    return code
+
+
+def _factors(slow: dict[int, float], size: int) -> np.ndarray:
+    """Bandwidth factors by port or NIC id: 1.0 but where a slow link says otherwise."""
+    factors = np.ones(max(size, max(slow, default=-1) + 1), dtype=np.float64)
+    for key, factor in slow.items():
+        factors[key] = factor
+    return factors

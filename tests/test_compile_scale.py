@@ -1,0 +1,109 @@
+"""The compiler at planner scale: a 4,096-GPU plan replays exactly as it did before the compile got faster.
+
+The golden scenarios are small (up to a few hundred GPUs); the compiler's per-class
+shortcuts (``sim.engine.compile``, ``groups``, ``flows``, ``symmetry``) matter at thousands.
+Here a Llama-3-405B-sized model (``benchmarks/compile_bench.py``'s case, tensor 8 x pipeline
+16 x data 32 on 4,096 H100) is compiled and replayed by the fast path and the SimPy engine,
+fault-free and with one straggler (its SimPy replays run with ``-m slow``), and each summary is compared with what main's code
+produced at commit 3c43f3f, before the compile was made faster: a handful of headline numbers
+written out, and the SHA-256 of the whole summary JSON (``json.dumps(summary, sort_keys=True)``),
+so that any change in any device's figures fails here. If the summary's format is changed on
+purpose, recompute the digests with the code of the commit before the change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from planner.search.space import Candidate, to_scenario
+from sim.core.parallelism import Recompute, Sharding
+from sim.engine.run import run_scenario
+from sim.input.plan_section import balanced_cuts
+from sim.input.scenario import parse_scenario
+
+LLAMA_405B_4096 = """
+name: llama405b-4096-h100
+cluster: {preset: dgx-h100, nodes: 512}
+model: {preset: llama, layers: 126, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248,
+        vocab: 128256, seq_len: 8192, dtype: bf16}
+training: {global_batch_size: 512}
+faults: FAULTS
+"""
+
+CASES = {
+    "1f1b-zero1-sel": dict(schedule="dapple", sharding=Sharding.OPTIMIZER, recompute=Recompute.SELECTIVE),
+    "interleaved2-zero1-full": dict(schedule="interleaved", chunks=2, sharding=Sharding.OPTIMIZER,
+                                    recompute=Recompute.FULL),
+}
+STRAGGLER = "[{type: straggler, device: 70, slowdown: 1.5}]"
+
+
+def _scenario(case: str, faults: str):
+    base = parse_scenario(LLAMA_405B_4096.replace("FAULTS", faults), ignore_plan=True)
+    fields = CASES[case]
+    chunks = fields.get("chunks", 1)
+    weights = [layer.fwd_flop + 1.0 for layer in base.model.layers]
+    return to_scenario(base, Candidate(bounds=balanced_cuts(weights, 16 * chunks), replicas=(32,) * (16 * chunks),
+                                       microbatch_size=32, tensor_parallel=8, **fields))
+
+
+# (case, faults, engine) -> (iteration_time_s, peak_memory_bytes, bubble_fraction, device_classes, sha256 of
+# the summary JSON); computed by main at commit 3c43f3f (before the faster compile)
+EXPECTED = {
+    ('1f1b-zero1-sel', 'none', 'fast'): (9.320341546570177, 77998424064.0, 0.575772100567137, 16,
+        'd358ff68269a2b78225d13b511eb10272990d00a8ada8dba8f332dcd881d00b5'),
+    ('1f1b-zero1-sel', 'none', 'simpy'): (9.330407876170147, 77998424064.0, 0.5762297887966195, 16,
+        '0f3c9970da574ec01fe514ed5168256c99c5440ec7c21fa53cac8defac87351c'),
+    ('1f1b-zero1-sel', 'straggler', 'fast'): (9.429827006902118, 77998424064.0, 0.5806522653084365, 48,
+        'e329a8b9b6c141780d39e3e8ed9a3ed47555871ed405f371b510b39cff7df4dc'),
+    ('1f1b-zero1-sel', 'straggler', 'simpy'): (9.439893336502088, 77998424064.0, 0.5810994411783251, 144,
+        '498b72c47e15f9ea6a156f99201cc900a2264bdd6d262471f96cdf76eaf3a2f1'),
+    ('interleaved2-zero1-full', 'none', 'fast'): (9.342173272739771, 18808930304.0, 0.43721025565040605, 16,
+        '506f9b04376fca85deb57cffc3d7ba43cd2069db30b5093520664d3b260faf8c'),
+    ('interleaved2-zero1-full', 'none', 'simpy'): (9.362305931939732, 18808930304.0, 0.4384204761032081, 16,
+        'd6f31c7f7f652baf81138447fd79126578482b2e4b9bb17c3128d8b279d7ab0c'),
+    ('interleaved2-zero1-full', 'straggler', 'fast'): (9.959400395690276, 18808930304.0, 0.4720316643789927, 48,
+        'c2a5bdc3e124f52abeedbf9dec95e56ce584d736ef8bbedfbdae78283aeb1654'),
+    ('interleaved2-zero1-full', 'straggler', 'simpy'): (9.959400395690261, 18808930304.0, 0.4720316643789919, 144,
+        'ce6fcad2078043ea3df10ea3517bba0a163dc1edd420c4db4f357f435685cf8a'),
+}
+SLOW = {key for key in EXPECTED if key[1:] == ("straggler", "simpy")}
+"""The SimPy replays with a straggler (about 7 s each: the optimistic classes, then the fault-free baseline): -m slow."""
+
+
+@pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.slow) if key in SLOW else key
+                                 for key in sorted(EXPECTED)], ids=lambda key: "-".join(key))
+def test_4096_gpu_summary_unchanged(key):
+    case, faults, engine = key
+    summary = run_scenario(_scenario(case, STRAGGLER if faults == "straggler" else "[]"), engine=engine).summary()
+    iteration_s, peak_bytes, bubble, classes, digest = EXPECTED[key]
+    assert summary["iteration_time_s"] == iteration_s
+    assert summary["peak_memory_bytes"] == peak_bytes
+    assert summary["bubble_fraction"] == bubble
+    assert summary["device_classes"] == classes
+    assert hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest() == digest
+
+
+def test_refinement_keyed_by_bytes_when_too_wide_to_pad(monkeypatch):
+    """A table too wide to pad falls back to keying each multiset by its bytes: the same classes.
+
+    A ring of 12 devices (one flow each way, one label) with one faulty device: on one card it
+    splits the others by their distance from it (1 and 11, 2 and 10, ...), numbered by first
+    appearance: [0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]; on 3 cards of 4 devices the cards tell
+    the mirror images apart too, and every device is its own class (main's tuple code gives both)."""
+    from sim.engine import symmetry
+
+    n = 12
+    ring = [(d, (d + 1) % n, "x") for d in range(n)] + [((d + 1) % n, d, "x") for d in range(n)]
+    initial = ["faulty"] + ["healthy"] * (n - 1)
+    cards = [d // 4 for d in range(n)]
+    padded = symmetry.refine(initial, [0] * n, ring, 1)
+    assert padded[0] == [0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]
+    with_cards = symmetry.refine(initial, cards, ring, 3)
+    assert with_cards == (list(range(n)), [0, 1, 2])
+    monkeypatch.setattr(symmetry._Segments, "MAX_CELLS", 0)
+    assert symmetry.refine(initial, [0] * n, ring, 1) == padded
+    assert symmetry.refine(initial, cards, ring, 3) == with_cards
