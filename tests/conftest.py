@@ -1,12 +1,29 @@
-"""Shared test helpers: paths of the repository, its scenarios and the bad-scenario corpus."""
+"""Shared test helpers: paths of the repository, its scenarios and the bad-scenario corpus, and
+the runs that several test files read (each launched once per session: a launch costs seconds)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
 BAD_SCENARIOS = Path(__file__).resolve().parent / "scenarios" / "bad"
+
+
+@pytest.fixture(scope="session")
+def checked_tiny_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``dapple-run run`` of the tiny CPU GPT on 2 torchrun processes, 2 steps, ``--check --json``:
+    the finished command and its ``--out`` folder. Read by test_runtime_cli.py (the summary) and
+    test_cli_outputs.py (the trace and events files); only ``dist`` tests ask for it."""
+    out = tmp_path_factory.mktemp("checked_tiny_run")
+    result = subprocess.run([sys.executable, "-m", "runtime", "run", str(SCENARIOS / "gpt_tiny_cpu.yaml"),
+                             "--nproc", "2", "--steps", "2", "--json", "--check", "--out", str(out)],
+                            capture_output=True, text=True, timeout=180, check=False)
+    return result, out
 
 
 def synthetic_scenario(

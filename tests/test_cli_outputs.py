@@ -80,15 +80,20 @@ def test_measured_trace_has_the_simulators_layout(tmp_path):
 
 
 @pytest.mark.dist
-def test_run_and_validate_write_chrome_traces(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "runtime", "run", GPT, "--nproc", "2", "--steps", "2", "--check",
-                          "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=180)
+def test_run_and_validate_write_chrome_traces(tmp_path, checked_tiny_run, capsys):
+    from runtime.commands.run import print_run
+
+    # run GPT --nproc 2 --steps 2 --check --json --out DIR, launched once (conftest.py)
+    run, out = checked_tiny_run
     assert run.returncode == 0, run.stderr
-    assert_chrome_trace(tmp_path / "run" / "trace.json")
-    assert (tmp_path / "run" / "events.csv").read_text().startswith("device,stage,kind,microbatch,action,stream")
-    # both losses say which step they are; the check names the reference
-    assert "loss: step 0 " in run.stdout and "last step (2)" in run.stdout
-    assert "check: step 0's loss" in run.stdout and "the unsplit model's" in run.stdout
+    assert_chrome_trace(out / "trace.json")
+    assert (out / "events.csv").read_text().startswith("device,stage,kind,microbatch,action,stream")
+    # without --json the command prints its summary so (cmd_run's print_run); both losses say which
+    # step they are; the check names the reference
+    print_run(json.loads(run.stdout), as_json=False)
+    text = capsys.readouterr().out
+    assert "loss: step 0 " in text and "last step (2)" in text
+    assert "check: step 0's loss" in text and "the unsplit model's" in text
     validate = subprocess.run([sys.executable, "-m", "runtime", "validate", GPT, "--nproc", "2", "--steps", "2",
                                "--warmup", "1", "--slices", "2", "--repeats", "2", "--out", str(tmp_path / "val")],
                               capture_output=True, text=True, timeout=300)

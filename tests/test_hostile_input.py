@@ -60,8 +60,11 @@ class Outcome:
     peak_bytes: int
 
 
-def run(command: str, argv: list[str]) -> Outcome:
-    """Run ``dapple-sim`` (``command="sim"``) or ``dapple-plan`` with ``argv`` in this process."""
+def run(command: str, argv: list[str], *, trace_memory: bool = True) -> Outcome:
+    """Run ``dapple-sim`` (``command="sim"``) or ``dapple-plan`` with ``argv`` in this process;
+    with ``trace_memory``, ``peak_bytes`` is the peak that tracemalloc saw (tracing every
+    allocation makes the run, and a first import of matplotlib or pandas, several times slower:
+    callers that do not bound the peak turn it off; ``peak_bytes`` is then 0)."""
     from planner.cli import main as plan_main
     from sim.app.cli import main as sim_main
 
@@ -72,7 +75,8 @@ def run(command: str, argv: list[str]) -> Outcome:
         raise _Hung()
 
     previous = signal.signal(signal.SIGALRM, hung)
-    tracemalloc.start()
+    if trace_memory:
+        tracemalloc.start()
     signal.setitimer(signal.ITIMER_REAL, HANG_S)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -85,8 +89,9 @@ def run(command: str, argv: list[str]) -> Outcome:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        peak = tracemalloc.get_traced_memory()[1] if trace_memory else 0
+        if trace_memory:
+            tracemalloc.stop()
     return Outcome(rc=rc, out=out.getvalue(), err=err.getvalue(), peak_bytes=peak)
 
 
@@ -527,7 +532,7 @@ def _check_written_json(raw: dict, engine: str, out: bool) -> None:
         for argv in (["check", str(scenario), "--json"],
                      ["simulate", str(scenario), "--json", "--engine", engine] + (["--out", str(folder / "out")]
                                                                                   if out else [])):
-            outcome = run("sim", argv)
+            outcome = run("sim", argv, trace_memory=False)  # no memory bound here: strict JSON is the point
             assert outcome.rc == 0, outcome.err[-2000:]  # every number is in its range: the scenario runs
             assert_strict_json(outcome.out)
         for path in folder.rglob("*.json"):

@@ -50,10 +50,12 @@ def test_bad_input_is_one_line_before_any_process_starts(tmp_path, args, message
 
 
 @pytest.mark.dist
-def test_a_checked_run_end_to_end(tmp_path):
-    result = _dapple_run("run", GPT, "--nproc", 2, "--steps", 2, "--json", "--check", "--out", tmp_path)
+def test_a_checked_run_end_to_end(checked_tiny_run):
+    # run GPT --nproc 2 --steps 2 --json --check --out DIR (conftest.py; test_cli_outputs.py reads its trace)
+    result, out = checked_tiny_run
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
+    assert summary == json.loads((out / "summary.json").read_text())  # --json prints rank 0's summary as written
     assert len(summary["iteration_times_s"]) == 2 and summary["median_iteration_time_s"] > 0
     assert summary["max_abs_grad_diff"] < 1e-6 and summary["check_passed"]
     assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
