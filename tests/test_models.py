@@ -28,13 +28,15 @@ def _layer(model, name):
 def test_gpt2_small_has_124m_parameters():
     count = _param_count(build_model("gpt", **GPT2_SMALL))
     assert count == pytest.approx(124e6, rel=0.01)
-    assert count == 124_439_808  # HF GPT2Model, position embeddings included, head tied
+    # HF GPT2Model's 124,439,808 (position embeddings included, head tied) plus the 47 rows that
+    # pad 50,257 to 50,304, a multiple of 128 (Megatron-LM's --make-vocab-size-divisible-by)
+    assert count == 124_439_808 + 768 * (50_304 - 50_257)
 
 
 def test_untied_gpt_head_holds_the_vocabulary_projection():
     tied = _param_count(build_model("gpt", **GPT2_SMALL))
     untied = _param_count(build_model("gpt", **{**GPT2_SMALL, "tied_embeddings": False}))
-    assert untied - tied == 768 * 50257
+    assert untied - tied == 768 * 50304  # the padded vocabulary (sim.models.vocab)
 
 
 def test_bert_large_has_335m_parameters():

@@ -36,7 +36,7 @@ REQUIRED: Any = _Required()
 def _transformer_params(tied_embeddings: bool, *, dtype: str = "fp16", kv_heads: bool = False) -> Mapping[str, Any]:
     shape = {key: REQUIRED for key in ("layers", "hidden", "heads", "seq_len", "vocab")}
     extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": dtype, "optimizer": "adam",
-             "vocab_divisible_by": 1}  # last, so that the descriptions written before it keep their order
+             "vocab_divisible_by": VOCAB_DIVISIBLE_BY}  # last, so that the descriptions written before it keep their order
     return MappingProxyType(shape | ({"kv_heads": None} if kv_heads else {}) | extra)
 
 
