@@ -85,7 +85,8 @@ def test_block_generalises_to_ffn_width_and_fp32():
 def test_gpt_model_flops_match_narayanan_total():
     s, h, n, v = 1024, 2048, 24, 50000
     model = build_model("gpt", layers=n, hidden=h, heads=16, seq_len=s, vocab=v)
-    expected = 72 * s * n * h**2 * (1 + s / (6 * h) + v / (12 * h * n))  # §5.1, B = 1, no recompute
+    padded = 50048  # 50,000 padded to a multiple of 128 (sim.models.vocab)
+    expected = 72 * s * n * h**2 * (1 + s / (6 * h) + padded / (12 * h * n))  # §5.1, B = 1, no recompute
     embedding = _layer(model, "embedding")
     assert model_flop_per_sample(model) - embedding.fwd_flop - embedding.bwd_flop == pytest.approx(expected, rel=1e-12)
 
@@ -93,6 +94,7 @@ def test_gpt_model_flops_match_narayanan_total():
 def test_gpt_head_stashes_fp32_logits():
     s, h, v = 256, 512, 1000
     head = _layer(build_model("gpt", layers=1, hidden=h, heads=8, seq_len=s, vocab=v), "head")
+    v = 1024  # 1,000 padded to a multiple of 128 (sim.models.vocab)
     assert head.fwd_flop == 2 * s * h * v
     assert head.stash_bytes == 4 * s * h * (1 + v / h)  # Korthikanti §4.3 output layer
     assert head.output_bytes == 0
