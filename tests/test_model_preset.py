@@ -21,6 +21,7 @@ def test_a_built_model_keeps_every_parameter_with_computed_defaults_resolved():
     assert model.preset.name == "gpt"
     assert [key for key, _ in model.preset.params] == sorted(PRESET_PARAMS["gpt"])
     assert model.preset.values == {**TINY_GPT, "ffn_hidden": 4 * 64, "tied_embeddings": True, "dtype": "fp16",
+                                   "vocab_divisible_by": 128,
                                    "optimizer": "adam"}
     assert build_model("mlp", layers=2, hidden=8).preset.values["input_size"] == 8
     assert build_model("vgg").preset.values["depth"] == 16

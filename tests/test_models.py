@@ -28,13 +28,15 @@ def _layer(model, name):
 def test_gpt2_small_has_124m_parameters():
     count = _param_count(build_model("gpt", **GPT2_SMALL))
     assert count == pytest.approx(124e6, rel=0.01)
-    assert count == 124_439_808  # HF GPT2Model, position embeddings included, head tied
+    # HF GPT2Model's 124,439,808 (position embeddings included, head tied) plus the 47 rows that
+    # pad 50,257 to 50,304, a multiple of 128 (Megatron-LM's --make-vocab-size-divisible-by)
+    assert count == 124_439_808 + 768 * (50_304 - 50_257)
 
 
 def test_untied_gpt_head_holds_the_vocabulary_projection():
     tied = _param_count(build_model("gpt", **GPT2_SMALL))
     untied = _param_count(build_model("gpt", **{**GPT2_SMALL, "tied_embeddings": False}))
-    assert untied - tied == 768 * 50257
+    assert untied - tied == 768 * 50304  # the padded vocabulary (sim.models.vocab)
 
 
 def test_bert_large_has_335m_parameters():
@@ -83,7 +85,8 @@ def test_block_generalises_to_ffn_width_and_fp32():
 def test_gpt_model_flops_match_narayanan_total():
     s, h, n, v = 1024, 2048, 24, 50000
     model = build_model("gpt", layers=n, hidden=h, heads=16, seq_len=s, vocab=v)
-    expected = 72 * s * n * h**2 * (1 + s / (6 * h) + v / (12 * h * n))  # §5.1, B = 1, no recompute
+    padded = 50048  # 50,000 padded to a multiple of 128 (sim.models.vocab)
+    expected = 72 * s * n * h**2 * (1 + s / (6 * h) + padded / (12 * h * n))  # §5.1, B = 1, no recompute
     embedding = _layer(model, "embedding")
     assert model_flop_per_sample(model) - embedding.fwd_flop - embedding.bwd_flop == pytest.approx(expected, rel=1e-12)
 
@@ -91,6 +94,7 @@ def test_gpt_model_flops_match_narayanan_total():
 def test_gpt_head_stashes_fp32_logits():
     s, h, v = 256, 512, 1000
     head = _layer(build_model("gpt", layers=1, hidden=h, heads=8, seq_len=s, vocab=v), "head")
+    v = 1024  # 1,000 padded to a multiple of 128 (sim.models.vocab)
     assert head.fwd_flop == 2 * s * h * v
     assert head.stash_bytes == 4 * s * h * (1 + v / h)  # Korthikanti §4.3 output layer
     assert head.output_bytes == 0

@@ -72,7 +72,6 @@ def test_llama_preset_counts_its_parameters_as_llama_3_is_built():
 
 @pytest.mark.parametrize("change, shard, key", [
     ({}, Shard(tensor=3), "tensor_parallel"),          # 16 heads
-    ({"vocab": 50257}, Shard(tensor=2), "tensor_parallel"),
     ({"seq_len": 2047}, Shard(context=2), "context_parallel"),
 ])
 def test_parallel_degrees_that_do_not_divide_the_model_are_rejected(change, shard, key):

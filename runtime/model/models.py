@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from runtime.model.config import ModelConfig
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
 from sim.core.specs import DTYPE_BYTES
+from sim.models.vocab import padded_vocab_size
 
 __all__ = [
     "OPTIMIZERS",
@@ -102,10 +103,13 @@ def _new_layer(config: ModelConfig, index: int) -> nn.Module:
     p, last = config.values, num_layers(config) - 1
     if config.preset in TRANSFORMERS:
         llama = config.preset == "llama"
+        # the table and the head hold the padded rows as the simulator counts them at t = 1
+        # (sim.models.vocab); a tensor-parallel run shards them as DTensor does, unevenly
+        vocab = padded_vocab_size(p["vocab"], p.get("vocab_divisible_by", 1), 1)
         if index == 0:
-            return Embedding(p["vocab"], p["seq_len"], p["hidden"], positions=not llama)
+            return Embedding(vocab, p["seq_len"], p["hidden"], positions=not llama)
         if index == last:
-            return LMHead(p["hidden"], p["vocab"], tied=p["tied_embeddings"], llama=llama)
+            return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
         return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama)
     if index == last:
         return ClassifierHead(p["hidden"], p["num_classes"])

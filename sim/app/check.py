@@ -26,6 +26,7 @@ from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
 from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
+from sim.models.vocab import vocab_padding
 
 __all__ = ["describe", "format_description"]
 
@@ -42,7 +43,8 @@ def describe(scenario: Scenario) -> Description:
         device_memory_bytes=cluster.device.memory_bytes,
         device_usable_memory_bytes=cluster.device.usable_memory_bytes, device_defaults=tuple(scenario.device_defaults),
         model=ModelDescription(name=model.name, source=model.source, param_bytes=model.param_bytes(),
-                               dtype=model.dtype, optimizer=model.optimizer, attention=model.attention),
+                               dtype=model.dtype, optimizer=model.optimizer, attention=model.attention,
+                               vocab_padding=vocab_padding(model, 1 if plan is None else plan.tensor_parallel)),
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
@@ -196,6 +198,7 @@ def format_description(description: Description) -> str:
         f"scenario {d.name}: {model.name} ({d.num_layers} layers, "
         f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer}"
         f"{'' if model.attention is None else f', attention {model.attention}'})",
+        *([] if model.vocab_padding is None or not model.vocab_padding.is_padded else [model.vocab_padding.text()]),
         f"cluster: {d.nodes} x {d.devices_per_node} {d.device} = {d.num_devices} devices",
         *_device_defaults_line(d),
         *_stack_lines(d),

@@ -32,7 +32,8 @@ from sim.core.errors import DappleError
 from sim.core.units import format_bytes
 from sim.engine.run import run_scenario
 from sim.input.plan_file import read_plan_file
-from sim.input.scenario import load_scenario
+from sim.input.scenario import Scenario, load_scenario
+from sim.models.vocab import vocab_padding
 from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
 from sim.report.plots.style import pyplot
 from sim.report.plots.timeline import schedule_comparison_figure
@@ -210,8 +211,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 write_outputs(result, args.out, trace_all=args.trace_all)
         _tick(tick, "done")
     watch.report()
-    print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json else format_summary(summary, result))
+    print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json
+          else format_summary(summary, result, notes=_vocab_notes(scenario)))
     return 0
+
+
+def _vocab_notes(scenario: Scenario) -> tuple[str, ...]:
+    """The plan's padded vocabulary when padding adds rows at its tensor degree (``sim.models.vocab``)."""
+    padding = vocab_padding(scenario.model, scenario.plan.tensor_parallel)
+    if padding is None or padding.padded_at_tensor == padding.vocab:
+        return ()
+    return (f"vocabulary {padding.vocab:,} padded to {padding.padded_at_tensor:,} at tensor parallel "
+            f"{padding.tensor_parallel} (sim.models.vocab; Megatron-LM --make-vocab-size-divisible-by "
+            f"{padding.divisible_by})",)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

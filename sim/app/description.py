@@ -18,6 +18,7 @@ from typing import Any
 from sim.core.parallelism import Recompute
 from sim.cost.memory import HeldBytes, StateBytes
 from sim.input.stack import StackValue
+from sim.models.vocab import VocabPadding
 
 __all__ = ["Description", "DeviceDescription", "ModelDescription", "ParallelismDescription", "PlanDescription",
            "StageDescription"]
@@ -40,11 +41,16 @@ class ModelDescription:
     attention: str | None = None
     """The attention kernel a generated transformer runs (``flash``, ``sdpa``, ``unfused``); None for a
     model without one (a measured profile, mlp, vgg), which the JSON then leaves out."""
+    vocab_padding: VocabPadding | None = None
+    """The vocabulary and its padded sizes at t = 1 and at the plan's tensor degree
+    (``sim.models.vocab``); None without a vocabulary. The JSON has it only where padding is added."""
 
     def to_json(self) -> dict[str, Any]:
         kernel = {} if self.attention is None else {"attention": self.attention}
+        padding = self.vocab_padding
+        vocab = {"vocab_padding": padding.to_json()} if padding is not None and padding.is_padded else {}
         return {"name": self.name, "source": self.source, "param_bytes": self.param_bytes, "dtype": self.dtype,
-                "optimizer": self.optimizer, **kernel}
+                "optimizer": self.optimizer, **kernel, **vocab}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

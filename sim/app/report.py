@@ -62,8 +62,9 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     return written
 
 
-def format_summary(summary: Summary, result: SimResult) -> str:
-    """A short human-readable report: headline numbers, then one row per class of devices."""
+def format_summary(summary: Summary, result: SimResult, *, notes: tuple[str, ...] = ()) -> str:
+    """A short human-readable report: headline numbers, then one row per class of devices;
+    ``notes`` (what the model was built with, e.g. its padded vocabulary) under the first line."""
     capacity = format_bytes(result.workload.device_memory_bytes)
     if result.workload.capacity_bytes < result.workload.device_memory_bytes:
         capacity += f" ({format_bytes(result.workload.capacity_bytes)} usable)"
@@ -72,6 +73,7 @@ def format_summary(summary: Summary, result: SimResult) -> str:
         f"{summary.name}: {summary.schedule}, {summary.num_stages} stages, "
         f"{summary.num_microbatches} micro-batches, {summary.num_devices} devices in "
         f"{summary.device_classes} classes ({mode})",
+        *notes,
     ]
     if result.diverged is not None and summary.device_classes * 2 > summary.num_devices:
         lines.append(

@@ -29,8 +29,9 @@ runs" (the code's defaults, unless the stack's own large-run example changes the
 
 Not here, because they are a user's choice rather than a stack's default: the sharding mode
 (ZeRO stage, distributed optimizer on or off, except where the recipe turns it on), the
-parallel degrees, the schedule. The attention kernel (``model.attention``) is set only for a
-generated transformer (a measured profile already includes its attention).
+parallel degrees, the schedule. The attention kernel (``model.attention``) and the vocabulary's
+padding (``model.vocab_divisible_by``, ``sim.models.vocab``) are set only for a generated
+transformer (a measured profile already includes its attention and its vocabulary).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ _MCORE_BUCKET = (f"{_MEGATRON} megatron/core/distributed/distributed_data_parall
                  "max(40000000, 1000000 * dp_size) parameters; 40M fp32 main_grads (4 bytes) = 160MB; the "
                  "dp-dependent growth past 40 data-parallel ranks is not modelled")
 
+_MEGATRON_VOCAB = (f"{_MEGATRON} megatron/training/arguments.py: --make-vocab-size-divisible-by (type=int, "
+                   "default=128); megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding (since 2026 "
+                   "megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding) pads to a multiple "
+                   "of it times --tensor-model-parallel-size")
+
 STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
     "none": (),
     "megatron-lm": (
@@ -91,6 +97,7 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "tp_comm_overlap = False"),
         _v("model.optimizer.implementation", "fused", f"{_MEGATRON} megatron/core/optimizer: apex/Transformer "
            "Engine FusedAdam (--optimizer adam, the default)"),
+        _v("model.vocab_divisible_by", 128, _MEGATRON_VOCAB),
     ),
     "megatron-core": (
         _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
@@ -110,6 +117,7 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "Engine/apex FusedAdam"),
         _v("model.optimizer.grad_dtype", "fp32", f"{_MEGATRON} megatron/training/arguments.py: bf16 sets "
            "accumulate_allreduce_grads_in_fp32 (main_grads_dtype fp32)"),
+        _v("model.vocab_divisible_by", 128, _MEGATRON_VOCAB + " (the recipe does not pass the flag)"),
     ),
     "deepspeed": (
         _v("model.attention", "unfused", f"{_DEEPSPEED}: the model's own attention; Megatron-DeepSpeed's GPT runs "
@@ -126,6 +134,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "True) every micro-batch's gradients in the backward (deepspeed/runtime/zero/config.py)"),
         _v("model.optimizer.implementation", "fused", f"{_DEEPSPEED} deepspeed/ops/adam/fused_adam.py: "
            "\"optimizer\": {\"type\": \"Adam\"} builds FusedAdam on GPU"),
+        _v("model.vocab_divisible_by", 128, "microsoft/Megatron-DeepSpeed megatron/arguments.py: "
+           "--make-vocab-size-divisible-by (type=int, default=128); megatron/tokenizer/tokenizer.py "
+           "_vocab_size_with_padding pads to a multiple of it times --tensor-model-parallel-size"),
     ),
     "torchtitan": (
         _v("model.attention", "sdpa", f"{_TITAN} torchtitan/models/llama/model.py: "
@@ -147,6 +158,10 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
         _v("model.kernels", "eager", f"{_TITAN} torchtitan/config_manager.py: --training.compile store_true "
            "(default False; train_configs/llama3_8b.toml compile = false), so models/norms.py RMSNorm, "
            "models/llama/model.py apply_rotary_emb, repeat_kv and SwiGLU run as eager kernels"),
+        _v("model.vocab_divisible_by", 1, f"{_TITAN} train.py: model_config.vocab_size = tokenizer.n_words, "
+           "unpadded (models/llama/model.py: nn.Embedding(vocab_size, dim), nn.Linear(dim, vocab_size)); "
+           "a vocabulary t does not divide is sharded unevenly by DTensor, modelled at its largest shard, "
+           "a multiple of t"),
     ),
 })
 """Stack name -> its defaults, in the order ``check`` lists them."""
@@ -173,13 +188,17 @@ def apply_stack(raw: dict, *, source: str) -> tuple[dict, str, tuple[StackValue,
         if value.when_sharding is None and any(v.key == value.key and v.when_sharding is not None
                                                and v.when_sharding == sharding for v in STACKS[name]):
             continue  # the value for this sharding mode comes instead
-        if value.key in ("model.attention", "model.kernels") and not _has_attention(raw):
+        if value.key in _TRANSFORMER_KEYS and not _has_attention(raw):
             continue
         if value.key == "model.kernels" and value.value == "eager" and raw["model"].get("preset") != "llama":
             continue  # eager element-wise kernels are modelled for Llama blocks only
         if _set_default(raw, value.key, value.value):
             used.append(value)
     return raw, name, tuple(used)
+
+
+_TRANSFORMER_KEYS = ("model.attention", "model.kernels", "model.vocab_divisible_by")
+"""Keys only a generated transformer takes (``sim.input.model``)."""
 
 
 def _has_attention(raw: dict) -> bool:

@@ -30,8 +30,9 @@ Conventions shared by every generator (``s`` sequence length, ``h`` hidden size,
 * The last layer computes the loss, a scalar per micro-batch: its output bytes are 0.
 
 One module per family: ``sim.models.transformer`` (gpt, bert, llama), ``sim.models.vgg``,
-``sim.models.mlp``; the layers they share are in ``sim.models.layers`` and the parameter
-table and its checks in ``sim.models.params``. A built model remembers its generator and
+``sim.models.mlp``; the layers they share are in ``sim.models.layers``, the parameter
+table and its checks in ``sim.models.params``, and the vocabulary's padding (Megatron-LM's
+``--make-vocab-size-divisible-by``) in ``sim.models.vocab``. A built model remembers its generator and
 parameters (``ModelSpec.preset``).
 """
 
@@ -49,9 +50,10 @@ from sim.models.mlp import mlp
 from sim.models.params import PRESET_PARAMS, REQUIRED, names
 from sim.models.transformer import bert, gpt, llama
 from sim.models.vgg import vgg
+from sim.models.vocab import VocabPadding, padded_vocab, vocab_padding
 
-__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "build_model", "mfu_flop_per_sample",
-           "model_flop_per_sample", "shard_model"]
+__all__ = ["REQUIRED", "PRESET_PARAMS", "MODEL_PRESETS", "SHARDABLE", "VocabPadding", "build_model",
+           "mfu_flop_per_sample", "model_flop_per_sample", "padded_vocab", "shard_model", "vocab_padding"]
 
 
 MODEL_PRESETS: Mapping[str, Callable[..., ModelSpec]] = MappingProxyType(
@@ -78,8 +80,9 @@ SHARDABLE = ("gpt", "llama")
 def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
     """``model`` as one device of a tensor- and context-parallel group holds and runs it.
 
-    The layers are rebuilt by the model's generator for that share (``sim.models.transformer``);
-    a whole shard returns ``model`` itself. A measured profile or a preset without a sharded form
+    The layers are rebuilt by the model's generator for that share (``sim.models.transformer``),
+    the vocabulary padded for ``shard.tensor`` (``sim.models.vocab.padded_vocab``); a whole shard
+    returns ``model`` itself. A measured profile or a preset without a sharded form
     is a ``SpecError`` keyed ``tensor_parallel`` (or ``context_parallel``) that says what to use.
     """
     if shard.is_whole:
@@ -109,8 +112,11 @@ def mfu_flop_per_sample(model: ModelSpec) -> float | None:
 
     A transformer (gpt, bert, llama): per token 6N + 12·L·h·s, N the non-embedding parameters
     (the blocks'), L layers, h hidden, s sequence length (Chowdhery et al. 2022, "PaLM",
-    Appendix B); recomputation is not counted. Other generated models: their layers' forward
-    and backward FLOPs (``model_flop_per_sample``).
+    Appendix B); recomputation is not counted. The count has no vocabulary term, so the padded
+    rows (``sim.models.vocab``) do not enter it; Megatron-LM's own throughput count does add the
+    logits, 6·s·h·V per sample with V its padded size (``megatron/training/training.py``
+    ``num_floating_point_operations``: ``args.padded_vocab_size`` in its "Logit" term). Other
+    generated models: their layers' forward and backward FLOPs (``model_flop_per_sample``).
     """
     if any(layer.is_measured for layer in model.layers):
         return None

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from sim.core.errors import SpecError
 from sim.core.specs import DTYPE_BYTES, OPTIMIZER_STATES
+from sim.models.vocab import VOCAB_DIVISIBLE_BY
 
 __all__ = ["REQUIRED", "PRESET_PARAMS", "describe", "names", "resolve"]
 
@@ -34,7 +35,8 @@ REQUIRED: Any = _Required()
 
 def _transformer_params(tied_embeddings: bool, *, dtype: str = "fp16", kv_heads: bool = False) -> Mapping[str, Any]:
     shape = {key: REQUIRED for key in ("layers", "hidden", "heads", "seq_len", "vocab")}
-    extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": dtype, "optimizer": "adam"}
+    extra = {"ffn_hidden": None, "tied_embeddings": tied_embeddings, "dtype": dtype, "optimizer": "adam",
+             "vocab_divisible_by": VOCAB_DIVISIBLE_BY}  # last, so that the descriptions written before it keep their order
     return MappingProxyType(shape | ({"kv_heads": None} if kv_heads else {}) | extra)
 
 
@@ -62,7 +64,9 @@ embedding matrix (GPT-2, BERT and Megatron-LM's GPT, whose ``--untie-embeddings-
 is off by default), so the head's layer does not count it. When the embedding and the head are
 on different stages the head's stage keeps a second copy, and the two copies' gradients are
 all-reduced before the optimizer step, as Megatron-LM's embedding group does
-(``ModelSpec.tied_copy_bytes``, ``sim.cost.compute.stage_cost``).
+(``ModelSpec.tied_copy_bytes``, ``sim.cost.compute.stage_cost``). ``vocab_divisible_by``: the
+embedding and the head are built for ``vocab`` padded to a multiple of it times the
+tensor-parallel degree (``sim.models.vocab``; Megatron-LM's ``--make-vocab-size-divisible-by``).
 """
 
 _BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})
@@ -99,6 +103,11 @@ def _check_value(key: str, value: Any) -> None:
     elif key == "optimizer":
         if not isinstance(value, str) or value not in OPTIMIZER_STATES:
             raise SpecError(key, f"unknown optimizer {value!r}; valid: {names(OPTIMIZER_STATES)}")
+    elif key == "vocab_divisible_by":
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise SpecError(key, f"must be a positive integer, got {value!r}; write "
+                                 f"{VOCAB_DIVISIBLE_BY} (Megatron-LM's --make-vocab-size-divisible-by) or 1 "
+                                 "(pad only to a multiple of tensor_parallel)")
     elif key in _BOOL_PARAMS:
         if not isinstance(value, bool):
             raise SpecError(key, f"must be true or false, got {value!r}")

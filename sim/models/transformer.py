@@ -15,7 +15,9 @@ its head is not tied to the embedding.
 Every layer can be built as one device of a tensor- and context-parallel group sees it
 (``Shard``): Megatron-LM's column- and row-parallel products and vocabulary-parallel
 embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti et al.
-§4.2.2) and ring attention over the sequence (Liu et al. 2023).
+§4.2.2) and ring attention over the sequence (Liu et al. 2023). The embedding and the head hold
+the vocabulary padded as Megatron-LM pads it, to a multiple of ``vocab_divisible_by`` × t
+(``sim.models.vocab``): ``vocab`` below is that padded size.
 
 A block's attention runs as ``attention`` says (``flash``, ``sdpa`` or ``unfused``,
 ``sim.core.specs.ATTENTION_KERNELS``): its kernels (``sim.cost.kernels.transformer_block``) and its
@@ -37,6 +39,7 @@ from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.params import resolve
+from sim.models.vocab import padded_vocab_size
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
 
@@ -232,8 +235,9 @@ def _check_divides(what: str, value: int, by: int, key: str, hint: str) -> None:
 
 
 def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
-    """Megatron's constraints: t divides the heads, the key/value heads, the MLP width and the
-    vocabulary; c divides the sequence (twice c with causal load balancing, Megatron-Core)."""
+    """Megatron's constraints: t divides the heads, the key/value heads and the MLP width; c divides
+    the sequence (twice c with causal load balancing, Megatron-Core). The vocabulary is padded to a
+    multiple of t instead (``sim.models.vocab``), so it never refuses a degree."""
     t, c = shard.tensor, shard.context
     if preset == "bert" and not shard.is_whole:
         raise SpecError("tensor_parallel", "bert is modelled without tensor or context parallelism; use gpt or llama")
@@ -242,9 +246,6 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
     if p.get("kv_heads"):
         _check_divides("kv_heads", p["kv_heads"], t, "tensor_parallel", hint)
     _check_divides("ffn_hidden", p["ffn_hidden"], t, "tensor_parallel", hint)
-    _check_divides("vocab", p["vocab"], t, "tensor_parallel",
-                   "pad the vocabulary to a multiple of tensor_parallel as Megatron-LM does "
-                   "(--make-vocab-size-divisible-by)")
     _check_divides("seq_len", p["seq_len"], 2 * c if c > 1 else 1, "context_parallel",
                    "the sequence splits into 2·context_parallel chunks (Megatron-Core's causal load balancing)")
 
@@ -262,7 +263,9 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if preset == "llama" and p["kv_heads"] is None:
         p["kv_heads"] = p["heads"]
     shard = shard or Shard()
-    s, h, a, f, vocab = p["seq_len"], p["hidden"], p["heads"], p["ffn_hidden"], p["vocab"]
+    s, h, a, f = p["seq_len"], p["hidden"], p["heads"], p["ffn_hidden"]
+    # the table and the head are built with the padded rows (Megatron-LM pads before building them)
+    vocab = padded_vocab_size(p["vocab"], p["vocab_divisible_by"], shard.tensor)
     if h % a:
         divisors = [k for k in range(1, h + 1) if h % k == 0]
         near = min(divisors, key=lambda k: (abs(k - a), k))
