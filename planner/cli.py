@@ -54,6 +54,7 @@ from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
+from sim.models.vocab import vocab_padding
 from sim.report.plots.style import pyplot
 from sim.report.plots.tables import planner_comparison_figure
 from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
@@ -141,10 +142,14 @@ def _run(args: argparse.Namespace) -> int:
     report = build_report(scenario.name, results, time.perf_counter() - started,
                           scenario_plan_ignored=scenario.ignored_plan, cluster_devices=scenario.cluster.num_devices)
     data = report.to_json()  # the edge: JSON made once, printed, written and drawn
+    best = results[report.best_planner].best.candidate if report.best is not None else None
+    padding = vocab_padding(scenario.model, best.tensor_parallel) if best is not None else None
+    data["vocab_padding"] = padding.to_json() if padding is not None and padding.is_padded else None
     if args.out:
         _write(scenario, report, data, results, Path(args.out), watch)
     watch.report()
-    print(jsonio.dumps(data, indent=2, sort_keys=True) if args.json else _table(report))
+    padded = f"\nthe best plan's {padding.text()}" if padding is not None and padding.is_padded else ""
+    print(jsonio.dumps(data, indent=2, sort_keys=True) if args.json else _table(report) + padded)
     return 0 if report.best is not None else 1
 
 

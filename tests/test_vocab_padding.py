@@ -134,3 +134,17 @@ def test_a_preset_without_a_vocabulary_refuses_the_key(tmp_path, capsys):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "vocab_divisible_by" in err and "\n" not in err
+
+
+def test_dapple_plan_says_the_best_plans_padded_vocabulary(tmp_path, capsys):
+    from planner.cli import main as plan_main
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text("name: gpt-vocab\ncluster: {preset: a100-nvlink-8, nodes: 1}\n"
+                    "model: {preset: gpt, layers: 4, hidden: 1024, heads: 16, seq_len: 1024, vocab: 50257, dtype: bf16}\n"
+                    "training: {global_batch_size: 16}\n")
+    assert plan_main([str(path), "--planner", "dp", "--microbatch-size", "16"]) == 0
+    assert "the best plan's vocabulary 50,257 padded to 50,304 (a multiple of 128;" in capsys.readouterr().out
+    assert plan_main([str(path), "--planner", "dp", "--microbatch-size", "16", "--json"]) == 0
+    padding = json.loads(capsys.readouterr().out)["vocab_padding"]
+    assert padding["vocab"] == 50257 and padding["padded"] == 50304 and padding["tensor_parallel"] == 1
