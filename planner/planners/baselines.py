@@ -33,10 +33,20 @@ from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import Scenario
 from sim.schedule.policy import DapplePolicy
 
-__all__ = ["grid_candidates", "megatron_planner", "even_planner", "dp_planner"]
+__all__ = ["NO_FIT_PROBES", "OVER_CAPACITY", "grid_candidates", "megatron_planner", "even_planner", "dp_planner",
+           "likely_to_fit"]
 
 GRID_LEVELS = 2
 """Cheapest fitting (recompute, sharding) levels kept per grid point."""
+
+NO_FIT_PROBES = 3
+"""Candidates the even, dp and PipeDream planners offer ``settle`` when none is estimated to
+fit: enough for its note to name the smallest peak, few enough that "no plan fits" is found
+in seconds."""
+
+OVER_CAPACITY = 1.25
+"""An estimated peak above this multiple of the device's memory is "well over" it (the slack
+``planner.search.ranking.settle`` gives the rough estimate)."""
 
 
 def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
@@ -83,13 +93,16 @@ def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> Pl
     started = time.perf_counter()
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     tables, order = CostTables(scenario), levels(scenario, options)
-    candidates = []
-    for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
+    candidates, cut = [], False
+    # largest micro-batches first: fewest accumulation steps, the fastest of those that fit
+    for microbatch_size in sorted(microbatch_sizes(scenario.training.global_batch_size, options), reverse=True):
+        if len(candidates) >= options.max_candidates:
+            cut = True
+            break
         base = Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
                          params=(("policy", DapplePolicy.S_MINUS_I.value),))
         candidates += cheapest_levels(tables, scenario, base, order)
-    return settle("dp", scenario, candidates, options, started=started, progress=progress)
-
+    return _settle_offered("dp", scenario, tables, candidates, options, started=started, progress=progress, cut=cut)
 
 def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, order, keep: int = GRID_LEVELS
                     ) -> list[Candidate]:
@@ -109,17 +122,64 @@ def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, ord
 
 
 def even_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    """The even split (module docstring), within ``options.max_candidates``.
+
+    Stage counts whose largest stage's parameters, gradients and optimizer state alone do not
+    fit (``CostTables.static_bytes``: nothing here shards them) are dropped before any
+    candidate is made (if every count is, the one with the smallest such stage is kept, for
+    the note). The rest are tried fewest stages first: GPipe's bubble, (S−1)/(M+S−1) of the
+    iteration (Huang et al., NeurIPS'19, §2.3), grows with the stage count S, so a budget stop
+    keeps the least-bubbled plans.
+    """
     started = time.perf_counter()
+    tables = CostTables(scenario)
     n, layers = scenario.cluster.num_devices, scenario.model.num_layers
-    candidates = []
-    for stages in range(2, min(n, layers, options.max_stages or n) + 1):
-        if n % stages:
-            continue
-        bounds = tuple(round(s * layers / stages) for s in range(stages + 1))
+    capacity = scenario.cluster.device.usable_memory_bytes
+    counts = [s for s in range(2, min(n, layers, options.max_stages or n) + 1) if n % s == 0]
+    states = {s: max(tables.static_bytes(a, b, n // s) for a, b in zip(_even(layers, s), _even(layers, s)[1:]))
+              for s in counts}
+    kept = [s for s in counts if states[s] <= capacity] or sorted(counts, key=lambda s: (states[s], s))[:1]
+    candidates, cut = [], False
+    for stages in kept:
+        bounds = _even(layers, stages)
         for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
             for recompute in options.recompute:
+                if len(candidates) >= options.max_candidates:
+                    cut = True
+                    break
                 candidates.append(
                     Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=microbatch_size,
                               schedule="gpipe", recompute=recompute)
                 )
-    return settle("even", scenario, candidates, options, started=started, progress=progress)
+    return _settle_offered("even", scenario, tables, candidates, options, started=started, progress=progress,
+                           cut=cut)
+
+
+def _even(layers: int, stages: int) -> tuple[int, ...]:
+    """Bounds of ``stages`` stages of (nearly) equal layer counts."""
+    return tuple(round(s * layers / stages) for s in range(stages + 1))
+
+
+def likely_to_fit(tables: CostTables, scenario: Scenario, candidates: list[Candidate]) -> list[Candidate]:
+    """``candidates`` whose estimated peak (``analytic_score``) is not well over the device's
+    memory (``OVER_CAPACITY``), in order; when none is, the ``NO_FIT_PROBES`` smallest, whose
+    exact count in ``settle`` names the smallest peak in its "no plan fits" note."""
+    capacity = scenario.cluster.device.usable_memory_bytes
+    peaks = [analytic_score(tables, scenario, c)[1] for c in candidates]
+    fitting = [c for c, peak in zip(candidates, peaks) if peak <= OVER_CAPACITY * capacity]
+    if fitting:
+        return fitting
+    smallest = sorted(range(len(candidates)), key=lambda k: (peaks[k], k))[:NO_FIT_PROBES]
+    return [candidates[k] for k in sorted(smallest)]
+
+
+def _settle_offered(name: str, scenario: Scenario, tables: CostTables, candidates: list[Candidate],
+                    options: PlannerOptions, *, started: float, progress, cut: bool) -> PlannerResult:
+    """``settle`` on the candidates ``likely_to_fit``; the others count as scored, and a list
+    cut at ``options.max_candidates`` says so."""
+    offered = likely_to_fit(tables, scenario, candidates)
+    result = settle(name, scenario, offered, options, started=started, progress=progress)
+    result.spend.candidates += len(candidates) - len(offered)  # scored here for memory, not offered
+    if cut:
+        result.spend.reach("candidates", options.max_candidates)
+    return result
