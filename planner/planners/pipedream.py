@@ -31,29 +31,34 @@ What makes it answer at any scale (the objective is the paper's, unchanged):
 * **Memory.** PipeDream's objective ignores memory; its plan is offered to ``settle`` under
   every micro-batch size and recompute mode, but only those whose estimated peak
   (``planner.search.ranking.analytic_score``) is not well over the device's memory, or, when
-  none is, the few smallest (``planner.planners.baselines.likely_to_fit``), so that "no plan fits" costs a handful of counts.
+  none is, the few smallest (``planner.planners.baselines.likely_to_fit``), so that "no plan
+  fits" costs a handful of counts; it settles with a baseline's replays
+  (``planner.planners.baselines.baseline_settling``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from planner.planners.baselines import likely_to_fit
+from planner.planners.baselines import settle_offered
 from planner.planners.dapple import MAX_SEGMENTS, segment_cuts
 from planner.search.costs import CostTables
 from planner.search.layouts import levels
-from planner.search.ranking import PlannerResult, settle
+from planner.search.ranking import PlannerResult
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.cost.links import contiguous_span, span_link
 from sim.input.scenario import Scenario
 
-__all__ = ["MAX_WORKER_COUNTS", "pipedream_dp", "pipedream_planner", "worker_granule"]
+__all__ = ["MAX_WORKER_COUNTS", "PipeDreamSearch", "pipedream_dp", "pipedream_planner", "pipedream_search",
+           "worker_granule"]
 
 MAX_WORKER_COUNTS = 128
 """Most worker counts the DP searches: every count up to this many devices; above, counts of
 whole servers (or of groups of 2^k servers) so that there are at most this many."""
+
 
 def worker_granule(num_devices: int, devices_per_node: int) -> int:
     """Devices per DP worker: 1 up to ``MAX_WORKER_COUNTS`` devices, else a whole server,
@@ -66,9 +71,26 @@ def worker_granule(num_devices: int, devices_per_node: int) -> int:
     return granule
 
 
-def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
-    started = time.perf_counter()
-    tables = CostTables(scenario)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipeDreamSearch:
+    """What PipeDream's DP found over the micro-batch sizes it had the budget for."""
+
+    bounds: tuple[int, ...]
+    """Layer boundaries of the best partition, ``(0, ..., num_layers)``."""
+    replicas: tuple[int, ...]
+    """Devices per stage (their sum may be under the cluster's: PipeDream may leave some idle)."""
+    microbatch_size: int
+    """The micro-batch size whose DP gave the best value per sample."""
+    partials: int
+    """Cells ``A(j, m)`` the DPs filled, one per earlier cut each is extended from."""
+    sizes_done: int
+    """Micro-batch sizes whose DP ran (the others were past ``max_partials``)."""
+    sizes_total: int
+    """Micro-batch sizes there were."""
+
+
+def pipedream_search(tables: CostTables, scenario: Scenario, options: PlannerOptions) -> PipeDreamSearch:
+    """PipeDream's DP for each micro-batch size, most promising first, within ``options.max_partials``."""
     cluster = scenario.cluster
     n, layers = cluster.num_devices, tables.num_layers
     cuts = list(range(layers + 1)) if layers <= MAX_SEGMENTS else segment_cuts(tables)
@@ -85,21 +107,28 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
         partials, done = partials + cost, done + 1
         key = (value / sizes[k], k)  # ties go to the smaller size, as the sizes' own order would
         if best is None or key < best[0]:
-            best = (key, bounds, replicas)
-    _, bounds, replicas = best
+            best = (key, bounds, replicas, sizes[k])
+    _, bounds, replicas, size = best
+    return PipeDreamSearch(bounds=bounds, replicas=replicas, microbatch_size=size, partials=partials,
+                           sizes_done=done, sizes_total=len(sizes))
+
+
+def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> PlannerResult:
+    started = time.perf_counter()
+    tables = CostTables(scenario)
+    search = pipedream_search(tables, scenario, options)
     candidates = [
-        Candidate(bounds=bounds, replicas=replicas, microbatch_size=size, schedule="dapple", recompute=recompute)
-        for size in sizes
+        Candidate(bounds=search.bounds, replicas=search.replicas, microbatch_size=size, schedule="dapple",
+                  recompute=recompute)
+        for size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in dict.fromkeys(r for r, _ in levels(scenario, options))
     ]
-    offered = likely_to_fit(tables, scenario, candidates)
-    result = settle("pipedream", scenario, offered, options, started=started, progress=progress)
-    result.spend.partials += partials
-    result.spend.candidates += len(candidates) - len(offered)  # scored here for memory, not offered
-    if done < len(sizes):
+    result = settle_offered("pipedream", scenario, tables, candidates, options, started=started, progress=progress)
+    result.spend.partials += search.partials
+    if search.sizes_done < search.sizes_total:
         result.spend.reach("partial plans", options.max_partials)
-        stop = (f"stopped at the budget of {options.max_partials:,} partial plans after {done} of "
-                f"{len(sizes)} micro-batch sizes")
+        stop = (f"stopped at the budget of {options.max_partials:,} partial plans after {search.sizes_done} of "
+                f"{search.sizes_total} micro-batch sizes")
         result.note = f"{result.note}; {stop}" if result.note else stop
     result.search_time_s = time.perf_counter() - started
     return result
@@ -170,10 +199,10 @@ def _stage_table(tables: CostTables, cluster, cuts: list[int], granule: int, wor
     table = np.full((K + 1, K + 1, workers + 1), np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         for i in range(K):
-            for j in range(i + 1, K + 1):
-                compute = sum(tables.compute_s(cuts[i], cuts[j], microbatch_size))
-                sync = np.where(devices > 1, coefficient * tables.param_bytes(cuts[i], cuts[j]) / denominator, 0.0)
-                row = np.maximum(compute, sync) / devices
-                row[0] = np.inf
-                table[i, j] = row
+            ends = cuts[i + 1:]
+            compute = np.array([sum(tables.compute_s(cuts[i], end, microbatch_size)) for end in ends])
+            params = np.array([tables.param_bytes(cuts[i], end) for end in ends])
+            sync = np.where(devices > 1, coefficient * params[:, None] / denominator, 0.0)  # (j, w)
+            table[i, i + 1:] = np.maximum(compute[:, None], sync) / devices
+    table[:, :, 0] = np.inf
     return table
