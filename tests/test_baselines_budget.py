@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from planner.planners.baselines import NO_FIT_PROBES, dp_planner, even_candidates, even_planner
+from conftest import SCENARIOS
+from planner.planners.baselines import NO_FIT_PROBES, baseline_settling, dp_planner, even_candidates, even_planner
 from planner.planners.dapple import segment_cuts
 from planner.planners.pipedream import pipedream_dp, pipedream_planner, pipedream_search, worker_granule
 from planner.search.costs import CostTables
@@ -20,7 +21,7 @@ from planner.search.space import PlannerOptions, microbatch_sizes
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 from sim.cost.links import contiguous_span, span_link
-from sim.input.scenario import Scenario, parse_scenario
+from sim.input.scenario import Scenario, load_scenario, parse_scenario
 
 GPT3_1024 = """
 name: gpt3-175b-1024-a100
@@ -103,6 +104,32 @@ def test_tabulated_dp_is_the_recurrence(seed, nodes, per_node):
         assert found == _reference_dp(tables, scenario, microbatch_size)  # value, bounds, replicas: exactly
         value, bounds, replicas = found
         assert bounds[0] == 0 and bounds[-1] == 12 and sum(replicas) <= 8 and math.isfinite(value)
+
+
+@pytest.mark.parametrize("name", ["amoeba36", "bert48", "gnmt16", "vgg19", "xlnet36"])
+def test_paper_plans_are_the_dp_over_every_cut(name):
+    """The paper models are longer than 24 layers, so the search cuts at DAPPLE's segments only;
+    it finds the partition the DP over every cut and every micro-batch size finds (the one the
+    planner found before the tables: pure data parallelism on the 16 V100s, whose compute
+    outweighs the weight synchronisation)."""
+    scenario = load_scenario(SCENARIOS / "paper" / f"{name}_v100_2x8.yaml", ignore_plan=True)
+    tables = CostTables(scenario)
+    search = pipedream_search(tables, scenario, PlannerOptions())
+    every = list(range(tables.num_layers + 1))
+    best = min((pipedream_dp(tables, scenario, size, cuts=every)[0] / size, k, size)
+               for k, size in enumerate(microbatch_sizes(scenario.training.global_batch_size, PlannerOptions())))
+    _, bounds, replicas = pipedream_dp(tables, scenario, best[2], cuts=every)
+    assert (search.bounds, search.replicas) == (bounds, replicas) == ((0, tables.num_layers), (16,))
+
+
+def test_baselines_settle_with_few_replays_at_scale():
+    options = PlannerOptions()
+    small, mid, large = (baseline_settling(options, n) for n in (16, 64, 1024))
+    assert (small.fast_top, small.fast_max, small.engine_top, small.fast_budget_ops) == (4, 8, 2, 20_000)
+    assert (mid.fast_top, mid.fast_max, mid.engine_top) == (4, 8, 2)
+    assert (large.fast_top, large.fast_max, large.engine_top) == (1, 1, 1)  # 1,024 device-replays: one each
+    assert baseline_settling(options, 16, fast_max=16).fast_max == 16
+    assert baseline_settling(PlannerOptions(fast_top=2, engine_top=1), 16).fast_top == 2  # never more than asked
 
 
 def test_a_budget_of_partials_stops_the_search_with_a_plan():
