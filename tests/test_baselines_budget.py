@@ -1,8 +1,9 @@
 """The baseline planners (PipeDream, even, dp) within a work budget and at scale.
 
 PipeDream's tabulated DP against the recurrence written out (SOSP'19, §3.1), its budget in
-partial plans, its cell count at 1,024 GPUs, "no plan fits" for a handful of counts, and the
-even planner's candidates at 16,384 GPUs within ``max_candidates``. No test times anything.
+partial plans, its cell count at 1,024 GPUs, "no plan fits" for a handful of counts, the
+even planner's candidates at 16,384 GPUs within ``max_candidates``, and no replay of a pure
+data-parallel plan that leaves replicas without a sample. No test times anything.
 """
 
 from __future__ import annotations
@@ -178,6 +179,14 @@ def test_even_candidates_at_16384_gpus_within_the_budget():
     # H100's 77 GiB only at 128 stages of one layer each (126 blocks, the embedding, the head):
     # 47.5 GiB; at 64 stages they need 95 GiB, so no candidate is made for 2 to 64
     assert scenario.model.num_layers == 128 and {c.num_stages for c in candidates} == {128}
-    assert len(candidates) == len(microbatch_sizes(2048, PlannerOptions())) * 3 == 24
+    # micro-batches of 128 to 2,048 samples feed each stage's 128 replicas: 5 sizes × 3 recompute modes
+    assert len(candidates) == 15 and min(c.microbatch_size for c in candidates) == 128
     few, cut = even_candidates(scenario, PlannerOptions(max_candidates=5), tables)
     assert len(few) == 5 and cut
+
+
+def test_dp_without_a_sample_per_replica_replays_nothing():
+    scenario = parse_scenario(LLAMA_405B_16K, ignore_plan=True)  # 2,048 samples, 16,384 replicas
+    result = dp_planner(scenario, PlannerOptions())
+    assert result.best is None and result.spend.replays == 0
+    assert result.note.startswith("no plan: no micro-batch size of the global batch (2,048)")

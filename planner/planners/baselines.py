@@ -35,7 +35,7 @@ from sim.schedule.policy import DapplePolicy
 
 __all__ = ["NO_FIT_PROBES", "OVER_CAPACITY", "grid_candidates", "megatron_planner", "even_candidates", "even_planner",
            "dp_planner", "baseline_settling",
-           "likely_to_fit", "settle_offered"]
+           "feeds_every_replica", "likely_to_fit", "settle_offered"]
 
 GRID_LEVELS = 2
 """Cheapest fitting (recompute, sharding) levels kept per grid point."""
@@ -118,13 +118,16 @@ def dp_planner(scenario: Scenario, options: PlannerOptions, progress=None) -> Pl
     candidates, cut = [], False
     # largest micro-batches first: fewest accumulation steps, the fastest of those that fit
     for microbatch_size in sorted(microbatch_sizes(scenario.training.global_batch_size, options), reverse=True):
+        base = Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
+                         params=(("policy", DapplePolicy.S_MINUS_I.value),))
+        if not feeds_every_replica(base):
+            continue
         if len(candidates) >= options.max_candidates:
             cut = True
             break
-        base = Candidate(bounds=(0, layers), replicas=(n,), microbatch_size=microbatch_size, schedule="dapple",
-                         params=(("policy", DapplePolicy.S_MINUS_I.value),))
         candidates += cheapest_levels(tables, scenario, base, order)
     return settle_offered("dp", scenario, tables, candidates, options, started=started, progress=progress, cut=cut)
+
 
 def cheapest_levels(tables: CostTables, scenario: Scenario, base: Candidate, order, keep: int = GRID_LEVELS
                     ) -> list[Candidate]:
@@ -174,18 +177,28 @@ def even_candidates(scenario: Scenario, options: PlannerOptions, tables: CostTab
         bounds = _even(layers, stages)
         for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
             for recompute in options.recompute:
+                candidate = Candidate(bounds=bounds, replicas=(n // stages,) * stages,
+                                      microbatch_size=microbatch_size, schedule="gpipe", recompute=recompute)
+                if not feeds_every_replica(candidate):
+                    break
                 if len(candidates) >= options.max_candidates:
                     return candidates, True
-                candidates.append(
-                    Candidate(bounds=bounds, replicas=(n // stages,) * stages, microbatch_size=microbatch_size,
-                              schedule="gpipe", recompute=recompute)
-                )
+                candidates.append(candidate)
     return candidates, False
 
 
 def _even(layers: int, stages: int) -> tuple[int, ...]:
     """Bounds of ``stages`` stages of (nearly) equal layer counts."""
     return tuple(round(s * layers / stages) for s in range(stages + 1))
+
+
+def feeds_every_replica(candidate: Candidate) -> bool:
+    """Whether every replica of every stage gets at least one sample of each micro-batch: a
+    data-parallel rank trains on a whole, positive number of samples (DeepSpeed: the global
+    batch is ``train_micro_batch_size_per_gpu × gradient_accumulation_steps × GPUs``, docs
+    "DeepSpeed Configuration JSON", batch size parameters); a plan leaving ranks without one
+    idles them and, at 16,384 GPUs, costs minutes to replay."""
+    return candidate.microbatch_size >= max(candidate.replicas) // candidate.unit
 
 
 def likely_to_fit(tables: CostTables, scenario: Scenario, candidates: list[Candidate]) -> list[Candidate]:
@@ -221,7 +234,14 @@ def settle_offered(name: str, scenario: Scenario, tables: CostTables, candidates
                    options: PlannerOptions, *, started: float, progress=None, cut: bool = False,
                    fast_max: int = BASELINE_FAST_MAX) -> PlannerResult:
     """``settle`` a baseline's candidates: those ``likely_to_fit``, within ``baseline_settling``'s
-    replays; the others count as scored, and a list cut at ``options.max_candidates`` says so."""
+    replays; the others count as scored, and a list cut at ``options.max_candidates`` says so.
+    With no candidate (no micro-batch size feeds every replica) nothing is replayed."""
+    if not candidates:
+        result = PlannerResult(planner=name, best=None, note=(
+            f"no plan: no micro-batch size of the global batch ({scenario.training.global_batch_size:,}) gives "
+            f"every replica of this planner's stages a sample; raise the global batch or use fewer replicas"))
+        result.search_time_s = time.perf_counter() - started
+        return result
     offered = likely_to_fit(tables, scenario, candidates)
     settling = baseline_settling(options, scenario.cluster.num_devices, fast_max)
     result = settle(name, scenario, offered, settling, started=started, progress=progress)

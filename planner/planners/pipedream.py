@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.planners.baselines import settle_offered
+from planner.planners.baselines import feeds_every_replica, settle_offered
 from planner.planners.dapple import MAX_SEGMENTS, segment_cuts
 from planner.search.costs import CostTables
 from planner.search.layouts import levels
@@ -123,6 +123,7 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
         for size in microbatch_sizes(scenario.training.global_batch_size, options)
         for recompute in dict.fromkeys(r for r, _ in levels(scenario, options))
     ]
+    candidates = [c for c in candidates if feeds_every_replica(c)]
     result = settle_offered("pipedream", scenario, tables, candidates, options, started=started, progress=progress)
     result.spend.partials += search.partials
     if search.sizes_done < search.sizes_total:
