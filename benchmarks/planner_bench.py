@@ -118,7 +118,7 @@ def _row(case: str, name: str, result, seconds: float | None = None) -> None:
             f"{spend.engine_replays:>3} eng")
     shown = result.search_time_s if seconds is None else seconds
     if result.best is None:
-        print(f"  {case:<26} {name:<10} {shown:>7.1f}s  {work}  no plan: {result.note[:70]}")
+        print(f"  {case:<26} {name:<10} {shown:>7.1f}s  {work}  {result.note[:80]}")
         return
     best = result.best
     print(f"  {case:<26} {name:<10} {shown:>7.1f}s  {work}  {best.iteration_time_s:>9.4f}s "

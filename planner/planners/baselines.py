@@ -74,7 +74,13 @@ OVER_CAPACITY = 1.25
 def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     tables = context.tables if context is not None else None
-    return settle("megatron", scenario, grid_candidates(scenario, options, tables), options, started=started,
+    # a baseline's replays (``baseline_settling``) without the cap per device: the grid's families
+    # (chunks, micro-batch, recompute) rank less surely by the closed forms than one partition's
+    settling = replace(options, fast_top=min(options.fast_top, BASELINE_FAST_TOP),
+                       fast_max=min(options.fast_max, 2 * BASELINE_FAST_MAX),
+                       fast_budget_ops=min(options.fast_budget_ops, BASELINE_FAST_BUDGET_OPS),
+                       engine_top=min(options.engine_top, BASELINE_ENGINE_TOP))
+    return settle("megatron", scenario, grid_candidates(scenario, options, tables), settling, started=started,
                   progress=progress, context=context)
 
 
