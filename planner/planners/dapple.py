@@ -104,7 +104,7 @@ def dapple_planner(scenario: Scenario, options: PlannerOptions, progress=None, c
     context = context if context is not None else SearchContext(scenario)
     check_plannable(scenario)
     log.info("dapple: stage 1, the baselines it must beat: %s", ", ".join(name for name, _ in RIVALS))
-    rivals = {name: context.run(name, planner, options) for name, planner in RIVALS}
+    rivals = {name: context.run(name, planner, options, progress) for name, planner in RIVALS}  # on its bar
     spend = Spend()  # the dynamic programme's
     candidates = _candidates(scenario, options, context, spend)
     log.info("dapple: stage 2, dynamic programme: %s partial plans -> %s candidates", f"{spend.partials:,}",

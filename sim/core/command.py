@@ -185,8 +185,8 @@ def progress(desc: str, total: int | None = None, *, unit: str = "step") -> Iter
         return
 
     def tick(n: int = 1, desc: str | None = None) -> None:
-        if desc is not None:
-            bar.set_description_str(desc, refresh=False)
+        if desc is not None:  # a new step's name is shown at once (a step may finish before the next refresh)
+            bar.set_description_str(desc, refresh=True)
         bar.update(n)
 
     try:
