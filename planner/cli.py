@@ -94,11 +94,20 @@ def _parser() -> argparse.ArgumentParser:
     add_scenario_options(parser, example="training.global_batch_size=256", plan=False)
     parser.add_argument("--microbatch-size", type=int, action="append", metavar="N",
                         help="only try these micro-batch sizes (repeatable)")
+    budget = parser.add_argument_group("work budgets (counts of work, never seconds: the same answer on any machine)")
+    for flag, field, what in _BUDGETS:
+        budget.add_argument(flag, type=int, metavar="N", dest=field,
+                            help=f"{what} (default {getattr(PlannerOptions(), field):,})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", metavar="DIR", help="write best_plan.json, best_plan_metrics.json and GPipe/DAPPLE plots of the best plan")
     add_verbosity_options(parser)
     return parser
 
+
+_BUDGETS = (("--max-candidates", "max_candidates", "complete candidates a planner scores with the closed forms"),
+            ("--max-partials", "max_partials", "partial plans a planner's dynamic programme extends"),
+            ("--max-replays", "fast_max", "candidates a planner replays on the fast path"))
+"""(flag, PlannerOptions field, help) of the budgets a user may raise or lower."""
 
 _VERBOSITY = ("-v", "--verbose", "-q", "--quiet")
 
@@ -127,7 +136,11 @@ def _run(args: argparse.Namespace) -> int:
     bad = [size for size in args.microbatch_size or () if size < 1]
     if bad:
         raise DappleError(f"--microbatch-size {bad[0]}: give a positive number of samples per micro-batch")
-    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None)
+    budgets = {field: getattr(args, field) for _, field, _ in _BUDGETS if getattr(args, field) is not None}
+    for flag, field, _ in _BUDGETS:
+        if budgets.get(field, 1) < 1:
+            raise DappleError(f"{flag} {budgets[field]}: give a positive count")
+    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None, **budgets)
     names = args.planner or list(DEFAULT_PLANNERS)
     watch = Stopwatch()
     started = time.perf_counter()

@@ -8,6 +8,8 @@ their replays (``planner.search.context``) without changing any planner's answer
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from planner.planners.baselines import megatron_planner
@@ -137,3 +139,16 @@ def test_replays_on_worker_processes_give_the_same_answer_and_spend():
     assert there.best.iteration_time_s == here.best.iteration_time_s
     assert there.spend.to_json() == here.spend.to_json()
     assert [e.candidate for e in there.evaluations] == [e.candidate for e in here.evaluations]
+
+
+def test_the_budgets_can_be_set_on_the_command_line(tmp_path, capsys):
+    from planner.cli import main as plan_main
+
+    path = tmp_path / "gpt.yaml"
+    path.write_text(GPT.format(nodes=1).replace("{{", "{").replace("}}", "}"))
+    assert plan_main([str(path), "--planner", "megatron", "--microbatch-size", "4", "--max-candidates", "3",
+                      "--json"]) == 0
+    spend = json.loads(capsys.readouterr().out)["planners"]["megatron"]["spend"]
+    assert spend["candidates"] == 3 and spend["budget_reached"][0] == "candidates (3)"
+    assert plan_main([str(path), "--max-replays", "-1"]) == 2
+    assert "--max-replays -1: give a positive count" in capsys.readouterr().err
