@@ -152,3 +152,14 @@ def test_the_budgets_can_be_set_on_the_command_line(tmp_path, capsys):
     assert spend["candidates"] == 3 and spend["budget_reached"][0] == "candidates (3)"
     assert plan_main([str(path), "--max-replays", "-1"]) == 2
     assert "--max-replays -1: give a positive count" in capsys.readouterr().err
+
+
+def test_the_exhaustive_search_stops_at_its_replay_budget_and_says_so():
+    from planner.planners.exhaustive import exhaustive_planner
+
+    tiny = parse_scenario(GPT.format(nodes=1).replace("layers: 8", "layers: 4").replace(
+        "preset: a100-nvlink-8, nodes: 1", "preset: a100-nvlink-8, nodes: 1, devices_per_node: 4, nics_per_node: 4"),
+        ignore_plan=True)
+    result = exhaustive_planner(tiny, PlannerOptions(microbatch_sizes=(4,), max_engine_replays=2))
+    assert result.spend.engine_replays == 2 and "engine replays (2)" in result.spend.reached
+    assert result.best is not None and "not proven optimal" in result.note

@@ -102,6 +102,38 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
             f"(this scenario has {n} and {layers}); use --planner dapple"
         )
     tables = CostTables(scenario)
+    bounded = _bounded(scenario, options, tables)
+    bounded.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
+    result = PlannerResult(planner="exhaustive", best=None)
+    result.spend.candidates = len(bounded)
+    if len(bounded) >= options.max_partials:
+        result.spend.reach("partial plans", options.max_partials)
+    for bound, candidate in bounded:
+        if result.best is not None and bound >= result.best.iteration_time_s:
+            break
+        if result.spend.engine_replays >= options.max_engine_replays:
+            result.spend.reach("engine replays", options.max_engine_replays)
+            break
+        evaluation = context.evaluate(candidate, "simpy") if context is not None else \
+            evaluate(scenario, candidate, engine="simpy")
+        result.evaluations.append(evaluation)
+        result.spend.engine_replays += 1
+        if progress is not None:
+            progress()
+        if evaluation.ok and (result.best is None or evaluation.iteration_time_s < result.best.iteration_time_s):
+            result.best = evaluation
+    if result.best is None:
+        result.note = "no candidate fits in memory"
+    elif result.spend.reached:
+        result.note = "stopped at a budget: the best found, not proven optimal"
+    result.search_time_s = time.perf_counter() - started
+    return result
+
+
+def _bounded(scenario: Scenario, options: PlannerOptions, tables: CostTables) -> list[tuple[float, Candidate]]:
+    """(lower bound, candidate) of every point of the space that could fit, at most
+    ``options.max_partials`` of them."""
+    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
     gbs = scenario.training.global_batch_size
     capacity = scenario.cluster.device.usable_memory_bytes
     bounded = []
@@ -123,21 +155,6 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
                                 continue
                             bound = lower_bound_s(tables, candidate, gbs // microbatch_size, scenario.cluster)
                             bounded.append((bound, candidate))
-    bounded.sort(key=lambda item: (item[0], item[1].num_stages, repr(item[1])))
-    result = PlannerResult(planner="exhaustive", best=None)
-    result.spend.candidates = len(bounded)
-    for bound, candidate in bounded:
-        if result.best is not None and bound >= result.best.iteration_time_s:
-            break
-        evaluation = context.evaluate(candidate, "simpy") if context is not None else \
-            evaluate(scenario, candidate, engine="simpy")
-        result.evaluations.append(evaluation)
-        result.spend.engine_replays += 1
-        if progress is not None:
-            progress()
-        if evaluation.ok and (result.best is None or evaluation.iteration_time_s < result.best.iteration_time_s):
-            result.best = evaluation
-    if result.best is None:
-        result.note = "no candidate fits in memory"
-    result.search_time_s = time.perf_counter() - started
-    return result
+                            if len(bounded) >= options.max_partials:
+                                return bounded
+    return bounded

@@ -119,7 +119,11 @@ class PlannerOptions:
     has and says so (``planner.search.budget.Spend.reached``)."""
     max_partials: int = MAX_PARTIALS
     """Partial plans a planner's dynamic programme may extend (DAPPLE's Pareto extensions,
-    PipeDream's cells); past it, the planner settles the plans found so far and says so."""
+    PipeDream's cells; the points the exhaustive search bounds); past it, the planner settles
+    the plans found so far and says so."""
+    max_engine_replays: int = 5_000
+    """SimPy replays one planner may make: the exhaustive search's bound (the others replay a
+    few, ``engine_top`` and their variants); past it, the best so far, said."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
