@@ -76,3 +76,20 @@ def test_an_unknown_schedule_exits_2_with_one_line(capsys) -> None:
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
     assert "'zb-x'" in err and "dualpipe-v" in err and "gpipe" in err
+
+
+def test_a_looped_plan_keeps_its_chunks_and_its_own_schedule_runs():
+    # GPT-3 175B, interleaved with 3 chunks on 8 ranks: 24 stages, not 16, and its own schedule not refused
+    scenario = load_scenario(SCENARIOS / "gpt3_175b_a100_tp8_pp8.yaml")
+    variants = {v.schedule: v for v in plan_variants(scenario, ("interleaved", "looped-bfs", "gpipe"))}
+    assert all(v.error is None for v in variants.values()), {k: v.error for k, v in variants.items()}
+    assert variants["interleaved"].plan == scenario.plan  # the scenario's own plan, unchanged
+    assert variants["looped-bfs"].plan.num_stages == 24 and dict(variants["looped-bfs"].plan.schedule_params) == {
+        "chunks": 3}
+    assert variants["gpipe"].plan.num_stages == 8
+
+
+def test_compare_takes_no_contention_as_simulate_does(capsys):
+    assert main(["compare", BERT48, "--schedules", "gpipe,dapple", "--no-contention", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["schedule"] for r in rows] == ["gpipe", "dapple"] and all(r["error"] is None for r in rows)

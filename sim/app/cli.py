@@ -121,6 +121,7 @@ def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
     add_scenario_options(compare)
     compare.add_argument("--engine", choices=("simpy", "fast"), default="simpy",
                          help="simpy: discrete-event engine with link contention (default); fast: contention-free")
+    compare.add_argument("--no-contention", action="store_true", help="SimPy engine without link contention")
     compare.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     compare.add_argument("--out", metavar="DIR", help="write schedules.png and compare.json into DIR")
     return check, simulate, compare
@@ -233,7 +234,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
         variants = plan_variants(scenario, schedules)
     with watch.phase(f"replay {len(variants)} schedules ({args.engine})"), progress(f"replaying {len(variants)} schedules"):
-        rows, results = run_variants(scenario, variants, engine=args.engine)
+        rows, results = run_variants(scenario, variants, engine=args.engine, contention=not args.no_contention)
     if args.out:
         out = Path(args.out)
         with watch.phase("write compare.json and schedules.png"):

@@ -6,8 +6,9 @@ ranks) and its layer cuts — and lay the stages out the way each schedule expec
 
 - one stage per rank (``gpipe``, ``dapple``, ``1f1b``, ``zb-h1``): R stages, stage s on
   device set s;
-- looped (``interleaved``, ``interleaved-zb``, ``looped-bfs``): 2R stages (two model chunks
-  per rank), stage s on device set s mod R, so a micro-batch goes round the ranks twice;
+- looped (``interleaved``, ``interleaved-zb``, ``looped-bfs``): v·R stages (v model chunks per
+  rank: the plan's own v when it loops, else its schedule's ``chunks``, else 2), stage s on
+  device set s mod R, so a micro-batch goes round the ranks v times;
 - V-shaped (``zb-v``, ``dualpipe-v``): 2R stages folded like a hairpin, stages s and 2R−1−s
   on device set s (``sim.schedule.vshape.v_stage_ranks``), so the turn at the last rank is
   a local hand-off and every rank holds one chunk of each leg.
@@ -78,6 +79,7 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         sets.setdefault(rank, stage.devices)  # the devices in the plan's own layout order
     num_ranks = len(sets)
     num_layers = scenario.model.num_layers
+    chunks = _chunks(plan, num_ranks)
     bounds_by_count = {plan.num_stages: (plan.stages[0].layers[0], *(s.layers[1] for s in plan.stages))}
     costs: list[float] | None = None
     variants = []
@@ -85,7 +87,7 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         if name in V_SCHEDULES:
             owners = v_stage_ranks(num_ranks)
         elif name in LOOPED_SCHEDULES:
-            owners = tuple(s % num_ranks for s in range(2 * num_ranks))
+            owners = tuple(s % num_ranks for s in range(chunks * num_ranks))
         else:
             owners = tuple(range(num_ranks))
         count = len(owners)
@@ -99,6 +101,8 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         bounds = bounds_by_count[count]
         stages = tuple(StageSpec(layers=(bounds[s], bounds[s + 1]), devices=sets[owners[s]]) for s in range(count))
         params = plan.schedule_params if name == plan.schedule else ()
+        if name in LOOPED_SCHEDULES:  # every looped schedule with the plan's chunk count
+            params = tuple(sorted({**dict(params), "chunks": chunks}.items()))
         try:
             variant = replace(plan, stages=stages, schedule=name, schedule_params=params,
                               schedule_file=None, custom_schedule=None)
@@ -110,7 +114,16 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
     return variants
 
 
-def run_variants(scenario, variants: Sequence[Variant], *, engine: str = "simpy") -> tuple[list[dict[str, Any]], dict]:
+def _chunks(plan: PlanSpec, num_ranks: int) -> int:
+    """Model chunks per rank the looped variants use: the plan's own when it loops (24 stages on
+    8 ranks: 3), else its schedule's ``chunks`` parameter, else 2."""
+    if plan.schedule in LOOPED_SCHEDULES and plan.num_stages % num_ranks == 0:
+        return plan.num_stages // num_ranks
+    return int(dict(plan.schedule_params).get("chunks", 2))
+
+
+def run_variants(scenario, variants: Sequence[Variant], *, engine: str = "simpy", contention: bool = True
+                 ) -> tuple[list[dict[str, Any]], dict]:
     """Replay each variant: (one row per schedule, ``{schedule: SimResult}`` of those that ran)."""
     rows, results = [], {}
     for variant in variants:
@@ -119,7 +132,7 @@ def run_variants(scenario, variants: Sequence[Variant], *, engine: str = "simpy"
                                "oom": None, "error": variant.error}
         if variant.plan is not None:
             try:
-                result = run_scenario(replace(scenario, plan=variant.plan), engine=engine)
+                result = run_scenario(replace(scenario, plan=variant.plan), engine=engine, contention=contention)
             except DappleError as exc:  # ScheduleError included: e.g. dualpipe-v with M < 2R
                 row["error"] = str(exc).splitlines()[0]
             else:
