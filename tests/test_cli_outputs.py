@@ -227,3 +227,19 @@ def test_validation_gantt_draws_the_measured_step_within_its_own_line():
     assert line.get_xdata()[0] == pytest.approx(end_ms)
     assert measured_ax.get_title(loc="left").startswith("measured: the median step")
     assert fig.axes[0].get_legend() is not None
+
+
+def test_simulate_exits_0_on_out_of_memory_and_3_with_fail_on_oom(capsys):
+    from sim.app.cli import main
+
+    mlp = str(SCENARIOS / "mlp_tiny_cpu.yaml")
+    # hidden 1024: one 1024 × 1024 fp32 layer is 4 MiB, over the device's 1 MiB
+    small = ["--set", "cluster.device.memory=1MiB", "--set", "model.hidden=1024"]
+    assert main(["simulate", mlp, *small, "--json"]) == 0  # by default a plan that does not fit is a result
+    assert json.loads(capsys.readouterr().out)["oom"] is True
+    assert main(["simulate", mlp, *small, "--json", "--fail-on-oom"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["oom"] is True  # the results are printed all the same
+    assert captured.err == "dapple-sim: out of memory on device 0 (--fail-on-oom): exit 3\n"
+    assert main(["simulate", mlp, "--json", "--fail-on-oom"]) == 0  # a plan that fits
+    assert json.loads(capsys.readouterr().out)["oom"] is False

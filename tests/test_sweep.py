@@ -311,3 +311,33 @@ def test_command_line_sweep_exits_1_when_a_point_failed(tmp_path, capsys):
     assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1"]) == 1
     out = capsys.readouterr().out
     assert "1 failed" in out and "error: " in out
+
+
+TINY_MLP_NO_MICROBATCH = """\
+name: tiny-mlp
+cluster:
+  nodes: 1
+  devices_per_node: 2
+  device: {name: cpu-core, memory: 2GiB, peak_flops: 50GFLOP/s, peak_fp32_flops: 50GFLOP/s, memory_bandwidth: 10GB/s}
+  intra_node: {bandwidth: 2GB/s, latency: 30us}
+  inter_node: {bandwidth: 1GB/s, latency: 50us}
+model: {preset: mlp, layers: 4, hidden: 64, input_size: 32, num_classes: 10, dtype: fp32, optimizer: sgd}
+training:
+  global_batch_size: 12
+"""
+
+
+def test_plan_mode_sweep_takes_a_base_without_microbatch_size_as_dapple_plan_does(tmp_path, capsys):
+    from planner.cli import main
+
+    (tmp_path / "base.yaml").write_text(TINY_MLP_NO_MICROBATCH)
+    path = _write(tmp_path, {"base": "base.yaml", "mode": "plan",
+                             "axes": {"training.global_batch_size": [12, 24]}})
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "1"]) == 0
+    assert "2 run, 0 already done" in capsys.readouterr().out
+    table = pd.read_csv(out / "results.csv")
+    assert table["error"].isna().all()
+    # each row's micro-batch size is the planner's choice: it divides the row's global batch
+    for _, row in table.iterrows():
+        assert row["training.global_batch_size"] % row["microbatch_size"] == 0 and not row["oom"]

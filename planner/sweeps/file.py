@@ -339,7 +339,8 @@ def _probe_keys(sweep: Sweep, fail) -> None:
             except ScenarioError as exc:
                 raise fail(show_text(key), str(exc).split(": ", 2)[-1]) from None
             try:
-                parse_scenario(sweep.base_text, source="", base_dir=Path(sweep.base).parent, overrides=override)
+                parse_scenario(sweep.base_text, source="", base_dir=Path(sweep.base).parent, overrides=override,
+                               ignore_plan=sweep.mode == "plan")  # as each point reads it
             except DappleError as exc:
                 message = str(exc).removeprefix(": ")
                 named = message.split(": ", 1)[0]

@@ -61,8 +61,10 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         name = key.split(".", 1)[1]
         options[name] = planner_option(name, settings.pop(key), key, lambda k, p: SweepError(f"{k}: {p}"))
     overrides = {key: override_value(value) for key, value in settings.items()}
+    # a plan-mode point is read as dapple-plan reads its scenario: without the file's plan, and
+    # so with the micro-batch size optional (the planner chooses its own)
     scenario = parse_scenario(sweep.base_text, source=Path(sweep.base).name, base_dir=Path(sweep.base).parent,
-                              overrides=overrides)
+                              overrides=overrides, ignore_plan=sweep.mode == "plan")
     cluster, training = scenario.cluster, scenario.training
     row = {
         "scenario": scenario.name, "model_name": scenario.model.name, "device_name": cluster.device.name,

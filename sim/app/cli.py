@@ -1,6 +1,7 @@
 """``dapple-sim``: check and simulate scenarios, print schedules.
 
-Exit codes: 0 success, 1 run failure, 2 bad input. A user's mistake prints one line on
+Exit codes: 0 success, 1 run failure, 2 bad input; ``simulate --fail-on-oom``: 3 when the plan
+runs out of memory (by default a plan that does not fit is a result, exit 0). A user's mistake prints one line on
 stderr (plus, for a broken schedule, the rank × step grid) and never a traceback.
 """
 
@@ -104,6 +105,10 @@ def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
         help="replay every device separately instead of one per class of identical devices (slower, same result)",
     )
     simulate.add_argument("--trace-all", action="store_true", help="trace every device even in large clusters")
+    simulate.add_argument(
+        "--fail-on-oom", action="store_true",
+        help="exit 3 when the replay runs out of memory (by default a plan that does not fit is a result: exit 0)",
+    )
 
     compare = sub.add_parser(
         "compare",
@@ -214,6 +219,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     watch.report()
     print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json
           else format_summary(summary, result, notes=_vocab_notes(scenario)))
+    if args.fail_on_oom and summary.oom:  # a script's check: the results above, then a distinct exit code
+        print(f"dapple-sim: out of memory on device {summary.oom_detail.device} (--fail-on-oom): exit 3",
+              file=sys.stderr)
+        return 3
     return 0
 
 

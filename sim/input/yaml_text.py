@@ -11,7 +11,9 @@ refuses each while it composes the document, before a single value is built:
 * more than ``MAX_NODES`` values (keys, items and scalars), every alias counted as the
   values it repeats;
 * an alias inside the node it names (a value that contains itself);
-* a number written with more than ``MAX_NUMBER_CHARS`` characters.
+* a number written with more than ``MAX_NUMBER_CHARS`` characters;
+* a key written twice in one mapping (``nodes: 2`` then ``nodes: 4``): YAML 1.2 says keys are
+  unique, but PyYAML keeps the last silently, so a file would mean what its second line says.
 
 Every refusal, like a syntax error, is one line naming the source, the line and the column.
 ``check_nesting`` applies the same limits to a value that did not come from YAML (a plan file's
@@ -100,14 +102,37 @@ class _Limits(Composer):
                            node.start_mark) from None
 
 
+class _UniqueKeys(SafeConstructor):
+    """PyYAML's safe constructor, refusing a key that a mapping repeats (the keys a merge key,
+    ``<<``, brings in may still be overridden: that is what merging is for)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+                try:
+                    first = first_line.get(key)
+                except TypeError:  # an unhashable key: PyYAML's own construct_mapping says so
+                    continue
+                if first is not None:
+                    lines = f"twice at line {line}" if first == line else f"at lines {first} and {line}"
+                    raise _Refused(f"key {str(key_node.value)[:40]!r} appears {lines} in one mapping; keep one",
+                                   key_node.start_mark)
+                first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 try:
     from yaml._yaml import CParser as _Parser
 
-    class _Loader(_Limits, _Parser, SafeConstructor, Resolver):
+    class _Loader(_Limits, _Parser, _UniqueKeys, Resolver):
         def __init__(self, stream: str) -> None:
             _Parser.__init__(self, stream)
             _Limits.__init__(self)
-            SafeConstructor.__init__(self)
+            _UniqueKeys.__init__(self)
             Resolver.__init__(self)
             self._start_limits()
 
@@ -116,13 +141,13 @@ except ImportError:  # PyYAML without libyaml: the pure-Python parser
     from yaml.reader import Reader
     from yaml.scanner import Scanner
 
-    class _Loader(Reader, Scanner, Parser, _Limits, SafeConstructor, Resolver):  # type: ignore[no-redef]
+    class _Loader(Reader, Scanner, Parser, _Limits, _UniqueKeys, Resolver):  # type: ignore[no-redef]
         def __init__(self, stream: str) -> None:
             Reader.__init__(self, stream)
             Scanner.__init__(self)
             Parser.__init__(self)
             _Limits.__init__(self)
-            SafeConstructor.__init__(self)
+            _UniqueKeys.__init__(self)
             Resolver.__init__(self)
             self._start_limits()
 
