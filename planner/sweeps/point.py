@@ -71,7 +71,7 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         "memory_capacity_bytes": cluster.device.usable_memory_bytes,
     }
     if sweep.mode == "simulate":
-        result = run_scenario(scenario, engine=engine)
+        result = run_scenario(scenario, engine=engine, log_level=logging.DEBUG)  # one line per point: DEBUG
         row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute is Recompute.FULL)
         return row
     return {**row, **_plan(scenario, planner, options)}
