@@ -62,7 +62,8 @@ from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comp
 __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
-       dapple-plan sweep SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N] [-v | -q]"""
+                   [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
+       dapple-plan sweep [-h] SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
   SCENARIO              plan one scenario: every planner, one row each (this page)

@@ -4,7 +4,9 @@ override should say, and says now."""
 from __future__ import annotations
 
 from conftest import SCENARIOS
+from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
+from planner.sweeps.command import sweep_parser
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
 
@@ -15,3 +17,12 @@ def test_dapple_plan_v_says_the_device_classes_a_few_times_not_once_per_replay(c
     err = capsys.readouterr().err
     assert "plan with dp" in err  # -v did turn INFO on
     assert sum("devices in" in line for line in err.splitlines()) <= 2
+
+
+def test_dapple_plans_usage_lines_name_every_option_its_parsers_take():
+    plan_usage, sweep_usage = USAGE.split("dapple-plan sweep")
+    for parser, usage in ((_parser(), plan_usage), (sweep_parser(), sweep_usage)):
+        words = set(usage.replace("[", " ").replace("]", " ").replace("|", " ").split())
+        missing = [action.option_strings for action in parser._actions
+                   if action.option_strings and not words.intersection(action.option_strings)]
+        assert not missing, (usage, missing)
