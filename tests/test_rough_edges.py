@@ -3,10 +3,13 @@ override should say, and says now."""
 
 from __future__ import annotations
 
-from conftest import SCENARIOS
+import re
+
+from conftest import REPO, SCENARIOS
 from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
 from planner.sweeps.command import sweep_parser
+from runtime.model.config import RUNNABLE_PRESETS
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
 
@@ -26,3 +29,9 @@ def test_dapple_plans_usage_lines_name_every_option_its_parsers_take():
         missing = [action.option_strings for action in parser._actions
                    if action.option_strings and not words.intersection(action.option_strings)]
         assert not missing, (usage, missing)
+
+
+def test_scenario_md_names_the_presets_dapple_run_runs_for_real():
+    text = " ".join((REPO / "docs" / "scenario.md").read_text().split())
+    sentence = text[text.index("`dapple-run` runs the "):].split(" presets for real")[0]
+    assert set(re.findall(r"`(\w+)`", sentence)) == set(RUNNABLE_PRESETS)
