@@ -3,6 +3,8 @@ override should say, and says now."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 
 from conftest import REPO, SCENARIOS
@@ -10,6 +12,8 @@ from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
 from planner.sweeps.command import sweep_parser
 from runtime.model.config import RUNNABLE_PRESETS
+from sim.engine.run import run_scenario
+from sim.input.scenario import load_scenario
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
 
@@ -35,3 +39,13 @@ def test_scenario_md_names_the_presets_dapple_run_runs_for_real():
     text = " ".join((REPO / "docs" / "scenario.md").read_text().split())
     sentence = text[text.index("`dapple-run` runs the "):].split(" presets for real")[0]
     assert set(re.findall(r"`(\w+)`", sentence)) == set(RUNNABLE_PRESETS)
+
+
+def test_events_csv_writes_micro_batch_numbers_as_integers():
+    result = run_scenario(load_scenario(BERT), engine="fast")
+    rows = list(csv.DictReader(io.StringIO(result.events().to_csv(index=False))))
+    numbers = {row["microbatch"] for row in rows}
+    # BERT-48's plan runs micro-batches 0..M-1; OPTIM and the all-reduces have none (an empty cell)
+    expected = {str(m) for m in range(result.summarize().num_microbatches)} | {""}
+    assert numbers == expected
+    assert any(row["kind"] == "OPTIM" and row["microbatch"] == "" for row in rows)
