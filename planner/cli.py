@@ -63,7 +63,7 @@ __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
                    [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
-       dapple-plan sweep [-h] SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
+       dapple-plan sweep SWEEP.yaml [-h] --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
   SCENARIO              plan one scenario: every planner, one row each (this page)
