@@ -49,3 +49,14 @@ def test_events_csv_writes_micro_batch_numbers_as_integers():
     expected = {str(m) for m in range(result.summarize().num_microbatches)} | {""}
     assert numbers == expected
     assert any(row["kind"] == "OPTIM" and row["microbatch"] == "" for row in rows)
+
+
+def test_set_creates_the_optimizer_mapping_a_file_leaves_out():
+    path = SCENARIOS / "bert48_v100_15to1.yaml"
+    assert "optimizer" not in path.read_text()
+    model = load_scenario(path, {"model.optimizer.implementation": "foreach"}).model
+    assert (model.optimizer, model.optimizer_implementation) == ("adam", "foreach")
+    # a mapping without a name keeps the model's default optimizer: the vgg preset's is momentum
+    vgg = load_scenario(path, {"model": "{preset: vgg, depth: 19, optimizer: {implementation: foreach}}"},
+                        ignore_plan=True).model
+    assert (vgg.optimizer, vgg.optimizer_implementation) == ("momentum", "foreach")
