@@ -7,15 +7,18 @@ import csv
 import io
 import re
 
+import pytest
 from conftest import REPO, SCENARIOS
 from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
 from planner.sweeps.command import sweep_parser
+from planner.sweeps.file import SweepError, sweep_from_dict
 from runtime.model.config import RUNNABLE_PRESETS
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
+SWEEP_BASE = BERT  # a sweep's base scenario (absolute: read from anywhere)
 
 
 def test_dapple_plan_v_says_the_device_classes_a_few_times_not_once_per_replay(capsys):
@@ -60,3 +63,23 @@ def test_set_creates_the_optimizer_mapping_a_file_leaves_out():
     vgg = load_scenario(path, {"model": "{preset: vgg, depth: 19, optimizer: {implementation: foreach}}"},
                         ignore_plan=True).model
     assert (vgg.optimizer, vgg.optimizer_implementation) == ("momentum", "foreach")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"base": SWEEP_BASE, "axis": {}}, "axis: unknown key; did you mean 'axes'?"),
+    ({"base": SWEEP_BASE, "mode": "simulat"}, "mode: unknown value 'simulat'; did you mean 'simulate'?"),
+    ({"base": SWEEP_BASE, "axes": {"clustr.inter_node.bandwidth": ["10Gb/s"]}},
+     "is not a scenario key (sections: name, cluster, model, training, plan, faults) nor engine; "
+     "did you mean 'cluster.inter_node.bandwidth'?"),
+    ({"base": SWEEP_BASE, "engine": "fats"}, "engine: unknown value 'fats'; did you mean 'fast'?"),
+    ({"base": SWEEP_BASE, "mode": "plan", "options": {"max_candidate": 10}},
+     "options.max_candidate: unknown planner option; did you mean 'max_candidates'?"),
+    ({"base": SWEEP_BASE, "mode": "plan", "axes": {"planner": ["dapple", "megatorn"]}},
+     "axes.planner[1]: unknown planner 'megatorn'; did you mean 'megatron'?"),
+    ({"base": SWEEP_BASE, "plots": [{"figure": "oom_frontier", "gpu": "x"}]},
+     "plots[0].gpu: unknown argument of oom_frontier; did you mean 'gpus'?"),
+])
+def test_a_sweep_key_or_name_typo_gets_a_did_you_mean(data, message):
+    with pytest.raises(SweepError) as info:
+        sweep_from_dict(data, source="test.yaml")
+    assert message in str(info.value) and "\n" not in str(info.value)
