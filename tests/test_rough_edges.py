@@ -12,9 +12,10 @@ from conftest import REPO, SCENARIOS
 from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
 from planner.sweeps.command import sweep_parser
-from planner.sweeps.file import SweepError, sweep_from_dict
+from planner.sweeps.file import SweepError, schedule_column, sweep_from_dict
 from runtime.model.config import RUNNABLE_PRESETS
 from sim.engine.run import run_scenario
+from sim.input.plan_file import schedule_text
 from sim.input.scenario import load_scenario
 
 BERT = str(SCENARIOS / "bert48_v100_2x8.yaml")
@@ -83,3 +84,15 @@ def test_a_sweep_key_or_name_typo_gets_a_did_you_mean(data, message):
     with pytest.raises(SweepError) as info:
         sweep_from_dict(data, source="test.yaml")
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sweeps_schedule_column_writes_every_schedule_as_the_planners_table_does():
+    sweep = sweep_from_dict({"base": SWEEP_BASE, "axes": {"plan.schedule": [
+        "gpipe", {"name": "dapple", "policy": "2(s-i)-1"}, {"name": "interleaved", "chunks": 2}]}}, source="t.yaml")
+    assert [dict(p.columns)["plan.schedule"] for p in sweep.points] == [
+        "gpipe", "dapple/2(s-i)-1", "interleaved/chunks=2"]
+    # a plan-mode row's schedule is a plan file's (plan_to_dict): a name, or a name and its parameters
+    assert schedule_column("zb-h1") == "zb-h1"
+    assert schedule_column({"name": "interleaved", "chunks": 3}) == "interleaved/chunks=3" == schedule_text(
+        {"chunks": 3, "name": "interleaved"})
+    assert schedule_column([1, 2]) == "[1, 2]"  # no schedule: its JSON, for the reader to refuse

@@ -46,11 +46,13 @@ from planner.sweeps.checks import check_plots, planner_option
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.userfiles import read_user_file, show_path, user_file_problem
 from sim.engine.run import ENGINES
+from sim.input.plan_file import schedule_text
 from sim.input.scenario import apply_overrides, parse_scenario
 from sim.input.strict import closest, did_you_mean, show_text, show_value
 from sim.input.yaml_text import load_yaml
 
-__all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value"]
+__all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value",
+           "schedule_column"]
 
 SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults")
 MODES = ("simulate", "plan")
@@ -236,7 +238,8 @@ def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]
         if isinstance(values, dict):
             pairs = [(value, str(label)) for label, value in values.items()]
         elif isinstance(values, list):
-            pairs = [(value, column_value(value)) for value in values]
+            pairs = [(value, schedule_column(value) if key == "plan.schedule" else column_value(value))
+                     for value in values]
         else:
             raise fail(where, f"must be a list of values or a mapping label: value, got {show_value(values)}")
         if not pairs:
@@ -260,9 +263,18 @@ def _explicit_points(data: Any, mode: str, fail) -> list[list[tuple[str, Any, An
         for key, value in item.items():
             key = _sweep_key(key, mode, fail, f"points[{i}].{show_text(str(key))}")
             _check_value(key, value, mode, fail, f"points[{i}].{key}")
-            entries.append((key, value, column_value(value)))
+            entries.append((key, value, schedule_column(value) if key == "plan.schedule" else column_value(value)))
         points.append(entries)
     return points
+
+
+def schedule_column(value: Any) -> Any:
+    """A schedule in a table's column as the planner's table writes it (``schedule_text``:
+    ``gpipe``, ``dapple/2(s-i)-1``, ``interleaved/chunks=2``), not a name beside JSON text; a
+    value that is no schedule (the scenario's reader reports it) is its JSON."""
+    if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return schedule_text(value)
+    return column_value(value)
 
 
 def column_value(value: Any) -> Any:
