@@ -1,5 +1,5 @@
-"""Issue 35's rough edges, each as a new user met it: what a log, a usage line, a CSV or an
-override should say, and says now."""
+"""Issue 35's rough edges, each as a new user met it: what a log, a usage line, a doc, a CSV,
+an override, a sweep file's typo and a sweep table's schedule column say now."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import io
 import re
 
 import pytest
+
 from conftest import REPO, SCENARIOS
 from planner.cli import USAGE, _parser
 from planner.cli import main as plan_main
