@@ -53,6 +53,7 @@ from sim.core.errors import DappleError
 from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output
 from sim.engine.run import run_scenario
+from sim.input.plan_file import schedule_text
 from sim.input.scenario import load_scenario
 from sim.models.vocab import vocab_padding
 from sim.report.plots.style import pyplot
@@ -62,7 +63,8 @@ from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comp
 __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
-       dapple-plan sweep SWEEP.yaml --out DIR [--dask local|ADDRESS] [--workers N] [-v | -q]"""
+                   [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
+       dapple-plan sweep SWEEP.yaml [-h] --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
   SCENARIO              plan one scenario: every planner, one row each (this page)
@@ -244,16 +246,6 @@ def _rate(value: float | None) -> str:
     if value < 1e4:
         return f"{value:.4g}" if value < 1e3 else f"{value:,.0f}"
     return f"{value / 1e3:.3g}k" if value < 999.5e3 else f"{value / 1e6:.3g}M"  # never 1e+03k
-
-
-def schedule_text(schedule: str | dict[str, Any]) -> str:
-    """A plan file's ``schedule`` in one short form: ``dapple``, ``dapple/2(s-i)-1`` (a policy),
-    ``interleaved/chunks=2`` (any other parameter)."""
-    if isinstance(schedule, str):
-        return schedule
-    params = {k: v for k, v in schedule.items() if k != "name"}
-    return "/".join([str(schedule.get("name", "?"))] + [str(v) if k == "policy" else f"{k}={v}"
-                                                        for k, v in sorted(params.items())])
 
 
 def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: Path,

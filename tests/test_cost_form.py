@@ -122,7 +122,6 @@ def test_a_scenario_names_the_implementation_and_gets_fused_by_default_on_a_gpu_
 @pytest.mark.parametrize(("value", "message"), [
     ("{name: adam, implementation: fast}", "model.optimizer.implementation: unknown value 'fast'"),
     ("{name: adam, impl: fused}", "model.optimizer.impl: unknown key"),
-    ("{implementation: fused}", "model.optimizer.name: missing"),
     ("{name: adagrad}", "model.optimizer.name: unknown value 'adagrad'"),
     ("{name: adam, grad_dtype: fp8}", "model.optimizer.grad_dtype: unknown value 'fp8'"),
     ("5", "model.optimizer: must be a mapping"),

@@ -72,10 +72,10 @@ def test_labelled_axis_and_explicit_points_make_readable_columns():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"base": BASE, "axis": {}}, "test.yaml: axis: unknown key; valid: name, base, mode"),
+        ({"base": BASE, "axis": {}}, "test.yaml: axis: unknown key; did you mean 'axes'? valid: name, base, mode"),
         ({"axes": {}}, "test.yaml: base: missing"),
         ({"base": "nowhere.yaml"}, "test.yaml: base: cannot read scenario 'nowhere.yaml'"),
-        ({"base": BASE, "mode": "simulated"}, "test.yaml: mode: unknown value 'simulated'; valid: simulate, plan"),
+        ({"base": BASE, "mode": "simulated"}, "test.yaml: mode: unknown value 'simulated'; did you mean 'simulate'? valid: simulate, plan"),
         ({"base": BASE, "axes": {"cluster.inter_node.bandwith": ["10Gb/s"]}},
          "test.yaml: cluster.inter_node.bandwith: unknown key; did you mean 'bandwidth'?"),
         ({"base": BASE, "axes": {"cluster.intra.bandwidth": ["10Gb/s"]}}, "cluster.intra: unknown key"),

@@ -22,6 +22,7 @@ tokens/s, MFU, peak memory). Metrics go beside a plan, never inside it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -147,7 +148,8 @@ def evaluate(scenario: Scenario, candidate: Candidate, *, engine: str = "fast",
             return Evaluation(candidate=candidate, engine=engine, plan=scenario_of.plan, training=scenario_of.training,
                               estimate=estimate,
                               rejection=Rejection(kind=RejectionKind.OUT_OF_MEMORY, message=message))
-        result = run_scenario(scenario_of, engine=engine)
+        # DEBUG: a planner replays hundreds of candidates, and one INFO line each would drown ``-v``
+        result = run_scenario(scenario_of, engine=engine, log_level=logging.DEBUG)
     except ScheduleError as exc:
         return _rejected(candidate, engine, RejectionKind.INVALID_SCHEDULE, exc)
     except DappleError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 from planner.search.space import PLACEMENTS, PlannerOptions
 from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
 from sim.core.parallelism import Recompute, Sharding
-from sim.input.strict import show_text, show_value
+from sim.input.strict import did_you_mean, show_text, show_value
 from sim.report.plots.tables import TABLE_FIGURES
 from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
 from sim.schedule.policy import DapplePolicy
@@ -33,7 +33,7 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         raise fail(where, "the planner's budget counts work now, not seconds: give fast_budget_ops, the actions "
                           "the fast path may replay beyond fast_top (an integer >= 0)")
     if name not in fields:
-        raise fail(where, f"unknown planner option; valid: {', '.join(sorted(fields))}")
+        raise fail(where, f"unknown planner option; {did_you_mean(name, fields)}valid: {', '.join(sorted(fields))}")
 
     def ints(v, low: int) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 10**9
@@ -113,7 +113,7 @@ def check_plots(data: Any, fail, *, mode: str, keys: tuple[str, ...], planners: 
                 continue
             if key not in allowed:
                 raise fail(f"{where}.{show_text(str(key))}", f"unknown argument of {item['figure']}; "
-                                                             f"valid: {', '.join(allowed)}")
+                                                             f"{did_you_mean(key, allowed)}valid: {', '.join(allowed)}")
             annotation = params[key].annotation
             if isinstance(annotation, str) and not _fits_annotation(annotation, value):
                 raise fail(f"{where}.{key}", f"must be {annotation.replace(' | ', ' or ')}, got {show_value(value)}")

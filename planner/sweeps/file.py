@@ -46,11 +46,13 @@ from planner.sweeps.checks import check_plots, planner_option
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.userfiles import read_user_file, show_path, user_file_problem
 from sim.engine.run import ENGINES
+from sim.input.plan_file import schedule_text
 from sim.input.scenario import apply_overrides, parse_scenario
-from sim.input.strict import show_text, show_value
+from sim.input.strict import closest, did_you_mean, show_text, show_value
 from sim.input.yaml_text import load_yaml
 
-__all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value"]
+__all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value",
+           "schedule_column"]
 
 SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults")
 MODES = ("simulate", "plan")
@@ -128,7 +130,7 @@ def sweep_from_dict(
     allowed = ("name", "base", "mode", "engine", "planner", "options", "axes", "points", "plots", "max_points")
     for key in data:
         if key not in allowed:
-            raise fail(show_text(str(key)), f"unknown key; valid: {', '.join(allowed)}")
+            raise fail(show_text(str(key)), f"unknown key; {did_you_mean(key, allowed)}valid: {', '.join(allowed)}")
     if "base" not in data or not isinstance(data["base"], str) or not data["base"]:
         raise fail("base", "missing; give the base scenario's path (relative to the sweep file)")
     base, base_text = _read_base(data["base"], base_dir, fail)
@@ -193,7 +195,7 @@ def _read_base(base: str, base_dir: str | Path, fail) -> tuple[Path, str]:
 def _choice(data: dict, key: str, choices, default, fail) -> str:
     value = data.get(key, default)
     if not isinstance(value, str) or value not in choices:
-        raise fail(key, f"unknown value {show_value(value)}; valid: {', '.join(choices)}")
+        raise fail(key, f"unknown value {show_value(value)}; {did_you_mean(value, choices)}valid: {', '.join(choices)}")
     return value
 
 
@@ -206,16 +208,19 @@ def _sweep_key(key: Any, mode: str, fail, where: str) -> str:
         return key
     if head not in SCENARIO_SECTIONS:
         own = "engine" if mode == "simulate" else "planner, options.<field>"
+        section = closest(head, SCENARIO_SECTIONS)
+        hint = f"; did you mean {'.'.join([section, *key.split('.')[1:]])!r}?" if section else ""
         raise fail(where, f"{show_value(key)} is not a scenario key (sections: {', '.join(SCENARIO_SECTIONS)}) "
-                          f"nor {own}")
+                          f"nor {own}{hint}")
     return key
 
 
 def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
     if key == "planner" and (not isinstance(value, str) or value not in PLANNERS):
-        raise fail(where, f"unknown planner {show_value(value)}; valid: {', '.join(sorted(PLANNERS))}")
+        raise fail(where, f"unknown planner {show_value(value)}; {did_you_mean(value, PLANNERS)}"
+                          f"valid: {', '.join(sorted(PLANNERS))}")
     if key == "engine" and (not isinstance(value, str) or value not in ENGINES):
-        raise fail(where, f"unknown engine {show_value(value)}; valid: {', '.join(ENGINES)}")
+        raise fail(where, f"unknown engine {show_value(value)}; {did_you_mean(value, ENGINES)}valid: {', '.join(ENGINES)}")
     if key.startswith("options."):
         planner_option(key.split(".", 1)[1], value, where, fail)
     if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value <= MAX_INT:
@@ -233,7 +238,8 @@ def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]
         if isinstance(values, dict):
             pairs = [(value, str(label)) for label, value in values.items()]
         elif isinstance(values, list):
-            pairs = [(value, column_value(value)) for value in values]
+            pairs = [(value, schedule_column(value) if key == "plan.schedule" else column_value(value))
+                     for value in values]
         else:
             raise fail(where, f"must be a list of values or a mapping label: value, got {show_value(values)}")
         if not pairs:
@@ -257,9 +263,18 @@ def _explicit_points(data: Any, mode: str, fail) -> list[list[tuple[str, Any, An
         for key, value in item.items():
             key = _sweep_key(key, mode, fail, f"points[{i}].{show_text(str(key))}")
             _check_value(key, value, mode, fail, f"points[{i}].{key}")
-            entries.append((key, value, column_value(value)))
+            entries.append((key, value, schedule_column(value) if key == "plan.schedule" else column_value(value)))
         points.append(entries)
     return points
+
+
+def schedule_column(value: Any) -> Any:
+    """A schedule in a table's column as the planner's table writes it (``schedule_text``:
+    ``gpipe``, ``dapple/2(s-i)-1``, ``interleaved/chunks=2``), not a name beside JSON text; a
+    value that is no schedule (the scenario's reader reports it) is its JSON."""
+    if isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return schedule_text(value)
+    return column_value(value)
 
 
 def column_value(value: Any) -> Any:

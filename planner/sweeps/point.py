@@ -19,7 +19,7 @@ from planner.planners.registry import get_planner
 from planner.search.evaluation import evaluation_row
 from planner.search.space import PlannerOptions
 from planner.sweeps.checks import planner_option
-from planner.sweeps.file import Point, Sweep, SweepError, column_value, override_value
+from planner.sweeps.file import Point, Sweep, SweepError, override_value, schedule_column
 from sim.core import jsonio
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
@@ -73,7 +73,7 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
         "memory_capacity_bytes": cluster.device.usable_memory_bytes,
     }
     if sweep.mode == "simulate":
-        result = run_scenario(scenario, engine=engine)
+        result = run_scenario(scenario, engine=engine, log_level=logging.DEBUG)  # one line per point: DEBUG
         row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute is Recompute.FULL)
         return row
     return {**row, **_plan(scenario, planner, options)}
@@ -87,7 +87,7 @@ def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
     row = evaluation_row(best)
     return {
         **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
-        "recompute": bool(best.candidate.recompute), "schedule": column_value(row.plan["schedule"]),
+        "recompute": bool(best.candidate.recompute), "schedule": schedule_column(row.plan["schedule"]),
         "plan_description": row.metrics.description, "plan_placement": row.metrics.placement,
         "plan_json": jsonio.dumps(row.plan, sort_keys=True), "planner_note": found.note or None,
     }

@@ -218,7 +218,11 @@ class SimResult:
         # pandas only when a table is built: keeps it off the import path of the rest
         import pandas as pd
 
-        return pd.DataFrame([row.to_json() for row in self.event_rows(devices)], columns=list(EVENT_COLUMNS))
+        frame = pd.DataFrame([row.to_json() for row in self.event_rows(devices)], columns=list(EVENT_COLUMNS))
+        # a column of ints and Nones would be floats (NaN for None): events.csv would read "3.0";
+        # pandas' nullable integers write "3", and "" for a per-iteration action
+        frame["microbatch"] = frame["microbatch"].astype("Int64")
+        return frame
 
 
 _STREAM = {COMPUTE: "compute", SEND: "send", RECV: "recv", REDUCE: "allreduce"}

@@ -28,9 +28,13 @@ ENGINES = ("simpy", "fast")
 
 
 def run_scenario(
-    scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True
+    scenario: Scenario, *, engine: str = "simpy", contention: bool = True, symmetric: bool = True,
+    log_level: int = logging.INFO,
 ) -> SimResult:
-    """Replay ``scenario``'s plan; raises ``DappleError`` when it has none."""
+    """Replay ``scenario``'s plan; raises ``DappleError`` when it has none.
+
+    ``log_level`` is the level of the "N devices in K classes" line: INFO for a user's one
+    replay, DEBUG from a planner or a sweep, which replay hundreds of candidates."""
     if scenario.plan is None:
         raise DappleError(
             f"{scenario.path or scenario.name}: plan: missing; add a plan (stages and schedule) to simulate, "
@@ -49,7 +53,7 @@ def run_scenario(
     # with contention a fault would split every device that shares a ring with one it touched:
     # try the optimistic classes first, and the equitable ones if the replay says they diverged
     workload = compile_workload(scenario, symmetric=symmetric, contention=contended, optimistic=contended)
-    log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
+    log.log(log_level, "%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
     if engine == "fast":
         result = replay(workload)
     else:
@@ -59,14 +63,14 @@ def run_scenario(
         try:
             result = simulate(workload, contention=contention)
         except Diverged as exc:
-            log.info("%s: %s; replaying the equitable classes", scenario.name, exc)
+            log.log(log_level, "%s: %s; replaying the equitable classes", scenario.name, exc)
             workload = compile_workload(scenario, symmetric=symmetric, contention=True)
-            log.info("%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
+            log.log(log_level, "%s: %d devices in %d classes", scenario.name, workload.num_devices, len(workload.classes))
             result = simulate(workload, contention=contention)
             result.diverged = str(exc)
     if scenario.faults:
         # the same plan without faults, for the impact (iteration time, idle time per device);
         # faults do not enter the resolved plan, so the baseline keeps it
         result.baseline = run_scenario(scenario.without_faults(), engine=engine, contention=contention,
-                                       symmetric=symmetric)
+                                       symmetric=symmetric, log_level=log_level)
     return result

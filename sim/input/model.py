@@ -46,8 +46,9 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
     if ("profile" in data) == ("preset" in data):
         raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
     optimizer = _optimizer(reader, data.get("optimizer"), default_implementation)
-    if optimizer["name"] is not None:
-        data = {**data, "optimizer": optimizer["name"]}
+    # the name alone goes on to the model's reader; none (a mapping without one) is the model's default
+    data = {**data, "optimizer": optimizer["name"]} if optimizer["name"] is not None \
+        else {key: value for key, value in data.items() if key != "optimizer"}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
@@ -55,13 +56,16 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
 
 def _optimizer(reader: StrictReader, value: Any, default_implementation: str) -> dict[str, Any]:
     """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32}``:
-    the name (None: the model's default), the step's implementation, the gradients' dtype."""
+    the name (None: the model's default), the step's implementation, the gradients' dtype.
+
+    A mapping may leave the name out (the model's default, adam; vgg's momentum), so that
+    ``--set model.optimizer.implementation=fused`` works on a file that names no optimizer."""
     if value is None or isinstance(value, str):
         return {"name": value, "implementation": default_implementation, "grad_dtype": None}
     data = reader.mapping(value, "model.optimizer")
-    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype"}, required={"name"})
+    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype"})
     return {
-        "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES),
+        "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
                                         choices=set(OPTIMIZER_IMPLEMENTATIONS)),
         "grad_dtype": reader.string(data, "model.optimizer", "grad_dtype", choices=DTYPE_BYTES)

@@ -35,7 +35,8 @@ from sim.core.userfiles import read_user_file, show_path
 from sim.input.strict import show_text, show_value
 from sim.input.yaml_text import check_nesting
 
-__all__ = ["LEGACY_METRIC_KEYS", "PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan"]
+__all__ = ["LEGACY_METRIC_KEYS", "PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "read_plan_file", "merge_plan",
+           "schedule_text"]
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +154,15 @@ def merge_plan(raw: dict, plan: Mapping[str, Any], *, source: str) -> dict:
             f"over micro-batches of {size} gives {global_batch // size}"
         )
     return merged
+
+
+def schedule_text(schedule: str | dict[str, Any]) -> str:
+    """A plan file's ``schedule`` (``plan_to_dict``'s: a name, or a mapping of a name and its
+    parameters) in one short form: ``dapple``, ``dapple/2(s-i)-1`` (a policy),
+    ``interleaved/chunks=2`` (any other parameter). The planner's table and a sweep's
+    ``schedule`` column show a schedule so."""
+    if isinstance(schedule, str):
+        return schedule
+    params = {k: v for k, v in schedule.items() if k != "name"}
+    return "/".join([str(schedule.get("name", "?"))] + [str(v) if k == "policy" else f"{k}={v}"
+                                                        for k, v in sorted(params.items(), key=lambda kv: str(kv[0]))])

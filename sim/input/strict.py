@@ -25,7 +25,8 @@ from sim.core.errors import DappleError, ScenarioError, SpecError
 from sim.core.units import parse_bandwidth, parse_bytes, parse_flop_rate, parse_time
 from sim.core.userfiles import INPUT_MAX_BYTES, show_path, user_file_problem
 
-__all__ = ["DATA_DIR", "MAX_INTEGER", "MISSING", "QUANTITY_RANGES", "StrictReader", "device_ids", "join_key",
+__all__ = ["DATA_DIR", "MAX_INTEGER", "MISSING", "QUANTITY_RANGES", "StrictReader", "closest", "device_ids", "did_you_mean",
+           "join_key",
            "show_text", "show_value"]
 
 MAX_INTEGER = 10**9
@@ -67,9 +68,7 @@ class StrictReader:
         for name in sorted(data, key=lambda k: k[:200] if isinstance(k, str) else show_value(k, 200)):
             if name not in allowed:
                 shown = show_text(str(name)) if isinstance(name, str) else show_value(name)
-                guess = difflib.get_close_matches(shown, sorted(allowed), n=1)
-                hint = f"did you mean {guess[0]!r}? " if guess else ""
-                raise self.fail(join_key(key, shown), f"unknown key; {hint}valid: {', '.join(sorted(allowed))}")
+                raise self.fail(join_key(key, shown), f"unknown key; {did_you_mean(shown, allowed)}valid: {', '.join(sorted(allowed))}")
         for name in sorted(required):
             if name not in data or data[name] is None:
                 raise self.fail(join_key(key, name), "missing; add it")
@@ -95,9 +94,7 @@ class StrictReader:
         if not isinstance(value, str) or not value:
             raise self.fail(join_key(key, name), f"must be a non-empty string, got {show_value(value)}")
         if choices is not None and value not in choices:
-            guess = difflib.get_close_matches(show_text(value), sorted(choices), n=1)
-            hint = f"did you mean {guess[0]!r}? " if guess else ""
-            raise self.fail(join_key(key, name), f"unknown value {show_value(value)}; {hint}"
+            raise self.fail(join_key(key, name), f"unknown value {show_value(value)}; {did_you_mean(value, choices)}"
                                                  f"valid: {', '.join(sorted(choices))}")
         return value
 
@@ -226,6 +223,19 @@ EXAMPLES = {parse_bytes: "16GiB", parse_bandwidth: "25GB/s", parse_flop_rate: "1
 
 def join_key(prefix: str, name: Any) -> str:
     return f"{prefix}.{name}" if prefix else str(name)
+
+
+def closest(word: Any, choices) -> str | None:
+    """The choice closest to a misspelt ``word`` (difflib's ratio at least 0.6), or None."""
+    guess = difflib.get_close_matches(show_text(str(word)), sorted(choices), n=1)
+    return guess[0] if guess else None
+
+
+def did_you_mean(word: Any, choices) -> str:
+    """``"did you mean 'x'? "`` (:func:`closest`), or ``""`` when no choice is close: the
+    start of an error's hint."""
+    guess = closest(word, choices)
+    return f"did you mean {guess!r}? " if guess else ""
 
 
 SHOWN_CHARS = 60
