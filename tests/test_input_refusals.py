@@ -1,0 +1,58 @@
+"""Inputs a fuzz of generated files crashed or let through (issue 35, item 9): each is one line, exit 2.
+
+YAML tags that skip the resolver (``!!int 1e3``), model shapes beyond any model
+(``hidden: 1e9``), work that grows without bound (2^20 devices, 100 000 micro-batches) and
+values of the wrong kind (a stage's ``layers`` holding a mapping, a key with a zero-width space).
+Each is run through ``dapple-sim`` as a user would and must be refused at once, before any replay.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SCENARIOS
+from sim.app.cli import main
+
+BERT = SCENARIOS / "bert48_v100_2x8.yaml"
+
+
+def _refused(capsys, argv: list[str], *words: str) -> str:
+    """Run ``dapple-sim argv``; assert exit 2 with one line on stderr holding ``words``, within a second."""
+    started = time.process_time()
+    assert main(argv) == 2
+    spent_s = time.process_time() - started
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert spent_s < 1.0, f"took {spent_s:.1f} s of CPU to refuse"  # CPU time: the refusal does no work
+    return lines[0]
+
+
+def _scenario(tmp_path: Path, old: str, new: str, source: Path = BERT) -> Path:
+    text = source.read_text()
+    assert old in text, old
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize(("tagged", "tag"), [
+    ("!!timestamp 99999-01-01", "!!timestamp"),  # AttributeError inside PyYAML before
+    ("!!bool maybe", "!!bool"),                  # KeyError
+    ("!!int 1e3", "!!int"),                      # ValueError
+    ("!!float abc", "!!float"),
+    ("!!int ''", "!!int"),                       # IndexError
+])
+def test_a_tag_the_value_does_not_match_is_one_line(tmp_path, capsys, tagged, tag):
+    path = _scenario(tmp_path, "name: bert48-v100-2x8", f"name: {tagged}")
+    _refused(capsys, ["check", str(path)], str(path), "at line 3, column 7", f"is not a valid {tag}", "quote")
+
+
+def test_a_tag_the_value_matches_still_reads(tmp_path, capsys):
+    path = _scenario(tmp_path, "global_batch_size: 128", "global_batch_size: !!int 128")
+    assert main(["check", str(path)]) == 0
