@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SCENARIOS
+from planner.cli import main as plan_main
 from sim.app.cli import main
 
 BERT = SCENARIOS / "bert48_v100_2x8.yaml"
@@ -56,3 +57,24 @@ def test_a_tag_the_value_does_not_match_is_one_line(tmp_path, capsys, tagged, ta
 def test_a_tag_the_value_matches_still_reads(tmp_path, capsys):
     path = _scenario(tmp_path, "global_batch_size: 128", "global_batch_size: !!int 128")
     assert main(["check", str(path)]) == 0
+
+
+@pytest.mark.parametrize(("old", "new", "key", "limit"), [
+    ("hidden: 64", "hidden: 1000000000", "model.hidden", "1,048,576"),  # planned, then exit 1 before
+    ("seq_len: 32", "seq_len: 100000000", "model.seq_len", "16,777,216"),
+])
+def test_a_transformer_beyond_any_model_is_refused(tmp_path, capsys, old, new, key, limit):
+    path = _scenario(tmp_path, old, new, SCENARIOS / "gpt_tiny_cpu.yaml")
+    _refused(capsys, ["check", str(path)], f"{key}: ", f"use at most {limit}")
+
+
+def test_a_vgg_image_beyond_any_camera_is_refused_by_the_planner(tmp_path, capsys):
+    text = (SCENARIOS / "gpt_tiny_cpu.yaml").read_text()
+    start, end = text.index("model:"), text.index("training:")
+    path = tmp_path / "vgg.yaml"
+    path.write_text(text[:start] + "model: {preset: vgg, image_size: 320000000}\n" + text[end:])
+    started = time.process_time()
+    assert plan_main([str(path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "model.image_size: 320000000" in line and "use at most 65,536" in line, line
+    assert time.process_time() - started < 1.0
