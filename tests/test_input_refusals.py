@@ -78,3 +78,17 @@ def test_a_vgg_image_beyond_any_camera_is_refused_by_the_planner(tmp_path, capsy
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "model.image_size: 320000000" in line and "use at most 65,536" in line, line
     assert time.process_time() - started < 1.0
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("layers: [0, 3]", "layers: [0, {a: 1}]", ("plan.stages[0].layers: must be [start, end]",)),
+    ("devices: [1]", "devices\u200b: [1]", ("plan.stages[1].devices", "unknown key", "did you mean 'devices'")),
+])
+def test_the_plan_the_planner_ignores_must_still_be_a_plan(tmp_path, capsys, old, new, words):
+    """dapple-plan ignores the file's plan (it may be for another cluster) but not a typo in it: exit 0 before."""
+    path = _scenario(tmp_path, old, new, SCENARIOS / "gpt_tiny_cpu.yaml")
+    started = time.process_time()
+    assert plan_main([str(path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and all(word in line for word in words), line
+    assert time.process_time() - started < 1.0
