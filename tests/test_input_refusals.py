@@ -92,3 +92,18 @@ def test_the_plan_the_planner_ignores_must_still_be_a_plan(tmp_path, capsys, old
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and all(word in line for word in words), line
     assert time.process_time() - started < 1.0
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("nodes: 2\n  devices_per_node: 8", "nodes: 1024\n  devices_per_node: 1024", ("131,072 a cluster may have",)),  # 2^20 devices: check ran 12 s
+    ("global_batch_size: 128", "global_batch_size: 1600000", ("more than the 16384",)),  # 100,000 micro-batches
+])
+def test_work_beyond_the_bounds_is_refused_before_it_starts(tmp_path, capsys, old, new, words):
+    path = _scenario(tmp_path, old, new)
+    for command in ("check", "simulate"):
+        _refused(capsys, [command, str(path)], *words)
+
+
+def test_a_model_of_100_000_layers_is_refused(tmp_path, capsys):
+    path = _scenario(tmp_path, "layers: 4", "layers: 100000", SCENARIOS / "gpt_tiny_cpu.yaml")
+    _refused(capsys, ["simulate", str(path)], "model.layers: 100000", "use at most 16,384")

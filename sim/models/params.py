@@ -72,7 +72,7 @@ tensor-parallel degree (``sim.models.vocab``; Megatron-LM's ``--make-vocab-size-
 _BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})
 
 _MAX_SIZE: Mapping[str, int] = MappingProxyType({
-    "layers": 100_000,      # a profile's layer limit (sim.input.profiles.MAX_NODES)
+    "layers": 2**14,        # 16,384: 130 x the deepest published (126, Llama 3 405B); 100,000 replayed for 20 s
     "hidden": 2**20,        # 64 x the widest published model's 16,384 (Llama 3 405B), 18,432 (PaLM)
     "ffn_hidden": 2**22,    # 4 x that hidden, the usual expansion
     "heads": 2**16,         # heads of at least 16 of the widest hidden
