@@ -499,7 +499,7 @@ EDGES_IN_RANGE = {
     ("cluster", "intra_node", "recv_overhead"): ["0s", "1s"],
     ("model", "hidden"): [64, 65536],
     ("model", "seq_len"): [32, 1000000],
-    ("model", "vocab"): [128, 1000000000],
+    ("model", "vocab"): [128, 16777216],  # 2**24, sim.models.params._MAX_SIZE,
 }
 FAULTS_IN_RANGE = [
     [], [{"type": "straggler", "device": 1, "slowdown": 1000}], [{"type": "straggler", "device": 0, "slowdown": 1}],

@@ -103,7 +103,7 @@ def test_nesting_cycles_long_numbers_and_bad_dates_are_one_line():
         ("a: &x [" + "[" * 40 + "]" * 40 + "]\nb: [[[[[[[[[[[[[[[[[[[[[[[[[[*x]]]]]]]]]]]]]]]]]]]]]]]]]]", "nested deeper"),
         ("a: &a [*a]", "inside the node it names"),
         ("a: " + "9" * 5000, "a number of 5000 characters"),
-        ("a: 2001-13-45", "looks like a date but is not one"),
+        ("a: 2001-13-45", "is not a valid !!timestamp; write a date"),
         ("a: [1,", "not valid YAML at line 2, column 1"),
     ]:
         with pytest.raises(ScenarioError, match="^f.yaml: ") as info:

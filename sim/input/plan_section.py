@@ -49,7 +49,7 @@ from sim.schedule.plan_schedule import parse_schedule_for_plan
 from sim.schedule.policy import DapplePolicy
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
 
-__all__ = ["read_fsdp", "read_overlap", "read_plan"]
+__all__ = ["check_plan_shape", "read_fsdp", "read_overlap", "read_plan"]
 
 _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parallel", "sequence_parallel",
               "context_parallel", "sharding", "pipeline_parallel", "data_parallel", "overlap", "fsdp"}
@@ -135,7 +135,19 @@ stage from the plan's costs (``sim.schedule.plan_schedule.dapple_stage_policies`
 keeps the textbook ``s-i``."""
 
 
-def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> StageSpec:
+def check_plan_shape(reader: StrictReader, data: Any) -> None:
+    """Refuse a plan the planner will ignore when it is not a plan at all: its keys, and each
+    stage's keys and ``[start, end]`` (an ignored plan may be for another cluster or model, so its
+    ranges and devices are not checked; a mapping in ``layers`` or a misspelt key is still a typo)."""
+    data = reader.mapping(data, "plan")
+    reader.keys(data, "plan", allowed=_PLAN_KEYS)
+    if isinstance(data.get("stages"), list):
+        for i, item in enumerate(data["stages"]):
+            _stage_layers(reader, item, f"plan.stages[{i}]")
+
+
+def _stage_layers(reader: StrictReader, data: Any, key: str) -> tuple[dict, list[int]]:
+    """A stage's mapping and its ``[start, end]``, their shape checked."""
     data = reader.mapping(data, key)
     reader.keys(data, key, allowed={"layers", "devices"}, required={"layers", "devices"})
     layers = data["layers"]
@@ -145,6 +157,11 @@ def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> Stage
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
     ):
         raise reader.fail(join_key(key, "layers"), f"must be [start, end] (two integers, end exclusive), got {show_value(layers)}")
+    return data, layers
+
+
+def _stage(reader: StrictReader, data: Any, key: str, num_devices: int) -> StageSpec:
+    data, layers = _stage_layers(reader, data, key)
     devices = device_ids(reader, data["devices"], join_key(key, "devices"), num_devices)
     return reader.build(key, StageSpec, layers=(layers[0], layers[1]), devices=devices)
 

@@ -36,8 +36,8 @@ from sim.core.userfiles import PROFILE_MAX_BYTES, read_user_file, show_path, use
 
 __all__ = ["ProfileError", "load_profile", "parse_profile"]
 
-MAX_NODES = 100_000
-"""Most nodes (layers) of a profile, as for a generated model."""
+MAX_NODES = 2**14 + 2
+"""Most nodes (layers) of a profile, as for a generated model: 2^14 blocks, the embedding and the head."""
 MAX_TIME_MS = 1e7
 """Longest forward or backward time of one node for one batch, milliseconds (about 2.8 hours)."""
 MAX_BYTES = 2.0**50

@@ -41,7 +41,7 @@ from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults
 from sim.input.model import read_model
 from sim.input.plan_file import merge_plan
-from sim.input.plan_section import read_fsdp, read_overlap, read_plan
+from sim.input.plan_section import check_plan_shape, read_fsdp, read_overlap, read_plan
 from sim.input.presets import DEVICE_PRESETS
 from sim.input.stack import StackValue, apply_stack
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
@@ -167,6 +167,8 @@ def parse_scenario(
     overlap = read_overlap(reader, settings.get("overlap", {}))
     fsdp = read_fsdp(reader, settings.get("fsdp", {}))
     if ignore_plan:
+        if ignored:  # not checked against this cluster, but a plan that is no plan is a typo
+            check_plan_shape(reader, raw["plan"])
         raw = {key: value for key, value in raw.items() if key != "plan"}
     reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
                 required={"cluster", "model", "training"})

@@ -94,12 +94,30 @@ class _Limits(Composer):
         if depth > MAX_DEPTH:
             raise _Refused(f"nested deeper than {MAX_DEPTH} mappings and lists (aliases expanded)", event.start_mark)
 
-    def construct_yaml_timestamp(self, node):
+
+
+def _checked(tag: str, construct: Any) -> Any:
+    """``construct`` (SafeConstructor's for ``!!tag``), refusing a value it cannot read in one line.
+
+    PyYAML's resolver gives a plain scalar the tag its text matches, so its constructors assume
+    that match; an explicit tag skips the resolver (``!!int 1e3``, ``!!bool maybe``,
+    ``!!timestamp 99999-01-01``) and the constructor fails inside with a ValueError, KeyError or
+    AttributeError. A date the resolver matched may still not exist (``2024-13-45``)."""
+
+    def checked(self, node):
         try:
-            return super().construct_yaml_timestamp(node)
-        except (ValueError, OverflowError) as exc:
-            raise _Refused(f"{node.value[:40]!r} looks like a date but is not one ({exc}); quote it",
-                           node.start_mark) from None
+            return construct(self, node)
+        except (ValueError, KeyError, AttributeError, IndexError, TypeError, OverflowError):
+            shown = node.value[:40] if isinstance(node.value, str) else "?"
+            raise _Refused(f"{shown!r} is not a valid !!{tag}; write {_TAG_MEANS[tag]}, or quote the value "
+                           "to make it text", node.start_mark) from None
+
+    return checked
+
+
+_TAG_MEANS = {"bool": "true or false", "int": "a whole number such as 12", "float": "a number such as 1.5",
+              "timestamp": "a date such as 2024-01-31"}
+"""What each scalar tag's value must look like (YAML 1.1's core types), for the refusal."""
 
 
 class _UniqueKeys(SafeConstructor):
@@ -153,7 +171,9 @@ except ImportError:  # PyYAML without libyaml: the pure-Python parser
 
 
 _Loader.yaml_constructors = dict(SafeConstructor.yaml_constructors)
-_Loader.yaml_constructors["tag:yaml.org,2002:timestamp"] = _Limits.construct_yaml_timestamp
+for _tag in sorted(_TAG_MEANS):
+    _full = f"tag:yaml.org,2002:{_tag}"
+    _Loader.yaml_constructors[_full] = _checked(_tag, SafeConstructor.yaml_constructors[_full])
 
 
 def load_yaml(text: str, *, where: str, error: type[DappleError] = ScenarioError) -> Any:

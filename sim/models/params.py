@@ -71,8 +71,23 @@ tensor-parallel degree (``sim.models.vocab``; Megatron-LM's ``--make-vocab-size-
 
 _BOOL_PARAMS = frozenset({"tied_embeddings", "batch_norm"})
 
-_MAX_SIZE = {"layers": 100_000}
-"""Upper bounds that keep a typo (``layers: 1e9``) from building a model that fills memory."""
+_MAX_SIZE: Mapping[str, int] = MappingProxyType({
+    "layers": 2**14,        # 16,384: 130 x the deepest published (126, Llama 3 405B); 100,000 replayed for 20 s
+    "hidden": 2**20,        # 64 x the widest published model's 16,384 (Llama 3 405B), 18,432 (PaLM)
+    "ffn_hidden": 2**22,    # 4 x that hidden, the usual expansion
+    "heads": 2**16,         # heads of at least 16 of the widest hidden
+    "kv_heads": 2**16,
+    "seq_len": 2**24,       # 16M tokens, 16 x the longest context trained (1M)
+    "vocab": 2**24,         # 64 x the largest vocabulary in use (256K)
+    "input_size": 2**24,
+    "num_classes": 2**24,
+    "image_size": 2**16,    # 65,536 pixels a side, 290 x VGG's 224
+})
+"""Largest value of each shape parameter, with its reason: far beyond any model trained, and
+small enough that the costs stay finite and a typo (``hidden: 1e9``, ``image_size: 3.2e8``) is
+refused in one line instead of planned for minutes; ``docs/scenario.md`` lists them."""
+_MAX_OTHER = 10**9
+"""Largest value of a count not in ``_MAX_SIZE``."""
 
 
 def names(table: Mapping[Any, Any]) -> str:
@@ -113,8 +128,10 @@ def _check_value(key: str, value: Any) -> None:
             raise SpecError(key, f"must be true or false, got {value!r}")
     elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(key, f"must be a positive integer, got {value!r}")
-    elif value > _MAX_SIZE.get(key, 10**9):
-        raise SpecError(key, f"{value} is beyond what this generator builds; use at most {_MAX_SIZE.get(key, 10**9)}")
+    elif value > _MAX_SIZE.get(key, _MAX_OTHER):
+        limit = _MAX_SIZE.get(key, _MAX_OTHER)
+        raise SpecError(key, f"{value} is beyond what this generator builds; use at most {limit:,} "
+                             f"(the limit of {key}, far beyond any model trained)")
 
 
 def describe(preset: str, resolved: Mapping[str, Any]) -> str:
