@@ -93,6 +93,7 @@ def test_run_and_validate_write_chrome_traces(tmp_path, checked_tiny_run, capsys
     print_run(json.loads(run.stdout), as_json=False)
     text = capsys.readouterr().out
     assert "loss: step 0 " in text and "last step (2)" in text
+    assert "each step draws fresh random samples, so the loss measures the step and need not fall" in text
     assert "check: step 0's loss" in text and "the unsplit model's" in text
     validate = subprocess.run([sys.executable, "-m", "runtime", "validate", GPT, "--nproc", "2", "--steps", "2",
                                "--warmup", "1", "--slices", "2", "--repeats", "2", "--out", str(tmp_path / "val")],

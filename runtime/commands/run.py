@@ -270,7 +270,8 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
           f"throughput {summary['throughput_samples_per_s']:.1f} samples/s")
     losses = summary["losses"]
     print(f"loss: step 0 {losses[0]:.7g}, last step ({len(losses) - 1}) {losses[-1]:.7g} "
-          f"({summary['warmup_steps']} warm-up + {len(times)} measured steps of training)")
+          f"({summary['warmup_steps']} warm-up + {len(times)} measured steps of training; each step draws fresh "
+          f"random samples, so the loss measures the step and need not fall)")
     degrees = summary.get("parallelism")
     if degrees:
         print(f"parallelism: tensor {degrees['tensor']}{' (sequence parallel)' if degrees['sequence_parallel'] else ''}, "
