@@ -23,6 +23,7 @@ from sim.core.validation_sides import RunSide
 from sim.report.plots.gantt import add_key, draw_gantt
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import pyplot as _pyplot
+from sim.report.plots.style import time_unit
 
 __all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_gantt_figure", "validation_memory_figure"]
 
@@ -71,7 +72,8 @@ def validation_gantt_figure(report: ValidationReport) -> Any:
         ax.set_title(title, loc="left", fontsize="medium")
         ax.set_xlabel("")
     add_key(axes[0], handles)
-    axes[1].set_xlabel("time since the step started (ms); dotted: the end of the step drawn")
+    unit = time_unit(end_s * 1.01)[1]  # the unit draw_gantt's ticks read in
+    axes[1].set_xlabel(f"time since the step started ({unit}); dotted: the end of the step drawn")
     error = report.error.iteration_time_frac
     fig.suptitle(f"{report.scenario or ''} ({report.schedule or ''}): iteration time error "
                  f"{error:+.1%}" if error is not None else report.scenario or "")
