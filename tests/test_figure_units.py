@@ -58,17 +58,23 @@ def _tick_values(ax):
 
 
 def _texts_inside(fig):
-    """Every visible text artist (titles, tick labels, axis labels, key) inside the figure."""
+    """Every drawn text artist (titles, axis labels, keys, notes) inside the figure, and the
+    figure's tight box (what matplotlib drew, tick labels included) inside it too: tick labels
+    of ticks beyond the view exist as artists but are not drawn, so they count only there."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     bounds = fig.bbox
+    ticks = {id(t) for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()}
     outside = []
     for text in fig.findobj(matplotlib.text.Text):
-        if not text.get_visible() or not text.get_text().strip():
+        if id(text) in ticks or not text.get_visible() or not text.get_text().strip():
             continue
         box = text.get_window_extent(renderer)
         if box.x0 < bounds.x0 - 0.5 or box.y0 < bounds.y0 - 0.5 or box.x1 > bounds.x1 + 0.5 or box.y1 > bounds.y1 + 0.5:
             outside.append(text.get_text())
+    drawn, page = fig.get_tightbbox(renderer), fig.bbox_inches
+    if drawn.x0 < page.x0 - 0.01 or drawn.y0 < page.y0 - 0.01 or drawn.x1 > page.x1 + 0.01 or drawn.y1 > page.y1 + 0.01:
+        outside.append(f"drawn {drawn} beyond the page {page}")
     return outside
 
 
@@ -109,3 +115,19 @@ def test_a_title_wider_than_the_figure_wraps_onto_the_page():
     fig = plots.gantt_figure(result, title=" ".join(["stage 0 on 8 devices"] * 20))
     assert _texts_inside(fig) == []
     assert "\n" in fig.axes[0].get_title(loc="left")
+
+
+def test_a_long_run_s_fault_impact_counts_idle_time_in_seconds():
+    from sim.report.plots.validation import fault_impact_figure
+
+    settings = {"training.global_batch_size": 2048, "cluster.inter_node.bandwidth": "1Gb/s"}
+    result = run_scenario(load_scenario(SCENARIOS / "bert48_v100_straggler.yaml", settings))
+    assert result.baseline is not None and result.baseline.iteration_time_s > 60.0
+    fig = fault_impact_figure(result)
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "idle time per iteration (s)"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0] == f"fault-free ({format_duration(result.baseline.iteration_time_s)} per iteration)"
+    assert all(" ms" not in label for label in labels)
+    assert max(patch.get_height() for patch in ax.patches) < 600  # seconds, not tens of thousands of ms
+    assert _texts_inside(fig) == []
