@@ -56,7 +56,7 @@ from sim.engine.run import run_scenario
 from sim.input.plan_file import schedule_text
 from sim.input.scenario import load_scenario
 from sim.models.vocab import vocab_padding
-from sim.report.plots.style import pyplot
+from sim.report.plots.style import format_duration, pyplot
 from sim.report.plots.tables import planner_comparison_figure
 from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure
 
@@ -290,7 +290,7 @@ def _write(scenario, report: PlannerReport, data: dict[str, Any], results, out: 
             for kind, figure in (("gantt", gantt_figure), ("memory", memory_figure)):
                 step(0, desc=f"drawing {kind}_{label}.png")
                 with watch.phase(f"draw {kind}_{label}.png", into="draw the plots"):
-                    title = (f"best plan under {names[label]}: {result.iteration_time_s * 1e3:.1f} ms per iteration, "
+                    title = (f"best plan under {names[label]}: {format_duration(result.iteration_time_s)} per iteration, "
                              f"bubble {s.bubble_fraction:.1%}, {s.num_microbatches} micro-batches")
                     _save(figure(result, title=title), out / f"{kind}_{label}.png", plt)
                 step(1)

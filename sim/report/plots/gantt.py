@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from sim.report.plots.style import set_time_axis
+
 __all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "EXPOSED_COLOUR", "HIDDEN_COLOUR", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND", "OPTIMIZER_COLOUR",
            "add_key", "draw_gantt", "gantt_key", "merge_keys"]
 
@@ -169,8 +171,8 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
     labels = [f"dev {d}" + (f" (x{n})" if n > 1 else "") for d, n in rows]
     ax.set_yticks(range(len(rows)), labels)
     ax.set_ylim(len(rows) - 0.5, -0.5 if inside else -0.75)  # first device on top, room for its numbers
-    ax.set_xlabel("time (ms)")
     ax.set_xlim(0, end_s * 1e3 * 1.01)
+    set_time_axis(ax, end_s * 1.01)  # the data stay in ms; the ticks read in the unit the span asks
     handles = gantt_key(seen, every=every, inside=inside, alternate=narrow)
     if key:
         add_key(ax, handles)

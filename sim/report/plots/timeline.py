@@ -21,6 +21,7 @@ from sim.engine.exposure import class_intervals, split_exposed
 from sim.engine.result import SimResult
 from sim.report.plots.gantt import KINDS, LEGEND, add_key, draw_gantt, gantt_key, merge_keys
 from sim.report.plots.style import GiB as _GiB
+from sim.report.plots.style import format_duration, set_time_axis, wrap_to_width
 from sim.report.plots.style import pyplot as _pyplot
 
 __all__ = ["CAPACITY_IN_VIEW", "KINDS", "LEGEND", "add_key", "communication_lanes", "draw_gantt", "gantt_figure", "gantt_key", "memory_figure",
@@ -53,35 +54,46 @@ def communication_lanes(result: SimResult, devices) -> dict[int, tuple[list, lis
 
 
 def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any:
-    """Gantt chart: one row per device, time in milliseconds, with its key."""
+    """Gantt chart: one row per device, time in the unit its length asks for
+    (``sim.report.plots.style.time_unit``), with its key."""
     plt = _pyplot()
     rows = rows_to_plot(result)
+    s = result.summarize()
+    if title is None and s.failure is not None:
+        title = f"{s.name}: {s.schedule}, {s.failure.message}"
+    title = title or (f"{s.name}: {s.schedule}, {s.num_microbatches} micro-batches, "
+                      f"{format_duration(s.iteration_time_s)} per iteration, bubble {s.bubble_fraction:.1%}")
     own = ax is None
     if own:
         fig, ax = plt.subplots(figsize=(12, 0.4 * len(rows) + 1.6))
-        _fixed_margins(fig)
+        left_in = _left_in(rows)
+        title = wrap_to_width(title, fig.get_figwidth() - left_in)
+        _fixed_margins(fig, left_in=left_in, title_lines=title.count("\n") + 1)  # before drawing: bars' widths
     else:
         fig = ax.figure
     events = result.event_rows([d for d, _ in rows])
     draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s,
                communication=communication_lanes(result, [d for d, _ in rows]))
-    s = result.summarize()
-    if title is None and s.failure is not None:
-        title = f"{s.name}: {s.schedule}, {s.failure.message}"
-    ax.set_title(title or f"{s.name}: {s.schedule}, {s.num_microbatches} micro-batches, "
-                 f"{s.iteration_time_s * 1e3:.1f} ms per iteration, bubble {s.bubble_fraction:.1%}",
-                 loc="left", fontsize="medium")
+    ax.set_title(title, loc="left", fontsize="medium")
     if not own:
         fig.tight_layout()
     return fig
 
 
-def _fixed_margins(fig, *, right_in: float = 2.25) -> None:
-    """Margins in inches (room for device labels on the left and the key on the right)
-    instead of ``tight_layout``, which draws the whole figure once more only to measure it:
-    a third of a Gantt chart's time."""
+def _left_in(rows: list[tuple[int, int]]) -> float:
+    """Inches the device labels (``dev 1008 (x16)``) need left of the axes: about 0.55 of
+    the 10-point font a character and the ticks' pad, at least the 0.95 of a small run."""
+    widest = max((len(f"dev {d}" + (f" (x{n})" if n > 1 else "")) for d, n in rows), default=0)
+    return max(0.95, 0.2 + widest * 0.55 * 10 / 72)
+
+
+def _fixed_margins(fig, *, right_in: float = 2.45, left_in: float = 0.95, title_lines: int = 1) -> None:
+    """Margins in inches (room for device labels on the left, the key on the right and the
+    title's lines on top) instead of ``tight_layout``, which draws the whole figure once more
+    only to measure it: a third of a Gantt chart's time."""
     width, height = fig.get_size_inches()
-    fig.subplots_adjust(left=0.95 / width, right=1 - right_in / width, bottom=0.55 / height, top=1 - 0.4 / height)
+    top_in = 0.4 + 0.2 * (title_lines - 1)
+    fig.subplots_adjust(left=left_in / width, right=1 - right_in / width, bottom=0.55 / height, top=1 - top_in / height)
 
 
 CAPACITY_IN_VIEW = 0.8
@@ -150,9 +162,10 @@ def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> An
     else:
         pad = 0.15 * max(peak - low, 0.05 * peak)
         ax.set_ylim(max(0.0, low - pad) / scale, (peak + pad) / scale)
-    ax.set_xlabel("time (ms)")
     ax.set_xlim(0, result.end_s * 1e3 * 1.01)
-    ax.set_title(title or f"{result.workload.name}: memory per device", loc="left", fontsize="medium")
+    set_time_axis(ax, result.end_s * 1.01)
+    ax.set_title(wrap_to_width(title or f"{result.workload.name}: memory per device", fig.get_figwidth() - 0.95),
+                 loc="left", fontsize="medium")
     if not own:
         fig.tight_layout()
     return fig
@@ -197,7 +210,7 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
         handles += draw_gantt(gantt_ax, result.event_rows(), rows, result.workload.num_microbatches,
                               end_s, key=False, communication=communication_lanes(result, [d for d, _ in rows]))
         oom = "  OUT OF MEMORY" if s.oom else ""
-        gantt_ax.set_title(f"{name}: {s.iteration_time_s * 1e3:.1f} ms per iteration, bubble "
+        gantt_ax.set_title(f"{name}: {format_duration(s.iteration_time_s)} per iteration, bubble "
                            f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
                            loc="left", fontsize="medium", color="red" if oom else "black")
         _draw_memory(memory_ax, result, _GiB, "GiB", capacity_in_view=show_capacity, capacity_note=False)
@@ -209,9 +222,11 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
         memory_ax.set_ylim(bottom_gib, top_gib)
         for ax in (gantt_ax, memory_ax):
             ax.set_xlabel("")
-    axes[-1].set_xlabel("time (ms)")
     axes[-1].set_xlim(0, end_s * 1e3 * 1.01)
-    fig.suptitle(title or f"{next(iter(results.values())).workload.name}: schedules compared", fontsize="large")
+    for ax in axes:  # shared x axis: one locator, labels on the bottom panel
+        set_time_axis(ax, end_s * 1.01, label=ax is axes[-1])
+    heading = title or f"{next(iter(results.values())).workload.name}: schedules compared"
+    fig.suptitle(wrap_to_width(heading, fig.get_figwidth() - 0.5, points=12), fontsize="large")
     key = merge_keys(handles)  # one key for every panel, under the time axis
     fig.legend(handles=key, loc="lower center", ncol=min(len(key), 5), fontsize="small", frameon=False)
     rows = -(-len(key) // min(len(key), 5))

@@ -22,6 +22,7 @@ from sim.core.validation_report import ValidationReport
 from sim.core.validation_sides import RunSide
 from sim.report.plots.gantt import add_key, draw_gantt
 from sim.report.plots.style import GiB as _GiB
+from sim.report.plots.style import format_duration, time_unit
 from sim.report.plots.style import pyplot as _pyplot
 
 __all__ = ["draw_rows", "fault_impact_figure", "validation_figure", "validation_gantt_figure", "validation_memory_figure"]
@@ -71,7 +72,8 @@ def validation_gantt_figure(report: ValidationReport) -> Any:
         ax.set_title(title, loc="left", fontsize="medium")
         ax.set_xlabel("")
     add_key(axes[0], handles)
-    axes[1].set_xlabel("time since the step started (ms); dotted: the end of the step drawn")
+    unit = time_unit(end_s * 1.01)[1]  # the unit draw_gantt's ticks read in
+    axes[1].set_xlabel(f"time since the step started ({unit}); dotted: the end of the step drawn")
     error = report.error.iteration_time_frac
     fig.suptitle(f"{report.scenario or ''} ({report.schedule or ''}): iteration time error "
                  f"{error:+.1%}" if error is not None else report.scenario or "")
@@ -114,13 +116,14 @@ def fault_impact_figure(result) -> Any:
     rows = impact.devices
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r.fault_free_idle_s * 1e3 for r in rows], width=0.4, color="0.6",
-           label=f"fault-free ({impact.fault_free_iteration_time_s * 1e3:.1f} ms per iteration)")
-    ax.bar([x + 0.2 for x in xs], [(r.idle_s or 0.0) * 1e3 for r in rows], width=0.4, color="tab:red",
-           label=f"with faults ({result.iteration_time_s * 1e3:.1f} ms)" if result.iteration_time_s else "with faults")
+    unit_s, unit = time_unit(max([r.fault_free_idle_s for r in rows] + [r.idle_s or 0.0 for r in rows], default=0.0))
+    ax.bar([x - 0.2 for x in xs], [r.fault_free_idle_s / unit_s for r in rows], width=0.4, color="0.6",
+           label=f"fault-free ({format_duration(impact.fault_free_iteration_time_s)} per iteration)")
+    ax.bar([x + 0.2 for x in xs], [(r.idle_s or 0.0) / unit_s for r in rows], width=0.4, color="tab:red",
+           label=f"with faults ({format_duration(result.iteration_time_s)})" if result.iteration_time_s else "with faults")
     ax.set_xticks(list(xs), [f"{r.device}" for r in rows])
     ax.set_xlabel("device")
-    ax.set_ylabel("idle time per iteration (ms)")
+    ax.set_ylabel(f"idle time per iteration ({unit})")
     ax.set_title(f"{result.workload.name}: idle time with and without faults"
                  + (f" ({impact.slowdown:.2f}x slower)" if impact.slowdown else ""))
     ax.legend(loc="upper right", fontsize="small")
