@@ -33,7 +33,9 @@ __all__ = ["MAX_REFINE_ROUNDS", "Symmetry", "group_members"]
 MAX_REFINE_ROUNDS = 32
 """Rounds of the equitable refinement with faults before every device gets its own class: a
 fault splits one ring neighbour per round, so on a ring of replicas the refinement would
-otherwise take about half the ring's length in passes over every flow (8 s for 16,384 GPUs)."""
+otherwise take about half the ring's length in passes over every flow (8 s for 16,384 GPUs).
+The optimistic refinement, which leaves the rings out, may also take two rounds per pipeline
+stage (``Symmetry.optimistic``)."""
 
 
 class Symmetry:
@@ -66,17 +68,24 @@ class Symmetry:
         they did not (``sim.engine.replay.Diverged``), and the caller then replays the
         equitable classes.
         """
-        return self._refine(np.array([flow[2][0] != "AR" for flow in self.flows], dtype=bool), with_faults=True)
+        # without the rings a fault travels along its replica's pipeline chain, a stage a round
+        # each way: a 128-stage pipeline settles in about 130 rounds (half a second at 16,384
+        # devices), where the rings' cap would give every device its own class (a SimPy replay
+        # of each of 16,384 devices: 17 s)
+        depth = len({rank for rank, _ in self.structure})
+        return self._refine(np.array([flow[2][0] != "AR" for flow in self.flows], dtype=bool), with_faults=True,
+                            max_rounds=MAX_REFINE_ROUNDS + 2 * depth)
 
-    def _refine(self, edges, *, with_faults: bool) -> tuple[list[int], list[int]]:
-        """Colour refinement over the flows ``edges`` selects and the network cards, seeded with the faults or not."""
+    def _refine(self, edges, *, with_faults: bool, max_rounds: int = MAX_REFINE_ROUNDS) -> tuple[list[int], list[int]]:
+        """Colour refinement over the flows ``edges`` selects and the network cards, seeded with the
+        faults or not; with faults, at most ``max_rounds`` rounds (``MAX_REFINE_ROUNDS``)."""
         f = self.faults
         with_faults = with_faults and f.any  # without faults every signature is NEUTRAL, every factor 1.0
         initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
                    for s, d in zip(self.structure, self.devices)]
         cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
         return refine_arrays(initial, self.card_of, self.src[edges], self.dst[edges], self.labels[edges],
-                             len(self.nic_ids), cards, max_rounds=MAX_REFINE_ROUNDS if with_faults and f.any else None)
+                             len(self.nic_ids), cards, max_rounds=max_rounds if with_faults and f.any else None)
 
     def behaviour(self, num_p2p: int, table, groups) -> tuple[list[int], list[float]]:
         """Classes exact without contention, and every flow's static rate under them.
