@@ -89,10 +89,12 @@ class SearchContext:
                 self._resolved.pop(candidate, None)  # settled: its resolution is not needed again
         return found
 
-    def stream(self, candidates: Iterable[Candidate], engine: str, resolved: dict[Candidate, Scenario] | None = None
-               ) -> Iterator[Evaluation]:
+    def stream(self, candidates: Iterable[Candidate], engine: str, resolved: dict[Candidate, Scenario] | None = None,
+               room: Callable[[], int] | None = None) -> Iterator[Evaluation]:
         """The evaluations of ``candidates`` with ``engine``, in order, made on the workers (a few
-        ahead of the consumer) when the context has them; stop consuming at any point."""
+        ahead of the consumer) when the context has them; stop consuming at any point. ``room``,
+        if given, says how many more the consumer may still use: no more are sent ahead (work
+        past a budget would be thrown away)."""
         if self.workers <= 1:
             for candidate in candidates:
                 yield self.evaluate(candidate, engine, resolved)
@@ -101,7 +103,7 @@ class SearchContext:
         todo = iter(candidates)
         try:
             while True:
-                while len(ahead) < 2 * self.workers:
+                while len(ahead) < (2 * self.workers if room is None else max(1, min(2 * self.workers, room()))):
                     candidate = next(todo, None)
                     if candidate is None:
                         break

@@ -202,10 +202,10 @@ def settle(
     check_plannable(scenario)
     tables = tables or (context.tables if context is not None else TablesCache(scenario))
 
-    def run(candidates: list[Candidate], engine: str, resolved: dict):
+    def run(candidates: list[Candidate], engine: str, resolved: dict, room=None):
         """The evaluations of ``candidates`` in order (on the context's workers, if it has any)."""
         if context is not None:
-            return context.stream(candidates, engine, resolved)
+            return context.stream(candidates, engine, resolved, room)
         return (evaluate(scenario, candidate, engine=engine, resolved=resolved) for candidate in candidates)
 
     capacity = scenario.cluster.device.usable_memory_bytes
@@ -271,7 +271,9 @@ def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: 
     """The fast path over ``queue`` (its first ``must`` whatever the budget), within
     ``options.fast_max`` replays and ``options.fast_budget_ops`` actions beyond the first ``must``."""
     fast, spent_ops, replayed = [], 0, 0
-    evaluations = run([candidate for _, _, candidate in queue], "fast", resolved)
+    # at most fast_max − replayed more can be replayed: send no more ahead to the workers
+    evaluations = run([candidate for _, _, candidate in queue], "fast", resolved,
+                      lambda: options.fast_max - sum(e.summary is not None for e in fast))
     for index in range(len(queue)):
         if replayed >= options.fast_max or (index >= must and spent_ops >= options.fast_budget_ops):
             # the analytic ranking is trusted beyond what the budget allows
