@@ -74,12 +74,9 @@ OVER_CAPACITY = 1.25
 def megatron_planner(scenario: Scenario, options: PlannerOptions, progress=None, context=None) -> PlannerResult:
     started = time.perf_counter()
     tables = context.tables if context is not None else None
-    # a baseline's replays (``baseline_settling``) without the cap per device: the grid's families
-    # (chunks, micro-batch, recompute) rank less surely by the closed forms than one partition's
-    settling = replace(options, fast_top=min(options.fast_top, BASELINE_FAST_TOP),
-                       fast_max=min(options.fast_max, 2 * BASELINE_FAST_MAX),
-                       fast_budget_ops=min(options.fast_budget_ops, BASELINE_FAST_BUDGET_OPS),
-                       engine_top=min(options.engine_top, BASELINE_ENGINE_TOP))
+    # a baseline's replays without the cap per device: the grid's families (chunks, micro-batch,
+    # recompute) rank less surely by the closed forms than one partition's
+    settling = baseline_settling(options, scenario.cluster.num_devices, 2 * BASELINE_FAST_MAX, per_device=False)
     return settle("megatron", scenario, grid_candidates(scenario, options, tables), settling, started=started,
                   progress=progress, context=context)
 
@@ -222,16 +219,17 @@ def likely_to_fit(tables: CostTables, scenario: Scenario, candidates: list[Candi
     return [candidates[k] for k in sorted(smallest)]
 
 
-def baseline_settling(options: PlannerOptions, num_devices: int, fast_max: int = BASELINE_FAST_MAX
-                      ) -> PlannerOptions:
+def baseline_settling(options: PlannerOptions, num_devices: int, fast_max: int = BASELINE_FAST_MAX, *,
+                      per_device: bool = True) -> PlannerOptions:
     """``options`` with the replays a baseline may spend settling: at most ``BASELINE_FAST_TOP``
     plans sure of a fast-path replay, ``BASELINE_FAST_BUDGET_OPS`` actions beyond them and
     ``fast_max`` replays in all, ``BASELINE_ENGINE_TOP`` engine verdicts, and no more of
     either than ``BASELINE_DEVICE_REPLAYS`` over the device count (a replay's resolve, memory
     count and run grow with the devices: seconds each from 1,024 GPUs on, so one of each there).
     A baseline is a reference the planners are compared with, not the answer, and its
-    candidates (one family each) rank well analytically."""
-    replays = max(1, BASELINE_DEVICE_REPLAYS // num_devices)
+    candidates (one family each) rank well analytically. Without ``per_device`` there is no cap
+    by the device count (Megatron's grid: its families rank less surely by the closed forms)."""
+    replays = max(1, BASELINE_DEVICE_REPLAYS // num_devices) if per_device else options.fast_max
     return replace(options, fast_top=min(options.fast_top, BASELINE_FAST_TOP, replays),
                    fast_max=min(options.fast_max, fast_max, replays),
                    fast_budget_ops=min(options.fast_budget_ops, BASELINE_FAST_BUDGET_OPS),

@@ -138,7 +138,7 @@ def _on_subsets(scenario: Scenario, options: PlannerOptions, context: SearchCont
         own.spend.add(result.spend)
         moved = [replace(e.candidate, on_devices=devices) for e in result.evaluations if e.engine == "simpy" and e.ok]
         for whole in context.stream(moved, "simpy"):
-            own.spend.engine_replays += 1
+            own.spend.count(whole)
             own.evaluations.append(whole)
             if whole.ok:
                 found.append(whole)
@@ -225,9 +225,8 @@ def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: 
     plans, the plans on subsets of the devices and the other schedules of the leader's device
     sets (``planner.search.variants``), all by the SimPy engine; its spend then includes the
     rivals' and the variants'."""
-    on_all = [e for e in own.evaluations if e.engine == "simpy" and e.ok and e.candidate.on_devices is None]
-    on_all += [r.best for r in rivals.values() if r.best is not None]
-    pool = on_all + on_subsets
+    pool = [e for e in own.evaluations if e.engine == "simpy" and e.ok and e.candidate.on_devices is None]
+    pool += [r.best for r in rivals.values() if r.best is not None] + on_subsets
     for rival in rivals.values():
         own.spend.add(rival.spend)
     if pool:
@@ -235,8 +234,7 @@ def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: 
         close, before = [], len(own.evaluations)
         for fast in context.stream(schedule_variants(leader.candidate, options.chunks if options.interleaved else ()),
                                    "fast"):
-            own.spend.fast_replays += 1
-            own.spend.replayed_ops += fast.replayed_ops
+            own.spend.count(fast)
             own.evaluations.append(fast)
             if fast.ok and fast.iteration_time_s <= leader.iteration_time_s * (1 + VARIANT_MARGIN):
                 close.append(fast.candidate)
@@ -245,7 +243,7 @@ def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: 
         log.info("dapple: stage 5, the leader's other schedules: %d on the fast path, %d close enough for the engine",
                  len(own.evaluations) - before, len(close))
         for settled in context.stream(close, "simpy"):
-            own.spend.engine_replays += 1
+            own.spend.count(settled)
             own.evaluations.append(settled)
             if settled.ok:
                 pool.append(settled)

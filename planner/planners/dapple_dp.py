@@ -131,21 +131,17 @@ def partitions(
                    num_microbatches=num_microbatches, replica_set=replica_set, max_stages=max_stages, bound=bound,
                    per_node=per_node or tables.cluster.devices_per_node, recompute=recompute,
                    memory_sharding=memory_sharding, pressure=pressure, stage_costs=stage_costs)
-    spent = spend.partials if spend is not None else 0
-    if spent >= max_partials:
-        if spend is not None:
-            spend.reach("partial plans", int(max_partials))
+    spend = spend if spend is not None else Spend()
+    spent = spend.partials
+    # (each cut's frontier is sorted when the programme reaches it, after the cuts before it grew it)
+    for ci, g in ((ci, g) for ci in range(dp.last) for g in sorted(dp.frontier[ci])):
+        if spent + dp.partials >= max_partials:
+            break
+        dp.extend(ci, g)
+    spend.partials += dp.partials
+    if spend.partials >= max_partials:
+        spend.reach("partial plans", int(max_partials))
         return []
-    for ci in range(dp.last):
-        for g in sorted(dp.frontier[ci]):
-            dp.extend(ci, g)
-            if spent + dp.partials >= max_partials:
-                if spend is not None:
-                    spend.partials += dp.partials
-                    spend.reach("partial plans", int(max_partials))
-                return []
-    if spend is not None:
-        spend.partials += dp.partials
     return dp.finished(keep)
 
 

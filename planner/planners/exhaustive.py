@@ -117,7 +117,7 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
         evaluation = context.evaluate(candidate, "simpy") if context is not None else \
             evaluate(scenario, candidate, engine="simpy")
         result.evaluations.append(evaluation)
-        result.spend.engine_replays += 1
+        result.spend.count(evaluation)
         if progress is not None:
             progress()
         if evaluation.ok and (result.best is None or evaluation.iteration_time_s < result.best.iteration_time_s):

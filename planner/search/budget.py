@@ -40,6 +40,15 @@ class Spend:
         if text not in self.reached:
             self.reached.append(text)
 
+    def count(self, evaluation) -> None:
+        """Count one evaluation (a ``planner.search.evaluation.Evaluation``): a fast-path one
+        with the actions it compiled, or an engine verdict."""
+        if evaluation.engine == "fast":
+            self.fast_replays += 1
+            self.replayed_ops += evaluation.replayed_ops
+        else:
+            self.engine_replays += 1
+
     def add(self, other: "Spend") -> None:
         """Add ``other``'s counts to these (a planner that runs another's search pays for it)."""
         self.candidates += other.candidates

@@ -135,7 +135,3 @@ class SearchContext:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
-
-    def known(self, candidate: Candidate, engine: str) -> Evaluation | None:
-        """The evaluation of ``candidate`` with ``engine`` if one was made."""
-        return self._evaluations.get((candidate, engine))

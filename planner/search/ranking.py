@@ -237,7 +237,7 @@ def settle(
     resolved = {e.candidate: resolved[e.candidate] for e in chosen if e.candidate in resolved}  # let the others' go
     for evaluation in run([e.candidate for e in chosen], "simpy", resolved):
         settled.append(evaluation)
-        result.spend.engine_replays += 1
+        result.spend.count(evaluation)
         if progress is not None:
             progress()
     result.evaluations.extend(settled)
@@ -285,8 +285,7 @@ def _fast_round(queue: list, must: int, options: PlannerOptions, run, resolved: 
         evaluation = next(evaluations)
         fast.append(evaluation)
         replayed += evaluation.summary is not None
-        result.spend.fast_replays += 1
-        result.spend.replayed_ops += evaluation.replayed_ops
+        result.spend.count(evaluation)
         if index >= must:
             spent_ops += evaluation.replayed_ops
         if progress is not None:
