@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.core.errors import DappleError
+from sim.core.errors import DappleError, ScenarioError
 from sim.core.reliability import RELIABILITY_PRESETS, ReliabilitySpec
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 from sim.cost import energy
@@ -165,3 +165,76 @@ def test_goodput_folds_into_the_expected_totals():
     assert run.expected.cost == pytest.approx(run.expected.time_s / HOUR * 8)
     assert run.goodput.goodput == pytest.approx(720_000.0 / run.expected.time_s)
     assert abs(run.monte_carlo.mean_s / run.expected.time_s - 1) < 0.02
+
+
+# --- reading the keys --------------------------------------------------------------------------
+
+def test_tokens_become_steps_rounded_up():
+    scenario = _scenario(training="{global_batch_size: 4, microbatch_size: 2, tokens: 1M}")
+    assert scenario.training.steps == math.ceil(1e6 / (4 * 32)) == 7813
+    assert _scenario(training="{global_batch_size: 4, microbatch_size: 2, steps: 10}").training.steps == 10
+    assert _scenario().training.steps is None and _scenario().reliability is None
+
+
+@pytest.mark.parametrize("training, extra, message", [
+    ("{global_batch_size: 4, microbatch_size: 2, tokens: 1M, steps: 3}", "", "training.tokens: give either"),
+    ("{global_batch_size: 4, microbatch_size: 2, steps: -3}", "", "training.steps: must be an integer >= 1"),
+    ("{global_batch_size: 4, microbatch_size: 2, tokens: 12Q}", "", "training.tokens: unknown count unit"),
+], ids=["both", "negative-steps", "bad-unit"])
+def test_bad_run_length_is_one_line(training, extra, message):
+    with pytest.raises(ScenarioError, match=message) as caught:
+        _scenario(extra, training=training)
+    assert "\n" not in str(caught.value)
+
+
+def test_tokens_on_a_model_without_a_sequence_suggests_steps():
+    text = TINY.replace("{preset: gpt, layers: 2, hidden: 64, heads: 2, seq_len: 32, vocab: 128}",
+                        "{preset: mlp, layers: 2, hidden: 64}").replace(
+        "microbatch_size: 2}", "microbatch_size: 2, tokens: 1B}")
+    with pytest.raises(ScenarioError, match="training.tokens: .*no sequence.*give training.steps") as caught:
+        parse_scenario(text, source="run.yaml", ignore_plan=True)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"cluster.price_per_gpu_hour": "-2"}, "cluster.price_per_gpu_hour: must be a number in"),
+    ({"cluster.pue": "0.9"}, "cluster.pue: must be a number in"),
+    ({"cluster.device.power_w": "700 kg"}, "cluster.device.power_w: unknown power unit"),
+    ({"cluster.device.idle_power_w": "800"}, "idle_power_w: 800 W needs a power_w at least as large"),
+    ({"cluster.host_power_w": "-5W"}, "cluster.host_power_w: must be positive"),
+], ids=["negative-price", "pue-below-1", "power-unit", "idle-above-full", "negative-host"])
+def test_bad_site_keys_are_one_line(override, message):
+    with pytest.raises(ScenarioError, match=message) as caught:
+        _scenario(overrides=override)
+    assert "\n" not in str(caught.value)
+
+
+RELIABLE = """
+reliability:
+  preset: llama3-405b
+  checkpoint: {interval: auto, write_bandwidth: 1GB/s}
+  restart_s: 10min
+"""
+
+
+def test_reliability_section_reads_units_and_presets():
+    spec = _scenario(RELIABLE).reliability
+    assert spec.gpu_mtbf_s == RELIABILITY_PRESETS["llama3-405b"].gpu_mtbf_s and spec.restart_s == 600.0
+    assert spec.checkpoint_interval_s is None and spec.write_bandwidth_bytes_per_s == 1e9
+    given = _scenario(RELIABLE.replace("preset: llama3-405b", "interruptions_per_day: 8\n  gpus: 1024")
+                      .replace("auto", "30min")).reliability
+    assert given.gpu_mtbf_s == 1024 * 86400 / 8 and given.checkpoint_interval_s == 1800.0
+    assert _scenario(RELIABLE.replace("preset: llama3-405b", "gpu_mtbf_h: 50000")).reliability.gpu_mtbf_s == 5e4 * HOUR
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("preset: llama3-405b", "preset: llama3-405b\n  gpu_mtbf_h: 5", "reliability: give one failure rate"),
+    ("preset: llama3-405b", "preset: llama2", "reliability.preset: unknown value 'llama2'; valid: llama3-405b"),
+    ("restart_s: 10min", "restart_s: -1", "reliability.restart_s: must"),
+    ("interval: auto", "interval: often", "reliability.checkpoint.interval: cannot read"),
+    ("preset: llama3-405b", "interruptions_per_day: 8", "reliability.gpus: missing"),
+], ids=["two-rates", "unknown-preset", "negative-restart", "bad-interval", "rate-without-gpus"])
+def test_bad_reliability_is_one_line(old, new, message):
+    with pytest.raises(ScenarioError, match=message) as caught:
+        _scenario(RELIABLE.replace(old, new))
+    assert "\n" not in str(caught.value)
