@@ -9,11 +9,13 @@ and JSON ``run`` section, absent when no run length is set.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
+from sim.app.cli import main
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.reliability import RELIABILITY_PRESETS, ReliabilitySpec
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
@@ -238,3 +240,43 @@ def test_bad_reliability_is_one_line(old, new, message):
     with pytest.raises(ScenarioError, match=message) as caught:
         _scenario(RELIABLE.replace(old, new))
     assert "\n" not in str(caught.value)
+
+
+# --- simulate's Run block and JSON -------------------------------------------------------------
+
+def _simulate(tmp_path, capsys, extra: str, *flags: str) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(TINY.replace("microbatch_size: 2}", "microbatch_size: 2, steps: 100000}") + extra)
+    assert main(["simulate", str(path), "--engine", "fast", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_simulate_prints_the_run_block_with_its_assumptions(tmp_path, capsys):
+    out = _simulate(tmp_path, capsys, RELIABLE)
+    assert "Run: 100,000 steps (1.28e+07 tokens) on 2 devices" in out
+    assert "no price set (cluster.price_per_gpu_hour)" in out
+    assert "device power 400 W at full load" in out and "no PUE set (cluster.pue): 1.0" in out
+    assert "Dubey et al. 2024, §3.3.4, Table 5" in out and "Daly 2006's optimum" in out
+    assert "p5-p95" in out and "goodput" in out
+
+
+def test_simulate_json_has_a_run_section_only_when_set(tmp_path, capsys):
+    data = json.loads(_simulate(tmp_path, capsys, RELIABLE, "--json"))
+    run = data["run"]
+    assert run["steps"] == 100_000 and run["devices"] == 2
+    assert run["failure_free"]["time_s"] == pytest.approx(100_000 * data["iteration_time_s"])
+    assert run["failure_free"]["gpu_hours"] == pytest.approx(2 * run["failure_free"]["time_s"] / HOUR)
+    assert run["checkpoint"]["rule"] == "daly" and run["monte_carlo"]["runs"] == 1000
+    path = tmp_path / "plain.yaml"
+    path.write_text(TINY)
+    assert main(["simulate", str(path), "--engine", "fast", "--json"]) == 0
+    assert "run" not in json.loads(capsys.readouterr().out)
+
+
+def test_check_lists_the_run_keys(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(TINY.replace("microbatch_size: 2}", "microbatch_size: 2, tokens: 1M}") + RELIABLE)
+    assert main(["check", str(path), "--json"]) == 0
+    keys = json.loads(capsys.readouterr().out)["run_keys"]
+    assert keys["training.steps"] == "7,813" and keys["cluster.pue"] == "not set (1.0)"
+    assert keys["reliability.restart_s"] == "600" and keys["reliability.checkpoint.interval"] == "auto"
