@@ -191,7 +191,7 @@ def format_run(run: RunEstimate) -> list[str]:
         lines.append(f"  carbon         {_both(free, expected, lambda t: t.carbon_kg / 1000, '{:,.4g}')} t CO2e")
     if run.goodput is not None and run.checkpoint is not None:
         good, plan = run.goodput, run.checkpoint
-        lines.append(f"  goodput        {good.goodput:.1%} ({good.expected_failures:,.1f} failures expected, cluster "
+        lines.append(f"  goodput        {good.goodput:.1%} ({good.expected_failures:,.3g} failures expected, cluster "
                      f"MTBF {good.cluster_mtbf_s / 3600:.3g} h; first order {1 - good.first_order_lost_fraction:.1%})")
         why = {"daly": "Daly 2006's optimum", "young": "Young 1974 on the blocking part, no shorter than a write",
                "given": "reliability.checkpoint.interval"}[plan.rule]
