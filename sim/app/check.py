@@ -21,7 +21,7 @@ from sim.app.description import (
     PlanDescription,
     StageDescription,
 )
-from sim.core.units import format_bytes, format_time
+from sim.core.units import format_bandwidth, format_bytes, format_time
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
 from sim.engine.memory import held_by_stage
@@ -48,8 +48,35 @@ def describe(scenario: Scenario) -> Description:
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
-        stack=scenario.stack, stack_values=scenario.stack_values,
+        stack=scenario.stack, stack_values=scenario.stack_values, run_keys=run_keys(scenario),
     )
+
+
+def run_keys(scenario: Scenario) -> tuple[tuple[str, str], ...]:
+    """The run's keys and the values used (a default said as such); empty when the scenario
+    sets neither a run length nor a reliability section."""
+    training, cluster, device, spec = scenario.training, scenario.cluster, scenario.cluster.device, scenario.reliability
+    if training.steps is None and spec is None:
+        return ()
+    unset = (lambda value, text="not set": text if value is None else f"{value:g}")
+    keys = [("training.steps", "not set" if training.steps is None else f"{training.steps:,}"),
+            ("training.tokens", unset(training.tokens)),
+            ("cluster.price_per_gpu_hour", unset(cluster.price_per_gpu_hour)),
+            ("cluster.device.power_w", unset(device.power_w)),
+            ("cluster.device.idle_power_w", unset(device.idle_power_w, "not set (counted at power_w)")),
+            ("cluster.host_power_w", unset(cluster.host_power_w, "not set (0)")),
+            ("cluster.pue", unset(cluster.pue, "not set (1.0)")),
+            ("cluster.carbon_g_per_kwh", unset(cluster.carbon_g_per_kwh))]
+    if spec is not None:
+        keys += [("reliability.gpu_mtbf_h", f"{spec.gpu_mtbf_s / 3600:,.6g} ({spec.source})"),
+                 ("reliability.checkpoint.interval", "auto" if spec.checkpoint_interval_s is None
+                  else f"{spec.checkpoint_interval_s:g}s"),
+                 ("reliability.checkpoint.write_bandwidth", format_bandwidth(spec.write_bandwidth_bytes_per_s)),
+                 ("reliability.checkpoint.async", "true" if spec.async_checkpoint else "false"),
+                 ("reliability.restart_s", f"{spec.restart_s:g}"),
+                 ("reliability.monte_carlo.runs", str(spec.monte_carlo_runs)),
+                 ("reliability.monte_carlo.seed", str(spec.seed))]
+    return tuple(keys)
 
 
 def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
@@ -205,6 +232,8 @@ def format_description(description: Description) -> str:
         f"training: global batch {d.global_batch_size}, micro-batch {d.microbatch_size} "
         f"-> {d.num_microbatches} micro-batches",
     ]
+    if d.run_keys:
+        lines += ["run (sim.input.run_section): " + ", ".join(f"{key} {value}" for key, value in d.run_keys)]
     if d.plan is not None:
         lines += _plan_lines(d.plan, _capacity(d.device_memory_bytes, d.device_usable_memory_bytes))
     lines += [f"warning: {warning}" for warning in d.warnings]

@@ -31,6 +31,7 @@ from sim.core.command import (
 )
 from sim.core.errors import DappleError
 from sim.core.units import format_bytes
+from sim.cost.capacity import estimate_run
 from sim.engine.run import run_scenario
 from sim.input.plan_file import read_plan_file
 from sim.input.scenario import Scenario, load_scenario
@@ -207,6 +208,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 scenario, engine=args.engine, contention=not args.no_contention, symmetric=not args.no_symmetry
             )
             summary = result.summarize()
+            run = estimate_run(scenario, summary)  # the whole run, when training.tokens or steps is set
+            summary = summary if run is None else replace(summary, run=run)
         if args.out:
             _tick(tick, f"writing {args.out}")
             with watch.phase("load pandas and matplotlib"):  # most of a small run's writing: said apart
@@ -214,7 +217,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
                 pyplot()
             with watch.phase("write summary, trace, events and plots"):
-                write_outputs(result, args.out, trace_all=args.trace_all)
+                write_outputs(result, args.out, trace_all=args.trace_all, summary=summary)
         _tick(tick, "done")
     watch.report()
     print(jsonio.dumps(summary.to_json(), indent=2, sort_keys=True) if args.json

@@ -207,6 +207,9 @@ class Description:
     """The training stack the scenario names (``sim.input.stack``)."""
     stack_values: tuple[StackValue, ...] = ()
     """The defaults that stack set (keys the file left open), each with its citation."""
+    run_keys: tuple[tuple[str, str], ...] = ()
+    """``(dotted key, value used)`` of the run's keys (``sim.input.run_section``) when the scenario
+    sets a run length or a ``reliability`` section; the JSON's ``run_keys`` only then."""
 
     def to_json(self) -> dict[str, Any]:
         """``check --json``'s JSON (the keys of a plan only with one; ``stack`` only with one)."""
@@ -229,4 +232,6 @@ class Description:
                         stages=[s.to_json() for s in plan.stages], devices=[d.to_json() for d in plan.devices])
         if self.stack != "none":
             info["stack"] = {"name": self.stack, "set": [v.to_json() for v in self.stack_values]}
+        if self.run_keys:
+            info["run_keys"] = dict(self.run_keys)
         return info

@@ -3,7 +3,9 @@
 ``write_outputs`` saves the summary, the Perfetto trace, the per-action events and the
 plots, each through ``sim.core.userfiles.open_output`` (an output path that is a folder, a device
 or a full disk is one line naming the file) and the JSON through ``sim.core.jsonio`` (never NaN or
-Infinity); ``format_summary`` is the short table printed on stdout. The replay itself is
+Infinity); ``format_summary`` is the short table printed on stdout, ending with ``format_run``'s "Run"
+block when the scenario sets a run length (``sim.cost.capacity``: days, GPU-hours, cost,
+energy, goodput, every assumption under the answer). The replay itself is
 ``sim.engine.run.run_scenario``.
 """
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from sim.core.errors import DappleError
 from sim.core.jsonio import write_json
+from sim.core.run_estimate import RunEstimate, RunTotals
 from sim.core.summary import Summary
 from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output, show_path
@@ -21,12 +24,14 @@ from sim.engine.trace import perfetto_trace, traced_devices
 from sim.report.plots.timeline import gantt_figure, memory_figure
 from sim.report.plots.validation import fault_impact_figure
 
-__all__ = ["format_summary", "write_outputs"]
+__all__ = ["format_run", "format_summary", "write_outputs"]
 
 
-def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False) -> list[Path]:
+def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False,
+                  summary: Summary | None = None) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
-    (and faults.png, idle time with and without the faults, when the scenario has faults)."""
+    (and faults.png, idle time with and without the faults, when the scenario has faults);
+    ``summary`` (with its ``run``) is what summary.json holds, by default ``result``'s own."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -34,9 +39,9 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
         reason = getattr(exc, "strerror", None) or "the path holds a NUL byte"
         raise DappleError(f"--out {show_path(out)}: cannot create the folder ({reason})") from None
     written = []
-    summary = out / "summary.json"
-    write_json(summary, result.summary(), indent=2, sort_keys=True)
-    written.append(summary)
+    path = out / "summary.json"
+    write_json(path, result.summary() if summary is None else summary.to_json(), indent=2, sort_keys=True)
+    written.append(path)
     trace = out / "trace.json"
     devices = list(result.workload.devices) if trace_all else None
     write_json(trace, perfetto_trace(result, devices), separators=(",", ":"))
@@ -107,9 +112,10 @@ def format_summary(summary: Summary, result: SimResult, *, notes: tuple[str, ...
         )
     if summary.oom_detail is not None:
         lines.append(f"OUT OF MEMORY: {summary.oom_detail.message}")
+    run = () if summary.run is None else format_run(summary.run)
     if len(result.workload.classes) > MAX_CLASS_ROWS:
         lines += _stage_rows(summary, result)
-        return "\n".join(lines)
+        return "\n".join([*lines, *run])
     lines.append(f"  {'devices':<14} {'stage':>5} {'busy':>10} {'idle':>10} {'peak memory':>12} {'live mb':>7}")
     for cls in result.workload.classes:
         row = summary.device(cls.devices[0])
@@ -120,7 +126,7 @@ def format_summary(summary: Summary, result: SimResult, *, notes: tuple[str, ...
             f"{idle:>10} {format_bytes(row.peak_memory_bytes):>12} "
             f"{row.peak_activation_microbatches:>7}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, *run])
 
 
 MAX_CLASS_ROWS = 32
@@ -162,3 +168,42 @@ def _ranges(ids: list[int]) -> str:
             start = None
     text = ",".join(parts)
     return text if len(text) <= 14 else text[:11] + "..."
+
+
+def format_run(run: RunEstimate) -> list[str]:
+    """The block's lines: totals without failures, with failures when modelled, assumptions."""
+    tokens = "" if run.tokens is None else f" ({run.tokens:.4g} tokens)"
+    free, expected = run.failure_free, run.expected
+    lines = [f"Run: {run.steps:,} steps{tokens} on {run.devices:,} devices"]
+    days = f"{free.days:,.4g} days without failures"
+    if expected is not None and run.monte_carlo is not None:
+        carlo = run.monte_carlo
+        days += (f"; {expected.days:,.4g} days expected with failures (Monte Carlo: mean {carlo.mean_s / 86400:,.4g}, "
+                 f"p5-p95 {carlo.p5_s / 86400:,.4g}-{carlo.p95_s / 86400:,.4g} over {carlo.runs:,} runs, "
+                 f"seed {carlo.seed})")
+    lines.append(f"  time to train  {days}")
+    lines.append(f"  GPU-hours      {_both(free, expected, lambda t: t.gpu_hours, '{:,.0f}')}")
+    lines.append("  cost           " + (_both(free, expected, lambda t: t.cost, "{:,.0f}") if free.cost is not None
+                                        else "no price set (cluster.price_per_gpu_hour)"))
+    if free.energy_kwh is not None:
+        lines.append(f"  energy         {_both(free, expected, lambda t: t.energy_kwh / 1000, '{:,.4g}')} MWh")
+    if free.carbon_kg is not None:
+        lines.append(f"  carbon         {_both(free, expected, lambda t: t.carbon_kg / 1000, '{:,.4g}')} t CO2e")
+    if run.goodput is not None and run.checkpoint is not None:
+        good, plan = run.goodput, run.checkpoint
+        lines.append(f"  goodput        {good.goodput:.1%} ({good.expected_failures:,.3g} failures expected, cluster "
+                     f"MTBF {good.cluster_mtbf_s / 3600:.3g} h; first order {1 - good.first_order_lost_fraction:.1%})")
+        why = {"daly": "Daly 2006's optimum", "young": "Young 1974 on the blocking part, no shorter than a write",
+               "given": "reliability.checkpoint.interval"}[plan.rule]
+        lines.append(f"  checkpoint     every {plan.interval_s / 60:.3g} min ({why}; Young {plan.young_interval_s / 60:.3g}"
+                     f" min, Daly {plan.daly_interval_s / 60:.3g} min), {format_bytes(plan.size_bytes)}, "
+                     f"blocks {plan.blocking_s:.3g} s")
+    lines.append("  assumptions:")
+    lines += [f"    - {note}" for note in run.assumptions]
+    return lines
+
+
+def _both(free: RunTotals, expected: RunTotals | None, value, shape: str) -> str:
+    """``value`` of the failure-free totals, and of the expected ones when there are any."""
+    text = shape.format(value(free))
+    return text if expected is None else f"{text} ({shape.format(value(expected))} expected)"

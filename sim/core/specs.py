@@ -148,6 +148,12 @@ class DeviceSpec:
     """Fraction of peak an ``sdpa`` attention forward reaches (torch's FlashAttention-2 backend), in (0, 1]."""
     sdpa_backward_efficiency: float = 0.554
     """The same for an ``sdpa`` attention backward, in (0, 1]."""
+    power_w: float | None = None
+    """Board power at full load (the datasheet's TDP), watts; None: not set (no energy estimate).
+    The presets' figures are NVIDIA's datasheets' (``sim.input.presets``)."""
+    idle_power_w: float | None = None
+    """Board power while idle, watts, at most ``power_w``; None: not set, and a device is counted
+    at ``power_w`` all the time (an upper bound; ``sim.cost.energy``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -171,6 +177,13 @@ class DeviceSpec:
             positive(key, getattr(self, key))
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
+        if self.power_w is not None:
+            positive("power_w", self.power_w)
+        if self.idle_power_w is not None:
+            non_negative("idle_power_w", self.idle_power_w)
+            if self.power_w is None or self.idle_power_w > self.power_w:
+                raise SpecError("idle_power_w", f"{self.idle_power_w:g} W needs a power_w at least as large "
+                                                f"(got {self.power_w}); set power_w, or lower idle_power_w")
         if self.memory_reserved_bytes >= self.memory_bytes:
             raise SpecError("memory_reserved", f"must be less than memory ({format_bytes(self.memory_bytes)}), got "
                                                f"{format_bytes(self.memory_reserved_bytes)}; lower it, or raise memory")
@@ -263,9 +276,25 @@ class ClusterSpec:
     """Network cards per server; GPU ``j`` of a server uses NIC ``j * nics // devices``."""
     name: str = ""
     """Display name, e.g. the preset it came from."""
+    price_per_gpu_hour: float | None = None
+    """What one device of the cluster costs per hour, in the currency the user budgets in;
+    None: no price set (presets set none). ``sim.cost.energy``."""
+    host_power_w: float | None = None
+    """Power of one server apart from its devices (CPUs, memory, NICs, fans), watts; None: not
+    set, counted as 0."""
+    pue: float | None = None
+    """Power usage effectiveness of the data centre (facility power over IT power), >= 1; None:
+    not set, counted as 1.0."""
+    carbon_g_per_kwh: float | None = None
+    """Grid carbon intensity, grams of CO2-equivalent per kWh; None: no carbon estimate."""
 
     def __post_init__(self) -> None:
         positive_int("nodes", self.nodes)
+        for key in ("price_per_gpu_hour", "host_power_w", "carbon_g_per_kwh"):
+            if getattr(self, key) is not None:
+                non_negative(key, getattr(self, key))
+        if self.pue is not None and not (isinstance(self.pue, (int, float)) and 1.0 <= self.pue <= 10.0):
+            raise SpecError("pue", f"must be a number from 1 to 10, got {self.pue!r}")
         positive_int("devices_per_node", self.devices_per_node)
         positive_int("nics_per_node", self.nics_per_node)
         if self.nics_per_node > self.devices_per_node:
@@ -305,10 +334,20 @@ class TrainingSpec:
 
     (Megatron-LM's per-replica micro-batch size times the data-parallel degree.)
     """
+    steps: int | None = None
+    """Optimizer steps (iterations) of the whole run: ``training.steps``, or ``training.tokens``
+    divided by the tokens of one step and rounded up; None: no run length (no "Run" report)."""
+    tokens: float | None = None
+    """The run's training tokens as the file gave them (``training.tokens``); None when it gave
+    ``steps`` or neither."""
 
     def __post_init__(self) -> None:
         positive_int("global_batch_size", self.global_batch_size)
         positive_int("microbatch_size", self.microbatch_size)
+        if self.steps is not None:
+            positive_int("steps", self.steps)
+        if self.tokens is not None:
+            positive("tokens", self.tokens)
         if self.global_batch_size // self.microbatch_size > MAX_MICROBATCHES:
             raise SpecError(
                 "global_batch_size",

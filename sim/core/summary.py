@@ -9,7 +9,9 @@ whose keys are the summary format of ``docs/architecture.md`` (what ``dapple-sim
   time the compute streams are idle), ``peak_memory_bytes``, ``mfu``, ``oom`` and
   ``oom_detail``, the plan's shape, and one ``DeviceSummary`` per device in device order;
 * ``failure`` when a device died and the iteration could not finish (``sim.core.faults.Failure``),
-  and ``fault_impact`` when the scenario has faults: the same plan without them, compared.
+  and ``fault_impact`` when the scenario has faults: the same plan without them, compared;
+* ``run`` when the scenario sets a run length: days, GPU-hours, cost, energy, goodput
+  (``sim.core.run_estimate``).
 
 ``metrics_row`` is the one flat view of a summary that tables use (the sweep's columns, the
 planner's entries).
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from sim.core.run_estimate import RunEstimate
 
 __all__ = ["DeviceSummary", "FailureDetail", "FaultImpact", "IdleGrowth", "MemoryBreakdown", "OomDetail", "Parallelism",
            "Summary", "metrics_row"]
@@ -201,6 +205,9 @@ class Summary:
     """Training tokens per second (transformers: samples × sequence length)."""
     model_flops_per_device_per_s: float | None = None
     """Model FLOPs (as MFU counts them) per device per second."""
+    run: RunEstimate | None = None
+    """The whole run at this iteration (``sim.cost.capacity.estimate_run``), when the scenario
+    sets ``training.tokens`` or ``steps``; the JSON's ``run`` section only then."""
 
     @property
     def oom(self) -> bool:
@@ -247,6 +254,8 @@ class Summary:
             data["failure"] = self.failure.to_json()
         if self.fault_impact is not None:
             data["fault_impact"] = self.fault_impact.to_json()
+        if self.run is not None:
+            data["run"] = self.run.to_json()
         return data
 
 

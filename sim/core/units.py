@@ -10,7 +10,9 @@ kind         accepted suffixes                                example -> SI valu
 bytes        B, kB/MB/GB/TB (10^3), KiB/MiB/GiB/TiB (2^10)     ``16GiB`` -> 17179869184
 bandwidth    B/s and b/s with the same prefixes; ``b`` = bits  ``25Gb/s`` -> 3.125e9 B/s
 compute      FLOP/s, FLOPS with k/M/G/T/P prefixes             ``125TFLOP/s`` -> 1.25e14
-time         s, ms, us (or µs), ns                             ``5us`` -> 5e-06
+time         s, ms, us (or µs), ns, min, h, d                  ``5us`` -> 5e-06
+power        W, kW, MW                                        ``0.7kW`` -> 700.0 W
+count        none, k, M, B or G (10^9), T                     ``15T`` -> 1.5e13
 ===========  ===============================================  ======================
 
 A bare number is accepted only where the caller says which unit it is in (``default_unit``),
@@ -31,6 +33,8 @@ __all__ = [
     "parse_flop_rate",
     "parse_time",
     "parse_quantity",
+    "parse_power",
+    "parse_count",
     "format_bytes",
     "format_time",
     "format_bandwidth",
@@ -39,7 +43,9 @@ __all__ = [
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
-_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_POWER = {"W": 1.0, "kW": 1e3, "MW": 1e6}
+_COUNT = {"": 1.0, "k": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 _NUMBER = r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
 _QUANTITY = re.compile(_NUMBER + r"\s*(?P<unit>\S*)$")
@@ -61,6 +67,8 @@ _KINDS = {
     "bandwidth": (_BANDWIDTH_UNITS, "25GB/s (bytes) or 100Gb/s (bits)"),
     "compute": (_FLOP_UNITS, "125TFLOP/s or 15.7TFLOPS"),
     "time": (_TIME, "5us, 2ms or 0.5s"),
+    "power": (_POWER, "700W or 0.7kW"),
+    "count": (_COUNT, "15T, 1.5e13 or 300B"),
 }
 
 
@@ -141,6 +149,16 @@ def parse_flop_rate(value: object, *, default_unit: str | None = None) -> float:
 def parse_time(value: object, *, default_unit: str | None = None) -> float:
     """Seconds from ``5us``, ``2ms``, ``0.5s`` (also ``ns``, ``µs``, ``min``, ``h``)."""
     return parse_quantity(value, "time", default_unit=default_unit)
+
+
+def parse_power(value: object, *, default_unit: str | None = None) -> float:
+    """Watts from ``700W``, ``0.7kW`` or ``1.2MW``."""
+    return parse_quantity(value, "power", default_unit=default_unit)
+
+
+def parse_count(value: object) -> float:
+    """A plain count from ``1.5e13``, ``15T``, ``300B`` (billion) or ``2M`` (token counts)."""
+    return parse_quantity(value, "count", default_unit="")
 
 
 def _format(value: float, steps: list[tuple[float, str]], digits: int) -> str:

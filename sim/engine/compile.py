@@ -34,6 +34,7 @@ import numpy as np
 from sim.core.faults import jitter_factors
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.summary import Parallelism
+from sim.cost.capacity import tokens_per_sample
 from sim.cost.memory import sum_state_bytes
 from sim.cost.overlap import bucket_count, unit_count
 from sim.cost.split import sample_ranges
@@ -234,10 +235,9 @@ def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[
 
 
 def _tokens_per_sample(model) -> int | None:
-    """A transformer's sequence length (what ``tokens_per_s`` counts per sample)."""
-    if model.preset is None or "seq_len" not in model.preset.values:
-        return None
-    return model.preset.values["seq_len"]
+    """A transformer's sequence length (what ``tokens_per_s`` counts per sample; one home:
+    ``sim.cost.capacity.tokens_per_sample``, which ``training.tokens`` counts with too)."""
+    return tokens_per_sample(model)
 
 
 def _slice(ranges: dict[int, tuple[int, int]], device: int) -> int:

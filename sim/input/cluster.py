@@ -40,15 +40,17 @@ from sim.core.units import (
     parse_time,
 )
 from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
+from sim.input.run_section import CLUSTER_RUN_KEYS, device_power, read_site
 from sim.input.strict import StrictReader, join_key, show_value
 
 __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
 
-_CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node"}
+_CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node",
+                 *CLUSTER_RUN_KEYS}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
-                "sdpa_efficiency", "sdpa_backward_efficiency"}
+                "sdpa_efficiency", "sdpa_backward_efficiency", "power_w", "idle_power_w"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency"}
 
@@ -149,6 +151,7 @@ def read_cluster(reader: StrictReader, data: Any) -> tuple[ClusterSpec, tuple[tu
         device=device,
         intra_node=_link(reader, data["intra_node"], "cluster.intra_node"),
         inter_node=_link(reader, data["inter_node"], "cluster.inter_node"),
+        **read_site(reader, data),
     )
     return cluster, defaults
 
@@ -211,6 +214,7 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
                                               CUSTOM_DEVICE_DEFAULTS["memory_reserved"], allow_zero=True),
         default_attention=reader.string(values, key, "default_attention", CUSTOM_DEVICE_DEFAULTS["default_attention"],
                                         choices=set(ATTENTION_KERNELS)),
+        **device_power(reader, values, key),
     )
     shown = {
         "peak_fp32_flops": format_flop_rate(derived["peak_fp32_flops"]),

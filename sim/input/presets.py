@@ -52,6 +52,14 @@ TFLOP/s forward (0.323) and 310 backward (0.313).
 The H200 is the H100's chip with more memory (same 989 TFLOP/s); its values are the H100's.
 The V100's are the A100's, standing in where no FlashAttention measurement exists.
 
+Board power (``power_w``, what ``sim.cost.energy`` counts at full load) is each datasheet's
+maximum TDP: V100 SXM2 300 W (NVIDIA Tesla V100 datasheet), A100 SXM4 400 W (NVIDIA A100
+datasheet), H100 SXM5 700 W (NVIDIA H100 datasheet), H200 SXM 700 W (NVIDIA H200 datasheet,
+"up to 700W (configurable)"). Idle power (``idle_power_w``) is left unset: no measurement of
+these boards at idle was found in a copy we could read, so a preset device is counted at its
+TDP the whole run (an upper bound) unless the scenario gives one. No preset sets a price, a
+host power or a PUE (``sim.input.run_section``).
+
 ``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
 A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
 (``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
@@ -91,6 +99,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "power_w": "300W",
         },
         "A100-80GB": {
             "memory": "80GiB",
@@ -109,6 +118,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "power_w": "400W",
         },
         "H100-80GB": {
             "memory": "80GiB",
@@ -127,6 +137,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.548,
             "sdpa_efficiency": 0.323,
             "sdpa_backward_efficiency": 0.313,
+            "power_w": "700W",
         },
         "H200-141GB": {
             "memory": "141GB",
@@ -145,6 +156,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.548,
             "sdpa_efficiency": 0.323,
             "sdpa_backward_efficiency": 0.313,
+            "power_w": "700W",
         },
     }
 )

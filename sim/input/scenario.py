@@ -16,7 +16,8 @@ they are checked like the file itself.
 
 Each section has its own reader: ``sim.input.cluster`` (devices, links, presets, a custom
 device's defaults), ``sim.input.model`` (profile or generator), ``sim.input.plan_section``
-(stages and schedule) and ``sim.input.fault_section``; ``training`` is two integers, read here.
+(stages and schedule), ``sim.input.fault_section`` and ``sim.input.run_section`` (the run's
+length, price, power and ``reliability``); ``training``'s two integers are read here.
 
 Relative paths (``profile``, ``schedule_file``) are resolved against the scenario's folder;
 a profile that is not there is looked up in the package's data folder, so
@@ -35,6 +36,7 @@ from sim.core.errors import DappleError, ScenarioError
 from sim.core.model_spec import ModelSpec
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.plan import PlanSpec
+from sim.core.reliability import ReliabilitySpec
 from sim.core.specs import ClusterSpec, TrainingSpec
 from sim.core.userfiles import read_user_file
 from sim.input.cluster import read_cluster
@@ -43,6 +45,7 @@ from sim.input.model import read_model
 from sim.input.plan_file import merge_plan
 from sim.input.plan_section import check_plan_shape, read_fsdp, read_overlap, read_plan
 from sim.input.presets import DEVICE_PRESETS
+from sim.input.run_section import read_reliability, read_run_length
 from sim.input.stack import StackValue, apply_stack
 from sim.input.strict import DATA_DIR, StrictReader, show_text, show_value
 from sim.input.yaml_text import load_yaml
@@ -85,6 +88,8 @@ class Scenario:
     ``plan.overlap``), else its stack's; the planner gives its candidates these."""
     fsdp: FsdpSpec = FsdpSpec()
     """How a plan of this scenario shards by unit: the file's ``plan.fsdp``, else its stack's."""
+    reliability: ReliabilitySpec | None = None
+    """How the run fails, checkpoints and restarts (``reliability:``); None: no failures modelled."""
     _resolved: ResolvedPlan | None = field(default=None, init=False, repr=False, compare=False)
     """The plan resolved on this scenario's model, cluster and training (:attr:`resolved`),
     once built. Not an ``__init__`` argument, so ``dataclasses.replace`` starts the copy
@@ -170,19 +175,21 @@ def parse_scenario(
         if ignored:  # not checked against this cluster, but a plan that is no plan is a typo
             check_plan_shape(reader, raw["plan"])
         raw = {key: value for key, value in raw.items() if key != "plan"}
-    reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults"},
+    reader.keys(raw, "", allowed={"name", "cluster", "model", "training", "plan", "faults", "reliability"},
                 required={"cluster", "model", "training"})
     name = reader.string(raw, "", "name", Path(source).stem)
     cluster, device_defaults = read_cluster(reader, raw["cluster"])
     model = read_model(reader, raw["model"], default_implementation=default_optimizer_implementation(cluster),
                        default_attention=cluster.device.default_attention)
-    training = _training(reader, raw["training"], planning=ignore_plan)
+    training = _training(reader, raw["training"], model, planning=ignore_plan)
+    reliability = read_reliability(reader, raw.get("reliability"))
     faults = read_faults(reader, raw.get("faults", []), cluster)
     resolved = read_plan(reader, raw["plan"], cluster, model, training) if raw.get("plan") is not None else None
     scenario = Scenario(name=name, cluster=cluster, model=model, training=training,
                         plan=None if resolved is None else resolved.plan, faults=faults, path=source,
                         device_defaults=device_defaults, ignored_plan=ignored, stack=stack,
-                        stack_values=tuple(v for v in stack_values if _kept(v, ignored)), overlap=overlap, fsdp=fsdp)
+                        stack_values=tuple(v for v in stack_values if _kept(v, ignored)), overlap=overlap, fsdp=fsdp,
+                        reliability=reliability)
     if resolved is not None:  # what the reader built to check the plan, kept for the compiler
         _keep_resolved(scenario, resolved)
     return scenario
@@ -254,13 +261,16 @@ def apply_overrides(raw: dict, overrides: Mapping[str, str], *, source: str = "<
 # --- sections ---------------------------------------------------------------------------
 
 
-def _training(reader: StrictReader, data: Any, *, planning: bool = False) -> TrainingSpec:
-    """The training sizes; the planner (``planning``) chooses the micro-batch size itself, so
-    there it may be left out (it then defaults to the global batch)."""
+def _training(reader: StrictReader, data: Any, model: ModelSpec, *, planning: bool = False) -> TrainingSpec:
+    """The training sizes and the run's length (``sim.input.run_section``); the planner
+    (``planning``) chooses the micro-batch size itself, so there it may be left out (it then
+    defaults to the global batch)."""
     data = reader.mapping(data, "training")
-    reader.keys(data, "training", allowed={"global_batch_size", "microbatch_size"},
+    reader.keys(data, "training", allowed={"global_batch_size", "microbatch_size", "tokens", "steps"},
                 required={"global_batch_size"} if planning else {"global_batch_size", "microbatch_size"})
     global_batch_size = reader.integer(data, "training", "global_batch_size")
     microbatch = reader.integer(data, "training", "microbatch_size") if "microbatch_size" in data or not planning \
         else global_batch_size
-    return reader.build("training", TrainingSpec, global_batch_size=global_batch_size, microbatch_size=microbatch)
+    steps, tokens = read_run_length(reader, data, model, global_batch_size)
+    return reader.build("training", TrainingSpec, global_batch_size=global_batch_size, microbatch_size=microbatch,
+                        steps=steps, tokens=tokens)
