@@ -7,7 +7,8 @@ repeat whatever the number of micro-batches; the number in a bar is its micro-ba
 many micro-batches (or bars too narrow for a number) every k-th is numbered, forwards above
 the row and backwards below, and where bars are too narrow for white edges neighbouring
 micro-batches alternate two shades of their colour. An interleaved plan's model chunks on
-one device are told apart by hatching (chunk 0 plain, chunk 1 ``///``, ...). The gradient
+one device are told apart by hatching (chunk 0 plain, chunk 1 ``///``, ...; on bars too narrow
+for hatching, by a darker tint a chunk). The gradient
 all-reduce is a grey bar under the row and the optimizer step a black one; a simulated run
 draws instead every collective of the device there (gradient reductions and group collectives:
 tensor-, context-parallel, FSDP's and ZeRO's gathers), the part its compute stream was idle
@@ -66,6 +67,15 @@ def _shade(colour: str, microbatch: int | None, alternate: bool):
     if alternate and microbatch is not None and microbatch % 2:
         rgb = tuple(0.7 * c + 0.3 for c in rgb)
     return rgb
+
+
+def _chunk_tint(rgb, chunk: int):
+    """A narrow bar's colour for model chunk ``chunk``: chunk 0 as is, each later one darker."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
+    from matplotlib.colors import to_rgb
+
+    factor = 1.0 - 0.55 * min(chunk, 3) / 3
+    return tuple(factor * c for c in to_rgb(rgb))
 
 
 def _darker(colour: str):
@@ -173,8 +183,11 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
             m = row.microbatch
             colour = KINDS[kind][0]
             chunk = chunks.get((row.device, row.stage), 0)
-            hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] or None
-            style = (_shade(colour, m, narrow), "none" if narrow else "white", hatch, _darker(colour))
+            # narrow bars: hatching does not read, and Agg hatches path by path (seconds for 10,000 bars),
+            # so a chunk is a darker tint of its colour instead
+            hatch = None if narrow else CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] or None
+            face = _chunk_tint(_shade(colour, m, narrow), chunk) if narrow else _shade(colour, m, narrow)
+            style = (face, "none" if narrow else "white", hatch, _darker(colour))
             bars.setdefault(style, []).append((start, y - half, width, bar_h))
             seen.add(kind)
             if chunk:
@@ -211,7 +224,7 @@ def draw_gantt(ax, events, rows: list[tuple[int, int]], num_mb: int, end_s: floa
     ax.set_ylim(len(rows) - (0.25 if cramped else 0.5), -0.5 if inside else -0.75)
     ax.set_xlim(0, end_s * 1e3 * 1.01)
     set_time_axis(ax, end_s * 1.01)  # the data stay in ms; the ticks read in the unit the span asks
-    handles = gantt_key(seen, every=every, inside=inside, alternate=narrow, cramped=cramped)
+    handles = gantt_key(seen, every=every, inside=inside, alternate=narrow, cramped=cramped, tinted=narrow)
     if key:
         add_key(ax, handles)
     return handles
@@ -322,7 +335,8 @@ def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt
     ax.add_collection(collection, autolim=False)
 
 
-def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = False, cramped: bool = False) -> list:
+def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = False, cramped: bool = False,
+              tinted: bool = False) -> list:
     """Legend handles for what a Gantt chart drew: the kinds in ``seen`` (``F``, ``B``, ``I``,
     ``W``, ``REDUCE_GRAD``, ``EXPOSED:TP``, ``HIDDEN:REDUCE``, ``OPTIM``, ``chunk1``...) and what the numbers are."""
     # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
@@ -348,9 +362,12 @@ def gantt_key(seen, *, every: int = 1, inside: bool = True, alternate: bool = Fa
         handles.append(Patch(facecolor=OPTIMIZER_COLOUR, label="optimizer step"))
     chunks = sorted(int(k[5:]) for k in seen if k.startswith("chunk"))
     if chunks:
-        handles.append(Patch(facecolor="0.85", label="model chunk 0 (plain)"))
-        handles += [Patch(facecolor="0.85", hatch=CHUNK_HATCHES[k % len(CHUNK_HATCHES)], hatchcolor="0.3",
-                          label=f"model chunk {k}") for k in chunks]
+        handles.append(Patch(facecolor=KINDS["F"][0] if tinted else "0.85", label="model chunk 0 (plain)"))
+        if tinted:  # narrow bars: chunks as darker tints (``_chunk_tint``)
+            handles += [Patch(facecolor=_chunk_tint(KINDS["F"][0], k), label=f"model chunk {k} (darker)") for k in chunks]
+        else:
+            handles += [Patch(facecolor="0.85", hatch=CHUNK_HATCHES[k % len(CHUNK_HATCHES)], hatchcolor="0.3",
+                              label=f"model chunk {k}") for k in chunks]
     if inside:
         numbers = "number: micro-batch"
     else:
