@@ -43,7 +43,7 @@ def test_gantt_figure_draws_every_compute_action_of_its_rows():
     rows = plots.rows_to_plot(result)
     compute = [e for e in result.event_rows([d for d, _ in rows])
                if e.kind in ("F", "B", "I", "W", "REDUCE_GRAD", "OPTIM") and e.end_s > e.start_s]
-    assert len(ax.patches) == len(compute)
+    assert len(_bars(ax)) == len(compute)
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"dev {d}" for d, _ in rows]
     assert ax.get_xlim()[1] == pytest.approx(result.iteration_time_s * 1e3 * 1.01)
 
@@ -58,7 +58,7 @@ def test_schedule_comparison_stacks_gantt_and_memory_on_one_time_axis():
     longest = max(r.iteration_time_s for r in results.values()) * 1e3 * 1.01
     assert all(ax.get_xlim()[1] == pytest.approx(longest) for ax in fig.axes)
     # identical replicas share a row: one per server here
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["dev 0 (x8)", "dev 8 (x8)"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["stage 0 · 8 devices", "stage 1 · 8 devices"]
     memory_limits = {ax.get_ylim() for ax in fig.axes[1::2]}
     assert len(memory_limits) == 1  # one memory scale on every panel
     low, high = memory_limits.pop()
@@ -195,9 +195,11 @@ def _numbers(ax):
 
 
 def _bars(ax):
+    """The Gantt chart's bars as Rectangles (it draws them as one collection a colour, each keeping
+    its ``(x, y, width, height)`` boxes as ``bars`` and its colours and hatch as ``style``)."""
     from matplotlib.patches import Rectangle
 
-    return [p for p in ax.patches if isinstance(p, Rectangle)]
+    return [Rectangle((x, y), w, h, **c.style) for c in ax.collections if hasattr(c, "bars") for x, y, w, h in c.bars]
 
 
 def test_gantt_has_a_key_and_colours_by_kind_with_the_micro_batch_written_in_each_bar():
@@ -320,12 +322,12 @@ def test_gantt_draws_exposed_communication_strong_and_hidden_faint(grad_reduce):
     hidden = _communication_widths_ms(fig, HIDDEN_COLOUR)
     rows = len(plots.rows_to_plot(result))
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "communication, exposed (compute idle)" in labels
+    assert "gradient reduction, exposed" in labels
     if grad_reduce:
         assert exposed == pytest.approx([c_ms / 4] * rows)
         # issued once the first bucket is full (B/K in): under the backward from there to its end
         assert hidden == pytest.approx([2000.0 - 2000.0 / 4] * rows)
-        assert "communication, hidden under compute" in labels
+        assert "gradient reduction, hidden" in labels
     else:
         assert exposed == pytest.approx([c_ms] * rows) and hidden == []
     summary = result.summarize()

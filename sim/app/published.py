@@ -46,6 +46,7 @@ from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
 from sim.input.strict import StrictReader
 from sim.input.yaml_text import load_yaml
+from sim.report.plots.published import published_figure
 from sim.report.plots.style import pyplot
 
 __all__ = ["DEFAULT_SUITE", "METRICS", "RUN_METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results",
@@ -270,19 +271,7 @@ def write_outputs(results: tuple[RowResult, ...], out: str | Path) -> None:
         raise DappleError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     write_json(out / "published.json", suite_json(results))
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.3 * len(results) + 1.5))
-    labels = [f"{r.row.table}: {r.row.row}" for r in results][::-1]
-    errors = [100 * r.error for r in results][::-1]
-    tables = sorted({r.row.table for r in results})
-    colours = {t: f"C{i}" for i, t in enumerate(tables)}
-    ax.barh(labels, errors, color=[colours[r.row.table] for r in results][::-1])
-    for x in (-10, -5, 5, 10):
-        ax.axvline(x, color="grey", lw=0.6, ls=":" if abs(x) == 10 else "--")
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("predicted / published − 1 (%)")
-    ax.set_title("Shipped presets against published runs")
-    ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
+    fig = published_figure([(r.row.source, r.row.table, r.row.row, r.row.metric, r.error, r.oom) for r in results])
     try:
         fig.savefig(out / "published.png", dpi=100)
     except OSError as exc:

@@ -16,7 +16,7 @@ from pathlib import Path
 from sim.core.errors import DappleError
 from sim.core.jsonio import write_json
 from sim.core.run_estimate import RunEstimate, RunTotals
-from sim.core.summary import Summary
+from sim.core.summary import Summary, stage_groups
 from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output, show_path
 from sim.engine.result import SimResult
@@ -135,17 +135,14 @@ MAX_CLASS_ROWS = 32
 
 def _stage_rows(summary: Summary, result: SimResult) -> list[str]:
     """One row per stage: its devices, the range of their busy and idle times, the largest peak."""
-    by_stage: dict[tuple, list] = {}
-    for row in summary.devices:
-        by_stage.setdefault(tuple(row.stages), []).append(row)
     lines = [f"  {'devices':<14} {'stage':>5} {'busy':>19} {'idle':>19} {'peak memory':>12} {'live mb':>7}"]
-    for stages, rows in sorted(by_stage.items()):
+    for stages, rows in stage_groups(summary.devices):
         busy = [r.busy_s for r in rows]
         idle = [r.idle_s for r in rows if r.idle_s is not None]
         span = (lambda values: "-" if not values else format_time(min(values)) if min(values) == max(values)
                 else f"{format_time(min(values))}-{format_time(max(values))}")
         lines.append(
-            f"  {_ranges(sorted(r.device for r in rows)):<14} {','.join(map(str, stages)):>5} {span(busy):>19} "
+            f"  {_ranges([r.device for r in rows]):<14} {','.join(map(str, stages)):>5} {span(busy):>19} "
             f"{span(idle):>19} {format_bytes(max(r.peak_memory_bytes for r in rows)):>12} "
             f"{max(r.peak_activation_microbatches for r in rows):>7}"
         )

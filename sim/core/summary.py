@@ -25,7 +25,7 @@ from typing import Any
 from sim.core.run_estimate import RunEstimate
 
 __all__ = ["DeviceSummary", "FailureDetail", "FaultImpact", "IdleGrowth", "MemoryBreakdown", "OomDetail", "Parallelism",
-           "Summary", "metrics_row"]
+           "Summary", "metrics_row", "stage_groups"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,6 +257,16 @@ class Summary:
         if self.run is not None:
             data["run"] = self.run.to_json()
         return data
+
+
+def stage_groups(devices) -> list[tuple[tuple[int, ...], list[DeviceSummary]]]:
+    """``devices`` (``DeviceSummary``s) grouped by the stages they run, in stage order, each
+    group in device order: what a report shows when a plan has too many device classes for a
+    row each (the text report's table, the figures' rows)."""
+    by_stages: dict[tuple[int, ...], list[DeviceSummary]] = {}
+    for row in devices:
+        by_stages.setdefault(tuple(row.stages), []).append(row)
+    return [(stages, sorted(rows, key=lambda r: r.device)) for stages, rows in sorted(by_stages.items())]
 
 
 def metrics_row(summary: Summary) -> dict[str, Any]:

@@ -65,11 +65,16 @@ def set_time_axis(ax, span_s: float, *, label: bool = True) -> None:
         ax.set_xlabel(f"time ({name})")
 
 
-def wrap_to_width(text: str, width_in: float, *, points: float = 10.0) -> str:
+def wrap_to_width(text: str, width_in: float, *, points: float = 10.0, max_lines: int | None = None) -> str:
     """``text`` wrapped to lines that fit ``width_in`` inches at a font of ``points`` (an
-    average character being about 0.55 of the font's size: matplotlib's DejaVu Sans)."""
+    average character being about 0.55 of the font's size: matplotlib's DejaVu Sans); past
+    ``max_lines`` lines cut, the last ending in an ellipsis."""
     columns = max(20, int(width_in * 72 / (0.55 * points)))
-    return "\n".join(textwrap.wrap(text, columns, break_long_words=False)) or text
+    lines = textwrap.wrap(text, columns, break_long_words=False)
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: columns - 1].rstrip() + "…"
+    return "\n".join(lines) or text
 
 
 def pyplot():

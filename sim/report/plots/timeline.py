@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from sim.core.units import format_bytes
-from sim.engine.exposure import class_intervals, split_exposed
 from sim.engine.result import SimResult
 from sim.report.plots.gantt import KINDS, LEGEND, add_key, draw_gantt, gantt_key, merge_keys
+from sim.report.plots.lanes import communication_lanes
+from sim.report.plots.rows import PlotRows, plot_rows
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import format_duration, set_time_axis, wrap_to_width
 from sim.report.plots.style import pyplot as _pyplot
@@ -29,62 +30,58 @@ __all__ = ["CAPACITY_IN_VIEW", "KINDS", "LEGEND", "add_key", "communication_lane
 
 
 def rows_to_plot(result: SimResult, limit: int = 32) -> list[tuple[int, int]]:
-    """(device, devices it stands for): every device if few, else one per class."""
-    classes = result.workload.classes
-    if result.workload.num_devices <= limit:
-        return [(d, 1) for d in result.workload.devices]
-    rows = sorted((cls.devices[0], len(cls.devices)) for cls in classes)
-    return rows[:limit]
+    """(device, devices it stands for) of each row a chart draws (``sim.report.plots.rows.plot_rows``)."""
+    return [(row.device, row.count) for row in plot_rows(result, limit).rows]
 
 
-def communication_lanes(result: SimResult, devices) -> dict[int, tuple[list, list]]:
-    """Device -> ``(exposed, hidden)`` intervals of its communication (REDUCE and GROUP ops),
-    cut where its compute stream is busy (``sim.engine.exposure.class_intervals`` and
-    ``split_exposed``: what the summary's ``exposed_communication_s`` adds up)."""
-    wanted, lanes = set(devices), {}
-    for cls, record in zip(result.workload.classes, result.records):
-        members = [d for d in cls.devices if d in wanted]
-        if not members:
-            continue
-        communication, busy = class_intervals(cls, record)
-        split = split_exposed(communication, busy)
-        for device in members:
-            lanes[device] = split
-    return lanes
+MEMORY_LINES = 16
+"""Most curves a memory chart draws (its key names each): evenly spaced rows of the Gantt chart's."""
+
+MAX_HEIGHT_IN = 14.0
+"""The tallest a figure is drawn, inches: a Gantt chart's rows shrink to fit it."""
+
+
+def _row_in(rows: int, fixed_in: float, per_row_in: float = 0.4) -> float:
+    """Inches a row, ``per_row_in`` unless that would make the figure taller than ``MAX_HEIGHT_IN``."""
+    return min(per_row_in, (MAX_HEIGHT_IN - fixed_in) / max(rows, 1))
 
 
 def gantt_figure(result: SimResult, *, title: str | None = None, ax=None) -> Any:
-    """Gantt chart: one row per device, time in the unit its length asks for
-    (``sim.report.plots.style.time_unit``), with its key."""
+    """Gantt chart: one row per device (or device class, or stage: ``sim.report.plots.rows``), time
+    in the unit its length asks for (``sim.report.plots.style.time_unit``), with its key."""
     plt = _pyplot()
-    rows = rows_to_plot(result)
+    chosen = plot_rows(result)
+    rows = [(r.device, r.count) for r in chosen.rows]
     s = result.summarize()
     if title is None and s.failure is not None:
         title = f"{s.name}: {s.schedule}, {s.failure.message}"
     title = title or (f"{s.name}: {s.schedule}, {s.num_microbatches} micro-batches, "
                       f"{format_duration(s.iteration_time_s)} per iteration, bubble {s.bubble_fraction:.1%}")
+    if chosen.note:
+        title += f" ({chosen.note})"
     own = ax is None
     if own:
-        fig, ax = plt.subplots(figsize=(12, 0.4 * len(rows) + 1.6))
-        left_in = _left_in(rows)
+        fig, ax = plt.subplots(figsize=(12, _row_in(len(rows), 2.0) * len(rows) + 1.6))
+        left_in = _left_in(chosen)
         title = wrap_to_width(title, fig.get_figwidth() - left_in)
         _fixed_margins(fig, left_in=left_in, title_lines=title.count("\n") + 1)  # before drawing: bars' widths
     else:
         fig = ax.figure
     events = result.event_rows([d for d, _ in rows])
     draw_gantt(ax, events, rows, result.workload.num_microbatches, result.end_s,
-               communication=communication_lanes(result, [d for d, _ in rows]))
+               communication=communication_lanes(result, [d for d, _ in rows]),
+               labels=[r.label for r in chosen.rows])
     ax.set_title(title, loc="left", fontsize="medium")
     if not own:
         fig.tight_layout()
     return fig
 
 
-def _left_in(rows: list[tuple[int, int]]) -> float:
-    """Inches the device labels (``dev 1008 (x16)``) need left of the axes: about 0.55 of
-    the 10-point font a character and the ticks' pad, at least the 0.95 of a small run."""
-    widest = max((len(f"dev {d}" + (f" (x{n})" if n > 1 else "")) for d, n in rows), default=0)
-    return max(0.95, 0.2 + widest * 0.55 * 10 / 72)
+def _left_in(chosen: PlotRows, points: float = 10.0) -> float:
+    """Inches the row labels (``stage 3 · 128 devices``) need left of the axes: about 0.6 of
+    the font's size a character and the ticks' pad, at least the 0.95 of a small run."""
+    widest = max((len(r.label) for r in chosen.rows), default=0)
+    return max(0.95, 0.25 + widest * 0.6 * points / 72)
 
 
 def _fixed_margins(fig, *, right_in: float = 2.45, left_in: float = 0.95, title_lines: int = 1) -> None:
@@ -105,19 +102,37 @@ def _memory_unit(peak_bytes: float) -> tuple[float, str]:
     return (_GiB, "GiB") if peak_bytes >= 0.5 * _GiB else (2.0**20, "MiB")
 
 
+def _memory_rows(result: SimResult, lines: int = MEMORY_LINES, *, by_class: bool = False) -> list:
+    """The rows a memory chart draws: the Gantt chart's (``plot_rows``), at most ``lines`` of them
+    evenly spaced, the first and the last included."""
+    rows = plot_rows(result, by_class=by_class).rows
+    if len(rows) <= lines:
+        return list(rows)
+    return [rows[round(i * (len(rows) - 1) / (lines - 1))] for i in range(lines)]
+
+
 def _draw_memory(ax, result: SimResult, scale: float, name: str, *, capacity_in_view: bool,
-                 capacity_note: bool = True) -> None:
-    """One step line per class of identical devices and the capacity: a red dashed line when
-    in view, else (unless ``capacity_note`` is False: a title says it) its value in the key."""
+                 capacity_note: bool = True, keyed: int = MEMORY_LINES, by_class: bool = False) -> None:
+    """One step line per row (``_memory_rows``) and the capacity: a red dashed line when in view,
+    else (unless ``capacity_note`` is False: a title says it) its value in the key. Past ten
+    lines the colours run along the rows (viridis, first dark), so that none repeats; past
+    ``keyed`` lines the key names the first and the last only."""
     # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
+    from matplotlib import colormaps
     from matplotlib.lines import Line2D
 
-    rows = _class_rows(result)[:16]
-    for device, count in rows:
-        times, values = result.memory_timeline(device)
+    rows = _memory_rows(result, by_class=by_class)
+    ramp = colormaps["viridis"] if len(rows) > 10 else None
+    for i, row in enumerate(rows):
+        times, values = result.memory_timeline(row.device)
         times = [t * 1e3 for t in times] + [result.end_s * 1e3]
         values = [v / scale for v in values] + [values[-1] / scale]
-        ax.step(times, values, where="post", label=f"dev {device}" + (f" (x{count})" if count > 1 else ""))
+        colour = None if ramp is None else ramp(0.9 * i / max(len(rows) - 1, 1))
+        if len(rows) <= keyed:
+            label = row.label
+        else:  # the first and the last row named, the rest between them in colour
+            label = {0: f"{row.label} (dark)", len(rows) - 1: f"{row.label} (light)"}.get(i, "_")
+        ax.step(times, values, where="post", color=colour, label=label)
 
     capacity = result.workload.capacity_bytes
     label = f"capacity {format_bytes(capacity)}"
@@ -146,12 +161,13 @@ def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> An
     """
     plt = _pyplot()
     own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(12, 4))
+    rows = _memory_rows(result)
+    if own:  # tall enough for a key line a curve and the capacity's three
+        fig, ax = plt.subplots(figsize=(12, max(4.0, 0.16 * len(rows) + 1.9)))
         _fixed_margins(fig, right_in=2.4)
     else:
         fig = ax.figure
-    values = [v for device, _ in _class_rows(result)[:16] for v in result.memory_timeline(device)[1]]
+    values = [v for row in rows for v in result.memory_timeline(row.device)[1]]
     peak, low = max(values, default=0.0), min(values, default=0.0)
     capacity = result.workload.capacity_bytes
     scale, name = _memory_unit(peak)
@@ -174,51 +190,64 @@ def memory_figure(result: SimResult, *, title: str | None = None, ax=None) -> An
 # --- comparing schedules --------------------------------------------------------------------
 
 
-def _class_rows(result: SimResult) -> list[tuple[int, int]]:
-    """One row per class of identical devices: (first device, devices it stands for)."""
-    return sorted((cls.devices[0], len(cls.devices)) for cls in result.workload.classes)
+def _memory_scale(results: Mapping[str, SimResult], summaries: Mapping) -> tuple[float, float, bool]:
+    """(bottom, top) GiB of one memory scale for every panel, and whether the capacity is in view:
+    zoomed on the curves unless one comes near the capacity."""
+    peak_gib = max(s.peak_memory_bytes for s in summaries.values()) / _GiB
+    low_gib = min(min(r.memory_timeline(row.device)[1]) for r in results.values()
+                  for row in _memory_rows(r, by_class=True)) / _GiB
+    capacity_gib = max(r.workload.capacity_bytes for r in results.values()) / _GiB
+    show_capacity = peak_gib > CAPACITY_IN_VIEW * capacity_gib
+    top_gib = max(peak_gib, capacity_gib) * 1.06 if show_capacity else peak_gib + 0.15 * max(peak_gib - low_gib, 0.1)
+    bottom_gib = 0.0 if show_capacity else max(0.0, low_gib - 0.15 * max(peak_gib - low_gib, 0.1))
+    return bottom_gib, top_gib, show_capacity
 
 
 def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str | None = None) -> Any:
     """Gantt charts of several replays stacked on one time axis, each above its memory timeline.
 
     ``results`` maps a label (the schedule) to a replay, typically of the same plan; identical
-    replicas share a row, so the differences between schedules are what stands out.
+    replicas share a row (``sim.report.plots.rows``), so the differences between schedules are
+    what stands out. The rows shrink so that the figure stays within ``MAX_HEIGHT_IN``.
     """
     plt = _pyplot()
     if not results:
         raise ValueError("schedule_comparison_figure needs at least one result")
     names = list(results)
+    chosen = {name: plot_rows(results[name], by_class=True) for name in names}
+    total_rows = sum(len(c.rows) for c in chosen.values())
+    per_row = _row_in(total_rows, len(names) * 1.75 + 2.6, per_row_in=0.26) / 0.62
     heights = []
     for name in names:
-        heights += [0.42 * len(_class_rows(results[name])) + 0.75, 1.6]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(12, 0.62 * sum(heights) + 1.4), sharex=True,
-                             gridspec_kw={"height_ratios": heights})
+        heights += [per_row * len(chosen[name].rows) + 0.75, 1.6]
+    fig, axes = plt.subplots(len(heights), 1, figsize=(12, min(0.62 * sum(heights) + 1.4, MAX_HEIGHT_IN)),
+                             sharex=True, gridspec_kw={"height_ratios": heights})
     end_s = max(r.iteration_time_s for r in results.values())
-    # one memory scale for all panels; zoomed on the curves unless one comes near the capacity
-    peak_gib = max(r.summarize().peak_memory_bytes for r in results.values()) / _GiB
-    low_gib = min(min(r.memory_timeline(d)[1]) for r in results.values() for d, _ in _class_rows(r)) / _GiB
-    capacity_gib = max(r.workload.capacity_bytes for r in results.values()) / _GiB
-    show_capacity = peak_gib > CAPACITY_IN_VIEW * capacity_gib
-    top_gib = max(peak_gib, capacity_gib) * 1.06 if show_capacity else peak_gib + 0.15 * max(peak_gib - low_gib, 0.1)
-    bottom_gib = 0.0 if show_capacity else max(0.0, low_gib - 0.15 * max(peak_gib - low_gib, 0.1))
+    summaries = {name: r.summarize() for name, r in results.items()}  # a summary a device: once each
+    bottom_gib, top_gib, show_capacity = _memory_scale(results, summaries)
     handles: list = []
     for i, name in enumerate(names):
         result, gantt_ax, memory_ax = results[name], axes[2 * i], axes[2 * i + 1]
-        s = result.summarize()
-        rows = _class_rows(result)
-        handles += draw_gantt(gantt_ax, result.event_rows(), rows, result.workload.num_microbatches,
-                              end_s, key=False, communication=communication_lanes(result, [d for d, _ in rows]))
+        s = summaries[name]
+        rows = [(r.device, r.count) for r in chosen[name].rows]
+        handles += draw_gantt(gantt_ax, result.event_rows([d for d, _ in rows]), rows,
+                              result.workload.num_microbatches, end_s, key=False,
+                              communication=communication_lanes(result, [d for d, _ in rows]),
+                              labels=[r.label for r in chosen[name].rows])
+        gantt_ax.tick_params(axis="y", labelsize=min(10.0, 72 * 0.62 * per_row * 0.8))
         oom = "  OUT OF MEMORY" if s.oom else ""
+        note = f" ({chosen[name].note})" if chosen[name].note else ""
         gantt_ax.set_title(f"{name}: {format_duration(s.iteration_time_s)} per iteration, bubble "
-                           f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}",
+                           f"{s.bubble_fraction:.1%}, peak memory {s.peak_memory_bytes / _GiB:.2f} GiB{oom}{note}",
                            loc="left", fontsize="medium", color="red" if oom else "black")
-        _draw_memory(memory_ax, result, _GiB, "GiB", capacity_in_view=show_capacity, capacity_note=False)
+        _draw_memory(memory_ax, result, _GiB, "GiB", capacity_in_view=show_capacity, capacity_note=False, keyed=4,
+                     by_class=True)
+        capacity_gib = result.workload.capacity_bytes / _GiB
         total_gib = result.workload.device_memory_bytes / _GiB
         usable = f"usable {capacity_gib:.3g} of {total_gib:.3g} GiB" if capacity_gib < total_gib \
             else f"capacity {capacity_gib:.3g} GiB"
-        note = "" if show_capacity else f" ({usable}, above the scale)"
-        memory_ax.set_title("memory" + note, loc="left", fontsize="small", color="0.3")
+        memory_ax.set_title("memory" + ("" if show_capacity else f" ({usable}, above the scale)"), loc="left",
+                            fontsize="small", color="0.3")
         memory_ax.set_ylim(bottom_gib, top_gib)
         for ax in (gantt_ax, memory_ax):
             ax.set_xlabel("")
@@ -226,9 +255,11 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
     for ax in axes:  # shared x axis: one locator, labels on the bottom panel
         set_time_axis(ax, end_s * 1.01, label=ax is axes[-1])
     heading = title or f"{next(iter(results.values())).workload.name}: schedules compared"
-    fig.suptitle(wrap_to_width(heading, fig.get_figwidth() - 0.5, points=12), fontsize="large")
+    fig.suptitle(wrap_to_width(heading, fig.get_figwidth() - 0.5, points=12, max_lines=2), fontsize="large")
     key = merge_keys(handles)  # one key for every panel, under the time axis
-    fig.legend(handles=key, loc="lower center", ncol=min(len(key), 5), fontsize="small", frameon=False)
-    rows = -(-len(key) // min(len(key), 5))
-    fig.tight_layout(rect=(0, (0.22 * rows + 0.1) / fig.get_figheight(), 1, 1))
+    columns = min(len(key), 4)
+    fig.legend(handles=key, loc="lower center", ncol=columns, fontsize="small", frameon=False)
+    lines = max(h.get_label().count("\n") + 1 for h in key)
+    key_rows = -(-len(key) // columns) + lines - 1
+    fig.tight_layout(rect=(0, (0.2 * key_rows + 0.1) / fig.get_figheight(), 1, 1))
     return fig
