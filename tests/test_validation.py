@@ -167,7 +167,7 @@ def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, sche
         assert path.stat().st_size > 0
     written = json.loads((tmp_path / "validation.json").read_text())
     assert written == json.loads(jsonio.dumps(report.to_json())) and ValidationReport.from_json(written) == report
-    assert sorted(written) == ["backend", "error", "measured", "memory", "nproc", "predicted", "profile", "scenario",
+    assert sorted(written) == ["backend", "drift", "error", "measured", "memory", "nproc", "predicted", "profile", "scenario",
                                "schedule", "slices", "steps", "traces"]
     assert sorted(written["profile"]) == ["action_overhead_s", "batch_size", "layers", "links", "optimizer",
                                           "scenario", "slice", "slices"]

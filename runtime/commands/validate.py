@@ -6,7 +6,9 @@ model's layers, the optimizer step and the per-action overhead (``runtime.valida
 the simulator replays the plan on those measurements; the report sets iteration time,
 per-stage compute, per-action timing and per-device peak memory side by side with relative
 errors (``sim.report.analysis.validation``). ``--rounds`` repeats it all on a machine whose speed
-drifts and reports the median round.
+drifts and reports the median round. When the machine's speed drifted between the turns by more
+than the error reported (``sim.core.validation_report.Drift``), one warning line on stderr says
+so: that error is the machine's as much as the simulator's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sim.core import jsonio
 from sim.core.command import Stopwatch, progress
 from sim.core.errors import DappleError
 from sim.core.validation_report import ValidationReport
-from sim.report.analysis.validation import format_report
+from sim.report.analysis.validation import drift_warning, format_report
 from sim.report.plots.validation import validation_gantt_figure, validation_memory_figure
 
 __all__ = ["cmd_validate", "write_report"]
@@ -71,6 +73,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print("report: " + ", ".join(str(p) for p in paths))
         if traces:
             print(f"traces (open side by side in https://ui.perfetto.dev): {traces['predicted']}, {traces['measured']}")
+    warning = drift_warning(report)
+    if warning is not None:  # on stderr, so that --json's stdout stays one document
+        print(f"dapple-run: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sim.app.check import describe, format_description
-from sim.app.compare import DEFAULT_SCHEDULES, format_rows, parse_schedules, plan_variants, run_variants
+from sim.app.compare import (
+    DEFAULT_SCHEDULES,
+    MAX_STAGE_MICROBATCHES,
+    check_work,
+    format_rows,
+    parse_schedules,
+    plan_variants,
+    run_variants,
+)
 from sim.app.published import DEFAULT_SUITE, format_results, read_suite, run_suite, suite_json
 from sim.app.published import write_outputs as write_suite_outputs
 from sim.app.report import format_summary, write_outputs
@@ -25,6 +33,7 @@ from sim.core.command import (
     add_verbosity_options,
     configure_output,
     parse_overrides,
+    positive_int,
     progress,
     quiet,
     run_cli,
@@ -118,7 +127,10 @@ def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
         "schedule expects (one per device set; two per device set looped for interleaved; a V for zb-v and "
         "dualpipe-v), and print one row per schedule: iteration time, bubble, peak memory of the largest device "
         "and OOM. A schedule that cannot run the plan gets a row saying why. With --out, also write "
-        "schedules.png (stacked Gantt and memory charts) and compare.json.",
+        "schedules.png (stacked Gantt and memory charts) and compare.json. A comparison replays at most "
+        f"{MAX_STAGE_MICROBATCHES:,} stage × micro-batch pairs in all (stages times micro-batches, summed over "
+        "the schedules), checked before any replay: more is refused (exit 2) unless --max-stage-microbatches "
+        "raises the limit.",
     )
     compare.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file with a plan")
 
@@ -130,6 +142,8 @@ def _replay_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
     compare.add_argument("--no-contention", action="store_true", help="SimPy engine without link contention")
     compare.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     compare.add_argument("--out", metavar="DIR", help="write schedules.png and compare.json into DIR")
+    compare.add_argument("--max-stage-microbatches", type=positive_int, default=MAX_STAGE_MICROBATCHES, metavar="N",
+                         help=f"replay at most N stage × micro-batch pairs in all (default {MAX_STAGE_MICROBATCHES:,})")
     return check, simulate, compare
 
 
@@ -245,6 +259,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     with watch.phase("read the scenario"):
         scenario = load_scenario(args.scenario, parse_overrides(args.overrides), plan=_plan(args.plan))
         variants = plan_variants(scenario, schedules)
+        check_work(variants, scenario.training.num_microbatches, limit=args.max_stage_microbatches)
     with watch.phase(f"replay {len(variants)} schedules ({args.engine})"), progress(f"replaying {len(variants)} schedules"):
         rows, results = run_variants(scenario, variants, engine=args.engine, contention=not args.no_contention)
     if args.out:

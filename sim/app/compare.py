@@ -21,6 +21,14 @@ cannot run the plan (dualpipe-v with fewer than 2R micro-batches, say) gives a r
 instead of stopping the comparison. The rows show what someone choosing a schedule weighs:
 iteration time, the bubble (idle share of device time), the largest device's peak memory and
 whether it runs out of memory.
+
+A comparison replays every variant, and a replay's work grows with its stages times its
+micro-batches (each pair is a forward and a backward on one stage; a one-stage-per-rank variant of
+the 1T GPT of Korthikanti et al. 2022, 64 stages by 512 micro-batches, is 32 768 pairs and about
+5 s of SimPy). ``check_work`` counts those pairs over all the variants before any replays and
+refuses more than ``MAX_STAGE_MICROBATCHES`` (``--max-stage-microbatches`` raises it), so a
+comparison finishes in seconds or says up front why not: six schedules of that 1T plan are
+294 912 pairs, half a minute.
 """
 
 from __future__ import annotations
@@ -37,10 +45,15 @@ from sim.models import shard_model
 from sim.schedule.generators import GENERATORS, LOOPED_SCHEDULES, V_SCHEDULES
 from sim.schedule.vshape import v_stage_ranks
 
-__all__ = ["DEFAULT_SCHEDULES", "Variant", "format_rows", "plan_variants", "run_variants"]
+__all__ = ["DEFAULT_SCHEDULES", "MAX_STAGE_MICROBATCHES", "Variant", "check_work", "format_rows", "plan_variants",
+           "run_variants"]
 
 DEFAULT_SCHEDULES = ("gpipe", "dapple", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 """What ``--schedules`` compares when not given."""
+
+MAX_STAGE_MICROBATCHES = 65_536
+"""Stage × micro-batch pairs a comparison replays in all, summed over its schedules, unless
+``--max-stage-microbatches`` says otherwise (2¹⁶: a few seconds of SimPy on an idle core)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,21 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
             continue
         variants.append(Variant(name, variant))
     return variants
+
+
+def check_work(variants: Sequence[Variant], num_microbatches: int, *, limit: int = MAX_STAGE_MICROBATCHES) -> int:
+    """The stage × micro-batch pairs replaying ``variants`` costs (those that can run); a
+    ``DappleError`` naming the count, the limit and the flag that lifts it when over ``limit``."""
+    counts = [(v.schedule, v.plan.num_stages * num_microbatches) for v in variants if v.plan is not None]
+    total = sum(count for _, count in counts)
+    if total > limit:
+        largest = max(counts, key=lambda item: item[1])
+        raise DappleError(
+            f"compare: {len(counts)} schedules would replay {total:,} stage × micro-batch pairs ({largest[0]}: "
+            f"{largest[1] // num_microbatches} stages × {num_microbatches} micro-batches), over the limit of "
+            f"{limit:,}; compare fewer with --schedules, or raise the limit with --max-stage-microbatches {total}"
+        )
+    return total
 
 
 def _chunks(plan: PlanSpec, num_ranks: int) -> int:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from sim.core.errors import DappleError, ScheduleError
 
 __all__ = ["MalformedOverride", "Stopwatch", "add_scenario_options", "add_verbosity_options", "configure_output", "parse_overrides",
-           "progress", "quiet", "run_cli"]
+           "positive_int", "progress", "quiet", "run_cli"]
 
 _log = logging.getLogger("dapplesim")
 _state = {"quiet": False}
@@ -47,6 +47,17 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, example: str = "pla
     if plan:
         parser.add_argument("--plan", metavar="PLAN.json",
                             help="replace the scenario's plan with a plan file (dapple-plan's output)")
+
+
+def positive_int(text: str) -> int:
+    """An integer ≥ 1 (an argparse ``type``: a bad value is argparse's usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {value}")
+    return value
 
 
 class MalformedOverride:

@@ -9,6 +9,11 @@ validate`` (``runtime.validation.loop``) adds what it measured the prediction on
 (``ValidationProfile``), each turn of profile and run on its own (``TurnComparison``) and,
 with ``--rounds``, every round (``RoundComparison``): a ``ValidationReport``.
 
+The turns also say how steady the machine was (``Drift``, ``turn_drift``): every turn runs the
+same steps of the same plan, so the spread of the turns' measured step times is the machine's
+speed moving, not the model erring. When that spread is larger than the error reported, the
+error says more about the machine than about the simulator.
+
 Every type here is plain data with exactly one ``to_json()``: the command that prints or
 writes a report makes its JSON there, once (``validation.json``, ``--json``); the text table
 and the charts read the types. ``ValidationReport.from_json`` reads a recorded report back
@@ -17,13 +22,14 @@ and the charts read the types. ``ValidationReport.from_json`` reads a recorded r
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sim.core.validation_sides import ByKind, RunSide
 
-__all__ = ["ActionComparison", "ActionErrors", "DeviceError", "MemoryErrorByKind", "RoundComparison",
-           "StageError", "TurnComparison", "ValidationErrors", "ValidationProfile", "ValidationReport"]
+__all__ = ["ActionComparison", "ActionErrors", "DeviceError", "Drift", "MemoryErrorByKind", "RoundComparison",
+           "StageError", "TurnComparison", "ValidationErrors", "ValidationProfile", "ValidationReport", "turn_drift"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +199,44 @@ class TurnComparison:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Drift:
+    """How far the machine's speed moved between turns of profile and run.
+
+    Measured step times, not the turns' predictions: each turn runs the same steps of the same
+    plan, so their spread is the machine alone, while a prediction also carries the noise of a
+    short profile."""
+
+    spread_frac: float
+    """(slowest − fastest turn's measured step time) / the median of the turns' (a fraction)."""
+    fastest_s: float
+    """The fastest turn's measured step time (the median of its steps), seconds."""
+    slowest_s: float
+    """The slowest turn's, seconds."""
+    exceeds_error: bool
+    """Whether ``spread_frac`` is larger than |the reported iteration-time error|: the error is
+    then within what the machine's drift alone moves, and a rerun on an idle machine says more."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spread_frac": self.spread_frac, "fastest_s": self.fastest_s, "slowest_s": self.slowest_s,
+                "exceeds_error": self.exceeds_error}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Drift:
+        return cls(**{key: data[key] for key in ("spread_frac", "fastest_s", "slowest_s", "exceeds_error")})
+
+
+def turn_drift(turns: tuple[TurnComparison, ...], iteration_time_frac: float | None) -> Drift | None:
+    """The turns' drift (``Drift``) against the reported error; None for fewer than two turns."""
+    if len(turns) < 2:
+        return None
+    measured = [turn.measured_s for turn in turns]
+    fastest, slowest = min(measured), max(measured)
+    spread = (slowest - fastest) / statistics.median(measured)
+    exceeds = iteration_time_frac is not None and spread > abs(iteration_time_frac)
+    return Drift(spread_frac=spread, fastest_s=fastest, slowest_s=slowest, exceeds_error=exceeds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RoundComparison:
     """One round of ``dapple-run validate --rounds``: its prediction against its measurement."""
 
@@ -261,7 +305,7 @@ class ValidationReport:
 
     The context (``scenario`` .. ``memory``) is None where the comparison was made without it
     (a test's, a notebook's); None context, ``collapsed``, ``traces``, ``rounds`` and
-    ``median_round`` are not written to the JSON.
+    ``median_round`` and ``drift`` are not written to the JSON.
     """
 
     predicted: RunSide
@@ -294,6 +338,9 @@ class ValidationReport:
     """With ``--rounds``: every round; this report is the round ``median_round``."""
     median_round: int | None = None
     """With ``--rounds``: the round with the median iteration-time error, from 1."""
+    drift: Drift | None = None
+    """How far the machine's speed moved between the turns (``turn_drift``); None for a single
+    turn, and in a recording made before reports had it."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {key: getattr(self, key) for key in _CONTEXT if getattr(self, key) is not None}
@@ -308,6 +355,8 @@ class ValidationReport:
         if self.rounds is not None:
             data["rounds"] = [r.to_json() for r in self.rounds]
             data["median_round"] = self.median_round
+        if self.drift is not None:
+            data["drift"] = self.drift.to_json()
         return data
 
     @classmethod
@@ -320,7 +369,8 @@ class ValidationReport:
             turns=None if data.get("slices") is None else tuple(TurnComparison.from_json(t) for t in data["slices"]),
             traces=data.get("traces"),
             rounds=None if data.get("rounds") is None else tuple(RoundComparison.from_json(r) for r in data["rounds"]),
-            median_round=data.get("median_round"))
+            median_round=data.get("median_round"),
+            drift=Drift.from_json(data["drift"]) if data.get("drift") else None)
 
 
 _CONTEXT = ("scenario", "schedule", "backend", "nproc", "steps", "memory", "collapsed")

@@ -40,11 +40,12 @@ from sim.core.validation_report import (
     StageError,
     ValidationErrors,
     ValidationReport,
+    turn_drift,
 )
 from sim.core.validation_sides import MEMORY_KINDS, DeviceSide, MemoryByKind, RunSide, StageCompute
 from sim.engine.result import SimResult
 
-__all__ = ["MEMORY_KINDS", "MEMORY_MODES", "compare", "format_report", "measured_view", "predicted_view", "run_side"]
+__all__ = ["MEMORY_KINDS", "MEMORY_MODES", "compare", "drift_warning", "format_report", "measured_view", "predicted_view", "run_side"]
 
 MEMORY_MODES = ("counted", "allocator")
 """``counted``: static + saved activations (CPU runs); ``allocator``: everything (GPU runs)."""
@@ -170,7 +171,8 @@ def compare(predicted: RunSide, measured: RunSide, **context: Any) -> Validation
                      for s in predicted.stages),
         actions=_actions(predicted.events, measured.events, measured.iteration_time_s or 0.0),
     )
-    return ValidationReport(predicted=predicted, measured=measured, error=error, **context)
+    drift = turn_drift(tuple(context.get("turns") or ()), error.iteration_time_frac)
+    return ValidationReport(predicted=predicted, measured=measured, error=error, drift=drift, **context)
 
 
 def _by_kind(predicted: MemoryByKind | None, measured: MemoryByKind | None) -> MemoryErrorByKind | None:
@@ -236,6 +238,18 @@ def format_report(report: ValidationReport) -> str:
                      f"{format_time(actions.start_mean_abs_s)} ({actions.start_mean_abs_frac_of_iteration:.1%} "
                      "of an iteration)")
     return "\n".join(lines)
+
+
+def drift_warning(report: ValidationReport) -> str | None:
+    """One line when the machine's speed drifted between turns by more than the error reported
+    (``sim.core.validation_report.Drift``): that error is then the machine's as much as the
+    simulator's. None otherwise."""
+    drift = report.drift
+    if drift is None or not drift.exceeds_error:
+        return None
+    return (f"the machine's speed drifted {drift.spread_frac:.0%} between turns (a turn's measured step "
+            f"{format_time(drift.fastest_s)} to {format_time(drift.slowest_s)}), more than the "
+            f"{_pct(report.error.iteration_time_frac)} error reported: rerun on an idle machine")
 
 
 def _memory_rows(report: ValidationReport) -> list[str]:
