@@ -254,12 +254,28 @@ def schedule_comparison_figure(results: Mapping[str, SimResult], *, title: str |
     axes[-1].set_xlim(0, end_s * 1e3 * 1.01)
     for ax in axes:  # shared x axis: one locator, labels on the bottom panel
         set_time_axis(ax, end_s * 1.01, label=ax is axes[-1])
-    heading = title or f"{next(iter(results.values())).workload.name}: schedules compared"
-    fig.suptitle(wrap_to_width(heading, fig.get_figwidth() - 0.5, points=12, max_lines=2), fontsize="large")
+    heading = wrap_to_width(title or f"{next(iter(results.values())).workload.name}: schedules compared",
+                            fig.get_figwidth() - 0.5, points=12, max_lines=2)
+    fig.suptitle(heading, fontsize="large")
     key = merge_keys(handles)  # one key for every panel, under the time axis
     columns = min(len(key), 4)
     fig.legend(handles=key, loc="lower center", ncol=columns, fontsize="small", frameon=False)
     lines = max(h.get_label().count("\n") + 1 for h in key)
     key_rows = -(-len(key) // columns) + lines - 1
-    fig.tight_layout(rect=(0, (0.2 * key_rows + 0.1) / fig.get_figheight(), 1, 1))
+    _stacked_margins(fig, len(heights), left_in=max(_left_in(c) for c in chosen.values()),
+                     bottom_in=0.2 * key_rows + 0.1 + 0.5,
+                     top_in=0.6 + 0.24 * (heading.count("\n") + 1))  # the heading, then the first panel's title
     return fig
+
+
+def _stacked_margins(fig, panels: int, *, left_in: float, bottom_in: float, top_in: float,
+                     right_in: float = 2.45, gap_in: float = 0.42) -> None:
+    """Margins and gaps in inches for stacked panels (the row labels on the left, the key
+    under the time axis, the memory panels' keys on the right, each panel's title in the gap
+    above it) instead of ``tight_layout``, which draws the whole figure once more only to
+    measure it."""
+    width, height = fig.get_size_inches()
+    usable_in = max(height - top_in - bottom_in, 0.5 * height)
+    axis_in = max((usable_in - (panels - 1) * gap_in) / panels, 0.05)
+    fig.subplots_adjust(left=left_in / width, right=1 - right_in / width, bottom=bottom_in / height,
+                        top=1 - top_in / height, hspace=gap_in / axis_in)
