@@ -26,6 +26,7 @@ from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
 from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
+from sim.models.moe import parameter_counts
 from sim.models.vocab import vocab_padding
 
 __all__ = ["describe", "format_description"]
@@ -44,7 +45,8 @@ def describe(scenario: Scenario) -> Description:
         device_usable_memory_bytes=cluster.device.usable_memory_bytes, device_defaults=tuple(scenario.device_defaults),
         model=ModelDescription(name=model.name, source=model.source, param_bytes=model.param_bytes(),
                                dtype=model.dtype, optimizer=model.optimizer, attention=model.attention,
-                               vocab_padding=vocab_padding(model, 1 if plan is None else plan.tensor_parallel)),
+                               vocab_padding=vocab_padding(model, 1 if plan is None else plan.tensor_parallel),
+                               parameters=None if model.experts is None else parameter_counts(model)),
         global_batch_size=training.global_batch_size, microbatch_size=training.microbatch_size,
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
@@ -102,7 +104,8 @@ def _describe_plan(scenario: Scenario, warnings: list[str]) -> PlanDescription:
     parallelism = ParallelismDescription(
         tensor=plan.tensor_parallel, context=plan.context_parallel, pipeline=len(plan.device_groups),
         sequence_parallel=plan.sequence_parallel, sharding=plan.sharding.value,
-        data=max(plan.num_replicas(s) for s in range(plan.num_stages)))
+        data=max(plan.num_replicas(s) for s in range(plan.num_stages)), expert=plan.expert_parallel,
+        expert_tensor=plan.expert_tensor_parallel)
     return PlanDescription(
         schedule=plan.schedule if plan.custom_schedule is None else f"file:{plan.schedule_file}",
         schedule_params=tuple(plan.params.items()), recompute=plan.recompute, num_stages=plan.num_stages,
@@ -175,7 +178,21 @@ def _group_spans(plan, cluster) -> dict[str, str]:
         if groups:
             across = any(len({cluster.node_of(d) for d in g}) > 1 for g in groups)
             spans[name] = "across servers" if across else "inside one server"
+    if plan.expert_parallel > 1:
+        spans["expert-parallel"] = _expert_span(plan, cluster)
     return spans
+
+
+def _expert_span(plan, cluster) -> str:
+    """Where the expert-parallel groups sit: ``EP 8 inside a server`` or ``EP 64 across 8 servers,
+    8 per server`` (the widest spread of any stage's groups)."""
+    ep = plan.expert_parallel
+    groups = [g for s in range(plan.num_stages) for g in plan.expert_groups(s)]
+    spread = max(groups, key=lambda g: len({cluster.node_of(d) for d in g}))
+    servers = len({cluster.node_of(d) for d in spread})
+    if servers == 1:
+        return f"EP {ep} inside a server"
+    return f"EP {ep} across {servers} servers, {-(-ep // servers)} per server"
 
 
 def _capacity(memory_bytes: float, usable_bytes: float) -> str:
@@ -225,6 +242,7 @@ def format_description(description: Description) -> str:
         f"scenario {d.name}: {model.name} ({d.num_layers} layers, "
         f"{format_bytes(model.param_bytes)} of {model.dtype} parameters, {model.optimizer}"
         f"{'' if model.attention is None else f', attention {model.attention}'})",
+        *_parameter_lines(model),
         *([] if model.vocab_padding is None or not model.vocab_padding.is_padded else [model.vocab_padding.text()]),
         f"cluster: {d.nodes} x {d.devices_per_node} {d.device} = {d.num_devices} devices",
         *_device_defaults_line(d),
@@ -240,6 +258,15 @@ def format_description(description: Description) -> str:
     return "\n".join(lines)
 
 
+def _parameter_lines(model) -> list[str]:
+    """A mixture of experts' parameters by kind, in one line."""
+    counts = model.parameters
+    if counts is None:
+        return []
+    return [f"parameters: {counts.total / 1e9:.2f}B total ({counts.dense / 1e9:.2f}B dense, "
+            f"{counts.routed / 1e9:.2f}B routed experts), {counts.active / 1e9:.2f}B active per token"]
+
+
 def _plan_lines(plan: PlanDescription, capacity: str) -> list[str]:
     """The plan's lines of ``format_description``: schedule, degrees, stages, memory at rest of
     the device's ``capacity`` (``_capacity``)."""
@@ -250,7 +277,10 @@ def _plan_lines(plan: PlanDescription, capacity: str) -> list[str]:
         f"plan: {plan.num_stages} stages, schedule {plan.schedule}{params}{recompute}",
         f"parallelism: tensor {degrees.tensor}{' + sequence' if degrees.sequence_parallel else ''}"
         f" x context {degrees.context} x pipeline {degrees.pipeline} x data {degrees.data}, "
-        f"sharding {degrees.sharding}" + "".join(f"; {name} groups {span}" for name, span in plan.group_spans),
+        f"sharding {degrees.sharding}"
+        + (f", expert {degrees.expert} x expert-tensor {degrees.expert_tensor}" if degrees.expert > 1
+           or degrees.expert_tensor > 1 else "")
+        + "".join(f"; {name} groups {span}" for name, span in plan.group_spans),
         f"  {'stage':>5} {'layers':>9} {'replicas':>8} {'fwd/mb':>9} {'bwd/mb':>9} {'at rest':>10}",
     ]
     for stage in plan.stages:

@@ -44,9 +44,16 @@ class ModelDescription:
     vocab_padding: VocabPadding | None = None
     """The vocabulary and its padded sizes at t = 1 and at the plan's tensor degree
     (``sim.models.vocab``); None without a vocabulary. The JSON has it only where padding is added."""
+    parameters: Any = None
+    """A mixture of experts' parameters by kind (``sim.models.moe.ParameterCounts``); None for a
+    dense model, which the JSON then leaves out."""
 
     def to_json(self) -> dict[str, Any]:
         kernel = {} if self.attention is None else {"attention": self.attention}
+        if self.parameters is not None:  # a mixture of experts: its parameters by kind
+            counts = self.parameters
+            kernel["parameters"] = {"total": counts.total, "dense": counts.dense, "routed_experts": counts.routed,
+                                    "active_per_token": counts.active}
         padding = self.vocab_padding
         vocab = {"vocab_padding": padding.to_json()} if padding is not None and padding.is_padded else {}
         return {"name": self.name, "source": self.source, "param_bytes": self.param_bytes, "dtype": self.dtype,
@@ -69,10 +76,16 @@ class ParallelismDescription:
     """ZeRO sharding of the model states (``none``, ``optimizer``, ``gradients``, ``full``)."""
     data: int
     """Most data-parallel replicas of any stage."""
+    expert: int = 1
+    """Expert-parallel degree EP (the JSON has it, and ``expert_tensor``, only above 1)."""
+    expert_tensor: int = 1
+    """Expert-tensor-parallel degree ETP."""
 
     def to_json(self) -> dict[str, Any]:
+        experts = {"expert": self.expert, "expert_tensor": self.expert_tensor} \
+            if self.expert > 1 or self.expert_tensor > 1 else {}
         return {"tensor": self.tensor, "context": self.context, "pipeline": self.pipeline,
-                "sequence_parallel": self.sequence_parallel, "sharding": self.sharding, "data": self.data}
+                "sequence_parallel": self.sequence_parallel, "sharding": self.sharding, "data": self.data, **experts}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,9 +70,18 @@ class LayerSpec:
     cp_ring_bytes: float = 0.0
     """Bytes per sample each device of a context-parallel group passes to its ring neighbour in
     the forward (key and value blocks; the backward passes twice as many)."""
+    expert_param_bytes: float = 0.0
+    """The part of ``param_bytes`` that is this device's share of an MoE block's routed experts
+    (``sim.models.moe``): reduced and sharded over the expert-data-parallel group, not the
+    data-parallel one. 0 for a dense layer."""
+    a2a_bytes: float = 0.0
+    """An MoE block's all-to-all payload per sample on one device: the routed copies of its tokens,
+    tokens × top_k × hidden × element bytes, before the (EP − 1)/EP that leaves the device
+    (``sim.cost.comm.all_to_all_s``); dispatch and combine each move it, forward and backward."""
 
     def __post_init__(self) -> None:
-        for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes"):
+        for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes",
+                    "expert_param_bytes", "a2a_bytes"):
             non_negative(key, getattr(self, key))
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise SpecError("fwd_s", "give both forward and backward times, or neither")
@@ -169,6 +178,8 @@ class ModelSpec:
     """How a generated transformer's attention runs, one of ``sim.core.specs.ATTENTION_KERNELS``
     (``flash``, ``sdpa``, ``unfused``: its blocks' kernels and stash, ``sim.cost.kernels``); None
     for a model without attention blocks (a measured profile, mlp, vgg)."""
+    experts: Any = None
+    """The experts of a generated transformer's MoE blocks (``sim.core.experts.ExpertSpec``); None: dense."""
     kernels: str = "fused"
     """How a generated transformer's element-wise work runs (``model.kernels``, one of
     ``sim.cost.kernels.KERNEL_MODES``): ``fused`` kernels (Megatron-LM) or PyTorch's ``eager`` ones
@@ -214,6 +225,10 @@ class ModelSpec:
     def param_bytes(self, start: int = 0, end: int | None = None) -> float:
         """Parameter bytes of layers ``[start, end)``, each counted once (a tied matrix in the embedding)."""
         return sum(layer.param_bytes for layer in self.layers[start:end])
+
+    def expert_param_bytes(self, start: int = 0, end: int | None = None) -> float:
+        """The routed experts' share of ``param_bytes(start, end)`` (``LayerSpec.expert_param_bytes``)."""
+        return sum(layer.expert_param_bytes for layer in self.layers[start:end])
 
     def tied_ends(self, start: int, end: int) -> int:
         """How many ends of a tied embedding layers ``[start, end)`` hold: 0, 1 or 2."""

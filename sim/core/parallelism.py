@@ -69,17 +69,29 @@ class Shard:
     """c: devices of a context-parallel group; the sequence splits over them."""
     sequence_parallel: bool = False
     """Norms, dropouts and residuals run on s/t of the sequence (Korthikanti et al. §4.2.2)."""
+    expert: int = 1
+    """EP: devices of an expert-parallel group; an MoE block's routed experts split over them
+    (``sim.core.experts``), count/EP on each."""
+    expert_tensor: int = 1
+    """ETP: devices that split each expert's MLP width (Megatron-Core's expert tensor parallelism)."""
 
     def __post_init__(self) -> None:
-        for name in ("tensor", "context"):
+        for name, key in (("tensor", "tensor_parallel"), ("context", "context_parallel"),
+                          ("expert", "expert_parallel"), ("expert_tensor", "expert_tensor_parallel")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"{name}_parallel", f"must be an integer >= 1, got {value!r}")
+                raise SpecError(key, f"must be an integer >= 1, got {value!r}")
 
     @property
     def is_whole(self) -> bool:
-        """No tensor or context parallelism: the device holds the whole layer."""
+        """No tensor or context parallelism: the device holds the whole layer (its experts aside:
+        ``splits_experts``)."""
         return self.tensor == 1 and self.context == 1
+
+    @property
+    def splits_experts(self) -> bool:
+        """Expert or expert-tensor parallelism: the device holds a share of each MoE block's experts."""
+        return self.expert > 1 or self.expert_tensor > 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -106,6 +106,11 @@ class PlanSpec:
     buckets, ZeRO's parameter all-gather, tensor-parallel collectives."""
     fsdp: FsdpSpec = FsdpSpec()
     """How ZeRO-2/3 and FSDP gather parameters (by unit) and reduce gradients (per micro-batch or once)."""
+    expert_parallel: int = 1
+    """EP: devices of an expert-parallel group, over which an MoE block's routed experts split
+    (``expert_groups``)."""
+    expert_tensor_parallel: int = 1
+    """ETP: devices that split each routed expert's width (innermost in the expert layout)."""
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -114,7 +119,7 @@ class PlanSpec:
             raise SpecError("recompute", f"must be one of {', '.join(r.value for r in Recompute)}, got {self.recompute!r}")
         if not isinstance(self.sharding, Sharding):
             raise SpecError("sharding", f"must be one of {', '.join(s.value for s in Sharding)}, got {self.sharding!r}")
-        for key in ("tensor_parallel", "context_parallel"):
+        for key in ("tensor_parallel", "context_parallel", "expert_parallel", "expert_tensor_parallel"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(key, f"must be an integer >= 1, got {value!r}")
@@ -131,6 +136,14 @@ class PlanSpec:
                     f"{len(stage.devices)} devices are not a multiple of context_parallel × tensor_parallel = {group}; "
                     f"give a multiple of {group} (replicas × {self.context_parallel} × {self.tensor_parallel})",
                 )
+        experts = self.expert_parallel * self.expert_tensor_parallel
+        for index, stage in enumerate(self.stages):
+            if len(stage.devices) % experts:
+                n = len(stage.devices)
+                fits = max(k for k in range(1, self.expert_parallel + 1) if n % (k * self.expert_tensor_parallel) == 0)
+                raise SpecError("expert_parallel", f"expert_parallel {self.expert_parallel} × expert_tensor_parallel "
+                                                   f"{self.expert_tensor_parallel} does not divide stage {index}'s {n} "
+                                                   f"devices; use expert_parallel {fits}")
         used: dict[int, tuple[int, ...]] = {}
         for group in self.device_groups:
             for device in group:
@@ -155,7 +168,8 @@ class PlanSpec:
     def shard(self) -> Shard:
         """One device's share of every layer."""
         return Shard(tensor=self.tensor_parallel, context=self.context_parallel,
-                     sequence_parallel=self.sequence_parallel)
+                     sequence_parallel=self.sequence_parallel, expert=self.expert_parallel,
+                     expert_tensor=self.expert_tensor_parallel)
 
     def replicas(self, stage: int) -> tuple[tuple[int, ...], ...]:
         """The data-parallel replicas of a stage, each its ``group_size`` devices in layout order
@@ -183,6 +197,24 @@ class PlanSpec:
         parallelism folded in)."""
         t, devices = self.tensor_parallel, self.stages[stage].devices
         return tuple(devices[k::t] for k in range(t))
+
+    def expert_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """The stage's expert-parallel groups, which exchange tokens in an MoE block's all-to-all.
+
+        Megatron-Core re-folds a stage's t × c × replicas devices for the expert layers as
+        ETP × EP × expert-data-parallel, ETP innermost (``megatron/core/parallel_state.py``,
+        ``RankGenerator(tp=expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=...,
+        order="tp-ep-dp-pp")``): local rank r = etp + ETP·(ep + EP·edp), so an EP group is the
+        devices of one (etp, edp), ETP apart."""
+        devices, etp, ep = self.stages[stage].devices, self.expert_tensor_parallel, self.expert_parallel
+        span = etp * ep
+        return tuple(devices[base + k:base + span:etp] for base in range(0, len(devices), span) for k in range(etp))
+
+    def expert_data_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
+        """Devices that hold the same routed experts and sum their gradients: one group per
+        (etp, ep) rank, over the stage's devices / (EP × ETP) expert-data-parallel ranks."""
+        devices, span = self.stages[stage].devices, self.expert_tensor_parallel * self.expert_parallel
+        return tuple(devices[k::span] for k in range(span))
 
     @property
     def params(self) -> dict[str, object]:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "collective_s", "context_ring", "context_ring_s",
+__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "collective_s", "context_ring", "context_ring_s",
            "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
            "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
@@ -236,6 +236,41 @@ def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: i
     forward = ring_bytes_per_sample * samples
     backward = 2 * ring_bytes_per_sample * samples
     return (_cost(forward, forward, steps, link, cluster), _cost(backward, backward, steps, link, cluster))
+
+
+def all_to_all(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec) -> tuple[CommCost, ...]:
+    """An MoE block's all-to-all (token dispatch or combine) over an expert-parallel group whose
+    members sit ``members_per_node`` to a server, each holding ``nbytes`` (its routed token copies,
+    ``LayerSpec.a2a_bytes`` × samples), alone: its phases inside and across servers, which run
+    at the same time.
+
+    With tokens spread evenly, each of the n members sends nbytes/n to every other: (g − 1)/n of
+    its bytes to the g − 1 others of its server through its GPU port, (n − g)/n through its NIC
+    to the other servers, the NIC shared by the server's members that cross
+    (``busiest_nic_flows``); so a group on one server moves (n − 1)/n · nbytes over NVLink (the
+    brief's (EP − 1)/EP). NCCL posts every peer's send and receive in one group
+    (``ncclGroupStart``/``ncclGroupEnd``, as ``torch.distributed.all_to_all_single`` and nccl-tests'
+    ``alltoall.cu`` do), so each phase pays one link latency, at the link's collective bandwidth.
+    DeepSeek-V3's node-limited routing (§2.1.2: a token goes to at most 4 servers, its copies
+    deduplicated over InfiniBand and forwarded over NVLink, §3.2.2) would cut the across bytes
+    for top_k above 4; it is not modelled, so a group across servers is an upper bound there.
+    """
+    n, widest = sum(members_per_node), max(members_per_node)
+    phases = []
+    if widest > 1 and nbytes > 0:
+        inside = (widest - 1) / n * nbytes
+        phases.append(_cost(inside, inside / cluster.intra_node.collective_efficiency, 1, cluster.intra_node, cluster))
+    if len(members_per_node) > 1 and nbytes > 0:
+        link = cluster.inter_node
+        across = (n - min(members_per_node)) / n * nbytes
+        rate = link.bandwidth_bytes_per_s / busiest_nic_flows(cluster, widest)
+        phases.append(_cost(across, across / link.collective_efficiency, 1, link, cluster, rate))
+    return tuple(phases)
+
+
+def all_to_all_s(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec) -> float:
+    """Seconds of that all-to-all alone: its slower phase (``all_to_all``), 0 for one member."""
+    return max((phase.seconds for phase in all_to_all(members_per_node, nbytes, cluster)), default=0.0)
 
 
 def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:

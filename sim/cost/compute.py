@@ -39,8 +39,9 @@ from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.specs import DeviceSpec, LinkSpec
 from sim.cost.comm import tied_allreduce_s
+from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
-from sim.cost.memory import StateBytes, stage_activation_bytes, stage_state_bytes
+from sim.cost.memory import StateBytes, stage_activation_bytes
 from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_forward_s",
@@ -286,6 +287,7 @@ def stage_cost(
     sharding: Sharding = Sharding.NONE,
     tied_link: LinkSpec | None = None,
     accumulate_unsharded: bool = False,
+    expert_data_parallel: int | None = None,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``: its time
     (``stage_time_s``), its activations (``sim.cost.memory.stage_activation_bytes``), its model
@@ -302,16 +304,21 @@ def stage_cost(
     keeps its own copy of the matrix (memory and optimizer step), and a stage holding either
     end alone all-reduces its gradient with the other over ``tied_link`` (``tied_allreduce_s``).
     ``accumulate_unsharded``: sharded gradients kept whole over the micro-batches
-    (``sim.cost.memory.accumulates_unsharded``).
+    (``sim.cost.memory.accumulates_unsharded``). The routed experts' states are over the
+    ``expert_data_parallel`` devices that hold the same experts (``sim.cost.experts``; None: as
+    the dense ones).
     """
     recompute = Recompute.of(recompute)
     time = stage_time_s(model, device, start, end, samples, recompute)
     kept = stage_activation_bytes(model, start, end, samples, recompute)
     params = model.stage_param_bytes(start, end)
-    states = stage_state_bytes(model, params, data_parallel=data_parallel, sharding=sharding,
-                               accumulate_unsharded=accumulate_unsharded)
+    experts = model.expert_param_bytes(start, end)
+    edp = data_parallel if expert_data_parallel is None else expert_data_parallel
+    states = moe_state_bytes(model, params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
+                             sharding=sharding, accumulate_unsharded=accumulate_unsharded)
     tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + tied_copy_tensors(model, start, end)
-    step_s = stage_optimizer_step_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding)
+    stepped = stepped_param_bytes(params, experts, data_parallel=data_parallel, expert_data_parallel=edp)
+    step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
     return StageCost(
         samples=samples,

@@ -53,12 +53,22 @@ def allreduce_flows(plan, model, cluster, *,
     flows, latency = [], {}
     sharding = Sharding.FULL if scatter_only else plan.sharding
     for s, stage in enumerate(plan.stages):
-        grad_bytes = gradient_sync_bytes(model.stage_param_bytes(*stage.layers) * model.grad_bytes_per_param_byte,
-                                         sharding)
+        experts = model.expert_param_bytes(*stage.layers)
+        grad_bytes = gradient_sync_bytes((model.stage_param_bytes(*stage.layers) - experts)
+                                         * model.grad_bytes_per_param_byte, sharding)
         for group in plan.gradient_groups(s):
             if len(group) < 2:
                 continue
             _group_allreduce(s, group, grad_bytes, cluster, flows, latency)
+        if experts and len(plan.gradient_groups(s)[0]) > 1:
+            # the routed experts' gradients over their expert-data-parallel groups (``sim.cost.experts``),
+            # in the same reduction's phases: each phase as slow as its slower group's
+            dense = dict(latency)
+            expert_bytes = gradient_sync_bytes(experts * model.grad_bytes_per_param_byte, sharding)
+            for group in plan.expert_data_groups(s):
+                if len(group) > 1:
+                    _group_allreduce(s, group, expert_bytes, cluster, flows, latency)
+            latency.update({key: max(value, dense.get(key, 0.0)) for key, value in latency.items()})
     return flows, latency
 
 

@@ -16,6 +16,14 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
   prefetched ahead of the compute (FSDP2's ``fully_shard`` with ``reshard_after_forward``;
   Rajbhandari et al. 2020, §5.3).
 
+* **expert parallelism** — an MoE block's token dispatch and combine, all-to-alls over the
+  stage's expert-parallel groups (``PlanSpec.expert_groups``), two in the forward and two in the
+  backward (``LayerSpec.a2a_bytes``; ``sim.cost.comm.all_to_all``). Each member's share for the
+  others of its server goes as one flow to its server neighbour, its share for the other
+  servers as one flow through its NIC to the member of its rank on the next server: the bytes
+  each port carries, as NCCL's grouped sends to every peer put on it. They block the compute
+  stream after the action's compute, as Megatron-Core's dispatcher does without EP overlap.
+
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
 ``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts, steps and links of
 ``sim.cost.comm`` (``tensor_parallel_bytes_and_steps``, ``context_ring``, ``fsdp_gather``) and
@@ -37,7 +45,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.comm import context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
+from sim.cost.comm import all_to_all, context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
 from sim.cost.group_comm import (
     PHASES,
     across_bytes,
@@ -52,10 +60,10 @@ from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
 
-GROUP_LABELS = ("TP", "CP", "FS", "PG")
+GROUP_LABELS = ("TP", "CP", "FS", "PG", "EP")
 """Labels of group flows: tensor parallelism, the context-parallel ring, FSDP's gathers, and
 ZeRO-1/2's parameter all-gather beside a stage's first forward (``plan.overlap.param_gather``,
-flows made by ``sim.engine.compile``)."""
+flows made by ``sim.engine.compile``), and the experts' all-to-alls."""
 OVERLAPPED = frozenset({"CP", "FS", "PG"})
 """Group collectives that run beside the compute (the others block it)."""
 
@@ -122,6 +130,27 @@ def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, f
     latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
 
 
+def _expert_all_to_all(groups, s: int, a2a_bytes: float, samples: int, full: bool, cluster, flows: list,
+                       latency: dict) -> None:
+    """The all-to-alls of one stage's expert-parallel groups: dispatch and combine in the forward,
+    their gradients in the backward (and the forward's again under full recompute)."""
+    for phase, count in (("F", 2), ("B", 4 if full else 2)):
+        label = ("EP", s, phase)
+        for group in groups:
+            servers = by_server(cluster, group)
+            phases = all_to_all([len(g) for g in servers], count * a2a_bytes * samples, cluster)
+            for cost in phases:
+                latency[label] = max(latency.get(label, 0.0), cost.latency_s)
+                if cost.across_servers:
+                    k = len(servers)
+                    for j, g in enumerate(servers):
+                        nxt = servers[(j + 1) % k]
+                        flows += [(d, nxt[i % len(nxt)], label, cost.flow_bytes) for i, d in enumerate(g)]
+                else:
+                    for g in servers:
+                        flows += _ring(tuple(g), label, cost.flow_bytes)
+
+
 def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, int]]]):
     """The group flows of every stage, ``(src, dst, label, bytes)``, and each label's latency.
 
@@ -147,6 +176,11 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 flows += _ring(group, ("CP", s, "F"), forward.flow_bytes)
                 flows += _ring(group, ("CP", s, "B"), backward.flow_bytes)
                 latency[("CP", s, "F")], latency[("CP", s, "B")] = forward.latency_s, backward.latency_s
+        a2a = sum(layer.a2a_bytes for layer in layers)
+        if plan.expert_parallel > 1 and a2a > 0:
+            groups = plan.expert_groups(s)
+            start, end = samples[s][groups[0][0]]
+            _expert_all_to_all(groups, s, a2a, end - start, full, cluster, flows, latency)
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
             for group in plan.gradient_groups(s):
@@ -170,7 +204,7 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
     collectives and a map ``(label, class) -> collective index`` for the compiler's ops.
     """
     groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups,
-                 "PG": plan.gradient_groups}
+                 "PG": plan.gradient_groups, "EP": plan.expert_groups}
     by_label: dict[tuple, list[FlowKind]] = defaultdict(list)  # by collective: a phase number dropped
     for k in kinds:
         if k.label[0] in GROUP_LABELS:

@@ -9,7 +9,7 @@ lowered schedule into ``sim.engine.workload.Op`` tuples, which every replay read
 * a send or a receive names its flow kinds through the class's slots (``DeviceClass.slots``)
   and lasts what issuing or receiving them costs; ``REDUCE_GRAD`` names its stage's
   gradient all-reduce;
-* the group collectives of a replica (tensor parallelism blocking after an action, the
+* the group collectives of a replica (tensor parallelism and the experts' all-to-all blocking after an action, the
   context-parallel ring and FSDP's gather overlapped before it) surround the compute op;
 * an overlapped forward-backward pair (``OVERLAP_F_B``) becomes its two parts, which share
   the pair's time (``sim.cost.compute.overlapped_pair_s``).
@@ -209,7 +209,7 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
         return [fields]
     phase = "F" if kind is ActionKind.F else "B"
     before, after = [], []
-    for name in ("FS", "CP", "TP"):
+    for name in ("FS", "CP", "TP", "EP"):
         found = group_slot.get((name, action.stage, phase))
         if found is None:
             continue

@@ -14,6 +14,10 @@ attention runs, ``attention: flash | sdpa | unfused`` (``sim.core.specs.ATTENTIO
 by default the device's ``default_attention``; a measured profile's times already include its
 attention, so it takes no such key. ``kernels: fused | eager`` (``sim.cost.kernels.KERNEL_MODES``,
 default ``fused``) says how a generated transformer's element-wise work runs (``eager``: Llama only).
+``experts:`` (gpt, llama) makes some blocks mixtures of experts (``sim.core.experts.ExpertSpec``)::
+
+    experts: {count: 8, top_k: 2, ffn_hidden: 14336, shared: 0, layers: every,
+              capacity_factor: 1.25, imbalance: 1.1}   # or imbalance: {distribution: zipf, parameter: 1.0, seed: 0}
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import DappleError, SpecError
+from sim.core.experts import DISTRIBUTIONS, ExpertSpec, ImbalanceDraw
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
@@ -30,7 +35,7 @@ from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
 
-__all__ = ["ATTENTION_PRESETS", "read_model"]
+__all__ = ["ATTENTION_PRESETS", "read_experts", "read_model"]
 
 _PROFILE_KEYS = {"profile", "profile_batch_size", "optimizer", "dtype", "name"}
 ATTENTION_PRESETS = ("bert", "gpt", "llama")
@@ -97,7 +102,11 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 
 def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
-    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels")}
+    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels", "experts")}
+    if "experts" in data:
+        if preset not in ("gpt", "llama"):
+            raise reader.fail("model.experts", f"preset {preset} has no experts; remove the key (it applies to gpt, llama)")
+        params["experts"] = read_experts(reader, data["experts"])
     if "kernels" in data:
         if preset not in ATTENTION_PRESETS:
             raise reader.fail("model.kernels", f"preset {preset} has no transformer blocks; remove the key "
@@ -109,10 +118,40 @@ def _generated(reader: StrictReader, data: dict, default_attention: str) -> Mode
     elif "attention" in data:
         raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
                                              f"(it applies to {', '.join(ATTENTION_PRESETS)})")
-    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels"})
+    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels", "experts"})
     try:
         return build_model(preset, **params)
     except SpecError as exc:
         raise reader.fail(join_key("model", exc.key), exc.problem) from None
     except (TypeError, ValueError) as exc:
         raise reader.fail("model", f"cannot build preset {preset!r}: {show_text(str(exc), 300)}") from None
+
+
+def read_experts(reader: StrictReader, value: Any) -> ExpertSpec:
+    """``model.experts``: the MoE blocks' router and experts (``sim.core.experts.ExpertSpec``)."""
+    key = "model.experts"
+    data = reader.mapping(value, key)
+    reader.keys(data, key, allowed={"count", "top_k", "ffn_hidden", "shared", "layers", "capacity_factor", "imbalance"},
+                required={"count", "top_k", "ffn_hidden"})
+    layers = data.get("layers", "every")
+    if isinstance(layers, list):
+        layers = tuple(layers)
+    elif not isinstance(layers, str):
+        raise reader.fail(f"{key}.layers", "must be every, every_other or a list of block indices, e.g. [1, 3, 5]")
+    imbalance, draw = data.get("imbalance", 1.0), None
+    if isinstance(imbalance, dict):
+        sub = f"{key}.imbalance"
+        reader.keys(imbalance, sub, allowed={"distribution", "parameter", "seed"}, required={"distribution", "parameter"})
+        draw = reader.build(sub, ImbalanceDraw,
+                            distribution=reader.string(imbalance, sub, "distribution", choices=set(DISTRIBUTIONS)),
+                            parameter=reader.number(imbalance, sub, "parameter", low=0.0, high=1e3, low_open=True),
+                            seed=reader.integer(imbalance, sub, "seed", 0, minimum=0))
+        imbalance = 1.0
+    count = reader.integer(data, key, "count", maximum=2**16)
+    try:
+        return ExpertSpec(count=count, top_k=reader.integer(data, key, "top_k", maximum=2**16),
+                          ffn_hidden=reader.integer(data, key, "ffn_hidden", maximum=2**22),
+                          shared=reader.integer(data, key, "shared", 0, minimum=0, maximum=2**10),
+                          layers=layers, capacity_factor=data.get("capacity_factor"), imbalance=imbalance, draw=draw)
+    except SpecError as exc:
+        raise reader.fail(join_key("model", exc.key), exc.problem) from None

@@ -13,7 +13,8 @@ orders their forwards and backwards, or a schedule file written in
 
 The plan's parallel degrees hold for every stage: ``tensor_parallel``, ``sequence_parallel``,
 ``context_parallel``, ``sharding`` (none | optimizer | gradients | full) and ``recompute``
-(none | selective | full; ``true``/``false`` mean full/none). Without ``stages``, a grid:
+(none | selective | full; ``true``/``false`` mean full/none), and for a model with experts
+``expert_parallel`` and ``expert_tensor_parallel`` (``PlanSpec.expert_groups``). Without ``stages``, a grid:
 ``pipeline_parallel`` and ``data_parallel`` build a uniform plan in Megatron-LM's rank order
 (tensor-parallel rank innermost, then context, then data, then pipeline), the layers (the
 embedding and the head count as layers) cut into stages of balanced compute; with
@@ -52,7 +53,8 @@ from sim.schedule.resolved import ResolvedPlan, resolve_plan
 __all__ = ["check_plan_shape", "read_fsdp", "read_overlap", "read_plan"]
 
 _PLAN_KEYS = {"schedule", "schedule_file", "stages", "recompute", "tensor_parallel", "sequence_parallel",
-              "context_parallel", "sharding", "pipeline_parallel", "data_parallel", "overlap", "fsdp"}
+              "context_parallel", "sharding", "pipeline_parallel", "data_parallel", "overlap", "fsdp",
+              "expert_parallel", "expert_tensor_parallel"}
 
 
 def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: ModelSpec,
@@ -178,6 +180,8 @@ def _degrees(reader: StrictReader, data: dict) -> dict[str, Any]:
         tensor_parallel=reader.integer(data, "plan", "tensor_parallel", 1),
         sequence_parallel=reader.boolean(data, "plan", "sequence_parallel", False),
         context_parallel=reader.integer(data, "plan", "context_parallel", 1),
+        expert_parallel=reader.integer(data, "plan", "expert_parallel", 1),
+        expert_tensor_parallel=reader.integer(data, "plan", "expert_tensor_parallel", 1),
         sharding=Sharding(sharding),
         overlap=read_overlap(reader, data.get("overlap", {})),
         fsdp=read_fsdp(reader, data.get("fsdp", {})),
@@ -222,7 +226,8 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
         raise reader.fail("plan.pipeline_parallel", f"{p * chunks} stages for a model of {model.num_layers} layers; "
                                                     f"use at most {model.num_layers // chunks}")
     shard = Shard(tensor=degrees["tensor_parallel"], context=degrees["context_parallel"],
-                  sequence_parallel=degrees["sequence_parallel"])
+                  sequence_parallel=degrees["sequence_parallel"], expert=degrees["expert_parallel"],
+                  expert_tensor=degrees["expert_tensor_parallel"])
     try:
         part = shard_model(model, shard)
     except SpecError as exc:

@@ -85,18 +85,23 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
     returns ``model`` itself. A measured profile or a preset without a sharded form
     is a ``SpecError`` keyed ``tensor_parallel`` (or ``context_parallel``) that says what to use.
     """
-    if shard.is_whole:
+    if model.experts is None and shard.splits_experts:
+        key = "expert_parallel" if shard.expert > 1 else "expert_tensor_parallel"
+        raise SpecError(key, "the model has no experts (model.experts); remove the key or set 1")
+    if shard.is_whole and not shard.splits_experts:
         return model
-    key = "tensor_parallel" if shard.tensor > 1 else "context_parallel"
+    key = "tensor_parallel" if shard.tensor > 1 else "context_parallel" if shard.context > 1 else "expert_parallel"
     if model.preset is None:
         raise SpecError(key, f"{model.name} is a measured profile, whose layers cannot be split over devices; "
                              f"use a built-in model ({' or '.join(SHARDABLE)}) to model {key.replace('_', ' ')}ism")
     if model.preset.name not in SHARDABLE:
         raise SpecError(key, f"preset {model.preset.name} is modelled whole; {key.replace('_', ' ')}ism is modelled "
                              f"for {', '.join(SHARDABLE)}")
-    eager = {"kernels": "eager"} if model.kernels == "eager" else {}  # only llama takes it
+    extra = {"kernels": "eager"} if model.kernels == "eager" else {}  # only llama takes it
+    if model.experts is not None:
+        extra["experts"] = model.experts
     built = MODEL_PRESETS[model.preset.name](shard=shard, attention=model.attention or "unfused",
-                                             **eager, **model.preset.values)
+                                             **extra, **model.preset.values)
     # what the scenario set beside the generator's parameters (sim.input.model) carries over
     return replace(built, optimizer_implementation=model.optimizer_implementation,
                    grad_dtype=model.grad_dtype)
@@ -112,7 +117,8 @@ def mfu_flop_per_sample(model: ModelSpec) -> float | None:
 
     A transformer (gpt, bert, llama): per token 6N + 12·L·h·s, N the non-embedding parameters
     (the blocks'), L layers, h hidden, s sequence length (Chowdhery et al. 2022, "PaLM",
-    Appendix B); recomputation is not counted. The count has no vocabulary term, so the padded
+    Appendix B); recomputation is not counted. With experts N counts the active parameters, the
+    routed experts' top_k/count of them (as DeepSeek-V3's "37B activated" does). The count has no vocabulary term, so the padded
     rows (``sim.models.vocab``) do not enter it; Megatron-LM's own throughput count does add the
     logits, 6·s·h·V per sample with V its padded size (``megatron/training/training.py``
     ``num_floating_point_operations``: ``args.padded_vocab_size`` in its "Logit" term). Other
@@ -125,5 +131,7 @@ def mfu_flop_per_sample(model: ModelSpec) -> float | None:
         return model_flop_per_sample(model)
     width = DTYPE_BYTES[model.dtype]
     blocks = sum(layer.param_bytes for layer in model.layers if layer.name.startswith("block_")) / width
+    if model.experts is not None:  # a token runs through top_k of the routed experts: its active parameters
+        blocks -= model.expert_param_bytes() / width * (1 - model.experts.top_k / model.experts.count)
     s, h, layers = values["seq_len"], values["hidden"], values["layers"]
     return s * (6 * blocks + 12 * layers * h * s)

@@ -38,6 +38,7 @@ from sim.cost.comm import TensorParallelCollective as C
 from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
+from sim.models.moe import check_experts, moe_block, strip_mlp
 from sim.models.params import resolve
 from sim.models.vocab import padded_vocab_size
 
@@ -128,6 +129,26 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
                  tp_collectives=tensor_parallel_collectives(shape, tensor_parallel=t,
                                                             sequence_parallel=shard.sequence_parallel),
                  cp_ring_bytes=ring)
+
+
+def _moe_transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str, kernels: str,
+                           experts) -> LayerSpec:
+    """An MoE block (``sim.models.moe``): the dense block with the shared experts as its MLP, or,
+    without shared experts, the dense block built at the experts' width less its MLP, then the
+    router and this device's routed experts."""
+    f_e = experts.ffn_hidden
+    dense = replace(shape, ffn_hidden=f_e * (experts.shared or 1))
+    layer = _transformer_block(name, dense, arch, shard, attention, kernels)
+    if not experts.shared:
+        s, h, e, t, c, b = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context, int(arch.bias)
+        up = 2 * f_e if shape.gated else f_e
+        mlp_params = (h * up + b * up + f_e * h) / t + b * h
+        q = s / c
+        layer = strip_mlp(layer, params=mlp_params * e, flop=2 * q * (h * up + f_e * h) / t,
+                          stash=(up + f_e) * e * s / (t * c),  # the activation's input(s), the second linear's
+                          tensors=2 * (1 + b))
+    return moe_block(layer, experts, shard, seq_len=shape.seq_len, hidden=shape.hidden, d=shape.element_bytes,
+                     gated=shape.gated, bias=arch.bias)
 
 
 def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tuple:
@@ -251,7 +272,7 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
 
 
 def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str,
-                 kernels: str = "fused") -> ModelSpec:
+                 kernels: str = "fused", experts=None) -> ModelSpec:
     if attention not in ATTENTION_KERNELS:
         raise SpecError("attention", f"unknown kernel {attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
     if kernels not in K.KERNEL_MODES or (kernels == "eager" and preset != "llama"):
@@ -274,12 +295,19 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if kv is not None and a % kv:
         raise SpecError("kv_heads", f"{kv} does not divide heads {a}; grouped-query attention needs heads % kv_heads == 0")
     _check_shard(p, shard, preset)
+    if experts is not None:
+        check_experts(experts, shard, p["layers"])
+    elif shard.splits_experts:
+        key = "expert_parallel" if shard.expert > 1 else "expert_tensor_parallel"
+        raise SpecError(key, "the model has no experts (model.experts); remove the key or set 1")
     arch, d, bert = _ARCH[preset], DTYPE_BYTES[p["dtype"]], preset == "bert"
     llama = preset == "llama"
     shape = BlockShape(seq_len=s, hidden=h, heads=a, ffn_hidden=f, kv_heads=kv, element_bytes=d,
                        dropout=not llama, gated=llama)
     layers = [_embedding(s, h, vocab, d, arch, shard, bert=bert)]
-    layers += [_transformer_block(f"block_{i}", shape, arch, shard, attention, kernels) for i in range(p["layers"])]
+    layers += [_moe_transformer_block(f"block_{i}", shape, arch, shard, attention, kernels, experts)
+               if experts is not None and experts.is_moe(i) else
+               _transformer_block(f"block_{i}", shape, arch, shard, attention, kernels) for i in range(p["layers"])]
     head = _bert_head if bert else _lm_head
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
@@ -287,15 +315,15 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
         table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
-    model = replace(model, attention=attention, kernels=kernels)
-    return model if shard.is_whole else replace(model, shard=shard)
+    model = replace(model, attention=attention, kernels=kernels, experts=experts)
+    return model if shard.is_whole and not shard.splits_experts else replace(model, shard=shard)
 
 
-def gpt(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
+def gpt(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
         **params: Any) -> ModelSpec:
     """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``; its attention
     runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``; the scenario's default is the device's)."""
-    return _transformer("gpt", params, shard, attention, kernels)
+    return _transformer("gpt", params, shard, attention, kernels, experts)
 
 
 def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
@@ -305,8 +333,8 @@ def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str
     return _transformer("bert", params, shard, attention, kernels)
 
 
-def llama(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
+def llama(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
           **params: Any) -> ModelSpec:
     """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head);
     ``kernels``: its element-wise work ``fused`` or ``eager`` (``sim.cost.kernels.eager_elementwise``)."""
-    return _transformer("llama", params, shard, attention, kernels)
+    return _transformer("llama", params, shard, attention, kernels, experts)

@@ -93,7 +93,8 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
         data = len(plan.gradient_groups(s)[0])
         costs.append(tuple(stage_cost(part, cluster.device, *stage.layers, n, recompute=plan.recompute,
                                       data_parallel=data, sharding=plan.sharding, tied_link=tied,
-                                      accumulate_unsharded=whole)
+                                      accumulate_unsharded=whole,
+                                      expert_data_parallel=len(plan.expert_data_groups(s)[0]))
                            for n in slices))
     first = [stage_costs[0] for stage_costs in costs]
     policies = dapple_stage_policies(plan, part, cluster, training, first)

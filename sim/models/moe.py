@@ -1,0 +1,156 @@
+"""MoE blocks: a transformer block whose MLP is a router and experts (``sim.core.experts``).
+
+An MoE block is the dense block's attention and norms, the dense MLP replaced by the router, the
+``count`` routed experts of which each token uses ``top_k``, and ``shared`` always-on experts
+(Megatron-Core's ``MoELayer``: ``TopKRouter``, ``MoEAlltoAllTokenDispatcher``, ``GroupedMLP`` and
+``SharedExpertMLP``; DeepSeek-V3, §2.1.2). ``moe_block`` builds it from the dense block built with
+the shared experts as its MLP (width shared × ffn_hidden, tensor-parallel as a dense MLP is) or,
+without shared experts, from the dense block less its MLP.
+
+One device of a plan with t-way tensor, c-way context, EP-way expert and ETP-way expert-tensor
+parallelism holds count/EP routed experts, each split ETP ways along its width, and dispatches its
+s/(c·t) tokens (Megatron-Core splits a replica's tokens over its tensor ranks, sequence
+parallelism's layout) to their top_k experts: ``a2a_bytes`` = s/(c·t) · top_k · h · e per sample.
+Averaged over the stage, a device's local experts then see, per sample of its replica,
+
+    rows = s · top_k · EP · ETP / (count · t · c)
+
+tokens each (the EP·ETP devices of a group hold EP·ETP/(t·c) replicas' tokens; ETP ranks see the
+same tokens), which keeps a device's expert FLOPs at top_k/count of all the experts' work over
+t·c, whatever EP. The busiest rank has ``ExpertSpec.rank_imbalance(EP)`` times the mean, capped
+by the capacity factor; the device waits for it, so its kernels are timed on the busiest rank's
+rows while its FLOPs (MFU's count) are the mean's.
+
+Grouped GEMM: the local experts' products run as one grouped launch per projection
+(Megatron-Core's ``--moe-grouped-gemm``, ``GroupedMLP``), each expert an (rows × h) by
+(h × width) product; its efficiency is that of the per-expert M (``KernelSpec.rows``: ``rows``
+per sample), so small per-expert batches lose efficiency through ``DeviceSpec.matmul_half_dim``.
+Tokens are permuted before and unpermuted after the experts (memory-bound copies).
+
+What the block stashes (per sample, one device), counted from what autograd saves: the permuted
+tokens (the first projection's input), the first projection's output (the activation's input)
+and the activation's output (the second projection's input), the experts' outputs (the
+weighted combine's input), all on the busiest rank's rows, plus the router's fp32 probabilities
+and its int64 top-k indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sim.core.errors import SpecError
+from sim.core.experts import ExpertSpec
+from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.parallelism import Shard
+from sim.core.specs import DTYPE_BYTES
+from sim.cost.kernels import FP32_BYTES, KernelSpec
+
+__all__ = ["MLP_KERNELS", "ParameterCounts", "check_experts", "moe_block", "parameter_counts", "strip_mlp"]
+
+MLP_KERNELS = frozenset({"mlp_up", "gelu", "swiglu", "mlp_down", "silu", "swiglu_mul"})
+"""The dense MLP's kernels (``sim.cost.kernels.transformer_block``, fused and eager), which an MoE
+block without shared experts does not run."""
+INDEX_BYTES = 8
+"""Bytes of a top-k index (``torch.topk``'s int64 indices)."""
+
+
+def check_experts(experts: ExpertSpec, shard: Shard, num_blocks: int, hidden_divisible: bool = True) -> None:
+    """Megatron-Core's constraints on the expert degrees: EP divides the routed experts, ETP their
+    width; EP with tensor parallelism needs sequence parallelism (its ``TransformerConfig``)."""
+    experts.check_blocks(num_blocks)
+    if experts.count % shard.expert:
+        near = max(k for k in range(1, shard.expert + 1) if experts.count % k == 0)
+        raise SpecError("expert_parallel", f"{shard.expert} does not divide the {experts.count} routed experts; "
+                                           f"use a divisor of {experts.count} such as {near}")
+    if experts.ffn_hidden % shard.expert_tensor:
+        raise SpecError("expert_tensor_parallel", f"{shard.expert_tensor} does not divide experts.ffn_hidden "
+                                                  f"{experts.ffn_hidden}; use 1 or a divisor of it")
+    if experts.shared and experts.ffn_hidden % shard.tensor:
+        raise SpecError("tensor_parallel", f"{shard.tensor} does not divide experts.ffn_hidden {experts.ffn_hidden} "
+                                           "of the shared experts; choose a divisor")
+    if shard.expert > 1 and shard.tensor > 1 and not shard.sequence_parallel:
+        raise SpecError("sequence_parallel", "expert_parallel with tensor_parallel needs sequence_parallel: true "
+                                             "(Megatron-Core's requirement)")
+
+
+def strip_mlp(layer: LayerSpec, *, params: float, flop: float, stash: float, tensors: int) -> LayerSpec:
+    """``layer`` without its dense MLP, whose ``params`` (per device, elements times bytes),
+    forward ``flop``, ``stash`` bytes and parameter ``tensors`` are given."""
+    kernels = tuple(k for k in layer.kernels if k.name not in MLP_KERNELS)
+    return replace(layer, param_bytes=layer.param_bytes - params, fwd_flop=layer.fwd_flop - flop,
+                   bwd_flop=layer.bwd_flop - 2 * flop, stash_bytes=layer.stash_bytes - stash,
+                   selective_stash_bytes=layer.selective_stash - stash, kernels=kernels,
+                   param_tensors=(layer.param_tensors or 0) - tensors)
+
+
+def moe_block(layer: LayerSpec, experts: ExpertSpec, shard: Shard, *, seq_len: int, hidden: int, d: int,
+              gated: bool, bias: bool) -> LayerSpec:
+    """``layer`` (a dense block without the routed experts, see the module docstring) with the
+    router and this device's routed experts added: parameters, FLOPs, kernels, stash, all-to-all."""
+    s, h, t, c = seq_len, hidden, shard.tensor, shard.context
+    ep, etp, b = shard.expert, shard.expert_tensor, 1 if bias else 0
+    local = experts.count // ep
+    width = experts.ffn_hidden // etp
+    up = 2 * width if gated else width
+    pointwise = s / c / (t if shard.sequence_parallel else 1)  # the router runs on the tokens a device holds
+    tokens = s / (c * t)  # the tokens a device dispatches (module docstring)
+    rows = s * experts.top_k * ep * etp / (experts.count * t * c)
+    load = experts.rank_imbalance(ep)
+    busy = rows * load * experts.kept_fraction(load)
+    mean = rows * experts.kept_fraction(1.0)
+    expert_params = local * (h * up + width * h + b * (up + h))
+    router_params = h * experts.count
+    product = h * up + width * h  # multiply-adds per token of one expert
+    flop = 2 * pointwise * h * experts.count + 2 * local * mean * product
+    kernels = (
+        KernelSpec(name="router", flop=2 * pointwise * h * experts.count, rows=pointwise, cols=experts.count,
+                   inner=h, bytes=d * pointwise * (h + experts.count), fixed_bytes=d * h * experts.count, weights=True),
+        KernelSpec(name="router_topk", bytes=2 * FP32_BYTES * pointwise * experts.count),
+        KernelSpec(name="moe_permute", bytes=d * h * (tokens + tokens * experts.top_k)),
+        KernelSpec(name="experts_up", flop=2 * local * busy * h * up, rows=busy, cols=up, inner=h,
+                   bytes=d * local * busy * (h + up), fixed_bytes=d * local * h * up, weights=True),
+        KernelSpec(name="experts_act", bytes=(3 if gated else 2) * d * local * busy * width),
+        KernelSpec(name="experts_down", flop=2 * local * busy * width * h, rows=busy, cols=h, inner=width,
+                   bytes=d * local * busy * (width + h), fixed_bytes=d * local * width * h, weights=True),
+        KernelSpec(name="moe_unpermute", bytes=d * h * (tokens * experts.top_k + tokens)),
+    )
+    stash = d * local * busy * (h + up + width + h) + pointwise * experts.count * FP32_BYTES \
+        + pointwise * experts.top_k * INDEX_BYTES
+    expert_bytes = float(expert_params * d)
+    return replace(
+        layer,
+        param_bytes=layer.param_bytes + expert_bytes + router_params * d,
+        expert_param_bytes=expert_bytes,
+        param_tensors=(layer.param_tensors or 0) + 1 + 2 * (1 + b),  # the router; grouped weights (and biases)
+        fwd_flop=layer.fwd_flop + flop,
+        bwd_flop=layer.bwd_flop + 2 * flop,
+        stash_bytes=layer.stash_bytes + stash,
+        selective_stash_bytes=layer.selective_stash + stash,
+        kernels=layer.kernels + kernels,
+        a2a_bytes=tokens * experts.top_k * h * d * experts.kept_fraction(1.0),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParameterCounts:
+    """A model's parameters by kind (counts, not bytes), as model cards quote them."""
+
+    total: float
+    """Every parameter (a tied matrix once)."""
+    routed: float
+    """The routed experts' (``LayerSpec.expert_param_bytes``)."""
+    active: float
+    """What one token runs through: the dense rest and top_k/count of the routed experts."""
+
+    @property
+    def dense(self) -> float:
+        """Everything but the routed experts: attention, norms, routers, shared experts, embedding, head."""
+        return self.total - self.routed
+
+
+def parameter_counts(model: ModelSpec) -> ParameterCounts:
+    """``model``'s (the whole model's, not one device's) parameters by kind."""
+    width = DTYPE_BYTES[model.dtype]
+    total, routed = model.param_bytes() / width, model.expert_param_bytes() / width
+    share = model.experts.top_k / model.experts.count if model.experts is not None else 1.0
+    return ParameterCounts(total=total, routed=routed, active=total - routed + routed * share)
