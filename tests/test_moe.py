@@ -87,11 +87,21 @@ def scenario_device():
     return _tiny("{pipeline_parallel: 1, data_parallel: 8, expert_parallel: 8}").cluster.device
 
 
+def _mla_projection_params(hidden: int = 7168, heads: int = 128, d_h: int = 128, d_c: int = 512, d_q: int = 1536,
+                           rope: int = 64) -> int:
+    """MLA's projections (DeepSeek-V3 report §2.1.1, dims from §4.2): q down and up (with the
+    decoupled RoPE queries), kv down (with the shared RoPE key), kv up (keys and values), output."""
+    return hidden * d_q + d_q * heads * (d_h + rope) + hidden * (d_c + rope) + d_c * heads * 2 * d_h \
+        + heads * d_h * hidden
+
+
 @pytest.mark.parametrize("path, total_b, active_b, attention_excess_b", [
-    # Mixtral: exact shapes (Jiang et al. 2024: 46.7B / 12.9B)
-    ("scenarios/mixtral_8x7b_h100_ep8.yaml", 46.7, 12.9, 0.0),
-    # DeepSeek-V3 (671B / 37B): MLA as 128-head attention, (205.5M - 187.0M) x 61 more
-    ("scenarios/deepseek_v3_h800_ep64.yaml", 671.0, 37.0, (4 * 7168**2 - 187.0e6) * 61 / 1e9),
+    # Mixtral: exact shapes (Jiang et al. 2024, arXiv 2401.04088, §2: "47B parameters", "13B active",
+    # rounded; the generator counts 46.70B / 12.88B)
+    ("scenarios/mixtral_8x7b_h100_ep8.yaml", 47.0, 13.0, 0.0),
+    # DeepSeek-V3 (arXiv 2412.19437v2, abstract: 671B / 37B): MLA as 128-head attention, 4h^2 less
+    # MLA's projections from §4.2's d_c 512, d'_c 1536, d_h 128, d_h^R 64 (187.1M) more, x 61
+    ("scenarios/deepseek_v3_h800_ep64.yaml", 671.0, 37.0, (4 * 7168**2 - _mla_projection_params()) * 61 / 1e9),
     # Qwen3-30B-A3B (30.5B / 3.3B): 64-wide heads where Qwen3's are 128 wide, (9.44M - 18.87M) x 48
     ("scenarios/qwen3_30b_a3b_h100_ep8.yaml", 30.5, 3.3,
      48 * ((2048 * (2048 + 512) + 2048**2) - (2048 * (4096 + 1024) + 4096 * 2048)) / 1e9),
@@ -161,3 +171,13 @@ def test_imbalance_and_capacity_slow_the_busiest_rank():
     assert even < capped < skewed
     assert drawn > even
     assert ExpertSpec(count=8, top_k=2, ffn_hidden=8).rank_imbalance(8) == 1.0
+
+
+def test_h800_preset_has_the_deepseek_v3_reports_links():
+    cluster = load_scenario("scenarios/deepseek_v3_h800_ep64.yaml", ignore_plan=True).cluster
+    # arXiv 2412.19437v2 §3.2.2: "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 GB/s)"
+    assert cluster.intra_node.bandwidth_bytes_per_s == 160e9
+    assert cluster.inter_node.bandwidth_bytes_per_s == 50e9
+    assert cluster.num_devices == 2048 and cluster.device.name == "H800-80GB"
+    h100 = _tiny("{pipeline_parallel: 1, data_parallel: 8}").cluster.device
+    assert cluster.device.peak_flop_per_s == h100.peak_flop_per_s  # the H100 SXM's compute (assumed)

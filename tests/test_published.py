@@ -231,3 +231,9 @@ def test_only_the_530b_zero3_row_on_640_gpus_is_predicted_out_of_memory(all_resu
     # of whole blocks hold two 5B-parameter blocks here: a known gap, named so it cannot grow
     ooms = [r.row.row for r in results if r.oom]
     assert ooms == ["529.6B, 640 GPUs, ZeRO-3 without model parallelism"], ooms
+
+
+def test_the_moe_row_reads_the_replays_model_flops():
+    rows = [r for r in read_suite(DEFAULT_SUITE) if r.metric == "model_tflops_per_gpu"]
+    assert [r.scenario.name for r in rows] == ["megatron2024_mixtral_8x7b_64.yaml"]
+    assert rows[0].published == 468e12  # Megatron-LM moe/README.md: "468 TFLOPS for Mixtral 8X7B"

@@ -14,6 +14,9 @@ table, row), the scenario file that sets up the run and what to read from its re
   equation 3: ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``, ``narayanan_flops``, which counts
   the forward that full recomputation runs again) over the predicted iteration time and the
   cluster's GPUs; the scenario's model must be a built-in transformer (``gpt``, ``bert``, ``llama``);
+* ``model_tflops_per_gpu`` — the replay's own count of the model's FLOPs (forward and backward,
+  no recompute; an MoE block's router and its active experts) per second per GPU, the quantity
+  Megatron-Core reports as TFLOPS for MoE models;
 * ``tokens_per_s_per_gpu`` — global batch × sequence / iteration time / GPUs (torchtitan's TPS/GPU);
 * ``peak_memory`` — the replay's peak memory on the device that peaks highest (torchtitan reports
   the maximum over GPUs). Live bytes only: torchtitan's "memory" is the caching allocator's peak
@@ -71,9 +74,11 @@ def parse_tokens_rate(value: object) -> float:
 
 METRICS = {"iteration_time": (parse_time, "s", 1.0), "state_memory": (parse_bytes, "GiB", 2.0**30),
            "activation_memory": (parse_bytes, "GiB", 2.0**30), "tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12),
-           "tokens_per_s_per_gpu": (parse_tokens_rate, "tok/s", 1.0), "peak_memory": (parse_bytes, "GiB", 2.0**30)}
+           "tokens_per_s_per_gpu": (parse_tokens_rate, "tok/s", 1.0), "peak_memory": (parse_bytes, "GiB", 2.0**30),
+           "model_tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12)}
 """Metric -> (how its published value is read, the unit it is shown in, that unit in SI)."""
-RUN_METRICS = frozenset({"iteration_time", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory"})
+RUN_METRICS = frozenset({"iteration_time", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory",
+                         "model_tflops_per_gpu"})
 """Metrics a run measured: the configuration ran, so the replay must fit in memory."""
 _BOUNDS = {parse_time: (1e-6, 1e6, "1us to 1e6s"), parse_bytes: (1.0, 2.0**50, "1B to 1PiB"),
            parse_flop_rate: (1e9, 1e18, "1GFLOP/s to 1000PFLOP/s"), parse_tokens_rate: (1e-3, 1e9, "0.001 to 1e9 tokens/s")}
@@ -202,6 +207,8 @@ def _measure(metric: str, scenario, summary) -> float:
         return tokens / summary.iteration_time_s / gpus
     if metric == "peak_memory":
         return summary.peak_memory_bytes
+    if metric == "model_tflops_per_gpu":  # the replay's own model FLOPs (an MoE's active experts)
+        return summary.model_flops_per_device_per_s
     if metric == "state_memory":
         b = by_id[groups[len(groups) // 2][0]].memory_breakdown
         return b.parameters + b.gradients + b.optimizer

@@ -13,6 +13,12 @@ scenario; a ``stack`` sets them as that stack does):
   next forward (Megatron-LM's ``--overlap-param-gather``);
 * ``tensor_parallel`` — the tensor-parallel all-gathers and reduce-scatters run beside the
   GEMMs that consume or produce them (Megatron-LM's ``--tp-comm-overlap``, torch's AsyncTP);
+* ``expert_all_to_all`` — an MoE block's token dispatch and combine run on the communication
+  stream while compute runs (DeepSeek-V3's DualPipe pairs a forward chunk's all-to-all with
+  another micro-batch's backward compute, DeepSeek-AI 2024, arXiv 2412.19437v2, §3.2.1;
+  Megatron-LM's ``--overlap-moe-expert-parallel-comm``, its combined-1F1B schedule pairing the
+  forward of micro-batch i+1 with the backward of micro-batch i layer by layer): only the
+  all-to-all longer than the compute beside it is exposed (``sim.cost.overlap.exposed_beside_s``);
 
 and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit of
 ``unit_layers`` layers at a time, the next unit prefetched, and freed after use when
@@ -43,9 +49,11 @@ class OverlapSpec:
     """Tensor-parallel collectives run beside the GEMMs next to them."""
     bucket_bytes: float = DDP_BUCKET_BYTES
     """Bytes of gradients per bucket of the overlapped reduction."""
+    expert_all_to_all: bool = False
+    """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
 
     def __post_init__(self) -> None:
-        for key in ("grad_reduce", "param_gather", "tensor_parallel"):
+        for key in ("grad_reduce", "param_gather", "tensor_parallel", "expert_all_to_all"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         b = self.bucket_bytes
@@ -53,8 +61,10 @@ class OverlapSpec:
             raise SpecError("bucket_size", f"must be a positive size such as 25MiB, got {b!r}")
 
     def to_json(self) -> dict:
+        extra = {"expert_all_to_all": True} if self.expert_all_to_all else {}  # absent at its default: dense outputs unchanged
         return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
-                "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B"}  # read back by parse_bytes
+                "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B",  # read back by parse_bytes
+                **extra}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

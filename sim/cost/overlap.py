@@ -33,6 +33,20 @@ Several collectives beside one action (FSDP's gather and tensor-parallel chunks,
 ring, which is not cut in pieces) give :func:`beside_action_s`: the compute starts after the
 longest first piece and ends after every collective's last piece.
 
+**The communication beside another micro-batch's compute** (the experts' all-to-alls under
+DualPipe, DeepSeek-AI 2024, arXiv 2412.19437v2, §3.2.1, and Megatron-LM's
+``--overlap-moe-expert-parallel-comm``). The dispatch and combine of one micro-batch cannot
+overlap the compute that produces or consumes them, but they can overlap a *different*
+micro-batch's: DualPipe runs a forward chunk's all-to-all during a backward chunk's attention
+and MLP and the reverse; Megatron's combined 1F1B pairs the forward of micro-batch i+1 with
+the backward of micro-batch i. In a steady 1F1B every forward sits next to a backward, so the
+compute an action's all-to-alls (``C`` alone) can hide under is taken as the action's own
+(``A``, the length of its neighbour in the pairing up to the F/B ratio): the all-to-all runs on
+the communication stream beside it, and the action ends at ``max(A, C)``; the exposed part is
+:func:`exposed_beside_s`: ``max(0, C − A)``. The warm-up and cool-down actions, which have no
+partner in the real schedules, are hidden the same way: an optimistic bound of at most
+``(S − 1)`` actions' all-to-alls per rank.
+
 **A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
 ``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
 its reduction alone would end ``a`` after its backward starts; the reductions queue on one
@@ -44,7 +58,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "exposed_pipelined_s", "pipelined_s",
+__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "exposed_beside_s", "exposed_pipelined_s",
+           "pipelined_s",
            "queued_reductions_end_s", "reduce_end_s", "unit_count"]
 
 
@@ -86,6 +101,12 @@ def exposed_pipelined_s(gather_s: float, compute_s: float, pieces: int) -> float
     """The communication of :func:`pipelined_s` that compute does not hide:
     ``max(G − A, 0) + min(G, A)/U``."""
     return pipelined_s(gather_s, compute_s, pieces) - compute_s
+
+
+def exposed_beside_s(comm_s: float, compute_s: float) -> float:
+    """The communication of ``comm_s`` alone that ``compute_s`` of compute beside it, on another
+    stream, does not hide: ``max(0, C − A)`` (the module docstring, the experts' all-to-alls)."""
+    return max(0.0, comm_s - compute_s)
 
 
 def beside_action_s(compute_s: float, beside: tuple[tuple[float, int], ...]) -> tuple[float, float]:

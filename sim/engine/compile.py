@@ -223,7 +223,8 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
-                      gather_buckets=buckets_of if gathered else {})
+                      gather_buckets=buckets_of if gathered else {},
+                      expert_overlap=plan.overlap.expert_all_to_all)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

@@ -22,7 +22,9 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
   others of its server goes as one flow to its server neighbour, its share for the other
   servers as one flow through its NIC to the member of its rank on the next server: the bytes
   each port carries, as NCCL's grouped sends to every peer put on it. They block the compute
-  stream after the action's compute, as Megatron-Core's dispatcher does without EP overlap.
+  stream after the action's compute, as Megatron-Core's dispatcher does without EP overlap;
+  with ``plan.overlap.expert_all_to_all`` they run beside it (``sim.engine.ops``;
+  ``sim.cost.overlap.exposed_beside_s``).
 
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
 ``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts, steps and links of

@@ -61,6 +61,9 @@ class Pipelining:
     """Stage -> buckets of ZeRO-1/2's parameter all-gather (``plan.overlap.param_gather``), which
     runs beside the stage's first forward as a ``("PG", stage, "F")`` GROUP op, pipelined bucket
     by bucket (lead: one bucket's gather, tail: one bucket's forward); empty without it."""
+    expert_overlap: bool = False
+    """The experts' all-to-alls (``EP``) run beside the action's compute rather than after it
+    (``plan.overlap.expert_all_to_all``), uncut: the action ends when the longer of the two does."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -216,7 +219,8 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
         slot, index = found
         if name == "FS" and phase == "B" and not pipelining.reshard_after_forward:
             continue  # the forward's gathered parameters are still there
-        overlap = name in OVERLAPPED or (name == "TP" and pipelining.tp_chunks > 0)
+        overlap = name in OVERLAPPED or (name == "TP" and pipelining.tp_chunks > 0) \
+            or (name == "EP" and pipelining.expert_overlap)
         op = dict(code=GROUP, collective=slot, overlap=overlap, stage=action.stage, kind=kind)
         pieces = pipelining.units.get(action.stage, 0) if name == "FS" else pipelining.tp_chunks if name == "TP" else 0
         if pieces:

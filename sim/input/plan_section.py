@@ -192,11 +192,13 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     """``plan.overlap``: which collectives run beside compute (``sim.core.overlap``)."""
     key = "plan.overlap"
     data = reader.mapping(value, key)
-    reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size"})
+    reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size",
+                                       "expert_all_to_all"})
     return reader.build(key, OverlapSpec,
                         grad_reduce=reader.boolean(data, key, "grad_reduce", False),
                         param_gather=reader.boolean(data, key, "param_gather", False),
                         tensor_parallel=reader.boolean(data, key, "tensor_parallel", False),
+                        expert_all_to_all=reader.boolean(data, key, "expert_all_to_all", False),
                         bucket_bytes=reader.quantity(data, key, "bucket_size", parse_bytes, "25MiB"))
 
 

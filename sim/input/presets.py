@@ -30,6 +30,15 @@ NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
 25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
 DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+H800 (DeepSeek-V3's GPU): the report (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv
+2412.19437v2, read from a stored copy of its HTML) states 8 GPUs a node on NVLink and NVSwitch,
+InfiniBand across (§3.1), and "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of
+IB (50 GB/s)" (§3.2.2): ``dgx-h800`` takes those two figures as the links' bandwidths, at
+collective efficiency 1.0 (no measurement of NCCL on it is cited; the report's kernels use
+their own all-to-all), and one 400 Gb/s (50 GB/s) NIC per GPU, 8 a node (the report gives IB's
+bandwidth per GPU, not the NIC count). The report does not state the H800's compute: ``H800-80GB``
+is the H100 SXM's figures (an H100 with its NVLink cut), an assumption; no FP8 peak is modelled,
+so an FP8 run (§3.3) is simulated in bf16.
 
 Attention (``sim.cost.compute.fused_attention_s``): ``default_attention`` is the kernel a generated
 transformer gets unless ``model.attention`` names one: ``flash`` on the A100, H100 and H200;
@@ -80,6 +89,27 @@ def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
     return f"{reserved_memory_bytes(memory_bytes, cublas_workspace_bytes=cublas_workspace_bytes):.17g}B"
 
 
+_H100_SXM: Mapping[str, Any] = MappingProxyType({
+        "memory": "80GiB",
+        "memory_reserved": _reserved(80 * 2**30, 32 * 2**20),
+        "peak_flops": "989TFLOP/s",
+        "peak_fp32_flops": "67TFLOP/s",
+        "memory_bandwidth": "3350GB/s",
+        "efficiency": 0.7,
+        "matmul_half_dim": 64,
+        "kernel_overhead": "0s",
+        "kernel_issue": "10us",
+        "memory_efficiency": 0.8,
+        "action_overhead": "0s",
+        "default_attention": "flash",
+        "attention_efficiency": 0.585,
+        "attention_backward_efficiency": 0.548,
+        "sdpa_efficiency": 0.323,
+        "sdpa_backward_efficiency": 0.313,
+        "power_w": "700W",
+    })
+"""The H100 SXM 80GB (NVIDIA H100 datasheet), which the H800 preset shares."""
+
 DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "V100-16GB": {
@@ -120,25 +150,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "sdpa_backward_efficiency": 0.554,
             "power_w": "400W",
         },
-        "H100-80GB": {
-            "memory": "80GiB",
-            "memory_reserved": _reserved(80 * 2**30, 32 * 2**20),
-            "peak_flops": "989TFLOP/s",
-            "peak_fp32_flops": "67TFLOP/s",
-            "memory_bandwidth": "3350GB/s",
-            "efficiency": 0.7,
-            "matmul_half_dim": 64,
-            "kernel_overhead": "0s",
-            "kernel_issue": "10us",
-            "memory_efficiency": 0.8,
-            "action_overhead": "0s",
-            "default_attention": "flash",
-            "attention_efficiency": 0.585,
-            "attention_backward_efficiency": 0.548,
-            "sdpa_efficiency": 0.323,
-            "sdpa_backward_efficiency": 0.313,
-            "power_w": "700W",
-        },
+        "H100-80GB": _H100_SXM,
+        "H800-80GB": _H100_SXM,  # the H100 SXM's figures (module docstring)
         "H200-141GB": {
             "memory": "141GB",
             "memory_reserved": _reserved(141e9, 32 * 2**20),
@@ -192,6 +205,14 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "device": "H100-80GB",
             "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
             "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 8,
+        },
+        "dgx-h800": {
+            "nodes": 256,
+            "devices_per_node": 8,
+            "device": "H800-80GB",
+            "intra_node": {"bandwidth": "160GB/s", "latency": "3us", "name": "NVLink"},
+            "inter_node": {"bandwidth": "50GB/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
         },
         "hgx-h200": {

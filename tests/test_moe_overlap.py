@@ -1,0 +1,61 @@
+"""The experts' all-to-all beside compute (``plan.overlap.expert_all_to_all``, issue 31 item 3):
+each action's dispatch and combine run on the communication stream beside its compute, so
+only max(0, a2a − compute) is exposed, in both replays."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.errors import ScenarioError
+from sim.cost.comm import all_to_all_s
+from sim.cost.compute import stage_cost
+from sim.cost.overlap import exposed_beside_s
+from sim.engine.run import run_scenario
+from sim.input.scenario import parse_scenario
+
+
+def _scenario(overlap: str, *, hidden: int = 64, seq_len: int = 32, nodes: int = 1):
+    text = f"""
+name: moe-overlap
+cluster: {{preset: dgx-h100, nodes: {nodes}, devices_per_node: {8 // nodes}, nics_per_node: {8 // nodes}}}
+model: {{preset: llama, layers: 2, hidden: {hidden}, heads: 4, kv_heads: 2, seq_len: {seq_len}, vocab: 128,
+         experts: {{count: 8, top_k: 2, ffn_hidden: {4 * hidden}}}}}
+training: {{global_batch_size: 8, microbatch_size: 8}}
+plan: {{pipeline_parallel: 1, data_parallel: 8, expert_parallel: 8, overlap: {overlap}}}
+"""
+    return parse_scenario(text, source="moe-overlap.yaml")
+
+
+def test_exposed_beside_closed_form():
+    assert exposed_beside_s(3.0, 1.0) == 2.0
+    assert exposed_beside_s(1.0, 3.0) == 0.0
+
+
+@pytest.mark.parametrize("hidden, seq_len, nodes", [(1024, 2048, 1), (256, 8192, 8)])
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+def test_overlap_hides_min_of_all_to_all_and_compute(engine, hidden, seq_len, nodes):
+    blocking, hidden_a2a = _scenario("{}", hidden=hidden, seq_len=seq_len, nodes=nodes), \
+        _scenario("{expert_all_to_all: true}", hidden=hidden, seq_len=seq_len, nodes=nodes)
+    kw = {"contention": False} if engine == "simpy" else {}
+    t_block = run_scenario(blocking, engine=engine, **kw).summarize().iteration_time_s
+    t_hide = run_scenario(hidden_a2a, engine=engine, **kw).summarize().iteration_time_s
+    # one stage, one micro-batch a replica (8 samples over 8 replicas): the forward's 2 and the
+    # backward's 2 all-to-alls of a2a_bytes per sample, over 8 GPUs: one server's NVSwitch, or
+    # one GPU on each of 8 servers (through the NICs)
+    part, cluster = blocking.resolved.model, blocking.cluster
+    a2a = sum(layer.a2a_bytes for layer in part.layers)
+    a_f = all_to_all_s([8 // nodes] * nodes, 2 * a2a, cluster)
+    a_b = all_to_all_s([8 // nodes] * nodes, 2 * a2a, cluster)
+    cost = stage_cost(part, cluster.device, 0, len(part.layers), 1, data_parallel=8,
+                      expert_data_parallel=1)
+    # blocking: F + a_F + B + a_B; beside: max(F, a_F) + max(B, a_B); the difference is the hidden part
+    hidden_s = (a_f - exposed_beside_s(a_f, cost.fwd_s)) + (a_b - exposed_beside_s(a_b, cost.bwd_s))
+    assert t_block - t_hide == pytest.approx(hidden_s, rel=1e-6, abs=1e-12)
+    assert hidden_s > 0
+    # across servers the all-to-all outlasts the forward (partly exposed); inside one it hides whole
+    assert (a_f > cost.fwd_s) == (nodes == 8)
+
+
+def test_overlap_key_must_be_a_boolean():
+    with pytest.raises(ScenarioError, match="expert_all_to_all"):
+        _scenario("{expert_all_to_all: 3}")
