@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 from conftest import REPO
-
 from sim.cost.capacity import estimate_run
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
