@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.capacity import time_and_cost_vs_gpus_figure
+from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import figure_and_axes as _figure
 from sim.report.plots.style import pyplot as _pyplot
 
