@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from planner.objective_command import add_objective_options, run_objective
 from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
 from planner.search.context import SearchContext
 from planner.search.describe import wrap_summary
@@ -64,6 +65,7 @@ __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
                    [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
+                   [--objective time|cost|energy [--deadline TIME] [--budget AMOUNT] [--max-gpus N]]
        dapple-plan sweep SWEEP.yaml [-h] --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
@@ -76,6 +78,8 @@ examples:
   dapple-plan scenarios/vgg19_v100_16x1.yaml --planner dapple --json > plan.json
   dapple-sim simulate scenarios/vgg19_v100_16x1.yaml --plan plan.json
   dapple-plan sweep sweeps/bert48_bandwidth.yaml --out out/bandwidth     (what-if study; see sweep --help)
+  dapple-plan scenarios/llama3_70b_h100_fsdp.yaml --set training.tokens=15T --set cluster.nodes=64 \
+      --objective cost --deadline 30d          (how many GPUs: plan 8 to 512 H100, cheapest within 30 days)
 """
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                             help=f"{what} (default {getattr(PlannerOptions(), field):,})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", metavar="DIR", help="write best_plan.json, best_plan_metrics.json and GPipe/DAPPLE plots of the best plan")
+    add_objective_options(parser)
     add_verbosity_options(parser)
     return parser
 
@@ -144,6 +149,10 @@ def _run(args: argparse.Namespace) -> int:
             raise DappleError(f"{flag} {budgets[field]}: give a positive count")
     options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None, **budgets)
     names = args.planner or list(DEFAULT_PLANNERS)
+    if args.objective is not None:
+        return run_objective(args, scenario, options, names)
+    if args.deadline or args.budget or args.max_gpus:
+        raise DappleError("--deadline, --budget and --max-gpus go with --objective time|cost|energy")
     watch = Stopwatch()
     started = time.perf_counter()
     results = {}

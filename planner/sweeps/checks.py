@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from planner.search.space import PLACEMENTS, PlannerOptions
-from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
+from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, RUN_COLUMNS, TAIL_COLUMNS
 from sim.core.parallelism import Recompute, Sharding
 from sim.input.strict import did_you_mean, show_text, show_value
 from sim.report.plots.tables import TABLE_FIGURES
@@ -100,7 +100,7 @@ def check_plots(data: Any, fail, *, mode: str, keys: tuple[str, ...], planners: 
         return ()
     if not isinstance(data, list):
         raise fail("plots", "must be a list of {figure: NAME, file: NAME.png, ...arguments}")
-    columns = {"point", *keys, *COLUMNS, *(PLAN_COLUMNS if mode == "plan" else ()), *TAIL_COLUMNS}
+    columns = {"point", *keys, *COLUMNS, *RUN_COLUMNS, *(PLAN_COLUMNS if mode == "plan" else ()), *TAIL_COLUMNS}
     plots = []
     for i, item in enumerate(data):
         where = f"plots[{i}]"

@@ -6,7 +6,7 @@ sweep file's plots name only columns the table will have.
 
 from __future__ import annotations
 
-__all__ = ["COLUMNS", "PLAN_COLUMNS", "TAIL_COLUMNS"]
+__all__ = ["COLUMNS", "PLAN_COLUMNS", "RUN_COLUMNS", "TAIL_COLUMNS"]
 
 COLUMNS: dict[str, str] = {
     "scenario": "string", "model_name": "string", "device_name": "string", "num_nodes": "Int64",
@@ -16,6 +16,14 @@ COLUMNS: dict[str, str] = {
     "mfu": "float64", "peak_memory_bytes": "float64", "min_peak_memory_bytes": "float64",
     "memory_capacity_bytes": "float64", "oom": "boolean", "oom_device": "Int64", "oom_overshoot_bytes": "float64",
 }
+RUN_COLUMNS: dict[str, str] = {
+    "days": "float64", "expected_days": "float64", "gpu_hours": "float64", "expected_gpu_hours": "float64",
+    "cost": "float64", "energy_mwh": "float64", "goodput": "float64",
+}
+"""The whole run of a point whose scenario sets ``training.tokens`` or ``steps``
+(``sim.cost.capacity.estimate_run``): days without and with failures, GPU-hours (the expected ones
+with failures), cost (None without a price), energy in MWh (with failures when it has a reliability
+section), goodput; empty otherwise."""
 """Metric columns of every table (name -> pandas dtype), after the point id and axis columns."""
 PLAN_COLUMNS: dict[str, str] = {
     "plan_description": "string", "plan_placement": "string", "plan_json": "string", "planner_note": "string",

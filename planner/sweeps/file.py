@@ -54,7 +54,7 @@ from sim.input.yaml_text import load_yaml
 __all__ = ["SweepError", "Sweep", "Point", "load_sweep", "sweep_from_dict", "override_value", "column_value",
            "schedule_column"]
 
-SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults")
+SCENARIO_SECTIONS = ("name", "cluster", "model", "training", "plan", "faults", "reliability")
 MODES = ("simulate", "plan")
 PROBES_PER_KEY = 16
 """Distinct values of a key tried on the base before the sweep (a typo beyond is that point's error)."""

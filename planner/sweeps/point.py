@@ -23,7 +23,8 @@ from planner.sweeps.file import Point, Sweep, SweepError, override_value, schedu
 from sim.core import jsonio
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
-from sim.core.summary import metrics_row
+from sim.core.summary import Summary, metrics_row
+from sim.cost.capacity import estimate_run
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
 
@@ -74,9 +75,22 @@ def _run(sweep: Sweep, point: Point) -> dict[str, Any]:
     }
     if sweep.mode == "simulate":
         result = run_scenario(scenario, engine=engine, log_level=logging.DEBUG)  # one line per point: DEBUG
-        row.update(metrics_row(result.summarize()), recompute=scenario.plan.recompute is Recompute.FULL)
-        return row
+        summary = result.summarize()
+        row.update(metrics_row(summary), recompute=scenario.plan.recompute is Recompute.FULL)
+        return {**row, **run_columns(scenario, summary)}
     return {**row, **_plan(scenario, planner, options)}
+
+
+def run_columns(scenario, summary: Summary | None) -> dict[str, Any]:
+    """The ``RUN_COLUMNS`` of a point (``sim.cost.capacity.estimate_run``); empty without a run length."""
+    run = None if summary is None else estimate_run(scenario, summary)
+    if run is None:
+        return {}
+    free, expected = run.failure_free, run.expected or run.failure_free
+    return {"days": free.days, "expected_days": expected.days, "gpu_hours": free.gpu_hours,
+            "expected_gpu_hours": expected.gpu_hours, "cost": expected.cost,
+            "energy_mwh": None if expected.energy_kwh is None else expected.energy_kwh / 1e3,
+            "goodput": None if run.goodput is None else run.goodput.goodput}
 
 
 def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,7 +100,8 @@ def _plan(scenario, planner: str, options: Mapping[str, Any]) -> dict[str, Any]:
     best = found.best
     row = evaluation_row(best)
     return {
-        **metrics_row(best.summary), "microbatch_size": best.candidate.microbatch_size,
+        **metrics_row(best.summary), **run_columns(scenario, best.summary),
+        "microbatch_size": best.candidate.microbatch_size,
         "recompute": bool(best.candidate.recompute), "schedule": schedule_column(row.plan["schedule"]),
         "plan_description": row.metrics.description, "plan_placement": row.metrics.placement,
         "plan_json": jsonio.dumps(row.plan, sort_keys=True), "planner_note": found.note or None,

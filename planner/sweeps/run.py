@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 
 from tqdm import tqdm
 
-from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, TAIL_COLUMNS
+from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, RUN_COLUMNS, TAIL_COLUMNS
 from planner.sweeps.file import Point, Sweep, SweepError, load_sweep, sweep_from_dict
 from planner.sweeps.point import one_line, run_point
 from sim.core.jsonio import dumps
@@ -218,7 +218,7 @@ def _table(sweep: Sweep, rows: Mapping[str, dict]):
     # pandas only when a table is built: keeps it off the import path of the rest
     import pandas as pd
 
-    metrics = {**COLUMNS, **(PLAN_COLUMNS if sweep.mode == "plan" else {}), **TAIL_COLUMNS}
+    metrics = {**COLUMNS, **RUN_COLUMNS, **(PLAN_COLUMNS if sweep.mode == "plan" else {}), **TAIL_COLUMNS}
     columns = ["point", *sweep.axis_keys, *metrics]
     ordered = [rows[p.id] for p in sweep.points if p.id in rows]
     table = pd.DataFrame([[row.get(c) for c in columns] for row in ordered], columns=columns, dtype=object)

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from sim.report.plots.capacity import time_and_cost_vs_gpus_figure
 from sim.report.plots.style import GiB as _GiB
 from sim.report.plots.style import figure_and_axes as _figure
 from sim.report.plots.style import pyplot as _pyplot
@@ -288,5 +289,6 @@ TABLE_FIGURES = {
     "memory_vs_microbatches": memory_vs_microbatches_figure,
     "oom_frontier": oom_frontier_figure,
     "planner_comparison": planner_comparison_figure,
+    "time_and_cost_vs_gpus": time_and_cost_vs_gpus_figure,
 }
 """Figures of a sweep table by name: what a sweep file's ``plots:`` may draw."""
