@@ -214,23 +214,27 @@ def _limits(deadline_s: float | None, budget: float | None) -> str:
     return " and ".join(parts)
 
 
+def _gpus(count: int) -> str:
+    return f"{count:,} GPU" + ("" if count == 1 else "s")
+
+
 def _why(chosen: SizeRow, planned: Sequence[SizeRow], objective: str, deadline_s: float | None,
          budget: float | None) -> str:
     """``512 GPUs: 28.4 days ≤ the 30 d deadline at the lowest cost, 1.23M; 256 GPUs would take 55.0 days``."""
     goal = {"time": "the fastest", "cost": "at the lowest cost", "energy": "with the least energy"}[objective]
     within = _limits(deadline_s, budget)
-    line = f"{chosen.devices:,} GPUs: {_days(chosen)}" + (f" within {within}" if within else "") + \
+    line = f"{_gpus(chosen.devices)}: {_days(chosen)}" + (f" within {within}" if within else "") + \
         f", {goal}, {_spent(chosen, 'cost' if objective == 'time' else objective)}"
     smaller = [r for r in planned if r.devices < chosen.devices]
     larger = [r for r in planned if r.devices > chosen.devices]
     if objective == "time" and larger:
         other = min(larger, key=lambda r: r.totals.time_s)
         if other.totals.time_s < chosen.totals.time_s:
-            return line + f"; {other.devices:,} GPUs would take {_days(other)} for {_spent(other, 'cost')}"
-        return line + f"; {other.devices:,} GPUs would take {_days(other)}: adding GPUs stops paying"
+            return line + f"; {_gpus(other.devices)} would take {_days(other)} for {_spent(other, 'cost')}"
+        return line + f"; {_gpus(other.devices)} would take {_days(other)}: adding GPUs stops paying"
     if smaller:
         other = max(smaller, key=lambda r: r.devices)
-        return line + f"; {other.devices:,} GPUs would take {_days(other)} for {_spent(other, objective)}"
+        return line + f"; {_gpus(other.devices)} would take {_days(other)} for {_spent(other, objective)}"
     return line
 
 
