@@ -62,9 +62,12 @@ The H200 is the H100's chip with more memory (same 989 TFLOP/s); its values are 
 The V100's are the A100's, standing in where no FlashAttention measurement exists.
 
 Board power (``power_w``, what ``sim.cost.energy`` counts at full load) is each datasheet's
-maximum TDP: V100 SXM2 300 W (NVIDIA Tesla V100 datasheet), A100 SXM4 400 W (NVIDIA A100
-datasheet), H100 SXM5 700 W (NVIDIA H100 datasheet), H200 SXM 700 W (NVIDIA H200 datasheet,
-"up to 700W (configurable)"). Idle power (``idle_power_w``) is left unset: no measurement of
+maximum TDP, as NVIDIA's datasheets give it; the copies read: H100-80GB 700 W (the Llama 3.1
+model card, meta-llama/llama-models ``models/llama3_1/MODEL_CARD.md`` at 1b28708: "H100-80GB
+(TDP of 700W)"), A100 SXM4 400 W (techpowerup.com's A100 SXM4 page: "rated at 400 W maximum";
+glennklockwood.com/garden/processors/A100: "400 W maximum"), V100 SXM2 300 W (hwupgrade.it on
+the V100 PCIe launch: 300 W for the SXM2 module against 250 W for the PCIe card), H200 SXM
+700 W (openmetal.io on the H200: "H200 SXM5 ... runs at 700W TDP"). Idle power (``idle_power_w``) is left unset: no measurement of
 these boards at idle was found in a copy we could read, so a preset device is counted at its
 TDP the whole run (an upper bound) unless the scenario gives one. No preset sets a price, a
 host power or a PUE (``sim.input.run_section``).
