@@ -183,9 +183,9 @@ def format_run(run: RunEstimate) -> list[str]:
     lines.append("  cost           " + (_both(free, expected, lambda t: t.cost, "{:,.0f}") if free.cost is not None
                                         else "no price set (cluster.price_per_gpu_hour)"))
     if free.energy_kwh is not None:
-        lines.append(f"  energy         {_both(free, expected, lambda t: t.energy_kwh / 1000, '{:,.4g}')} MWh")
+        lines.append(f"  energy         {_both(free, expected, lambda t: t.energy_kwh / 1000, _figures)} MWh")
     if free.carbon_kg is not None:
-        lines.append(f"  carbon         {_both(free, expected, lambda t: t.carbon_kg / 1000, '{:,.4g}')} t CO2e")
+        lines.append(f"  carbon         {_both(free, expected, lambda t: t.carbon_kg / 1000, _figures)} t CO2e")
     if run.goodput is not None and run.checkpoint is not None:
         good, plan = run.goodput, run.checkpoint
         lines.append(f"  goodput        {good.goodput:.1%} ({good.expected_failures:,.3g} failures expected, cluster "
@@ -200,7 +200,14 @@ def format_run(run: RunEstimate) -> list[str]:
     return lines
 
 
-def _both(free: RunTotals, expected: RunTotals | None, value, shape: str) -> str:
-    """``value`` of the failure-free totals, and of the expected ones when there are any."""
-    text = shape.format(value(free))
-    return text if expected is None else f"{text} ({shape.format(value(expected))} expected)"
+def _figures(value: float) -> str:
+    """Four significant figures, thousands separated, never an exponent: ``20,470``, ``3.142``."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _both(free: RunTotals, expected: RunTotals | None, value, shape) -> str:
+    """``value`` of the failure-free totals, and of the expected ones when there are any;
+    ``shape`` a format string or a function."""
+    show = shape if callable(shape) else shape.format
+    text = show(value(free))
+    return text if expected is None else f"{text} ({show(value(expected))} expected)"
