@@ -164,3 +164,15 @@ def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, 
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=0.02)
     assert two_ranks["ep2"]["parallelism"]["expert"] == 2
+
+
+def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
+    # dapple-run validate and profile: the measured profile's parameter bytes are one device's
+    from runtime.measure.profiler import profile_layer
+    from runtime.model.config import load_runnable
+    from sim.core.parallelism import Shard
+    from sim.models import shard_model
+
+    runnable = load_runnable(MOE)
+    measured = profile_layer(runnable.model, 1, 1, torch.device("cpu"), warmup=0, repeats=1, expert_parallel=2)
+    assert measured.param_bytes == shard_model(runnable.scenario.model, Shard(expert=2)).layers[1].param_bytes
