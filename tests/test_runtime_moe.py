@@ -176,3 +176,14 @@ def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
     runnable = load_runnable(MOE)
     measured = profile_layer(runnable.model, 1, 1, torch.device("cpu"), warmup=0, repeats=1, expert_parallel=2)
     assert measured.param_bytes == shard_model(runnable.scenario.model, Shard(expert=2)).layers[1].param_bytes
+
+
+@pytest.mark.slow
+def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsplit_model():
+    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order
+    chunks = "[{layers: [0, 1], devices: [0, 1]}, {layers: [1, 2], devices: [2, 3]}, " \
+             "{layers: [2, 3], devices: [0, 1]}, {layers: [3, 4], devices: [2, 3]}]"
+    cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
+             "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
+    for summary in _spawn(4, cases).values():
+        _assert_matches(summary)
