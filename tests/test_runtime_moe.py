@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor.parallel")
 
 from conftest import SCENARIOS  # noqa: E402
-
 from sim.core.errors import DappleError  # noqa: E402
 
 MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")
