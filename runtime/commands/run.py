@@ -276,6 +276,7 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
     if degrees:
         print(f"parallelism: tensor {degrees['tensor']}{' (sequence parallel)' if degrees['sequence_parallel'] else ''}, "
               f"context {degrees['context']}, pipeline {degrees['pipeline']}, data {degrees['data']}, "
+              f"{'expert ' + str(degrees['expert']) + ', ' if degrees.get('expert', 1) > 1 else ''}"
               f"sharding {degrees['sharding']}")
     print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'parameters':>11} {'gradients':>10} "
           f"{'optimizer':>10} {'activations':>12}")

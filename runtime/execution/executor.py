@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
+from runtime.execution.expert_comm import attach_expert_groups, device_sets, reduce_expert_grads, split_dense
 from runtime.execution.holdings import LocalStage, hold_stages, position
 from runtime.execution.p2p import Mailbox
 from runtime.execution.status import StatusBoard
@@ -109,7 +110,8 @@ class RankExecutor:
         self.counts_loss = position(plan, self.rank) == 0
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
-        self.groups = ReplicaGroups(plan, self.tied_devices)
+        self.groups = ReplicaGroups(plan, self.tied_devices, device_sets(plan, runnable.model))
+        attach_expert_groups(self.stages, plan, self.rank, self.groups)
         unique = {id(p): p for st in self.stages.values() for p in st.params}
         self.params = list(unique.values())
         gradient_groups = {s: self.groups.group(self._gradient_group(s)) for s in self.stages}
@@ -339,10 +341,12 @@ class RankExecutor:
         st = self.stages[s]
         if self.tensor_parallel > 1:
             settle_grads(st.params)
+        if self.runnable.model.experts is not None:  # routed experts and routers: their own groups
+            reduce_expert_grads(st, self.runnable.plan, self.rank, self.groups, self.timeout)
         group = self.groups.group(self._gradient_group(s))
         if group is None or self.sharding is Sharding.FULL:
             return
-        params = [p for p in st.params if p is not self.tied_param]
+        params = [p for p in split_dense(st.params) if p is not self.tied_param]
         all_reduce_grads(params, group, self.timeout)
 
     def _reduce_tied(self) -> None:

@@ -34,7 +34,7 @@ from runtime.model.tensor_parallel import parallelize_stage
 from sim.core.parallelism import Sharding
 from sim.cost.split import sample_ranges
 
-__all__ = ["Holdings", "LocalStage", "column", "hold_stages", "position"]
+__all__ = ["Holdings", "LocalStage", "column", "expert_group", "hold_stages", "local_experts", "position"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -98,13 +98,33 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
     mine = [s for s in range(plan.num_stages) if plan.stage_ranks[s] == pipeline_rank]
     last_layer = num_layers(runnable.model) - 1
     indices = [k for s in mine for k in range(*plan.stages[s].layers)]
-    layers = build_layers(runnable.model, indices, seed=seed, device=device)
+    layers = build_layers(runnable.model, indices, seed=seed, device=device,
+                          local_experts=local_experts(runnable, rank, mine))
     stages = {
         s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
         for s in mine
     }
     tied_devices, tied_param = _tied(runnable, layers, last_layer)
     return Holdings(stages=stages, tied_devices=tied_devices, tied_param=tied_param)
+
+
+def expert_group(plan, s: int, rank: int) -> tuple[int, ...]:
+    """``rank``'s expert-parallel group in stage ``s`` (``PlanSpec.expert_groups``)."""
+    return next(group for group in plan.expert_groups(s) if rank in group)
+
+
+def local_experts(runnable: RunnableScenario, rank: int, stages: list[int]) -> dict[int, tuple[int, ...]]:
+    """The routed experts ``rank`` holds in each layer of ``stages``: count/EP consecutive ones,
+    by its place in its expert-parallel group (Megatron-Core's ``local_expert_indices``)."""
+    plan, experts = runnable.plan, runnable.model.experts
+    if experts is None or plan.expert_parallel == 1:
+        return {}
+    per_rank = experts.count // plan.expert_parallel
+    held = {}
+    for s in stages:
+        first = expert_group(plan, s, rank).index(rank) * per_rank
+        held.update({k: tuple(range(first, first + per_rank)) for k in range(*plan.stages[s].layers)})
+    return held
 
 
 def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, mesh) -> LocalStage:

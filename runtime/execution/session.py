@@ -121,6 +121,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
         "recompute": plan.recompute.to_json(),
         "parallelism": {"tensor": plan.tensor_parallel, "sequence_parallel": plan.sequence_parallel,
                         "context": plan.context_parallel, "pipeline": len(plan.device_groups),
+                        "expert": plan.expert_parallel,
                         "data": max(plan.num_replicas(s) for s in range(plan.num_stages)),
                         "sharding": plan.sharding.value},
         "backend": dist.get_backend(),

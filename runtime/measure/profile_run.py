@@ -81,7 +81,8 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
         raise DappleError("a tensor-parallel plan is profiled on one local group: run dapple-run profile "
                           "without torchrun")
     layers = sharded["layers"] if sharded is not None else profile_layers(
-        runnable.model, batch, device, warmup=args.warmup, repeats=args.repeats, seed=0)
+        runnable.model, batch, device, warmup=args.warmup, repeats=args.repeats, seed=0,
+        expert_parallel=runnable.plan.expert_parallel)
     device_info = measure_device(device)
     profile_path, json_path = write_profile(layers, out, device=device_info["name"])
     result: dict[str, Any] = {

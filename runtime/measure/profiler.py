@@ -31,6 +31,7 @@ import torch
 
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import ModelConfig
+from runtime.model.experts import MoE
 from runtime.model.models import (
     TRANSFORMERS,
     build_layer,
@@ -98,14 +99,16 @@ def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch
 
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
                   warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
-                  sequence_parallel: bool = False) -> LayerProfile:
+                  sequence_parallel: bool = False, expert_parallel: int = 1) -> LayerProfile:
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
 
     With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
     is one device's share (``runtime.model.tensor_parallel.parallelize_layer``): its times include
     its tensor-parallel collectives, its bytes are this device's, its output bytes the 1/t of
     the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
-    the sequence too.
+    the sequence too. An MoE block runs every routed expert on this device's tokens (the FLOPs
+    one device of an expert-parallel group does on average, without the all-to-all) and counts
+    the 1/``expert_parallel`` of the routed experts' bytes one device holds.
     """
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
@@ -136,6 +139,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
         bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
     params = layer_param_bytes(layer)
+    if isinstance(getattr(layer, "mlp", None), MoE):  # one device holds count/EP of the routed experts
+        params -= layer_param_bytes(layer.mlp.experts) * (expert_parallel - 1) // expert_parallel
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
     name = build_model(config.preset, **config.values).layers[index].name
@@ -144,10 +149,11 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
-                   repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False) -> list[LayerProfile]:
+                   repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False,
+                   expert_parallel: int = 1) -> list[LayerProfile]:
     """Every layer of the model, in order (with ``mesh``: one device's share of each)."""
     return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
-                          sequence_parallel=sequence_parallel)
+                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel)
             for k in range(num_layers(config))]
 
 

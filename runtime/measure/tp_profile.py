@@ -91,5 +91,6 @@ def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: i
 
     mesh = DeviceMesh(device.type, list(range(dist.get_world_size())), mesh_dim_names=("tensor",))
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0, mesh=mesh,
-                            sequence_parallel=runnable.plan.sequence_parallel)
+                            sequence_parallel=runnable.plan.sequence_parallel,
+                            expert_parallel=runnable.plan.expert_parallel)
     return {"layers": layers, "collectives": measure_collectives(runnable, batch, device, repeats=repeats)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import DappleError
+from sim.core.experts import ExpertSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec
@@ -43,6 +44,8 @@ class ModelConfig:
     params: tuple[tuple[str, Any], ...]
     """Sorted (name, value) pairs: every parameter of the preset, computed defaults resolved
     (the checked model's ``ModelSpec.preset.params``)."""
+    experts: ExpertSpec | None = None
+    """The MoE blocks' router and experts (``model.experts``; None: a dense model)."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -77,7 +80,7 @@ def runnable_model(model: ModelSpec, *, source: str = "<scenario>") -> ModelConf
         raise _not_runnable(source, None)
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
-    return ModelConfig(preset=model.preset.name, params=model.preset.params)
+    return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -91,7 +94,12 @@ def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") ->
     preset = raw_model.get("preset")
     if preset not in RUNNABLE_PRESETS:
         raise _not_runnable(source, preset)
-    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name")}
+    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name", "experts")}
+    if "experts" in raw_model:  # the mapping as model.experts writes it (no imbalance draw)
+        raw = dict(raw_model["experts"])
+        if isinstance(raw.get("layers"), list):
+            raw["layers"] = tuple(raw["layers"])
+        params["experts"] = ExpertSpec(**raw)
     return runnable_model(build_model(preset, **params), source=source)
 
 
@@ -152,10 +160,30 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
     ]
+    if model.experts is not None:
+        unsupported += _expert_limits(plan, model.experts)
     for key, present, why in unsupported:
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
                               "this plan")
+
+
+def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool, str]]:
+    """What ``runtime.model.experts`` does not run: (key, present, why), as ``_check_runtime_supports``."""
+    return [
+        ("model.experts.capacity_factor", experts.capacity_factor is not None,
+         "it runs dropless MoE layers; a capacity drops tokens per rank's batch, so a split run would not "
+         "compute the unsplit model's step; remove capacity_factor"),
+        ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
+         "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
+         "router decides where tokens go; remove imbalance"),
+        ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
+         "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
+        ("plan.sharding", plan.sharding is not Sharding.NONE,
+         "routed experts' states are not sharded over the expert-data-parallel group; use sharding: none"),
+        ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
+         "MoE layers route the 1/tensor_parallel of the tokens each tensor rank holds; set sequence_parallel: true"),
+    ]
 
 
 def check_world(plan: PlanSpec, world_size: int) -> None:

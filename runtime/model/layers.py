@@ -110,15 +110,17 @@ def _norm(hidden: int, llama: bool) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: ``x + attention(norm_1 x)``, then ``+ mlp(norm_2 ·)``."""
+    """Pre-norm block: ``x + attention(norm_1 x)``, then ``+ mlp(norm_2 ·)``; ``mlp`` replaces
+    the dense MLP (an MoE block's router and experts)."""
 
     def __init__(self, hidden: int, heads: int, ffn_hidden: int, *, kv_heads: int | None = None,
-                 llama: bool = False) -> None:
+                 llama: bool = False, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.norm_1 = _norm(hidden, llama)
         self.attention = Attention(hidden, heads, kv_heads or heads, bias=not llama, rotary=llama)
         self.norm_2 = _norm(hidden, llama)
-        self.mlp = MLP(hidden, ffn_hidden, gated=llama)
+        self.mlp = MLP(hidden, ffn_hidden, gated=llama) if mlp is None else mlp
+        """The dense MLP, or a mixture of experts (``runtime.model.experts.MoE``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm_1(x))

@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from runtime.model.config import ModelConfig
+from runtime.model.experts import MoE, expert_seed
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
 from sim.core.specs import DTYPE_BYTES
 from sim.models.vocab import padded_vocab_size
@@ -99,7 +100,7 @@ def num_layers(config: ModelConfig) -> int:
     return config.values["layers"] + (2 if config.preset in TRANSFORMERS else 1)
 
 
-def _new_layer(config: ModelConfig, index: int) -> nn.Module:
+def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = None) -> nn.Module:
     p, last = config.values, num_layers(config) - 1
     if config.preset in TRANSFORMERS:
         llama = config.preset == "llama"
@@ -110,7 +111,12 @@ def _new_layer(config: ModelConfig, index: int) -> nn.Module:
             return Embedding(vocab, p["seq_len"], p["hidden"], positions=not llama)
         if index == last:
             return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
-        return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama)
+        experts, mlp = config.experts, None
+        if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
+            mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
+                      shared=experts.shared, gated=llama, local=local)
+        return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
+                                mlp=mlp)
     if index == last:
         return ClassifierHead(p["hidden"], p["num_classes"])
     return LinearReLU(p["input_size"] if index == 0 else p["hidden"], p["hidden"])
@@ -120,6 +126,8 @@ def _init_(module: nn.Module, generator: torch.Generator, preset: str) -> None:
     """GPT-2 init for ``gpt`` and ``llama`` (normal 0.02, zero biases, norms ones); He init
     for ``mlp``."""
     for name, param in sorted(module.named_parameters()):
+        if ".experts." in name:  # each routed expert has its own seed (_init_experts)
+            continue
         with torch.no_grad():
             if isinstance(_owner(module, name), (nn.LayerNorm, nn.RMSNorm)):
                 param.fill_(1.0 if name.endswith("weight") else 0.0)
@@ -138,25 +146,46 @@ def _owner(module: nn.Module, param_name: str) -> nn.Module:
     return owner
 
 
-def build_layer(config: ModelConfig, index: int, *, seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
-    """Layer ``index`` of the model, initialised from (``seed``, ``index``) on ``device``."""
-    module = _new_layer(config, index)
+def _init_experts(module: nn.Module, seed: int, index: int) -> None:
+    """GPT-2 init of each routed expert from its own seed, whichever rank holds it."""
+    moe = getattr(module, "mlp", None)
+    if not isinstance(moe, MoE):
+        return
+    for e in moe.local:
+        generator = torch.Generator().manual_seed(expert_seed(seed, index, e))
+        for name, param in sorted(moe.experts[str(e)].named_parameters()):
+            with torch.no_grad():
+                if name.endswith("bias"):
+                    param.zero_()
+                else:
+                    param.normal_(0.0, _INIT_STD, generator=generator)
+
+
+def build_layer(config: ModelConfig, index: int, *, seed: int = 0, device: torch.device | str = "cpu",
+                local_experts: tuple[int, ...] | None = None) -> nn.Module:
+    """Layer ``index`` of the model, initialised from (``seed``, ``index``) on ``device``;
+    an MoE block holds the routed experts ``local_experts`` (all by default)."""
+    module = _new_layer(config, index, local_experts)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
     _init_(module, generator, config.preset)
+    _init_experts(module, seed, index)
     dtype = TORCH_DTYPES[config.values["dtype"]]
     return module.to(device=device, dtype=dtype)
 
 
 def build_layers(
-    config: ModelConfig, indices: range | None = None, *, seed: int = 0, device: torch.device | str = "cpu"
+    config: ModelConfig, indices: range | None = None, *, seed: int = 0, device: torch.device | str = "cpu",
+    local_experts: dict[int, tuple[int, ...]] | None = None,
 ) -> dict[int, nn.Module]:
-    """Layers ``indices`` (all by default), keyed by their global index.
+    """Layers ``indices`` (all by default), keyed by their global index; ``local_experts[k]``:
+    the routed experts layer k holds (expert parallelism; all when absent).
 
     A tied GPT head is tied to the embedding when both are built here; otherwise it gets
     a copy of the embedding's initial token matrix (see ``runtime.model.layers.LMHead``).
     """
     indices = range(num_layers(config)) if indices is None else indices
-    layers = {k: build_layer(config, k, seed=seed, device=device) for k in indices}
+    local_experts = local_experts or {}
+    layers = {k: build_layer(config, k, seed=seed, device=device, local_experts=local_experts.get(k)) for k in indices}
     last = num_layers(config) - 1
     if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and last in layers:
         head = layers[last]

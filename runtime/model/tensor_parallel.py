@@ -49,6 +49,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from runtime.model.experts import MoE
 from runtime.model.layers import Embedding, LMHead, TransformerBlock
 from runtime.model.models import StageModule
 from sim.core.plan import PlanSpec
@@ -116,6 +117,20 @@ def _block_plan(sequence_parallel: bool) -> dict:
     return layer_plan
 
 
+def _moe_block_plan(dense: dict, moe: MoE) -> dict:
+    """An MoE block under sequence parallelism (``runtime.model.config`` requires it): attention and
+    norms as the dense block; the router and the routed experts stay whole on each tensor rank, which
+    routes the tokens it holds (Megatron-Core's MoE layer with expert_tensor_parallel 1); the
+    shared experts are a dense MLP cut as the dense block's (its gather moved onto them)."""
+    layer_plan = {key: style for key, style in dense.items() if not key.startswith("mlp")}
+    if moe.shared is not None:
+        layer_plan.update({"mlp.shared": dense["mlp"], "mlp.shared.w1": ColwiseParallel(),
+                           "mlp.shared.w2": dense["mlp.w2"]})
+        if moe.shared.w3 is not None:
+            layer_plan["mlp.shared.w3"] = ColwiseParallel()
+    return layer_plan
+
+
 def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
     """Cut one layer (embedding, block or head) over ``mesh`` (1D, the tensor dimension), in place."""
     if isinstance(layer, Embedding):
@@ -125,7 +140,9 @@ def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: 
             layer.scatter = lambda table: scatter_sequence(table, mesh, dim=0)
     elif isinstance(layer, TransformerBlock):
         blk = _block_plan(sequence_parallel)
-        if layer.mlp.w3 is not None:
+        if isinstance(layer.mlp, MoE):
+            blk = _moe_block_plan(blk, layer.mlp)
+        elif layer.mlp.w3 is not None:
             blk["mlp.w3"] = ColwiseParallel()
         parallelize_module(layer, mesh, blk)
     elif isinstance(layer, LMHead):

@@ -1,0 +1,143 @@
+"""A mixture-of-experts MLP in torch, and expert parallelism over gloo with ``all_to_all_single``.
+
+The simulator's MoE block (``sim.models.moe``) replaces a transformer block's dense MLP with a
+router, ``count`` routed experts of width ``ffn_hidden`` and ``shared`` always-on experts; this is
+the same layer as an ``nn.Module`` (``MoE``):
+
+* **Router** (Megatron-Core's ``TopKRouter``; Mixtral, Jiang et al. 2024, §2.1): a bias-free
+  linear map hidden → count, computed in fp32; softmax over the experts; each token's ``top_k``
+  best experts; with ``normalize`` (Mixtral's softmax over the top-k logits, Megatron-Core's
+  default ``moe_router_pre_softmax: False``) their weights renormalised to sum to one. Routing
+  is a pure function of the token and the router's weights: deterministic, and the same on one
+  rank as split over many.
+* **Experts**: each a SwiGLU (llama) or GeLU MLP (gpt) of width ``ffn_hidden``
+  (``runtime.model.layers.MLP``); the shared experts one dense MLP of width shared × ffn_hidden,
+  as the simulator counts them. Dropless: every routed token is computed (Megatron-Core's default,
+  capacity factor None; ``runtime.model.config`` refuses a capacity factor before launch).
+* **Expert parallelism** (``group`` of EP ranks; rank r holds experts [r·L, (r+1)·L), L = count/EP,
+  Megatron-Core's ``local_expert_indices``): the token copies are sorted by expert, each rank
+  first exchanges its per-expert counts (an ``all_to_all_single`` of count integers: torchtitan's
+  ``ExpertParallel._token_dispatch`` in ``torchtitan/distributed/expert_parallel.py``;
+  Megatron-Core's ``MoEAlltoAllTokenDispatcher.preprocess`` gathers the same counts), then
+  dispatches the tokens with a second ``all_to_all_single`` whose split sizes those counts give,
+  runs its local experts on what it received, and combines the results back with the reverse
+  all-to-all. ``AllToAll`` is differentiable: its backward is the reverse all-to-all of the
+  gradients (torch's own ``torch.distributed.nn.functional.all_to_all_single`` does the same on
+  gloo but is deprecated in torch 2.13).
+
+Parameter names carry the *global* expert index (``mlp.experts.3.w1.weight``), so a rank that
+holds experts 2 and 3 names their gradients as the unsplit model does, and each expert is
+initialised from its own seed (``expert_seed``) whichever rank builds it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from runtime.model.layers import MLP
+
+__all__ = ["EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "expert_seed", "route"]
+
+EXPERT_PARAM = "_dapple_expert"
+"""Attribute set on routed-expert parameters: their gradients sum over the expert-data-parallel
+group (``PlanSpec.expert_data_groups``), not the dense gradient group."""
+ROUTER_PARAM = "_dapple_router"
+"""Attribute set on the router's weight: replicated over a stage's tensor ranks while each sees
+its own tokens (sequence parallelism), so its gradient sums over every device of the stage
+(Megatron-Core marks it ``sequence_parallel`` for the same all-reduce)."""
+
+
+def expert_seed(seed: int, layer: int, expert: int) -> int:
+    """The seed of expert ``expert``'s weights in layer ``layer`` (independent of which rank builds it)."""
+    return (seed * 1_000_003 + layer) * 10_007 + 7 + expert
+
+
+class AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` over ``group`` with the reverse all-to-all as its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        out = x.new_empty((sum(receive), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive, input_split_sizes=send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=ctx.send, input_split_sizes=ctx.receive,
+                               group=ctx.group)
+        return back, None, None, None
+
+
+def route(logits: torch.Tensor, top_k: int, *, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's ``top_k`` experts (indices, ties to the lower index as ``torch.topk``) and
+    their weights: softmax probabilities, renormalised over the top k with ``normalize``."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+class MoE(nn.Module):
+    """Router, routed experts (``local`` of them on this rank) and optional shared experts."""
+
+    def __init__(self, hidden: int, *, count: int, top_k: int, ffn_hidden: int, shared: int, gated: bool,
+                 local: tuple[int, ...] | None = None, normalize: bool = True) -> None:
+        super().__init__()
+        self.count, self.top_k, self.normalize = count, top_k, normalize
+        self.local = tuple(range(count)) if local is None else tuple(local)
+        self.router = nn.Linear(hidden, count, bias=False)
+        setattr(self.router.weight, ROUTER_PARAM, True)
+        self.experts = nn.ModuleDict({str(e): MLP(hidden, ffn_hidden, gated=gated) for e in self.local})
+        for p in self.experts.parameters():
+            setattr(p, EXPERT_PARAM, True)
+        self.shared = MLP(hidden, shared * ffn_hidden, gated=gated) if shared else None
+        self.group = None
+        """The expert-parallel process group (None: every expert is here)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor):  # sequence parallelism: route the tokens this device holds
+            x = x.to_local()
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = F.linear(tokens.float(), self.router.weight.float())
+        weights, chosen = route(logits, self.top_k, normalize=self.normalize)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # token copies grouped by expert, in token order within
+        per_expert = torch.bincount(flat, minlength=self.count)
+        source = order // self.top_k
+        routed = self._experts(tokens[source], per_expert)
+        combined = torch.zeros_like(tokens).index_add(
+            0, source, routed * weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype))
+        out = combined.reshape(shape)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+    def _experts(self, copies: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
+        """Every token copy (sorted by expert) through its expert, here or on its expert-parallel rank."""
+        if self.group is None:
+            counts = per_expert.tolist()
+            return torch.cat([self.experts[str(e)](chunk) for e, chunk in enumerate(copies.split(counts))])
+        ep, mine = dist.get_world_size(self.group), len(self.local)
+        received = torch.empty_like(per_expert)
+        dist.all_to_all_single(received, per_expert, group=self.group)  # counts first: the split sizes
+        send = per_expert.reshape(ep, mine).sum(dim=1).tolist()
+        by_source = received.reshape(ep, mine)
+        arrived = AllToAll.apply(copies, send, by_source.sum(dim=1).tolist(), self.group)
+        # arrived is grouped by source rank, then local expert: regroup by local expert
+        # (Megatron-Core's sort_chunks_by_idxs), run each expert, and put the rows back
+        chunks = list(arrived.split(by_source.reshape(-1).tolist()))
+        outputs = [None] * len(chunks)
+        for j, e in enumerate(self.local):
+            picked = [r * mine + j for r in range(ep)]
+            result = self.experts[str(e)](torch.cat([chunks[k] for k in picked]))
+            for k, part in zip(picked, result.split([chunks[k].shape[0] for k in picked])):
+                outputs[k] = part
+        return AllToAll.apply(torch.cat(outputs), by_source.sum(dim=1).tolist(), send, self.group)

@@ -1,0 +1,188 @@
+"""Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
+against the simulator's, what cannot run refused in one line before launch, and expert
+parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2) training
+one step exactly like the unsplit model in one process (rtol 1e-5, fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.tensor.parallel")
+
+from conftest import SCENARIOS  # noqa: E402
+from sim.core.errors import DappleError  # noqa: E402
+
+MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")
+FOUR = {"cluster.devices_per_node": "4"}
+ONE_STAGE_4 = "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
+TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 3]}]"
+
+TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"}}
+FOUR_RANKS = {
+    "ep2-tp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": ONE_STAGE_4},
+    "ep2-pp2": {**FOUR, "plan.stages": TWO_STAGES},
+}
+
+
+def _moe(gated: bool, *, shared: int = 0, normalize: bool = True):
+    from runtime.model.experts import MoE
+
+    torch.manual_seed(3)
+    layer = MoE(8, count=4, top_k=2, ffn_hidden=6, shared=shared, gated=gated, normalize=normalize)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0.0, 0.5)
+    return layer
+
+
+def _loop(layer, x):
+    """The MoE layer written out token by token: softmax of the router's scores, the top 2,
+    their weights renormalised (or not), each chosen expert's output weighted and summed."""
+    out = torch.zeros_like(x)
+    for i in range(x.shape[0]):
+        probs = torch.softmax(x[i] @ layer.router.weight.T, dim=-1)
+        order = sorted(range(4), key=lambda e: -float(probs[e]))[:2]
+        total = sum(float(probs[e]) for e in order) if layer.normalize else 1.0
+        for e in order:
+            out[i] += float(probs[e]) / total * layer.experts[str(e)](x[i:i + 1])[0]
+        if layer.shared is not None:
+            out[i] += layer.shared(x[i:i + 1])[0]
+    return out
+
+
+@pytest.mark.parametrize(("gated", "shared", "normalize"), [(True, 0, True), (False, 1, True), (True, 1, False)])
+def test_the_moe_layer_is_a_loop_over_tokens(gated, shared, normalize):
+    layer = _moe(gated, shared=shared, normalize=normalize)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    got = layer(x)
+    with torch.no_grad():
+        expected = _loop(layer, x.reshape(-1, 8)).reshape(2, 5, 8)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_routing_is_deterministic_and_every_expert_gets_a_gradient():
+    layer = _moe(True)
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(layer(x), layer(x))
+    layer(x).square().sum().backward()
+    assert all(p.grad is not None for p in layer.parameters())
+
+
+def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
+    # rank 1 of EP 2 holds experts 2 and 3: the simulator's per-device block (sim.models.moe)
+    from runtime.model.config import load_runnable
+    from runtime.model.models import build_layers, layer_param_bytes
+    from sim.core.parallelism import Shard
+    from sim.models import shard_model
+
+    runnable = load_runnable(MOE)
+    whole = build_layers(runnable.model)
+    half = build_layers(runnable.model, range(4), local_experts={1: (2, 3), 2: (2, 3)})
+    predicted = shard_model(runnable.scenario.model, Shard(expert=2)).layers
+    for k in range(4):
+        assert layer_param_bytes(whole[k]) == runnable.scenario.model.layers[k].param_bytes
+        assert layer_param_bytes(half[k]) == predicted[k].param_bytes
+    # each expert has its own seed: rank 1's experts are the unsplit model's experts 2 and 3
+    assert sorted(half[1].mlp.experts) == ["2", "3"]
+    assert torch.equal(half[1].mlp.experts["3"].w1.weight, whole[1].mlp.experts["3"].w1.weight)
+    assert torch.equal(half[1].mlp.router.weight, whole[1].mlp.router.weight)
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ({"model.experts.capacity_factor": "1.25"}, "model.experts.capacity_factor"),
+    ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance"),
+    ({"plan.sharding": "optimizer"}, "plan.sharding"),
+    ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": "[{layers: [0, 4], devices: [0, 1, 2, 3]}]",
+      "plan.expert_parallel": "1"}, "plan.sequence_parallel"),
+    ({**FOUR, "plan.expert_tensor_parallel": "2", "plan.stages": ONE_STAGE_4}, "plan.expert_tensor_parallel"),
+])
+def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key):
+    from runtime.model.config import load_runnable
+
+    with pytest.raises(DappleError) as caught:
+        load_runnable(MOE, overrides)
+    message = str(caught.value)
+    assert "\n" not in message and f"{key}: not supported by the runtime" in message
+
+
+def _cases(device, cases: dict):
+    from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
+
+    return {name: run_session(load_runnable(MOE, overrides), SessionOptions(steps=1, check=True), device)
+            for name, overrides in cases.items()}
+
+
+def _spawn(nproc: int, cases: dict):
+    from runtime.execution.launch import spawn
+
+    return spawn(_cases, nproc, cases)[0]
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    return _spawn(2, TWO_RANKS)
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    return _spawn(4, FOUR_RANKS)
+
+
+def _assert_matches(summary):
+    assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
+    assert summary["max_rel_grad_diff"] <= 1e-5
+    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(TWO_RANKS))
+def test_expert_parallel_plans_on_two_ranks_match_the_unsplit_model(two_ranks, name):
+    _assert_matches(two_ranks[name])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(FOUR_RANKS))
+def test_expert_parallel_with_tensor_or_pipeline_parallelism_matches_the_unsplit_model(four_ranks, name):
+    _assert_matches(four_ranks[name])
+
+
+@pytest.mark.dist
+def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, four_ranks):
+    from runtime.model.config import load_runnable
+    from sim.engine.run import run_scenario
+
+    for summary, overrides in [(two_ranks["ep2"], {}), (four_ranks["ep2-pp2"], FOUR_RANKS["ep2-pp2"]),
+                               (four_ranks["ep2-tp2-sp"], FOUR_RANKS["ep2-tp2-sp"])]:
+        predicted = run_scenario(load_runnable(MOE, overrides).scenario, engine="fast").summarize()
+        for measured, device in zip(summary["devices"], predicted.devices):
+            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=0.02)
+            assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=0.02)
+    assert two_ranks["ep2"]["parallelism"]["expert"] == 2
+
+
+def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
+    # dapple-run validate and profile: the measured profile's parameter bytes are one device's
+    from runtime.measure.profiler import profile_layer
+    from runtime.model.config import load_runnable
+    from sim.core.parallelism import Shard
+    from sim.models import shard_model
+
+    runnable = load_runnable(MOE)
+    measured = profile_layer(runnable.model, 1, 1, torch.device("cpu"), warmup=0, repeats=1, expert_parallel=2)
+    assert measured.param_bytes == shard_model(runnable.scenario.model, Shard(expert=2)).layers[1].param_bytes
+
+
+@pytest.mark.slow
+def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsplit_model():
+    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order
+    chunks = "[{layers: [0, 1], devices: [0, 1]}, {layers: [1, 2], devices: [2, 3]}, " \
+             "{layers: [2, 3], devices: [0, 1]}, {layers: [3, 4], devices: [2, 3]}]"
+    cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
+             "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
+    for summary in _spawn(4, cases).values():
+        _assert_matches(summary)
