@@ -36,6 +36,7 @@ from typing import Any, Sequence
 from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
 from planner.search.context import SearchContext
 from planner.search.describe import wrap_summary
+from planner.search.layouts import layouts
 from planner.search.report import PlannerReport, build_report, spend_text
 from planner.search.space import PlannerOptions, to_scenario
 from planner.sweeps.command import run_sweep_command, sweep_parser
@@ -96,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     add_scenario_options(parser, example="training.global_batch_size=256", plan=False)
     parser.add_argument("--microbatch-size", type=int, action="append", metavar="N",
                         help="only try these micro-batch sizes (repeatable)")
+    parser.add_argument("--expert-parallel", type=int, action="append", metavar="N",
+                        help="only try these expert-parallel degrees on a model with experts (repeatable); "
+                             "default: every divisor of the expert count inside a server")
     budget = parser.add_argument_group("work budgets (counts of work, never seconds: the same answer on any machine)")
     for flag, field, what in _BUDGETS:
         budget.add_argument(flag, type=int, metavar="N", dest=field,
@@ -142,7 +146,9 @@ def _run(args: argparse.Namespace) -> int:
     for flag, field, _ in _BUDGETS:
         if budgets.get(field, 1) < 1:
             raise DappleError(f"{flag} {budgets[field]}: give a positive count")
-    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None, **budgets)
+    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None,
+                             expert_parallel=tuple(args.expert_parallel) if args.expert_parallel else None, **budgets)
+    layouts(scenario, options)  # an expert-parallel degree the model or cluster cannot take: refused before any search
     names = args.planner or list(DEFAULT_PLANNERS)
     watch = Stopwatch()
     started = time.perf_counter()

@@ -16,7 +16,8 @@ from the same per-layer terms as the engine's (``layer_times_s``). Beside it:
   and ``stepped_param_bytes``, the engine's (``sim.cost.compute.stage_cost``);
 * the gradient reduction: the dense gradients over the data-parallel group and the experts'
   over the expert-data-parallel groups, in the same phases (``sim.engine.collectives``: each
-  phase as slow as its slower group's), both ``sim.cost.comm.gradient_sync``.
+  phase as slow as its slower group's flow, which shares its port with the other group's and so
+  runs at half the port's rate, as the engine's flows do), both ``sim.cost.comm.gradient_sync``.
 
 A dense layout (e = 1) has no all-to-all and no expert bytes: every method here then gives what
 the tables gave without it.
@@ -107,6 +108,10 @@ class ExpertPricing:
                                                                 // self.expert_parallel)
             phases = gradient_sync(spread, experts * factor, sharding, self.cluster, flows_per_nic=flows)
             for number, phase in zip(_phase_numbers(phases), phases):
-                flow, latency = times.get(number, (0.0, 0.0))
-                times[number] = (max(flow, phase.flow_bytes / phase.rate_bytes_per_s), max(latency, phase.latency_s))
+                alone = phase.flow_bytes / phase.rate_bytes_per_s
+                if number in times:  # both groups' flows leave every port of the phase: each at half its rate
+                    flow, latency = times[number]
+                    times[number] = (2 * max(flow, alone), max(latency, phase.latency_s))
+                else:
+                    times[number] = (alone, phase.latency_s)
         return sum(flow + latency for flow, latency in times.values())
