@@ -64,7 +64,8 @@ from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comp
 __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
-                   [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
+                   [--microbatch-size N]... [--expert-parallel N]... [--max-candidates N] [--max-partials N]
+                   [--max-replays N]
        dapple-plan sweep SWEEP.yaml [-h] --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
