@@ -37,6 +37,7 @@ from planner.objective_command import add_objective_options, run_objective
 from planner.planners.registry import DEFAULT_PLANNERS, PLANNERS, get_planner
 from planner.search.context import SearchContext
 from planner.search.describe import wrap_summary
+from planner.search.layouts import layouts
 from planner.search.report import PlannerReport, build_report, spend_text
 from planner.search.space import PlannerOptions, to_scenario
 from planner.sweeps.command import run_sweep_command, sweep_parser
@@ -64,8 +65,8 @@ from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comp
 __all__ = ["main"]
 
 USAGE = """dapple-plan [-h] [-v | -q] SCENARIO [--planner NAME]... [--json] [--out DIR] [--set KEY=VALUE]...
-                   [--microbatch-size N]... [--max-candidates N] [--max-partials N] [--max-replays N]
-                   [--objective time|cost|energy [--deadline TIME] [--budget AMOUNT] [--max-gpus N]]
+                   [--microbatch-size N]... [--expert-parallel N]... [--max-candidates N] [--max-partials N]
+                   [--max-replays N] [--objective time|cost|energy [--deadline TIME] [--budget AMOUNT] [--max-gpus N]]
        dapple-plan sweep SWEEP.yaml [-h] --out DIR [--dask local|ADDRESS] [--workers N] [--json] [-v | -q]"""
 
 EPILOG = """commands:
@@ -100,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     add_scenario_options(parser, example="training.global_batch_size=256", plan=False)
     parser.add_argument("--microbatch-size", type=int, action="append", metavar="N",
                         help="only try these micro-batch sizes (repeatable)")
+    parser.add_argument("--expert-parallel", type=int, action="append", metavar="N",
+                        help="only try these expert-parallel degrees on a model with experts (repeatable); "
+                             "default: every divisor of the expert count inside a server")
     budget = parser.add_argument_group("work budgets (counts of work, never seconds: the same answer on any machine)")
     for flag, field, what in _BUDGETS:
         budget.add_argument(flag, type=int, metavar="N", dest=field,
@@ -147,7 +151,9 @@ def _run(args: argparse.Namespace) -> int:
     for flag, field, _ in _BUDGETS:
         if budgets.get(field, 1) < 1:
             raise DappleError(f"{flag} {budgets[field]}: give a positive count")
-    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None, **budgets)
+    options = PlannerOptions(microbatch_sizes=tuple(args.microbatch_size) if args.microbatch_size else None,
+                             expert_parallel=tuple(args.expert_parallel) if args.expert_parallel else None, **budgets)
+    layouts(scenario, options)  # an expert-parallel degree the model or cluster cannot take: refused before any search
     names = args.planner or list(DEFAULT_PLANNERS)
     if args.objective is not None:
         return run_objective(args, scenario, options, names)

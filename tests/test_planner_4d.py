@@ -37,13 +37,13 @@ def _even(scenario, stages: int, replicas: int, microbatch_size: int, **fields) 
 
 def test_layouts_keep_tensor_parallelism_in_a_server_and_split_what_the_model_allows():
     scenario = _gpt(2)
-    assert layouts(scenario, PlannerOptions()) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    assert layouts(scenario, PlannerOptions()) == [(1, 1, 1), (2, 1, 1), (4, 1, 1), (8, 1, 1)]  # dense: EP 1 only
     # 12 heads split over 1, 2 and 4 devices, not 8; sequences under 16k tokens get no context parallelism
     odd = parse_scenario(GPT_6_7B.format(nodes=1).replace("heads: 32", "heads: 12").replace("hidden: 4096", "hidden: 768"),
                          ignore_plan=True)
-    assert layouts(odd, PlannerOptions()) == [(1, 1), (2, 1), (4, 1)]
+    assert layouts(odd, PlannerOptions()) == [(1, 1, 1), (2, 1, 1), (4, 1, 1)]
     long = parse_scenario(GPT_6_7B.format(nodes=1).replace("seq_len: 2048", "seq_len: 32768"), ignore_plan=True)
-    assert (2, 2) in layouts(long, PlannerOptions()) and (1, 8) in layouts(long, PlannerOptions())
+    assert (2, 2, 1) in layouts(long, PlannerOptions()) and (1, 8, 1) in layouts(long, PlannerOptions())
     assert levels(scenario, PlannerOptions())[0] == (Recompute.NONE, Sharding.NONE)
     assert levels(scenario, PlannerOptions())[-1] == (Recompute.FULL, Sharding.FULL)
 

@@ -8,7 +8,9 @@ compared with DAPPLE's on equal terms (synchronous training, same cost model):
   best stage count and micro-batch size);
 * ``megatron`` — the grid search a Megatron-LM user runs (Narayanan et al., SC'21, §3.3's
   heuristics searched exhaustively): uniform tensor × context × pipeline × data degrees over
-  the layouts DAPPLE's planner tries (``planner.search.layouts``), layers split evenly by compute
+  the layouts DAPPLE's planner tries (``planner.search.layouts``; for a model with experts every
+  expert-parallel degree inside a server by default, EP dividing each stage's devices, as
+  Megatron-Core's ``--expert-model-parallel-size`` must), layers split evenly by compute
   (no uneven stages, one replica count), devices in Megatron's order (Append First), 1F1B or
   interleaved with every chunk count the stages allow, each micro-batch size that gives every
   replica whole samples, and per grid point the cheapest recompute and sharding modes whose
@@ -26,7 +28,7 @@ import time
 from dataclasses import replace
 
 from planner.search.costs import CostTables
-from planner.search.layouts import layouts, levels
+from planner.search.layouts import layouts, levels, replica_step
 from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
 from sim.input.plan_section import balanced_cuts
@@ -90,14 +92,16 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
     order = levels(scenario, options)
     policy = (("policy", DapplePolicy.S_MINUS_I.value),)
     candidates = []
-    for t, c in layouts(scenario, options):
-        tables = cache.layout(t, c)
-        units = n // (t * c)
+    for t, c, e in layouts(scenario, options):
+        tables = cache.layout(t, c, e)
+        units, step = n // (t * c), replica_step((t, c, e))
         weights = [sum(tables.compute_s(k, k + 1, 1)) for k in range(layers)]
         for stages in range(1, min(layers, units, options.max_stages or units) + 1):
             if units % stages:
                 continue
             dp = units // stages
+            if dp % step:
+                continue  # expert parallelism must divide each stage's t·c·dp devices
             bounds = balanced_cuts(weights, stages)
             for microbatch_size in microbatch_sizes(gbs, options):
                 if microbatch_size % dp:
@@ -110,7 +114,7 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
                     cut = bounds if v == 1 else balanced_cuts(weights, stages * v)
                     base = Candidate(bounds=cut, replicas=(dp,) * (stages * v), microbatch_size=microbatch_size,
                                      schedule=name, params=params, chunks=v, tensor_parallel=t,
-                                     context_parallel=c)
+                                     context_parallel=c, expert_parallel=e)
                     candidates += cheapest_levels(tables, scenario, base, order)
     return candidates
 

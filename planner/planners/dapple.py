@@ -29,7 +29,7 @@ from planner.search.budget import Spend
 from planner.search.context import SearchContext
 from planner.search.costs import CostTables
 from planner.search.evaluation import Evaluation, check_plannable
-from planner.search.layouts import layouts, levels
+from planner.search.layouts import layouts, levels, replica_step
 from planner.search.ranking import PlannerResult, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
 from planner.search.subsets import restricted, subset_sizes
@@ -67,7 +67,8 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list
                                           microbatch_size=base.microbatch_size, schedule="interleaved",
                                           recompute=base.recompute, placement=placement, chunks=v,
                                           tensor_parallel=base.tensor_parallel,
-                                          context_parallel=base.context_parallel, sharding=base.sharding))
+                                          context_parallel=base.context_parallel, sharding=base.sharding,
+                                          expert_parallel=base.expert_parallel))
     return variants
 
 
@@ -174,13 +175,13 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
     frugal = max(options.sharding, key=list(Sharding).index)
     recomputes = list(dict.fromkeys(r for r, _ in levels(scenario, options)))
     found = []
-    for t, c in layouts(scenario, options):
-        tables = context.tables.layout(t, c)
+    for t, c, e in layouts(scenario, options):
+        tables = context.tables.layout(t, c, e)
         _, per_node = unit_grid(cluster, t * c)
         num_units = cluster.num_devices // (t * c)
         cuts = segment_cuts(tables)
         max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, num_units)
-        choices = sorted(replica_choices(num_units), key=len)
+        choices = sorted(replica_choices(num_units, replica_step((t, c, e))), key=len)
         uniform, general = [x for x in choices if len(x) == 1], [x for x in choices if len(x) > 1]
         sizes = microbatch_sizes(gbs, options)
         for recompute in recomputes:
@@ -199,7 +200,8 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
                                    max_partials=options.max_partials)
                 for score, b, r in plans:
                     found.append((score, Candidate(bounds=b, replicas=r, microbatch_size=microbatch_size,
-                                                   recompute=recompute, tensor_parallel=t, context_parallel=c)))
+                                                   recompute=recompute, tensor_parallel=t, context_parallel=c,
+                                                   expert_parallel=e)))
                 if plans and len(replica_set) == 1:
                     bounds_of[microbatch_size] = min(bounds_of[microbatch_size], plans[0][0] * (1 + 3 * SLACK))
 

@@ -83,12 +83,13 @@ def segment_cuts(tables: CostTables, max_segments: int = MAX_SEGMENTS) -> list[i
     return sorted(cuts)
 
 
-def replica_choices(num_units: int) -> list[tuple[int, ...]]:
+def replica_choices(num_units: int, step: int = 1) -> list[tuple[int, ...]]:
     """Replica-count sets to run the DP with: every count (small clusters), and one uniform
-    count per run (DP x PP grids), whose best partitions the free DP may rank lower."""
-    uniform = [(r,) for r in range(1, num_units + 1) if num_units % r == 0]
+    count per run (DP x PP grids), whose best partitions the free DP may rank lower. ``step``:
+    only multiples of it (an expert-parallel layout's, ``planner.search.layouts.replica_step``)."""
+    uniform = [(r,) for r in range(step, num_units + 1, step) if num_units % r == 0]
     if num_units <= EVERY_COUNT_UP_TO:
-        return [tuple(range(1, num_units + 1))] + uniform
+        return [tuple(range(step, num_units + 1, step))] + uniform
     if num_units <= UNIFORM_ABOVE:  # uneven, from the counts that divide the cluster (32 + 16 + 16, ...)
         return [tuple(r for (r,) in uniform)] + uniform
     return uniform

@@ -27,7 +27,9 @@ Megatron's sequence parallelism whenever t > 1), so every figure below is per de
   the micro-batches alive at once (``planner.search.memory`` counts them from the schedule),
   each slice's from prefix sums of ``sim.cost.memory``'s per-layer terms (``layer_stash_bytes``,
   ``checkpoint_bytes``), the terms the engine's ``stage_activation_bytes`` sums;
-* a stage's optimizer step (``sim.cost.compute.stage_optimizer_step_s``).
+* a stage's optimizer step (``sim.cost.compute.stage_optimizer_step_s``);
+* an MoE stage's all-to-all, expert states and expert gradient reduction on the layout's
+  expert-parallel degree (``planner.search.expert_costs``).
 
 These are estimates for ranking; ``planner.search.memory`` checks memory with the engine's own
 per-stage costs before a replay, and the fast path and the SimPy engine settle the choice.
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+from planner.search.expert_costs import ExpertPricing
 from planner.search.overlap_costs import ZERO_GATHERED, Action, OverlapPricing
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
@@ -59,7 +62,7 @@ from sim.cost.compute import (
 )
 from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
-from sim.cost.memory import checkpoint_bytes, layer_stash_bytes, stage_state_bytes
+from sim.cost.memory import checkpoint_bytes, layer_stash_bytes
 from sim.input.scenario import Scenario
 from sim.models import shard_model
 
@@ -72,16 +75,17 @@ def _prefix(values) -> list[float]:
     return [0.0, *accumulate(values)]
 
 
-class CostTables(OverlapPricing):
+class CostTables(OverlapPricing, ExpertPricing):
     """Prefix sums of one layout's per-device, per-sample costs on a cluster's device.
 
-    ``tensor_parallel`` and ``context_parallel`` choose the layout; a measured profile has only
-    the whole one (``shard_model`` raises ``SpecError`` for any other).
+    ``tensor_parallel``, ``context_parallel`` and ``expert_parallel`` choose the layout; a
+    measured profile has only the whole one (``shard_model`` raises ``SpecError`` for any other).
     """
 
     def __init__(self, scenario: Scenario, *, tensor_parallel: int = 1, context_parallel: int = 1,
-                 overlap: OverlapSpec | None = None, fsdp: FsdpSpec | None = None) -> None:
-        shard = Shard(tensor=tensor_parallel, context=context_parallel, sequence_parallel=tensor_parallel > 1)
+                 expert_parallel: int = 1, overlap: OverlapSpec | None = None, fsdp: FsdpSpec | None = None) -> None:
+        shard = Shard(tensor=tensor_parallel, context=context_parallel, sequence_parallel=tensor_parallel > 1,
+                      expert=expert_parallel)
         model = shard_model(scenario.model, shard)
         cluster = scenario.cluster
         self.cluster = cluster
@@ -128,6 +132,7 @@ class CostTables(OverlapPricing):
         """Candidates' closed-form scores on these tables (``planner.search.ranking.analytic_score``), memoised."""
         self.grad_factor = model.grad_bytes_per_param_byte
         self.num_layers = model.num_layers
+        self._init_experts(expert_parallel)
 
     def _table(self, samples: int) -> tuple[list[float], ...]:
         """Prefix sums of the per-layer (forward, backward, attention core) seconds on ``samples``
@@ -152,7 +157,7 @@ class CostTables(OverlapPricing):
         """(forward, backward) seconds of layers ``[start, end)`` on ``samples`` samples, the
         recompute mode's extra work and the layout's collectives included, as the engine replays
         an action (:meth:`actions`)."""
-        if self._tp is None and self.context_parallel == 1 and end > start \
+        if self._tp is None and self.context_parallel == 1 and self._a2a is None and end > start \
                 and not (sharding is Sharding.FULL and data_parallel > 1):
             # nothing runs beside or after the compute: the actions' times without building them
             f, b, overhead = self.own_compute_s(start, end, samples, Recompute.of(recompute))
@@ -228,9 +233,7 @@ class CostTables(OverlapPricing):
         key = (start, end, data_parallel, sharding)
         found = self._static.get(key)
         if found is None:
-            d = data_parallel * self.context_parallel
-            found = self._static[key] = stage_state_bytes(self.model, self.param_bytes(start, end), data_parallel=d,
-                                                          sharding=sharding).total
+            found = self._static[key] = self.state_bytes(start, end, data_parallel, sharding)
         return found
 
     def stash_bytes(self, start: int, end: int, samples: int, *, recompute: Recompute | bool) -> float:
@@ -273,6 +276,12 @@ class CostTables(OverlapPricing):
         members = per_node * self.context_parallel
         if members * nodes <= 1:
             return 0.0
+        if self._experts[-1]:  # an MoE layout: the experts reduce over their own groups (expert_costs)
+            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL)
+            found = self._allreduce.get(key)
+            if found is None:
+                found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
+            return found
         key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
         cached = self._allreduce.get(key)
         if cached is None:
@@ -293,8 +302,8 @@ class CostTables(OverlapPricing):
 
     def _optimizer_s(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         tensors = self._tensors[end] - self._tensors[start] + tied_copy_tensors(self.model, start, end)
-        return stage_optimizer_step_s(self.model, self.cluster.device, self.param_bytes(start, end), tensors,
-                                      data_parallel=data_parallel * self.context_parallel, sharding=sharding)
+        return stage_optimizer_step_s(self.model, self.cluster.device, self.stepped_bytes(start, end, data_parallel),
+                                      tensors, data_parallel=data_parallel * self.context_parallel, sharding=sharding)
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

@@ -6,16 +6,19 @@ shape first, as Megatron-LM's and torchtitan's launch flags state it:
 
     TP 8 × PP 8 (interleaved, 3 chunks) × DP 16 · ZeRO-1 · selective recompute · micro-batch 16 × 96
 
-* the degrees, TP, CP, PP then DP, the order Llama 3's 405B configurations are listed in
+* the degrees, TP, CP, EP, PP then DP, the order Llama 3's 405B configurations are listed in
   (the Llama 3 paper's Table 4, as Balaji's SC'24 talk shows it; the order says nothing of
   which group is innermost: Megatron-LM nests ``tp-cp-ep-dp-pp``, its
   ``initialize_model_parallel(order=...)`` default): ``TP`` tensor parallelism (Megatron-LM ``--tensor-model-parallel-size``, torchtitan
   ``parallelism.tensor_parallel_degree``), ``CP`` context parallelism
-  (``--context-parallel-size``, ``parallelism.context_parallel_degree``), ``PP`` the device
+  (``--context-parallel-size``, ``parallelism.context_parallel_degree``), ``EP`` expert
+  parallelism of an MoE model (``--expert-model-parallel-size``; its devices are folded out of
+  TP × CP × DP, so it multiplies no device count: ``TP 2 × EP 8 × PP 4 × DP 8`` runs on
+  2 · 4 · 8 = 64 devices, each stage's 16 folded into two EP groups of 8), ``PP`` the device
   sets a pipeline runs on (``--pipeline-model-parallel-size``; torchtitan's
   ``parallelism.pipeline_parallel_degree`` counts ranks, "not the number of stages", under a
   looped schedule too), and ``DP`` the replicas of a stage (torchtitan's
-  ``data_parallel_replicate_degree`` × ``data_parallel_shard_degree``). TP, CP and PP are
+  ``data_parallel_replicate_degree`` × ``data_parallel_shard_degree``). TP, CP, EP and PP are
   named only above 1; DP always. DAPPLE's uneven replication (Fan et al., PPoPP'21, §4: a
   "15 : 1" plan) reads as a range with the counts, ``DP 1–15 (stages 15 + 1)``;
 * the schedule, beside PP: ``1F1B`` (DAPPLE's early backward, §3), ``GPipe``, ``ZB-H1``,
@@ -89,7 +92,8 @@ def plan_summary(candidate: Candidate, *, global_batch_size: int, cluster_device
 
 def _degrees(candidate: Candidate) -> str:
     degrees = [f"{name} {value}" for name, value in (("TP", candidate.tensor_parallel),
-                                                     ("CP", candidate.context_parallel)) if value > 1]
+                                                     ("CP", candidate.context_parallel),
+                                                     ("EP", candidate.expert_parallel)) if value > 1]
     sets = stage_replicas(candidate)
     schedule = _schedule(candidate)
     if len(sets) > 1:

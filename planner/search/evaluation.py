@@ -219,6 +219,9 @@ class PlanMetrics:
     """Devices that split every layer's matrices (Megatron-LM's ``--tensor-model-parallel-size``)."""
     context_parallel: int = 1
     """Devices that split every sequence (``--context-parallel-size``)."""
+    expert_parallel: int = 1
+    """Devices an MoE block's routed experts split over (``--expert-model-parallel-size``);
+    written to JSON only above 1, as the plan file writes it."""
     pipeline_parallel: int = 1
     """Device sets the pipeline runs on (``--pipeline-model-parallel-size``; an interleaved
     plan's stages are ``pipeline_parallel × chunks``)."""
@@ -234,6 +237,12 @@ class PlanMetrics:
     """The cluster's devices the plan leaves idle; None when the cluster's size was not given."""
 
     def to_json(self) -> dict[str, Any]:
+        data = self._to_json()
+        if self.expert_parallel > 1:
+            data["expert_parallel"] = self.expert_parallel
+        return data
+
+    def _to_json(self) -> dict[str, Any]:
         return {"description": self.description, "layout": self.layout, "placement": self.placement,
                 "iteration_time_s": self.iteration_time_s, "throughput_samples_per_s": self.throughput_samples_per_s,
                 "peak_memory_bytes": self.peak_memory_bytes, "speedup_over_dp": self.speedup_over_dp,
@@ -279,6 +288,7 @@ def evaluation_row(evaluation: Evaluation, *, cluster_devices: int | None = None
                              cluster_devices=cluster_devices),
         tokens_per_s=None if summary is None else summary.tokens_per_s, mfu=None if summary is None else summary.mfu,
         tensor_parallel=candidate.tensor_parallel, context_parallel=candidate.context_parallel,
+        expert_parallel=candidate.expert_parallel,
         pipeline_parallel=len(sets), chunks=candidate.chunks, data_parallel=max(sets), data_parallel_min=min(sets),
         devices_used=used, idle_devices=None if cluster_devices is None else cluster_devices - used,
     ))

@@ -36,7 +36,7 @@ class Action:
     end_s: float
     """When its compute ends: no earlier than the collectives beside it allow."""
     after_s: float
-    """Its blocking tensor-parallel collectives after the compute."""
+    """Its blocking collectives after the compute: tensor parallelism's, an MoE stage's all-to-all."""
 
     @property
     def total_s(self) -> float:
@@ -94,7 +94,9 @@ class OverlapPricing:
                 beside_b.append(gather)
         if first_gather[0] > 0:
             beside_f.append(first_gather)
-        return self._action(f + overhead, tp_f, beside_f), self._action(b + overhead, tp_b, beside_b)
+        ep_f, ep_b = self.all_to_all_s(start, end, samples, recompute)  # after the compute (engine's EP)
+        return (self._action(f + overhead, tp_f, beside_f, ep_f),
+                self._action(b + overhead, tp_b, beside_b, ep_b))
 
     def own_compute_s(self, start: int, end: int, samples: int, recompute: Recompute) -> tuple[float, float, float]:
         """(forward, backward, action overhead) seconds of layers ``[start, end)``'s own compute on
@@ -180,12 +182,13 @@ class OverlapPricing:
             tail += reduce_s  # ZeRO-2's all-gather after the last reduce-scatter, on the same stream
         return tail
 
-    def _action(self, compute_s: float, tp_s: float, beside: list) -> Action:
+    def _action(self, compute_s: float, tp_s: float, beside: list, ep_s: float = 0.0) -> Action:
         """One action: its compute beside ``beside``, its tensor-parallel collectives ``tp_s`` after
-        it or, overlapped, beside it in t chunks."""
+        it or, overlapped, beside it in t chunks; an MoE stage's all-to-all ``ep_s`` after it
+        (``sim.engine.ops._with_groups``: TP, then EP)."""
         if self.overlap.tensor_parallel and tp_s:
             beside, tp_s = [*beside, (tp_s, self.tensor_parallel)], 0.0
         if not beside:
-            return Action(lead_s=0.0, compute_s=compute_s, end_s=compute_s, after_s=tp_s)
+            return Action(lead_s=0.0, compute_s=compute_s, end_s=compute_s, after_s=tp_s + ep_s)
         lead, end = beside_action_s(compute_s, tuple(beside))
-        return Action(lead_s=lead, compute_s=compute_s, end_s=end, after_s=tp_s)
+        return Action(lead_s=lead, compute_s=compute_s, end_s=end, after_s=tp_s + ep_s)

@@ -72,19 +72,20 @@ def servers_of(devices: tuple[int, ...], per_node: int) -> frozenset[int]:
 
 
 class TablesCache:
-    """One ``CostTables`` per layout (tensor × context degree) of a scenario, built on first use."""
+    """One ``CostTables`` per layout (tensor × context × expert degree) of a scenario, built on first use."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self._tables: dict[tuple[int, int], CostTables] = {}
+        self._tables: dict[tuple[int, int, int], CostTables] = {}
 
     def __call__(self, candidate: Candidate) -> CostTables:
-        return self.layout(candidate.tensor_parallel, candidate.context_parallel)
+        return self.layout(candidate.tensor_parallel, candidate.context_parallel, candidate.expert_parallel)
 
-    def layout(self, tensor_parallel: int, context_parallel: int) -> CostTables:
-        key = (tensor_parallel, context_parallel)
+    def layout(self, tensor_parallel: int, context_parallel: int, expert_parallel: int = 1) -> CostTables:
+        key = (tensor_parallel, context_parallel, expert_parallel)
         if key not in self._tables:
-            self._tables[key] = CostTables(self.scenario, tensor_parallel=key[0], context_parallel=key[1])
+            self._tables[key] = CostTables(self.scenario, tensor_parallel=key[0], context_parallel=key[1],
+                                           expert_parallel=key[2])
         return self._tables[key]
 
 

@@ -20,6 +20,11 @@ and the dimensions of the parallelism issue's 4D plans (``sim.core.plan.PlanSpec
   consecutive devices, placed as one (``place`` places units; with t·c dividing the server
   size a unit never crosses a server, so tensor parallelism stays on NVLink, as Megatron-LM
   requires of it);
+* for a model with experts, the expert-parallel degree EP (``plan.expert_parallel``): an MoE
+  block's routed experts split over EP devices of a stage, which Megatron-Core folds out of the
+  stage's t·c·replicas devices (``sim.core.plan.PlanSpec.expert_groups``), so EP divides both the
+  expert count and the stage's devices (``planner.search.layouts``); the expert-tensor degree
+  stays 1 (each expert whole on its device);
 * the data-parallel sharding (``none``/``optimizer``/``gradients``/``full``: ZeRO-1/2/3) and
   the recompute mode (``none``/``selective``/``full``).
 
@@ -98,6 +103,10 @@ class PlannerOptions:
     context_parallel: tuple[int, ...] | None = None
     """Context-parallel degrees to try; None: 1, and for sequences of ``CONTEXT_PARALLEL_FROM``
     tokens or more every degree the model allows up to the server size."""
+    expert_parallel: tuple[int, ...] | None = None
+    """Expert-parallel degrees to try on a model with experts; None: every divisor of the expert
+    count that fits inside a server (``planner.search.layouts.expert_degrees``). A dense model
+    takes 1 only."""
     microbatch_sizes: tuple[int, ...] | None = None
     """Micro-batch sizes to try; None: divisors of the global batch giving 1 to ``max_microbatches`` micro-batches."""
     max_microbatches: int = 128
@@ -145,6 +154,9 @@ class Candidate:
     s mod (stages / chunks)."""
     tensor_parallel: int = 1
     context_parallel: int = 1
+    expert_parallel: int = 1
+    """EP: devices an MoE block's routed experts split over, folded out of each stage's
+    t·c·replicas devices (``PlanSpec.expert_groups``); 1 for a dense model."""
     sharding: Sharding = Sharding.NONE
     on_devices: int | None = None
     """The plan uses only the cluster's first ``on_devices`` devices (whole servers, or GPUs of a
@@ -188,6 +200,8 @@ class Candidate:
             parts += [f"tensor {self.tensor_parallel}", "sequence parallel"]
         if self.context_parallel > 1:
             parts.append(f"context {self.context_parallel}")
+        if self.expert_parallel > 1:
+            parts.append(f"expert {self.expert_parallel}")
         if self.sharding is not Sharding.NONE:
             parts.append(f"sharding {self.sharding.value}")
         if self.recompute is not Recompute.NONE:
@@ -308,7 +322,8 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     plan = PlanSpec(stages=stages, schedule=candidate.schedule, schedule_params=candidate.params,
                     recompute=candidate.recompute, tensor_parallel=candidate.tensor_parallel,
                     sequence_parallel=candidate.sequence_parallel, context_parallel=candidate.context_parallel,
-                    sharding=candidate.sharding, overlap=scenario.overlap, fsdp=scenario.fsdp)
+                    sharding=candidate.sharding, overlap=scenario.overlap, fsdp=scenario.fsdp,
+                    expert_parallel=candidate.expert_parallel)
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)

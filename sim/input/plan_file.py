@@ -40,7 +40,8 @@ __all__ = ["LEGACY_METRIC_KEYS", "PARALLEL_KEYS", "PLAN_KEYS", "plan_to_dict", "
 
 log = logging.getLogger(__name__)
 
-PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "context_parallel", "sharding")
+PARALLEL_KEYS = ("tensor_parallel", "sequence_parallel", "context_parallel", "sharding", "expert_parallel",
+                 "expert_tensor_parallel")
 """The plan's parallel degrees; a plan file writes those that differ from their defaults."""
 
 PLAN_KEYS = {"schedule", "num_microbatches", "microbatch_size", "recompute", "stages", "overlap", "fsdp", *PARALLEL_KEYS}
@@ -71,7 +72,8 @@ def plan_to_dict(plan: PlanSpec, training: TrainingSpec) -> dict[str, Any]:
         "recompute": plan.recompute.to_json(),
         "stages": [{"layers": list(stage.layers), "devices": list(stage.devices)} for stage in plan.stages],
     }
-    defaults = {"tensor_parallel": 1, "sequence_parallel": False, "context_parallel": 1, "sharding": Sharding.NONE}
+    defaults = {"tensor_parallel": 1, "sequence_parallel": False, "context_parallel": 1, "sharding": Sharding.NONE,
+                "expert_parallel": 1, "expert_tensor_parallel": 1}
     for key in PARALLEL_KEYS:
         value = getattr(plan, key)
         if value != defaults[key]:
