@@ -181,3 +181,19 @@ def test_h800_preset_has_the_deepseek_v3_reports_links():
     assert cluster.num_devices == 2048 and cluster.device.name == "H800-80GB"
     h100 = _tiny("{pipeline_parallel: 1, data_parallel: 8}").cluster.device
     assert cluster.device.peak_flop_per_s == h100.peak_flop_per_s  # the H100 SXM's compute (assumed)
+
+
+def test_an_unsharded_optimizer_step_covers_what_the_device_holds():
+    """Unsharded, a device steps its dense parameters and its own experts (all it holds); sharded
+    over d devices, the step's bytes are chosen so that /d gives 1/d of the dense and 1/d_e of
+    the experts: (P − E) + E·d/d_e."""
+    from sim.core.parallelism import Sharding
+    from sim.cost.experts import stepped_param_bytes
+
+    dense, experts = 6.0e9, 4.0e9  # a device's bytes: dense part and its own experts
+    assert stepped_param_bytes(dense + experts, experts, data_parallel=16, expert_data_parallel=2,
+                               sharding=Sharding.NONE) == dense + experts
+    sharded = stepped_param_bytes(dense + experts, experts, data_parallel=16, expert_data_parallel=2,
+                                  sharding=Sharding.OPTIMIZER)
+    assert sharded == dense + experts * 16 / 2
+    assert sharded / 16 == dense / 16 + experts / 2

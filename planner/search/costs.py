@@ -302,7 +302,8 @@ class CostTables(OverlapPricing, ExpertPricing):
 
     def _optimizer_s(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         tensors = self._tensors[end] - self._tensors[start] + tied_copy_tensors(self.model, start, end)
-        return stage_optimizer_step_s(self.model, self.cluster.device, self.stepped_bytes(start, end, data_parallel),
+        stepped = self.stepped_bytes(start, end, data_parallel, sharding)
+        return stage_optimizer_step_s(self.model, self.cluster.device, stepped,
                                       tensors, data_parallel=data_parallel * self.context_parallel, sharding=sharding)
 
     @staticmethod

@@ -84,11 +84,11 @@ class ExpertPricing:
                                data_parallel=d, expert_data_parallel=self.expert_data_parallel(data_parallel),
                                sharding=sharding).total
 
-    def stepped_bytes(self, start: int, end: int, data_parallel: int) -> float:
+    def stepped_bytes(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         """The parameter bytes ``stage_optimizer_step_s`` is given (``sim.cost.experts.stepped_param_bytes``)."""
         return stepped_param_bytes(self.param_bytes(start, end), self.expert_bytes(start, end),
                                    data_parallel=data_parallel * self.context_parallel,
-                                   expert_data_parallel=self.expert_data_parallel(data_parallel))
+                                   expert_data_parallel=self.expert_data_parallel(data_parallel), sharding=sharding)
 
     def moe_reduce_s(self, start: int, end: int, members: int, nodes: int, sharding: Sharding) -> float:
         """Gradient synchronisation of an MoE stage: the dense gradients over ``members`` devices a

@@ -317,7 +317,8 @@ def stage_cost(
     states = moe_state_bytes(model, params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
                              sharding=sharding, accumulate_unsharded=accumulate_unsharded)
     tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + tied_copy_tensors(model, start, end)
-    stepped = stepped_param_bytes(params, experts, data_parallel=data_parallel, expert_data_parallel=edp)
+    stepped = stepped_param_bytes(params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
+                                  sharding=sharding)
     step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
     return StageCost(

@@ -39,10 +39,11 @@ def moe_state_bytes(model: ModelSpec, param_bytes: float, expert_param_bytes: fl
 
 
 def stepped_param_bytes(param_bytes: float, expert_param_bytes: float, *, data_parallel: int,
-                        expert_data_parallel: int) -> float:
+                        expert_data_parallel: int, sharding: Sharding = Sharding.OPTIMIZER) -> float:
     """The parameter bytes that, over ``data_parallel`` devices, give a sharded optimizer step the
     bytes a device updates: its 1/d of the dense and its 1/d_e of the experts
-    (``sim.cost.compute.stage_optimizer_step_s`` divides by d)."""
-    if not expert_param_bytes:
+    (``sim.cost.compute.stage_optimizer_step_s`` divides by d). Unsharded (``sharding: none``)
+    a device steps all it holds: its dense parameters and its own experts, ``param_bytes``."""
+    if not expert_param_bytes or sharding is Sharding.NONE:
         return param_bytes
     return param_bytes - expert_param_bytes + expert_param_bytes * data_parallel / expert_data_parallel
