@@ -34,6 +34,10 @@ TWO_RANKS = {
     "dp2": {"plan.stages": ONE_STAGE_2},
     "dp2-fsdp": {"plan.sharding": "full", "plan.stages": ONE_STAGE_2},
     "dp2-zero2": {"plan.sharding": "gradients", "plan.stages": ONE_STAGE_2},
+    "pp2-selective": {"plan.recompute": "selective"},  # the shipped two-stage plan
+    "llama-tp2-selective": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
+                            "plan.recompute": "selective", "plan.stages": ONE_STAGE_2},
+    "llama-pp2-selective-op": {"model.preset": "llama", "model.kv_heads": "2", "plan.recompute": "selective-op"},
     "llama-tp2": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
                   "plan.stages": ONE_STAGE_2},
 }
@@ -180,7 +184,8 @@ def test_an_uneven_dapple_plan_with_tensor_parallelism_matches_the_unsplit_model
      "plan.sharding: not supported by the runtime"),
     ({"plan.sharding": "gradients", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
      "plan.sharding: not supported by the runtime"),
-], ids=["context", "tied-tp", "fsdp-zb", "zero2-zb"])
+    ({"plan.recompute": "selective", "plan.schedule": "zb-h1"}, "plan.recompute: not supported by the runtime"),
+], ids=["context", "tied-tp", "fsdp-zb", "zero2-zb", "selective-zb"])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, message):
     from runtime.model.config import load_runnable
     from sim.core.errors import DappleError

@@ -29,9 +29,10 @@ import torch
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
+from runtime.model.recompute import apply_selective
 from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
 from runtime.model.tensor_parallel import parallelize_stage
-from sim.core.parallelism import Sharding
+from sim.core.parallelism import Recompute, Sharding
 from sim.cost.split import sample_ranges
 
 __all__ = ["Holdings", "LocalStage", "column", "expert_group", "hold_stages", "local_experts", "position"]
@@ -133,6 +134,8 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
+    if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
+        apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
         shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]

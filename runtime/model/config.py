@@ -135,7 +135,7 @@ def load_runnable(
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
-    recompute none or full. Anything else is one line before launch (the simulator models
+    recompute none, selective, selective_op or full. Anything else is one line before launch (the simulator models
     it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
@@ -147,8 +147,9 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("plan.sharding", fsdp and split_schedule,
          "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
          "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
-        ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP),
-         "it recomputes all of a stage (recompute: full) or nothing"),
+        ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) and split_schedule,
+         "torch's selective activation checkpointing allows one backward through a checkpointed region (\"Trying "
+         "to backward an extra time\"), and a split backward's I and W are two; use recompute: full or none"),
         ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
          "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),
         ("model.tied_embeddings", fsdp and bool(values.get("tied_embeddings")),
