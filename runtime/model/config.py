@@ -145,8 +145,9 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
          "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
         ("plan.sharding", fsdp and split_schedule,
-         "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
-         "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
+         "torch 2.13's FSDP2 runs a unit's post-backward (reshard, reduce-scatter) when its input's gradient is done "
+         "(RegisterPostBackwardFunction), at a split backward's I, before W computes the weight gradients; use "
+         "gpipe, dapple, 1f1b, interleaved or looped-bfs"),
         ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) and split_schedule,
          "torch's selective activation checkpointing allows one backward through a checkpointed region (\"Trying "
          "to backward an extra time\"), and a split backward's I and W are two; use recompute: full or none"),
