@@ -1,4 +1,5 @@
-"""4D plans on real gloo ranks: tensor (and sequence) parallelism, ZeRO-1 and FSDP2 train one
+"""4D plans on real gloo ranks: tensor (and sequence) parallelism, ZeRO-1, ZeRO-2 (FSDP2 without
+resharding after the forward) and FSDP2 train one
 step exactly like the unsplit model in one process (rtol 1e-5, fp32), and a sharded optimizer
 steps to the same weights as an unsharded one.
 
@@ -20,16 +21,23 @@ GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 TP2_PP2 = "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"
 ONE_STAGE_4 = "[{layers: [0, 6], devices: [0, 1, 2, 3]}]"
 ONE_STAGE_2 = "[{layers: [0, 6], devices: [0, 1]}]"
+DP2_PP2 = TP2_PP2  # the same layout without tensor parallelism: two replicas per stage
 FOUR = {"cluster.devices_per_node": "4"}
 
 FOUR_RANKS = {
     "tp2-pp2": {**FOUR, "plan.tensor_parallel": "2", "plan.stages": TP2_PP2},
     "tp2-pp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": TP2_PP2},
     "tp2-dp2-zero1": {**FOUR, "plan.tensor_parallel": "2", "plan.sharding": "optimizer", "plan.stages": ONE_STAGE_4},
+    "dp2-pp2-zero2": {**FOUR, "plan.sharding": "gradients", "plan.stages": DP2_PP2},
 }
 TWO_RANKS = {
     "dp2": {"plan.stages": ONE_STAGE_2},
     "dp2-fsdp": {"plan.sharding": "full", "plan.stages": ONE_STAGE_2},
+    "dp2-zero2": {"plan.sharding": "gradients", "plan.stages": ONE_STAGE_2},
+    "pp2-selective": {"plan.recompute": "selective"},  # the shipped two-stage plan
+    "llama-tp2-selective": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
+                            "plan.recompute": "selective", "plan.stages": ONE_STAGE_2},
+    "llama-pp2-selective-op": {"model.preset": "llama", "model.kv_heads": "2", "plan.recompute": "selective-op"},
     "llama-tp2": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
                   "plan.stages": ONE_STAGE_2},
 }
@@ -64,6 +72,7 @@ def _cases(device, cases: dict):
     from runtime.execution.session import SessionOptions, run_session
     from runtime.model.config import load_runnable
 
+    torch.set_num_threads(1)  # ranks share the host's cores
     return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
 
@@ -105,6 +114,8 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
     expected = two_ranks["dp2"]["losses"][1]
     assert four_ranks["tp2-dp2-zero1"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert two_ranks["dp2-fsdp"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+    assert two_ranks["dp2-zero2"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+    assert four_ranks["dp2-pp2-zero2"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert four_ranks["tp2-pp2-sp"]["losses"][1] == pytest.approx(expected, rel=1e-5)
 
 
@@ -125,6 +136,30 @@ def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, 
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=rel)
 
 
+def test_zero2_holds_sharded_gradients_and_state_and_at_rest_sharded_parameters(four_ranks, two_ranks):
+    # FSDP2 with reshard_after_forward=False: gradients and optimizer state 1/d as ZeRO-2 (the
+    # prediction), parameters 1/d at rest where ZeRO-2 (the prediction) holds them whole
+    from runtime.model.config import load_runnable
+    from runtime.model.realisation import realisation_notes
+    from sim.engine.run import run_scenario
+
+    for summary, overrides in [(two_ranks["dp2-zero2"], TWO_RANKS["dp2-zero2"]),
+                               (four_ranks["dp2-pp2-zero2"], FOUR_RANKS["dp2-pp2-zero2"])]:
+        runnable = load_runnable(GPT, overrides)
+        predicted = run_scenario(runnable.scenario, engine="fast").summarize()
+        whole = {d["device"]: d["memory_breakdown_bytes"] for d in two_ranks["dp2"]["devices"]}
+        for measured, device in zip(summary["devices"], predicted.devices):
+            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+            assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=0.02)
+            assert kinds["parameters"] == pytest.approx(expected.parameters / 2, rel=0.02)
+        if summary is two_ranks["dp2-zero2"]:  # one stage of the whole model: half the unsharded run's
+            assert all(measured["memory_breakdown_bytes"]["parameters"] == whole[measured["device"]]["parameters"] / 2
+                       for measured in summary["devices"])
+        (note,) = realisation_notes(runnable.plan)
+        assert "reshard_after_forward=False" in note and "1/d of its parameters" in note
+
+
 @pytest.mark.slow
 def test_more_4d_plans_match_the_unsplit_model():
     results = {**_spawn(4, SLOW_FOUR_RANKS), **_spawn(2, SLOW_TWO_RANKS)}
@@ -143,12 +178,14 @@ def test_an_uneven_dapple_plan_with_tensor_parallelism_matches_the_unsplit_model
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"plan.context_parallel": "2", "plan.stages": ONE_STAGE_2}, "plan.context_parallel: not supported by the runtime"),
-    ({"plan.sharding": "gradients", "plan.stages": ONE_STAGE_2}, "plan.sharding: not supported by the runtime"),
     ({"plan.tensor_parallel": "2", "model.tied_embeddings": "true", "plan.stages": ONE_STAGE_2},
      "model.tied_embeddings: not supported by the runtime"),
     ({"plan.sharding": "full", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
      "plan.sharding: not supported by the runtime"),
-], ids=["context", "gradients", "tied-tp", "fsdp-zb"])
+    ({"plan.sharding": "gradients", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
+     "plan.sharding: not supported by the runtime"),
+    ({"plan.recompute": "selective", "plan.schedule": "zb-h1"}, "plan.recompute: not supported by the runtime"),
+], ids=["context", "tied-tp", "fsdp-zb", "zero2-zb", "selective-zb"])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, message):
     from runtime.model.config import load_runnable
     from sim.core.errors import DappleError

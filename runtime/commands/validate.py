@@ -8,7 +8,9 @@ per-stage compute, per-action timing and per-device peak memory side by side wit
 errors (``sim.report.analysis.validation``). ``--rounds`` repeats it all on a machine whose speed
 drifts and reports the median round. When the machine's speed drifted between the turns by more
 than the error reported (``sim.core.validation_report.Drift``), one warning line on stderr says
-so: that error is the machine's as much as the simulator's.
+so: that error is the machine's as much as the simulator's. Where the runtime realises the
+plan otherwise than the simulator models it (``runtime.model.realisation``), one note line
+each on stderr says how.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from runtime.commands.run import check_launch
 from runtime.model.config import load_runnable
+from runtime.model.realisation import realisation_notes
 from runtime.validation.loop import combine_rounds, validate
 from sim.core import jsonio
 from sim.core.command import Stopwatch, progress
@@ -76,6 +79,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     warning = drift_warning(report)
     if warning is not None:  # on stderr, so that --json's stdout stays one document
         print(f"dapple-run: warning: {warning}", file=sys.stderr)
+    for note in realisation_notes(runnable.plan):
+        print(f"dapple-run: note: {note}", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,7 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
 * ``REDUCE_GRAD``: all-reduce (sum) of the stage's gradients among the devices that hold
   the same parameters (``PlanSpec.gradient_groups``: one tensor rank over the replicas);
   DTensor gradients first take their parameter's placement (``settle_grads``); with
-  ``sharding: full`` FSDP2 has reduce-scattered them in the stage's last backward.
+  ``sharding: full`` or ``gradients`` FSDP2 has reduce-scattered them in the stage's last backward.
 
 With tensor parallelism every device of a replica runs the same action list on the
 replica's samples; its stage modules are cut over the device set's mesh
@@ -55,7 +55,7 @@ from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import RunnableScenario
 from runtime.model.models import input_dtype, local_tensor, sample_shape, synthetic_batch
-from runtime.model.sharding import RankOptimizer, state_bytes
+from runtime.model.sharding import FSDP_SHARDINGS, RankOptimizer, state_bytes
 from runtime.model.tensor_parallel import loss_parallel_if, settle_grads, stage_mesh
 from sim.core.events import EventRow
 from sim.core.parallelism import Recompute, Sharding
@@ -123,7 +123,7 @@ class RankExecutor:
             if a.kind in (K.B, K.W):
                 self.last_backward[a.stage] = index
         gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
-            if plan.sharding is Sharding.FULL else None
+            if plan.sharding in FSDP_SHARDINGS else None
         self.meter = SavedTensorMeter(self.params, current=gathered)
         # gloo: activations and gradients on connections of their own (see runtime.execution.p2p)
         directions = (dist.new_group(), dist.new_group()) if device.type == "cpu" else (None, None)
@@ -299,7 +299,7 @@ class RankExecutor:
             slot.kept = None
         out, grad = slot.out, (None if st.module.is_last else slot.grad_out)
         needs_input = slot.inp.requires_grad
-        if self.sharding is Sharding.FULL and not inputs_only:  # FSDP2 reduce-scatters in the last one only
+        if self.sharding in FSDP_SHARDINGS and not inputs_only:  # FSDP2 reduce-scatters in the last one only
             st.module.set_requires_gradient_sync(self.last_backward[s] == self._index)
         if inputs_only:
             if needs_input:
@@ -344,7 +344,7 @@ class RankExecutor:
         if self.runnable.model.experts is not None:  # routed experts and routers: their own groups
             reduce_expert_grads(st, self.runnable.plan, self.rank, self.groups, self.timeout)
         group = self.groups.group(self._gradient_group(s))
-        if group is None or self.sharding is Sharding.FULL:
+        if group is None or self.sharding in FSDP_SHARDINGS:
             return
         params = [p for p in split_dense(st.params) if p is not self.tied_param]
         all_reduce_grads(params, group, self.timeout)

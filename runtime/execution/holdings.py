@@ -12,7 +12,7 @@ replicas (``PlanSpec.replicas``); every device of a replica processes the replic
 and the device at one position of a replica (its tensor rank) exchanges pieces with the
 device at the same position of the neighbouring stage's replicas (as
 ``sim.engine.flows.p2p_flows``). Its layers are cut over its device set's mesh
-(``runtime.model.tensor_parallel``) and, with ``sharding: full``, sharded by FSDP2
+(``runtime.model.tensor_parallel``) and, with ``sharding: full`` or ``gradients``, sharded by FSDP2
 (``runtime.model.sharding``) before anyone sees their parameters.
 
 A tied GPT embedding whose head sits on another device set is held twice (the embedding's
@@ -29,9 +29,10 @@ import torch
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
-from runtime.model.sharding import shard_stage
+from runtime.model.recompute import apply_selective
+from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
 from runtime.model.tensor_parallel import parallelize_stage
-from sim.core.parallelism import Sharding
+from sim.core.parallelism import Recompute, Sharding
 from sim.cost.split import sample_ranges
 
 __all__ = ["Holdings", "LocalStage", "column", "expert_group", "hold_stages", "local_experts", "position"]
@@ -133,8 +134,10 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
-    if plan.sharding is Sharding.FULL:
-        shard_stage(module, mesh["data"])
+    if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
+        apply_selective(module, plan.recompute)
+    if plan.sharding in FSDP_SHARDINGS:
+        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]

@@ -11,18 +11,30 @@ saves; we wrap it in a small object whose death (when autograd frees the graph, 
 backward) subtracts it again. A storage shared by several saved tensors (a tensor and its
 views) is counted once, while any of them is alive. Parameters that layers save (a
 Linear's weight) are not activations and are left out. Inputs kept only for recomputation
-are added by the executor with ``hold``/``release``.
+are added by the executor with ``hold``/``release``. Outputs that selective activation
+checkpointing caches (``runtime.model.recompute``) are handed over with ``hold_cached`` by the
+checkpointed forward, which finds the meter watching it with ``watching_meter``; each counts
+until SAC consumes it in the backward.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["SavedTensorMeter", "static_bytes"]
+__all__ = ["SavedTensorMeter", "static_bytes", "watching_meter"]
+
+_WATCHING: ContextVar[SavedTensorMeter | None] = ContextVar("watching", default=None)
+
+
+def watching_meter() -> SavedTensorMeter | None:
+    """The meter whose ``watching`` block the caller runs in (None: none)."""
+    return _WATCHING.get()
 
 
 class _Saved:
@@ -82,19 +94,38 @@ class SavedTensorMeter:
             del self._refs[key]
             self.current_bytes -= key[1]
 
-    def _pack(self, tensor: torch.Tensor):
+    def _activation_key(self, tensor: torch.Tensor) -> tuple | None:
+        """``tensor``'s storage key, or None when it is no activation (a parameter, freed)."""
         if isinstance(tensor, torch.nn.Parameter):  # FSDP2's gathered parameters are parameters too
-            return tensor
+            return None
         try:
             key = _storage_key(tensor)
         except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
-            return tensor
+            return None
         if key[0] in self._excluded or key[1] == 0:
-            return tensor
+            return None
         if self._current is not None and key[0] in {_storage_key(p)[0] for p in self._current()}:
+            return None
+        return key
+
+    def _pack(self, tensor: torch.Tensor):
+        key = self._activation_key(tensor)
+        if key is None:
             return tensor
         self._acquire(key)
         return _Saved(tensor, self, key)
+
+    def hold_cached(self, storage: dict) -> None:
+        """Count what selective activation checkpointing cached (``_CachingTorchDispatchMode.storage``:
+        op -> call index -> a ``_VersionWrapper`` tree) until each entry is consumed or freed."""
+        for calls in storage.values():
+            for entry in calls.values():
+                for wrapper in entry if isinstance(entry, (tuple, list)) else (entry,):
+                    tensor = getattr(wrapper, "val", None)
+                    key = self._activation_key(tensor) if torch.is_tensor(tensor) else None
+                    if key is not None:
+                        self._acquire(key)
+                        weakref.finalize(wrapper, self._release, key)
 
     @staticmethod
     def _unpack(packed):
@@ -103,8 +134,12 @@ class SavedTensorMeter:
     @contextmanager
     def watching(self) -> Iterator[None]:
         """Count every tensor that autograd saves inside this block."""
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield
+        token = _WATCHING.set(self)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            _WATCHING.reset(token)
 
     def hold(self, tensor: torch.Tensor) -> object:
         """Count ``tensor`` as kept (e.g. a stage input stashed for recomputation) until

@@ -134,26 +134,26 @@ def load_runnable(
 
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × tensor (with or without sequence
-    parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1) or full (FSDP2),
-    recompute none or full. Anything else is one line before launch (the simulator models
+    parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
+    recompute none, selective, selective_op or full. Anything else is one line before launch (the simulator models
     it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
+    fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
     unsupported = [
         ("plan.context_parallel", plan.context_parallel > 1,
          "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
          "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
-        ("plan.sharding", plan.sharding is Sharding.GRADIENTS,
-         "torch has no ZeRO-2 optimizer apart from FSDP2; use sharding: optimizer (ZeroRedundancyOptimizer) "
-         "or full (fully_shard)"),
-        ("plan.sharding", plan.sharding is Sharding.FULL and split_schedule,
-         "full sharding runs with schedules whose backward is whole (gpipe, dapple, 1f1b, interleaved, "
-         "looped-bfs): FSDP2 reshards a layer once its input gradient is done, before a split backward's W"),
-        ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP),
-         "it recomputes all of a stage (recompute: full) or nothing"),
+        ("plan.sharding", fsdp and split_schedule,
+         "torch 2.13's FSDP2 runs a unit's post-backward (reshard, reduce-scatter) when its input's gradient is done "
+         "(RegisterPostBackwardFunction), at a split backward's I, before W computes the weight gradients; use "
+         "gpipe, dapple, 1f1b, interleaved or looped-bfs"),
+        ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) and split_schedule,
+         "torch's selective activation checkpointing allows one backward through a checkpointed region (\"Trying "
+         "to backward an extra time\"), and a split backward's I and W are two; use recompute: full or none"),
         ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
          "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),
-        ("model.tied_embeddings", plan.sharding is Sharding.FULL and bool(values.get("tied_embeddings")),
+        ("model.tied_embeddings", fsdp and bool(values.get("tied_embeddings")),
          "FSDP2 shards the embedding and the head as separate units; set tied_embeddings: false"),
         ("model.seq_len", plan.tensor_parallel > 1 and values.get("seq_len", 0) % plan.tensor_parallel != 0,
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),

@@ -83,10 +83,15 @@ class Attention(nn.Module):
         q, k, v = (m(x).view(n, s, -1, self.head_dim).transpose(1, 2) for m in (self.q, self.k, self.v))
         if self.rotary:
             q, k = _rotate(q), _rotate(k)
+        attention = self.core(q, k, v)
+        return self.out(attention.transpose(1, 2).reshape(n, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core, softmax(QKᵀ/√d)·V under the causal mask, on ``(n, heads, s, head_dim)``
+        (what ``recompute: selective`` runs again: ``runtime.model.recompute``)."""
         if self.groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
             k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(attention.transpose(1, 2).reshape(n, s, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class MLP(nn.Module):

@@ -19,8 +19,22 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   slice's loss by its share of the global batch, so gradients sum. With tensor parallelism
   FSDP2 shards the tensor-parallel DTensors over the data dimension (2D, torchtitan's
   ``apply_fsdp`` after ``apply_tp``).
-* ``gradients`` (ZeRO-2): torch offers no sharded-gradient optimizer besides FSDP2 itself,
-  so ``runtime.model.config`` refuses it before launch.
+* ``gradients`` (ZeRO-2): FSDP2 as under ``full`` but with ``reshard_after_forward=False``,
+  torch's nearest equivalent (torch has no ZeRO-2 optimizer of its own; ``fully_shard``'s
+  docstring: False "keeps the unsharded parameters in memory after forward and avoids the
+  all-gather in backward", FSDP1's ``SHARD_GRAD_OP``; torchtitan's
+  ``parallelism.fsdp_reshard_after_forward: never``, ``torchtitan/config/job_config.py`` at
+  000204a). Gradients are reduce-scattered and the optimizer steps 1/d of the state, as in
+  ZeRO-2 (Rajbhandari et al. 2020, §5.2: "P_os+g"; DeepSpeed's ``stage: 2`` partitions
+  optimizer states and gradients), and the parameters are whole from a unit's forward to its
+  backward. How it differs from ZeRO-2: FSDP2 reshards after each backward (its
+  ``reshard_after_backward`` must stay True at the last micro-batch, or the next forward
+  would use parameters older than the optimizer step), so between steps a device holds 1/d
+  of the parameters where ZeRO-2 holds them all, and each step all-gathers the parameters
+  once per unit and micro-batch forward where ZeRO-2 all-gathers the updated shards once
+  after the step. ``state_bytes`` reports what it holds (1/d), and ``realisation_notes``
+  says so where the simulator, which models ZeRO-2 (``sim.cost.memory.model_state_bytes``),
+  predicts whole parameters.
 
 ``state_bytes`` counts what a rank holds at rest by the simulator's kinds (parameters,
 gradients, optimizer state): the bytes each device stores (a DTensor's local shard).
@@ -40,15 +54,19 @@ from torch.distributed.tensor import DTensor
 from runtime.model.models import OPTIMIZER_CLASSES, StageModule
 from sim.core.parallelism import Sharding
 
-__all__ = ["RankOptimizer", "shard_stage", "state_bytes"]
+__all__ = ["FSDP_SHARDINGS", "RankOptimizer", "shard_stage", "state_bytes"]
+
+FSDP_SHARDINGS = (Sharding.GRADIENTS, Sharding.FULL)
+"""The plan's shardings that run as FSDP2 (``fully_shard``)."""
 
 
-def shard_stage(module: StageModule, data_mesh: DeviceMesh) -> None:
-    """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place."""
+def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> None:
+    """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place
+    (``reshard_after_forward`` False: ``sharding: gradients``)."""
     for layer in module.layers.values():
         if any(True for _ in layer.parameters()):
-            fully_shard(layer, mesh=data_mesh, reshard_after_forward=True)
-    fully_shard(module, mesh=data_mesh, reshard_after_forward=True)
+            fully_shard(layer, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)
