@@ -169,3 +169,13 @@ def test_dapple_run_prints_the_padded_vocabulary(capsys):
                "trace": "t.json", "vocabulary": {"text": text}}
     print_run(summary, as_json=False)
     assert text in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_gpt2s_vocabulary_of_50257_runs_with_tensor_parallelism_on_gloo():
+    gpt2 = {**SHIPPED, "model.vocab": "50257", "model.vocab_divisible_by": "128", "plan.tensor_parallel": "2",
+            "plan.stages": "[{layers: [0, 6], devices: [0, 1]}]"}
+    summary = _spawn(2, {"gpt2": gpt2})["gpt2"]
+    _assert_matches(summary)
+    assert summary["vocabulary"]["padded_at_tensor_parallel"] == 50432  # ceil(50,257 / 256) * 256
