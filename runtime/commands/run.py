@@ -278,6 +278,9 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
               f"context {degrees['context']}, pipeline {degrees['pipeline']}, data {degrees['data']}, "
               f"{'expert ' + str(degrees['expert']) + ', ' if degrees.get('expert', 1) > 1 else ''}"
               f"sharding {degrees['sharding']}")
+    vocabulary = summary.get("vocabulary") or {}
+    if vocabulary.get("text"):  # the padded table the run built, as dapple-sim check prints it
+        print(vocabulary["text"])
     print(f"  {'device':>6}  {'stages':<10} {'peak memory':>12} {'parameters':>11} {'gradients':>10} "
           f"{'optimizer':>10} {'activations':>12}")
     for d in summary["devices"]:

@@ -64,16 +64,16 @@ def tag(stage: int, microbatch: int, backward: bool, num_microbatches: int) -> i
 class ReplicaGroups:
     """A process group for each gradient group with more than one device (the gradient
     all-reduce: ``PlanSpec.gradient_groups``, a stage's devices of one tensor rank),
-    and one for a tied embedding's two stages. Every rank creates every group, in the same
+    and one for each embedding group of a tied embedding's two stages
+    (``runtime.execution.holdings.tied_groups``). Every rank creates every group, in the same
     order, as ``torch.distributed.new_group`` requires; ``extra``: more device sets (an MoE
     block's, ``runtime.execution.expert_comm.device_sets``)."""
 
-    def __init__(self, plan: PlanSpec, tied_devices: tuple[int, ...] = (),
+    def __init__(self, plan: PlanSpec, tied_groups: tuple[tuple[int, ...], ...] = (),
                  extra: tuple[tuple[int, ...], ...] = ()) -> None:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
         wanted = [tuple(sorted(group)) for s in range(plan.num_stages) for group in plan.gradient_groups(s)]
-        if tied_devices:
-            wanted.append(tuple(sorted(tied_devices)))
+        wanted += [tuple(sorted(devices)) for devices in tied_groups]
         wanted += [tuple(sorted(devices)) for devices in extra]
         for devices in wanted:
             if devices not in self._groups:

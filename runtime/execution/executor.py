@@ -110,7 +110,7 @@ class RankExecutor:
         self.counts_loss = position(plan, self.rank) == 0
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
-        self.groups = ReplicaGroups(plan, self.tied_devices, device_sets(plan, runnable.model))
+        self.groups = ReplicaGroups(plan, held.tied_groups, device_sets(plan, runnable.model))
         attach_expert_groups(self.stages, plan, self.rank, self.groups)
         unique = {id(p): p for st in self.stages.values() for p in st.params}
         self.params = list(unique.values())

@@ -16,8 +16,10 @@ device at the same position of the neighbouring stage's replicas (as
 (``runtime.model.sharding``) before anyone sees their parameters.
 
 A tied GPT embedding whose head sits on another device set is held twice (the embedding's
-matrix and the head's copy); ``tied_devices`` is the union of both sets, whose gradients of
-that matrix are summed after the step.
+matrix and the head's copy, equal at start: both from the embedding's seed, as Megatron-LM's
+``setup_embeddings_and_output_layer`` makes the last stage's copy equal to the first's), and the
+copies' gradients are summed after the step over Megatron-LM's embedding groups
+(``tied_groups``: the devices holding the same vocabulary slice, or the same FSDP2 shard).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from runtime.model.tensor_parallel import parallelize_stage
 from sim.core.parallelism import Recompute, Sharding
 from sim.cost.split import sample_ranges
 
-__all__ = ["Holdings", "LocalStage", "column", "expert_group", "hold_stages", "local_experts", "position"]
+__all__ = ["Holdings", "LocalStage", "column", "expert_group", "hold_stages", "local_experts", "position",
+           "tied_groups"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -71,8 +74,11 @@ class LocalStage:
 class Holdings:
     stages: dict[int, LocalStage]
     """This rank's stages by index."""
+    tied_groups: tuple[tuple[int, ...], ...]
+    """Every embedding group of a tied embedding split across device sets (``tied_groups``; else
+    empty): every rank creates every group's process group."""
     tied_devices: tuple[int, ...]
-    """Devices holding a copy of a tied embedding split across device sets (else empty)."""
+    """This rank's embedding group (empty when it holds no copy or the tie is within one device set)."""
     tied_param: torch.nn.Parameter | None
     """This rank's copy of that matrix, if it holds one."""
 
@@ -105,8 +111,8 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
         s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
         for s in mine
     }
-    tied_devices, tied_param = _tied(runnable, layers, last_layer)
-    return Holdings(stages=stages, tied_devices=tied_devices, tied_param=tied_param)
+    groups, mine, tied_param = _tied(runnable, layers, last_layer, rank)
+    return Holdings(stages=stages, tied_groups=groups, tied_devices=mine, tied_param=tied_param)
 
 
 def expert_group(plan, s: int, rank: int) -> tuple[int, ...]:
@@ -153,16 +159,37 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     )
 
 
-def _tied(runnable: RunnableScenario, layers: dict, last_layer: int) -> tuple[tuple[int, ...], torch.nn.Parameter | None]:
+def tied_groups(plan, sharded: bool) -> tuple[tuple[int, ...], ...]:
+    """Megatron-LM's embedding groups for a tied embedding whose head sits on another device set:
+    the devices whose copies of the token matrix sum their gradients after the step
+    (``megatron/core/distributed/finalize_model_grads.py`` ``_allreduce_word_embedding_grads`` over
+    ``parallel_state.get_embedding_group()``: the first and the last pipeline rank of one tensor
+    and data coordinate). One group per tensor position ``at`` (context rank × t + tensor rank),
+    each the devices at ``at`` of every replica of the first and the last stage: all hold the same
+    vocabulary slice, and the one all-reduce also sums the replicas (the copy is left out of the
+    stages' ``REDUCE_GRAD``). With ``sharded`` (FSDP2, whose reduce-scatter already summed the
+    replicas and left each its shard) one group per (replica, position) instead: the two devices
+    that hold the same shard."""
+    first, last = plan.replicas(0), plan.replicas(plan.num_stages - 1)
+    if sharded:
+        return tuple((a[at], b[at]) for a, b in zip(first, last) for at in range(len(a)))
+    return tuple(tuple(sorted({r[at] for r in (*first, *last)})) for at in range(plan.group_size))
+
+
+def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) -> tuple[
+        tuple[tuple[int, ...], ...], tuple[int, ...], torch.nn.Parameter | None]:
+    """(every embedding group, ``rank``'s, its copy of the token matrix) of a tied embedding
+    whose head sits on another device set; nothing when one device set holds both."""
     model, plan = runnable.model, runnable.plan
     if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
-        return (), None
+        return (), (), None
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
-        return (), None  # one device set holds both: the head borrows the embedding's parameter
-    devices = tuple(sorted(set(first) | set(last)))
+        return (), (), None  # one device set holds both: the head borrows the embedding's parameter
+    groups = tied_groups(plan, plan.sharding is Sharding.FULL)
+    mine = next((g for g in groups if rank in g), ())
     if 0 in layers:
-        return devices, layers[0].token.weight
+        return groups, mine, layers[0].token.weight
     if last_layer in layers:
-        return devices, layers[last_layer].proj.weight
-    return devices, None
+        return groups, mine, layers[last_layer].proj.weight
+    return groups, mine, None

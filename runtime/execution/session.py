@@ -29,6 +29,7 @@ from runtime.execution.executor import ExecOptions, RankExecutor
 from runtime.execution.status import StatusBoard
 from runtime.model.config import RunnableScenario
 from runtime.validation.grad_check import compare_grads, reference_step
+from sim.models.vocab import vocab_padding
 
 __all__ = ["SessionOptions", "run_session"]
 
@@ -101,6 +102,16 @@ def _memory(records: list) -> dict[str, Any]:
     return {"peak_memory_bytes": peak, "peak_activation_bytes": activations, "memory_breakdown_bytes": breakdown}
 
 
+def _vocabulary(runnable: RunnableScenario) -> dict[str, Any] | None:
+    """The vocabulary the run built its table and head with, as ``dapple-sim check`` shows it
+    (``sim.models.vocab.vocab_padding`` at the plan's tensor degree); None without one (mlp)."""
+    padding = vocab_padding(runnable.scenario.model, runnable.plan.tensor_parallel)
+    if padding is None:
+        return None
+    assert padding.padded_at_tensor == runnable.model.padded_vocab  # the one formula, both sides
+    return {**padding.to_json(), "text": padding.text()}
+
+
 def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[dict], device) -> dict[str, Any]:
     scenario, plan = runnable.scenario, runnable.plan
     steps = options.warmup_steps + options.steps
@@ -124,6 +135,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
                         "expert": plan.expert_parallel,
                         "data": max(plan.num_replicas(s) for s in range(plan.num_stages)),
                         "sharding": plan.sharding.value},
+        "vocabulary": _vocabulary(runnable),
         "backend": dist.get_backend(),
         "device_type": device.type,
         "world_size": len(ranks),

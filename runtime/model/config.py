@@ -25,6 +25,7 @@ from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec
 from sim.input.scenario import Scenario, load_scenario
 from sim.models import build_model
+from sim.models.vocab import padded_vocab_size
 
 __all__ = [
     "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",
@@ -46,6 +47,8 @@ class ModelConfig:
     (the checked model's ``ModelSpec.preset.params``)."""
     experts: ExpertSpec | None = None
     """The MoE blocks' router and experts (``model.experts``; None: a dense model)."""
+    tensor_parallel: int = 1
+    """The plan's tensor-parallel degree t, which the vocabulary is padded for (``padded_vocab``)."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -57,6 +60,15 @@ class ModelConfig:
     @property
     def values(self) -> dict[str, Any]:
         return dict(self.params)
+
+    @property
+    def padded_vocab(self) -> int | None:
+        """Rows of the token table and the head: the vocabulary padded to a multiple of
+        ``vocab_divisible_by`` × t, as the simulator counts it (``sim.models.vocab``, Megatron-LM's
+        ``--make-vocab-size-divisible-by``); None for a model without a vocabulary (mlp)."""
+        p = self.values
+        return padded_vocab_size(p["vocab"], p.get("vocab_divisible_by", 1), self.tensor_parallel) \
+            if "vocab" in p else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,13 +86,15 @@ class RunnableScenario:
         return self.scenario.plan
 
 
-def runnable_model(model: ModelSpec, *, source: str = "<scenario>") -> ModelConfig:
-    """The ``ModelConfig`` of a checked model: its generator and resolved parameters."""
+def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_parallel: int = 1) -> ModelConfig:
+    """The ``ModelConfig`` of a checked model: its generator and resolved parameters (its
+    vocabulary padded for ``tensor_parallel``)."""
     if model.preset is None:
         raise _not_runnable(source, None)
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
-    return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts)
+    return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts,
+                       tensor_parallel=tensor_parallel)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -129,7 +143,8 @@ def load_runnable(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
     _check_runtime_supports(scenario.plan, scenario.model, str(path))
-    return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path)))
+    return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path),
+                                                                    tensor_parallel=scenario.plan.tensor_parallel))
 
 
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
@@ -151,10 +166,13 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("plan.recompute", plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) and split_schedule,
          "torch's selective activation checkpointing allows one backward through a checkpointed region (\"Trying "
          "to backward an extra time\"), and a split backward's I and W are two; use recompute: full or none"),
-        ("model.tied_embeddings", plan.tensor_parallel > 1 and bool(values.get("tied_embeddings")),
-         "a tied head and embedding cannot both be cut by parallelize_module; set tied_embeddings: false"),
-        ("model.tied_embeddings", fsdp and bool(values.get("tied_embeddings")),
-         "FSDP2 shards the embedding and the head as separate units; set tied_embeddings: false"),
+        ("model.tied_embeddings", fsdp and _tied_apart(plan, values),
+         "FSDP2 manages a parameter in one fully_shard unit, and a tied embedding and head in two stages "
+         "of one device set would need it in both; put them in one stage or set tied_embeddings: false"),
+        ("model.tied_embeddings", fsdp and bool(values.get("tied_embeddings"))
+         and plan.num_replicas(0) != plan.num_replicas(plan.num_stages - 1),
+         "FSDP2 shards the embedding's and the head's copies over their stages' replicas, which differ "
+         "in number, so no two copies hold the same shard; give both stages as many replicas"),
         ("model.seq_len", plan.tensor_parallel > 1 and values.get("seq_len", 0) % plan.tensor_parallel != 0,
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
@@ -166,6 +184,12 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
                               "this plan")
+
+
+def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:
+    """A tied embedding and head in different stages of one device set (``interleaved``)."""
+    first, last = plan.stages[0], plan.stages[-1]
+    return bool(values.get("tied_embeddings")) and first is not last and sorted(first.devices) == sorted(last.devices)
 
 
 def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool, str]]:

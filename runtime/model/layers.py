@@ -136,25 +136,34 @@ class LMHead(nn.Module):
     """Final norm, projection to the vocabulary without bias, mean cross-entropy over every token.
 
     With tied embeddings the projection matrix is the embedding's token table: ``tie``
-    points the head at it without registering it here (its bytes belong to the embedding,
-    as in ``sim.models``). A head on another stage than the embedding gets its own copy
-    instead (``untie_copy``), kept equal by summing both gradients (Narayanan et al., SC'21,
-    keep the same second copy on the last stage).
+    points the head at the embedding's ``nn.Embedding`` without registering it here (its bytes
+    belong to the embedding, as in ``sim.models``), and the head reads the module's weight at
+    each call, so that it uses whatever parameter that module holds then: the DTensor that
+    tensor parallelism put there, or the gathered weight FSDP2 swaps in for a forward
+    (torchtitan ties after parallelizing for the same reason: ``models/qwen3/infra/parallelize.py``,
+    "Enable weight tying after applying parallelisms"). A head on another stage than the
+    embedding gets its own copy instead (``untie_copy``), kept equal by summing both gradients
+    (Narayanan et al., SC'21, keep the same second copy on the last stage).
+
+    ``gather`` (set by ``runtime.model.tensor_parallel``) turns the normed hidden states into
+    the replicated DTensor a tied projection onto the vocabulary-sharded table needs.
     """
 
     def __init__(self, hidden: int, vocab: int, *, tied: bool, llama: bool = False) -> None:
         super().__init__()
         self.norm = _norm(hidden, llama)
         self.proj = None if tied else nn.Linear(hidden, vocab, bias=False)
-        self._tied: tuple[nn.Parameter, ...] = ()  # a tuple, so the module does not register it
+        self._tied: tuple[nn.Module, ...] = ()  # a tuple, so the module does not register it
+        self.gather = None
 
-    def tie(self, weight: nn.Parameter) -> None:
-        self._tied = (weight,)
+    def tie(self, table: nn.Module) -> None:
+        """Project with ``table.weight`` (the embedding's ``nn.Embedding``), read at each call."""
+        self._tied = (table,)
 
     @property
     def borrowed(self) -> tuple[nn.Parameter, ...]:
         """Parameters this head uses but the embedding owns (its tied token matrix)."""
-        return self._tied
+        return tuple(table.weight for table in self._tied)
 
     def untie_copy(self, weight: torch.Tensor) -> None:
         """Hold a registered copy of the embedding's token matrix (head on its own stage)."""
@@ -165,7 +174,9 @@ class LMHead(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
-        return self.proj(x) if self.proj is not None else F.linear(x, self._tied[0])
+        if self.proj is not None:
+            return self.proj(x)
+        return F.linear(x if self.gather is None else self.gather(x), self._tied[0].weight)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return lm_loss(self.logits(x), labels)

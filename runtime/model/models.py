@@ -35,7 +35,6 @@ from runtime.model.config import ModelConfig
 from runtime.model.experts import MoE, expert_seed
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
 from sim.core.specs import DTYPE_BYTES
-from sim.models.vocab import padded_vocab_size
 
 __all__ = [
     "OPTIMIZERS",
@@ -104,9 +103,11 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
     p, last = config.values, num_layers(config) - 1
     if config.preset in TRANSFORMERS:
         llama = config.preset == "llama"
-        # the table and the head hold the padded rows as the simulator counts them at t = 1
-        # (sim.models.vocab); a tensor-parallel run shards them as DTensor does, unevenly
-        vocab = padded_vocab_size(p["vocab"], p.get("vocab_divisible_by", 1), 1)
+        # the table and the head hold the padded rows as the simulator counts them at the plan's t
+        # (sim.models.vocab): every tensor rank an equal slice. No token id reaches a padded row
+        # (synthetic_batch draws ids below vocab), so the table's padded rows get no gradient; the
+        # head's take part in the softmax, as in Megatron-LM, which pads without masking them
+        vocab = config.padded_vocab
         if index == 0:
             return Embedding(vocab, p["seq_len"], p["hidden"], positions=not llama)
         if index == last:
@@ -190,7 +191,7 @@ def build_layers(
     if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and last in layers:
         head = layers[last]
         if 0 in layers:
-            head.tie(layers[0].token.weight)
+            head.tie(layers[0].token)
         else:
             head.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
     return layers

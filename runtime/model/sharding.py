@@ -18,7 +18,14 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   reduce-scatters them. The gradient divide factor is 1: the executor already scales each
   slice's loss by its share of the global batch, so gradients sum. With tensor parallelism
   FSDP2 shards the tensor-parallel DTensors over the data dimension (2D, torchtitan's
-  ``apply_fsdp`` after ``apply_tp``).
+  ``apply_fsdp`` after ``apply_tp``). A tied embedding and head share one parameter, which
+  FSDP2 manages in one unit only (it all-gathers, swaps in and reduce-scatters a parameter
+  per unit), so both stay in the stage's root unit (torch's FSDP2 docs: ``fully_shard`` "groups
+  parameters together"; the unit that holds a module holds its parameters); the head reads the
+  embedding's weight at each call (``runtime.model.layers.LMHead``), so it projects with the
+  gathered matrix the root swapped in. torchtitan instead shards ``tok_embeddings`` and
+  ``[norm, output]`` as units of their own and assigns ``output.weight`` afterwards
+  (``models/qwen3/infra/parallelize.py``).
 * ``gradients`` (ZeRO-2): FSDP2 as under ``full`` but with ``reshard_after_forward=False``,
   torch's nearest equivalent (torch has no ZeRO-2 optimizer of its own; ``fully_shard``'s
   docstring: False "keeps the unsharded parameters in memory after forward and avoids the
@@ -62,9 +69,12 @@ FSDP_SHARDINGS = (Sharding.GRADIENTS, Sharding.FULL)
 
 def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> None:
     """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place
-    (``reshard_after_forward`` False: ``sharding: gradients``)."""
+    (``reshard_after_forward`` False: ``sharding: gradients``); a tied embedding and head go into
+    the root's unit together."""
+    shared = {id(w) for layer in module.layers.values() for w in getattr(layer, "borrowed", ())}
     for layer in module.layers.values():
-        if any(True for _ in layer.parameters()):
+        tied = getattr(layer, "borrowed", ()) or any(id(p) in shared for p in layer.parameters())
+        if any(True for _ in layer.parameters()) and not tied:
             fully_shard(layer, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
     for sub in module.modules():

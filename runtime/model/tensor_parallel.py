@@ -21,6 +21,20 @@ loss computed on them under ``loss_parallel``. With sequence parallelism (Korthi
 input once (``PrepareModuleInput``) and the row-parallel outputs reduce-scatter to the
 device's part of the sequence.
 
+**Tied embeddings** keep one weight for both uses, sharded ``Shard(0)`` on the vocabulary, as
+Megatron-LM's ``VocabParallelEmbedding`` and output layer share it
+(``megatron/core/models/common/language_module/language_module.py``
+``shared_embedding_or_output_weight``: the embedding's ``word_embeddings.weight`` on a stage with
+both, handed to the column-parallel output layer as its weight). The embedding is cut as above
+(DTensor masks the ids outside this device's rows, looks up, then all-reduces, or reduce-scatters
+with sequence parallelism); the head has no matrix of its own to cut, so ``_replicated`` gives
+it the replicated input ``ColwiseParallel`` would, and ``F.linear`` on the embedding's DTensor
+yields the same vocabulary-sharded logits. ``parallelize_module`` replaces the embedding's
+parameter, so the head reads it at each call (``runtime.model.layers.LMHead``), torchtitan's
+tie-after-parallelize (``models/qwen3/infra/parallelize.py``); autograd sums both uses'
+gradients on the one parameter. A head on another stage holds a copy, cut ``ColwiseParallel``
+to the same ``Shard(0)`` rows (``runtime.execution.holdings.tied_groups`` sums the copies).
+
 **Between stages** each device sends its 1/t of the sequence (Megatron's scatter-gather of
 pipeline messages, Narayanan et al. SC'21 §4.1, which the simulator's boundary bytes
 assume): with sequence parallelism that is what the device holds; without it the stage
@@ -146,13 +160,25 @@ def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: 
             blk["mlp.w3"] = ColwiseParallel()
         parallelize_module(layer, mesh, blk)
     elif isinstance(layer, LMHead):
-        head = {"proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
-                                        output_layouts=Shard(-1), use_local_output=False)}
+        head = {} if layer.proj is None else {
+            "proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                    output_layouts=Shard(-1), use_local_output=False)}
         if sequence_parallel:
             head["norm"] = SequenceParallel()
-        parallelize_module(layer, mesh, head)
+        if layer.proj is None:  # tied: the embedding's Shard(0) table, column-parallel logits
+            layer.gather = lambda x: _replicated(x, mesh)
+        if head:
+            parallelize_module(layer, mesh, head)
     else:
         raise AssertionError(f"no tensor-parallel plan for {type(layer).__name__}")
+
+
+def _replicated(x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+    """The head's input as ``ColwiseParallel`` makes it for its own matrix: a replicated DTensor
+    (a sequence-parallel norm's ``Shard(1)`` output all-gathered, whose backward reduce-scatters;
+    a plain tensor wrapped, whose backward all-reduces the partial input gradient)."""
+    x = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return x.redistribute(mesh, [Replicate()])
 
 
 def parallelize_stage(module: StageModule, mesh: DeviceMesh, *, sequence_parallel: bool, first: bool) -> None:
