@@ -71,7 +71,7 @@ def test_set_creates_the_optimizer_mapping_a_file_leaves_out():
     ({"base": SWEEP_BASE, "axis": {}}, "axis: unknown key; did you mean 'axes'?"),
     ({"base": SWEEP_BASE, "mode": "simulat"}, "mode: unknown value 'simulat'; did you mean 'simulate'?"),
     ({"base": SWEEP_BASE, "axes": {"clustr.inter_node.bandwidth": ["10Gb/s"]}},
-     "is not a scenario key (sections: name, cluster, model, training, plan, faults) nor engine; "
+     "is not a scenario key (sections: name, cluster, model, training, plan, faults, reliability) nor engine; "
      "did you mean 'cluster.inter_node.bandwidth'?"),
     ({"base": SWEEP_BASE, "engine": "fats"}, "engine: unknown value 'fats'; did you mean 'fast'?"),
     ({"base": SWEEP_BASE, "mode": "plan", "options": {"max_candidate": 10}},
