@@ -41,3 +41,16 @@ def test_dapple_sim_schedule_refuses_more_than_2_16_forwards_up_front():
                 argv=("schedule", "dapple", "--stages", "2", "--microbatches", "32768"))
     outcome = execute(case, alarm_s=120)
     assert outcome.rc == 0 and len(outcome.out.splitlines()) == 2, outcome.err
+
+
+def test_argparses_error_echoes_a_long_argument_in_one_bounded_line():
+    # an unknown argument of 5,000 characters was echoed whole (argparse's own error line)
+    long = "x" * 5000
+    for program, argv in (("dapple-sim", ("check", TINY, "--out", long)), ("dapple-plan", (TINY, long)),
+                          ("dapple-plan", ("sweep", "s.yaml", "--out", "o", long)),
+                          ("dapple-run", ("run", TINY, "--nproc", "2", long))):
+        case = Case(seed=-1, family="found", program=program, argv=argv)
+        outcome = execute(case, alarm_s=60)
+        assert outcome.rc == 2 and judge(outcome, argv) is None, (judge(outcome, argv), outcome.err[:300])
+        (error,) = [line for line in outcome.err.splitlines() if ": error: " in line]
+        assert len(error) <= 2100 and error.endswith("..."), len(error)

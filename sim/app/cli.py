@@ -20,6 +20,7 @@ from sim.app.published import write_outputs as write_suite_outputs
 from sim.app.report import format_summary, write_outputs
 from sim.core import jsonio
 from sim.core.command import (
+    CommandParser,
     Stopwatch,
     add_scenario_options,
     add_verbosity_options,
@@ -58,7 +59,7 @@ EPILOG = """examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dapple-sim",
         description="Predict how a pipelined data-parallel training plan runs on a GPU cluster.",
         epilog=EPILOG,
