@@ -3,6 +3,9 @@ showed it: every one now exits 2 with one line on stderr that names the limit or
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from fuzzing.cases import Case
 from fuzzing.execute import execute, judge
 
@@ -54,3 +57,13 @@ def test_argparses_error_echoes_a_long_argument_in_one_bounded_line():
         assert outcome.rc == 2 and judge(outcome, argv) is None, (judge(outcome, argv), outcome.err[:300])
         (error,) = [line for line in outcome.err.splitlines() if ": error: " in line]
         assert len(error) <= 2100 and error.endswith("..."), len(error)
+
+
+def test_dapple_run_validates_checks_before_launch_import_no_torch():
+    # validate imported torch (2 s, hundreds of MB) before refusing a missing --nproc
+    code = ("import sys; from runtime.commands.cli import main; rc = main(['validate', %r]); "
+            "print(rc, 'torch' in sys.modules)" % TINY)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=SCENARIOS.parent)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-500:])
+    assert "--nproc: missing" in done.stderr
