@@ -67,3 +67,10 @@ def test_dapple_run_validates_checks_before_launch_import_no_torch():
                           cwd=SCENARIOS.parent)
     assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-500:])
     assert "--nproc: missing" in done.stderr
+
+
+def test_a_key_holding_a_line_break_is_echoed_on_the_errors_one_line():
+    # "? |\n  k\n: 3" is the key "k\n": the unknown-key error printed it raw, on two lines
+    text = (SCENARIOS / "gpt_tiny_cpu.yaml").read_text() + "? |\n  k\n: 3\n"
+    line = refused("dapple-sim", "check", "s.yaml", files=[("s.yaml", text.encode())])
+    assert "s.yaml: k\\n: unknown key" in line, line
