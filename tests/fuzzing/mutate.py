@@ -165,8 +165,9 @@ def mutate_json_text(text: str, rng: random.Random) -> str:
     return text.replace('"layers"', '"layers", "layers"', 1)
 
 
-def mutate_tokens(text: str, rng: random.Random, sep: str = " ") -> str:
-    """A schedule's action text or CSV with a token dropped, repeated, swapped or garbled."""
+def mutate_tokens(text: str, rng: random.Random, sep: str = " ", *, big: bool = True) -> str:
+    """A schedule's action text or CSV with a token dropped, repeated, swapped or garbled (with
+    ``big``, a line may be repeated up to 10,000 times: megabytes to read)."""
     lines = [line.split(sep) for line in text.splitlines() if line and not line.startswith("#")]
     if not lines:
         return text
@@ -189,7 +190,7 @@ def mutate_tokens(text: str, rng: random.Random, sep: str = " ") -> str:
     elif action == 5:
         lines.append(list(tokens))
     elif action == 6:
-        lines[row] = tokens * rng.choice([100, 10_000])
+        lines[row] = tokens * rng.choice([100, 10_000] if big else [100])
     elif action == 7:
         lines.insert(0, ["rank", "actions"])
     else:
