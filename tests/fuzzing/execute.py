@@ -58,6 +58,7 @@ class Outcome:
 
 
 def _mains():
+    # imported in the worker only: the pool's parent process stays small (no simulator, planner or runtime)
     from planner.cli import main as plan_main
     from runtime.commands.cli import main as run_main
     from sim.app.cli import main as sim_main
@@ -67,6 +68,7 @@ def _mains():
 
 def _never_launch() -> None:
     """Replace what would start processes or measure this machine by ``WouldLaunch``."""
+    # imported in the worker only, as in _mains
     import runtime.commands.profile as profile
     import runtime.commands.run as run
     import runtime.commands.validate as validate

@@ -8,6 +8,10 @@ import json
 import os
 import random
 
+from sim.schedule.generators import generate
+from sim.schedule.passes import lower
+from sim.schedule.torch_csv import to_csv
+
 from . import mutate as mu
 from .families import SCENARIOS, SCHEDULES, TEXT, Special, scenario_argv
 
@@ -39,10 +43,6 @@ def plan_json(rng: random.Random, sample: bool):
 
 
 def _schedule_text(rng: random.Random, stages: int, microbatches: int, big: bool) -> tuple[str, str]:
-    from sim.schedule.generators import generate
-    from sim.schedule.passes import lower
-    from sim.schedule.torch_csv import to_csv
-
     schedule = generate(rng.choice(["gpipe", "dapple", "1f1b", "zb-h1"]), stages, microbatches)
     if rng.random() < 0.4:
         if rng.random() < 0.5:
