@@ -74,3 +74,12 @@ def test_a_key_holding_a_line_break_is_echoed_on_the_errors_one_line():
     text = (SCENARIOS / "gpt_tiny_cpu.yaml").read_text() + "? |\n  k\n: 3\n"
     line = refused("dapple-sim", "check", "s.yaml", files=[("s.yaml", text.encode())])
     assert "s.yaml: k\\n: unknown key" in line, line
+
+
+def test_a_sweep_value_that_is_not_finite_is_refused_before_any_point_runs():
+    # -.inf ran as a point that failed, and the table printed it as the point's label
+    sweep = (f"name: s\nbase: {TINY}\nmode: simulate\n"
+             "axes:\n  training.global_batch_size: [-.inf, 16]\n")
+    line = refused("dapple-plan", "sweep", "sweep.yaml", "--out", "out", "--workers", "1",
+                   files=[("sweep.yaml", sweep.encode())])
+    assert "-inf is not a finite number" in line, line
