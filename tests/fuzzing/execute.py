@@ -1,7 +1,8 @@
 """Run one case in this process and judge its outcome.
 
 ``execute`` writes the case's files into a fresh folder, calls the program's ``main(argv)``
-there with stdout and stderr captured under an alarm (``ALARM_S``: a hang raises ``Hung``,
+there with stdout and stderr captured under alarms (``ALARM_S`` of CPU time, ``WALL_S`` of wall
+time: a hang raises ``Hung``,
 which no ``except Exception`` of the code can swallow), and never lets a ``dapple-run`` case
 start torch ranks: the launch, the profiler and the GPU count are replaced by ``WouldLaunch``
 (the case is then skipped, not judged). ``judge`` names what is wrong with an outcome, or
@@ -29,7 +30,11 @@ from pathlib import Path
 from .cases import Case, Special
 
 ALARM_S = 20
-"""Seconds a case may run in a worker before it counts as a hang."""
+"""CPU seconds a case may spend before it counts as a hang (``ITIMER_PROF``: CPU time, so that a
+machine shared with other work does not turn a slow case into a hang)."""
+
+WALL_S = 120
+"""Wall-clock seconds a case may take (``ITIMER_REAL``): a read that blocks spends no CPU time."""
 
 NON_FINITE = re.compile(r"(?<![A-Za-z_])-?(nan|inf|infinity)(?![A-Za-z_])", re.IGNORECASE)
 TEXT_SUFFIXES = (".json", ".csv", ".yaml", ".txt", ".md")
@@ -66,8 +71,9 @@ def _mains():
     return {"dapple-sim": sim_main, "dapple-plan": plan_main, "dapple-run": run_main}
 
 
-def _never_launch() -> None:
-    """Replace what would start processes or measure this machine by ``WouldLaunch``."""
+@contextlib.contextmanager
+def _never_launch():
+    """While the block runs, what would start processes or measure this machine raises ``WouldLaunch``."""
     # imported in the worker only, as in _mains
     import runtime.commands.profile as profile
     import runtime.commands.run as run
@@ -76,10 +82,15 @@ def _never_launch() -> None:
     def stop(*args, **kwargs):
         raise WouldLaunch()
 
-    run._launch_run = stop
-    run._check_gpus = stop
-    validate.validate = stop
-    profile.profile_run.profile_here = stop
+    patched = [(run, "_launch_run"), (run, "_check_gpus"), (validate, "validate"), (profile.profile_run, "profile_here")]
+    saved = [getattr(module, name) for module, name in patched]
+    for module, name in patched:
+        setattr(module, name, stop)
+    try:
+        yield
+    finally:
+        for (module, name), original in zip(patched, saved):
+            setattr(module, name, original)
 
 
 def _write(folder: Path, files) -> None:
@@ -114,35 +125,41 @@ def _alarm(signum, frame):
 
 def execute(case: Case, *, alarm_s: float = ALARM_S, scratch: str | None = None) -> Outcome:
     """Run ``case`` here (in a new folder under ``scratch``) and return what it did."""
-    mains = _mains()
-    _never_launch()
+    with _never_launch():
+        return _execute(case, _mains()[case.program], alarm_s, scratch)
+
+
+def _execute(case: Case, main, alarm_s: float, scratch: str | None) -> Outcome:
     home = os.getcwd()
     folder = Path(tempfile.mkdtemp(prefix=f"fuzz-{case.seed}-", dir=scratch))
     out, err = io.StringIO(), io.StringIO()
     rc: int | str
     crash = ""
     started = time.perf_counter()
-    previous = signal.signal(signal.SIGALRM, _alarm)
+    previous = signal.signal(signal.SIGALRM, _alarm), signal.signal(signal.SIGPROF, _alarm)
     try:
         _write(folder, case.files)
         os.chdir(folder)
-        signal.setitimer(signal.ITIMER_REAL, alarm_s)
+        signal.setitimer(signal.ITIMER_PROF, alarm_s)
+        signal.setitimer(signal.ITIMER_REAL, max(alarm_s, WALL_S))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                rc = mains[case.program](list(case.argv))
+                rc = main(list(case.argv))
             except SystemExit as exc:  # argparse
                 rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except WouldLaunch:
         rc = "would launch"
     except Hung:
-        rc = f"hang (over {alarm_s:g} s)"
+        rc = f"hang (over {alarm_s:g} s of CPU or {max(alarm_s, WALL_S):g} s of wall time)"
     except MemoryError:
         rc = "memory (MemoryError)"
     except BaseException as exc:  # noqa: BLE001 - the fuzz's finding: an uncaught exception
         rc, crash = "traceback", "".join(traceback.format_exception(exc))[-4000:]
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGALRM, previous[0])
+        signal.signal(signal.SIGPROF, previous[1])
         os.chdir(home)
     seconds = time.perf_counter() - started
     written = _written(folder, {name for name, _ in case.files}) if rc != "would launch" else ()

@@ -3,7 +3,7 @@
 Each worker (started by ``forkserver``, so the parent stays small) limits its own address
 space (``MEMORY_LIMIT_BYTES``: a blow-up fails the case, never the machine), then runs the
 cases it is sent in process (``execute.execute``) and returns each judged outcome. A worker
-that does not answer within ``ALARM_S`` plus a grace (a hang its alarm could not break) or
+that does not answer within ``WALL_S`` plus a grace (a hang its alarm could not break) or
 that dies is replaced, and its case counts as a hang or a crash. ``run_cases`` returns a
 ``Report``; ``Report.summary()`` prints cases per command, failures by kind, the slowest
 cases and the peak memory, and each failure's seed and argv to replay it
@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .cases import case
-from .execute import ALARM_S, execute, judge
+from .execute import WALL_S, execute, judge
 
 MEMORY_LIMIT_BYTES = 4 * 2**30
 GRACE_S = 15
@@ -124,7 +124,7 @@ class _Slot:
 
 def _lost(seed: int, sample: bool, kind: str, detail: str) -> Result:
     c = case(seed, sample=sample)
-    return Result(seed=seed, family=c.family, command=c.command, argv=c.argv, rc=kind, seconds=ALARM_S + GRACE_S,
+    return Result(seed=seed, family=c.family, command=c.command, argv=c.argv, rc=kind, seconds=WALL_S + GRACE_S,
                   peak_rss_bytes=0, failure=(kind, detail))
 
 
@@ -142,11 +142,11 @@ def run_cases(seeds, *, sample: bool, workers: int = 2) -> Report:
                     slot.give(pending.pop())
             busy = [s for s in slots if s.seed is not None]
             now = time.monotonic()
-            wait_s = max(0.0, min(s.since for s in busy) + ALARM_S + GRACE_S - now)
+            wait_s = max(0.0, min(s.since for s in busy) + WALL_S + GRACE_S - now)
             ready = multiprocessing.connection.wait([s.parent for s in busy], timeout=wait_s)
             for k, slot in enumerate(slots):  # a worker past its alarm and the grace: its alarm could not stop it
                 if slot.seed is not None and slot.parent not in ready and \
-                        time.monotonic() - slot.since > ALARM_S + GRACE_S:
+                        time.monotonic() - slot.since > WALL_S + GRACE_S:
                     report.results.append(_lost(slot.seed, sample, "hang", "the worker did not answer"))
                     slot.stop()
                     slots[k] = _Slot(context, sample, scratch)
