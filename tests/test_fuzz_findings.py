@@ -83,3 +83,35 @@ def test_a_sweep_value_that_is_not_finite_is_refused_before_any_point_runs():
     line = refused("dapple-plan", "sweep", "sweep.yaml", "--out", "out", "--workers", "1",
                    files=[("sweep.yaml", sweep.encode())])
     assert "-inf is not a finite number" in line, line
+
+
+VGG = ("name: vgg\ncluster: {preset: v100-nvlink-8, nodes: 1}\n"
+       "model: {preset: vgg, depth: 16, image_size: 224, num_classes: 1000, optimizer: momentum}\n"
+       "training: {global_batch_size: 64, microbatch_size: 16}\n")
+ISSUE_35_ITEM_9 = [
+    ("dapple-sim", ("check", TINY, "--set", "name=!!timestamp 99999-01-01"), (), "!!timestamp"),
+    ("dapple-sim", ("check", TINY, "--set", "plan.recompute=!!bool maybe"), (), "!!bool"),
+    ("dapple-sim", ("check", TINY, "--set", "model.layers=!!int 1e3"), (), "!!int"),
+    ("dapple-sim", ("check", TINY, "--set", "cluster.nodes=16385", "--set", "cluster.devices_per_node=8"), (),
+     "131,072"),
+    ("dapple-sim", ("check", TINY, "--set", "cluster.nodes=50000", "--set", "cluster.devices_per_node=8",
+                    "--set", "plan.stages=[{layers: [0, 6], devices: '0-399999'}]"), (), "131,072"),
+    ("dapple-sim", ("simulate", TINY, "--set", "training.global_batch_size=400000"), (), "16384"),
+    ("dapple-sim", ("simulate", TINY, "--set", "model.layers=100000"), (), "16,384"),
+    ("dapple-plan", (TINY, "--planner", "even", "--set", "model.hidden=1000000000"), (), "model.hidden"),
+    ("dapple-plan", ("v.yaml", "--planner", "even", "--set", "model.image_size=3.2e8"), (("v.yaml", VGG.encode()),),
+     "model.image_size"),
+    ("dapple-plan", ("v.yaml", "--planner", "even", "--set", "model.image_size=320000000"),
+     (("v.yaml", VGG.encode()),), "model.image_size"),
+    ("dapple-sim", ("check", TINY, "--set", "plan.stages=[{layers: {a: 1}, devices: [0, 1]}]"), (), "layers"),
+    ("dapple-sim", ("check", TINY, "--plan", "p.json"),
+     (("p.json", b'{"stages": [{"layers": [0, 6], "devi\\u200bces": [0, 1]}], "schedule": "dapple"}'),), "devi"),
+]
+
+
+def test_the_inputs_issue_35_item_9_names_are_refused_in_one_line():
+    # fixed before the command fuzz (yaml_text._checked, params._MAX_SIZE, check_plan_shape,
+    # MAX_DEVICES 2^17, MAX_MICROBATCHES 16,384); each confirmed here as the command line the issue gives
+    for program, argv, files, named in ISSUE_35_ITEM_9:
+        line = refused(program, *argv, files=files)
+        assert named in line, (argv, line)
