@@ -115,3 +115,13 @@ def test_the_inputs_issue_35_item_9_names_are_refused_in_one_line():
     for program, argv, files, named in ISSUE_35_ITEM_9:
         line = refused(program, *argv, files=files)
         assert named in line, (argv, line)
+
+
+def test_a_measured_iteration_time_below_a_microsecond_is_refused_while_read():
+    # 1e-320 s (a denormal) passed (0, 1e6]: the test runs' MAPE came out infinite after the fit
+    runs = (SCENARIOS / "calibration" / "cpu_runs.csv").read_text().splitlines()
+    test = "\n".join(runs[:2] + [runs[2].rsplit(",", 1)[0] + ",1e-320"]) + "\n"
+    base = str(SCENARIOS / "calibration" / "cpu_base.yaml")
+    line = refused("dapple-sim", "calibrate", base, "--fit", str(SCENARIOS / "calibration" / "cpu_runs.csv"),
+                   "--test", "test.csv", files=[("test.csv", test.encode())])
+    assert "test.csv:3: iteration_time_s: '1e-320' must be a positive time in seconds, from 1e-06 to 1e+06" in line, line
