@@ -76,6 +76,8 @@ def mutate_data(raw: Any, rng: random.Random, steps: int) -> Any:
             parent[last] = parent[last] * rng.choice([0, 2, 50])
         elif action == 4 and isinstance(parent[last], dict):
             parent[last][rng.choice(["extra", "name", "devices", "layers", ZWSP])] = odd_value(rng)
+        elif last == "name":  # the name is echoed: "inf" there is the user's word, not a computed infinity
+            parent[last] = rng.choice(["", " ", 0, None, [], {}, "x" * 300, ZWSP, "a\nb"])
         else:
             parent[last] = odd_value(rng, str(last))
     return raw
