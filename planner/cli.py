@@ -43,6 +43,7 @@ from planner.search.space import PlannerOptions, to_scenario
 from planner.sweeps.command import run_sweep_command, sweep_parser
 from sim.core import jsonio
 from sim.core.command import (
+    CommandParser,
     Stopwatch,
     add_scenario_options,
     add_verbosity_options,
@@ -84,7 +85,7 @@ examples:
 """
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dapple-plan",
         usage=USAGE,
         description="Search 4D parallel plans (tensor and context degree, partition, replicas per stage, "

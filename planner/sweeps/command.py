@@ -11,7 +11,7 @@ from typing import Any
 
 from planner.sweeps.run import load_sweep, run_sweep, write_plots
 from sim.core import jsonio
-from sim.core.command import Stopwatch, add_verbosity_options
+from sim.core.command import CommandParser, Stopwatch, add_verbosity_options
 from sim.core.units import format_bytes, format_time
 
 __all__ = ["run_sweep_command", "sweep_parser"]
@@ -32,7 +32,7 @@ a sweep file:
 
 
 def sweep_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dapple-plan sweep",
         description="Run a what-if study: simulate or plan every point of SWEEP.yaml (a base scenario and the "
         "keys to vary) and save one row per point in DIR/results.csv and DIR/results.parquet. Points already "

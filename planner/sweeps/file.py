@@ -225,6 +225,8 @@ def _check_value(key: str, value: Any, mode: str, fail, where: str) -> None:
         planner_option(key.split(".", 1)[1], value, where, fail)
     if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value <= MAX_INT:
         raise fail(where, f"{show_value(value)} is out of range; a number in a sweep is at most 2**63 - 1 in size")
+    if isinstance(value, float) and not math.isfinite(value):  # no scenario key takes one; its label would print it
+        raise fail(where, f"{show_value(value)} is not a finite number; give a number such as 16")
 
 
 def _axes(data: Any, mode: str, fail) -> list[tuple[str, list[tuple[Any, Any]]]]:

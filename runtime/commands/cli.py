@@ -25,6 +25,7 @@ from runtime.commands.profile import cmd_profile
 from runtime.commands.run import cmd_run, report_failure
 from runtime.commands.validate import cmd_validate
 from sim.core.command import (
+    CommandParser,
     add_scenario_options,
     add_verbosity_options,
     configure_output,
@@ -79,7 +80,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="dapple-run",
         description="Execute a scenario's plan with PyTorch (the same schedule IR the simulator replays), "
         "check it against a single-process reference, and profile layers and links for the simulator.",

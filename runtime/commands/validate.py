@@ -37,9 +37,6 @@ __all__ = ["cmd_validate", "write_report"]
 def cmd_validate(args: argparse.Namespace) -> int:
     """``dapple-run validate``: the loop, one or ``--rounds`` times, and its report (its JSON
     made here, once: ``validation.json`` and ``--json`` print the same)."""
-    # torch only once the command runs: the command line and its checks before launch stay torch-free
-    from torch.multiprocessing import ProcessRaisedException
-
     args.check, args.no_memory, args.fail_at = False, False, None
     runnable = load_runnable(args.scenario, args.overrides, plan=args.plan_data)
     check_launch(runnable, args)
@@ -50,6 +47,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.slices < 1:
         raise DappleError(f"--slices: {args.slices}; give 1 or more")
+    # torch only once the checks before launch have passed: they stay torch-free (and fast)
+    from torch.multiprocessing import ProcessRaisedException
+
     reports = []
     watch = Stopwatch()
     try:

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from sim.core.errors import DappleError, ScheduleError
 
-__all__ = ["MalformedOverride", "Stopwatch", "add_scenario_options", "add_verbosity_options", "configure_output", "parse_overrides",
-           "positive_int", "progress", "quiet", "run_cli"]
+__all__ = ["CommandParser", "MalformedOverride", "Stopwatch", "add_scenario_options", "add_verbosity_options",
+           "configure_output", "parse_overrides", "positive_int", "progress", "quiet", "run_cli"]
 
 _log = logging.getLogger("dapplesim")
 _state = {"quiet": False}
@@ -98,6 +98,14 @@ last guard, so that no input fills a terminal)."""
 def _bounded(message: str) -> str:
     return "\n".join(line if len(line) <= MESSAGE_LINE_CHARS else line[: MESSAGE_LINE_CHARS - 3] + "..."
                      for line in message.splitlines() or [""])
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose error line is bounded as ``run_cli``'s are: an
+    unknown argument of 5,000 characters is echoed in at most ``MESSAGE_LINE_CHARS``."""
+
+    def error(self, message: str):
+        super().error(_bounded(message))
 
 
 def run_cli(prog: str, handler: Callable[[], int]) -> int:

@@ -244,8 +244,14 @@ MESSAGE_CHARS = 600
 """Most characters of a problem's text (a spec's message may quote a whole value)."""
 
 
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+"""What ``str.splitlines`` breaks at, each to its escape: an echoed key stays on the error's one line."""
+
+
 def show_text(text: str, limit: int = SHOWN_CHARS) -> str:
-    """``text`` cut to ``limit`` characters (a key of 100 000 characters is not echoed whole)."""
+    """``text`` on one line (a line break written as its escape, ``\\n``) cut to ``limit``
+    characters (a key of 100 000 characters is not echoed whole)."""
+    text = text[: limit + 1].translate(_LINE_BREAKS)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -178,7 +178,14 @@ for _tag in sorted(_TAG_MEANS):
 
 def load_yaml(text: str, *, where: str, error: type[DappleError] = ScenarioError) -> Any:
     """The value of YAML ``text``; a syntax error or a limit is ``error`` in one line,
-    ``WHERE: not valid YAML at line 3, column 7: ...`` (``where`` names the file or option)."""
+    ``WHERE: not valid YAML at line 3, column 7: ...`` (``where`` names the file or option).
+    Text that holds a lone surrogate (a ``--set`` value whose bytes were not UTF-8: Python
+    keeps them as ``\udcff``) is refused too: libyaml cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{where}: not UTF-8 text (character {exc.start + 1} is a byte no UTF-8 text holds); "
+                    "write it in UTF-8") from None
     loader = _Loader(text)
     try:
         return loader.get_single_data()

@@ -49,6 +49,11 @@ MAX_INTEGER = 10**9
 """Largest integer cell (a model dimension, a batch, a degree)."""
 MAX_ITERATION_TIME_S = 1e6
 """Longest measured iteration, seconds."""
+MIN_ITERATION_TIME_S = 1e-6
+"""Shortest measured iteration, seconds (no training step takes less than a microsecond; a
+denormal such as 1e-320 made a run's relative error, and the MAPE, infinite)."""
+MIN_PEAK_MEMORY_BYTES = 1.0
+"""Smallest measured peak memory, bytes (below a byte a relative error can be infinite)."""
 MAX_PEAK_MEMORY_BYTES = 2.0**50
 """Largest measured peak memory, bytes (1 PiB: far above any device's)."""
 
@@ -116,14 +121,14 @@ def _shown(raw: str) -> str:
     return repr(raw if len(raw) <= 40 else raw[:37] + "...")
 
 
-def _number(raw: str, where: str, name: str, high: float, what: str) -> float:
-    """A positive number cell at most ``high``; ``what`` says what it is for the message."""
+def _number(raw: str, where: str, name: str, low: float, high: float, what: str) -> float:
+    """A number cell from ``low`` (positive) to ``high``; ``what`` says what it is for the message."""
     try:
         value = float(raw) if len(raw) <= 100 else math.nan
     except ValueError:
         raise DappleError(f"{where}: {name}: {_shown(raw)} is not a number") from None
-    if not 0 < value <= high:  # NaN fails too
-        raise DappleError(f"{where}: {name}: {_shown(raw)} must be {what}, at most {high:g}")
+    if not low <= value <= high:  # NaN fails too
+        raise DappleError(f"{where}: {name}: {_shown(raw)} must be {what}, from {low:g} to {high:g}")
     return value
 
 
@@ -138,7 +143,8 @@ def _run(row: dict, where: str, line: int) -> MeasuredRun:
                 raise DappleError(f"{where}: recompute: {_shown(raw)} is not 0/1/true/false")
             values[name] = flag
         elif name == "iteration_time_s":
-            values[name] = _number(raw, where, name, MAX_ITERATION_TIME_S, "a positive time in seconds")
+            values[name] = _number(raw, where, name, MIN_ITERATION_TIME_S, MAX_ITERATION_TIME_S,
+                                   "a positive time in seconds")
         else:  # ASCII digits only: '²'.isdigit() is true, int('²') fails
             if not (raw.isascii() and raw.isdigit()) or len(raw) > 10 or not 1 <= int(raw) <= MAX_INTEGER:
                 raise DappleError(f"{where}: {name}: {_shown(raw)} must be a positive integer, at most {MAX_INTEGER:,}")
@@ -152,6 +158,7 @@ def _run(row: dict, where: str, line: int) -> MeasuredRun:
                           "(or empty: the base scenario's)")
     peak = (row.get("peak_memory_bytes") or "").strip()
     return MeasuredRun(line=line, attention=attention or None, **values,
-                       peak_memory_bytes=_number(peak, where, "peak_memory_bytes", MAX_PEAK_MEMORY_BYTES,
+                       peak_memory_bytes=_number(peak, where, "peak_memory_bytes", MIN_PEAK_MEMORY_BYTES,
+                                                 MAX_PEAK_MEMORY_BYTES,
                                                  "a positive number of bytes (or empty: not measured)")
                        if peak else None)
