@@ -26,6 +26,7 @@ from sim.app.compare import (
 from sim.app.published import DEFAULT_SUITE, format_results, read_suite, run_suite, suite_json
 from sim.app.published import write_outputs as write_suite_outputs
 from sim.app.report import format_summary, write_outputs
+from sim.app.schedule_command import policy_arg, schedule_command
 from sim.core import jsonio
 from sim.core.command import (
     CommandParser,
@@ -49,10 +50,7 @@ from sim.models.vocab import vocab_padding
 from sim.report.analysis.calibrate import calibrate, params_yaml, read_runs, score_runs
 from sim.report.plots.style import pyplot
 from sim.report.plots.timeline import schedule_comparison_figure
-from sim.schedule.check import check_schedule, format_grid
-from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS, generate
-from sim.schedule.passes import lower
-from sim.schedule.torch_csv import to_csv
+from sim.schedule.generators import DAPPLE_POLICIES, GENERATORS
 
 __all__ = ["main"]
 
@@ -192,7 +190,7 @@ def _study_commands(sub) -> tuple[argparse.ArgumentParser, ...]:
     schedule.add_argument("--microbatches", type=int, required=True, metavar="M", help="micro-batches per iteration")
     schedule.add_argument("--chunks", type=int, metavar="V",
                           help="model chunks per rank (interleaved, interleaved-zb, looped-bfs; zb-v and dualpipe-v: 2)")
-    schedule.add_argument("--policy", type=_policy_arg, metavar="P",
+    schedule.add_argument("--policy", type=policy_arg, metavar="P",
                           help=f"warm-up policy K_i (dapple/1f1b only): {', '.join(DAPPLE_POLICIES[:2])}, or one per "
                           "stage separated by commas (what 'auto' decides from costs)")
     schedule.add_argument("--lower", action="store_true", help="add SEND/RECV and REDUCE_GRAD actions")
@@ -344,44 +342,6 @@ def _cmd_published(args: argparse.Namespace) -> int:
     return 0
 
 
-MAX_SCHEDULE_COMPUTE = 2**16
-"""``dapple-sim schedule`` prints at most this many (stage, chunk, micro-batch) forwards: 256
-ranks x 256 micro-batches lowered is a few seconds; 1024 x 1024 took 80 s and 2.7 GB."""
-
-
-def _cmd_schedule(args: argparse.Namespace) -> int:
-    chunks = args.chunks if args.chunks is not None else 2 if args.name in ("zb-v", "dualpipe-v") else 1
-    work = args.stages * args.microbatches * chunks
-    if args.stages > 0 and args.microbatches > 0 and chunks > 0 and work > MAX_SCHEDULE_COMPUTE:
-        raise DappleError(f"schedule {args.name}: --stages {args.stages} x --microbatches {args.microbatches} x "
-                          f"{chunks} chunks is {work:,} forwards; at most {MAX_SCHEDULE_COMPUTE:,} "
-                          f"(2^16): print fewer ranks or micro-batches")
-    params: dict[str, object] = {}
-    if args.chunks is not None:
-        params["chunks"] = args.chunks
-    if args.policy is not None:
-        params["policy"] = args.policy
-    schedule = generate(args.name, args.stages, args.microbatches, **params)
-    if args.lower:
-        schedule = lower(schedule)
-    check_schedule(schedule)
-    if args.csv:
-        sys.stdout.write(to_csv(schedule))
-        return 0
-    print(format_grid(schedule) if args.grid else schedule.to_text())
-    return 0
-
-
-def _policy_arg(text: str) -> str | tuple[str, ...]:
-    """``--policy``: one DAPPLE policy, or one per stage separated by commas."""
-    parts = tuple(part.strip() for part in text.split(","))
-    bad = [part for part in parts if part not in DAPPLE_POLICIES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"invalid policy {bad[0]!r}; valid: {', '.join(DAPPLE_POLICIES)}, "
-                                         "or one per stage separated by commas")
-    return parts[0] if len(parts) == 1 else parts
-
-
 def _plan(path: str | None):
     return None if path is None else read_plan_file(path)
 
@@ -392,7 +352,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compare": _cmd_compare,
     "calibrate": _cmd_calibrate,
     "published": _cmd_published,
-    "schedule": _cmd_schedule,
+    "schedule": schedule_command,
 }
 
 
