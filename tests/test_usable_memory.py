@@ -48,7 +48,7 @@ def test_every_gpu_preset_reserves_a_cited_share(name):
     memory = parse_bytes(preset["memory"])
     reserved = parse_bytes(preset["memory_reserved"])
     assert 1 * GiB < reserved < 0.1 * memory  # 1.3 GiB of 16 GiB, 2.9 of 80, 4.3 of 141
-    cublas = 32 * MiB if name.startswith(("H100", "H200", "H800"))  # Hopper else 4 * MiB if name.startswith("A100") else MiB
+    cublas = 32 * MiB if name.startswith(("H100", "H200", "H800")) else 4 * MiB if name.startswith("A100") else MiB
     assert reserved == pytest.approx(reserved_memory_bytes(memory, cublas_workspace_bytes=cublas), rel=1e-12)
 
 
