@@ -136,6 +136,17 @@ def test_a_4d_plan_keys_its_tensor_parallel_fsdp_and_reduction_lanes():
     assert {label.rsplit(",", 1)[0] for label in labels if label.endswith((", exposed", ", hidden"))} >= names
 
 
+def test_an_moe_plan_keys_its_expert_all_to_all_lane():
+    """Expert parallelism's dispatch and combine (the engine's ``EP`` group collective) have a
+    lane and a key entry of their own, not the grey of an unknown kind."""
+    from sim.report.plots.lanes import COMMUNICATION_KINDS
+
+    result = run_scenario(load_scenario(SCENARIOS / "moe_tiny_cpu.yaml"), engine="fast")
+    labels = [t.get_text() for t in plots.gantt_figure(result).axes[0].get_legend().get_texts()]
+    assert any(label.startswith(COMMUNICATION_KINDS["EP"][2] + ",") for label in labels), labels
+    assert not any(label.startswith("other collective") for label in labels), labels
+
+
 def test_published_figure_keys_each_table_the_bias_and_the_bands():
     """``published.png``: a key entry per table (with its source), what plain and hatched bars mean
     (too slow or large / too fast or small: a time above the published one is too slow, a rate above

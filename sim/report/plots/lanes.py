@@ -23,6 +23,7 @@ COMMUNICATION_KINDS: dict[str, tuple[str, str, str]] = {
     "CP": ("#2e8b57", "#bfe3cd", "context-parallel ring"),
     "FS": ("#b8860b", "#f0dca8", "FSDP gather"),
     "PG": ("#8b4513", "#e6c9b3", "ZeRO-1/2 param gather"),
+    "EP": ("#c71585", "#f3c2dd", "expert all-to-all"),
     "REDUCE": ("#7b2d8e", "#d9c3e0", "gradient reduction"),
 }
 """Collective kind (the engine's label) -> (colour where exposed, colour where hidden, its name
@@ -35,7 +36,7 @@ OTHER_KIND = ("0.3", "0.8", "other collective")
 
 def kind_of_op(workload, cls, op) -> str:
     """The collective kind of a REDUCE or GROUP op: ``REDUCE``, or its group collective's label
-    (``TP``, ``CP``, ``FS``, ``PG``)."""
+    (``TP``, ``CP``, ``FS``, ``PG``, ``EP``)."""
     if op.code == REDUCE:
         return "REDUCE"
     collective = workload.group_collectives[cls.groups[op.collective]]
