@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 
 from conftest import REPO
-
 from sim.engine.compile import _replica_samples
 from sim.engine.groups import by_server, group_flows
 from sim.input.scenario import load_scenario
