@@ -29,7 +29,7 @@ from sim.input.scenario import Scenario
 from sim.models.moe import parameter_counts
 from sim.models.vocab import vocab_padding
 
-__all__ = ["describe", "expert_span", "format_description"]
+__all__ = ["describe", "format_description"]
 
 
 def describe(scenario: Scenario) -> Description:
@@ -179,11 +179,11 @@ def _group_spans(plan, cluster) -> dict[str, str]:
             across = any(len({cluster.node_of(d) for d in g}) > 1 for g in groups)
             spans[name] = "across servers" if across else "inside one server"
     if plan.expert_parallel > 1:
-        spans["expert-parallel"] = expert_span(plan, cluster)
+        spans["expert-parallel"] = _expert_span(plan, cluster)
     return spans
 
 
-def expert_span(plan, cluster) -> str:
+def _expert_span(plan, cluster) -> str:
     """Where the expert-parallel groups sit: ``EP 8 inside a server`` or ``EP 64 across 8 servers,
     8 per server`` (the widest spread of any stage's groups)."""
     ep = plan.expert_parallel
