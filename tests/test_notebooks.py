@@ -29,6 +29,7 @@ FIGURES = {
     "02_capacity_study.ipynb": ["02_gpus_for_target.png", "02_network_4x.png", "02_oom_frontier.png"],
     "03_validation_report.ipynb": _validation_figures(),
     "capacity_70b.ipynb": ["capacity_70b.png"],
+    "moe_ep.ipynb": ["moe_ep.png"],
 }
 
 

@@ -18,6 +18,7 @@ from sim.app.published import (
     DEFAULT_SUITE,
     RUN_METRICS,
     group_stats,
+    megatron_v09_flops,
     narayanan_flops,
     parse_tokens_rate,
     read_suite,
@@ -233,7 +234,24 @@ def test_only_the_530b_zero3_row_on_640_gpus_is_predicted_out_of_memory(all_resu
     assert ooms == ["529.6B, 640 GPUs, ZeRO-3 without model parallelism"], ooms
 
 
-def test_the_moe_row_reads_the_replays_model_flops():
-    rows = [r for r in read_suite(DEFAULT_SUITE) if r.metric == "model_tflops_per_gpu"]
+def test_the_moe_row_counts_flops_as_megatron_core_v0_9():
+    rows = [r for r in read_suite(DEFAULT_SUITE) if r.metric == "megatron_tflops_per_gpu"]
     assert [r.scenario.name for r in rows] == ["megatron2024_mixtral_8x7b_64.yaml"]
     assert rows[0].published == 468e12  # Megatron-LM moe/README.md: "468 TFLOPS for Mixtral 8X7B"
+
+
+def test_megatron_v09_flops_of_a_dense_gpt_is_equation_3_without_the_recompute():
+    # dense, g = a, f = 4h, not gated: 12·B·s·l·h²·(2 + s/h + 4 + V/(2lh)) = 72·B·s·l·h²·(1 + s/(6h) + V/(12lh))
+    b, s, l, h, v = 512, 2048, 24, 2304, 51200
+    expected = 72 * b * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
+    got = megatron_v09_flops(batch=b, seq_len=s, layers=l, hidden=h, heads=24, kv_heads=24, ffn_hidden=4 * h,
+                             vocab=v, gated=False)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_megatron_v09_flops_of_mixtral_counts_full_attention_and_two_swiglu_experts():
+    # Mixtral 8x7B: (1 + 8/32 + 4096/4096) + (14336/4096)·2·3/2 + 32000/(2·32·4096) per 12·B·s·l·h²
+    got = megatron_v09_flops(batch=1, seq_len=4096, layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+                             vocab=32000, gated=True, top_k=2)
+    assert got == pytest.approx(12 * 4096 * 32 * 4096**2 * (2.25 + 10.5 + 32000 / 262144), rel=1e-12)
+    assert got == pytest.approx(3.3967e14, rel=1e-4)

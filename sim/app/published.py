@@ -15,8 +15,11 @@ table, row), the scenario file that sets up the run and what to read from its re
   the forward that full recomputation runs again) over the predicted iteration time and the
   cluster's GPUs; the scenario's model must be a built-in transformer (``gpt``, ``bert``, ``llama``);
 * ``model_tflops_per_gpu`` — the replay's own count of the model's FLOPs (forward and backward,
-  no recompute; an MoE block's router and its active experts) per second per GPU, the quantity
-  Megatron-Core reports as TFLOPS for MoE models;
+  no recompute; an MoE block's router and its active experts) per second per GPU;
+* ``megatron_tflops_per_gpu`` — Megatron-LM's own count (``megatron_v09_flops``: its
+  ``num_floating_point_operations`` as Megatron-Core v0.9 ships it, the version whose TFLOPS its
+  MoE README quotes) over the predicted iteration time and the cluster's GPUs: it counts the full
+  s×s attention (not the causal half the replay's kernels run), no router, top_k experts' MLPs;
 * ``tokens_per_s_per_gpu`` — global batch × sequence / iteration time / GPUs (torchtitan's TPS/GPU);
 * ``peak_memory`` — the replay's peak memory on the device that peaks highest (torchtitan reports
   the maximum over GPUs). Live bytes only: torchtitan's "memory" is the caching allocator's peak
@@ -49,11 +52,12 @@ from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario
 from sim.input.strict import StrictReader
 from sim.input.yaml_text import load_yaml
+from sim.models.vocab import VOCAB_DIVISIBLE_BY, padded_vocab_size
 from sim.report.plots.published import published_figure
 from sim.report.plots.style import pyplot
 
 __all__ = ["DEFAULT_SUITE", "METRICS", "RUN_METRICS", "GroupStats", "PublishedRow", "RowResult", "format_results",
-           "group_stats", "narayanan_flops", "parse_tokens_rate", "read_suite", "run_suite", "suite_json", "write_outputs"]
+           "group_stats", "megatron_v09_flops", "narayanan_flops", "parse_tokens_rate", "read_suite", "run_suite", "suite_json", "write_outputs"]
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "scenarios" / "published" / "suite.yaml"
 """The suite shipped with the project."""
@@ -75,10 +79,11 @@ def parse_tokens_rate(value: object) -> float:
 METRICS = {"iteration_time": (parse_time, "s", 1.0), "state_memory": (parse_bytes, "GiB", 2.0**30),
            "activation_memory": (parse_bytes, "GiB", 2.0**30), "tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12),
            "tokens_per_s_per_gpu": (parse_tokens_rate, "tok/s", 1.0), "peak_memory": (parse_bytes, "GiB", 2.0**30),
-           "model_tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12)}
+           "model_tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12),
+           "megatron_tflops_per_gpu": (parse_flop_rate, "TFLOP/s", 1e12)}
 """Metric -> (how its published value is read, the unit it is shown in, that unit in SI)."""
 RUN_METRICS = frozenset({"iteration_time", "tflops_per_gpu", "tokens_per_s_per_gpu", "peak_memory",
-                         "model_tflops_per_gpu"})
+                         "model_tflops_per_gpu", "megatron_tflops_per_gpu"})
 """Metrics a run measured: the configuration ran, so the replay must fit in memory."""
 _BOUNDS = {parse_time: (1e-6, 1e6, "1us to 1e6s"), parse_bytes: (1.0, 2.0**50, "1B to 1PiB"),
            parse_flop_rate: (1e9, 1e18, "1GFLOP/s to 1000PFLOP/s"), parse_tokens_rate: (1e-3, 1e9, "0.001 to 1e9 tokens/s")}
@@ -183,6 +188,42 @@ def narayanan_flops(*, batch: int, seq_len: int, layers: int, hidden: int, vocab
                                                           + vocab / (16.0 * layers * hidden))
 
 
+def megatron_v09_flops(*, batch: int, seq_len: int, layers: int, hidden: int, heads: int, kv_heads: int,
+                       ffn_hidden: int, vocab: int, gated: bool, top_k: int = 1) -> float:
+    """Model FLOPs of one iteration as Megatron-LM counts them for its TFLOPS log line
+    (``num_floating_point_operations``, ``megatron/training/training.py`` at tag core_v0.9.0):
+
+        F = 12·B·s·l·h²·((1 + g/a + s/h)·(a·h_head/h) + (f/h)·k·m + V/(2·l·h)),
+
+    the forward and two backward GEMMs (3) of pairs of matrices (2) at 2 FLOPs a multiply-add
+    (2); g query groups of a heads, h_head = h/a, f the MLP width (an MoE's expert width, which
+    v0.9 reads from ``ffn_hidden_size``), k the experts a token is routed to (``moe_router_topk``,
+    1 for a dense MLP), m = 3/2 for a gated (SwiGLU) MLP, V the padded vocabulary. The s/h term
+    is the full s×s score and value products: v0.9 does not halve it for the causal mask (the
+    halving came with Megatron-LM commit 8873b55, March 2025), and the router is not counted."""
+    attention = (1.0 + kv_heads / heads + seq_len / hidden) * (heads * (hidden // heads) / hidden)
+    mlp = ffn_hidden / hidden * top_k * (1.5 if gated else 1.0)
+    logit = vocab / (2.0 * layers * hidden)
+    return 12.0 * batch * seq_len * layers * hidden**2 * (attention + mlp + logit)
+
+
+def _megatron_flops(scenario) -> float:
+    """``megatron_v09_flops`` of a built-in transformer scenario's global batch (vocabulary padded
+    as Megatron-LM pads it, ``sim.models.vocab.padded_vocab_size``)."""
+    shape = _transformer_shape(scenario)
+    values = scenario.model.preset.values
+    if not isinstance(values.get("heads"), int) or not isinstance(values.get("ffn_hidden"), int):
+        raise ScenarioError(f"{scenario.path}: megatron_tflops_per_gpu needs model.heads and model.ffn_hidden; "
+                            "write them in the scenario")
+    experts = scenario.model.experts
+    vocab = padded_vocab_size(shape.pop("vocab"), VOCAB_DIVISIBLE_BY, scenario.plan.shard.tensor)
+    return megatron_v09_flops(batch=scenario.training.global_batch_size, vocab=vocab, heads=values["heads"],
+                              kv_heads=values.get("kv_heads") or values["heads"],
+                              ffn_hidden=experts.ffn_hidden if experts is not None else values["ffn_hidden"],
+                              gated=scenario.model.preset.name == "llama",
+                              top_k=experts.top_k if experts is not None else 1, **shape)
+
+
 def _transformer_shape(scenario) -> dict[str, int]:
     preset = scenario.model.preset
     values = {} if preset is None else preset.values
@@ -209,6 +250,8 @@ def _measure(metric: str, scenario, summary) -> float:
         return summary.peak_memory_bytes
     if metric == "model_tflops_per_gpu":  # the replay's own model FLOPs (an MoE's active experts)
         return summary.model_flops_per_device_per_s
+    if metric == "megatron_tflops_per_gpu":
+        return _megatron_flops(scenario) / summary.iteration_time_s / gpus
     if metric == "state_memory":
         b = by_id[groups[len(groups) // 2][0]].memory_breakdown
         return b.parameters + b.gradients + b.optimizer
