@@ -53,6 +53,7 @@ def _replayed_peak(scenario, run) -> float:
     return replay(compile_workload(row_scenario(scenario, run), contention=False)).summarize().peak_memory_bytes
 
 
+@pytest.mark.slow  # a fit of four efficiencies over a dozen replays: 15 s; the unfused and bound cases stay in the default suite
 def test_flash_efficiencies_are_fitted_back_from_a_small_llama():
     # attention's share grows with s/h: sequences of 1K to 16K tokens over hidden 256 to 2048;
     # every configuration measured twice, as a user repeats a run (the prior weighs half as much)

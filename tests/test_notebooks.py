@@ -43,7 +43,12 @@ def test_every_notebook_is_covered():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(FIGURES)
 
 
-@pytest.mark.parametrize("name", sorted(FIGURES))
+SLOW = {"02_capacity_study.ipynb"}
+"""Notebooks run under ``-m slow`` only: 02 plans a sweep of GPT sizes on three clusters (11 s); the sweep
+machinery it calls is tested in tests/test_sweep.py."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(FIGURES)])
 def test_notebook_runs_and_writes_its_figures(name, tmp_path, monkeypatch):
     monkeypatch.setenv("DAPPLESIM_FIGURES", str(tmp_path))
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)

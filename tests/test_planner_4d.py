@@ -167,6 +167,7 @@ def test_a_sweep_names_4d_planner_options_and_a_bad_one_is_one_line():
         planner_option("chunks", [0], "options.chunks", fail)
 
 
+@pytest.mark.slow  # 10 s of planning; the 4D planner's small cases stay in the default suite
 def test_gpt_175b_gets_a_plan_on_64_h100():
     """The issue's 175B GPT, which the data x pipeline planner could not place on 64 H100: the
     plan it finds needs the 4D space (tensor parallelism or sharding; priced with FSDP's

@@ -73,9 +73,12 @@ def test_a_checked_run_end_to_end(checked_tiny_run):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("fail_at", "expected"), [("1:1B1", "rank 1 failed at action 1B1 (step 0): RuntimeError"),
-                                                   ("0:0F2:exit", "rank 0 died at step 0 0F2"),
+                                                   # each launch is 7 s: the two other ways to fail run under -m slow
+                                                   pytest.param("0:0F2:exit", "rank 0 died at step 0 0F2",
+                                                                marks=pytest.mark.slow),
                                                    # stopped from outside: the survivor only lost its peer
-                                                   ("1:1B1:term", "rank 1 died at step 0 1B1 (exit code -15)")],
+                                                   pytest.param("1:1B1:term", "rank 1 died at step 0 1B1 (exit code -15)",
+                                                                marks=pytest.mark.slow)],
                          ids=["raises", "dies", "terminated"])
 def test_a_failing_rank_stops_every_rank_and_is_named(tmp_path, fail_at, expected):
     start = time.monotonic()
