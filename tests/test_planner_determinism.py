@@ -97,6 +97,7 @@ def test_rejections_have_a_kind_and_the_report_counts_them(tmp_path):
     assert nothing.note.endswith("(1 out of memory)")
 
 
+@pytest.mark.slow  # a plan and a one-point sweep of it: 7 s; the plan JSON's determinism tests stay in the default suite
 def test_the_command_line_and_the_sweep_share_one_row_of_an_evaluation():
     scenario = load_scenario(BERT)
     found = dapple_planner(scenario, PlannerOptions(fast_budget_ops=0))
