@@ -125,3 +125,13 @@ def test_a_measured_iteration_time_below_a_microsecond_is_refused_while_read():
     line = refused("dapple-sim", "calibrate", base, "--fit", str(SCENARIOS / "calibration" / "cpu_runs.csv"),
                    "--test", "test.csv", files=[("test.csv", test.encode())])
     assert "test.csv:3: iteration_time_s: '1e-320' must be a positive time in seconds, from 1e-06 to 1e+06" in line, line
+
+
+def test_a_microbatch_size_above_the_global_batch_is_no_plan_for_pipedream_not_a_traceback():
+    # seed 3098 of the 10,000-case run on the merged main: PipeDream's search had no size to try
+    # and unpacked None; it now reports no plan, as the other planners do (exit 1: no plan fits)
+    argv = (str(SCENARIOS / "mlp_tiny_cpu.yaml"), "--planner", "pipedream", "--microbatch-size", "1000000000", "-q")
+    case = Case(seed=-1, family="found", program="dapple-plan", argv=argv, files=())
+    outcome = execute(case, alarm_s=60)
+    assert judge(outcome, argv) is None, (judge(outcome, argv), outcome.err[-500:], outcome.crash)
+    assert outcome.rc == 1 and "pipedream" in outcome.out and "no plan" in outcome.out

@@ -89,8 +89,10 @@ class PipeDreamSearch:
     """Micro-batch sizes there were."""
 
 
-def pipedream_search(tables: CostTables, scenario: Scenario, options: PlannerOptions) -> PipeDreamSearch:
-    """PipeDream's DP for each micro-batch size, most promising first, within ``options.max_partials``."""
+def pipedream_search(tables: CostTables, scenario: Scenario, options: PlannerOptions) -> PipeDreamSearch | None:
+    """PipeDream's DP for each micro-batch size, most promising first, within ``options.max_partials``;
+    None when no micro-batch size is left to try (``--microbatch-size`` sizes that divide no
+    global batch)."""
     cluster = scenario.cluster
     n, layers = cluster.num_devices, tables.num_layers
     cuts = list(range(layers + 1)) if layers <= MAX_SEGMENTS else segment_cuts(tables)
@@ -108,6 +110,8 @@ def pipedream_search(tables: CostTables, scenario: Scenario, options: PlannerOpt
         key = (value / sizes[k], k)  # ties go to the smaller size, as the sizes' own order would
         if best is None or key < best[0]:
             best = (key, bounds, replicas, sizes[k])
+    if best is None:
+        return None
     _, bounds, replicas, size = best
     return PipeDreamSearch(bounds=bounds, replicas=replicas, microbatch_size=size, partials=partials,
                            sizes_done=done, sizes_total=len(sizes))
@@ -117,7 +121,7 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
     started = time.perf_counter()
     tables = CostTables(scenario)
     search = pipedream_search(tables, scenario, options)
-    candidates = [
+    candidates = [] if search is None else [
         Candidate(bounds=search.bounds, replicas=search.replicas, microbatch_size=size, schedule="dapple",
                   recompute=recompute)
         for size in microbatch_sizes(scenario.training.global_batch_size, options)
@@ -126,6 +130,9 @@ def pipedream_planner(scenario: Scenario, options: PlannerOptions, progress=None
     candidates = [c for c in candidates if feeds_every_replica(c)]
     result = settle_offered("pipedream", scenario, tables, candidates, options, started=started, progress=progress,
                             context=context)
+    if search is None:
+        result.search_time_s = time.perf_counter() - started
+        return result
     result.spend.partials += search.partials
     if search.sizes_done < search.sizes_total:
         result.spend.reach("partial plans", options.max_partials)
