@@ -155,24 +155,11 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         },
         "H100-80GB": _H100_SXM,
         "H800-80GB": _H100_SXM,  # the H100 SXM's figures (module docstring)
-        "H200-141GB": {
+        "H200-141GB": {  # the H100's chip with more and faster memory (module docstring)
+            **_H100_SXM,
             "memory": "141GB",
             "memory_reserved": _reserved(141e9, 32 * 2**20),
-            "peak_flops": "989TFLOP/s",
-            "peak_fp32_flops": "67TFLOP/s",
             "memory_bandwidth": "4800GB/s",
-            "efficiency": 0.7,
-            "matmul_half_dim": 64,
-            "kernel_overhead": "0s",
-            "kernel_issue": "10us",
-            "memory_efficiency": 0.8,
-            "action_overhead": "0s",
-            "default_attention": "flash",
-            "attention_efficiency": 0.585,
-            "attention_backward_efficiency": 0.548,
-            "sdpa_efficiency": 0.323,
-            "sdpa_backward_efficiency": 0.313,
-            "power_w": "700W",
         },
     }
 )
