@@ -94,3 +94,11 @@ def synthetic_scenario(
                     recompute=Recompute.of(recompute))
     training = TrainingSpec(global_batch_size=microbatch_size * microbatches, microbatch_size=microbatch_size)
     return Scenario(name="synthetic", cluster=cluster, model=model, training=training, plan=plan)
+
+
+def assert_matches_unsplit(summary) -> None:
+    """A runtime run's ``--check`` against the unsplit single-process model: gradients within
+    1e-5 (fp32) and the same loss."""
+    assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
+    assert summary["max_rel_grad_diff"] <= 1e-5
+    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor.parallel")
 
-from conftest import SCENARIOS  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")
@@ -131,22 +131,16 @@ def four_ranks():
     return _spawn(4, FOUR_RANKS)
 
 
-def _assert_matches(summary):
-    assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
-    assert summary["max_rel_grad_diff"] <= 1e-5
-    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(TWO_RANKS))
 def test_expert_parallel_plans_on_two_ranks_match_the_unsplit_model(two_ranks, name):
-    _assert_matches(two_ranks[name])
+    assert_matches_unsplit(two_ranks[name])
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(FOUR_RANKS))
 def test_expert_parallel_with_tensor_or_pipeline_parallelism_matches_the_unsplit_model(four_ranks, name):
-    _assert_matches(four_ranks[name])
+    assert_matches_unsplit(four_ranks[name])
 
 
 @pytest.mark.dist
@@ -185,4 +179,4 @@ def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsp
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
-        _assert_matches(summary)
+        assert_matches_unsplit(summary)

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS
+from conftest import SCENARIOS, assert_matches_unsplit
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 SHIPPED = {"model.tied_embeddings": "true", "model.hidden": "32", "model.seq_len": "16"}
@@ -69,22 +69,16 @@ def two_ranks():
     return _spawn(2, TWO_RANKS)
 
 
-def _assert_matches(summary):
-    assert summary["check_passed"], (summary["max_rel_grad_diff"], summary["worst_grad"])
-    assert summary["max_rel_grad_diff"] <= 1e-5
-    assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5)
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(FOUR_RANKS))
 def test_four_rank_tied_plans_match_the_unsplit_tied_model(four_ranks, name):
-    _assert_matches(four_ranks[name])
+    assert_matches_unsplit(four_ranks[name])
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(TWO_RANKS))
 def test_two_rank_tied_plans_match_the_unsplit_tied_model(two_ranks, name):
-    _assert_matches(two_ranks[name])
+    assert_matches_unsplit(two_ranks[name])
 
 
 @pytest.mark.dist
@@ -177,5 +171,5 @@ def test_gpt2s_vocabulary_of_50257_runs_with_tensor_parallelism_on_gloo():
     gpt2 = {**SHIPPED, "model.vocab": "50257", "model.vocab_divisible_by": "128", "plan.tensor_parallel": "2",
             "plan.stages": "[{layers: [0, 6], devices: [0, 1]}]"}
     summary = _spawn(2, {"gpt2": gpt2})["gpt2"]
-    _assert_matches(summary)
+    assert_matches_unsplit(summary)
     assert summary["vocabulary"]["padded_at_tensor_parallel"] == 50432  # ceil(50,257 / 256) * 256
