@@ -24,20 +24,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.engine.run import run_scenario  # noqa: E402
-from sim.input.scenario import load_scenario, parse_scenario  # noqa: E402
+from sim.input.scenario import load_scenario  # noqa: E402
 from sim.report.plots.style import pyplot  # noqa: E402
 from sim.report.plots.timeline import gantt_figure, memory_figure, schedule_comparison_figure  # noqa: E402
 
-LLAMA_405B_16K = """
-name: llama405b-16384-h100
-cluster: {preset: dgx-h100, nodes: 2048}
-model: {preset: llama, layers: 126, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248,
-        vocab: 128256, seq_len: 8192, dtype: bf16}
-training: {global_batch_size: 16384, microbatch_size: 128}
-plan: {schedule: 1f1b, tensor_parallel: 8, sequence_parallel: true, recompute: selective,
-       pipeline_parallel: 16, data_parallel: 128, sharding: optimizer}
-"""
-"""The planner bench's 405B on 16,384 H100 (``benchmarks/planner_bench.py``) with Llama 3's plan."""
+LLAMA_405B_16K = Path(__file__).resolve().parent.parent / "scenarios" / "scale" / "llama3_405b_h100_16384.yaml"
+LLAMA3_PLAN = {"training.global_batch_size": "16384", "training.microbatch_size": "128", "plan.schedule": "1f1b",
+               "plan.tensor_parallel": "8", "plan.sequence_parallel": "true", "plan.recompute": "selective",
+               "plan.pipeline_parallel": "16", "plan.data_parallel": "128", "plan.sharding": "optimizer"}
+"""The planner bench's 405B on 16,384 H100 with Llama 3's plan (TP 8 x PP 16 x DP 128) and 128 micro-batches."""
 
 
 def _scenario(case: str, schedule: str | None = None):
@@ -45,8 +40,7 @@ def _scenario(case: str, schedule: str | None = None):
     if case == "2048":
         return load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "gpt3_175b_a100_2048.yaml",
                              overrides)
-    text = LLAMA_405B_16K if not schedule else LLAMA_405B_16K.replace("schedule: 1f1b", f"schedule: {schedule}")
-    return parse_scenario(text)
+    return load_scenario(LLAMA_405B_16K, {**LLAMA3_PLAN, **overrides})
 
 
 def _timed(draw, repeat: int) -> float:

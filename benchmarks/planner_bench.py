@@ -47,19 +47,8 @@ from sim.core.units import format_bytes
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import load_scenario, parse_scenario
 
-GPT3_1024 = """
-name: gpt3-175b-1024-a100
-cluster: {preset: a100-nvlink-8, nodes: 128}
-model: {preset: gpt, layers: 96, hidden: 12288, heads: 96, seq_len: 2048, vocab: 51200, dtype: fp16}
-training: {global_batch_size: 1536}
-"""
-LLAMA_405B_16K = """
-name: llama405b-16384-h100
-cluster: {preset: dgx-h100, nodes: 2048}
-model: {preset: llama, layers: 126, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248,
-        vocab: 128256, seq_len: 8192, dtype: bf16}
-training: {global_batch_size: 2048}
-"""
+GPT3_1024 = "scenarios/scale/gpt3_175b_a100_1024.yaml"
+LLAMA_405B_16K = "scenarios/scale/llama3_405b_h100_16384.yaml"
 TNLG_5128 = """
 name: turing-nlg-530b-5128-a100
 cluster: {preset: a100-nvlink-8, nodes: 641}
@@ -230,10 +219,10 @@ def main() -> None:
     if wanted("bert48"):
         _case(load_scenario("scenarios/bert48_v100_2x8.yaml", ignore_plan=True))
     if wanted("gpt3"):
-        scenario = parse_scenario(GPT3_1024, ignore_plan=True)
+        scenario = load_scenario(GPT3_1024, ignore_plan=True)
         quality_175b(scenario, _case(scenario))
     if not args.skip_large and wanted("llama405b"):
-        scenario = parse_scenario(LLAMA_405B_16K, ignore_plan=True)
+        scenario = load_scenario(LLAMA_405B_16K, ignore_plan=True)
         quality_405b(scenario, _case(scenario))
     if wanted("exhaustive"):
         exhaustive_gaps()

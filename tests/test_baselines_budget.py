@@ -22,21 +22,10 @@ from planner.search.space import PlannerOptions, microbatch_sizes
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
 from sim.cost.links import contiguous_span, span_link
-from sim.input.scenario import Scenario, load_scenario, parse_scenario
+from sim.input.scenario import Scenario, load_scenario
 
-GPT3_1024 = """
-name: gpt3-175b-1024-a100
-cluster: {preset: a100-nvlink-8, nodes: 128}
-model: {preset: gpt, layers: 96, hidden: 12288, heads: 96, seq_len: 2048, vocab: 51200, dtype: fp16}
-training: {global_batch_size: 1536}
-"""
-LLAMA_405B_16K = """
-name: llama405b-16384-h100
-cluster: {preset: dgx-h100, nodes: 2048}
-model: {preset: llama, layers: 126, hidden: 16384, heads: 128, kv_heads: 8, ffn_hidden: 53248,
-        vocab: 128256, seq_len: 8192, dtype: bf16}
-training: {global_batch_size: 2048}
-"""
+GPT3_1024 = SCENARIOS / "scale" / "gpt3_175b_a100_1024.yaml"
+LLAMA_405B_16K = SCENARIOS / "scale" / "llama3_405b_h100_16384.yaml"
 
 
 def _scenario(seed: int, *, nodes: int, per_node: int, memory: float = 2.0**40, layers: int = 12) -> Scenario:
@@ -147,7 +136,7 @@ def test_a_budget_of_partials_stops_the_search_with_a_plan():
 
 
 def test_cells_at_1024_gpus_are_bounded():
-    scenario = parse_scenario(GPT3_1024, ignore_plan=True)
+    scenario = load_scenario(GPT3_1024, ignore_plan=True)
     tables = CostTables(scenario)
     assert worker_granule(1024, 8) == 8 and worker_granule(16384, 8) == 128 and worker_granule(128, 8) == 1
     cuts = segment_cuts(tables)
@@ -171,7 +160,7 @@ def test_no_plan_fits_after_a_handful():
 
 
 def test_even_candidates_at_16384_gpus_within_the_budget():
-    scenario = parse_scenario(LLAMA_405B_16K, ignore_plan=True)
+    scenario = load_scenario(LLAMA_405B_16K, ignore_plan=True)
     tables = CostTables(scenario)
     candidates, cut = even_candidates(scenario, PlannerOptions(), tables)
     assert 0 < len(candidates) <= PlannerOptions().max_candidates and not cut
@@ -186,7 +175,7 @@ def test_even_candidates_at_16384_gpus_within_the_budget():
 
 
 def test_dp_without_a_sample_per_replica_replays_nothing():
-    scenario = parse_scenario(LLAMA_405B_16K, ignore_plan=True)  # 2,048 samples, 16,384 replicas
+    scenario = load_scenario(LLAMA_405B_16K, ignore_plan=True)  # 2,048 samples, 16,384 replicas
     result = dp_planner(scenario, PlannerOptions())
     assert result.best is None and result.spend.replays == 0
     assert result.note.startswith("no plan: no micro-batch size of the global batch (2,048)")
