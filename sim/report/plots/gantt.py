@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sim.report.plots.lanes import COMMUNICATION_KINDS, OTHER_KIND
-from sim.report.plots.style import set_time_axis
+from sim.report.plots.style import set_time_axis, to_rgb
 
 __all__ = ["ALLREDUCE_COLOUR", "CHUNK_HATCHES", "EXPOSED_COLOUR", "HIDDEN_COLOUR", "KINDS", "LABEL_EVERY_MICROBATCHES", "LEGEND",
            "OPTIMIZER_COLOUR", "add_key", "draw_gantt", "gantt_key", "lane_kinds", "merge_keys"]
@@ -60,9 +60,6 @@ LEGEND = ("colour: blue forward, orange backward, red input-gradient backward (I
 def _shade(colour: str, microbatch: int | None, alternate: bool):
     """The kind's colour; with ``alternate``, a little lighter for odd micro-batches, so that
     neighbours stay apart where bars are too narrow for white edges."""
-    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
-    from matplotlib.colors import to_rgb
-
     rgb = to_rgb(colour)
     if alternate and microbatch is not None and microbatch % 2:
         rgb = tuple(0.7 * c + 0.3 for c in rgb)
@@ -71,17 +68,11 @@ def _shade(colour: str, microbatch: int | None, alternate: bool):
 
 def _chunk_tint(rgb, chunk: int):
     """A narrow bar's colour for model chunk ``chunk``: chunk 0 as is, each later one darker."""
-    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
-    from matplotlib.colors import to_rgb
-
     factor = 1.0 - 0.55 * min(chunk, 3) / 3
     return tuple(factor * c for c in to_rgb(rgb))
 
 
 def _darker(colour: str):
-    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
-    from matplotlib.colors import to_rgb
-
     return tuple(0.6 * c for c in to_rgb(colour))
 
 
@@ -311,24 +302,21 @@ def _draw_numbers(ax, numbers: list[tuple[float, float, str, str, Any]], size_pt
     if not numbers:
         return
     # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
-    from matplotlib.collections import PathCollection
-    from matplotlib.font_manager import FontProperties
-    from matplotlib.textpath import TextPath
-    from matplotlib.transforms import Affine2D
+    from matplotlib import collections, font_manager, textpath, transforms
 
-    font = FontProperties(size=size_pt)
+    font = font_manager.FontProperties(size=size_pt)
     shapes: dict[tuple[str, str], Any] = {}
     for _, _, text, where, _ in numbers:
         if (text, where) in shapes:
             continue
-        path = TextPath((0, 0), text, prop=font)
+        path = textpath.TextPath((0, 0), text, prop=font)
         box = path.get_extents()
         dx = -(box.x0 + box.x1) / 2 if where == "center" else -box.x0
         dy = {"center": -(box.y0 + box.y1) / 2, "above": -box.y0, "below": -box.y1}[where]
-        shapes[text, where] = path.transformed(Affine2D().translate(dx, dy))
-    collection = PathCollection([shapes[text, where] for _, _, text, where, _ in numbers],
+        shapes[text, where] = path.transformed(transforms.Affine2D().translate(dx, dy))
+    collection = collections.PathCollection([shapes[text, where] for _, _, text, where, _ in numbers],
                                 offsets=[(x, y) for x, y, *_ in numbers], offset_transform=ax.transData,
-                                transform=Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points
+                                transform=transforms.Affine2D().scale(1 / 72) + ax.figure.dpi_scale_trans,  # points
                                 facecolors=[colour for *_, colour in numbers], edgecolors="none", linewidths=0,
                                 zorder=3)
     collection.numbers = [text for _, _, text, _, _ in numbers]

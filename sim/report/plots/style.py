@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import textwrap
 
-__all__ = ["GiB", "figure_and_axes", "format_duration", "pyplot", "set_time_axis", "time_unit", "wrap_to_width"]
+__all__ = ["GiB", "figure_and_axes", "format_duration", "pyplot", "set_time_axis", "time_unit", "to_rgb", "wrap_to_width"]
 
 GiB = 2.0**30
 
@@ -75,6 +75,14 @@ def wrap_to_width(text: str, width_in: float, *, points: float = 10.0, max_lines
         lines = lines[:max_lines]
         lines[-1] = lines[-1][: columns - 1].rstrip() + "…"
     return "\n".join(lines) or text
+
+
+def to_rgb(colour) -> tuple[float, float, float]:
+    """``colour`` (a name, ``#rrggbb`` or an RGB tuple) as an RGB tuple of 0..1 floats."""
+    # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
+    from matplotlib.colors import to_rgb as rgb
+
+    return rgb(colour)
 
 
 def pyplot():
