@@ -140,3 +140,17 @@ def test_the_scenario_keys_reach_the_model():
         _scenario(experts="node_limit: 0")
     with pytest.raises(ScenarioError, match="gemm_dtype"):
         _scenario(", gemm_dtype: fp4")
+
+
+def test_a_v_schedule_grid_places_stage_s_and_2p_minus_1_minus_s_on_device_set_s():
+    text = """
+name: v-grid
+cluster: {preset: dgx-h100, nodes: 1}
+model: {preset: llama, layers: 6, hidden: 64, heads: 4, kv_heads: 4, seq_len: 32, vocab: 128}
+training: {global_batch_size: 16, microbatch_size: 2}
+plan: {schedule: {name: dualpipe-v, chunks: 2}, pipeline_parallel: 4, data_parallel: 2}
+"""
+    stages = parse_scenario(text, source="v-grid.yaml").plan.stages
+    sets = [stage.devices for stage in stages]
+    assert len(stages) == 8  # 2p stages
+    assert sets == [(0, 1), (2, 3), (4, 5), (6, 7), (6, 7), (4, 5), (2, 3), (0, 1)]
