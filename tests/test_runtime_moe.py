@@ -93,6 +93,8 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 @pytest.mark.parametrize(("overrides", "key"), [
     ({"model.experts.capacity_factor": "1.25"}, "model.experts.capacity_factor"),
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance"),
+    ({"model.experts.node_limit": "1"}, "model.experts.node_limit"),
+    ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype"),
     ({"plan.sharding": "optimizer"}, "plan.sharding"),
     ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": "[{layers: [0, 4], devices: [0, 1, 2, 3]}]",
       "plan.expert_parallel": "1"}, "plan.sequence_parallel"),

@@ -28,7 +28,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.comm import all_to_all_s, gradient_sync
+from sim.cost.comm import all_to_all_s, gradient_sync, node_limited_fraction
 from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.links import busiest_nic_flows, members_per_node
 
@@ -54,6 +54,7 @@ class ExpertPricing:
         moe = expert_parallel > 1 and any(layer.a2a_bytes for layer in layers)
         self._a2a = [0.0, *accumulate(layer.a2a_bytes for layer in layers)] if moe else None
         self._ep_members = members_per_node(self.cluster, expert_parallel)
+        self._across = node_limited_fraction(self.model.experts, len(self._ep_members))
 
     def expert_bytes(self, start: int, end: int) -> float:
         """Routed-expert parameter bytes of layers ``[start, end)`` on one device (``ModelSpec.expert_param_bytes``)."""
@@ -73,8 +74,8 @@ class ExpertPricing:
             return 0.0, 0.0
         payload = (self._a2a[end] - self._a2a[start]) * samples
         again = 4 if recompute is Recompute.FULL else 2
-        return (all_to_all_s(self._ep_members, 2 * payload, self.cluster),
-                all_to_all_s(self._ep_members, again * payload, self.cluster))
+        return (all_to_all_s(self._ep_members, 2 * payload, self.cluster, across_fraction=self._across),
+                all_to_all_s(self._ep_members, again * payload, self.cluster, across_fraction=self._across))
 
     def state_bytes(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         """Parameters, gradients and optimizer state of one device: ``moe_state_bytes`` (the dense

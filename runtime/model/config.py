@@ -177,6 +177,10 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
+        ("model.mla", model.mla is not None,
+         "its attention is multi-head; multi-head latent attention is a cost-model input here; remove model.mla"),
+        ("model.gemm_dtype", model.gemm_dtype is not None,
+         "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
@@ -201,6 +205,8 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
+        ("model.experts.node_limit", experts.node_limit is not None,
+         "its router picks the top_k experts anywhere (no node-limited routing); remove node_limit"),
         ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
          "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
         ("plan.sharding", plan.sharding is not Sharding.NONE,

@@ -86,6 +86,9 @@ class ExpertSpec:
     """The busiest expert's tokens over the mean (≥ 1), when ``draw`` is None."""
     draw: ImbalanceDraw | None = None
     """Tokens per expert drawn from a distribution instead of ``imbalance``."""
+    node_limit: int | None = None
+    """Node-limited routing (DeepSeek-V3 §2.1.2): each token goes to experts on at most this many
+    servers, its copies sent once a server (``sim.cost.comm.node_limited_fraction``); None: no limit."""
 
     def __post_init__(self) -> None:
         for key in ("count", "top_k", "ffn_hidden"):
@@ -99,6 +102,10 @@ class ExpertSpec:
         cf = self.capacity_factor
         if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf > 0):
             raise SpecError("experts.capacity_factor", f"must be a number > 0 (e.g. 1.25) or absent (dropless), got {cf!r}")
+        if self.node_limit is not None and (isinstance(self.node_limit, bool) or not isinstance(self.node_limit, int)
+                                            or self.node_limit < 1):
+            raise SpecError("experts.node_limit", f"must be an integer >= 1 (DeepSeek-V3: 4) or absent, got "
+                                                  f"{self.node_limit!r}")
         x = self.imbalance
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 1.0:
             raise SpecError("experts.imbalance", f"must be a number >= 1 (the busiest expert's tokens over the mean), "

@@ -180,6 +180,12 @@ class ModelSpec:
     for a model without attention blocks (a measured profile, mlp, vgg)."""
     experts: Any = None
     """The experts of a generated transformer's MoE blocks (``sim.core.experts.ExpertSpec``); None: dense."""
+    mla: Any = None
+    """A generated transformer's multi-head latent attention (``sim.core.mla.MlaSpec``); None:
+    multi-head (or grouped-query) attention."""
+    gemm_dtype: str | None = None
+    """``fp8``: a generated transformer's blocks run their weighted products on FP8 tensor cores
+    (``sim.models.precision``); None: in ``dtype``."""
     kernels: str = "fused"
     """How a generated transformer's element-wise work runs (``model.kernels``, one of
     ``sim.cost.kernels.KERNEL_MODES``): ``fused`` kernels (Megatron-LM) or PyTorch's ``eager`` ones

@@ -42,6 +42,10 @@ __all__ = [
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 """Bytes per element of each supported training dtype."""
 
+FP8 = "fp8"
+"""The matrix-product precision ``model.gemm_dtype`` may name (``sim.models.precision``): E4M3
+inputs on FP8 tensor cores, accumulated in higher precision; not a training dtype of its own."""
+
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 """fp32 state tensors each optimizer keeps per parameter (Adam: first and second moment)."""
 
@@ -148,6 +152,10 @@ class DeviceSpec:
     """Fraction of peak an ``sdpa`` attention forward reaches (torch's FlashAttention-2 backend), in (0, 1]."""
     sdpa_backward_efficiency: float = 0.554
     """The same for an ``sdpa`` attention backward, in (0, 1]."""
+    peak_fp8_flop_per_s: float | None = None
+    """Dense FP8 (E4M3 tensor core) peak, FLOP/s, at which the matrix products a model runs in FP8
+    (``model.gemm_dtype: fp8``, ``sim.models.precision``) are priced; None: the device has no FP8
+    tensor cores (Volta, Ampere), and an FP8 model on it is refused."""
     power_w: float | None = None
     """Board power at full load (the datasheet's TDP), watts; None: not set (no energy estimate).
     The presets' figures are NVIDIA's datasheets' (``sim.input.presets``)."""
@@ -177,6 +185,8 @@ class DeviceSpec:
             positive(key, getattr(self, key))
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
+        if self.peak_fp8_flop_per_s is not None:
+            positive("peak_fp8_flops", self.peak_fp8_flop_per_s)
         if self.power_w is not None:
             positive("power_w", self.power_w)
         if self.idle_power_w is not None:
@@ -200,7 +210,14 @@ class DeviceSpec:
         return self.attention_efficiency, self.attention_backward_efficiency
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
-        """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak)."""
+        """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak; ``fp8`` the
+        FP8 tensor cores', which a device without them refuses)."""
+        if dtype == FP8:
+            if self.peak_fp8_flop_per_s is None:
+                raise SpecError("model.gemm_dtype", f"device {self.name} has no FP8 peak (FP8 tensor cores are "
+                                                    "Hopper's and later); set cluster.device.peak_fp8_flops or "
+                                                    "remove model.gemm_dtype")
+            return self.peak_fp8_flop_per_s
         return self.peak_fp32_flop_per_s if DTYPE_BYTES.get(dtype) == 4 else self.peak_flop_per_s
 
 

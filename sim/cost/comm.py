@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "collective_s", "context_ring", "context_ring_s",
+__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s", "context_ring", "context_ring_s",
            "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
            "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
@@ -238,7 +238,23 @@ def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: i
     return (_cost(forward, forward, steps, link, cluster), _cost(backward, backward, steps, link, cluster))
 
 
-def all_to_all(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec) -> tuple[CommCost, ...]:
+def node_limited_fraction(experts, servers: int) -> float:
+    """Share of an expert all-to-all's across-server bytes that node-limited routing sends.
+
+    Without it each of a token's top_k copies goes to its expert's server, so (N − 1)/N of them
+    cross servers in a group spanning N servers. DeepSeek-V3 (§2.1.2) sends each token to
+    experts on at most M = ``experts.node_limit`` servers, "dispatched to the same node only once
+    over IB" and forwarded inside it over NVLink (§3.2.2): m = min(M, N, top_k) server copies,
+    of which (N − 1)/N are remote. So the across bytes scale by m / top_k (DeepSeek-V3: M 4,
+    N 8, top-8: 1/2); 1 without a limit (``experts`` None or ``node_limit`` None)."""
+    limit = getattr(experts, "node_limit", None)
+    if limit is None:
+        return 1.0
+    return min(limit, servers, experts.top_k) / experts.top_k
+
+
+def all_to_all(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec, *,
+               across_fraction: float = 1.0) -> tuple[CommCost, ...]:
     """An MoE block's all-to-all (token dispatch or combine) over an expert-parallel group whose
     members sit ``members_per_node`` to a server, each holding ``nbytes`` (its routed token copies,
     ``LayerSpec.a2a_bytes`` × samples), alone: its phases inside and across servers, which run
@@ -252,8 +268,8 @@ def all_to_all(members_per_node: Sequence[int], nbytes: float, cluster: ClusterS
     (``ncclGroupStart``/``ncclGroupEnd``, as ``torch.distributed.all_to_all_single`` and nccl-tests'
     ``alltoall.cu`` do), so each phase pays one link latency, at the link's collective bandwidth.
     DeepSeek-V3's node-limited routing (§2.1.2: a token goes to at most 4 servers, its copies
-    deduplicated over InfiniBand and forwarded over NVLink, §3.2.2) would cut the across bytes
-    for top_k above 4; it is not modelled, so a group across servers is an upper bound there.
+    deduplicated over InfiniBand and forwarded over NVLink, §3.2.2) cuts the across bytes by
+    ``across_fraction`` (``node_limited_fraction``); the NVLink phase is left as it is.
     """
     n, widest = sum(members_per_node), max(members_per_node)
     phases = []
@@ -262,15 +278,17 @@ def all_to_all(members_per_node: Sequence[int], nbytes: float, cluster: ClusterS
         phases.append(_cost(inside, inside / cluster.intra_node.collective_efficiency, 1, cluster.intra_node, cluster))
     if len(members_per_node) > 1 and nbytes > 0:
         link = cluster.inter_node
-        across = (n - min(members_per_node)) / n * nbytes
+        across = (n - min(members_per_node)) / n * nbytes * across_fraction
         rate = link.bandwidth_bytes_per_s / busiest_nic_flows(cluster, widest)
         phases.append(_cost(across, across / link.collective_efficiency, 1, link, cluster, rate))
     return tuple(phases)
 
 
-def all_to_all_s(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec) -> float:
+def all_to_all_s(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec, *,
+                 across_fraction: float = 1.0) -> float:
     """Seconds of that all-to-all alone: its slower phase (``all_to_all``), 0 for one member."""
-    return max((phase.seconds for phase in all_to_all(members_per_node, nbytes, cluster)), default=0.0)
+    phases = all_to_all(members_per_node, nbytes, cluster, across_fraction=across_fraction)
+    return max((phase.seconds for phase in phases), default=0.0)
 
 
 def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:

@@ -9,7 +9,8 @@ home of a stage's compute time (the engine's compiler and the planner's prefix-s
   processes, as in DAPPLE's planner (Fan et al., PPoPP'21, §4.1); a generated layer is the sum
   of its kernels (``sim.cost.kernels``), each the largest of its FLOPs over the size-dependent
   matrix rate, its bytes over the memory bandwidth and the host's time to issue it; a layer
-  with FLOPs but no kernels costs ``FLOPs / (device peak for the dtype × device efficiency)``;
+  with FLOPs but no kernels costs ``FLOPs / (device peak for the dtype × device efficiency)``; a
+  kernel marked ``fp8`` (``sim.models.precision``) runs its products at the device's FP8 peak;
 * a fused attention kernel (``fused_attention_s``: ``flash``, ``sdpa``) at the rate FlashAttention
   is measured to reach on the device, its backward recomputing the scores;
 * what recompute adds to the backward (``recompute_extra_s``): the forward again under
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
-from sim.core.specs import DeviceSpec, LinkSpec
+from sim.core.specs import FP8, DeviceSpec, LinkSpec
 from sim.cost.comm import tied_allreduce_s
 from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
@@ -122,9 +123,11 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
         m, n, inner = k.rows * samples, k.cols, k.inner
         fwd += kernel_forward_s(k, device, dtype, samples)
         if k.flop > 0:  # two products back: the input gradient (M × K out), the weight (or second
-            # input) gradient (K × N out), each with the forward's FLOPs and bytes
-            weight_grad = kernel_time_s(flop, nbytes, device, dtype, (inner, n, m))
-            bwd += kernel_time_s(flop, nbytes, device, dtype, (m, inner, n)) + weight_grad
+            # input) gradient (K × N out), each with the forward's FLOPs and bytes, in the forward's
+            # precision (DeepSeek-V3 §3.3.1: Fprop, Dgrad and Wgrad all in FP8)
+            dtype_k = FP8 if k.fp8 else dtype
+            weight_grad = kernel_time_s(flop, nbytes, device, dtype_k, (inner, n, m))
+            bwd += kernel_time_s(flop, nbytes, device, dtype_k, (m, inner, n)) + weight_grad
             wgrad += weight_grad if k.weights else 0.0
         else:  # an element-wise backward reads the gradient and what it saved, writes one
             moved = 2 * k.bytes if k.bwd_bytes is None else k.bwd_bytes
@@ -140,7 +143,8 @@ def kernel_forward_s(kernel: KernelSpec, device: DeviceSpec, dtype: str, samples
     if kernel.fused_attention:
         return fused_attention_s(kernel, device, dtype, samples)[0]
     dims = (kernel.rows * samples, kernel.cols, kernel.inner) if kernel.flop > 0 else None
-    return kernel_time_s(kernel.flop * samples, kernel.bytes * samples + kernel.fixed_bytes, device, dtype, dims)
+    return kernel_time_s(kernel.flop * samples, kernel.bytes * samples + kernel.fixed_bytes, device,
+                         FP8 if kernel.fp8 else dtype, dims)
 
 
 def op_recompute_s(layer, device: DeviceSpec, dtype: str, samples: int) -> float:

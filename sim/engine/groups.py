@@ -47,7 +47,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.comm import all_to_all, context_ring, fsdp_gather, tensor_parallel_bytes_and_steps, tensor_parallel_cost
+from sim.cost.comm import (
+    all_to_all,
+    context_ring,
+    fsdp_gather,
+    node_limited_fraction,
+    tensor_parallel_bytes_and_steps,
+    tensor_parallel_cost,
+)
 from sim.cost.group_comm import (
     PHASES,
     across_bytes,
@@ -133,14 +140,15 @@ def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, f
 
 
 def _expert_all_to_all(groups, s: int, a2a_bytes: float, samples: int, full: bool, cluster, flows: list,
-                       latency: dict) -> None:
+                       latency: dict, experts=None) -> None:
     """The all-to-alls of one stage's expert-parallel groups: dispatch and combine in the forward,
     their gradients in the backward (and the forward's again under full recompute)."""
     for phase, count in (("F", 2), ("B", 4 if full else 2)):
         label = ("EP", s, phase)
         for group in groups:
             servers = by_server(cluster, group)
-            phases = all_to_all([len(g) for g in servers], count * a2a_bytes * samples, cluster)
+            phases = all_to_all([len(g) for g in servers], count * a2a_bytes * samples, cluster,
+                                across_fraction=node_limited_fraction(experts, len(servers)))
             for cost in phases:
                 latency[label] = max(latency.get(label, 0.0), cost.latency_s)
                 if cost.across_servers:
@@ -182,7 +190,7 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
         if plan.expert_parallel > 1 and a2a > 0:
             groups = plan.expert_groups(s)
             start, end = samples[s][groups[0][0]]
-            _expert_all_to_all(groups, s, a2a, end - start, full, cluster, flows, latency)
+            _expert_all_to_all(groups, s, a2a, end - start, full, cluster, flows, latency, model.experts)
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
             for group in plan.gradient_groups(s):

@@ -50,7 +50,7 @@ _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
-                "sdpa_efficiency", "sdpa_backward_efficiency", "power_w", "idle_power_w"}
+                "sdpa_efficiency", "sdpa_backward_efficiency", "power_w", "idle_power_w", "peak_fp8_flops"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency"}
 
@@ -201,6 +201,8 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
         if "peak_fp32_flops" in values else derived["peak_fp32_flops"],
         memory_bandwidth_bytes_per_s=reader.quantity(values, key, "memory_bandwidth", parse_bandwidth)
         if "memory_bandwidth" in values else derived["memory_bandwidth"],
+        peak_fp8_flop_per_s=reader.quantity(values, key, "peak_fp8_flops", parse_flop_rate)
+        if "peak_fp8_flops" in values else None,
         **{field: reader.number(values, key, field, CUSTOM_DEVICE_DEFAULTS[field], low=low, high=high,
                                 low_open=low_open)
            for field, (low, high, low_open) in DEVICE_NUMBER_RANGES.items()},

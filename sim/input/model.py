@@ -18,6 +18,13 @@ default ``fused``) says how a generated transformer's element-wise work runs (``
 
     experts: {count: 8, top_k: 2, ffn_hidden: 14336, shared: 0, layers: every,
               capacity_factor: 1.25, imbalance: 1.1}   # or imbalance: {distribution: zipf, parameter: 1.0, seed: 0}
+
+(``node_limit: 4``: DeepSeek-V3's node-limited routing, ``sim.cost.comm.node_limited_fraction``).
+``mla:`` (gpt, llama) gives the blocks multi-head latent attention (``sim.core.mla.MlaSpec``), and
+``gemm_dtype: fp8`` runs their weighted products in FP8 (``sim.models.precision``)::
+
+    mla: {q_lora_rank: 1536, kv_lora_rank: 512, rope_head_dim: 64, nope_head_dim: 128, v_head_dim: 128}
+    gemm_dtype: fp8
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from sim.core.errors import DappleError, SpecError
 from sim.core.experts import DISTRIBUTIONS, ExpertSpec, ImbalanceDraw
+from sim.core.mla import MlaSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
@@ -34,6 +42,7 @@ from sim.cost.kernels import KERNEL_MODES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
+from sim.models.precision import GEMM_DTYPES
 
 __all__ = ["ATTENTION_PRESETS", "read_experts", "read_model"]
 
@@ -102,11 +111,19 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 
 def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
-    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels", "experts")}
+    params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels", "experts", "mla",
+                                                         "gemm_dtype")}
     if "experts" in data:
         if preset not in ("gpt", "llama"):
             raise reader.fail("model.experts", f"preset {preset} has no experts; remove the key (it applies to gpt, llama)")
         params["experts"] = read_experts(reader, data["experts"])
+    for key in ("mla", "gemm_dtype"):
+        if key in data and preset not in ("gpt", "llama"):
+            raise reader.fail(f"model.{key}", f"preset {preset} has no such blocks; remove the key (it applies to gpt, llama)")
+    if "mla" in data:
+        params["mla"] = _read_mla(reader, data["mla"])
+    if "gemm_dtype" in data:
+        params["gemm_dtype"] = reader.string(data, "model", "gemm_dtype", choices=set(GEMM_DTYPES))
     if "kernels" in data:
         if preset not in ATTENTION_PRESETS:
             raise reader.fail("model.kernels", f"preset {preset} has no transformer blocks; remove the key "
@@ -118,7 +135,8 @@ def _generated(reader: StrictReader, data: dict, default_attention: str) -> Mode
     elif "attention" in data:
         raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
                                              f"(it applies to {', '.join(ATTENTION_PRESETS)})")
-    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels", "experts"})
+    reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels", "experts", "mla",
+                                                                        "gemm_dtype"})
     try:
         return build_model(preset, **params)
     except SpecError as exc:
@@ -131,7 +149,8 @@ def read_experts(reader: StrictReader, value: Any) -> ExpertSpec:
     """``model.experts``: the MoE blocks' router and experts (``sim.core.experts.ExpertSpec``)."""
     key = "model.experts"
     data = reader.mapping(value, key)
-    reader.keys(data, key, allowed={"count", "top_k", "ffn_hidden", "shared", "layers", "capacity_factor", "imbalance"},
+    reader.keys(data, key, allowed={"count", "top_k", "ffn_hidden", "shared", "layers", "capacity_factor", "imbalance",
+                                    "node_limit"},
                 required={"count", "top_k", "ffn_hidden"})
     layers = data.get("layers", "every")
     if isinstance(layers, list):
@@ -152,6 +171,19 @@ def read_experts(reader: StrictReader, value: Any) -> ExpertSpec:
         return ExpertSpec(count=count, top_k=reader.integer(data, key, "top_k", maximum=2**16),
                           ffn_hidden=reader.integer(data, key, "ffn_hidden", maximum=2**22),
                           shared=reader.integer(data, key, "shared", 0, minimum=0, maximum=2**10),
-                          layers=layers, capacity_factor=data.get("capacity_factor"), imbalance=imbalance, draw=draw)
+                          layers=layers, capacity_factor=data.get("capacity_factor"), imbalance=imbalance, draw=draw,
+                          node_limit=reader.integer(data, key, "node_limit", maximum=2**16) if "node_limit" in data else None)
     except SpecError as exc:
         raise reader.fail(join_key("model", exc.key), exc.problem) from None
+
+
+_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "rope_head_dim", "nope_head_dim", "v_head_dim")
+
+
+def _read_mla(reader: StrictReader, value: Any) -> MlaSpec:
+    """``model.mla``: multi-head latent attention's widths (``sim.core.mla.MlaSpec``)."""
+    key = "model.mla"
+    data = reader.mapping(value, key)
+    reader.keys(data, key, allowed=set(_MLA_KEYS), required=set(_MLA_KEYS))
+    return reader.build(key, MlaSpec, **{name: reader.integer(data, key, name, maximum=2**20) for name in _MLA_KEYS})
+

@@ -19,7 +19,8 @@ The plan's parallel degrees hold for every stage: ``tensor_parallel``, ``sequenc
 (tensor-parallel rank innermost, then context, then data, then pipeline), the layers (the
 embedding and the head count as layers) cut into stages of balanced compute; with
 ``schedule: interleaved`` and ``chunks: v`` the grid has v·p stages, stage s on device set
-s mod p.
+s mod p; with a V schedule (``zb-v``, ``dualpipe-v``) 2p stages, stage s and 2p − 1 − s on
+device set s.
 
 Beyond the keys, the plan is checked as a whole (``sim.core.plan.check_plan``: the ranges cover
 the model without gaps or overlaps, no device is used twice; the degrees divide the model's
@@ -45,7 +46,7 @@ from sim.core.userfiles import read_user_file
 from sim.cost.compute import layer_times_s
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 from sim.models import shard_model
-from sim.schedule.generators import GENERATORS
+from sim.schedule.generators import GENERATORS, V_SCHEDULES
 from sim.schedule.plan_schedule import parse_schedule_for_plan
 from sim.schedule.policy import DapplePolicy
 from sim.schedule.resolved import ResolvedPlan, resolve_plan
@@ -218,7 +219,7 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
     """A uniform plan in Megatron-LM's rank order, its layers cut into stages of balanced compute."""
     p = reader.integer(data, "plan", "pipeline_parallel", 1)
     d = reader.integer(data, "plan", "data_parallel", 1)
-    chunks = params.get("chunks", 2) if name == "interleaved" else 1
+    chunks = params.get("chunks", 2) if name == "interleaved" else 2 if name in V_SCHEDULES else 1
     group = d * degrees["context_parallel"] * degrees["tensor_parallel"]
     if p * group > cluster.num_devices:
         raise reader.fail("plan", f"pipeline_parallel {p} × data_parallel {d} × context_parallel "
@@ -237,7 +238,9 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
     cost = [sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in part.layers]
     bounds = balanced_cuts(cost, p * chunks)
     sets = [tuple(range(r * group, (r + 1) * group)) for r in range(p)]
-    return tuple(StageSpec(layers=(a, b), devices=sets[s % p]) for s, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    # a V schedule (zb-v, dualpipe-v) places stage s and 2p − 1 − s on device set s
+    place = (lambda s: s if s < p else 2 * p - 1 - s) if name in V_SCHEDULES else (lambda s: s % p)
+    return tuple(StageSpec(layers=(a, b), devices=sets[place(s)]) for s, (a, b) in enumerate(zip(bounds, bounds[1:])))
 
 
 def balanced_cuts(costs: list[float], parts: int) -> tuple[int, ...]:

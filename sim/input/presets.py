@@ -37,8 +37,10 @@ IB (50 GB/s)" (§3.2.2): ``dgx-h800`` takes those two figures as the links' band
 collective efficiency 1.0 (no measurement of NCCL on it is cited; the report's kernels use
 their own all-to-all), and one 400 Gb/s (50 GB/s) NIC per GPU, 8 a node (the report gives IB's
 bandwidth per GPU, not the NIC count). The report does not state the H800's compute: ``H800-80GB``
-is the H100 SXM's figures (an H100 with its NVLink cut), an assumption; no FP8 peak is modelled,
-so an FP8 run (§3.3) is simulated in bf16.
+is the H100 SXM's figures (an H100 with its NVLink cut), an assumption. FP8: the H100 SXM's dense
+FP8 tensor-core peak, 1,979 TFLOP/s (NVIDIA H100 datasheet, "FP8 Tensor Core 3,958 teraFLOPS"
+with sparsity, half that dense), which the H800 and H200 presets share; a model that names
+``gemm_dtype: fp8`` prices its FP8 products at it (``sim.models.precision``).
 
 Attention (``sim.cost.compute.fused_attention_s``): ``default_attention`` is the kernel a generated
 transformer gets unless ``model.attention`` names one: ``flash`` on the A100, H100 and H200;
@@ -97,6 +99,7 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "memory_reserved": _reserved(80 * 2**30, 32 * 2**20),
         "peak_flops": "989TFLOP/s",
         "peak_fp32_flops": "67TFLOP/s",
+        "peak_fp8_flops": "1979TFLOP/s",
         "memory_bandwidth": "3350GB/s",
         "efficiency": 0.7,
         "matmul_half_dim": 64,

@@ -100,6 +100,10 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
     extra = {"kernels": "eager"} if model.kernels == "eager" else {}  # only llama takes it
     if model.experts is not None:
         extra["experts"] = model.experts
+    if model.mla is not None:
+        extra["mla"] = model.mla
+    if model.gemm_dtype is not None:
+        extra["gemm_dtype"] = model.gemm_dtype
     built = MODEL_PRESETS[model.preset.name](shard=shard, attention=model.attention or "unfused",
                                              **extra, **model.preset.values)
     # what the scenario set beside the generator's parameters (sim.input.model) carries over

@@ -22,6 +22,9 @@ the vocabulary padded as Megatron-LM pads it, to a multiple of ``vocab_divisible
 A block's attention runs as ``attention`` says (``flash``, ``sdpa`` or ``unfused``,
 ``sim.core.specs.ATTENTION_KERNELS``): its kernels (``sim.cost.kernels.transformer_block``) and its
 stash (``block_activation_bytes``) follow; its parameters and FLOPs do not depend on it.
+``mla`` (``sim.core.mla.MlaSpec``) gives the blocks multi-head latent attention instead
+(``sim.models.mla``); ``gemm_dtype: fp8`` runs their weighted products in FP8
+(``sim.models.precision``).
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from typing import Any, Mapping
 from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import Recompute, Shard
-from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES
+from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, FP8
 from sim.cost import kernels as K
 from sim.cost.comm import TensorParallelCollective as C
 from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
+from sim.models.mla import mla_block
 from sim.models.moe import check_experts, moe_block, strip_mlp
 from sim.models.params import resolve
+from sim.models.precision import GEMM_DTYPES, fp8_block
 from sim.models.vocab import padded_vocab_size
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
@@ -103,7 +108,7 @@ def _block_fwd_flop(shape: BlockShape, shard: Shard) -> float:
 
 
 def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str,
-                       kernels: str) -> LayerSpec:
+                       kernels: str, mla=None) -> LayerSpec:
     s, h, d, t, c = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context
     params, tensors = _block_params(shape, arch, t)
     degrees = dict(tensor_parallel=t, context_parallel=c, sequence_parallel=shard.sequence_parallel,
@@ -124,21 +129,25 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
         tensors=tensors,
     )
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
-    return replace(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
+    layer = replace(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
                  checkpoint_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.FULL),
                  tp_collectives=tensor_parallel_collectives(shape, tensor_parallel=t,
                                                             sequence_parallel=shard.sequence_parallel),
                  cp_ring_bytes=ring)
+    if mla is None:
+        return layer
+    return mla_block(layer, mla, shard, seq_len=s, hidden=h, heads=shape.heads, kv_heads=shape.kv_heads or shape.heads,
+                     d=d, bias=arch.bias, attention=attention, causal=arch.causal)
 
 
 def _moe_transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str, kernels: str,
-                           experts) -> LayerSpec:
+                           experts, mla=None) -> LayerSpec:
     """An MoE block (``sim.models.moe``): the dense block with the shared experts as its MLP, or,
     without shared experts, the dense block built at the experts' width less its MLP, then the
     router and this device's routed experts."""
     f_e = experts.ffn_hidden
     dense = replace(shape, ffn_hidden=f_e * (experts.shared or 1))
-    layer = _transformer_block(name, dense, arch, shard, attention, kernels)
+    layer = _transformer_block(name, dense, arch, shard, attention, kernels, mla)
     if not experts.shared:
         s, h, e, t, c, b = shape.seq_len, shape.hidden, shape.element_bytes, shard.tensor, shard.context, int(arch.bias)
         up = 2 * f_e if shape.gated else f_e
@@ -272,7 +281,7 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
 
 
 def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str,
-                 kernels: str = "fused", experts=None) -> ModelSpec:
+                 kernels: str = "fused", experts=None, mla=None, gemm_dtype: str | None = None) -> ModelSpec:
     if attention not in ATTENTION_KERNELS:
         raise SpecError("attention", f"unknown kernel {attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
     if kernels not in K.KERNEL_MODES or (kernels == "eager" and preset != "llama"):
@@ -305,9 +314,12 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     shape = BlockShape(seq_len=s, hidden=h, heads=a, ffn_hidden=f, kv_heads=kv, element_bytes=d,
                        dropout=not llama, gated=llama)
     layers = [_embedding(s, h, vocab, d, arch, shard, bert=bert)]
-    layers += [_moe_transformer_block(f"block_{i}", shape, arch, shard, attention, kernels, experts)
-               if experts is not None and experts.is_moe(i) else
-               _transformer_block(f"block_{i}", shape, arch, shard, attention, kernels) for i in range(p["layers"])]
+    blocks = [_moe_transformer_block(f"block_{i}", shape, arch, shard, attention, kernels, experts, mla)
+              if experts is not None and experts.is_moe(i) else
+              _transformer_block(f"block_{i}", shape, arch, shard, attention, kernels, mla) for i in range(p["layers"])]
+    if gemm_dtype is not None and gemm_dtype not in GEMM_DTYPES:
+        raise SpecError("gemm_dtype", f"unknown {gemm_dtype!r}; valid: {', '.join(GEMM_DTYPES)} (or absent: the dtype's)")
+    layers += [fp8_block(block) for block in blocks] if gemm_dtype == FP8 else blocks
     head = _bert_head if bert else _lm_head
     layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
@@ -315,15 +327,15 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
         table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
-    model = replace(model, attention=attention, kernels=kernels, experts=experts)
+    model = replace(model, attention=attention, kernels=kernels, experts=experts, mla=mla, gemm_dtype=gemm_dtype)
     return model if shard.is_whole and not shard.splits_experts else replace(model, shard=shard)
 
 
 def gpt(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
-        **params: Any) -> ModelSpec:
+        mla=None, gemm_dtype: str | None = None, **params: Any) -> ModelSpec:
     """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``; its attention
     runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``; the scenario's default is the device's)."""
-    return _transformer("gpt", params, shard, attention, kernels, experts)
+    return _transformer("gpt", params, shard, attention, kernels, experts, mla, gemm_dtype)
 
 
 def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
@@ -334,7 +346,7 @@ def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str
 
 
 def llama(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
-          **params: Any) -> ModelSpec:
+          mla=None, gemm_dtype: str | None = None, **params: Any) -> ModelSpec:
     """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head);
     ``kernels``: its element-wise work ``fused`` or ``eager`` (``sim.cost.kernels.eager_elementwise``)."""
-    return _transformer("llama", params, shard, attention, kernels, experts)
+    return _transformer("llama", params, shard, attention, kernels, experts, mla, gemm_dtype)
