@@ -8,6 +8,10 @@ All cases of one world size share one set of processes (one spawn per world size
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -100,6 +104,17 @@ def test_context_parallelism_with_tensor_pipeline_data_and_sharding_matches_the_
     results = _spawn(4, FOUR_RANKS)
     for name in FOUR_RANKS:
         assert_matches_unsplit(results[name])
+
+
+@pytest.mark.slow
+def test_the_shipped_context_parallel_scenario_runs_checked_from_the_command_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "runtime", "run", str(SCENARIOS / "gpt_tiny_cp_cpu.yaml"),
+                             "--nproc", "2", "--steps", "1", "--json", "--check", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    assert summary["parallelism"]["context"] == 2 and summary["world_size"] == 2
+    assert_matches_unsplit(summary)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
