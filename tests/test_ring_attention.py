@@ -64,3 +64,19 @@ def test_a_ring_of_one_is_causal_softmax_attention_forward_and_backward(kv_heads
     want = torch.autograd.grad(expected, (q, k, v), grad)
     for a, b in zip(got, want):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_ring_attention_keeps_q_k_v_its_output_and_one_log_sum_exp_per_row_not_the_scores():
+    # what the backward needs, written out: q, k, v and the output (n·heads·s·d fp32 each, k and v
+    # with the key/value heads), the log-sum-exp (n·heads·s fp32); an s × s tensor would be 8·8 per head
+    from runtime.measure.memory import SavedTensorMeter
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 8, 6, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 8, 6, generator=g, requires_grad=True) for _ in range(2))
+    meter = SavedTensorMeter()
+    with meter.watching():
+        out = ring_attention(q, k, v, Ring(ranks=(0,), index=0))
+    assert meter.current_bytes == 4 * (2 * 4 * 8 * 6 * 2 + 2 * 2 * 8 * 6 * 2 + 2 * 4 * 8)
+    out.sum().backward()  # the backward frees them
+    assert meter.current_bytes == 0
