@@ -1,7 +1,7 @@
 """Context parallelism on real gloo ranks: ring attention over Megatron-LM's load-balanced cut
 trains one step exactly like the unsplit model in one process (rtol 1e-5, fp32), alone and with
 tensor (sequence) parallelism, pipeline stages, data-parallel replicas, ZeRO and FSDP2, with the
-gpt and llama presets as shipped (tied embeddings).
+gpt and llama presets as shipped (tied embeddings), and with a llama MoE's expert parallelism.
 
 All cases of one world size share one set of processes (one spawn per world size).
 """
@@ -21,7 +21,6 @@ from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
-GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 ONE_STAGE_2 = "[{layers: [0, 6], devices: [0, 1]}]"
 ONE_STAGE_4 = "[{layers: [0, 6], devices: [0, 1, 2, 3]}]"
 PP2 = "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"
@@ -34,6 +33,8 @@ TWO_RANKS = {
     "cp2": {**CP2, **TIED, "plan.stages": ONE_STAGE_2},
     "llama-cp2": {**LLAMA, **CP2, "plan.stages": ONE_STAGE_2},
     "dp2": {**TIED, "plan.stages": ONE_STAGE_2},  # the same tokens per device, cut by samples
+    # llama MoE: expert parallelism 2 over the two context ranks (each routes its own tokens)
+    "moe-cp2-ep2": {"scenario": "moe_tiny_cpu.yaml", **CP2},
 }
 FOUR_RANKS = {  # the combinations (-m slow)
     "cp2-tp2": {**CP2_4, **TIED, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4},
@@ -54,11 +55,17 @@ FOUR_RANKS = {  # the combinations (-m slow)
 
 def _cases(device, cases: dict):
     from runtime.execution.session import SessionOptions, run_session
-    from runtime.model.config import load_runnable
 
     torch.set_num_threads(1)  # ranks share the host's cores
-    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
+    return {name: run_session(_runnable(overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
+
+
+def _runnable(overrides: dict):
+    from runtime.model.config import load_runnable
+
+    overrides = dict(overrides)
+    return load_runnable(SCENARIOS / overrides.pop("scenario", "gpt_tiny_cpu.yaml"), overrides)
 
 
 def _spawn(nproc: int, cases: dict):
@@ -81,13 +88,12 @@ def test_each_context_rank_counts_the_activations_of_its_half_of_the_sequence(tw
     # context 2 and data 2 both leave a device half the tokens of the batch: the simulator predicts
     # the same activations for both, and the measured peaks (ring attention's saved blocks are 1/c
     # too: q, k, v, its output and log-sum-exp, no s × s scores) agree within 10%
-    from runtime.model.config import load_runnable
     from sim.engine.run import run_scenario
 
     measured = {name: [d["memory_breakdown_bytes"]["activations"] for d in two_ranks[name]["devices"]]
                 for name in ("cp2", "dp2")}
     predicted = {name: [d.memory_breakdown.activations for d in run_scenario(
-        load_runnable(GPT, TWO_RANKS[name]).scenario, engine="fast").summarize().devices] for name in ("cp2", "dp2")}
+        _runnable(TWO_RANKS[name]).scenario, engine="fast").summarize().devices] for name in ("cp2", "dp2")}
     assert predicted["cp2"] == predicted["dp2"]
     for cp, dp in zip(measured["cp2"], measured["dp2"]):
         assert cp == pytest.approx(dp, rel=0.10)
@@ -121,14 +127,10 @@ def test_the_shipped_context_parallel_scenario_runs_checked_from_the_command_lin
     # 36 tokens cut in 4 chunks (the scenario's check) leave each context rank 18: not 4 tensor ranks' parts
     ({**CP2, "model.seq_len": "36", "model.heads": "8", "plan.tensor_parallel": "4", "cluster.devices_per_node": "8",
       "plan.stages": "[{layers: [0, 6], devices: [0, 1, 2, 3, 4, 5, 6, 7]}]"}, "model.seq_len: not supported by the runtime"),
-    ({**CP2, "scenario": "moe_tiny_cpu.yaml"}, "model.experts: not supported by the runtime"),
-], ids=["context-part-not-in-4", "moe"])
+], ids=["context-part-not-in-4"])
 def test_what_context_parallelism_cannot_run_is_one_line_before_launch(overrides, message):
-    from runtime.model.config import load_runnable
     from sim.core.errors import DappleError
 
-    overrides = dict(overrides)
-    path = SCENARIOS / overrides.pop("scenario", "gpt_tiny_cpu.yaml")
     with pytest.raises(DappleError) as info:
-        load_runnable(path, overrides)
+        _runnable(overrides)
     assert message in str(info.value) and "\n" not in str(info.value)

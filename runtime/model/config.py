@@ -155,8 +155,11 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
-    unsupported = [*_context_limits(plan, model, values)]
-    unsupported += [
+    c, t = plan.context_parallel, plan.tensor_parallel
+    unsupported = [
+        ("model.seq_len", c > 1 and (values.get("seq_len", 0) // c) % t != 0,  # 2c chunks: the scenario's check
+         f"stages exchange 1/tensor_parallel of a context rank's 1/context_parallel of the sequence "
+         f"(runtime.model.context_parallel): make seq_len a multiple of {c * t}"),
         ("plan.sharding", fsdp and split_schedule,
          "torch 2.13's FSDP2 runs a unit's post-backward (reshard, reduce-scatter) when its input's gradient is done "
          "(RegisterPostBackwardFunction), at a split backward's I, before W computes the weight gradients; use "
@@ -182,24 +185,6 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
                               "this plan")
-
-
-def _context_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
-    """What context parallelism (``runtime.model.context_parallel``: ring attention, Megatron-LM's
-    load-balanced cut) does not run: (key, present, why), as ``_check_runtime_supports``."""
-    c, t, seq_len = plan.context_parallel, plan.tensor_parallel, values.get("seq_len", 0)
-    if c == 1:
-        return []
-    return [
-        ("model.preset", model.preset is None or model.preset.name not in ("gpt", "llama"),
-         "context parallelism cuts the sequence of the gpt and llama presets"),
-        ("model.seq_len", (seq_len // c) % t != 0,  # the scenario's own check: 2c chunks (sim.core.plan)
-         f"stages exchange 1/tensor_parallel of a context rank's 1/context_parallel of the sequence: make "
-         f"seq_len a multiple of {c * t}"),
-        ("model.experts", model.experts is not None,
-         "its MoE layers are not run under context parallelism yet (torch has no built-in for it either); "
-         "set context_parallel: 1"),
-    ]
 
 
 def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:
