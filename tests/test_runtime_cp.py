@@ -50,6 +50,11 @@ FOUR_RANKS = {  # the combinations (-m slow)
     "cp2-pp2-zb-h1": {**CP2_4, "plan.schedule": "zb-h1", "plan.stages": PP2},
     "cp2-pp2-selective": {**CP2_4, "plan.recompute": "selective", "plan.stages": PP2},
     "cp2-pp2-recompute": {**CP2_4, "plan.recompute": "true", "plan.stages": PP2},
+    "cp2-interleaved": {**CP2_4, **TIED, "plan.schedule": "interleaved",
+                        "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 3], devices: [2, 3]},"
+                                       " {layers: [3, 4], devices: [0, 1]}, {layers: [4, 6], devices: [2, 3]}]"},
+    "moe-cp2-tp2-sp": {"scenario": "moe_tiny_cpu.yaml", **CP2_4, "plan.tensor_parallel": "2",
+                       "plan.sequence_parallel": "true", "plan.stages": "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"},
 }
 
 

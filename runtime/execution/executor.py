@@ -19,8 +19,10 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
 With tensor parallelism every device of a replica runs the same action list on the
 replica's samples; its stage modules are cut over the device set's mesh
 (``runtime.model.tensor_parallel``), the messages carry its 1/t of the sequence, and the whole step
-runs inside ``loss_parallel`` (the head's loss on vocabulary-sharded logits). The loss is
-counted once per replica, on its first device.
+runs inside ``loss_parallel`` (the head's loss on vocabulary-sharded logits). With context
+parallelism each context rank runs them on its tokens of every sequence and its messages carry
+1/t of those (``runtime.model.context_parallel``); its loss is scaled by 1/c. The loss is
+counted on each context rank's first tensor rank.
 
 After the list, a tied embedding split across stages sums its two copies' gradients, and
 one optimizer step runs. Each action's start and end (seconds after a barrier at the step's

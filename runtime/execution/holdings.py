@@ -8,8 +8,9 @@ whether the neighbouring stage runs on the same rank (then tensors are handed ov
 without communication).
 
 With tensor (and context) parallelism a micro-batch splits over a stage's data-parallel
-replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples,
-and the device at one position of a replica (its tensor rank) exchanges pieces with the
+replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples
+(each context rank its part of every sequence: ``runtime.model.context_parallel``), and the
+device at one position of a replica (its context and tensor rank) exchanges pieces with the
 device at the same position of the neighbouring stage's replicas (as
 ``sim.engine.flows.p2p_flows``). Its layers are cut over its device set's mesh
 (``runtime.model.tensor_parallel``) and, with ``sharding: full`` or ``gradients``, sharded by FSDP2
