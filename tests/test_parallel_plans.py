@@ -181,10 +181,9 @@ def test_event_rows_are_one_per_action_with_group_collectives(plan):
 def test_the_runtime_refuses_what_it_cannot_run_before_launch_in_one_line(tmp_path):
     from runtime.model.config import load_runnable
 
-    # what torch cannot do: its context_parallel has no CPU attention; FSDP2's post-backward runs
-    # at a split backward's I; selective checkpointing allows one backward through a region
-    for plan, key in [("schedule: dapple, context_parallel: 2, data_parallel: 1", "plan.context_parallel"),
-                      ("schedule: zb-h1, sharding: gradients, data_parallel: 2", "plan.sharding"),
+    # what torch cannot do: FSDP2's post-backward runs at a split backward's I; selective
+    # checkpointing allows one backward through a region (context parallelism runs: test_runtime_cp)
+    for plan, key in [("schedule: zb-h1, sharding: gradients, data_parallel: 2", "plan.sharding"),
                       ("schedule: zb-h1, recompute: selective, data_parallel: 2", "plan.recompute")]:
         path = tmp_path / "4d.yaml"
         path.write_text(f"""

@@ -177,13 +177,12 @@ def test_an_uneven_dapple_plan_with_tensor_parallelism_matches_the_unsplit_model
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"plan.context_parallel": "2", "plan.stages": ONE_STAGE_2}, "plan.context_parallel: not supported by the runtime"),
     ({"plan.sharding": "full", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
      "plan.sharding: not supported by the runtime"),
     ({"plan.sharding": "gradients", "plan.schedule": "zb-h1", "plan.stages": ONE_STAGE_2},
      "plan.sharding: not supported by the runtime"),
     ({"plan.recompute": "selective", "plan.schedule": "zb-h1"}, "plan.recompute: not supported by the runtime"),
-], ids=["context", "fsdp-zb", "zero2-zb", "selective-zb"])
+], ids=["fsdp-zb", "zero2-zb", "selective-zb"])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, message):
     from runtime.model.config import load_runnable
     from sim.core.errors import DappleError

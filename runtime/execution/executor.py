@@ -19,8 +19,10 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
 With tensor parallelism every device of a replica runs the same action list on the
 replica's samples; its stage modules are cut over the device set's mesh
 (``runtime.model.tensor_parallel``), the messages carry its 1/t of the sequence, and the whole step
-runs inside ``loss_parallel`` (the head's loss on vocabulary-sharded logits). The loss is
-counted once per replica, on its first device.
+runs inside ``loss_parallel`` (the head's loss on vocabulary-sharded logits). With context
+parallelism each context rank runs them on its tokens of every sequence and its messages carry
+1/t of those (``runtime.model.context_parallel``); its loss is scaled by 1/c. The loss is
+counted on each context rank's first tensor rank.
 
 After the list, a tied embedding split across stages sums its two copies' gradients, and
 one optimizer step runs. Each action's start and end (seconds after a barrier at the step's
@@ -54,6 +56,7 @@ from runtime.execution.status import StatusBoard
 from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import RunnableScenario
+from runtime.model.context_parallel import sequence_positions
 from runtime.model.models import input_dtype, local_tensor, sample_shape, synthetic_batch
 from runtime.model.sharding import FSDP_SHARDINGS, RankOptimizer, state_bytes
 from runtime.model.tensor_parallel import loss_parallel_if, settle_grads, stage_mesh
@@ -107,7 +110,10 @@ class RankExecutor:
         self.mesh = None
         if plan.group_size > 1 or plan.sharding is not Sharding.NONE:
             self.mesh = stage_mesh(plan, self.rank, device.type)
-        self.counts_loss = position(plan, self.rank) == 0
+        at, t, self.context_parallel = position(plan, self.rank), plan.tensor_parallel, plan.context_parallel
+        self.counts_loss = at % t == 0  # a tensor group's first device; context ranks' losses sum
+        self.sequence = None if self.context_parallel == 1 else \
+            sequence_positions(runnable.model.values["seq_len"], self.context_parallel, at // t).to(device)
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
         self.groups = ReplicaGroups(plan, held.tied_groups, device_sets(plan, runnable.model))
@@ -139,6 +145,8 @@ class RankExecutor:
         self.optimizer.zero_grad()
         needs_data = any(st.index == 0 or st.module.is_last for st in self.stages.values())
         batch = synthetic_batch(self.runnable.model, self.batch, step=step, seed=opts.seed, device=dev) if needs_data else None
+        if batch is not None and self.sequence is not None:  # this context rank's tokens and labels
+            batch = tuple(t[:, self.sequence] for t in batch)
         self.slots: dict[tuple[int, int], _Slot] = {}
         self.loss = torch.zeros((), dtype=torch.float32, device=dev)
         self.meter.reset_peak()
@@ -278,7 +286,8 @@ class RankExecutor:
 
     def _apply(self, st: LocalStage, slot: _Slot) -> torch.Tensor:
         if st.module.is_last:
-            loss = st.module(slot.inp, slot.labels) * (st.size / self.batch)
+            # a mean over this rank's 1/c of the tokens: the context ranks' gradients sum to the whole mean's
+            loss = st.module(slot.inp, slot.labels) * (st.size / (self.batch * self.context_parallel))
             return local_tensor(loss)  # a replicated DTensor under tensor parallelism
         return st.module(slot.inp)
 
@@ -333,8 +342,8 @@ class RankExecutor:
             cut, message_tag = plan.stages[s].layers[1], tag(s + 1, m, True, self.num_mb)
             peers = [(piece.dst, piece) for piece in st.recv_b]
         shape, dtype = sample_shape(model, cut), input_dtype(model, cut)
-        if self.tensor_parallel > 1:  # each device sends its 1/t of the sequence
-            shape = (shape[0] // self.tensor_parallel, *shape[1:])
+        if plan.group_size > 1:  # each device sends its 1/t of its context rank's 1/c of the sequence
+            shape = (shape[0] // plan.group_size, *shape[1:])
         return [(peer, (piece.end - piece.start, *shape), dtype, message_tag) for peer, piece in peers]
 
     def _reduce(self, s: int) -> None:
@@ -344,6 +353,8 @@ class RankExecutor:
         if self.runnable.model.experts is not None:  # routed experts and routers: their own groups
             reduce_expert_grads(st, self.runnable.plan, self.rank, self.groups, self.timeout)
         group = self.groups.group(self._gradient_group(s))
+        if self.sharding in FSDP_SHARDINGS and self.context_parallel > 1:  # FSDP2 summed the replicas' parts
+            all_reduce_grads(st.params, self.mesh["context"].get_group(), self.timeout)
         if group is None or self.sharding in FSDP_SHARDINGS:
             return
         params = [p for p in split_dense(st.params) if p is not self.tied_param]

@@ -8,8 +8,9 @@ whether the neighbouring stage runs on the same rank (then tensors are handed ov
 without communication).
 
 With tensor (and context) parallelism a micro-batch splits over a stage's data-parallel
-replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples,
-and the device at one position of a replica (its tensor rank) exchanges pieces with the
+replicas (``PlanSpec.replicas``); every device of a replica processes the replica's samples
+(each context rank its part of every sequence: ``runtime.model.context_parallel``), and the
+device at one position of a replica (its context and tensor rank) exchanges pieces with the
 device at the same position of the neighbouring stage's replicas (as
 ``sim.engine.flows.p2p_flows``). Its layers are cut over its device set's mesh
 (``runtime.model.tensor_parallel``) and, with ``sharding: full`` or ``gradients``, sharded by FSDP2
@@ -30,6 +31,7 @@ import torch
 
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
+from runtime.model.context_parallel import apply_context_parallel, context_ring
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from runtime.model.recompute import apply_selective
 from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
@@ -140,6 +142,9 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
+    if plan.context_parallel > 1:  # after TP (attention's heads are then this tensor rank's), as torchtitan
+        apply_context_parallel(module, context_ring(mesh["context"], rank), runnable.model.values["seq_len"],
+                               next(module.parameters()).device)
     if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
         apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
@@ -164,16 +169,18 @@ def tied_groups(plan, sharded: bool) -> tuple[tuple[int, ...], ...]:
     the devices whose copies of the token matrix sum their gradients after the step
     (``megatron/core/distributed/finalize_model_grads.py`` ``_allreduce_word_embedding_grads`` over
     ``parallel_state.get_embedding_group()``: the first and the last pipeline rank of one tensor
-    and data coordinate). One group per tensor position ``at`` (context rank × t + tensor rank),
-    each the devices at ``at`` of every replica of the first and the last stage: all hold the same
-    vocabulary slice, and the one all-reduce also sums the replicas (the copy is left out of the
-    stages' ``REDUCE_GRAD``). With ``sharded`` (FSDP2, whose reduce-scatter already summed the
+    and data coordinate). One group per tensor rank k, each the devices of tensor rank k (at
+    every context rank) of every replica of the first and the last stage: all hold the same
+    vocabulary slice, and the one all-reduce also sums the replicas and the context ranks' parts
+    (the copy is left out of the stages' ``REDUCE_GRAD``). With ``sharded`` (FSDP2, whose reduce-scatter already summed the
     replicas and left each its shard) one group per (replica, position) instead: the two devices
     that hold the same shard."""
     first, last = plan.replicas(0), plan.replicas(plan.num_stages - 1)
     if sharded:
         return tuple((a[at], b[at]) for a, b in zip(first, last) for at in range(len(a)))
-    return tuple(tuple(sorted({r[at] for r in (*first, *last)})) for at in range(plan.group_size))
+    t = plan.tensor_parallel
+    return tuple(tuple(sorted({r[at] for r in (*first, *last) for at in range(k, plan.group_size, t)}))
+                 for k in range(t))
 
 
 def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) -> tuple[

@@ -148,17 +148,18 @@ def load_runnable(
 
 
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
-    """What the runtime runs: data × pipeline × tensor (with or without sequence
+    """What the runtime runs: data × pipeline × context × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
     recompute none, selective, selective_op or full. Anything else is one line before launch (the simulator models
     it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
+    c, t = plan.context_parallel, plan.tensor_parallel
     unsupported = [
-        ("plan.context_parallel", plan.context_parallel > 1,
-         "torch 2.13's experimental context_parallel has no CPU attention (no sharding strategy for "
-         "aten._scaled_dot_product_flash_attention_for_cpu) and is not wired into the runtime"),
+        ("model.seq_len", c > 1 and (values.get("seq_len", 0) // c) % t != 0,  # 2c chunks: the scenario's check
+         f"stages exchange 1/tensor_parallel of a context rank's 1/context_parallel of the sequence "
+         f"(runtime.model.context_parallel): make seq_len a multiple of {c * t}"),
         ("plan.sharding", fsdp and split_schedule,
          "torch 2.13's FSDP2 runs a unit's post-backward (reshard, reduce-scatter) when its input's gradient is done "
          "(RegisterPostBackwardFunction), at a split backward's I, before W computes the weight gradients; use "

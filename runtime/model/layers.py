@@ -38,7 +38,8 @@ class Embedding(nn.Module):
 
     ``scatter`` (set by ``runtime.model.tensor_parallel`` under sequence parallelism) cuts the
     position embedding to this device's part of the sequence, as the token embedding's
-    reduce-scatter already did.
+    reduce-scatter already did. ``positions`` (set by ``runtime.model.context_parallel``): the
+    global indices of the tokens this device holds (None: ``0 .. s-1``).
     """
 
     def __init__(self, vocab: int, seq_len: int, hidden: int, *, positions: bool) -> None:
@@ -46,20 +47,26 @@ class Embedding(nn.Module):
         self.token = nn.Embedding(vocab, hidden)
         self.position = nn.Embedding(seq_len, hidden) if positions else None
         self.scatter = None
+        self.positions: torch.Tensor | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.token(ids)
         if self.position is None:
             return x
-        table = self.position(torch.arange(ids.shape[1], device=ids.device))
+        table = self.position(_positions(self.positions, ids.shape[1], ids.device))
         return x + (table if self.scatter is None else self.scatter(table))
 
 
-def _rotate(x: torch.Tensor) -> torch.Tensor:
-    """RoPE in rotate-half form on ``(n, heads, s, head_dim)``."""
+def _positions(positions: torch.Tensor | None, s: int, device: torch.device) -> torch.Tensor:
+    """The global indices of a part of the sequence (context parallelism), or ``0 .. s-1``."""
+    return torch.arange(s, device=device) if positions is None else positions
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE in rotate-half form on ``(n, heads, s, head_dim)``, at the tokens' global positions."""
     s, dim = x.shape[-2], x.shape[-1]
     inverse = 1.0 / ROPE_BASE ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inverse)
+    angles = torch.outer(_positions(positions, s, x.device).float(), inverse)
     cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(x.dtype) for f in (torch.cos, torch.sin))
     half = dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -67,7 +74,10 @@ def _rotate(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal self-attention with separate query, key, value and output matrices."""
+    """Causal self-attention with separate query, key, value and output matrices.
+
+    ``positions`` and ``core`` are replaced under context parallelism
+    (``runtime.model.context_parallel``: the rank's global token indices, ring attention)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, *, bias: bool, rotary: bool) -> None:
         super().__init__()
@@ -77,12 +87,13 @@ class Attention(nn.Module):
         self.k = nn.Linear(hidden, kv_width, bias=bias)
         self.v = nn.Linear(hidden, kv_width, bias=bias)
         self.out = nn.Linear(hidden, hidden, bias=bias)
+        self.positions: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, s, _ = x.shape
         q, k, v = (m(x).view(n, s, -1, self.head_dim).transpose(1, 2) for m in (self.q, self.k, self.v))
         if self.rotary:
-            q, k = _rotate(q), _rotate(k)
+            q, k = _rotate(q, self.positions), _rotate(k, self.positions)
         attention = self.core(q, k, v)
         return self.out(attention.transpose(1, 2).reshape(n, s, -1))
 
