@@ -20,9 +20,15 @@ ONE_STAGE_4 = "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
 TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 3]}]"
 
 TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"}}
+TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
-    "ep2-tp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": ONE_STAGE_4},
+    "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
     "ep2-pp2": {**FOUR, "plan.stages": TWO_STAGES},
+    # the routed experts' states over their expert-data-parallel pair (0, 2) or (1, 3), the dense over all 4
+    "ep2-dp2-zero1": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "optimizer"},
+    "ep2-dp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
+    "ep2-dp2-zero2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "gradients"},
+    "ep2-tp2-sp-fsdp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
 }
 
 
@@ -93,7 +99,6 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 @pytest.mark.parametrize(("overrides", "key"), [
     ({"model.experts.capacity_factor": "1.25"}, "model.experts.capacity_factor"),
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance"),
-    ({"plan.sharding": "optimizer"}, "plan.sharding"),
     ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": "[{layers: [0, 4], devices: [0, 1, 2, 3]}]",
       "plan.expert_parallel": "1"}, "plan.sequence_parallel"),
     ({**FOUR, "plan.expert_tensor_parallel": "2", "plan.stages": ONE_STAGE_4}, "plan.expert_tensor_parallel"),
@@ -148,8 +153,8 @@ def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, 
     from runtime.model.config import load_runnable
     from sim.engine.run import run_scenario
 
-    for summary, overrides in [(two_ranks["ep2"], {}), (four_ranks["ep2-pp2"], FOUR_RANKS["ep2-pp2"]),
-                               (four_ranks["ep2-tp2-sp"], FOUR_RANKS["ep2-tp2-sp"])]:
+    for summary, overrides in [(two_ranks["ep2"], {})] + [
+            (four_ranks[name], FOUR_RANKS[name]) for name in ("ep2-pp2", "ep2-tp2-sp", "ep2-dp2-zero1", "ep2-dp2-fsdp")]:
         predicted = run_scenario(load_runnable(MOE, overrides).scenario, engine="fast").summarize()
         for measured, device in zip(summary["devices"], predicted.devices):
             kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown

@@ -47,7 +47,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
-from runtime.execution.expert_comm import attach_expert_groups, device_sets, reduce_expert_grads, split_dense
+from runtime.execution.expert_comm import (
+    attach_expert_groups,
+    device_sets,
+    expert_data_mesh,
+    optimizer_buckets,
+    reduce_expert_grads,
+    split_dense,
+)
 from runtime.execution.holdings import LocalStage, hold_stages, position
 from runtime.execution.p2p import Mailbox
 from runtime.execution.status import StatusBoard
@@ -108,16 +115,19 @@ class RankExecutor:
         if plan.group_size > 1 or plan.sharding is not Sharding.NONE:
             self.mesh = stage_mesh(plan, self.rank, device.type)
         self.counts_loss = position(plan, self.rank) == 0
-        held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
+        expert_mesh = expert_data_mesh(plan, self.rank, device.type) \
+            if runnable.model.experts is not None and plan.sharding in FSDP_SHARDINGS else None
+        held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh,
+                           expert_mesh=expert_mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
         self.groups = ReplicaGroups(plan, held.tied_groups, device_sets(plan, runnable.model))
         attach_expert_groups(self.stages, plan, self.rank, self.groups)
         unique = {id(p): p for st in self.stages.values() for p in st.params}
         self.params = list(unique.values())
         gradient_groups = {s: self.groups.group(self._gradient_group(s)) for s in self.stages}
-        self.optimizer = RankOptimizer.build(scenario.model.optimizer, options.lr,
-                                             {s: st.params for s, st in self.stages.items()}, plan.sharding,
-                                             gradient_groups)
+        self.optimizer = RankOptimizer.build(
+            scenario.model.optimizer, options.lr,
+            optimizer_buckets(self.stages, plan, self.rank, self.groups, gradient_groups), plan.sharding)
         self.last_backward = {}  # stage -> index of its last B or W on this rank (FSDP's gradient sync)
         for index, a in enumerate(self.actions):
             if a.kind in (K.B, K.W):

@@ -97,9 +97,11 @@ def column(plan, s: int, at: int) -> tuple[int, ...]:
     return tuple(replica[at] for replica in plan.replicas(s))
 
 
-def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None) -> Holdings:
+def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None,
+                expert_mesh=None) -> Holdings:
     """Build what ``rank`` holds of ``runnable``'s plan (``mesh``: its device set's
-    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding)."""
+    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding; ``expert_mesh``:
+    its expert-data-parallel mesh, needed by an MoE model under FSDP2)."""
     plan = runnable.plan
     pipeline_rank = next(r for r, group in enumerate(plan.device_groups) if rank in group)
     mine = [s for s in range(plan.num_stages) if plan.stage_ranks[s] == pipeline_rank]
@@ -108,7 +110,8 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
     layers = build_layers(runnable.model, indices, seed=seed, device=device,
                           local_experts=local_experts(runnable, rank, mine))
     stages = {
-        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
+        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer,
+                  (mesh, expert_mesh))
         for s in mine
     }
     groups, mine, tied_param = _tied(runnable, layers, last_layer, rank)
@@ -134,8 +137,9 @@ def local_experts(runnable: RunnableScenario, rank: int, stages: list[int]) -> d
     return held
 
 
-def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, mesh) -> LocalStage:
+def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, meshes) -> LocalStage:
     plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
+    mesh, expert_mesh = meshes
     owner, at = plan.stage_ranks, position(plan, rank)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
@@ -143,7 +147,8 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
         apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
-        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL)
+        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL,
+                    expert_mesh=expert_mesh)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]

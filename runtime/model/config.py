@@ -150,7 +150,7 @@ def load_runnable(
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
-    recompute none, selective, selective_op or full. Anything else is one line before launch (the simulator models
+    recompute none, selective, selective_op or full; with experts, expert parallelism under each of them. Anything else is one line before launch (the simulator models
     it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
@@ -203,8 +203,6 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
          "router decides where tokens go; remove imbalance"),
         ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
          "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
-        ("plan.sharding", plan.sharding is not Sharding.NONE,
-         "routed experts' states are not sharded over the expert-data-parallel group; use sharding: none"),
         ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
          "MoE layers route the 1/tensor_parallel of the tokens each tensor rank holds; set sequence_parallel: true"),
     ]

@@ -93,13 +93,18 @@ class MoE(nn.Module):
         self.count, self.top_k, self.normalize = count, top_k, normalize
         self.local = tuple(range(count)) if local is None else tuple(local)
         self.router = nn.Linear(hidden, count, bias=False)
-        setattr(self.router.weight, ROUTER_PARAM, True)
         self.experts = nn.ModuleDict({str(e): MLP(hidden, ffn_hidden, gated=gated) for e in self.local})
-        for p in self.experts.parameters():
-            setattr(p, EXPERT_PARAM, True)
+        self.tag_parameters()
         self.shared = MLP(hidden, shared * ffn_hidden, gated=gated) if shared else None
         self.group = None
         """The expert-parallel process group (None: every expert is here)."""
+
+    def tag_parameters(self) -> None:
+        """Mark the router's weight and the routed experts' parameters (``ROUTER_PARAM``,
+        ``EXPERT_PARAM``); again after ``fully_shard``, whose sharded parameters are new objects."""
+        setattr(self.router.weight, ROUTER_PARAM, True)
+        for p in self.experts.parameters():
+            setattr(p, EXPERT_PARAM, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, DTensor):  # sequence parallelism: route the tokens this device holds
