@@ -204,7 +204,10 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
         ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
          "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
         ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
-         "MoE layers route the 1/tensor_parallel of the tokens each tensor rank holds; set sequence_parallel: true"),
+         "Megatron-Core trains no MoE layer under tensor parallelism without sequence parallelism (MoELayer."
+         "forward raises \"performance may degrade if MoE and tensor parallelism are enabled without also "
+         "enabling sequence parallelism\", megatron/core/transformer/moe/moe_layer.py at d98e8a6), and each "
+         "tensor rank routes its 1/tensor_parallel of the tokens as it does; set sequence_parallel: true"),
     ]
 
 
