@@ -29,6 +29,9 @@ FOUR_RANKS = {
     "ep2-dp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
     "ep2-dp2-zero2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "gradients"},
     "ep2-tp2-sp-fsdp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
+    # each expert's width over the pairs (0, 1), (2, 3); EP over (0, 2), (1, 3) (sim.core.plan's layout)
+    "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
+    "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
 }
 
 
@@ -102,7 +105,6 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
     # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
     ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
      "plan.sequence_parallel", "megatron/core/transformer/moe/moe_layer.py"),
-    ({**FOUR, "plan.expert_tensor_parallel": "2", "plan.stages": ONE_STAGE_4}, "plan.expert_tensor_parallel", ""),
 ])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable
@@ -113,18 +115,18 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, w
     assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
 
 
-def _cases(device, cases: dict):
+def _cases(device, cases: dict, path: str = MOE):
     from runtime.execution.session import SessionOptions, run_session
     from runtime.model.config import load_runnable
 
-    return {name: run_session(load_runnable(MOE, overrides), SessionOptions(steps=1, check=True), device)
+    return {name: run_session(load_runnable(path, overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
 
 
-def _spawn(nproc: int, cases: dict):
+def _spawn(nproc: int, cases: dict, path: str = MOE):
     from runtime.execution.launch import spawn
 
-    return spawn(_cases, nproc, cases)[0]
+    return spawn(_cases, nproc, cases, path)[0]
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,8 @@ def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, 
     from sim.engine.run import run_scenario
 
     for summary, overrides in [(two_ranks["ep2"], {})] + [
-            (four_ranks[name], FOUR_RANKS[name]) for name in ("ep2-pp2", "ep2-tp2-sp", "ep2-dp2-zero1", "ep2-dp2-fsdp")]:
+            (four_ranks[name], FOUR_RANKS[name])
+            for name in ("ep2-pp2", "ep2-tp2-sp", "ep2-dp2-zero1", "ep2-dp2-fsdp", "ep2-etp2", "ep2-etp2-fsdp")]:
         predicted = run_scenario(load_runnable(MOE, overrides).scenario, engine="fast").summarize()
         for measured, device in zip(summary["devices"], predicted.devices):
             kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
@@ -185,4 +188,18 @@ def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsp
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
+def test_expert_tensor_parallelism_with_biases_tensor_parallelism_or_alone_matches_the_unsplit_model(tmp_path):
+    # gpt's experts have biases: w1's is cut with its rows, w2's added on one expert-tensor rank and
+    # its gradient summed over the pair; EP 1 × ETP 2 and ETP 2 beside TP 2 with sequence parallelism
+    text = (SCENARIOS / "moe_tiny_cpu.yaml").read_text().replace("preset: llama", "preset: gpt")
+    gpt = tmp_path / "moe_gpt.yaml"
+    gpt.write_text("\n".join(line for line in text.splitlines() if "kv_heads" not in line))
+    etp = {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"}
+    cases = {"gpt-ep2-etp2": etp, "gpt-ep2-etp2-zero1": {**etp, "plan.sharding": "optimizer"},
+             "gpt-ep1-etp2": {**etp, "plan.expert_parallel": "1"}, "gpt-ep2-etp2-tp2-sp": {**etp, **TP2_SP}}
+    for summary in _spawn(4, cases, str(gpt)).values():
         assert_matches_unsplit(summary)

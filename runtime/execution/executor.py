@@ -51,6 +51,7 @@ from runtime.execution.expert_comm import (
     attach_expert_groups,
     device_sets,
     expert_data_mesh,
+    gather_width_grads,
     optimizer_buckets,
     reduce_expert_grads,
     split_dense,
@@ -371,8 +372,10 @@ class RankExecutor:
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 if isinstance(grad, DTensor):  # a collective over the mesh: every rank gathers, in order
                     grad = grad.full_tensor()
-                grads[name] = grad.detach().to("cpu", copy=True)
-        return grads
+                grads[name] = grad.detach()
+        if self.runnable.plan.expert_tensor_parallel > 1:  # on the device: NCCL gathers only there
+            gather_width_grads(self.stages, grads)
+        return {name: grad.to("cpu", copy=True) for name, grad in grads.items()}
 
 
 def _barrier(device: torch.device) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
+from runtime.model.experts import MoE, cut_width
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from runtime.model.recompute import apply_selective
 from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
@@ -141,6 +142,11 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
     mesh, expert_mesh = meshes
     owner, at = plan.stage_ranks, position(plan, rank)
+    if plan.expert_tensor_parallel > 1:  # each routed expert cut to this device's 1/ETP of its width
+        for layer in layers.values():
+            if isinstance(getattr(layer, "mlp", None), MoE):
+                cut_width(layer.mlp, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
+                          plan.expert_tensor_parallel)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)

@@ -201,8 +201,6 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
-        ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
-         "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
         ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
          "Megatron-Core trains no MoE layer under tensor parallelism without sequence parallelism (MoELayer."
          "forward raises \"performance may degrade if MoE and tensor parallelism are enabled without also "

@@ -25,6 +25,16 @@ the same layer as an ``nn.Module`` (``MoE``):
   gradients (torch's own ``torch.distributed.nn.functional.all_to_all_single`` does the same on
   gloo but is deprecated in torch 2.13).
 
+* **Expert tensor parallelism** (``etp_group``; ``cut_width``): each routed expert's w1 and w3
+  keep this device's rows of the width, w2 the same columns (Megatron-Core's
+  ``expert_tensor_parallel_size``, fc1 column- and fc2 row-parallel). Between the two
+  all-to-alls the expert-tensor group's devices gather each other's arrived tokens and, after
+  the experts, reduce-scatter the partial outputs back (``MoEAlltoAllTokenDispatcher`` in
+  ``megatron/core/transformer/moe/token_dispatcher.py`` at d98e8a6: ``gather_from_sequence_
+  parallel_region`` and ``reduce_scatter_to_sequence_parallel_region`` over ``expt_tp``), both
+  as all-to-alls on gloo (the gather sends a copy to each; its backward, the reverse all-to-all
+  with the copies' gradients summed, is the reduce-scatter).
+
 Parameter names carry the *global* expert index (``mlp.experts.3.w1.weight``), so a rank that
 holds experts 2 and 3 names their gradients as the unsplit model does, and each expert is
 initialised from its own seed (``expert_seed``) whichever rank builds it.
@@ -40,11 +50,19 @@ from torch.distributed.tensor import DTensor
 
 from runtime.model.layers import MLP
 
-__all__ = ["EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "expert_seed", "route"]
+__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "cut_width",
+           "expert_seed", "route"]
 
 EXPERT_PARAM = "_dapple_expert"
 """Attribute set on routed-expert parameters: their gradients sum over the expert-data-parallel
 group (``PlanSpec.expert_data_groups``), not the dense gradient group."""
+ETP_DIM = "_dapple_etp_dim"
+"""Attribute set on a routed expert's parameter cut over the expert-tensor-parallel group: the
+dimension its slices concatenate along (0: w1, w3 and w1's bias, column-parallel; 1: w2,
+row-parallel)."""
+ETP_SUMMED = "_dapple_etp_summed"
+"""Attribute set on a routed expert's ``w2`` bias under expert tensor parallelism: whole on every
+expert-tensor rank, added on the first only, its gradient summed over the group."""
 ROUTER_PARAM = "_dapple_router"
 """Attribute set on the router's weight: replicated over a stage's tensor ranks while each sees
 its own tokens (sequence parallelism), so its gradient sums over every device of the stage
@@ -94,6 +112,9 @@ class MoE(nn.Module):
         self.local = tuple(range(count)) if local is None else tuple(local)
         self.router = nn.Linear(hidden, count, bias=False)
         self.experts = nn.ModuleDict({str(e): MLP(hidden, ffn_hidden, gated=gated) for e in self.local})
+        self.etp, self.etp_rank, self.etp_group = 1, 0, None
+        """Expert tensor parallelism: the group's size, this device's place in it and its process
+        group (``cut_width``; None: each expert whole)."""
         self.tag_parameters()
         self.shared = MLP(hidden, shared * ffn_hidden, gated=gated) if shared else None
         self.group = None
@@ -105,6 +126,15 @@ class MoE(nn.Module):
         setattr(self.router.weight, ROUTER_PARAM, True)
         for p in self.experts.parameters():
             setattr(p, EXPERT_PARAM, True)
+        if self.etp == 1:
+            return
+        for mlp in self.experts.values():
+            for linear, dim in ((mlp.w1, 0), (mlp.w3, 0), (mlp.w2, 1)):
+                if linear is not None:
+                    setattr(linear.weight, ETP_DIM, dim)
+            if mlp.w1.bias is not None:
+                setattr(mlp.w1.bias, ETP_DIM, 0)
+                setattr(mlp.w2.bias, ETP_SUMMED, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, DTensor):  # sequence parallelism: route the tokens this device holds
@@ -127,22 +157,70 @@ class MoE(nn.Module):
 
     def _experts(self, copies: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
         """Every token copy (sorted by expert) through its expert, here or on its expert-parallel rank."""
-        if self.group is None:
+        if self.group is None and self.etp_group is None:
             counts = per_expert.tolist()
             return torch.cat([self.experts[str(e)](chunk) for e, chunk in enumerate(copies.split(counts))])
-        ep, mine = dist.get_world_size(self.group), len(self.local)
-        received = torch.empty_like(per_expert)
-        dist.all_to_all_single(received, per_expert, group=self.group)  # counts first: the split sizes
-        send = per_expert.reshape(ep, mine).sum(dim=1).tolist()
-        by_source = received.reshape(ep, mine)
-        arrived = AllToAll.apply(copies, send, by_source.sum(dim=1).tolist(), self.group)
-        # arrived is grouped by source rank, then local expert: regroup by local expert
-        # (Megatron-Core's sort_chunks_by_idxs), run each expert, and put the rows back
-        chunks = list(arrived.split(by_source.reshape(-1).tolist()))
+        mine = len(self.local)
+        if self.group is None:
+            by_source, send, arrived = per_expert.reshape(1, mine), [copies.shape[0]], copies
+        else:
+            ep = dist.get_world_size(self.group)
+            received = torch.empty_like(per_expert)
+            dist.all_to_all_single(received, per_expert, group=self.group)  # counts first: the split sizes
+            send = per_expert.reshape(ep, mine).sum(dim=1).tolist()
+            by_source = received.reshape(ep, mine)
+            arrived = AllToAll.apply(copies, send, by_source.sum(dim=1).tolist(), self.group)
+        # arrived is grouped by source rank, then local expert; under expert tensor parallelism the
+        # expert-tensor ranks' arrivals are gathered first (Megatron-Core's
+        # MoEAlltoAllTokenDispatcher.dispatch_postprocess: gather_from_sequence_parallel_region over
+        # the expert-tensor group), then regrouped by local expert (its sort_chunks_by_idxs)
+        counts, sizes, gathered = self._gather_width(arrived, by_source)
+        chunks = list(gathered.split(counts.reshape(-1).tolist()))
         outputs = [None] * len(chunks)
+        sources = counts.shape[0] * counts.shape[1]
         for j, e in enumerate(self.local):
-            picked = [r * mine + j for r in range(ep)]
+            picked = [r * mine + j for r in range(sources)]
             result = self.experts[str(e)](torch.cat([chunks[k] for k in picked]))
             for k, part in zip(picked, result.split([chunks[k].shape[0] for k in picked])):
                 outputs[k] = part
-        return AllToAll.apply(torch.cat(outputs), by_source.sum(dim=1).tolist(), send, self.group)
+        out = torch.cat(outputs)
+        if self.etp_group is not None:  # the partial outputs summed back onto their ranks (reduce-scatter)
+            out = AllToAll.apply(out, sizes, [arrived.shape[0]] * self.etp, self.etp_group)
+            out = out.reshape(self.etp, arrived.shape[0], *out.shape[1:]).sum(dim=0)
+        if self.group is None:
+            return out
+        return AllToAll.apply(out, by_source.sum(dim=1).tolist(), send, self.group)
+
+    def _gather_width(self, arrived: torch.Tensor, by_source: torch.Tensor):
+        """(counts by (expert-tensor rank, source, local expert), rows per expert-tensor rank, the
+        rows of every expert-tensor rank's arrivals): the all-gather over the group as an
+        all-to-all of copies, whose backward (reverse all-to-all, the copies' gradients summed)
+        is the reduce-scatter; without expert tensor parallelism this device's own."""
+        if self.etp_group is None:
+            return by_source.unsqueeze(0), [arrived.shape[0]], arrived
+        counts = [torch.empty_like(by_source) for _ in range(self.etp)]
+        dist.all_gather(counts, by_source.contiguous(), group=self.etp_group)
+        counts = torch.stack(counts)
+        sizes = counts.sum(dim=(1, 2)).tolist()
+        gathered = AllToAll.apply(arrived.repeat(self.etp, *([1] * (arrived.dim() - 1))),
+                                  [arrived.shape[0]] * self.etp, sizes, self.etp_group)
+        return counts, sizes, gathered
+
+
+def cut_width(moe: MoE, etp_rank: int, etp: int) -> None:
+    """Keep this device's 1/etp of each routed expert's width, in place (Megatron-Core's
+    ``expert_tensor_parallel_size``: the experts' fc1 column-parallel, fc2 row-parallel over the
+    expert-tensor group): rows [k·f/etp, (k+1)·f/etp) of w1 and w3 (and w1's bias), the same
+    columns of w2; w2's bias whole, added on rank 0 only."""
+    moe.etp, moe.etp_rank = etp, etp_rank
+    for mlp in moe.experts.values():
+        width = mlp.w1.weight.shape[0] // etp
+        keep = slice(etp_rank * width, (etp_rank + 1) * width)
+        for linear in (mlp.w1, mlp.w3):
+            if linear is not None:
+                linear.weight = nn.Parameter(linear.weight.detach()[keep].clone())
+                if linear.bias is not None:
+                    linear.bias = nn.Parameter(linear.bias.detach()[keep].clone())
+        mlp.w2.weight = nn.Parameter(mlp.w2.weight.detach()[:, keep].clone())
+        mlp.adds_bias = etp_rank == 0
+    moe.tag_parameters()
