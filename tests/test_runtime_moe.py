@@ -19,7 +19,9 @@ FOUR = {"cluster.devices_per_node": "4"}
 ONE_STAGE_4 = "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
 TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 3]}]"
 
-TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"}}
+TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"},
+             # each device drops at capacity on its 2 samples of a micro-batch, the reference per the same groups
+             "ep2-capacity": {"model.experts.capacity_factor": "1.0"}}
 TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
     "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
@@ -32,6 +34,7 @@ FOUR_RANKS = {
     # each expert's width over the pairs (0, 1), (2, 3); EP over (0, 2), (1, 3) (sim.core.plan's layout)
     "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
     "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
+    "ep2-tp2-sp-capacity": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "model.experts.capacity_factor": "0.75"},
 }
 
 
@@ -100,7 +103,6 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 
 
 @pytest.mark.parametrize(("overrides", "key", "why"), [
-    ({"model.experts.capacity_factor": "1.25"}, "model.experts.capacity_factor", "per rank's batch"),
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
     # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
     ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
@@ -113,6 +115,46 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, w
         load_runnable(MOE, overrides)
     message = str(caught.value)
     assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
+
+
+def test_a_capacity_keeps_each_experts_highest_weight_copies_per_group():
+    from runtime.model.experts import within_capacity
+
+    # 4 tokens, top-1 of 2 experts, capacity factor 1: capacity ceil(4·1/2·1) = 2 copies an expert;
+    # expert 0 gets tokens 0, 1, 2 (weights .9, .6, .7) and keeps 0 and 2
+    chosen = torch.tensor([[0], [0], [0], [1]])
+    weights = torch.tensor([[0.9], [0.6], [0.7], [0.8]])
+    assert within_capacity(weights, chosen, 2, 1.0).tolist() == [True, False, True, True]
+    # groups {0} and {1, 2, 3}: capacities ceil(0.5) = 1 and ceil(1.5) = 2, so nothing is dropped
+    groups = torch.tensor([0, 1, 1, 1])
+    assert within_capacity(weights, chosen, 2, 1.0, groups).tolist() == [True] * 4
+    # capacity factor 0.5: ceil(1) = 1; capacity factor 3: ceil(6) = 6 > 4 tokens, nothing dropped
+    assert within_capacity(weights, chosen, 2, 0.5).tolist() == [True, False, False, True]
+    assert within_capacity(weights, chosen, 2, 3.0).tolist() == [True] * 4
+
+
+def test_the_references_drop_groups_are_the_tokens_one_device_routes_in_one_call():
+    from runtime.model.config import load_runnable
+    from runtime.validation.grad_check import drop_groups
+
+    # EP 2 on 2 devices, micro-batches of 4 split 2 + 2: sample b is (micro-batch b // 4, replica b % 4 // 2)
+    plan = load_runnable(MOE).plan
+    labels = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[1].reshape(8, 16)
+    assert labels[:, 0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and bool((labels == labels[:, :1]).all())
+    # TP 2 with sequence parallelism: tensor rank k routes positions [8k, 8k + 8) of its replica's samples
+    plan = load_runnable(MOE, FOUR_RANKS["ep2-tp2-sp"]).plan
+    labels = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[2].reshape(8, 16)
+    assert labels[:, 0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6] and labels[:, 8].tolist() == [1, 1, 3, 3, 5, 5, 7, 7]
+
+
+def test_a_capacity_with_context_parallelism_is_refused_with_its_reason():
+    from runtime.model.config import _expert_limits
+    from sim.input.scenario import load_scenario
+
+    scenario = load_scenario(MOE, {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2",
+                                   "plan.expert_parallel": "1"})
+    refused = [why for key, present, why in _expert_limits(scenario.plan, scenario.model.experts) if present]
+    assert len(refused) == 1 and "context rank" in refused[0]
 
 
 def _cases(device, cases: dict, path: str = MOE):

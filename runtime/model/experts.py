@@ -12,8 +12,9 @@ the same layer as an ``nn.Module`` (``MoE``):
   rank as split over many.
 * **Experts**: each a SwiGLU (llama) or GeLU MLP (gpt) of width ``ffn_hidden``
   (``runtime.model.layers.MLP``); the shared experts one dense MLP of width shared × ffn_hidden,
-  as the simulator counts them. Dropless: every routed token is computed (Megatron-Core's default,
-  capacity factor None; ``runtime.model.config`` refuses a capacity factor before launch).
+  as the simulator counts them. Dropless by default (Megatron-Core's default, capacity factor
+  None); with a capacity factor each call drops the copies over an expert's capacity, as
+  Megatron-Core's router does on each device's batch (``within_capacity``).
 * **Expert parallelism** (``group`` of EP ranks; rank r holds experts [r·L, (r+1)·L), L = count/EP,
   Megatron-Core's ``local_expert_indices``): the token copies are sorted by expert, each rank
   first exchanges its per-expert counts (an ``all_to_all_single`` of count integers: torchtitan's
@@ -24,7 +25,6 @@ the same layer as an ``nn.Module`` (``MoE``):
   all-to-all. ``AllToAll`` is differentiable: its backward is the reverse all-to-all of the
   gradients (torch's own ``torch.distributed.nn.functional.all_to_all_single`` does the same on
   gloo but is deprecated in torch 2.13).
-
 * **Expert tensor parallelism** (``etp_group``; ``cut_width``): each routed expert's w1 and w3
   keep this device's rows of the width, w2 the same columns (Megatron-Core's
   ``expert_tensor_parallel_size``, fc1 column- and fc2 row-parallel). Between the two
@@ -35,12 +35,28 @@ the same layer as an ``nn.Module`` (``MoE``):
   as all-to-alls on gloo (the gather sends a copy to each; its backward, the reverse all-to-all
   with the copies' gradients summed, is the reduce-scatter).
 
+**Capacity** (``within_capacity``): with ``model.experts.capacity_factor`` f, Megatron-Core
+caps every expert at ``ceil(N·k / E · f)`` token copies of the N tokens its router saw in one call
+(k = top_k, E = count; ``get_capacity`` and ``apply_router_token_dropping`` in
+``megatron/core/transformer/moe/moe_utils.py`` at d98e8a6, called by ``TopKRouter.routing``): the
+copies over capacity are dropped, the kept ones chosen by their routing probability
+(``moe_token_drop_policy: probs``, its default: ``torch.topk`` of each expert's column of
+probabilities) and without padding (``moe_pad_expert_input_to_capacity: False``); nothing is
+dropped when the capacity exceeds N. A dropped copy is never dispatched and adds nothing to its
+token's output. N is what one device routes in one micro-batch's forward (its replica's slice,
+under sequence parallelism its tensor rank's 1/t of the sequence), so the unsplit reference
+drops per the same groups of tokens (``token_groups``, from
+``runtime.validation.grad_check.drop_groups``). Ties in probability go to the lower token (a
+stable sort), where ``torch.topk`` leaves them unspecified.
+
 Parameter names carry the *global* expert index (``mlp.experts.3.w1.weight``), so a rank that
 holds experts 2 and 3 names their gradients as the unsplit model does, and each expert is
 initialised from its own seed (``expert_seed``) whichever rank builds it.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -50,8 +66,8 @@ from torch.distributed.tensor import DTensor
 
 from runtime.model.layers import MLP
 
-__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "cut_width",
-           "expert_seed", "route"]
+__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "capacity", "cut_width",
+           "expert_seed", "route", "within_capacity"]
 
 EXPERT_PARAM = "_dapple_expert"
 """Attribute set on routed-expert parameters: their gradients sum over the expert-data-parallel
@@ -102,13 +118,51 @@ def route(logits: torch.Tensor, top_k: int, *, normalize: bool) -> tuple[torch.T
     return weights, experts
 
 
+def capacity(tokens: int, top_k: int, count: int, capacity_factor: float) -> int:
+    """Megatron-Core's ``get_capacity(num_tokens=tokens·top_k, count, f)``: ceil(tokens·k / E · f)."""
+    return math.ceil((tokens * top_k / count) * capacity_factor)
+
+
+def within_capacity(weights: torch.Tensor, chosen: torch.Tensor, count: int, capacity_factor: float,
+                    groups: torch.Tensor | None = None) -> torch.Tensor:
+    """Which of the N·k token copies (token-major, as ``chosen.reshape(-1)``) each expert keeps:
+    per group of tokens (``groups``: a label per token; None: one group) and expert, the
+    ``capacity`` copies of highest weight, all of them when the capacity exceeds the group's N."""
+    n, k = chosen.shape
+    label = torch.zeros(n, dtype=torch.long, device=chosen.device) if groups is None else groups.to(chosen.device)
+    _, label = torch.unique(label, return_inverse=True)  # labels 0 .. G-1
+    copy_label, expert = label.repeat_interleave(k), chosen.reshape(-1)
+    # copies sorted by (group, expert, weight descending, token): each bucket's first ones are kept
+    order = torch.argsort(-weights.detach().reshape(-1), stable=True)
+    order = order[torch.argsort(expert[order], stable=True)]
+    order = order[torch.argsort(copy_label[order], stable=True)]
+    bucket = copy_label[order] * count + expert[order]
+    _, sizes = torch.unique_consecutive(bucket, return_counts=True)
+    starts = torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
+    place = torch.arange(order.numel(), device=chosen.device) - starts
+    caps = []
+    for tokens in torch.bincount(label).tolist():
+        cap = capacity(tokens, k, count, capacity_factor)
+        caps.append(cap if cap <= tokens else n * k)  # Megatron-Core drops nothing when cap > N
+    caps = torch.tensor(caps, device=chosen.device)
+    keep = torch.empty_like(place, dtype=torch.bool)
+    keep[order] = place < caps[copy_label[order]]
+    return keep
+
+
 class MoE(nn.Module):
     """Router, routed experts (``local`` of them on this rank) and optional shared experts."""
 
     def __init__(self, hidden: int, *, count: int, top_k: int, ffn_hidden: int, shared: int, gated: bool,
-                 local: tuple[int, ...] | None = None, normalize: bool = True) -> None:
+                 local: tuple[int, ...] | None = None, normalize: bool = True,
+                 capacity_factor: float | None = None) -> None:
         super().__init__()
         self.count, self.top_k, self.normalize = count, top_k, normalize
+        self.capacity_factor = capacity_factor
+        """Each expert's capacity over the mean load (``within_capacity``; None: dropless)."""
+        self.token_groups: torch.Tensor | None = None
+        """A label per input token: the capacity applies per label (the unsplit reference's
+        ``runtime.validation.grad_check.drop_groups``); None: to the whole call, one device's batch."""
         self.local = tuple(range(count)) if local is None else tuple(local)
         self.router = nn.Linear(hidden, count, bias=False)
         self.experts = nn.ModuleDict({str(e): MLP(hidden, ffn_hidden, gated=gated) for e in self.local})
@@ -144,12 +198,16 @@ class MoE(nn.Module):
         logits = F.linear(tokens.float(), self.router.weight.float())
         weights, chosen = route(logits, self.top_k, normalize=self.normalize)
         flat = chosen.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # token copies grouped by expert, in token order within
-        per_expert = torch.bincount(flat, minlength=self.count)
-        source = order // self.top_k
+        copies = torch.arange(flat.numel(), device=flat.device)  # token-major: copy i is token i // top_k's
+        if self.capacity_factor is not None:  # the copies over an expert's capacity are never dispatched
+            copies = copies[within_capacity(weights, chosen, self.count, self.capacity_factor, self.token_groups)]
+        kept = flat[copies]
+        picked = copies[torch.argsort(kept, stable=True)]  # grouped by expert, in token order within
+        per_expert = torch.bincount(kept, minlength=self.count)
+        source = picked // self.top_k
         routed = self._experts(tokens[source], per_expert)
         combined = torch.zeros_like(tokens).index_add(
-            0, source, routed * weights.reshape(-1)[order].unsqueeze(-1).to(routed.dtype))
+            0, source, routed * weights.reshape(-1)[picked].unsqueeze(-1).to(routed.dtype))
         out = combined.reshape(shape)
         if self.shared is not None:
             out = out + self.shared(x)
