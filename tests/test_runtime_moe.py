@@ -1,7 +1,8 @@
 """Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
 against the simulator's, what cannot run refused in one line before launch, and expert
-parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2) training
-one step exactly like the unsplit model in one process (rtol 1e-5, fp32).
+parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2, EP 2 × ETP 2,
+under ZeRO-1 and FSDP2, at a capacity factor) training one step exactly like the unsplit model in
+one process (rtol 1e-5, fp32), its states by kind as the simulator counts them.
 """
 
 from __future__ import annotations
@@ -236,12 +237,14 @@ def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsp
 @pytest.mark.slow
 def test_expert_tensor_parallelism_with_biases_tensor_parallelism_or_alone_matches_the_unsplit_model(tmp_path):
     # gpt's experts have biases: w1's is cut with its rows, w2's added on one expert-tensor rank and
-    # its gradient summed over the pair; EP 1 × ETP 2 and ETP 2 beside TP 2 with sequence parallelism
+    # its gradient summed over the pair (also on FSDP2's shards); EP 1 × ETP 2; ETP 2 beside TP 2 with
+    # sequence parallelism
     text = (SCENARIOS / "moe_tiny_cpu.yaml").read_text().replace("preset: llama", "preset: gpt")
     gpt = tmp_path / "moe_gpt.yaml"
     gpt.write_text("\n".join(line for line in text.splitlines() if "kv_heads" not in line))
     etp = {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"}
     cases = {"gpt-ep2-etp2": etp, "gpt-ep2-etp2-zero1": {**etp, "plan.sharding": "optimizer"},
+             "gpt-ep2-etp2-fsdp": {**etp, "plan.sharding": "full"},
              "gpt-ep1-etp2": {**etp, "plan.expert_parallel": "1"}, "gpt-ep2-etp2-tp2-sp": {**etp, **TP2_SP}}
     for summary in _spawn(4, cases, str(gpt)).values():
         assert_matches_unsplit(summary)
