@@ -1,7 +1,8 @@
 """Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
 against the simulator's, what cannot run refused in one line before launch, and expert
-parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2) training
-one step exactly like the unsplit model in one process (rtol 1e-5, fp32).
+parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2, EP 2 × ETP 2,
+under ZeRO-1 and FSDP2, at a capacity factor) training one step exactly like the unsplit model in
+one process (rtol 1e-5, fp32), its states by kind as the simulator counts them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,22 @@ FOUR = {"cluster.devices_per_node": "4"}
 ONE_STAGE_4 = "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
 TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 3]}]"
 
-TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"}}
+TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"},
+             # each device drops at capacity on its 2 samples of a micro-batch, the reference per the same groups
+             "ep2-capacity": {"model.experts.capacity_factor": "1.0"}}
+TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
-    "ep2-tp2-sp": {**FOUR, "plan.tensor_parallel": "2", "plan.sequence_parallel": "true", "plan.stages": ONE_STAGE_4},
+    "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
     "ep2-pp2": {**FOUR, "plan.stages": TWO_STAGES},
+    # the routed experts' states over their expert-data-parallel pair (0, 2) or (1, 3), the dense over all 4
+    "ep2-dp2-zero1": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "optimizer"},
+    "ep2-dp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
+    "ep2-dp2-zero2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.sharding": "gradients"},
+    "ep2-tp2-sp-fsdp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "plan.sharding": "full"},
+    # each expert's width over the pairs (0, 1), (2, 3); EP over (0, 2), (1, 3) (sim.core.plan's layout)
+    "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
+    "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
+    "ep2-tp2-sp-capacity": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "model.experts.capacity_factor": "0.75"},
 }
 
 
@@ -90,37 +103,75 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
     assert torch.equal(half[1].mlp.router.weight, whole[1].mlp.router.weight)
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    ({"model.experts.capacity_factor": "1.25"}, "model.experts.capacity_factor"),
-    ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance"),
-    ({"model.experts.node_limit": "1"}, "model.experts.node_limit"),
-    ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype"),
-    ({"plan.sharding": "optimizer"}, "plan.sharding"),
-    ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": "[{layers: [0, 4], devices: [0, 1, 2, 3]}]",
-      "plan.expert_parallel": "1"}, "plan.sequence_parallel"),
-    ({**FOUR, "plan.expert_tensor_parallel": "2", "plan.stages": ONE_STAGE_4}, "plan.expert_tensor_parallel"),
+@pytest.mark.parametrize(("overrides", "key", "why"), [
+    ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
+    ({"model.experts.node_limit": "1"}, "model.experts.node_limit", "no node-limited routing"),
+    ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype", "model.dtype"),
+    # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
+    ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
+     "plan.sequence_parallel", "megatron/core/transformer/moe/moe_layer.py"),
 ])
-def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key):
+def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable
 
     with pytest.raises(DappleError) as caught:
         load_runnable(MOE, overrides)
     message = str(caught.value)
-    assert "\n" not in message and f"{key}: not supported by the runtime" in message
+    assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
 
 
-def _cases(device, cases: dict):
+def test_a_capacity_keeps_each_experts_highest_weight_copies_per_group():
+    from runtime.model.experts import within_capacity
+
+    # 4 tokens, top-1 of 2 experts, capacity factor 1: capacity ceil(4·1/2·1) = 2 copies an expert;
+    # expert 0 gets tokens 0, 1, 2 (weights .9, .6, .7) and keeps 0 and 2
+    chosen = torch.tensor([[0], [0], [0], [1]])
+    weights = torch.tensor([[0.9], [0.6], [0.7], [0.8]])
+    assert within_capacity(weights, chosen, 2, 1.0).tolist() == [True, False, True, True]
+    # groups {0} and {1, 2, 3}: capacities ceil(0.5) = 1 and ceil(1.5) = 2, so nothing is dropped
+    groups = torch.tensor([0, 1, 1, 1])
+    assert within_capacity(weights, chosen, 2, 1.0, groups).tolist() == [True] * 4
+    # capacity factor 0.5: ceil(1) = 1; capacity factor 3: ceil(6) = 6 > 4 tokens, nothing dropped
+    assert within_capacity(weights, chosen, 2, 0.5).tolist() == [True, False, False, True]
+    assert within_capacity(weights, chosen, 2, 3.0).tolist() == [True] * 4
+
+
+def test_the_references_drop_groups_are_the_tokens_one_device_routes_in_one_call():
+    from runtime.model.config import load_runnable
+    from runtime.validation.grad_check import drop_groups
+
+    # EP 2 on 2 devices, micro-batches of 4 split 2 + 2: sample b is (micro-batch b // 4, replica b % 4 // 2)
+    plan = load_runnable(MOE).plan
+    labels = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[1].reshape(8, 16)
+    assert labels[:, 0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and bool((labels == labels[:, :1]).all())
+    # TP 2 with sequence parallelism: tensor rank k routes positions [8k, 8k + 8) of its replica's samples
+    plan = load_runnable(MOE, FOUR_RANKS["ep2-tp2-sp"]).plan
+    labels = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[2].reshape(8, 16)
+    assert labels[:, 0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6] and labels[:, 8].tolist() == [1, 1, 3, 3, 5, 5, 7, 7]
+
+
+def test_a_capacity_with_context_parallelism_is_refused_with_its_reason():
+    from runtime.model.config import _expert_limits
+    from sim.input.scenario import load_scenario
+
+    scenario = load_scenario(MOE, {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2",
+                                   "plan.expert_parallel": "1"})
+    refused = [why for key, present, why in _expert_limits(scenario.plan, scenario.model.experts) if present]
+    assert len(refused) == 1 and "context rank" in refused[0]
+
+
+def _cases(device, cases: dict, path: str = MOE):
     from runtime.execution.session import SessionOptions, run_session
     from runtime.model.config import load_runnable
 
-    return {name: run_session(load_runnable(MOE, overrides), SessionOptions(steps=1, check=True), device)
+    return {name: run_session(load_runnable(path, overrides), SessionOptions(steps=1, check=True), device)
             for name, overrides in cases.items()}
 
 
-def _spawn(nproc: int, cases: dict):
+def _spawn(nproc: int, cases: dict, path: str = MOE):
     from runtime.execution.launch import spawn
 
-    return spawn(_cases, nproc, cases)[0]
+    return spawn(_cases, nproc, cases, path)[0]
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +201,9 @@ def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, 
     from runtime.model.config import load_runnable
     from sim.engine.run import run_scenario
 
-    for summary, overrides in [(two_ranks["ep2"], {}), (four_ranks["ep2-pp2"], FOUR_RANKS["ep2-pp2"]),
-                               (four_ranks["ep2-tp2-sp"], FOUR_RANKS["ep2-tp2-sp"])]:
+    for summary, overrides in [(two_ranks["ep2"], {})] + [
+            (four_ranks[name], FOUR_RANKS[name])
+            for name in ("ep2-pp2", "ep2-tp2-sp", "ep2-dp2-zero1", "ep2-dp2-fsdp", "ep2-etp2", "ep2-etp2-fsdp")]:
         predicted = run_scenario(load_runnable(MOE, overrides).scenario, engine="fast").summarize()
         for measured, device in zip(summary["devices"], predicted.devices):
             kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
@@ -181,4 +233,20 @@ def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsp
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
+def test_expert_tensor_parallelism_with_biases_tensor_parallelism_or_alone_matches_the_unsplit_model(tmp_path):
+    # gpt's experts have biases: w1's is cut with its rows, w2's added on one expert-tensor rank and
+    # its gradient summed over the pair (also on FSDP2's shards); EP 1 × ETP 2; ETP 2 beside TP 2 with
+    # sequence parallelism
+    text = (SCENARIOS / "moe_tiny_cpu.yaml").read_text().replace("preset: llama", "preset: gpt")
+    gpt = tmp_path / "moe_gpt.yaml"
+    gpt.write_text("\n".join(line for line in text.splitlines() if "kv_heads" not in line))
+    etp = {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"}
+    cases = {"gpt-ep2-etp2": etp, "gpt-ep2-etp2-zero1": {**etp, "plan.sharding": "optimizer"},
+             "gpt-ep2-etp2-fsdp": {**etp, "plan.sharding": "full"},
+             "gpt-ep1-etp2": {**etp, "plan.expert_parallel": "1"}, "gpt-ep2-etp2-tp2-sp": {**etp, **TP2_SP}}
+    for summary in _spawn(4, cases, str(gpt)).values():
         assert_matches_unsplit(summary)

@@ -49,7 +49,15 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_message_order, tag
-from runtime.execution.expert_comm import attach_expert_groups, device_sets, reduce_expert_grads, split_dense
+from runtime.execution.expert_comm import (
+    attach_expert_groups,
+    device_sets,
+    expert_data_mesh,
+    gather_width_grads,
+    optimizer_buckets,
+    reduce_expert_grads,
+    split_dense,
+)
 from runtime.execution.holdings import LocalStage, hold_stages, position
 from runtime.execution.p2p import Mailbox
 from runtime.execution.status import StatusBoard
@@ -114,16 +122,19 @@ class RankExecutor:
         self.counts_loss = at % t == 0  # a tensor group's first device; context ranks' losses sum
         self.sequence = None if self.context_parallel == 1 else \
             sequence_positions(runnable.model.values["seq_len"], self.context_parallel, at // t).to(device)
-        held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh)
+        expert_mesh = expert_data_mesh(plan, self.rank, device.type) \
+            if runnable.model.experts is not None and plan.sharding in FSDP_SHARDINGS else None
+        held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh,
+                           expert_mesh=expert_mesh)
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
         self.groups = ReplicaGroups(plan, held.tied_groups, device_sets(plan, runnable.model))
         attach_expert_groups(self.stages, plan, self.rank, self.groups)
         unique = {id(p): p for st in self.stages.values() for p in st.params}
         self.params = list(unique.values())
         gradient_groups = {s: self.groups.group(self._gradient_group(s)) for s in self.stages}
-        self.optimizer = RankOptimizer.build(scenario.model.optimizer, options.lr,
-                                             {s: st.params for s, st in self.stages.items()}, plan.sharding,
-                                             gradient_groups)
+        self.optimizer = RankOptimizer.build(
+            scenario.model.optimizer, options.lr,
+            optimizer_buckets(self.stages, plan, self.rank, self.groups, gradient_groups), plan.sharding)
         self.last_backward = {}  # stage -> index of its last B or W on this rank (FSDP's gradient sync)
         for index, a in enumerate(self.actions):
             if a.kind in (K.B, K.W):
@@ -372,8 +383,10 @@ class RankExecutor:
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 if isinstance(grad, DTensor):  # a collective over the mesh: every rank gathers, in order
                     grad = grad.full_tensor()
-                grads[name] = grad.detach().to("cpu", copy=True)
-        return grads
+                grads[name] = grad.detach()
+        if self.runnable.plan.expert_tensor_parallel > 1:  # on the device: NCCL gathers only there
+            gather_width_grads(self.stages, grads)
+        return {name: grad.to("cpu", copy=True) for name, grad in grads.items()}
 
 
 def _barrier(device: torch.device) -> None:

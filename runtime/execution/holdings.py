@@ -32,6 +32,7 @@ import torch
 from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import apply_context_parallel, context_ring
+from runtime.model.experts import MoE, cut_width
 from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
 from runtime.model.recompute import apply_selective
 from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
@@ -99,9 +100,11 @@ def column(plan, s: int, at: int) -> tuple[int, ...]:
     return tuple(replica[at] for replica in plan.replicas(s))
 
 
-def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None) -> Holdings:
+def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: torch.device, mesh=None,
+                expert_mesh=None) -> Holdings:
     """Build what ``rank`` holds of ``runnable``'s plan (``mesh``: its device set's
-    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding)."""
+    ``(data, context, tensor)`` mesh, needed with tensor parallelism or sharding; ``expert_mesh``:
+    its expert-data-parallel mesh, needed by an MoE model under FSDP2)."""
     plan = runnable.plan
     pipeline_rank = next(r for r, group in enumerate(plan.device_groups) if rank in group)
     mine = [s for s in range(plan.num_stages) if plan.stage_ranks[s] == pipeline_rank]
@@ -110,7 +113,8 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
     layers = build_layers(runnable.model, indices, seed=seed, device=device,
                           local_experts=local_experts(runnable, rank, mine))
     stages = {
-        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer, mesh)
+        s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer,
+                  (mesh, expert_mesh))
         for s in mine
     }
     groups, mine, tied_param = _tied(runnable, layers, last_layer, rank)
@@ -136,9 +140,15 @@ def local_experts(runnable: RunnableScenario, rank: int, stages: list[int]) -> d
     return held
 
 
-def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, mesh) -> LocalStage:
+def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_layer: int, meshes) -> LocalStage:
     plan, microbatch_size = runnable.plan, runnable.scenario.training.microbatch_size
+    mesh, expert_mesh = meshes
     owner, at = plan.stage_ranks, position(plan, rank)
+    if plan.expert_tensor_parallel > 1:  # each routed expert cut to this device's 1/ETP of its width
+        for layer in layers.values():
+            if isinstance(getattr(layer, "mlp", None), MoE):
+                cut_width(layer.mlp, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
+                          plan.expert_tensor_parallel)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
@@ -148,7 +158,8 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
         apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
-        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL)
+        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL,
+                    expert_mesh=expert_mesh)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from runtime.execution.executor import ExecOptions, RankExecutor
 from runtime.execution.status import StatusBoard
 from runtime.model.config import RunnableScenario
-from runtime.validation.grad_check import compare_grads, reference_step
+from runtime.model.models import num_layers
+from runtime.validation.grad_check import compare_grads, drop_groups, reference_step
 from sim.models.vocab import vocab_padding
 
 __all__ = ["SessionOptions", "run_session"]
@@ -156,7 +157,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
     }
     if options.check:
         reference = reference_step(runnable.model, scenario.training.global_batch_size, step=0,
-                                   seed=options.execution.seed, device=device)
+                                   seed=options.execution.seed, device=device, drop_groups=_drop_groups(runnable))
         comparison = compare_grads(runnable.model, [r["grads"] for r in ranks], reference, rtol=options.rtol)
         loss_ok = abs(losses[0] - reference.loss) <= options.rtol * abs(reference.loss)
         summary.update(
@@ -168,3 +169,14 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
             check_passed=comparison.passed and loss_ok,
         )
     return summary
+
+
+def _drop_groups(runnable: RunnableScenario) -> dict | None:
+    """The plan's groups of tokens per MoE layer, for a reference that drops at capacity as the
+    devices do (None when dropless)."""
+    experts, training = runnable.model.experts, runnable.scenario.training
+    if experts is None or experts.capacity_factor is None:
+        return None
+    return drop_groups(runnable.plan, microbatch_size=training.microbatch_size,
+                       num_microbatches=training.num_microbatches, seq_len=runnable.model.values["seq_len"],
+                       layers=range(num_layers(runnable.model)))

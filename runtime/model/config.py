@@ -150,7 +150,7 @@ def load_runnable(
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × context × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
-    recompute none, selective, selective_op or full. Anything else is one line before launch (the simulator models
+    recompute none, selective, selective_op or full; with experts, expert parallelism under each of them. Anything else is one line before launch (the simulator models
     it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
@@ -200,20 +200,20 @@ def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:
 def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool, str]]:
     """What ``runtime.model.experts`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     return [
-        ("model.experts.capacity_factor", experts.capacity_factor is not None,
-         "it runs dropless MoE layers; a capacity drops tokens per rank's batch, so a split run would not "
-         "compute the unsplit model's step; remove capacity_factor"),
+        ("model.experts.capacity_factor", experts.capacity_factor is not None and plan.context_parallel > 1,
+         "a capacity drops tokens per device's batch, and the unsplit reference groups tokens by replica and "
+         "sequence-parallel slice only (runtime.validation.grad_check.drop_groups), not by context rank; remove "
+         "capacity_factor or context_parallel"),
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
         ("model.experts.node_limit", experts.node_limit is not None,
          "its router picks the top_k experts anywhere (no node-limited routing); remove node_limit"),
-        ("plan.expert_tensor_parallel", plan.expert_tensor_parallel > 1,
-         "it holds each routed expert whole (count/expert_parallel per device); set expert_tensor_parallel: 1"),
-        ("plan.sharding", plan.sharding is not Sharding.NONE,
-         "routed experts' states are not sharded over the expert-data-parallel group; use sharding: none"),
         ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
-         "MoE layers route the 1/tensor_parallel of the tokens each tensor rank holds; set sequence_parallel: true"),
+         "Megatron-Core trains no MoE layer under tensor parallelism without sequence parallelism (MoELayer."
+         "forward raises \"performance may degrade if MoE and tensor parallelism are enabled without also "
+         "enabling sequence parallelism\", megatron/core/transformer/moe/moe_layer.py at d98e8a6), and each "
+         "tensor rank routes its 1/tensor_parallel of the tokens as it does; set sequence_parallel: true"),
     ]
 
 

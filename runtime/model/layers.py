@@ -114,11 +114,15 @@ class MLP(nn.Module):
         self.w1 = nn.Linear(hidden, ffn_hidden, bias=bias)
         self.w3 = nn.Linear(hidden, ffn_hidden, bias=False) if gated else None
         self.w2 = nn.Linear(ffn_hidden, hidden, bias=bias)
+        self.adds_bias = True
+        """Whether ``w2``'s bias is added here: False on a routed expert's expert-tensor ranks but
+        the first, whose partial outputs the reduce-scatter sums (``runtime.model.experts``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is None:
-            return self.w2(F.gelu(self.w1(x)))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        inner = F.gelu(self.w1(x)) if self.w3 is None else F.silu(self.w1(x)) * self.w3(x)
+        if not self.adds_bias:
+            return F.linear(inner, self.w2.weight)
+        return self.w2(inner)
 
 
 def _norm(hidden: int, llama: bool) -> nn.Module:

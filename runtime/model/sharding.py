@@ -43,6 +43,16 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   says so where the simulator, which models ZeRO-2 (``sim.cost.memory.model_state_bytes``),
   predicts whole parameters.
 
+Routed experts (``runtime.model.experts``) are replicated only over their expert-data-parallel
+group (``PlanSpec.expert_data_groups``: the stage's devices / (EP × ETP)), so each sharding
+takes them over that group and the dense parameters over the whole data-parallel group, as
+Megatron-Core does (its expert parameters in buffers and a distributed optimizer of their own
+over ``expt_dp``): ZeRO-1 steps them with a ``ZeroRedundancyOptimizer`` of their own over that
+group (``runtime.execution.expert_comm.optimizer_buckets``), and FSDP2 makes each expert a unit
+over that group's mesh before the block's unit takes the rest (torchtitan's ``apply_fsdp``, which
+shards ``moe.experts`` over its ``dp_shard_mod_ep`` mesh). A sharded expert's bytes are 1/d_e of
+its whole, as the simulator counts them (``sim.cost.experts.moe_state_bytes``).
+
 ``state_bytes`` counts what a rank holds at rest by the simulator's kinds (parameters,
 gradients, optimizer state): the bytes each device stores (a DTensor's local shard).
 """
@@ -58,6 +68,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from runtime.model.experts import MoE
 from runtime.model.models import OPTIMIZER_CLASSES, StageModule
 from sim.core.parallelism import Sharding
 
@@ -67,10 +78,17 @@ FSDP_SHARDINGS = (Sharding.GRADIENTS, Sharding.FULL)
 """The plan's shardings that run as FSDP2 (``fully_shard``)."""
 
 
-def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> None:
+def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+                expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place
     (``reshard_after_forward`` False: ``sharding: gradients``); a tied embedding and head go into
-    the root's unit together."""
+    the root's unit together. Each routed expert of an MoE block is a unit of its own over
+    ``expert_mesh`` (the expert-data-parallel devices) before its block's unit takes the rest."""
+    moes = [sub for sub in module.modules() if isinstance(sub, MoE)]
+    for moe in moes:
+        assert expert_mesh is not None, "an MoE stage under FSDP2 needs its expert-data-parallel mesh"
+        for expert in moe.experts.values():  # each called on its own tokens: its forward is the unit's
+            fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward)
     shared = {id(w) for layer in module.layers.values() for w in getattr(layer, "borrowed", ())}
     for layer in module.layers.values():
         tied = getattr(layer, "borrowed", ()) or any(id(p) in shared for p in layer.parameters())
@@ -81,6 +99,8 @@ def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_for
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)
             sub.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs none
+    for moe in moes:
+        moe.tag_parameters()
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -97,24 +117,28 @@ class RankOptimizer:
     """(parameter, plain tensor aliasing its local shard) pairs a ZeRO optimizer steps."""
 
     @classmethod
-    def build(cls, name: str, lr: float, params_by_stage: dict[int, list[nn.Parameter]], sharding: Sharding,
-              groups: dict[int, object]) -> RankOptimizer:
-        """``groups[s]``: the process group over which stage s's parameters are replicated
-        (None when alone: nothing to shard)."""
+    def build(cls, name: str, lr: float, buckets: list[tuple[list[nn.Parameter], object]],
+              sharding: Sharding) -> RankOptimizer:
+        """``buckets``: (parameters, the process group over which they are replicated), one per
+        stage and kind (a stage's dense parameters over its gradient group, its routed experts over
+        their expert-data-parallel group; None when alone: nothing to shard); ZeRO-1 steps each
+        bucket's share over its group."""
         optim_class, kwargs = OPTIMIZER_CLASSES[name]
         if sharding is not Sharding.OPTIMIZER:
-            unique = list({id(p): p for ps in params_by_stage.values() for p in ps}.values())
+            unique = list({id(p): p for ps, _ in buckets for p in ps}.values())
             return cls([optim_class(unique, lr=lr, **kwargs)])
         optimizers, views = [], []
-        for s in sorted(params_by_stage):
-            pairs = [(p, p.to_local().detach() if isinstance(p, DTensor) else p) for p in params_by_stage[s]]
+        for params, group in buckets:
+            if not params:
+                continue
+            pairs = [(p, p.to_local().detach() if isinstance(p, DTensor) else p) for p in params]
             views += [(p, v) for p, v in pairs if v is not p]
             tensors = [v for _, v in pairs]
-            if groups[s] is None:
+            if group is None:
                 optimizers.append(optim_class(tensors, lr=lr, **kwargs))
             else:
                 optimizers.append(ZeroRedundancyOptimizer(tensors, optimizer_class=optim_class,
-                                                          process_group=groups[s], lr=lr, **kwargs))
+                                                          process_group=group, lr=lr, **kwargs))
         return cls(optimizers, views)
 
     def zero_grad(self) -> None:

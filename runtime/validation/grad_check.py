@@ -20,9 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from runtime.model.config import ModelConfig
+from runtime.model.experts import MoE
 from runtime.model.models import TRANSFORMERS, num_layers, synthetic_batch, whole_model
+from sim.core.plan import PlanSpec
+from sim.cost.split import sample_ranges
 
-__all__ = ["NOISE_FLOOR", "GradComparison", "Reference", "compare_grads", "reference_step"]
+__all__ = ["NOISE_FLOOR", "GradComparison", "Reference", "compare_grads", "drop_groups", "reference_step"]
 
 NOISE_FLOOR = 1e-3
 """The smallest scale a tensor is compared at, relative to the model's largest gradient."""
@@ -51,10 +54,16 @@ class GradComparison:
 
 
 def reference_step(
-    config: ModelConfig, global_batch_size: int, *, step: int = 0, seed: int = 0, device: torch.device | str = "cpu"
+    config: ModelConfig, global_batch_size: int, *, step: int = 0, seed: int = 0, device: torch.device | str = "cpu",
+    drop_groups: dict[int, torch.Tensor] | None = None,
 ) -> Reference:
-    """Loss and gradients of the whole model on step ``step``'s whole batch, in one process."""
+    """Loss and gradients of the whole model on step ``step``'s whole batch, in one process
+    (``drop_groups``: the plan's groups of tokens per MoE layer, over which a capacity factor
+    drops as each device does, ``drop_groups``)."""
     model = whole_model(config, seed=seed, device=device)
+    for index, layer in model.layers.items():
+        if drop_groups and isinstance(getattr(layer, "mlp", None), MoE):
+            layer.mlp.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
     inputs, labels = synthetic_batch(config, global_batch_size, step=step, seed=seed, device=device)
     loss = model(inputs, labels)
     loss.backward()
@@ -94,3 +103,26 @@ def compare_grads(
     assert not missing, f"no rank reported gradients of {missing[:3]}"
     return GradComparison(max_abs_grad_diff=max_abs, max_rel_grad_diff=max_rel, worst=worst, passed=passed,
                           compared=compared)
+
+
+def drop_groups(plan: PlanSpec, *, microbatch_size: int, num_microbatches: int, seq_len: int,
+                layers: range) -> dict[int, torch.Tensor]:
+    """For each layer of ``layers``: a label per token of the global batch (flattened as
+    (sample, position)), the same for exactly the tokens one device routes in one call: its
+    (micro-batch, replica, tensor rank) at the layer's stage, so that a capacity factor drops in
+    the reference as on the devices (``runtime.model.experts.within_capacity``)."""
+    t = plan.tensor_parallel if plan.sequence_parallel else 1
+    labels = {}
+    for s, stage in enumerate(plan.stages):
+        replicas = plan.replicas(s)
+        ranges = sample_ranges(microbatch_size, tuple(replica[0] for replica in replicas))
+        label = torch.empty(num_microbatches * microbatch_size, seq_len, dtype=torch.long)
+        for m in range(num_microbatches):
+            for r, replica in enumerate(replicas):
+                start, end = ranges[replica[0]]
+                for k in range(t):  # tensor rank k holds positions [k·S/t, (k+1)·S/t)
+                    first, last = k * seq_len // t, (k + 1) * seq_len // t
+                    label[m * microbatch_size + start:m * microbatch_size + end, first:last] = \
+                        (m * len(replicas) + r) * t + k
+        labels.update({index: label.reshape(-1) for index in range(*stage.layers) if index in layers})
+    return labels
