@@ -52,7 +52,7 @@ from runtime.execution.comm import ReplicaGroups, all_reduce_grads, check_messag
 from runtime.execution.expert_comm import (
     attach_expert_groups,
     device_sets,
-    expert_data_mesh,
+    fsdp_expert_mesh,
     gather_width_grads,
     optimizer_buckets,
     reduce_expert_grads,
@@ -64,7 +64,7 @@ from runtime.execution.status import StatusBoard
 from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import RunnableScenario
-from runtime.model.context_parallel import sequence_positions
+from runtime.model.context_parallel import context_tokens
 from runtime.model.models import input_dtype, local_tensor, sample_shape, synthetic_batch
 from runtime.model.sharding import FSDP_SHARDINGS, RankOptimizer, state_bytes
 from runtime.model.tensor_parallel import loss_parallel_if, settle_grads, stage_mesh
@@ -118,14 +118,11 @@ class RankExecutor:
         self.mesh = None
         if plan.group_size > 1 or plan.sharding is not Sharding.NONE:
             self.mesh = stage_mesh(plan, self.rank, device.type)
-        at, t, self.context_parallel = position(plan, self.rank), plan.tensor_parallel, plan.context_parallel
-        self.counts_loss = at % t == 0  # a tensor group's first device; context ranks' losses sum
-        self.sequence = None if self.context_parallel == 1 else \
-            sequence_positions(runnable.model.values["seq_len"], self.context_parallel, at // t).to(device)
-        expert_mesh = expert_data_mesh(plan, self.rank, device.type) \
-            if runnable.model.experts is not None and plan.sharding in FSDP_SHARDINGS else None
+        at, self.context_parallel = position(plan, self.rank), plan.context_parallel
+        self.counts_loss = at % plan.tensor_parallel == 0  # a tensor group's first device; context ranks' sum
+        self.sequence = context_tokens(plan, at, runnable.model.values["seq_len"], device)
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh,
-                           expert_mesh=expert_mesh)
+                           expert_mesh=fsdp_expert_mesh(plan, self.rank, device.type, runnable.model.experts))
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
         self.groups = ReplicaGroups(plan, held.tied_groups, device_sets(plan, runnable.model))
         attach_expert_groups(self.stages, plan, self.rank, self.groups)
@@ -135,10 +132,8 @@ class RankExecutor:
         self.optimizer = RankOptimizer.build(
             scenario.model.optimizer, options.lr,
             optimizer_buckets(self.stages, plan, self.rank, self.groups, gradient_groups), plan.sharding)
-        self.last_backward = {}  # stage -> index of its last B or W on this rank (FSDP's gradient sync)
-        for index, a in enumerate(self.actions):
-            if a.kind in (K.B, K.W):
-                self.last_backward[a.stage] = index
+        # stage -> index of its last B or W on this rank (FSDP's gradient sync)
+        self.last_backward = {a.stage: i for i, a in enumerate(self.actions) if a.kind in (K.B, K.W)}
         gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
             if plan.sharding in FSDP_SHARDINGS else None
         self.meter = SavedTensorMeter(self.params, current=gathered)

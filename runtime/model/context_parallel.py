@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from runtime.model.layers import Attention, Embedding
 from runtime.model.ring_attention import Ring, ring_attention
 
-__all__ = ["apply_context_parallel", "context_ring", "sequence_positions"]
+__all__ = ["apply_context_parallel", "context_ring", "context_tokens", "sequence_positions"]
 
 
 def sequence_positions(seq_len: int, context_parallel: int, context_rank: int) -> torch.Tensor:
@@ -39,6 +39,15 @@ def sequence_positions(seq_len: int, context_parallel: int, context_rank: int) -
     first, second = context_rank, 2 * context_parallel - 1 - context_rank
     return torch.cat([torch.arange(first * chunk, (first + 1) * chunk),
                       torch.arange(second * chunk, (second + 1) * chunk)])
+
+
+def context_tokens(plan, at: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
+    """The global token indices held by the device at layout position ``at`` of its device set
+    (``sequence_positions`` of its context rank, ``at // tensor_parallel``); None without
+    context parallelism."""
+    if plan.context_parallel == 1:
+        return None
+    return sequence_positions(seq_len, plan.context_parallel, at // plan.tensor_parallel).to(device)
 
 
 def context_ring(mesh: DeviceMesh, rank: int) -> Ring:
