@@ -358,7 +358,9 @@ def eager_loss_workspace_bytes(tokens: float, vocab: float) -> float:
     ``nll_loss`` writes its fp32 gradient (tokens × vocab) and ``_log_softmax_backward_data(grad,
     result, ...)`` (pytorch ``tools/autograd/derivatives.yaml``) reads it and the saved result and
     writes a third: two fp32 tensors beside the stash, 2·4·tokens·vocab. Megatron's
-    vocabulary-parallel cross-entropy works in place on its saved softmax and holds none."""
+    vocabulary-parallel cross-entropy holds none: its backward updates the saved softmax in place
+    (``megatron/core/tensor_parallel/cross_entropy.py``, ``_VocabParallelCrossEntropy.backward``:
+    ``grad_input = softmax``)."""
     return 2 * FP32_BYTES * tokens * vocab
 
 
