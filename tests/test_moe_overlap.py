@@ -9,7 +9,7 @@ import pytest
 from sim.core.errors import ScenarioError
 from sim.cost.comm import all_to_all_s
 from sim.cost.compute import stage_cost
-from sim.cost.overlap import exposed_beside_s
+from sim.cost.overlap import contended_s, exposed_beside_s
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
 
@@ -48,8 +48,15 @@ def test_overlap_hides_min_of_all_to_all_and_compute(engine, hidden, seq_len, no
     a_b = all_to_all_s([8 // nodes] * nodes, 2 * a2a, cluster)
     cost = stage_cost(part, cluster.device, 0, len(part.layers), 1, data_parallel=8,
                       expert_data_parallel=1)
-    # blocking: F + a_F + B + a_B; beside: max(F, a_F) + max(B, a_B); the difference is the hidden part
-    hidden_s = (a_f - exposed_beside_s(a_f, cost.fwd_s)) + (a_b - exposed_beside_s(a_b, cost.bwd_s))
+    # blocking: F + a_F + B + a_B; beside: max(F', a_F) + max(B', a_B), the compute slowed beside the
+    # all-to-all (H100 preset's overlap_slowdown s: F' = F + min(a_F·s/(1 + s), s·F)); the difference
+    # is the hidden part
+    slow = cluster.device.overlap_slowdown
+    assert slow == 0.189
+    f_c, b_c = contended_s(cost.fwd_s, a_f, slow), contended_s(cost.bwd_s, a_b, slow)
+    assert f_c == pytest.approx(cost.fwd_s + min(a_f * slow / (1 + slow), slow * cost.fwd_s), rel=1e-12)
+    hidden_s = (cost.fwd_s + a_f - f_c - exposed_beside_s(a_f, f_c)) \
+        + (cost.bwd_s + a_b - b_c - exposed_beside_s(a_b, b_c))
     assert t_block - t_hide == pytest.approx(hidden_s, rel=1e-6, abs=1e-12)
     assert hidden_s > 0
     # across servers the all-to-all outlasts the forward (partly exposed); inside one it hides whole

@@ -166,7 +166,8 @@ def test_the_new_metrics_read_the_replay():
     memory = by_row[("Table 1", "Llama 3.1 8B, 8 H100, FSDP, memory")]
     summary = run_scenario(load_scenario(tokens.row.scenario), engine="fast").summarize()
     assert tokens.predicted == pytest.approx(16 * 8192 / summary.iteration_time_s / 8, rel=1e-12)
-    assert memory.predicted == summary.peak_memory_bytes
+    # torchtitan's memory is the allocator's peak reserved bytes: live bytes and 1.83 GiB per 75.31 allocated
+    assert memory.predicted == pytest.approx(summary.peak_memory_bytes * (1 + 1.83 / 75.31), rel=1e-12)
     assert tokens.row.published == 5762 and memory.row.published == pytest.approx(82.4 * 2**30)
 
 

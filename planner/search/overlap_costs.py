@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from sim.core.parallelism import Recompute, Sharding
 from sim.cost.compute import action_overhead_s, recompute_extra_s
-from sim.cost.overlap import beside_action_s, bucket_count, queued_reductions_end_s, reduce_end_s, unit_count
+from sim.cost.overlap import (
+    beside_action_s,
+    bucket_count,
+    contended_s,
+    queued_reductions_end_s,
+    reduce_end_s,
+    unit_count,
+)
 
 __all__ = ["Action", "OverlapPricing", "ZERO_GATHERED"]
 
@@ -190,5 +197,7 @@ class OverlapPricing:
             beside, tp_s = [*beside, (tp_s, self.tensor_parallel)], 0.0
         if not beside:
             return Action(lead_s=0.0, compute_s=compute_s, end_s=compute_s, after_s=tp_s + ep_s)
+        # compute slows beside its collectives (sim.engine.ops._with_groups stretches the op alike)
+        compute_s = contended_s(compute_s, sum(c for c, _ in beside), self.cluster.device.overlap_slowdown)
         lead, end = beside_action_s(compute_s, tuple(beside))
         return Action(lead_s=lead, compute_s=compute_s, end_s=end, after_s=tp_s + ep_s)

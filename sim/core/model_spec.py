@@ -78,10 +78,13 @@ class LayerSpec:
     """An MoE block's all-to-all payload per sample on one device: the routed copies of its tokens,
     tokens × top_k × hidden × element bytes, before the (EP − 1)/EP that leaves the device
     (``sim.cost.comm.all_to_all_s``); dispatch and combine each move it, forward and backward."""
+    backward_workspace_bytes: float = 0.0
+    """Bytes per sample its backward allocates beside its stash and frees before it ends (eager
+    cross-entropy's fp32 gradients: ``sim.cost.kernels.eager_loss_workspace_bytes``); 0: none."""
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes",
-                    "expert_param_bytes", "a2a_bytes"):
+                    "expert_param_bytes", "a2a_bytes", "backward_workspace_bytes"):
             non_negative(key, getattr(self, key))
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise SpecError("fwd_s", "give both forward and backward times, or neither")

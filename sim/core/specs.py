@@ -156,6 +156,10 @@ class DeviceSpec:
     """Dense FP8 (E4M3 tensor core) peak, FLOP/s, at which the matrix products a model runs in FP8
     (``model.gemm_dtype: fp8``, ``sim.models.precision``) are priced; None: the device has no FP8
     tensor cores (Volta, Ampere), and an FP8 model on it is refused."""
+    overlap_slowdown: float = 0.0
+    """How much longer compute takes while an overlapped collective runs beside it, a fraction in
+    [0, 1]: the collective's kernels hold SMs and memory bandwidth the compute would use
+    (``sim.cost.overlap.contended_s``; the presets' value is a measured average, ``sim.input.presets``)."""
     power_w: float | None = None
     """Board power at full load (the datasheet's TDP), watts; None: not set (no energy estimate).
     The presets' figures are NVIDIA's datasheets' (``sim.input.presets``)."""
@@ -180,6 +184,8 @@ class DeviceSpec:
         if self.default_attention not in ATTENTION_KERNELS:
             raise SpecError("default_attention", f"unknown kernel {self.default_attention!r}; "
                                                  f"valid: {', '.join(ATTENTION_KERNELS)}")
+        if not 0 <= self.overlap_slowdown <= 1:
+            raise SpecError("overlap_slowdown", f"must be in [0, 1], got {self.overlap_slowdown!r}")
         for key in ("attention_efficiency", "attention_backward_efficiency", "sdpa_efficiency",
                     "sdpa_backward_efficiency"):
             positive(key, getattr(self, key))

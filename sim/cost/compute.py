@@ -272,7 +272,7 @@ class StageCost:
     stash_bytes: float
     """Activation bytes the slice keeps from its forward until its backward."""
     rebuilt_bytes: float = 0.0
-    """Full recompute: the activations the backward rebuilds at once (the largest checkpointed segment's)."""
+    """What the backward holds at once beyond the stash (``sim.cost.memory.ActivationBytes.rebuilt_bytes``)."""
     input_bytes: float
     """Bytes of the slice's stage input (what the previous stage sends)."""
     output_bytes: float

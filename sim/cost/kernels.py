@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["ATTENTION_CORE", "FP32_BYTES", "KERNEL_MODES", "eager_elementwise", "eager_rmsnorm", "eager_rotary", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
+__all__ = ["ATTENTION_CORE", "FP32_BYTES", "KERNEL_MODES", "eager_elementwise", "eager_loss_workspace_bytes", "eager_rmsnorm", "eager_rotary", "ATTENTION_DROPOUT_MASK_BYTES", "CAUSAL_WORK_FRACTION", "FUSED_BACKWARD_FLOP_RATIO",
            "LSE_BYTES", "OP_SAC_PRODUCTS", "KernelSpec", "fused_attention", "transformer_block", "embedding", "lm_head", "bert_head", "linear", "conv", "pool",
            "classifier_loss"]
 
@@ -352,6 +352,19 @@ def lm_head(s: int, h: int, vocab: int, d: int, *, tensor: int = 1) -> tuple[Ker
         _gemm("logits", s, v, h, d, weights=True),
         KernelSpec(name="loss", bytes=3 * 4 * s * v),
     )
+
+
+def eager_loss_workspace_bytes(tokens: float, vocab: float) -> float:
+    """Bytes eager cross-entropy's backward holds beside its saved fp32 log-softmax, on ``tokens``
+    tokens over ``vocab`` logits: torchtitan's ``loss_fn`` (9dec370, ``train.py`` lines 131–133:
+    ``F.cross_entropy(pred.flatten(0, 1).float(), ...)``) is ``nll_loss(log_softmax(x))``; backward,
+    ``nll_loss`` writes its fp32 gradient (tokens × vocab) and ``_log_softmax_backward_data(grad,
+    result, ...)`` (pytorch ``tools/autograd/derivatives.yaml``) reads it and the saved result and
+    writes a third: two fp32 tensors beside the stash, 2·4·tokens·vocab. Megatron's
+    vocabulary-parallel cross-entropy holds none: its backward updates the saved softmax in place
+    (``megatron/core/tensor_parallel/cross_entropy.py``, ``_VocabParallelCrossEntropy.backward``:
+    ``grad_input = softmax``)."""
+    return 2 * FP32_BYTES * tokens * vocab
 
 
 def bert_head(s: int, h: int, vocab: int, d: int) -> tuple[KernelSpec, ...]:

@@ -11,15 +11,14 @@ check`` and the tests call it. A device holds three kinds of bytes:
 * model states at rest — ``model_state_bytes``: parameters, gradients and optimizer state per
   device under ZeRO sharding (Rajbhandari et al. 2020, "ZeRO", §5); ``stage_state_bytes``: a
   stage's, from its parameter bytes and the model's dtypes and optimizer (the one function
-  every caller asks for a stage's memory at rest); ``sum_state_bytes``: a device's over the stages it holds;
-  ``static_bytes``: a replica's, unsharded;
+  every caller asks for a stage's memory at rest); ``sum_state_bytes``: a device's over the
+  stages it holds; ``static_bytes``: a replica's, unsharded;
 * activations — ``block_activation_bytes``: what one transformer block stashes per sample
   (Korthikanti et al., §4.1–4.3 and Table 2), for any element width and MLP width, for
   grouped-query attention and gated MLPs; ``layer_stash_bytes`` and ``checkpoint_bytes``: what
   a layer adds to a stage's stash by recompute mode, per sample (``op_sac_stash_bytes``: under
-  torchtitan's op-level checkpointing; the terms the planner's
-  prefix sums are built from); ``stage_activation_bytes``: a stage's slice of a micro-batch,
-  summed from those terms, with what full recompute rebuilds at once;
+  torchtitan's op-level checkpointing; the planner's prefix sums are built from them);
+  ``stage_activation_bytes``: a stage's slice of a micro-batch, with what a backward holds at once;
 * buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs,
   one unit at a time with the next prefetched (``fsdp_unit_param_bytes``, ``unit_peak_bytes``).
 """
@@ -248,9 +247,9 @@ class ActivationBytes:
     """Kept from the forward until the backward: every layer's stash (``layer_stash_bytes``), or
     under full recompute the checkpoints (``checkpoint_bytes``)."""
     rebuilt_bytes: float
-    """Full recompute: what the backward rebuilds at once, the largest checkpointed segment's
-    stash (a block alone, or a run of other layers); selective-op: the largest block's stash less
-    what it kept; 0 under any other mode."""
+    """What the backward holds at once beyond the stash: under full recompute the largest
+    checkpointed segment's stash (a block alone, or a run of other layers), under selective-op the
+    largest block's stash less what it kept, and at least a layer's ``backward_workspace_bytes``."""
 
 
 def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
@@ -258,23 +257,27 @@ def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
     """Activations of layers ``[start, end)`` for a slice of ``samples`` samples under ``recompute``,
     summed layer by layer from ``layer_stash_bytes`` and ``checkpoint_bytes`` (the planner sums
     the same terms with prefix sums). Full recompute keeps each segment's checkpoint and rebuilds
-    one segment at a time in the backward, so it holds the checkpoints plus the largest segment."""
-    stash = checkpoints = rebuilt = segment = 0.0
+    one segment at a time in the backward, so it holds the checkpoints plus the largest segment.
+    A layer's backward workspace (``LayerSpec.backward_workspace_bytes``) comes on top of what its
+    backward rebuilt; the layers' backwards run one at a time, so the stage holds the largest."""
+    stash = checkpoints = rebuilt = segment = workspace = 0.0
     for k, layer in enumerate(model.layers[start:end], start=start):
         stash += layer_stash_bytes(layer, recompute) * samples
         checkpoints += checkpoint_bytes(model, k, first=k == start) * samples
+        held = layer.backward_workspace_bytes * samples
+        workspace = max(workspace, held)
         if layer.checkpoint_bytes is not None:  # a block is a segment of its own
-            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples), 0.0
+            rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples + held), 0.0
         else:  # a run of other layers grows one segment
             segment += layer.stash_bytes * samples
-            rebuilt = max(rebuilt, segment)
+            rebuilt = max(rebuilt, segment + held)
     if recompute is Recompute.FULL:
         return ActivationBytes(stash_bytes=checkpoints, rebuilt_bytes=rebuilt)
     if recompute is Recompute.SELECTIVE_OP:  # a block's backward rebuilds the rest of its stash at once
         again = max((layer.stash_bytes - op_sac_stash_bytes(layer) for layer in model.layers[start:end]
                      if layer.checkpoint_bytes is not None), default=0.0)
-        return ActivationBytes(stash_bytes=stash, rebuilt_bytes=max(again, 0.0) * samples)
-    return ActivationBytes(stash_bytes=stash, rebuilt_bytes=0.0)
+        workspace = max(workspace, again * samples)
+    return ActivationBytes(stash_bytes=stash, rebuilt_bytes=workspace)
 
 
 # -- buffers: FSDP and ZeRO by unit ---------------------------------------------------------------
@@ -381,11 +384,10 @@ weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as abo
 def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
     """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
     a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
-    the backward rebuilds one checkpointed segment at a time (``StageCost.rebuilt_bytes``: the
-    largest segment's; under selective-op a block's unsaved rest); a split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at
-    I and the rest at W. The engine's ops and the planner's count before a replay
-    (``planner.search.memory``) both read it."""
-    rebuilt = cost.rebuilt_bytes  # 0 but under full and selective-op recompute
+    the backward holds ``StageCost.rebuilt_bytes`` beyond it (``ActivationBytes.rebuilt_bytes``); a
+    split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at I and the rest at W. The
+    engine's ops and the planner's count before a replay (``planner.search.memory``) both read it."""
+    rebuilt = cost.rebuilt_bytes  # a recompute's segment, a layer's backward workspace
     kept = rebuilt if recompute else cost.stash_bytes + rebuilt  # what the backward holds
     extra = cost.stash_bytes if recompute else 0.0  # full recompute's checkpoints, freed at the end
     f = WGRAD_STASH_FRACTION

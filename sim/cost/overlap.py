@@ -47,6 +47,16 @@ the communication stream beside it, and the action ends at ``max(A, C)``; the ex
 partner in the real schedules, are hidden the same way: an optimistic bound of at most
 ``(S − 1)`` actions' all-to-alls per rank.
 
+**Compute slows down beside communication.** An overlapped collective's kernels hold SMs and
+memory bandwidth the compute beside it would use (``DeviceSpec.overlap_slowdown`` s: compute
+runs 1 + s times longer while they run). Compute ``A`` beside collectives of ``G`` alone seconds
+in all: during the ``G`` they run, the compute does ``G/(1 + s)`` of its work, the rest at full
+speed, so it takes ``A + G·s/(1 + s)``; if it all runs beside them (``G ≥ (1 + s)·A``), ``(1 + s)·A``:
+:func:`contended_s`, ``A + min(G·s/(1 + s), s·A)``. The collectives counted are those that start
+with the action (FSDP's gathers, the context ring, chunked tensor parallelism, ZeRO's parameter
+gather, overlapped all-to-alls); a bucketed gradient reduction beside a backward does not slow
+it here (not modelled yet).
+
 **A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
 ``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
 its reduction alone would end ``a`` after its backward starts; the reductions queue on one
@@ -58,7 +68,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "exposed_beside_s", "exposed_pipelined_s",
+__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "contended_s", "exposed_beside_s", "exposed_pipelined_s",
            "pipelined_s",
            "queued_reductions_end_s", "reduce_end_s", "unit_count"]
 
@@ -107,6 +117,14 @@ def exposed_beside_s(comm_s: float, compute_s: float) -> float:
     """The communication of ``comm_s`` alone that ``compute_s`` of compute beside it, on another
     stream, does not hide: ``max(0, C − A)`` (the module docstring, the experts' all-to-alls)."""
     return max(0.0, comm_s - compute_s)
+
+
+def contended_s(compute_s: float, beside_s: float, slowdown: float) -> float:
+    """Seconds of ``compute_s`` of compute beside collectives of ``beside_s`` alone seconds that
+    slow it by ``slowdown`` while they run: ``A + min(G·s/(1 + s), s·A)`` (the module docstring)."""
+    if beside_s <= 0 or slowdown <= 0:
+        return compute_s
+    return compute_s + min(beside_s * slowdown / (1 + slowdown), slowdown * compute_s)
 
 
 def beside_action_s(compute_s: float, beside: tuple[tuple[float, int], ...]) -> tuple[float, float]:

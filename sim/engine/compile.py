@@ -129,7 +129,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                        stages_of_rank=stages_of_rank, samples=samples, kinds=kinds, collectives=collectives,
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
                        by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
-                       pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches),
+                       pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches,
+                                              slowdown=cluster.device.overlap_slowdown),
                        held=held_by_stage(resolved))
     members = defaultdict(list)
     for d in devices:
@@ -203,8 +204,10 @@ def _gather_latency(ar_latency: dict) -> dict:
     return {("PG", s, "F", phase): latency for (s, phase), latency in ar_latency.items()}
 
 
-def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int) -> Pipelining:
-    """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``)."""
+def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int, *,
+                slowdown: float = 0.0) -> Pipelining:
+    """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``);
+    ``slowdown``: the device's ``overlap_slowdown``, which needs every group collective's alone time."""
     units, reductions = {}, {}
     if plan.sharding is Sharding.FULL:
         units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
@@ -218,13 +221,14 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
             reductions[coll.stage] = (buckets_of[coll.stage], collective_alone_s(kinds, coll) / buckets_of[coll.stage])
     every, gathered = _every_microbatch(plan, num_microbatches), _param_gather(plan)
     tp_chunks = plan.tensor_parallel if plan.overlap.tensor_parallel and plan.tensor_parallel > 1 else 0
-    group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if units or tp_chunks or gathered else ()
+    needed = units or tp_chunks or gathered or slowdown > 0
+    group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if needed else ()
     return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
                       gather_buckets=buckets_of if gathered else {},
-                      expert_overlap=plan.overlap.expert_all_to_all)
+                      expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

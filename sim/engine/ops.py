@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from sim.core.parallelism import Recompute
 from sim.cost.compute import overlapped_pair_s
 from sim.cost.memory import HeldBytes, compute_memory
+from sim.cost.overlap import contended_s
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
@@ -64,6 +65,9 @@ class Pipelining:
     expert_overlap: bool = False
     """The experts' all-to-alls (``EP``) run beside the action's compute rather than after it
     (``plan.overlap.expert_all_to_all``), uncut: the action ends when the longer of the two does."""
+    overlap_slowdown: float = 0.0
+    """The device's ``overlap_slowdown``: a compute op beside overlapped group collectives lasts
+    ``sim.cost.overlap.contended_s`` of their alone seconds (``group_s``)."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -121,6 +125,8 @@ def _with_param_gather(ops: list[Op], group_slot: dict, pipelining: Pipelining) 
             seen.add(s)
             slot, index = found
             buckets = pipelining.gather_buckets.get(s, 1)
+            op = op._replace(duration_s=contended_s(op.duration_s, pipelining.group_s[index],
+                                                    pipelining.overlap_slowdown))
             out.append(Op(code=GROUP, text=f"{s}PARAM_GATHER{op.microbatch}", stage=s, kind=ActionKind.F,
                           microbatch=op.microbatch, collective=slot, overlap=True,
                           lead_s=pipelining.group_s[index] / buckets, tail_s=op.duration_s / buckets))
@@ -211,16 +217,20 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
     if kind not in (ActionKind.F, ActionKind.B, ActionKind.I):
         return [fields]
     phase = "F" if kind is ActionKind.F else "B"
-    before, after = [], []
+    before, after, found_groups = [], [], []
     for name in ("FS", "CP", "TP", "EP"):
         found = group_slot.get((name, action.stage, phase))
         if found is None:
             continue
-        slot, index = found
         if name == "FS" and phase == "B" and not pipelining.reshard_after_forward:
             continue  # the forward's gathered parameters are still there
         overlap = name in OVERLAPPED or (name == "TP" and pipelining.tp_chunks > 0) \
             or (name == "EP" and pipelining.expert_overlap)
+        found_groups.append((name, *found, overlap))
+    if pipelining.overlap_slowdown and any(overlap for *_, overlap in found_groups):
+        beside_s = sum(pipelining.group_s[index] for _, _, index, overlap in found_groups if overlap)
+        fields = {**fields, "duration_s": contended_s(fields["duration_s"], beside_s, pipelining.overlap_slowdown)}
+    for name, slot, index, overlap in found_groups:
         op = dict(code=GROUP, collective=slot, overlap=overlap, stage=action.stage, kind=kind)
         pieces = pipelining.units.get(action.stage, 0) if name == "FS" else pipelining.tp_chunks if name == "TP" else 0
         if pieces:

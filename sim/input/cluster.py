@@ -50,7 +50,8 @@ _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
-                "sdpa_efficiency", "sdpa_backward_efficiency", "power_w", "idle_power_w", "peak_fp8_flops"}
+                "sdpa_efficiency", "sdpa_backward_efficiency", "overlap_slowdown", "power_w", "idle_power_w",
+                "peak_fp8_flops"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency"}
 
@@ -76,7 +77,8 @@ DEVICE_NUMBER_RANGES: Mapping[str, tuple[float, float, bool]] = MappingProxyType
 })
 """``cluster.device`` plain number -> (low, high, low excluded): efficiency and
 memory_efficiency and the four attention efficiencies in [0.01, 1] (the range ``dapple-sim calibrate`` fits them in; at a
-millionth of the peak a step would take years), matmul_half_dim in [0, 1e6]."""
+millionth of the peak a step would take years), matmul_half_dim in [0, 1e6]. ``overlap_slowdown`` is
+read apart, in [0, 1], 0 when a custom device leaves it out (no slowdown: nothing to report as a default)."""
 
 FP32_PEAK_DIVISOR: float = parse_flop_rate(_REFERENCE["peak_flops"]) / parse_flop_rate(_REFERENCE["peak_fp32_flops"])
 """``peak_flops`` over ``peak_fp32_flops`` of a custom device that gives no fp32 peak: 16.
@@ -206,6 +208,7 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
         **{field: reader.number(values, key, field, CUSTOM_DEVICE_DEFAULTS[field], low=low, high=high,
                                 low_open=low_open)
            for field, (low, high, low_open) in DEVICE_NUMBER_RANGES.items()},
+        overlap_slowdown=reader.number(values, key, "overlap_slowdown", 0.0, low=0.0, high=1.0),
         kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time,
                                           CUSTOM_DEVICE_DEFAULTS["kernel_overhead"], bounds=OVERHEAD_RANGE),
         kernel_issue_s=reader.quantity(values, key, "kernel_issue", parse_time,

@@ -74,6 +74,13 @@ these boards at idle was found in a copy we could read, so a preset device is co
 TDP the whole run (an upper bound) unless the scenario gives one. No preset sets a price, a
 host power or a PUE (``sim.input.run_section``).
 
+``overlap_slowdown``: compute beside an overlapped collective (FSDP's gathers, the context ring,
+chunked tensor parallelism) runs that much longer (``sim.cost.overlap.contended_s``), the NCCL
+kernels holding SMs of their own (an ``ncclAllGather`` beside a GEMM on a 132-SM H100 launches 24
+blocks: forums.developer.nvidia.com, "Compute-Communication Overlap Causes Severe GEMM Performance
+Degradation because of Tail Effect"): ``OVERLAP_SLOWDOWN``, a measured average over A100 and H100
+among others, on both; 0 on the V100, which no such measurement covers.
+
 ``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
 A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
 (``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
@@ -86,7 +93,14 @@ from typing import Any, Mapping
 
 from sim.cost.reserved import reserved_memory_bytes
 
-__all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS"]
+__all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS", "OVERLAP_SLOWDOWN"]
+
+OVERLAP_SLOWDOWN = 0.189
+"""Compute's slowdown beside an overlapped collective on the A100 and H100 presets: "overlapping
+computation and communication can result in an average computational slowdown of 18.9%, with a
+maximum of 40.0%" (Lee et al. 2025, "Characterizing Compute-Communication Overlap in
+GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, abstract: GPT and Llama models on
+4 A100s, H100s, MI250s and MI210s)."""
 
 
 def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
@@ -112,6 +126,7 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "attention_backward_efficiency": 0.548,
         "sdpa_efficiency": 0.323,
         "sdpa_backward_efficiency": 0.313,
+        "overlap_slowdown": OVERLAP_SLOWDOWN,
         "power_w": "700W",
     })
 """The H100 SXM 80GB (NVIDIA H100 datasheet), which the H800 preset shares."""
@@ -135,6 +150,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "overlap_slowdown": 0.0,
             "power_w": "300W",
         },
         "A100-80GB": {
@@ -154,6 +170,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "overlap_slowdown": OVERLAP_SLOWDOWN,
             "power_w": "400W",
         },
         "H100-80GB": _H100_SXM,

@@ -207,14 +207,17 @@ def _embedding(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *,
     )
 
 
-def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:
+def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool,
+             kernels: str = "fused") -> LayerSpec:
     """Final norm, projection to the vocabulary, cross-entropy loss.
 
     Forward 2·s·h·V (Narayanan et al., SC'21, §5.1: the 6·B·s·h·V term is forward and
     backward). Stash: the norm's input, the projection's input, fp32 logits — Korthikanti et
     al. 2022, §4.3: 4·s·h·(1 + V/h) bytes for d = 2, 4sh(1 + V/h)/t with tensor and sequence
     parallelism. A tied projection reuses the embedding's matrix, so only the norm's
-    parameters are counted here. The vocabulary splits over t.
+    parameters are counted here. The vocabulary splits over t. With ``kernels: eager``
+    (torchtitan) the loss is PyTorch's cross-entropy, whose backward holds two more fp32
+    logit tensors for a moment (``sim.cost.kernels.eager_loss_workspace_bytes``).
     """
     t, q = shard.tensor, s / shard.context
     inputs = 2 * d * q * h / (t if shard.sequence_parallel else 1)
@@ -229,7 +232,9 @@ def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, t
         kernels=K.lm_head(q, h, vocab, d, tensor=t),
         tensors=arch.norm_params + (0 if tied else 1),
     )
-    return replace(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True))
+    workspace = K.eager_loss_workspace_bytes(q, vocab / t) if kernels == "eager" else 0.0
+    return replace(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True),
+                   backward_workspace_bytes=workspace)
 
 
 def _bert_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:
@@ -320,8 +325,9 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     if gemm_dtype is not None and gemm_dtype not in GEMM_DTYPES:
         raise SpecError("gemm_dtype", f"unknown {gemm_dtype!r}; valid: {', '.join(GEMM_DTYPES)} (or absent: the dtype's)")
     layers += [fp8_block(block) for block in blocks] if gemm_dtype == FP8 else blocks
-    head = _bert_head if bert else _lm_head
-    layers.append(head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]))
+    head = _bert_head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]) if bert else \
+        _lm_head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"], kernels=kernels)
+    layers.append(head)
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
     model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
