@@ -167,6 +167,12 @@ def test_profile_loads_in_the_simulator(tmp_path):
     assert cluster.intra_node.send_overhead_s > 0 and cluster.intra_node.recv_overhead_s >= 0
     measured = load_scenario(tmp_path / "scenario.yaml")
     assert measured.model.num_layers == spec.num_layers and measured.plan == load_scenario(GPT).plan
+    # the collectives the plan kinds call, fitted over 2 and 4 ranks (runtime.measure.collectives)
+    fits = measured.cluster.intra_node.collectives.fits
+    assert sorted({(f.kind, f.ranks) for f in fits}) == [
+        (kind, ranks) for kind in ("all-gather", "all-reduce", "broadcast") for ranks in (2, 4)
+    ] + [("point-to-point", 2), ("reduce-scatter", 2), ("reduce-scatter", 4)]
+    assert cluster.intra_node.collectives == measured.cluster.intra_node.collectives
 
 
 _TORCHRUN_REPORT = """Failures:

@@ -47,6 +47,7 @@ from sim.cost.comm import (
     HALVES,
     collective_s,
     context_ring_s,
+    fsdp_gather,
     gradient_sync,
     point_to_point_s,
     ring_bytes,
@@ -215,6 +216,8 @@ class CostTables(OverlapPricing, ExpertPricing):
                                                          sum(p.latency_s for p in phases))
             return self.param_bytes(start, end) * cached[0] + cached[1]
         link = span_link(self.cluster, contiguous_span(self.cluster, data_parallel * self.unit))
+        if link.collectives is not None:  # measured: FSDP2's calls, one per layer (sim.cost.measured_comm)
+            return fsdp_gather(n, self.param_bytes(start, end), link, self.cluster, units=end - start).seconds
         return collective_s(ring_bytes(n, self.param_bytes(start, end), halves=1), ring_steps(n, halves=1), link)
 
     def param_bytes(self, start: int, end: int) -> float:
@@ -282,6 +285,10 @@ class CostTables(OverlapPricing, ExpertPricing):
             if found is None:
                 found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
             return found
+        if self.cluster.intra_node.collectives is not None and nodes == 1:  # measured: per-unit calls
+            phases = gradient_sync([members], self.param_bytes(start, end) * self.grad_factor, sharding, self.cluster,
+                                   units=end - start)
+            return sum(p.seconds for p in phases)
         key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
         cached = self._allreduce.get(key)
         if cached is None:

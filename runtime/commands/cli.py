@@ -136,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument("--warmup", type=int, default=3, help="untimed runs per layer (default 3)")
     profile.add_argument("--repeats", type=int, default=10, help="timed runs per layer and message size (default 10)")
     profile.add_argument("--no-links", action="store_true", help="skip the link measurement")
+    profile.add_argument("--no-collectives", action="store_true",
+                         help="skip timing the collectives (all-reduce, all-gather, reduce-scatter, broadcast, "
+                         "point-to-point over 2 and 4 ranks, FSDP2's per-call cost) the measured cluster's "
+                         "intra_node.collectives key prices them from")
     return parser
 
 

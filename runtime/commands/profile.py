@@ -55,6 +55,10 @@ def print_profile(result: dict[str, Any], as_json: bool) -> None:
         print(f"point-to-point ({links['backend']}): latency {format_time(links['p2p_latency_s'])}, bandwidth "
               f"{links['p2p_bandwidth_bytes_per_s'] / 1e9:.3g}GB/s; all-reduce latency "
               f"{format_time(links['allreduce_latency_s'])}")
+        measured = links.get("collectives")
+        if measured:
+            print(f"collectives (latency + bytes / bandwidth; FSDP2 adds {measured['fsdp_call_overhead']} a call): "
+                  + ", ".join(f"{f['kind']}×{f['ranks']} {f['latency']} + B/{f['bandwidth']}" for f in measured["fits"]))
     for key in ("profile", "profile_json", "cluster", "scenario"):
         if result.get(key):
             print(f"{key.replace('_', ' ')}: {result[key]}")

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from sim.core.units import format_bandwidth, format_bytes, format_flop_rate, format_time
 
@@ -220,10 +221,12 @@ def _best(fn, device: torch.device, repeats: int) -> float:
 
 
 def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: int, devices_per_node: int,
-                 memory_share: int = 1) -> str:
+                 memory_share: int = 1, collectives: dict[str, Any] | None = None) -> str:
     """A scenario's ``cluster:`` section (YAML text with units) from the measurements.
 
     ``memory_share``: devices that share the measured memory (CPU ranks share the RAM).
+    ``collectives``: the measured collectives (``runtime.measure.collectives.collectives_key``),
+    the intra-node link's ``collectives`` key.
     """
     bw = format_bandwidth(links["p2p_bandwidth_bytes_per_s"])
     latency = format_time(links["p2p_latency_s"])
@@ -235,6 +238,8 @@ def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: i
             send += f", send_bandwidth: {format_bandwidth(links['send_bandwidth_bytes_per_s'])}"
     if links.get("recv_overhead_s"):
         send += f", recv_overhead: {format_time(links['recv_overhead_s'])}"
+    measured = "" if collectives is None else \
+        f", collectives: {yaml.safe_dump(collectives, default_flow_style=True, sort_keys=True, width=10**6).strip()}"
     device = (
         f"{{name: {device_info['name']!r}, memory: {format_bytes(device_info['memory_bytes'] / memory_share)}, "
         f"peak_flops: {format_flop_rate(device_info['peak_flop_per_s'])}, "
@@ -252,7 +257,7 @@ def cluster_yaml(device_info: dict[str, Any], links: dict[str, Any], *, nodes: i
         f"  nodes: {nodes}",
         f"  devices_per_node: {devices_per_node}",
         f"  device: {device}",
-        f"  intra_node: {{bandwidth: {bw}, latency: {latency}{send}, name: {backend}}}",
+        f"  intra_node: {{bandwidth: {bw}, latency: {latency}{send}, name: {backend}{measured}}}",
         f"  inter_node: {{bandwidth: {bw}, latency: {latency}{send}, name: {backend} (not measured)}}",
         "",
     ])

@@ -33,8 +33,36 @@ def _links_worker(device, repeats: int) -> dict[str, Any]:
     return measure_links(device, repeats=repeats)
 
 
+def _collectives_worker(device, repeats: int):
+    # torch only where this runs: the command line and its checks before launch stay torch-free
+    from runtime.measure.collectives import measure_worker
+
+    return measure_worker(device, repeats=repeats)
+
+
+def measure_collectives_here(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The collectives the plan kinds call, timed on ``runtime.measure.collectives.RANKS`` fresh
+    local processes (fewer GPUs: as many as there are, at least 2), as the link's
+    ``collectives`` key; None with ``--no-links`` or ``--no-collectives``, or one GPU."""
+    # torch only where this runs: the command line and its checks before launch stay torch-free
+    import torch
+
+    # torch too: the measuring module imports it
+    from runtime.measure.collectives import RANKS, collectives_key
+
+    if args.no_links or getattr(args, "no_collectives", False):
+        return None
+    ranks = RANKS if args.backend == "gloo" else min(RANKS, torch.cuda.device_count())
+    if ranks < 2:
+        return None
+    measured = spawn(_collectives_worker, ranks, min(args.repeats, 10), backend=args.backend,
+                     timeout_s=max(args.timeout, 120.0))[0]
+    return collectives_key(measured)
+
+
 def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """Measure links on 2 fresh local processes, then layers and the device in this one."""
+    """Measure links on 2 fresh local processes and the collectives on up to 4, then layers
+    and the device in this one."""
     # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch
 
@@ -45,6 +73,8 @@ def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path
         torch.set_num_threads(1)
     links = None if args.no_links else spawn(_links_worker, 2, args.repeats, backend=args.backend,
                                              timeout_s=args.timeout)[0]
+    if links is not None:
+        links = {**links, "collectives": measure_collectives_here(args)}
     sharded = None
     t = runnable.plan.tensor_parallel
     if t > 1:  # one tensor-parallel group: its layers and collectives (runtime.measure.tp_profile)
@@ -99,7 +129,8 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
             raise DappleError(f"cluster.devices_per_node: {cluster.devices_per_node} is not a multiple of "
                               f"tensor_parallel {t}; a tensor-parallel group must fit in a node")
         text = cluster_yaml(device_info, links, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node // t,
-                            memory_share=cluster.devices_per_node if device.type == "cpu" else 1)
+                            memory_share=cluster.devices_per_node if device.type == "cpu" else 1,
+                            collectives=links.get("collectives"))
         (out / "cluster.yaml").write_text(text, encoding="utf-8")
         (out / "links.json").write_text(jsonio.dumps(links, indent=2) + "\n", encoding="utf-8")
         result["cluster"] = str(out / "cluster.yaml")

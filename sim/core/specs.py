@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
+from sim.core.measured_collectives import MeasuredCollectives
 from sim.core.units import format_bytes
 
 __all__ = [
@@ -256,6 +257,9 @@ class LinkSpec:
     """Share of ``bandwidth`` a collective's ring reaches through this port, in (0, 1]: NCCL's
     bus bandwidth over the port's figure (nccl-tests' ``all_reduce_perf`` on 8 A100 over
     NVSwitch: about 230 GB/s of 300 GB/s at 1 GiB). Point-to-point transfers use ``bandwidth``."""
+    collectives: MeasuredCollectives | None = None
+    """The link's collectives as measured (``dapple-run profile``), which ``sim.cost.comm``
+    prices them from instead of the ring formulas; None (the default): not measured."""
 
     def __post_init__(self) -> None:
         positive("bandwidth", self.bandwidth_bytes_per_s)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 from sim.cost.links import busiest_nic_flows, group_link
+from sim.cost.measured_comm import measured_sync_terms, measured_terms
 
 if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
@@ -72,11 +73,14 @@ class CommCost:
     """Whether ``link`` is the inter-node one (the NICs) rather than a GPU's port in a server."""
     rate_bytes_per_s: float
     """Rate of the busiest device's flow alone: the port's bandwidth over the flows sharing it, bytes/s."""
+    measured_latency_s: float | None = None
+    """The phase's latency from the link's measured collectives (``sim.cost.measured_comm``),
+    seconds; None: one link latency per step."""
 
     @property
     def latency_s(self) -> float:
-        """The phase's latency: one link latency per step, seconds."""
-        return self.steps * self.link.latency_s
+        """The phase's latency: one link latency per step, or the measured one, seconds."""
+        return self.steps * self.link.latency_s if self.measured_latency_s is None else self.measured_latency_s
 
     @property
     def seconds(self) -> float:
@@ -124,9 +128,22 @@ def _cost(nbytes: float, flow_bytes: float, steps: int, link: LinkSpec, cluster:
                     rate_bytes_per_s=link.bandwidth_bytes_per_s if rate is None else rate)
 
 
-def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
-    """A ring ``kind`` (``HALVES``'s keys) over ``members`` devices of ``nbytes`` each, alone on ``link``."""
+def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, cluster: ClusterSpec, *,
+                    calls: int = 1, fsdp: bool = False) -> CommCost:
+    """A ring ``kind`` (``HALVES``'s keys) over ``members`` devices of ``nbytes`` each, alone on ``link``.
+
+    On a link with measured collectives (``LinkSpec.collectives``) the phase takes the measured
+    seconds of ``calls`` calls (FSDP2's per-call overhead too with ``fsdp``;
+    ``sim.cost.measured_comm.measured_terms``): its flow is charged the bytes that take the
+    measured byte time at the port's bandwidth."""
     halves = HALVES[kind]
+    measured = measured_terms(link.collectives, kind, members, nbytes, calls=calls, fsdp=fsdp)
+    if measured is not None:
+        latency, byte_s = measured
+        return CommCost(bytes_per_device=ring_bytes(members, nbytes, halves=halves),
+                        flow_bytes=byte_s * link.bandwidth_bytes_per_s, steps=ring_steps(members, halves=halves),
+                        link=link, across_servers=link is cluster.inter_node,
+                        rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=latency)
     return _cost(ring_bytes(members, nbytes, halves=halves), ring_flow_bytes(members, nbytes, link, halves=halves),
                  ring_steps(members, halves=halves), link, cluster)
 
@@ -191,9 +208,17 @@ def gradient_sync_bytes(grad_bytes: float, sharding: Sharding) -> float:
 
 
 def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: Sharding, cluster: ClusterSpec, *,
-                  flows_per_nic: int | None = None) -> tuple[CommCost, ...]:
+                  flows_per_nic: int | None = None, units: int = 1) -> tuple[CommCost, ...]:
     """The phases of a stage's gradient synchronisation: ``hierarchical_allreduce`` of
-    ``gradient_sync_bytes``."""
+    ``gradient_sync_bytes``. On one server whose link has measured collectives, one phase of
+    what the runtime calls (``sim.cost.measured_comm.measured_sync_terms``)."""
+    link, members = cluster.intra_node, members_per_node[0]
+    terms = measured_sync_terms(link.collectives, members, grad_bytes, sharding, units=units) \
+        if len(members_per_node) == 1 and members > 1 else None
+    if terms is not None:
+        return (CommCost(bytes_per_device=ring_bytes(members, grad_bytes), flow_bytes=terms[1] * link.bandwidth_bytes_per_s,
+                         steps=ring_steps(members), link=link, across_servers=False,
+                         rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=terms[0]),)
     return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding), cluster,
                                   flows_per_nic=flows_per_nic)
 
@@ -291,10 +316,11 @@ def all_to_all_s(members_per_node: Sequence[int], nbytes: float, cluster: Cluste
     return max((phase.seconds for phase in phases), default=0.0)
 
 
-def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec) -> CommCost:
+def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec, *, units: int = 1) -> CommCost:
     """FSDP's per-action all-gather of a stage's ``param_bytes`` over its ``members`` shards
-    (Rajbhandari et al. 2020, §5.3; FSDP2's ``fully_shard``): a ring all-gather, alone on ``link``."""
-    return ring_collective("all-gather", members, param_bytes, link, cluster)
+    (Rajbhandari et al. 2020, §5.3; FSDP2's ``fully_shard``): a ring all-gather, alone on ``link``;
+    ``units`` calls (one per layer) where the link's collectives are measured."""
+    return ring_collective("all-gather", members, param_bytes, link, cluster, calls=units, fsdp=True)
 
 
 def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) -> float:

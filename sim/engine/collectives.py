@@ -30,8 +30,8 @@ from collections import defaultdict
 from sim.core.parallelism import Sharding
 from sim.cost.comm import (
     cross_server_flow_bytes,
+    gradient_sync,
     gradient_sync_bytes,
-    hierarchical_allreduce,
     inside_halves,
     ring_flow_bytes,
 )
@@ -54,20 +54,20 @@ def allreduce_flows(plan, model, cluster, *,
     sharding = Sharding.FULL if scatter_only else plan.sharding
     for s, stage in enumerate(plan.stages):
         experts = model.expert_param_bytes(*stage.layers)
-        grad_bytes = gradient_sync_bytes((model.stage_param_bytes(*stage.layers) - experts)
-                                         * model.grad_bytes_per_param_byte, sharding)
+        grad_bytes = (model.stage_param_bytes(*stage.layers) - experts) * model.grad_bytes_per_param_byte
+        units = stage.layers[1] - stage.layers[0]  # FSDP2 units: one per layer (runtime.model.sharding)
         for group in plan.gradient_groups(s):
             if len(group) < 2:
                 continue
-            _group_allreduce(s, group, grad_bytes, cluster, flows, latency)
+            _group_allreduce(s, group, grad_bytes, sharding, units, cluster, flows, latency)
         if experts and len(plan.gradient_groups(s)[0]) > 1:
             # the routed experts' gradients over their expert-data-parallel groups (``sim.cost.experts``),
             # in the same reduction's phases: each phase as slow as its slower group's
             dense = dict(latency)
-            expert_bytes = gradient_sync_bytes(experts * model.grad_bytes_per_param_byte, sharding)
+            expert_bytes = experts * model.grad_bytes_per_param_byte
             for group in plan.expert_data_groups(s):
                 if len(group) > 1:
-                    _group_allreduce(s, group, expert_bytes, cluster, flows, latency)
+                    _group_allreduce(s, group, expert_bytes, sharding, units, cluster, flows, latency)
             latency.update({key: max(value, dense.get(key, 0.0)) for key, value in latency.items()})
     return flows, latency
 
@@ -76,23 +76,28 @@ _PHASE_NUMBERS = {(True, False): (0,), (False, True): (1,), (True, True): (0, 1,
 """The phase labels of ``hierarchical_allreduce``'s phases, by (a ring inside a server, a ring across)."""
 
 
-def _group_allreduce(s: int, group, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
-    """One gradient group's ring (one server) or hierarchical (several) all-reduce."""
+def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding, units: int, cluster, flows: list,
+                     latency: dict) -> None:
+    """One gradient group's ring (one server) or hierarchical (several) all-reduce of
+    ``gradient_sync``'s phases (``units``: the stage's FSDP units, for measured collectives)."""
+    grad_bytes = gradient_sync_bytes(stage_grad_bytes, sharding)
     by_node, per_node = defaultdict(list), cluster.devices_per_node
     for d in sorted(group):
         by_node[d // per_node].append(d)  # ``ClusterSpec.node_of``, inline: once per device of every group
     groups = [by_node[n] for n in sorted(by_node)]
     k, widest = len(groups), max(len(g) for g in groups)
-    phases = hierarchical_allreduce([len(g) for g in groups], grad_bytes, cluster)
+    phases = gradient_sync([len(g) for g in groups], stage_grad_bytes, sharding, cluster, units=units)
     for phase, cost in zip(_PHASE_NUMBERS[(widest > 1, k > 1)], phases):
         latency[(s, phase)] = cost.latency_s
-    if widest > 1:
-        halves = inside_halves(k)
-        for phase in (0,) if k == 1 else (0, 2):
+    if k == 1:  # one ring: the phase's own flow bytes (the measured ones on a measured link)
+        g = groups[0]
+        flows += [(d, g[(i + 1) % widest], ("AR", s, 0), phases[0].flow_bytes) for i, d in enumerate(g)]
+    elif widest > 1:
+        for phase in (0, 2):  # a reduce-scatter before the servers' ring, an all-gather after it
             for g in groups:
                 n = len(g)
                 if n > 1:  # every member sends its ring neighbour the same bytes
-                    nbytes = ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=halves)
+                    nbytes = ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=inside_halves(k))
                     flows += [(d, g[(i + 1) % n], ("AR", s, phase), nbytes) for i, d in enumerate(g)]
     if k > 1 and widest == 1:  # one member per server (the usual data-parallel group): one ring across
         nbytes = cross_server_flow_bytes(k, grad_bytes, cluster, 1)

@@ -199,7 +199,8 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                     for phase in ("F", "B"):
                         _spanning(servers, ("FS", s, phase), {"all-gather": (params, 1)}, cluster, flows, latency)
                     continue
-                gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster)
+                gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster,
+                                     units=stage.layers[1] - stage.layers[0])  # FSDP2: a unit per layer
                 for phase in ("F", "B"):
                     flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
                 latency[("FS", s, "F")] = latency[("FS", s, "B")] = gather.latency_s

@@ -22,6 +22,21 @@ fixed overheads 0s to 1s, the plain numbers ``DEVICE_NUMBER_RANGES``, and the cl
 counts ``MAX_NODES``, ``MAX_DEVICES_PER_NODE`` and ``MAX_DEVICES``. A number outside them
 (``memory_efficiency: 0``, ``matmul_half_dim: 1.0e+308``, ``bandwidth: 1e-320B/s``) would
 divide by zero or overflow to infinity inside the cost model.
+
+A link may carry ``collectives:``, what its collectives cost as ``dapple-run profile``
+measured them (``read_collectives``; ``sim.core.measured_collectives``)::
+
+    intra_node:
+      bandwidth: 1.2GB/s
+      collectives:
+        fsdp_call_overhead: 900us      # FSDP2's own cost per all-gather or reduce-scatter call
+        fits:                          # seconds = latency + bytes / bandwidth, per kind and ranks
+          - {kind: all-gather, ranks: 2, latency: 310us, bandwidth: 650MB/s}
+
+``kind`` one of ``sim.core.measured_collectives.COLLECTIVE_KINDS``, ``ranks`` the group size
+measured (2 to 4096), ``bytes`` the collective's whole buffer; latencies and the overhead 0s
+to 1s. A link without the key prices its collectives by the ring formulas of
+``sim.cost.comm``, as every scenario written before it did.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import copy
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sim.core.measured_collectives import COLLECTIVE_KINDS, CollectiveFit, MeasuredCollectives
 from sim.core.specs import ATTENTION_KERNELS, ClusterSpec, DeviceSpec, LinkSpec
 from sim.core.units import (
     format_bandwidth,
@@ -43,7 +59,8 @@ from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.input.run_section import CLUSTER_RUN_KEYS, device_power, read_site
 from sim.input.strict import StrictReader, join_key, show_value
 
-__all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
+__all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MAX_FITS", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_collectives",
+           "read_device"]
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node",
                  *CLUSTER_RUN_KEYS}
@@ -53,7 +70,7 @@ _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandw
                 "sdpa_efficiency", "sdpa_backward_efficiency", "overlap_slowdown", "power_w", "idle_power_w",
                 "peak_fp8_flops"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
-              "collective_efficiency"}
+              "collective_efficiency", "collectives"}
 
 _REFERENCE = DEVICE_PRESETS["A100-80GB"]
 
@@ -250,4 +267,39 @@ def _link(reader: StrictReader, data: Any, key: str) -> LinkSpec:
         if "send_bandwidth" in data else None,
         recv_overhead_s=reader.quantity(data, key, "recv_overhead", parse_time, "0s", bounds=OVERHEAD_RANGE),
         collective_efficiency=reader.number(data, key, "collective_efficiency", 1.0, low=0.01, high=1.0),
+        collectives=read_collectives(reader, data["collectives"], join_key(key, "collectives"))
+        if "collectives" in data else None,
     )
+
+
+MAX_FITS = 64
+"""Most fits one link may carry (5 kinds over a few group sizes need far fewer)."""
+
+_COLLECTIVES_KEYS = {"fsdp_call_overhead", "fits"}
+_FIT_KEYS = {"kind", "ranks", "latency", "bandwidth"}
+_SECONDS = (0.0, 1.0, "0s to 1s")
+
+
+def read_collectives(reader: StrictReader, data: Any, key: str) -> MeasuredCollectives:
+    """The ``collectives:`` mapping at ``key`` (``LINK.collectives``), read strictly."""
+    data = reader.mapping(data, key)
+    reader.keys(data, key, allowed=_COLLECTIVES_KEYS, required={"fits"})
+    rows = data["fits"]
+    where = join_key(key, "fits")
+    if not isinstance(rows, list) or not rows:
+        raise reader.fail(where, f"must be a non-empty list of fits, got {show_value(rows)}")
+    if len(rows) > MAX_FITS:
+        raise reader.fail(where, f"{len(rows)} fits; at most {MAX_FITS}")
+    fits = []
+    for index, row in enumerate(rows):
+        at = f"{where}[{index}]"
+        row = reader.mapping(row, at)
+        reader.keys(row, at, allowed=_FIT_KEYS, required=_FIT_KEYS)
+        fits.append(reader.build(at, CollectiveFit, kind=reader.string(row, at, "kind", choices=COLLECTIVE_KINDS),
+                                 ranks=reader.integer(row, at, "ranks", minimum=2, maximum=4096),
+                                 latency_s=reader.quantity(row, at, "latency", parse_time, bounds=_SECONDS),
+                                 bandwidth_bytes_per_s=reader.quantity(row, at, "bandwidth", parse_bandwidth)))
+    fits.sort(key=lambda f: (f.kind, f.ranks))
+    return reader.build(key, MeasuredCollectives, fits=tuple(fits),
+                        fsdp_call_overhead_s=reader.quantity(data, key, "fsdp_call_overhead", parse_time, "0s",
+                                                             bounds=_SECONDS))

@@ -1,0 +1,33 @@
+"""``benchmarks/validate_kinds.py`` (issue 34 item 8): its arguments only; a run takes minutes."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import REPO
+
+_SPEC = importlib.util.spec_from_file_location("validate_kinds", REPO / "benchmarks" / "validate_kinds.py")
+validate_kinds = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(validate_kinds)
+
+
+def test_every_kind_by_default_and_a_chosen_few():
+    assert validate_kinds.parse_args([]).kinds == list(validate_kinds.KINDS)
+    assert len(validate_kinds.KINDS) == 10
+    args = validate_kinds.parse_args(["--kinds", "data, fsdp-full", "--steps", "3"])
+    assert (args.kinds, args.steps, args.slices, args.repeats) == (["data", "fsdp-full"], 3, 2, 4)
+
+
+@pytest.mark.parametrize("argv", [["--kinds", "data,zero3"], ["--kinds", ","], ["--steps", "0"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        validate_kinds.parse_args(argv)
+    assert stop.value.code == 2
+    assert "--" in capsys.readouterr().err
+
+
+def test_a_refused_kind_prints_its_reason():
+    assert validate_kinds.line({"kind": "context", "refused": "context parallelism needs CUDA"}) == \
+        "context              refused: context parallelism needs CUDA"
