@@ -6,8 +6,7 @@ FSDP2 gradients (``sharding: gradients``) and full, selective recompute, expert 
 on the MoE scenario, context parallelism 2) it runs ``dapple-run validate`` on 4 local gloo
 processes in a fresh process and prints one line: predicted and measured iteration time and
 the worst device's peak memory, and their errors. A kind the runtime refuses (one line on
-stderr, exit 2: context parallelism where torch's kernels cannot run it on a CPU) prints that
-line instead. Not part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py``
+stderr, exit 2) prints that line instead. Not part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py``
 checks its argument parsing only.
 
     python benchmarks/validate_kinds.py [--kinds data,fsdp-full] [--steps 6] [--slices 2]
