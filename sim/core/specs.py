@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from sim.core.errors import SpecError
+from sim.core.fabric import FabricSpec
 from sim.core.units import format_bytes
 
 __all__ = [
@@ -287,6 +288,8 @@ class ClusterSpec:
     not set, counted as 1.0."""
     carbon_g_per_kwh: float | None = None
     """Grid carbon intensity, grams of CO2-equivalent per kWh; None: no carbon estimate."""
+    fabric: FabricSpec | None = None
+    """The switch tiers above the servers (``sim.core.fabric``); None: one non-blocking switch."""
 
     def __post_init__(self) -> None:
         positive_int("nodes", self.nodes)

@@ -39,6 +39,7 @@ from sim.core.units import (
     parse_flop_rate,
     parse_time,
 )
+from sim.input.fabric_section import apply_fabric, read_fabric
 from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.input.run_section import CLUSTER_RUN_KEYS, device_power, read_site
 from sim.input.strict import StrictReader, join_key, show_value
@@ -46,7 +47,7 @@ from sim.input.strict import StrictReader, join_key, show_value
 __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MEMORY_BYTES_PER_FLOP", "read_cluster", "read_device"]
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node",
-                 *CLUSTER_RUN_KEYS}
+                 "fabric", *CLUSTER_RUN_KEYS}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
@@ -153,6 +154,8 @@ def read_cluster(reader: StrictReader, data: Any) -> tuple[ClusterSpec, tuple[tu
         inter_node=_link(reader, data["inter_node"], "cluster.inter_node"),
         **read_site(reader, data),
     )
+    if data.get("fabric") is not None:  # without it: one non-blocking switch, as ever
+        cluster = apply_fabric(reader, cluster, read_fabric(reader, data["fabric"]))
     return cluster, defaults
 
 
@@ -161,10 +164,11 @@ def _merge_preset(reader: StrictReader, data: dict) -> dict:
     preset_name = reader.string(data, "cluster", "preset", choices=CLUSTER_PRESETS)
     merged = {**copy.deepcopy(dict(CLUSTER_PRESETS[preset_name])), "name": preset_name}
     for name, value in data.items():
-        if name in ("intra_node", "inter_node") and isinstance(value, dict):
+        if name in ("intra_node", "inter_node", "fabric") and isinstance(value, dict) and merged.get(name):
             merged[name] = {**merged[name], **value}
         elif name == "device" and isinstance(value, dict) and "name" not in value:
-            merged[name] = {"name": merged[name], **value}  # override some of the preset's device
+            base = merged[name] if isinstance(merged[name], dict) else {"name": merged[name]}
+            merged[name] = {**base, **value}  # override some of the preset's device
         elif name != "preset":
             merged[name] = value
     return merged
