@@ -184,3 +184,16 @@ def test_a_ring_that_leaves_its_group_at_two_of_its_hops_runs_at_their_uplink_sh
     scenario = _on(_ring(6), **_two_tier(4, 8.0))
     assert len(compile_workload(scenario).classes) == 1
     assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (4 * B / 8),) * 3, rel=1e-5)
+
+
+def test_a_slow_leaf_uplink_under_a_ring_is_priced_alike_with_and_without_symmetry():
+    # the same ring, group 0's uplinks at half their B/2: the hops 5→0 (into it) and 3→4 (out of it) at B/4
+    scenario = _on(_ring(6), SlowLink(tier=0, index=0, factor=0.5), **_two_tier(4, 8.0))
+    assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (0.5 * 4 * B / 8),) * 3, rel=1e-5)
+
+
+def test_check_says_the_placement_in_words(capsys):
+    assert main(["check", str(SCENARIOS / "llama3_405b_h100_fabric.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "fabric: rack (2) > pod (192, 1:7 up) > core (8)" in out
+    assert "placement: TP inside the server; PP crosses the pod (non-blocking); DP crosses the core at 1:7" in out

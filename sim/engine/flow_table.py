@@ -123,6 +123,7 @@ class FlowTable:
         groups = []  # each tier's group of every flow's sender and receiver
         for tier in range(len(fabric.tiers)):
             reach = fabric.reach(tier)
+            reach = None if reach is None or reach >= cluster.nodes else reach  # one group (and no int64 overflow)
             a = src_node // reach if reach is not None else np.zeros_like(src_node)
             b = dst_node // reach if reach is not None else np.zeros_like(dst_node)
             if tier == 0 and fabric.rail_optimised:

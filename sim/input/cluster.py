@@ -7,6 +7,9 @@ network cards (``inter_node``). It is written out in full, or as a preset
 
     cluster: {preset: a100-nvlink-8, nodes: 4, inter_node: {bandwidth: 100Gb/s}}
 
+Above the servers, an optional ``fabric`` (switch tiers, rails, a scale-up domain;
+``sim.input.fabric_section``); without it the servers sit on one non-blocking switch.
+
 A device is a preset's name (``device: V100-16GB``) or a custom device. A custom device
 needs only what no rule of thumb can guess, its ``memory`` and its dense half-precision
 ``peak_flops``; every other number it leaves out takes a documented default
