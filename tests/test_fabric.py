@@ -197,3 +197,14 @@ def test_check_says_the_placement_in_words(capsys):
     out = capsys.readouterr().out
     assert "fabric: rack (2) > pod (192, 1:7 up) > core (8)" in out
     assert "placement: TP inside the server; PP crosses the pod (non-blocking); DP crosses the core at 1:7" in out
+
+
+def test_an_uplink_bandwidth_says_the_same_as_its_oversubscription():
+    # leaf groups of 2 servers (2·B down): 0.5·B up is 1:4, as oversubscription 4 says
+    by_ratio = _on(_ring(4), **_two_tier(2, 4.0))
+    by_bandwidth = _on(_ring(4), tiers=(TierSpec(name="leaf", size=2, uplink_bandwidth_bytes_per_s=0.5 * B),
+                                        TierSpec(name="spine", size=None)))
+    assert _times(by_bandwidth) == _times(by_ratio)
+    assert group_crossing(by_bandwidth.cluster, range(4)).oversubscription == pytest.approx(4.0)
+    with pytest.raises(Exception, match="uplink_bandwidth or oversubscription"):
+        TierSpec(name="leaf", size=2, oversubscription=2.0, uplink_bandwidth_bytes_per_s=B)

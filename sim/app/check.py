@@ -24,7 +24,7 @@ from sim.app.description import (
 from sim.core.units import format_bandwidth, format_bytes, format_time
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
-from sim.cost.tiers import crossing_text, plan_crossings
+from sim.cost.tiers import crossing_text, oversubscription_of, plan_crossings
 from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
 from sim.models.moe import parameter_counts
@@ -62,9 +62,9 @@ def fabric_line(cluster) -> str:
     fabric = cluster.fabric
     if fabric is None:
         return ""
+    ratios = [oversubscription_of(cluster, i) for i in range(len(fabric.tiers))]
     tiers = " > ".join(f"{t.name} ({'all' if t.size is None else t.size}"
-                       + (f", 1:{t.oversubscription:g} up" if t.oversubscription > 1 else "") + ")"
-                       for t in fabric.tiers)
+                       + (f", 1:{ratio:g} up" if ratio > 1 else "") + ")" for t, ratio in zip(fabric.tiers, ratios))
     extra = "; rail-optimised" if fabric.rail_optimised else ""
     if fabric.servers_per_domain > 1:
         extra += f"; scale-up domains of {cluster.devices_per_node} GPUs ({fabric.servers_per_domain} servers each)"

@@ -11,7 +11,8 @@ bottom:
 A transfer between two servers climbs to the lowest tier whose group holds both, crossing on
 the way the *uplinks* of every tier below it (up on the sender's side, down on the receiver's).
 A group's uplinks carry ``1 / oversubscription`` of what its downlinks can (Llama 3's pods have
-``1:7`` between the pods and the aggregation layer: ``oversubscription: 7`` on the pod tier).
+``1:7`` between the pods and the aggregation layer: ``oversubscription: 7`` on the pod tier), or
+the ``uplink_bandwidth`` its switches' uplink cables add up to.
 
 ``rail_optimised``: NIC ``k`` of every server of a leaf group sits on its own leaf switch, rail
 ``k`` (NVIDIA's DGX SuperPOD: "Traffic per rail ... is always one hop away from the other 31
@@ -48,8 +49,17 @@ class TierSpec:
     carry ``downlink capacity / oversubscription``. 1: non-blocking. The top tier has no uplink (1)."""
     latency_s: float = 0.0
     """Seconds a point-to-point transfer that climbs to this tier or above spends in its switches."""
+    uplink_bandwidth_bytes_per_s: float | None = None
+    """What one group's uplinks carry per direction, bytes/s, all its cables together (on a
+    rail-optimised leaf tier, one rail's leaf switch); None: its downlink capacity over
+    ``oversubscription``. Give one of the two."""
 
     def __post_init__(self) -> None:
+        if self.uplink_bandwidth_bytes_per_s is not None:
+            if self.oversubscription != 1.0:
+                raise SpecError("uplink_bandwidth", "give either uplink_bandwidth or oversubscription, not both")
+            if not self.uplink_bandwidth_bytes_per_s > 0:
+                raise SpecError("uplink_bandwidth", f"must be positive, got {self.uplink_bandwidth_bytes_per_s!r}")
         if not self.name:
             raise SpecError("name", "must be a non-empty string")
         if self.size is not None and (isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1):
@@ -111,9 +121,9 @@ class FabricSpec:
                 raise SpecError("tiers", f"tier {tier.name!r} needs a size: only the top tier may join everything")
         if self.rail_optimised and len(self.tiers) < 2:
             raise SpecError("rail_optimised", "rails meet only above the leaf: add a spine tier above it")
-        if self.tiers[-1].oversubscription != 1.0:
+        if self.tiers[-1].oversubscription != 1.0 or self.tiers[-1].uplink_bandwidth_bytes_per_s is not None:
             raise SpecError("tiers", f"the top tier {self.tiers[-1].name!r} has no uplink: "
-                                     "put its oversubscription on the tier below, the one whose uplinks it is")
+                                     "put its oversubscription (or uplink_bandwidth) on the tier below, the one whose uplinks it is")
 
     def reach(self, tier: int) -> int | None:
         """Servers one group of ``tier`` holds (None: every server)."""

@@ -10,8 +10,8 @@ One uplink per group and direction stands for all the cables of the group's upli
 their summed capacity (:func:`uplink_capacity_bytes_per_s`): a tier-0 group's downlinks are its
 servers' NICs (on a rail-optimised fabric, one rail's NICs: each rail has its own leaf switch),
 a higher group's downlinks are its children's uplinks, and every uplink carries its downlinks'
-capacity over the tier's ``oversubscription``. Flows through one uplink share it like any port
-(``sim.engine.ports``).
+capacity over the tier's ``oversubscription``, or the tier's ``uplink_bandwidth``. Flows
+through one uplink share it like any port (``sim.engine.ports``).
 
 Only the uplinks of oversubscribed tiers (and of tiers with a slow link, ``sim.core.faults``)
 are modelled as ports (:func:`modelled_tiers`): a non-blocking tier carries whatever its
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from sim.core.specs import ClusterSpec
 
 __all__ = ["INSIDE_SERVER", "Crossing", "climb", "crossing_text", "cumulative_oversubscription", "group_crossing",
-           "modelled_tiers", "plan_crossings", "rail_of", "uplink_capacity_bytes_per_s", "uplink_count", "uplink_group"]
+           "modelled_tiers", "oversubscription_of", "plan_crossings", "rail_of", "uplink_capacity_bytes_per_s",
+           "uplink_count", "uplink_group"]
 
 INSIDE_SERVER = -1
 """:func:`climb` of a transfer between GPUs of one server (or one scale-up domain)."""
@@ -83,29 +84,43 @@ def uplink_group(cluster: ClusterSpec, tier: int, device: int) -> int:
     return group
 
 
-def uplink_capacity_bytes_per_s(cluster: ClusterSpec, tier: int) -> float:
-    """What one uplink of ``tier`` carries per direction: its group's downlink capacity over the
-    tier's oversubscription. Tier 0's downlinks are its servers' NICs (one rail's, rail-optimised);
-    tier i's, its children's uplinks."""
+def _links(cluster: ClusterSpec) -> list[tuple[float, float]]:
+    """``(downlink, uplink)`` capacity per direction of one group of each tier, bytes/s: tier 0's
+    downlinks are its servers' NICs (one rail's, rail-optimised), tier i's its children's uplinks;
+    an uplink carries ``uplink_bandwidth``, else the downlinks over ``oversubscription``."""
     fabric = cluster.fabric
-    first = fabric.tiers[0]
     nics = cluster.nics_per_node // fabric.rails if fabric.rail_optimised else cluster.nics_per_node
-    capacity = (first.size or cluster.nodes) * nics * cluster.inter_node.bandwidth_bytes_per_s / first.oversubscription
-    for i in range(1, tier + 1):
-        t = fabric.tiers[i]
-        children = t.size if t.size is not None else -(-cluster.nodes // fabric.reach(i - 1))
-        if i == 1 and fabric.rail_optimised:
-            children *= fabric.rails  # a spine group joins every rail's leaf of its leaf groups
-        capacity = children * capacity / t.oversubscription
-    return capacity
+    links, up = [], 0.0
+    for i, t in enumerate(fabric.tiers):
+        if i == 0:
+            down = (t.size or cluster.nodes) * nics * cluster.inter_node.bandwidth_bytes_per_s
+        else:
+            children = t.size if t.size is not None else -(-cluster.nodes // fabric.reach(i - 1))
+            if i == 1 and fabric.rail_optimised:
+                children *= fabric.rails  # a spine group joins every rail's leaf of its leaf groups
+            down = children * up
+        up = t.uplink_bandwidth_bytes_per_s if t.uplink_bandwidth_bytes_per_s is not None else down / t.oversubscription
+        links.append((down, up))
+    return links
+
+
+def uplink_capacity_bytes_per_s(cluster: ClusterSpec, tier: int) -> float:
+    """What one uplink of ``tier`` carries per direction (``_links``)."""
+    return _links(cluster)[tier][1]
+
+
+def oversubscription_of(cluster: ClusterSpec, tier: int) -> float:
+    """Downlink over uplink capacity of ``tier``'s groups, at least 1 (an undersubscribed tier is non-blocking)."""
+    down, up = _links(cluster)[tier]
+    return max(1.0, down / up)
 
 
 def cumulative_oversubscription(cluster: ClusterSpec, below: int) -> float:
     """The product of the oversubscriptions of tiers ``0 .. below - 1``: how much less than its
     NIC a GPU gets at tier ``below`` when every GPU under it sends at once."""
     ratio = 1.0
-    for t in cluster.fabric.tiers[:below] if cluster.fabric is not None else ():
-        ratio *= t.oversubscription
+    for tier in range(below) if cluster.fabric is not None else ():
+        ratio *= oversubscription_of(cluster, tier)
     return ratio
 
 
@@ -115,7 +130,7 @@ def modelled_tiers(cluster: ClusterSpec, slowed: Iterable[int] = ()) -> tuple[in
     if fabric is None:
         return ()
     slowed = set(slowed)
-    return tuple(i for i, t in enumerate(fabric.tiers[:-1]) if t.oversubscription > 1.0 or i in slowed)
+    return tuple(i for i in range(len(fabric.tiers) - 1) if oversubscription_of(cluster, i) > 1.0 or i in slowed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

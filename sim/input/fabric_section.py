@@ -32,7 +32,7 @@ from sim.input.strict import StrictReader, join_key
 __all__ = ["FABRIC_KEYS", "apply_fabric", "read_fabric"]
 
 FABRIC_KEYS = {"tiers", "rail_optimised", "scale_up"}
-_TIER_KEYS = {"name", "size", "oversubscription", "latency"}
+_TIER_KEYS = {"name", "size", "oversubscription", "uplink_bandwidth", "latency"}
 _SCALE_UP_KEYS = {"size", "bandwidth", "latency"}
 MAX_TIERS = 8
 """Most switch tiers (the largest published clusters have three)."""
@@ -62,7 +62,9 @@ def read_fabric(reader: StrictReader, data: Any) -> FabricSpec:
             where, TierSpec, name=reader.string(item, where, "name"),
             size=reader.integer(item, where, "size", maximum=MAX_GROUP) if item.get("size") is not None else None,
             oversubscription=reader.number(item, where, "oversubscription", 1.0, low=1.0, high=1000.0),
-            latency_s=reader.quantity(item, where, "latency", parse_time, "0s")))
+            latency_s=reader.quantity(item, where, "latency", parse_time, "0s"),
+            uplink_bandwidth_bytes_per_s=reader.quantity(item, where, "uplink_bandwidth", parse_bandwidth)
+            if item.get("uplink_bandwidth") is not None else None))
     scale_up = None
     if data.get("scale_up") is not None:
         where = f"{key}.scale_up"
