@@ -60,7 +60,8 @@ def synthetic_scenario(
     from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.parallelism import Recompute
     from sim.core.plan import PlanSpec, StageSpec
-    from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+    from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+    from sim.core.training import TrainingSpec
     from sim.input.scenario import Scenario
 
     num_stages = len(fwd_s)

@@ -20,7 +20,8 @@ from planner.planners.pipedream import pipedream_dp, pipedream_planner, pipedrea
 from planner.search.costs import CostTables
 from planner.search.space import PlannerOptions, microbatch_sizes
 from sim.core.model_spec import LayerSpec, ModelSpec
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.core.training import TrainingSpec
 from sim.cost.links import contiguous_span, span_link
 from sim.input.scenario import Scenario, load_scenario
 

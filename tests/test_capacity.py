@@ -18,7 +18,8 @@ import pytest
 from sim.app.cli import main
 from sim.core.errors import DappleError, ScenarioError
 from sim.core.reliability import RELIABILITY_PRESETS, ReliabilitySpec
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.core.training import TrainingSpec
 from sim.cost import energy
 from sim.cost.capacity import checkpoint_bytes, estimate_from
 from sim.cost.goodput import (

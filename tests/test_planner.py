@@ -17,7 +17,8 @@ from planner.search.evaluation import evaluate
 from planner.search.space import Candidate, PlannerOptions, place
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import Sharding
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec
+from sim.core.training import TrainingSpec
 from sim.input.scenario import Scenario, load_scenario
 
 

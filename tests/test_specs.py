@@ -7,7 +7,8 @@ import pytest
 from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, TrainingSpec, optimizer_state_factor
+from sim.core.specs import ClusterSpec, DeviceSpec, LinkSpec, optimizer_state_factor
+from sim.core.training import TrainingSpec
 from sim.cost.compute import stage_cost
 from sim.cost.memory import static_bytes
 from sim.cost.split import split_samples

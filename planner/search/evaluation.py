@@ -35,8 +35,8 @@ from planner.search.space import Candidate, to_scenario
 from sim.core.errors import DappleError, ScheduleError
 from sim.core.faults import first_failure
 from sim.core.plan import PlanSpec
-from sim.core.specs import TrainingSpec
 from sim.core.summary import Summary
+from sim.core.training import TrainingSpec
 from sim.core.units import format_bytes
 from sim.engine.run import run_scenario
 from sim.input.plan_file import plan_to_dict

@@ -39,7 +39,8 @@ from functools import lru_cache
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.specs import ClusterSpec
+from sim.core.training import TrainingSpec
 from sim.input.scenario import Scenario
 from sim.schedule.generators import V_SCHEDULES
 from sim.schedule.policy import DapplePolicy

@@ -24,6 +24,7 @@ from sim.app.description import (
 from sim.core.units import format_bandwidth, format_bytes, format_time
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
+from sim.cost.tiers import crossing_text, oversubscription_of, plan_crossings
 from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
 from sim.models.moe import parameter_counts
@@ -51,7 +52,23 @@ def describe(scenario: Scenario) -> Description:
         num_microbatches=training.num_microbatches,
         plan=None if plan is None else _describe_plan(scenario, warnings), warnings=tuple(warnings),
         stack=scenario.stack, stack_values=scenario.stack_values, run_keys=run_keys(scenario),
+        fabric=fabric_line(cluster),
+        placement=plan_crossings(plan, cluster) if plan is not None and cluster.fabric is not None else (),
     )
+
+
+def fabric_line(cluster) -> str:
+    """``rack (2 servers) > pod (192, 1:7 up) > core (8); rail-optimised; scale-up 72 GPUs``; empty without a fabric."""
+    fabric = cluster.fabric
+    if fabric is None:
+        return ""
+    ratios = [oversubscription_of(cluster, i) for i in range(len(fabric.tiers))]
+    tiers = " > ".join(f"{t.name} ({'all' if t.size is None else t.size}"
+                       + (f", 1:{ratio:g} up" if ratio > 1 else "") + ")" for t, ratio in zip(fabric.tiers, ratios))
+    extra = "; rail-optimised" if fabric.rail_optimised else ""
+    if fabric.servers_per_domain > 1:
+        extra += f"; scale-up domains of {cluster.devices_per_node} GPUs ({fabric.servers_per_domain} servers each)"
+    return tiers + extra
 
 
 def run_keys(scenario: Scenario) -> tuple[tuple[str, str], ...]:
@@ -252,8 +269,12 @@ def format_description(description: Description) -> str:
     ]
     if d.run_keys:
         lines += ["run (sim.input.run_section): " + ", ".join(f"{key} {value}" for key, value in d.run_keys)]
+    if d.fabric:
+        lines.append(f"fabric: {d.fabric}")
     if d.plan is not None:
         lines += _plan_lines(d.plan, _capacity(d.device_memory_bytes, d.device_usable_memory_bytes))
+    if d.placement:
+        lines.append("placement: " + "; ".join(crossing_text(kind, c) for kind, c in d.placement))
     lines += [f"warning: {warning}" for warning in d.warnings]
     return "\n".join(lines)
 

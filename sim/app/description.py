@@ -17,6 +17,7 @@ from typing import Any
 
 from sim.core.parallelism import Recompute
 from sim.cost.memory import HeldBytes, StateBytes
+from sim.cost.tiers import Crossing, crossing_text
 from sim.input.stack import StackValue
 from sim.models.vocab import VocabPadding
 
@@ -223,6 +224,11 @@ class Description:
     run_keys: tuple[tuple[str, str], ...] = ()
     """``(dotted key, value used)`` of the run's keys (``sim.input.run_section``) when the scenario
     sets a run length or a ``reliability`` section; the JSON's ``run_keys`` only then."""
+    fabric: str = ""
+    """The cluster's switch tiers in a line (``sim.core.fabric``); empty without a fabric."""
+    placement: tuple[tuple[str, Crossing], ...] = ()
+    """Where each kind of the plan's traffic goes on the fabric (``sim.cost.tiers.plan_crossings``);
+    empty without a fabric or a plan. The JSON's ``fabric`` only with a fabric."""
 
     def to_json(self) -> dict[str, Any]:
         """``check --json``'s JSON (the keys of a plan only with one; ``stack`` only with one)."""
@@ -247,4 +253,9 @@ class Description:
             info["stack"] = {"name": self.stack, "set": [v.to_json() for v in self.stack_values]}
         if self.run_keys:
             info["run_keys"] = dict(self.run_keys)
+        if self.fabric:
+            info["fabric"] = {"tiers": self.fabric, "placement": {
+                kind: {"tier": c.name, "oversubscription": c.oversubscription,
+                       "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "text": crossing_text(kind, c)}
+                for kind, c in self.placement}}
         return info

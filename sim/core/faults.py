@@ -15,8 +15,9 @@ A scenario's ``faults:`` list injects any of four faults into a replay:
   Draws are named by the device, or by the lowest device of its replica or device set, never
   by a class, so they do not change with ``--no-symmetry``;
 * ``slow_link`` — a port's bandwidth times ``factor`` (0.001 to 1): a network card
-  (``nic``, global id ``node * nics_per_node + k``) or a GPU's intra-node port (``device``):
-  ``{type: slow_link, nic: 1, factor: 0.25}``;
+  (``nic``, global id ``node * nics_per_node + k``), a GPU's intra-node port (``device``) or, on
+  a cluster with a fabric, the uplinks of group ``index`` of a tier (``tier``, by name):
+  ``{type: slow_link, nic: 1, factor: 0.25}``, ``{type: slow_link, tier: spine, index: 3, factor: 0.25}``;
 * ``failure`` — a device dies at time ``at``: the iteration cannot finish, and the replay
   reports where, when and how much work the iteration loses:
   ``{type: failure, device: 5, at: 0.8s}``.
@@ -114,17 +115,29 @@ class Jitter:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlowLink:
-    """A degraded port: a NIC or a GPU's intra-node port, at ``factor`` of its bandwidth."""
+    """A degraded port at ``factor`` of its bandwidth: a NIC, a GPU's intra-node port, or the
+    uplinks of one group of a fabric's tier (``sim.core.fabric``; both directions)."""
 
     factor: float
     """Bandwidth factor, 0.001 to 1."""
     nic: int | None = None
     device: int | None = None
+    tier: int | None = None
+    """The fabric tier (0: the leaf) whose group's uplinks are slow; with ``index``."""
+    index: int | None = None
+    """Which of the tier's uplinks (``sim.cost.tiers.uplink_group``: the group, times the rails
+    plus the rail on a rail-optimised leaf tier)."""
 
     def __post_init__(self) -> None:
         _check_range("factor", self.factor, *FACTOR_RANGE)
-        if (self.nic is None) == (self.device is None):
-            raise SpecError("nic", "give exactly one of nic (a network card) or device (a GPU's intra-node port)")
+        if (self.tier is None) != (self.index is None):
+            raise SpecError("index", "a slow uplink names both its tier and its index")
+        if (self.nic is not None) + (self.device is not None) + (self.tier is not None) != 1:
+            raise SpecError("nic", "give exactly one of nic (a network card), device (a GPU's intra-node port) "
+                                   "or tier and index (a group's uplinks)")
+        if self.tier is not None:
+            _check_device("tier", self.tier)
+            _check_device("index", self.index)
         if self.nic is not None:
             _check_device("nic", self.nic)
         if self.device is not None:

@@ -24,8 +24,9 @@ import numpy as np
 
 from sim.core.reliability import ReliabilitySpec
 from sim.core.run_estimate import CheckpointPlan, Goodput, MonteCarlo, RunEstimate, RunTotals
-from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.specs import ClusterSpec
 from sim.core.summary import Summary
+from sim.core.training import TrainingSpec
 from sim.core.units import format_bandwidth, format_bytes
 from sim.cost import energy, goodput
 from sim.cost.memory import model_state_bytes

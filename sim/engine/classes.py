@@ -51,7 +51,15 @@ class Symmetry:
         # int for what tells flows apart: its label, its bytes (rounded) and whether it stays on one server
         self.src = np.searchsorted(np.array(devices, dtype=np.int64), table.src)
         self.dst = np.searchsorted(np.array(devices, dtype=np.int64), table.dst)
-        self.labels = row_ids([table.label, table.bytes_id(), table.intra.astype(np.int64)])
+        # on a fabric with modelled uplinks, also the tier it climbs to (``FlowTable.climb``), but for
+        # a gradient all-reduce's flows: the reduction ends at one instant for all its members, so
+        # a ring's few hops across a pod need not split its ring (their kinds split by path instead,
+        # ``sim.engine.flows.flow_kinds``, each loading the uplinks with its real flows)
+        climbs = []
+        if table.uplink is not None:
+            is_ar = np.array([label[0] == "AR" for label in table.labels], dtype=bool)[table.label]
+            climbs = [np.where(is_ar, -2, table.climb)]
+        self.labels = row_ids([table.label, table.bytes_id(), table.intra.astype(np.int64), *climbs])
 
     def equitable(self, *, with_faults: bool) -> tuple[list[int], list[int]]:
         """Colour refinement over every flow and network card (``sim.engine.symmetry.refine``)."""
@@ -83,7 +91,7 @@ class Symmetry:
         with_faults = with_faults and f.any  # without faults every signature is NEUTRAL, every factor 1.0
         initial = [s + ((f.device_signature(d) if with_faults else f.NEUTRAL),)
                    for s, d in zip(self.structure, self.devices)]
-        cards = [f.nic_factor(n) if with_faults else 1.0 for n in self.nic_ids]
+        cards = [f.card_signature(n) if with_faults else 1.0 for n in self.nic_ids]
         return refine_arrays(initial, self.card_of, self.src[edges], self.dst[edges], self.labels[edges],
                              len(self.nic_ids), cards, max_rounds=max_rounds if with_faults and f.any else None)
 

@@ -100,7 +100,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     slices = {d: tuple(_slice(samples[s], d) for s in stages_of_rank[rank_of[d]]) for d in devices}
     sym = Symmetry(devices, nic_ids, table, cluster, faults, rank_of, slices)
     # identical devices issue each operation together (``static_rates``), with or without the reduction
-    optimistic = optimistic and contention and symmetric and faults.any
+    # (not over a fabric's modelled uplinks: ``port_split`` knows a flow's two ports only)
+    optimistic = optimistic and contention and symmetric and faults.any and table.uplink is None
     if optimistic:
         device_class, card_class = sym.optimistic()
         # every device its own class (jitter drawn per device): nothing merged, nothing to check
@@ -118,7 +119,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     card_of = {n: card_class[i] for i, n in enumerate(nic_ids)}
 
     split = port_split(flows, table.paths(), class_of, card_of) if optimistic else None
-    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split)
+    ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split, each_uplink=not symmetric)
     kinds = flow_kinds(table, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)

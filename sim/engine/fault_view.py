@@ -7,6 +7,7 @@ each device's fault signature, and ``sim.engine.compile`` applies the rest."""
 from __future__ import annotations
 
 from sim.core.faults import Failure, Jitter, SlowLink, Straggler, jitter_key
+from sim.cost.tiers import uplink_group
 
 __all__ = ["FaultView"]
 
@@ -25,10 +26,16 @@ class FaultView:
         """Whether the scenario has faults at all."""
         self.slow_ports: dict[int, float] = {}
         self.slow_nics: dict[int, float] = {}
+        self.slow_uplinks: dict[tuple[int, int], float] = {}
+        """``(tier, index)`` of a fabric group's uplinks (``sim.cost.tiers.uplink_group``) -> factor."""
         for f in faults:
             if isinstance(f, SlowLink):
-                table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
+                if f.tier is not None:
+                    table, key = self.slow_uplinks, (f.tier, f.index)
+                else:
+                    table, key = (self.slow_nics, f.nic) if f.nic is not None else (self.slow_ports, f.device)
                 table[key] = table.get(key, 1.0) * f.factor
+        self.cluster = cluster
         # the lowest device of each device's replica and device set: what coarser jitter draws under
         self.first_of: dict[str, dict[int, int]] = {"device": {}, "replica": {}, "stage": {}}
         if plan is not None and self.jitters:
@@ -62,3 +69,15 @@ class FaultView:
 
     def nic_factor(self, nic: int) -> float:
         return self.slow_nics.get(nic, 1.0)
+
+    def card_signature(self, nic: int):
+        """What tells network card ``nic`` apart: its factor and, with slow uplinks, the factors
+        of the uplinks above its server (the devices behind it then differ from the others)."""
+        if not self.slow_uplinks:
+            return self.nic_factor(nic)
+        cluster = self.cluster
+        device = nic // cluster.nics_per_node * cluster.devices_per_node \
+            + (nic % cluster.nics_per_node) * cluster.devices_per_node // cluster.nics_per_node
+        above = tuple(self.slow_uplinks.get((tier, uplink_group(cluster, tier, device)), 1.0)
+                      for tier in sorted({t for t, _ in self.slow_uplinks}))
+        return self.nic_factor(nic), above

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sim.cost.tiers import modelled_tiers, uplink_capacity_bytes_per_s, uplink_count
+
 if TYPE_CHECKING:
     from sim.engine.fault_view import FaultView
 
@@ -92,9 +94,66 @@ class FlowTable:
         ], axis=1)
         """``(n, 2)`` bandwidths (bytes/s) of the two ports, a slow link's factor applied."""
         self.latency = np.where(self.intra, intra.latency_s, inter.latency_s)
-        """Latency (s) of each flow's link."""
+        """Latency (s) of each flow's link (and of the fabric's tiers it climbs through)."""
+        self.climb: np.ndarray | None = None
+        """The fabric tier each flow climbs to (``sim.cost.tiers.climb``; -1 inside a server);
+        None without a fabric."""
+        self.uplink: np.ndarray | None = None
+        """``(n, 2m)`` real uplink ids each flow crosses, up out of its sender's group and down into
+        its receiver's, for each of the ``m`` modelled tiers (``sim.cost.tiers.modelled_tiers``),
+        -1 where it does not climb that high; None when no tier is modelled."""
+        self.uplink_bandwidth: np.ndarray | None = None
+        """``(n, 2m)`` bandwidths (bytes/s) of those uplinks, a slow link's factor applied; inf where none."""
+        self.modelled: tuple[int, ...] = ()
+        """The fabric tiers whose uplinks are ports (``sim.cost.tiers.modelled_tiers``), in ``uplink``'s order."""
+        if cluster.fabric is not None:
+            self._fabric(cluster, faults)
         self.latencies = self.latency.tolist()
         """The latencies as Python floats."""
+
+    def _fabric(self, cluster, faults: FaultView) -> None:
+        """Each flow's climb, its tiers' latency, and the uplinks of the modelled tiers it crosses
+        (``sim.cost.tiers``: one uplink per group and direction, the rails of a rail-optimised leaf apart)."""
+        fabric = cluster.fabric
+        per_node, nics = cluster.devices_per_node, cluster.nics_per_node
+        src_node, dst_node = self.src // per_node, self.dst // per_node
+        rail_src = ((self.src % per_node) * nics // per_node) % fabric.rails
+        rail_dst = ((self.dst % per_node) * nics // per_node) % fabric.rails
+        climb = np.full(len(self.flows), len(fabric.tiers) - 1, dtype=np.int64)
+        groups = []  # each tier's group of every flow's sender and receiver
+        for tier in range(len(fabric.tiers)):
+            reach = fabric.reach(tier)
+            reach = None if reach is None or reach >= cluster.nodes else reach  # one group (and no int64 overflow)
+            a = src_node // reach if reach is not None else np.zeros_like(src_node)
+            b = dst_node // reach if reach is not None else np.zeros_like(dst_node)
+            if tier == 0 and fabric.rail_optimised:
+                a, b = a * fabric.rails + rail_src, b * fabric.rails + rail_dst
+            groups.append((a, b))
+        for tier in reversed(range(len(fabric.tiers))):
+            climb = np.where(groups[tier][0] == groups[tier][1], tier, climb)
+        self.climb = np.where(self.intra, -1, climb)
+        for tier, spec in enumerate(fabric.tiers):
+            if spec.latency_s:
+                self.latency = self.latency + np.where(self.climb >= tier, spec.latency_s, 0.0)
+        modelled = modelled_tiers(cluster, {t for t, _ in faults.slow_uplinks})
+        if not modelled:
+            return
+        self.modelled = modelled
+        ids, bandwidths, base = [], [], 0
+        for tier in modelled:
+            count = uplink_count(cluster, tier)
+            capacity = uplink_capacity_bytes_per_s(cluster, tier)
+            factor = np.ones(count)
+            for (t, index), f in faults.slow_uplinks.items():
+                if t == tier:
+                    factor[index] = f
+            crosses = self.climb > tier
+            for direction, group in enumerate(groups[tier]):
+                ids.append(np.where(crosses, base + direction * count + group, -1))
+                bandwidths.append(np.where(crosses, capacity * factor[np.where(crosses, group, 0)], np.inf))
+            base += 2 * count
+        self.uplink = np.stack(ids, axis=1)
+        self.uplink_bandwidth = np.stack(bandwidths, axis=1)
 
     def bytes_id(self) -> np.ndarray:
         """Each flow's bytes, rounded as flows are told apart (``round(nbytes, 6)``,
@@ -138,7 +197,14 @@ class FlowTable:
         keys = operation.reshape(-1, 1) * len(ports) + port.reshape(-1, 2)
         _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
         load = load[where].reshape(-1, 2)
-        return np.minimum(self.bandwidth[:, 0] / load[:, 0], self.bandwidth[:, 1] / load[:, 1]).tolist()
+        rates = np.minimum(self.bandwidth[:, 0] / load[:, 0], self.bandwidth[:, 1] / load[:, 1])
+        if self.uplink is not None:  # the uplinks' shares too (an uplink's id is -1 where a flow does not cross one)
+            width = int(self.uplink.max(initial=0)) + 2
+            keys = operation.reshape(-1, 1) * width + (self.uplink + 1)
+            _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
+            load = load[where.reshape(-1)].reshape(self.uplink.shape)
+            rates = np.minimum(rates, (self.uplink_bandwidth / load).min(axis=1))
+        return rates.tolist()
 
 
 def row_ids(columns: list[np.ndarray]) -> np.ndarray:

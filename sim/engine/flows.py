@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.cost.links import group_link
 from sim.cost.split import sample_overlaps
+from sim.cost.tiers import uplink_capacity_bytes_per_s
 from sim.engine.flow_table import PORT_NAMES, FlowTable, RoundedBytes, row_ids
 from sim.engine.workload import FlowKind, PortClass
 
@@ -65,8 +66,12 @@ class PortTable:
     ``split`` (real port key -> sub-class, ``port_split``) where the device classes alone do not
     say which flows a port carries."""
 
-    def __init__(self, cluster, class_of, card_of, devices, nic_ids, split: dict | None = None):
+    def __init__(self, cluster, class_of, card_of, devices, nic_ids, split: dict | None = None, *,
+                 each_uplink: bool = False):
         self.cluster = cluster
+        self.each_uplink = each_uplink
+        """Every fabric uplink its own class (a replay without symmetry); else one class per tier and
+        direction, a slow uplink apart (``uplink_ids``)."""
         self.class_of = class_of
         self.card_of = card_of
         self.split = split
@@ -108,6 +113,29 @@ class PortTable:
         ids[order] = [self._id((PORT_NAMES[k], o, b), bw) for k, o, b, bw in
                       zip(kind[at].tolist(), owner[at].tolist(), sub[at].tolist(), table.bandwidth.ravel()[at].tolist())]
         return ids[where.reshape(-1)].reshape(-1, 2)
+
+    def uplink_ids(self, table: FlowTable) -> np.ndarray:
+        """``(n, 2m)`` port classes of the fabric uplinks each flow crosses (``FlowTable.uplink``), -1
+        where none. The healthy uplinks of one tier and direction are one class, each a size-weighted
+        share of the flows crossing them (symmetric layouts load them alike); a slow one is its own."""
+        real, bandwidth = table.uplink, table.uplink_bandwidth
+        names = [t.name for t in self.cluster.fabric.tiers]
+        modelled = table.modelled
+        keys = {}
+        for column in range(real.shape[1]):
+            tier, direction = modelled[column // 2], ("up", "down")[column % 2]
+            healthy = uplink_capacity_bytes_per_s(self.cluster, tier)
+            for r, bw in sorted(set(zip(real[:, column].tolist(), bandwidth[:, column].tolist()))):
+                if r >= 0:
+                    own = r + 1 if self.each_uplink or bw != healthy else 0
+                    keys[r] = (f"{names[tier]}-{direction}", own, 0), bw
+        for key, _ in keys.values():
+            self.sizes[key] = self.sizes.get(key, 0) + 1
+        ids = {r: self._id(key, bw) for r, (key, bw) in sorted(keys.items())}
+        lookup = np.full(int(real.max(initial=0)) + 2, -1, dtype=np.int64)
+        for r, i in ids.items():
+            lookup[r + 1] = i
+        return lookup[real + 1]
 
     def link(self, src: int, dst: int):
         """The ``LinkSpec`` of a transfer src -> dst (``sim.cost.links.group_link``)."""
@@ -198,13 +226,16 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
     """
     flows = table.flows
     port_ids = ports.path_ids(table)  # numbered in flow order
+    if table.uplink is not None:  # and the fabric's uplinks after them (-1 where a flow crosses none)
+        port_ids = np.concatenate([port_ids, ports.uplink_ids(table)], axis=1)
     members_of, count, per_port = _group(table, rates, class_of, port_ids, by_rate=by_rate, by_path=by_path)
     path_of = port_ids.tolist()
     rounded, grouped = RoundedBytes(), {}
     for g, m in enumerate(members_of):  # each kind's key is its first flow's
         src, dst, label, nbytes = flows[m]
         key = (label, class_of[src], class_of[dst], rounded.of(nbytes))
-        grouped[key + ((rates[m], table.latencies[m]) if by_rate else ()) + ((tuple(path_of[m]),) if by_path else ())] = g
+        split = by_path or table.uplink is not None  # a fabric's kinds differ by the uplinks they cross
+        grouped[key + ((rates[m], table.latencies[m]) if by_rate else ()) + ((tuple(path_of[m]),) if split else ())] = g
 
     # kinds split by path: siblings are those of one label, classes, bytes and link (intra- or
     # inter-node); the replay checks that each sibling group leaves together
@@ -234,7 +265,7 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
         first = members_of[g]
         src, dst, _, nbytes = flows[first]
         counted = whole.pop(family(key, first), 0) if by_path else count[g]
-        weights = tuple((pid, n / ports.info[pid][2]) for pid, n in zip(path_of[first], per_port[g]))
+        weights = tuple((pid, n / ports.info[pid][2]) for pid, n in zip(path_of[first], per_port[g]) if pid >= 0)
         link = ports.link(src, dst)
         kinds.append(
             FlowKind(
@@ -272,6 +303,7 @@ def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray,
         columns += [np.asarray(rates, dtype=np.float64), table.latency]
     if by_path:
         columns += [port_ids[:, 0], port_ids[:, 1]]
+    columns += [port_ids[:, c] for c in range(2, port_ids.shape[1])]  # a fabric's uplinks: kinds never mix paths
     _, first, where = np.unique(row_ids(columns), return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")  # group ids by first appearance
     rank = np.empty(len(order), dtype=np.int64)
@@ -279,12 +311,16 @@ def _group(table: FlowTable, rates: list[float], class_of, port_ids: np.ndarray,
     group = rank[where.reshape(-1)]
     count = np.bincount(group, minlength=len(order)).tolist()
     width = int(port_ids.max(initial=0)) + 1
-    pairs, pair_count = np.unique(np.concatenate([group * width + port_ids[:, 0], group * width + port_ids[:, 1]]),
-                                  return_counts=True)
-    firsts = first[order]  # each group's flows on its first flow's two port classes
+    firsts = first[order]  # each group's flows on its first flow's port classes
     asked = np.arange(len(order)).reshape(-1, 1) * width + port_ids[firsts]
-    per_port = pair_count[np.searchsorted(pairs, asked)].tolist()
-    return firsts.tolist(), count, per_port
+    if port_ids.shape[1] == 2:
+        pairs, pair_count = np.unique(np.concatenate([group * width + port_ids[:, 0], group * width + port_ids[:, 1]]),
+                                      return_counts=True)
+        return firsts.tolist(), count, pair_count[np.searchsorted(pairs, asked)].tolist()
+    crossed = port_ids >= 0  # a fabric's uplink columns are -1 where a flow crosses none
+    pairs, pair_count = np.unique((group.reshape(-1, 1) * width + port_ids)[crossed], return_counts=True)
+    found = pair_count[np.minimum(np.searchsorted(pairs, asked), len(pairs) - 1)]
+    return firsts.tolist(), count, np.where(port_ids[firsts] >= 0, found, 0).tolist()
 
 
 def kinds_by_class(kinds: list[FlowKind]) -> tuple[dict, dict]:

@@ -7,6 +7,9 @@ network cards (``inter_node``). It is written out in full, or as a preset
 
     cluster: {preset: a100-nvlink-8, nodes: 4, inter_node: {bandwidth: 100Gb/s}}
 
+Above the servers, an optional ``fabric`` (switch tiers, rails, a scale-up domain;
+``sim.input.fabric_section``); without it the servers sit on one non-blocking switch.
+
 A device is a preset's name (``device: V100-16GB``) or a custom device. A custom device
 needs only what no rule of thumb can guess, its ``memory`` and its dense half-precision
 ``peak_flops``; every other number it leaves out takes a documented default
@@ -55,6 +58,7 @@ from sim.core.units import (
     parse_flop_rate,
     parse_time,
 )
+from sim.input.fabric_section import apply_fabric, read_fabric
 from sim.input.presets import CLUSTER_PRESETS, DEVICE_PRESETS
 from sim.input.run_section import CLUSTER_RUN_KEYS, device_power, read_site
 from sim.input.strict import StrictReader, join_key, show_value
@@ -63,7 +67,7 @@ __all__ = ["CUSTOM_DEVICE_DEFAULTS", "FP32_PEAK_DIVISOR", "MAX_FITS", "MEMORY_BY
            "read_device"]
 
 _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra_node", "inter_node", "nics_per_node",
-                 *CLUSTER_RUN_KEYS}
+                 "fabric", *CLUSTER_RUN_KEYS}
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
@@ -172,6 +176,8 @@ def read_cluster(reader: StrictReader, data: Any) -> tuple[ClusterSpec, tuple[tu
         inter_node=_link(reader, data["inter_node"], "cluster.inter_node"),
         **read_site(reader, data),
     )
+    if data.get("fabric") is not None:  # without it: one non-blocking switch, as ever
+        cluster = apply_fabric(reader, cluster, read_fabric(reader, data["fabric"]))
     return cluster, defaults
 
 
@@ -180,10 +186,11 @@ def _merge_preset(reader: StrictReader, data: dict) -> dict:
     preset_name = reader.string(data, "cluster", "preset", choices=CLUSTER_PRESETS)
     merged = {**copy.deepcopy(dict(CLUSTER_PRESETS[preset_name])), "name": preset_name}
     for name, value in data.items():
-        if name in ("intra_node", "inter_node") and isinstance(value, dict):
+        if name in ("intra_node", "inter_node", "fabric") and isinstance(value, dict) and merged.get(name):
             merged[name] = {**merged[name], **value}
         elif name == "device" and isinstance(value, dict) and "name" not in value:
-            merged[name] = {"name": merged[name], **value}  # override some of the preset's device
+            base = merged[name] if isinstance(merged[name], dict) else {"name": merged[name]}
+            merged[name] = {**base, **value}  # override some of the preset's device
         elif name != "preset":
             merged[name] = value
     return merged

@@ -33,6 +33,7 @@ from sim.core.faults import (
 )
 from sim.core.specs import ClusterSpec
 from sim.core.units import parse_time
+from sim.cost.tiers import uplink_count
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 
 __all__ = ["read_faults"]
@@ -40,7 +41,7 @@ __all__ = ["read_faults"]
 _FAULT_KEYS = {
     "straggler": {"type", "device", "slowdown", "from"},
     "jitter": {"type", "distribution", "spread", "seed", "devices", "per"},
-    "slow_link": {"type", "nic", "device", "factor"},
+    "slow_link": {"type", "nic", "device", "tier", "index", "factor"},
     "failure": {"type", "device", "at"},
 }
 
@@ -80,6 +81,7 @@ def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: Clust
             key, SlowLink, factor=reader.number(item, key, "factor", low=FACTOR_RANGE[0], high=FACTOR_RANGE[1]),
             nic=_hardware_id(reader, item, key, "nic", nics) if "nic" in item else None,
             device=_hardware_id(reader, item, key, "device", cluster.num_devices) if "device" in item else None,
+            **_uplink(reader, item, key, cluster),
         )
     devices = device_ids(reader, item["devices"], join_key(key, "devices"), cluster.num_devices) \
         if "devices" in item else None
@@ -92,6 +94,22 @@ def _fault(reader: StrictReader, kind: str, item: dict, key: str, cluster: Clust
 def _hardware_id(reader: StrictReader, data: dict, key: str, name: str, count: int) -> int:
     value = reader.integer(data, key, name, minimum=0)
     if value >= count:
-        what = "network cards" if name == "nic" else "devices"
-        raise reader.fail(join_key(key, name), f"{value} does not exist; the cluster has {what} 0 to {count - 1}")
+        what = {"nic": "network cards", "index": "uplinks"}.get(name, "devices")
+        raise reader.fail(join_key(key, name), f"{value} does not exist; the cluster has {what} 0 to {count - 1}"
+                                                 + (" on that tier" if name == "index" else ""))
     return value
+
+
+def _uplink(reader: StrictReader, item: dict, key: str, cluster: ClusterSpec) -> dict:
+    """``tier`` (by name) and ``index`` of a slow uplink, checked against the cluster's fabric."""
+    if "tier" not in item and "index" not in item:
+        return {}
+    fabric = cluster.fabric
+    if fabric is None:
+        raise reader.fail(join_key(key, "tier"), "the cluster has no fabric; add cluster.fabric, or name a nic")
+    names = [t.name for t in fabric.tiers[:-1]]
+    tier = reader.string(item, key, "tier", choices=set(names)) if names else None
+    if tier is None:
+        raise reader.fail(join_key(key, "tier"), "a one-tier fabric has no uplinks; name a nic")
+    number = names.index(tier)
+    return {"tier": number, "index": _hardware_id(reader, item, key, "index", uplink_count(cluster, number))}

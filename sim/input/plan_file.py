@@ -30,7 +30,7 @@ from sim.core.errors import ScenarioError
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
-from sim.core.specs import TrainingSpec
+from sim.core.training import TrainingSpec
 from sim.core.userfiles import read_user_file, show_path
 from sim.input.strict import show_text, show_value
 from sim.input.yaml_text import check_nesting

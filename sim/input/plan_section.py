@@ -40,7 +40,8 @@ from sim.core.model_spec import ModelSpec
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.specs import ClusterSpec
+from sim.core.training import TrainingSpec
 from sim.core.units import parse_bytes
 from sim.core.userfiles import read_user_file
 from sim.cost.compute import layer_times_s

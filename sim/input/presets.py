@@ -30,6 +30,33 @@ NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
 25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
 DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+Fabrics (``cluster.fabric``, ``sim.core.fabric``):
+``dgx-superpod-h100``: NVIDIA DGX SuperPOD reference architecture with DGX H100 systems (RA-11333-001,
+"Network Fabrics", read from docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-h100):
+"Each group of 32 nodes is rail-aligned. Traffic per rail of the DGX H100 systems is always one hop
+away from the other 31 nodes in a SU. Traffic between nodes, or between rails, traverses the spine
+layer"; its Table 4 cables as many spine-leaf links as node-leaf ones (1 SU: 252 and 256; 4 SU:
+1,020 and 1,024), so the leaves are non-blocking; NDR 400 Gb/s InfiniBand. Leaf groups of 32
+servers with 8 rails, a spine above them, 4 SU (128 nodes; the RA's 127 leave one for UFM).
+``llama3-roce-h100``: the Llama 3 paper (Dubey et al. 2024, "The Llama 3 Herd of Models", §3.3.1
+"Network"): "Both RoCE and InfiniBand clusters leverage 400 Gbps interconnects between GPUs" (one
+400 Gb/s NIC per GPU here); "each rack hosts 16 GPUs split between two servers and connected by a
+single Minipack2 top-of-the-rack (ToR) switch. In the middle layer, 192 such racks are connected by
+Cluster Switches to form a pod of 3,072 GPUs with full bisection bandwidth ... eight such pods ...
+are connected via Aggregation Switches to form a cluster of 24K GPUs ... the aggregation layer ...
+has an oversubscription ratio of 1:7": tiers rack (2 servers), pod (192 racks, 1:7 up), core (8
+pods); 2,048 nodes by default, the "up to 16K of these 24K GPUs" its pre-training used. The servers'
+NVLink figures are the DGX H100 preset's (Grand Teton's 8 GPUs "are connected by NVLink", §3.3.1).
+``gb200-nvl72``: the DGX GB200 user guide ("Hardware": each 72-GPU rack has "18x 1RU compute trays,
+each with 2 Grace CPUs and 4 Blackwell GPUs"; a tray's cluster network "4x NVIDIA ConnectX-7 single
+port 400G OSFP NIC") and the DGX SuperPOD GB200 reference architecture ("Network Fabrics", multi-node
+NVLink: "full-mesh connectivity between all 72 GPUs within the same DGX GB200 rack ... delivering a
+total bandwidth of 1.8 TB/s", both directions: 900 GB/s each way; "each SU contains 8 DGX GB200
+systems", the leaf group of 8 racks = 144 trays here). The device: 186 GB (MLCommons Inference
+v6.1, Crusoe's GB200-NVL72 system description: "accelerator_memory_capacity": "186 GB") and 2,500
+TFLOP/s dense BF16 (G. K. Lockwood's B200 notes, the GB200 variant at 1,200 W: BF16 matrix 2500);
+every other device number takes the custom-device defaults (``sim.input.cluster``), and the 3 µs
+NVLink latency is the H100 presets', not a GB200 measurement.
 H800 (DeepSeek-V3's GPU): the report (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv
 2412.19437v2, read from a stored copy of its HTML) states 8 GPUs a node on NVLink and NVSwitch,
 InfiniBand across (§3.1), and "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of
@@ -224,6 +251,35 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "intra_node": {"bandwidth": "160GB/s", "latency": "3us", "name": "NVLink"},
             "inter_node": {"bandwidth": "50GB/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
+        },
+        "dgx-superpod-h100": {  # DGX H100 servers on a rail-optimised leaf/spine (module docstring)
+            "nodes": 128,
+            "devices_per_node": 8,
+            "device": "H100-80GB",
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
+            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 8,
+            "fabric": {"tiers": [{"name": "leaf", "size": 32}, {"name": "spine"}], "rail_optimised": True},
+        },
+        "llama3-roce-h100": {  # Meta's 24K-GPU RoCE cluster, three tiers, 1:7 above the pods (module docstring)
+            "nodes": 2048,
+            "devices_per_node": 8,
+            "device": "H100-80GB",
+            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
+            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "RoCE"},
+            "nics_per_node": 8,
+            "fabric": {"tiers": [{"name": "rack", "size": 2}, {"name": "pod", "size": 192, "oversubscription": 7},
+                                 {"name": "core", "size": 8}]},
+        },
+        "gb200-nvl72": {  # GB200 NVL72 racks: 18 trays of 4 GPUs, one NVLink domain each (module docstring)
+            "nodes": 144,
+            "devices_per_node": 4,
+            "device": {"name": "GB200", "memory": "186GB", "peak_flops": "2500TFLOP/s"},
+            "intra_node": {"bandwidth": "900GB/s", "latency": "3us", "name": "NVLink 5"},
+            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+            "nics_per_node": 4,
+            "fabric": {"tiers": [{"name": "leaf", "size": 144}, {"name": "spine"}],
+                       "scale_up": {"size": 72, "bandwidth": "900GB/s", "latency": "3us"}},
         },
         "hgx-h200": {
             "nodes": 4,

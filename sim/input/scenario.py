@@ -37,7 +37,8 @@ from sim.core.model_spec import ModelSpec
 from sim.core.overlap import FsdpSpec, OverlapSpec
 from sim.core.plan import PlanSpec
 from sim.core.reliability import ReliabilitySpec
-from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.specs import ClusterSpec
+from sim.core.training import TrainingSpec
 from sim.core.userfiles import read_user_file
 from sim.input.cluster import read_cluster
 from sim.input.fault_section import read_faults

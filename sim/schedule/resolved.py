@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from sim.core.model_spec import ModelSpec
 from sim.core.plan import PlanSpec
-from sim.core.specs import ClusterSpec, TrainingSpec
+from sim.core.specs import ClusterSpec
+from sim.core.training import TrainingSpec
 from sim.cost.comm import embedding_group_link
 from sim.cost.compute import StageCost, stage_cost
 from sim.cost.memory import accumulates_unsharded

@@ -59,7 +59,7 @@ import numpy as np
 from sim.core.errors import DappleError
 from sim.core.parallelism import Recompute
 from sim.core.plan import PlanSpec, StageSpec, check_plan
-from sim.core.specs import TrainingSpec
+from sim.core.training import TrainingSpec
 from sim.core.units import format_bytes
 from sim.engine.compile import compile_workload
 from sim.engine.fastpath import replay
