@@ -43,6 +43,7 @@ FLAGS = {
     "both": (dataclasses.replace(BUCKETS, param_gather=True), FsdpSpec()),
     "accumulate": (BUCKETS, FsdpSpec(reduce_every_microbatch=False)),
     "keep_gathered": (OverlapSpec(), FsdpSpec(reshard_after_forward=False, unit_layers=2)),
+    "deepspeed_2021": (OverlapSpec(), FsdpSpec(prefetch=False, path="flat", max_live_parameters=1e5)),
 }
 
 

@@ -207,7 +207,7 @@ class CostTables(OverlapPricing, ExpertPricing):
         when the stage's ``data_parallel`` units do not fit in one."""
         n = data_parallel * self.context_parallel
         members = members_per_node(self.cluster, n, self.tensor_parallel)
-        if is_hierarchical(members):  # NCCL's path across servers (sim.cost.group_comm), linear in the bytes
+        if self.fsdp.path == "hierarchical" and is_hierarchical(members):  # NCCL's path (sim.cost.group_comm)
             cached = self._gathers.get(data_parallel)
             if cached is None:  # the t gradient groups' cross-server flows share the NICs
                 flows = busiest_nic_flows(self.cluster, min(members) * self.tensor_parallel)
@@ -285,6 +285,10 @@ class CostTables(OverlapPricing, ExpertPricing):
             if found is None:
                 found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
             return found
+        if sharding is Sharding.FULL and self.fsdp.path == "flat":  # one ring over the group (sim.cost.zero3)
+            n, link = members * nodes, self.cluster.inter_node if nodes > 1 else self.cluster.intra_node
+            nbytes = self.param_bytes(start, end) * self.grad_factor
+            return collective_s(ring_bytes(n, nbytes, halves=1), ring_steps(n, halves=1), link)
         if self.cluster.intra_node.collectives is not None and nodes == 1:  # measured: per-unit calls
             phases = gradient_sync([members], self.param_bytes(start, end) * self.grad_factor, sharding, self.cluster,
                                    units=end - start)

@@ -94,16 +94,23 @@ class OverlapPricing:
             cp_f, cp_b = self.context_ring_s(start, end, samples)
             beside_f.append((cp_f, 0))
             beside_b.append((cp_b, 0))
+        block_f = block_b = 0.0  # gathers that hold the compute stream (plan.fsdp.prefetch false)
         if sharding is Sharding.FULL and data_parallel > 1:
             gather = (self.gather_s(start, end, data_parallel), unit_count(end - start, self.fsdp.unit_layers))
-            beside_f.append(gather)
+            if self.fsdp.prefetch:
+                beside_f.append(gather)
+            else:
+                block_f = gather[0]
             if self.fsdp.reshard_after_forward:
-                beside_b.append(gather)
+                if self.fsdp.prefetch:
+                    beside_b.append(gather)
+                else:
+                    block_b = gather[0]
         if first_gather[0] > 0:
             beside_f.append(first_gather)
         ep_f, ep_b = self.all_to_all_s(start, end, samples, recompute)  # after the compute (engine's EP)
-        return (self._action(f + overhead, tp_f, beside_f, ep_f),
-                self._action(b + overhead, tp_b, beside_b, ep_b))
+        return (self._action(f + overhead, tp_f, beside_f, ep_f, block_f),
+                self._action(b + overhead, tp_b, beside_b, ep_b, block_b))
 
     def own_compute_s(self, start: int, end: int, samples: int, recompute: Recompute) -> tuple[float, float, float]:
         """(forward, backward, action overhead) seconds of layers ``[start, end)``'s own compute on
@@ -189,15 +196,16 @@ class OverlapPricing:
             tail += reduce_s  # ZeRO-2's all-gather after the last reduce-scatter, on the same stream
         return tail
 
-    def _action(self, compute_s: float, tp_s: float, beside: list, ep_s: float = 0.0) -> Action:
+    def _action(self, compute_s: float, tp_s: float, beside: list, ep_s: float = 0.0, block_s: float = 0.0) -> Action:
         """One action: its compute beside ``beside``, its tensor-parallel collectives ``tp_s`` after
         it or, overlapped, beside it in t chunks; an MoE stage's all-to-all ``ep_s`` after it
-        (``sim.engine.ops._with_groups``: TP, then EP)."""
+        (``sim.engine.ops._with_groups``: TP, then EP); a blocking gather ``block_s`` before the
+        compute (``plan.fsdp.prefetch`` false: the engine holds the stream for it) delays it whole."""
         if self.overlap.tensor_parallel and tp_s:
             beside, tp_s = [*beside, (tp_s, self.tensor_parallel)], 0.0
         if not beside:
-            return Action(lead_s=0.0, compute_s=compute_s, end_s=compute_s, after_s=tp_s + ep_s)
+            return Action(lead_s=block_s, compute_s=compute_s, end_s=block_s + compute_s, after_s=tp_s + ep_s)
         # compute slows beside its collectives (sim.engine.ops._with_groups stretches the op alike)
         compute_s = contended_s(compute_s, sum(c for c, _ in beside), self.cluster.device.overlap_slowdown)
         lead, end = beside_action_s(compute_s, tuple(beside))
-        return Action(lead_s=lead, compute_s=compute_s, end_s=end, after_s=tp_s + ep_s)
+        return Action(lead_s=block_s + lead, compute_s=compute_s, end_s=block_s + end, after_s=tp_s + ep_s)

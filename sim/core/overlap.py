@@ -23,6 +23,13 @@ scenario; a ``stack`` sets them as that stack does):
 and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit of
 ``unit_layers`` layers at a time, the next unit prefetched, and freed after use when
 ``reshard_after_forward`` (FSDP2's ``fully_shard``; Rajbhandari et al. 2020, §5.3).
+
+DeepSpeed's ZeRO-3 before v0.6 (the SC21 comparison, Narayanan et al. 2021, Table 2, ran it in
+early 2021) is three settings away from FSDP2 (``sim.cost.zero3`` says what each rests on):
+``prefetch: false`` (its gathers block the compute), ``path: flat`` (each collective one ring
+over the data-parallel group, as ZeRO's 3Ψ-per-device cost counts it) and
+``max_live_parameters`` (``stage3_max_live_parameters``: the gathered parameters capped, one
+sub-module at a time, not two whole blocks).
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 
-__all__ = ["DDP_BUCKET_BYTES", "FsdpSpec", "OverlapSpec"]
+__all__ = ["DDP_BUCKET_BYTES", "FSDP_PATHS", "FsdpSpec", "OverlapSpec"]
+
+FSDP_PATHS = ("hierarchical", "flat")
+"""How a sharded group's all-gathers and reduce-scatters cross servers (``FsdpSpec.path``)."""
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel)."""
@@ -80,15 +90,36 @@ class FsdpSpec:
     """Under sharded gradients (ZeRO-2/3), reduce-scatter each micro-batch's gradients (DeepSpeed,
     FSDP2's default) rather than accumulating them unsharded until the last micro-batch
     (FSDP2's ``set_requires_gradient_sync(False)``: less traffic, more memory)."""
+    prefetch: bool = True
+    """Gather the next unit while the current one computes (FSDP2, ``sim.cost.overlap.pipelined_s``);
+    false: every gather blocks the compute stream, exposed whole (DeepSpeed ZeRO-3 before v0.6,
+    ``sim.cost.zero3``)."""
+    path: str = "hierarchical"
+    """``hierarchical``: across servers a gather or reduce-scatter takes NCCL's path
+    (``sim.cost.group_comm``); ``flat``: one ring over the group, every device's whole share
+    through the slowest hop, its NIC (``sim.cost.zero3``)."""
+    max_live_parameters: float | None = None
+    """DeepSpeed's ``stage3_max_live_parameters`` (elements): gathered parameters are capped at it
+    plus the running sub-module's (``sim.cost.zero3.capped_held_bytes``); None: FSDP's two units."""
 
     def __post_init__(self) -> None:
         u = self.unit_layers
         if isinstance(u, bool) or not isinstance(u, int) or u < 1:
             raise SpecError("unit_layers", f"must be an integer >= 1, got {u!r}")
-        for key in ("reshard_after_forward", "reduce_every_microbatch"):
+        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
+        if self.path not in FSDP_PATHS:
+            raise SpecError("path", f"must be one of {', '.join(FSDP_PATHS)}, got {self.path!r}")
+        m = self.max_live_parameters
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf")):
+            raise SpecError("max_live_parameters", f"must be a positive number of parameters such as 1e9, got {m!r}")
 
     def to_json(self) -> dict:
+        # DeepSpeed's three keys only when set: FSDP plans' outputs stay as they were
+        extra = {key: value for key, value, default in (("prefetch", self.prefetch, True),
+                                                        ("path", self.path, "hierarchical"),
+                                                        ("max_live_parameters", self.max_live_parameters, None))
+                 if value != default}
         return {"unit_layers": self.unit_layers, "reshard_after_forward": self.reshard_after_forward,
-                "reduce_every_microbatch": self.reduce_every_microbatch}
+                "reduce_every_microbatch": self.reduce_every_microbatch, **extra}

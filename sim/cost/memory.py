@@ -19,8 +19,8 @@ check`` and the tests call it. A device holds three kinds of bytes:
   a layer adds to a stage's stash by recompute mode, per sample (``op_sac_stash_bytes``: under
   torchtitan's op-level checkpointing; the planner's prefix sums are built from them);
   ``stage_activation_bytes``: a stage's slice of a micro-batch, with what a backward holds at once;
-* buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs,
-  one unit at a time with the next prefetched (``fsdp_unit_param_bytes``, ``unit_peak_bytes``).
+* buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs, one
+  unit at a time, the next prefetched (``unit_peak_bytes``), or under DeepSpeed's cap (``sim.cost.zero3``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.overlap import FsdpSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 from sim.cost.kernels import LSE_BYTES
+from sim.cost.zero3 import capped_live_bytes, largest_tensor_bytes, live_cap_bytes
 from sim.schedule.ir import ActionKind
 
 __all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes",
@@ -338,10 +339,8 @@ def unit_peak_bytes(unit_param_bytes: tuple[float, ...], *, grad_bytes_per_param
     post-backward. So a forward ends with every unit gathered, Σp, and unit i's backward holds
     the units not yet run backward, max_i (p_0 + … + p_i + g·p_i).
 
-    ZeRO-2 (gradients sharded, not parameters) holds only the unit's gradient in its backward,
-    max_i g·p_i (DeepSpeed reduces each bucket of gradients as the backward produces it and
-    frees it: ``stage_1_and_2.py``, ``reduce_ready_partitions_and_remove_grads``).
-    """
+    ZeRO-2 holds only the unit's gradient in its backward, max_i g·p_i (DeepSpeed reduces and frees each
+    bucket as the backward fills it: ``stage_1_and_2.py``, ``reduce_ready_partitions_and_remove_grads``)."""
     p, g = unit_param_bytes, grad_bytes_per_param_byte
     if not p:
         return HeldBytes()
@@ -368,10 +367,15 @@ def stage_held_bytes(model: ModelSpec, start: int, end: int, *, data_parallel: i
     if data_parallel <= 1 or sharding not in (Sharding.GRADIENTS, Sharding.FULL):
         return HeldBytes()
     whole = accumulates_unsharded(sharding, fsdp, num_microbatches)
-    return unit_peak_bytes(fsdp_unit_param_bytes(model, start, end, fsdp.unit_layers),
-                           grad_bytes_per_param_byte=0.0 if whole else model.grad_bytes_per_param_byte,
-                           gather_parameters=sharding is Sharding.FULL,
-                           reshard_after_forward=fsdp.reshard_after_forward)
+    g = 0.0 if whole else model.grad_bytes_per_param_byte
+    held = unit_peak_bytes(fsdp_unit_param_bytes(model, start, end, fsdp.unit_layers), grad_bytes_per_param_byte=g,
+                           gather_parameters=sharding is Sharding.FULL, reshard_after_forward=fsdp.reshard_after_forward)
+    if fsdp.max_live_parameters is None or sharding is not Sharding.FULL:
+        return held
+    forward, backward = capped_live_bytes(held.forward_bytes, held.backward_bytes, grad_bytes_per_param_byte=g,
+                                          cap_bytes=live_cap_bytes(model, fsdp.max_live_parameters),
+                                          largest_bytes=largest_tensor_bytes(model, start, end))  # DeepSpeed's cap
+    return HeldBytes(forward_bytes=forward, backward_bytes=backward)
 
 
 # -- what a compute action allocates and frees ---------------------------------------------

@@ -229,7 +229,8 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
                       gather_buckets=buckets_of if gathered else {},
-                      expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown)
+                      expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,
+                      prefetch=plan.fsdp.prefetch)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

@@ -14,7 +14,9 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
 * **FSDP / ZeRO-3** (``sharding: full``) — every forward and every backward gathers the
   stage's parameters from the gradient group (the devices that hold the same parameters),
   prefetched ahead of the compute (FSDP2's ``fully_shard`` with ``reshard_after_forward``;
-  Rajbhandari et al. 2020, §5.3).
+  Rajbhandari et al. 2020, §5.3); with ``plan.fsdp.path: flat`` one ring over the group
+  whichever servers it spans, and with ``plan.fsdp.prefetch: false`` blocking the compute
+  (DeepSpeed's ZeRO-3 before v0.6, ``sim.cost.zero3``).
 
 * **expert parallelism** — an MoE block's token dispatch and combine, all-to-alls over the
   stage's expert-parallel groups (``PlanSpec.expert_groups``), two in the forward and two in the
@@ -195,7 +197,8 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
             params = model.param_bytes(*stage.layers)
             for group in plan.gradient_groups(s):
                 servers = by_server(cluster, group)
-                if is_hierarchical([len(g) for g in servers]):  # one all-gather of the stage's parameters
+                if plan.fsdp.path == "hierarchical" and is_hierarchical([len(g) for g in servers]):
+                    # one all-gather of the stage's parameters on NCCL's path; ``flat``: the ring below (sim.cost.zero3)
                     for phase in ("F", "B"):
                         _spanning(servers, ("FS", s, phase), {"all-gather": (params, 1)}, cluster, flows, latency)
                     continue

@@ -68,6 +68,9 @@ class Pipelining:
     overlap_slowdown: float = 0.0
     """The device's ``overlap_slowdown``: a compute op beside overlapped group collectives lasts
     ``sim.cost.overlap.contended_s`` of their alone seconds (``group_s``)."""
+    prefetch: bool = True
+    """FSDP's gathers (``FS``) run beside the compute, unit by unit; false (``plan.fsdp.prefetch``,
+    DeepSpeed's ZeRO-3 before v0.6, ``sim.cost.zero3``): each blocks the compute stream before it."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -224,7 +227,8 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
             continue
         if name == "FS" and phase == "B" and not pipelining.reshard_after_forward:
             continue  # the forward's gathered parameters are still there
-        overlap = name in OVERLAPPED or (name == "TP" and pipelining.tp_chunks > 0) \
+        blocking_gather = name == "FS" and not pipelining.prefetch  # held before the compute, not beside it
+        overlap = (name in OVERLAPPED and not blocking_gather) or (name == "TP" and pipelining.tp_chunks > 0) \
             or (name == "EP" and pipelining.expert_overlap)
         found_groups.append((name, *found, overlap))
     if pipelining.overlap_slowdown and any(overlap for *_, overlap in found_groups):
@@ -233,9 +237,9 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
     for name, slot, index, overlap in found_groups:
         op = dict(code=GROUP, collective=slot, overlap=overlap, stage=action.stage, kind=kind)
         pieces = pipelining.units.get(action.stage, 0) if name == "FS" else pipelining.tp_chunks if name == "TP" else 0
-        if pieces:
+        if pieces and overlap:
             op.update(lead_s=pipelining.group_s[index] / pieces, tail_s=fields["duration_s"] / pieces)
-        (before if overlap else after).append(op)
+        (before if overlap or blocking_gather else after).append(op)
     gather_bytes = held.forward_bytes if kind is ActionKind.F else held.backward_bytes
     if gather_bytes:
         fields = {**fields, "gather_bytes": gather_bytes}

@@ -37,7 +37,7 @@ from typing import Any
 
 from sim.core.errors import ScenarioError, ScheduleError, SpecError
 from sim.core.model_spec import ModelSpec
-from sim.core.overlap import FsdpSpec, OverlapSpec
+from sim.core.overlap import FSDP_PATHS, FsdpSpec, OverlapSpec
 from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.core.specs import ClusterSpec
@@ -208,11 +208,17 @@ def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
     """``plan.fsdp``: how ZeRO-2/3 and FSDP gather by unit and reduce gradients."""
     key = "plan.fsdp"
     data = reader.mapping(value, key)
-    reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch"})
+    reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch", "prefetch",
+                                    "path", "max_live_parameters"})
+    live = data.get("max_live_parameters")
     return reader.build(key, FsdpSpec,
                         unit_layers=reader.integer(data, key, "unit_layers", 1),
                         reshard_after_forward=reader.boolean(data, key, "reshard_after_forward", True),
-                        reduce_every_microbatch=reader.boolean(data, key, "reduce_every_microbatch", True))
+                        reduce_every_microbatch=reader.boolean(data, key, "reduce_every_microbatch", True),
+                        prefetch=reader.boolean(data, key, "prefetch", True),
+                        path=reader.string(data, key, "path", "hierarchical", choices=set(FSDP_PATHS)),
+                        max_live_parameters=None if live is None else reader.number(
+                            data, key, "max_live_parameters", low=0.0, high=1e18, low_open=True))
 
 
 def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,

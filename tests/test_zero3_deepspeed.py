@@ -1,0 +1,134 @@
+"""ZeRO-3 as DeepSpeed ran it before v0.6 (``sim.cost.zero3``): blocking gathers over one flat
+ring, regathered every micro-batch, and a cap on the live parameters.
+
+A small GPT trains under ``sharding: full`` over two servers of two GPUs (one NIC each), one
+stage, so every collective crosses the network. With ``prefetch: false`` nothing hides a
+gather: an iteration is, written out, every action's gather then its compute, then the
+reduce-scatter and the optimizer step. Each collective is one ring over the four GPUs whose
+slowest hop is a NIC: the all-gather of the stage's parameters P (``fsdp_gather``) and the
+reduce-scatter of its gradients (``ring_collective``), ``(n−1)/n`` of the bytes each at the
+NIC's collective bandwidth plus ``n − 1`` latencies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.search.costs import CostTables
+from planner.search.ranking import analytic_score
+from planner.search.space import Candidate, to_scenario
+from sim.core.errors import DappleError
+from sim.core.overlap import FsdpSpec, OverlapSpec
+from sim.core.parallelism import Sharding
+from sim.cost.comm import fsdp_gather, ring_collective
+from sim.cost.memory import stage_held_bytes
+from sim.cost.zero3 import capped_live_bytes, largest_tensor_bytes, live_cap_bytes
+from sim.engine.run import run_scenario
+from sim.input.scenario import parse_scenario
+
+N = 4  # data-parallel devices, two per server
+
+
+def _scenario(fsdp: str, *, batch: int = 4, extra: str = ""):
+    text = f"""
+name: zero3-deepspeed
+cluster: {{preset: a100-nvlink-8, nodes: 2, devices_per_node: 2, nics_per_node: 2}}
+model: {{preset: gpt, layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 512, dtype: fp16, optimizer: adam}}
+training: {{global_batch_size: {batch}, microbatch_size: {N}}}
+plan: {{schedule: 1f1b, sharding: full, data_parallel: {N}, fsdp: {fsdp}{extra}}}
+"""
+    return parse_scenario(text, source="zero3-deepspeed.yaml")
+
+
+def _parts(scenario):
+    """(forward, backward, optimizer step, one all-gather, the reduce-scatter) seconds alone."""
+    cluster, model = scenario.cluster, scenario.resolved.model
+    cost = scenario.resolved.costs[0][0]
+    params = model.param_bytes(0, len(model.layers))
+    gather = fsdp_gather(N, params, cluster.inter_node, cluster).seconds
+    scatter = ring_collective("reduce-scatter", N, params * model.grad_bytes_per_param_byte,
+                              cluster.inter_node, cluster).seconds
+    return cost.fwd_s, cost.bwd_s, cost.optimizer_s, gather, scatter
+
+
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+def test_blocking_flat_iteration_is_compute_plus_every_collective(engine):
+    scenario = _scenario("{prefetch: false, path: flat}")
+    f, b, step, g, r = _parts(scenario)
+    summary = run_scenario(scenario, engine=engine).summarize()
+    # one micro-batch: gather, forward, gather again, backward, reduce-scatter, step
+    assert summary.iteration_time_s == pytest.approx(g + f + g + b + r + step, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
+def test_every_microbatch_gathers_again(engine):
+    # two micro-batches, their gradients accumulated unsharded and reduce-scattered once
+    scenario = _scenario("{prefetch: false, path: flat, reduce_every_microbatch: false}", batch=8)
+    f, b, step, g, r = _parts(scenario)
+    summary = run_scenario(scenario, engine=engine).summarize()
+    assert summary.iteration_time_s == pytest.approx(2 * (g + f + g + b) + r + step, rel=1e-9)
+
+
+def test_prefetch_hides_what_blocking_exposes():
+    blocking = run_scenario(_scenario("{prefetch: false, path: flat}"), engine="fast").summarize()
+    prefetched = run_scenario(_scenario("{path: flat}"), engine="fast").summarize()
+    assert prefetched.iteration_time_s < blocking.iteration_time_s
+    assert blocking.exposed_communication_s > prefetched.exposed_communication_s
+
+
+def test_flat_path_is_slower_than_nccl_hierarchical_across_servers():
+    flat = run_scenario(_scenario("{prefetch: false, path: flat}"), engine="fast").summarize()
+    hierarchical = run_scenario(_scenario("{prefetch: false}"), engine="fast").summarize()
+    assert flat.iteration_time_s > hierarchical.iteration_time_s
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_the_planner_prices_it_as_the_engine_replays_it(batch):
+    # one stage over two servers: DAPPLE's latency model is exact, so estimate = replay
+    base = _scenario("{}", batch=batch)
+    fsdp = FsdpSpec(prefetch=False, path="flat", max_live_parameters=1e9)
+    candidate = Candidate(bounds=(0, len(base.resolved.model.layers)), replicas=(N,), microbatch_size=N,
+                          sharding=Sharding.FULL)
+    planned = to_scenario(base, candidate)
+    planned = dataclasses.replace(planned, plan=dataclasses.replace(planned.plan, fsdp=fsdp))
+    tables = CostTables(base, tensor_parallel=1, overlap=OverlapSpec(), fsdp=fsdp)
+    estimate = analytic_score(tables, base, candidate)[0]
+    assert estimate == pytest.approx(run_scenario(planned, engine="fast").summarize().iteration_time_s, rel=1e-9)
+
+
+def test_largest_tensor_is_the_mlp_weight():
+    model = _scenario("{}").resolved.model
+    h = 256
+    block = [layer for layer in model.layers if layer.checkpoint_bytes is not None][0]
+    index = model.layers.index(block)
+    assert largest_tensor_bytes(model, index, index + 1) == 4 * h * h * 2  # fc1 (or fc2): 4h², fp16
+    assert live_cap_bytes(model, 1e9) == 2e9
+
+
+def test_live_cap_closed_form():
+    # FSDP holds two units (forward 12, backward 12 + 2·7); the cap C = 3 plus the largest tensor w = 2
+    assert capped_live_bytes(12.0, 26.0, cap_bytes=3.0, largest_bytes=2.0, grad_bytes_per_param_byte=2.0) \
+        == (3.0 + 2.0, 3.0 + 2.0 + 2.0 * 2.0)
+    # a cap above what FSDP holds changes nothing
+    assert capped_live_bytes(12.0, 26.0, cap_bytes=100.0, largest_bytes=2.0, grad_bytes_per_param_byte=2.0) \
+        == (12.0, 26.0)
+
+
+def test_stage_held_bytes_under_the_cap():
+    scenario = _scenario("{max_live_parameters: 1000}")
+    model, plan = scenario.resolved.model, scenario.plan
+    held = stage_held_bytes(model, 0, len(model.layers), data_parallel=N, sharding=plan.sharding, fsdp=plan.fsdp)
+    w, g = largest_tensor_bytes(model, 0, len(model.layers)), model.grad_bytes_per_param_byte
+    assert (held.forward_bytes, held.backward_bytes) == (1000 * 2 + w, 1000 * 2 + w + g * w)
+    uncapped = run_scenario(_scenario("{}"), engine="fast").summarize().peak_memory_bytes
+    capped = run_scenario(scenario, engine="fast").summarize().peak_memory_bytes
+    assert capped < uncapped
+
+
+@pytest.mark.parametrize("fsdp, key", [("{path: ring}", "path"), ("{prefetch: 1}", "prefetch"),
+                                       ("{max_live_parameters: 0}", "max_live_parameters")])
+def test_bad_values_name_their_key(fsdp, key):
+    with pytest.raises(DappleError, match=key):
+        _scenario(fsdp)
