@@ -16,8 +16,9 @@ from sim.app.cli import main
 from sim.core.parallelism import Recompute, Shard
 from sim.core.specs import DeviceSpec
 from sim.cost import kernels as K
+from sim.cost.action_memory import compute_memory
 from sim.cost.compute import kernel_forward_s, kernel_time_s, op_recompute_s, stage_cost, stage_time_s
-from sim.cost.memory import compute_memory, layer_stash_bytes, op_sac_stash_bytes
+from sim.cost.memory import layer_stash_bytes, op_sac_stash_bytes
 from sim.input.scenario import parse_scenario
 from sim.models import build_model, shard_model
 from sim.schedule.ir import ActionKind

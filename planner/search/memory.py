@@ -5,7 +5,7 @@ A replay is the planner's costliest step, and a candidate that runs out of memor
 device class's parameters, gradients and optimizer state (the resolved plan's stage costs,
 ``sim.schedule.resolved``, the very ones ``sim.engine.compile`` reads: ``sim.cost.memory.stage_state_bytes``
 through ``sim.cost.compute.stage_cost``), then walks its pipeline rank's actions in the schedule's
-order with the same allocations and frees as the engine's ops (``sim.cost.memory.compute_memory``),
+order with the same allocations and frees as the engine's ops (``sim.cost.action_memory.compute_memory``),
 ZeRO-2/3 and FSDP holding the live units' unsharded parameters and gradient during an action
 (``sim.engine.memory.held_by_stage``, the engine's own: ``sim.cost.memory.stage_held_bytes``).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.core.parallelism import Recompute
-from sim.cost.memory import compute_memory
+from sim.cost.action_memory import compute_memory
 from sim.engine.memory import held_by_stage
 from sim.schedule.ir import ActionKind, OverlapFB
 from sim.schedule.resolved import ResolvedPlan

@@ -14,10 +14,9 @@ check`` and the tests call it. A device holds three kinds of bytes:
   every caller asks for a stage's memory at rest); ``sum_state_bytes``: a device's over the
   stages it holds; ``static_bytes``: a replica's, unsharded;
 * activations — ``block_activation_bytes``: what one transformer block stashes per sample
-  (Korthikanti et al., §4.1–4.3 and Table 2), for any element width and MLP width, for
-  grouped-query attention and gated MLPs; ``layer_stash_bytes`` and ``checkpoint_bytes``: what
-  a layer adds to a stage's stash by recompute mode, per sample (``op_sac_stash_bytes``: under
-  torchtitan's op-level checkpointing; the planner's prefix sums are built from them);
+  (Korthikanti et al., §4.1–4.3 and Table 2), any element and MLP width, grouped-query attention,
+  gated MLPs; ``layer_stash_bytes``, ``checkpoint_bytes`` (``op_sac_stash_bytes`` under torchtitan's
+  op-level checkpointing): a layer's per sample by recompute mode, the planner's prefix-sum terms;
   ``stage_activation_bytes``: a stage's slice of a micro-batch, with what a backward holds at once;
 * buffers — ``stage_held_bytes``: what ZeRO-2/3 and FSDP hold unsharded while an action runs, one
   unit at a time, the next prefetched (``unit_peak_bytes``), or under DeepSpeed's cap (``sim.cost.zero3``).
@@ -33,11 +32,11 @@ from sim.core.overlap import FsdpSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 from sim.cost.kernels import LSE_BYTES
 from sim.cost.zero3 import capped_live_bytes, largest_tensor_bytes, live_cap_bytes
-from sim.schedule.ir import ActionKind
 
-__all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "block_activation_bytes", "checkpoint_bytes",
-           "fsdp_unit_param_bytes", "layer_stash_bytes", "op_sac_stash_bytes", "stage_held_bytes", "unit_peak_bytes", "model_state_bytes", "stage_activation_bytes", "stage_state_bytes", "static_bytes",
-           "sum_state_bytes", "WGRAD_STASH_FRACTION", "accumulates_unsharded", "compute_memory"]
+__all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "accumulates_unsharded",
+           "block_activation_bytes", "checkpoint_bytes", "fsdp_unit_param_bytes", "layer_stash_bytes",
+           "model_state_bytes", "op_sac_stash_bytes", "stage_activation_bytes", "stage_held_bytes", "stage_state_bytes",
+           "static_bytes", "sum_state_bytes", "unit_peak_bytes"]
 
 
 def block_activation_bytes(
@@ -182,14 +181,12 @@ def sum_state_bytes(states: Iterable[StateBytes]) -> StateBytes:
     """The model states of a device that holds several stages (an interleaved schedule's
     chunks), each kind summed over them in stage order."""
     states = tuple(states)
-    return StateBytes(parameters=sum((x.parameters for x in states), 0.0),
-                      gradients=sum((x.gradients for x in states), 0.0),
-                      optimizer=sum((x.optimizer for x in states), 0.0))
+    return StateBytes(**{kind: sum((getattr(x, kind) for x in states), 0.0)
+                         for kind in ("parameters", "gradients", "optimizer")})
 
 
 def static_bytes(model: ModelSpec, start: int, end: int) -> float:
-    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica, unsharded
-    (a tied embedding's second copy included): ``stage_state_bytes(...).total``."""
+    """Parameters + gradients + optimizer state of layers ``[start, end)`` on one replica, unsharded."""
     return stage_state_bytes(model, model.stage_param_bytes(start, end)).total
 
 
@@ -366,39 +363,13 @@ def stage_held_bytes(model: ModelSpec, start: int, end: int, *, data_parallel: i
     check`` all read it."""
     if data_parallel <= 1 or sharding not in (Sharding.GRADIENTS, Sharding.FULL):
         return HeldBytes()
-    whole = accumulates_unsharded(sharding, fsdp, num_microbatches)
-    g = 0.0 if whole else model.grad_bytes_per_param_byte
+    g = 0.0 if accumulates_unsharded(sharding, fsdp, num_microbatches) else model.grad_bytes_per_param_byte
     held = unit_peak_bytes(fsdp_unit_param_bytes(model, start, end, fsdp.unit_layers), grad_bytes_per_param_byte=g,
-                           gather_parameters=sharding is Sharding.FULL, reshard_after_forward=fsdp.reshard_after_forward)
+                           gather_parameters=sharding is Sharding.FULL,
+                           reshard_after_forward=fsdp.reshard_after_forward)
     if fsdp.max_live_parameters is None or sharding is not Sharding.FULL:
         return held
     forward, backward = capped_live_bytes(held.forward_bytes, held.backward_bytes, grad_bytes_per_param_byte=g,
                                           cap_bytes=live_cap_bytes(model, fsdp.max_live_parameters),
                                           largest_bytes=largest_tensor_bytes(model, start, end))  # DeepSpeed's cap
     return HeldBytes(forward_bytes=forward, backward_bytes=backward)
-
-
-# -- what a compute action allocates and frees ---------------------------------------------
-
-WGRAD_STASH_FRACTION = 0.5
-"""Share of a stage's stash a split backward keeps from I until W: the layer inputs that the
-weight gradients need (Qi et al., ICLR'24, §2, Table 1 counts W's memory as about half of B's)."""
-
-
-def compute_memory(kind: ActionKind, cost, recompute: bool) -> tuple[float, float]:
-    """(bytes a compute action allocates as it starts, bytes it frees as it ends) on one device:
-    a forward keeps its stash; with full recompute the forward stashes its layers' inputs and
-    the backward holds ``StageCost.rebuilt_bytes`` beyond it (``ActivationBytes.rebuilt_bytes``); a
-    split backward frees ``1 − WGRAD_STASH_FRACTION`` of what it kept at I and the rest at W. The
-    engine's ops and the planner's count before a replay (``planner.search.memory``) both read it."""
-    rebuilt = cost.rebuilt_bytes  # a recompute's segment, a layer's backward workspace
-    kept = rebuilt if recompute else cost.stash_bytes + rebuilt  # what the backward holds
-    extra = cost.stash_bytes if recompute else 0.0  # full recompute's checkpoints, freed at the end
-    f = WGRAD_STASH_FRACTION
-    if kind is ActionKind.F:
-        return cost.stash_bytes, 0.0
-    if kind is ActionKind.B:
-        return rebuilt, kept + extra
-    if kind is ActionKind.I:
-        return rebuilt, (1 - f) * kept + extra
-    return 0.0, f * kept  # W

@@ -65,7 +65,7 @@ def allreduce_flows(plan, model, cluster, *,
             if len(group) < 2:
                 continue
             if flat:
-                _flat_reduce_scatter(s, group, 2 * grad_bytes, cluster, flows, latency)
+                _flat_reduce_scatter(s, group, grad_bytes, cluster, flows, latency)  # the whole gradient
                 continue
             _group_allreduce(s, group, grad_bytes, sharding, units, cluster, flows, latency)
         if experts and len(plan.gradient_groups(s)[0]) > 1:

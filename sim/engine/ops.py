@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.core.parallelism import Recompute
+from sim.cost.action_memory import compute_memory
 from sim.cost.compute import overlapped_pair_s
-from sim.cost.memory import HeldBytes, compute_memory
+from sim.cost.memory import HeldBytes
 from sim.cost.overlap import contended_s
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
