@@ -123,7 +123,8 @@ def _new_rows(results):
 @pytest.mark.slow
 def test_the_new_tables_have_every_row_with_its_source(all_results):
     results = all_results
-    rows = [r.row for r in _new_rows(results)]
+    # issue 29's tables; the MoE rows (Megatron-Core's README, DeepSeek-V3's report) have their own tests
+    rows = [r.row for r in _new_rows(results) if r.row.source.startswith(("Narayanan", "torchtitan"))]
     counts = {key: sum(r.source.startswith(key[0]) and r.table == key[1] for r in rows) for key in NEW_TABLES}
     assert counts == NEW_TABLES
     assert {r.metric for r in rows if r.source.startswith("Narayanan")} == {"tflops_per_gpu"}
