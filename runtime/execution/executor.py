@@ -120,7 +120,7 @@ class RankExecutor:
             self.mesh = stage_mesh(plan, self.rank, device.type)
         at, self.context_parallel = position(plan, self.rank), plan.context_parallel
         self.counts_loss = at % plan.tensor_parallel == 0  # a tensor group's first device; context ranks' sum
-        self.sequence = context_tokens(plan, at, runnable.model.values["seq_len"], device)
+        self.sequence = context_tokens(plan, at, runnable.model.values.get("seq_len", 0), device)  # mlp: none
         held = hold_stages(runnable, self.rank, seed=options.seed, device=device, mesh=self.mesh,
                            expert_mesh=fsdp_expert_mesh(plan, self.rank, device.type, runnable.model.experts))
         self.stages, self.tied_devices, self.tied_param = held.stages, held.tied_devices, held.tied_param
