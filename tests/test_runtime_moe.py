@@ -150,14 +150,22 @@ def test_the_references_drop_groups_are_the_tokens_one_device_routes_in_one_call
     assert labels[:, 0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6] and labels[:, 8].tolist() == [1, 1, 3, 3, 5, 5, 7, 7]
 
 
-def test_a_capacity_with_context_parallelism_is_refused_with_its_reason():
-    from runtime.model.config import _expert_limits
-    from sim.input.scenario import load_scenario
+def test_with_context_parallelism_the_drop_groups_follow_each_context_ranks_chunks():
+    from runtime.model.config import _expert_limits, load_runnable
+    from runtime.validation.grad_check import drop_groups
 
-    scenario = load_scenario(MOE, {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2",
-                                   "plan.expert_parallel": "1"})
-    refused = [why for key, present, why in _expert_limits(scenario.plan, scenario.model.experts) if present]
-    assert len(refused) == 1 and "context rank" in refused[0]
+    # CP 2 (one replica of 2 devices), seq 16 in 4 chunks of 4: context rank 0 holds positions 0-3 and
+    # 12-15, rank 1 positions 4-11 (Megatron-LM's load-balanced cut); labels (micro-batch · 2 + rank)
+    overrides = {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2", "plan.expert_parallel": "1"}
+    runnable = load_runnable(MOE, overrides)
+    assert not [why for _, present, why in _expert_limits(runnable.plan, runnable.model.experts) if present]
+    labels = drop_groups(runnable.plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))
+    row = labels[1].reshape(8, 16)
+    assert row[0].tolist() == [0] * 4 + [1] * 8 + [0] * 4 and row[4].tolist() == [2] * 4 + [3] * 8 + [2] * 4
+    # CP 2 × TP 2 with sequence parallelism: context rank 0's positions 0-3 on tensor rank 0, 12-15 on 1
+    plan = load_runnable(MOE, {**overrides, **FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4}).plan
+    row = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[1].reshape(8, 16)[0]
+    assert row.tolist() == [0] * 4 + [2] * 4 + [3] * 4 + [1] * 4
 
 
 def _cases(device, cases: dict, path: str = MOE):

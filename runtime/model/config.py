@@ -200,10 +200,6 @@ def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:
 def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool, str]]:
     """What ``runtime.model.experts`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     return [
-        ("model.experts.capacity_factor", experts.capacity_factor is not None and plan.context_parallel > 1,
-         "a capacity drops tokens per device's batch, and the unsplit reference groups tokens by replica and "
-         "sequence-parallel slice only (runtime.validation.grad_check.drop_groups), not by context rank; remove "
-         "capacity_factor or context_parallel"),
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
