@@ -1,8 +1,9 @@
 """Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
 against the simulator's, what cannot run refused in one line before launch, and expert
 parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2, EP 2 × ETP 2,
-under ZeRO-1 and FSDP2, at a capacity factor) training one step exactly like the unsplit model in
-one process (rtol 1e-5, fp32), its states by kind as the simulator counts them.
+under ZeRO-1 and FSDP2, at a capacity factor, with node-limited routing over 1-device servers)
+training one step exactly like the unsplit model in one process (rtol 1e-5, fp32), its states by
+kind as the simulator counts them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 
 
 TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"},
              # each device drops at capacity on its 2 samples of a micro-batch, the reference per the same groups
-             "ep2-capacity": {"model.experts.capacity_factor": "1.0"}}
+             "ep2-capacity": {"model.experts.capacity_factor": "1.0"},
+             # each rank its own server: a token's 2 experts both on its better server (node_limited)
+             "ep2-node-limit": {"model.experts.node_limit": "1", "cluster.nodes": "2", "cluster.devices_per_node": "1"}}
 TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
     "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
@@ -36,6 +39,9 @@ FOUR_RANKS = {
     "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
     "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
     "ep2-tp2-sp-capacity": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "model.experts.capacity_factor": "0.75"},
+    # EP groups (0, 1) and (2, 3), each over two 1-device servers; experts 0-1 on one, 2-3 on the other
+    "ep2-dp2-node-limit": {"cluster.nodes": "4", "cluster.devices_per_node": "1", "plan.stages": ONE_STAGE_4,
+                           "model.experts.node_limit": "1"},
 }
 
 
@@ -105,7 +111,6 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 
 @pytest.mark.parametrize(("overrides", "key", "why"), [
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
-    ({"model.experts.node_limit": "1"}, "model.experts.node_limit", "no node-limited routing"),
     ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype", "model.dtype"),
     # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
     ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
@@ -118,6 +123,37 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, w
         load_runnable(MOE, overrides)
     message = str(caught.value)
     assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
+
+
+def test_node_limited_routing_picks_the_top_k_on_the_best_servers():
+    from runtime.model.experts import node_limited, route
+
+    # experts 0, 1 on server 0 and 2, 3 on server 1; top 2 on at most 1 server: each server scored
+    # by its best 2 // 1 = 2 probabilities, server 0 .4 + .05 = .45 < server 1 .3 + .25 = .55
+    probs = torch.tensor([[0.4, 0.05, 0.3, 0.25], [0.1, 0.5, 0.3, 0.1]])
+    servers = torch.tensor([0, 0, 1, 1])
+    expected = torch.tensor([[-1, -1, 0.3, 0.25], [0.1, 0.5, -1, -1]])
+    assert torch.equal(node_limited(probs, servers, 2, 1), expected)
+    weights, chosen = route(probs.log(), 2, normalize=True, servers=servers, node_limit=1)
+    assert chosen.tolist() == [[2, 3], [1, 0]]
+    assert weights[0].tolist() == pytest.approx([0.3 / 0.55, 0.25 / 0.55])
+    # unlimited, token 0 goes to experts 0 and 2, on both servers; a limit of 2 servers limits nothing
+    assert route(probs.log(), 2, normalize=True)[1][0].tolist() == [0, 2]
+    assert torch.equal(node_limited(probs, servers, 2, 2), probs)
+
+
+def test_each_experts_server_is_where_the_simulator_lays_its_expert_parallel_rank():
+    from runtime.model.config import load_runnable
+
+    # EP 2 over devices 0 and 1: one server (devices_per_node 2) or two (devices_per_node 1)
+    limit = {"model.experts.node_limit": "1"}
+    assert load_runnable(MOE, limit).model.servers_of(1) == (0, 0, 0, 0)
+    split = load_runnable(MOE, {**limit, **TWO_RANKS["ep2-node-limit"]}).model
+    assert split.expert_servers == ((1, (0, 0, 1, 1)), (2, (0, 0, 1, 1)))
+    # one expert a server cannot hold a token's 2 experts on 1 server: one line
+    with pytest.raises(DappleError, match="node_limit: 1 servers of 1 experts"):
+        load_runnable(MOE, {**limit, "cluster.nodes": "4", "cluster.devices_per_node": "1",
+                            "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "4"})
 
 
 def test_a_capacity_keeps_each_experts_highest_weight_copies_per_group():
@@ -202,6 +238,12 @@ def test_expert_parallel_plans_on_two_ranks_match_the_unsplit_model(two_ranks, n
 @pytest.mark.parametrize("name", sorted(FOUR_RANKS))
 def test_expert_parallel_with_tensor_or_pipeline_parallelism_matches_the_unsplit_model(four_ranks, name):
     assert_matches_unsplit(four_ranks[name])
+
+
+@pytest.mark.dist
+def test_node_limited_routing_changes_where_tokens_go(two_ranks):
+    # the same weights and batch, routed within one server a token: another loss than unlimited
+    assert two_ranks["ep2-node-limit"]["losses"][0] != pytest.approx(two_ranks["ep2"]["losses"][0], rel=1e-6)
 
 
 @pytest.mark.dist

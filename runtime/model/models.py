@@ -115,7 +115,8 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
         experts, mlp = config.experts, None
         if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
             mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
-                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor)
+                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
+                      servers=config.servers_of(index), node_limit=experts.node_limit)
         return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
                                 mlp=mlp)
     if index == last:
