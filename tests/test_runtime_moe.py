@@ -39,9 +39,6 @@ FOUR_RANKS = {
     "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
     "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
     "ep2-tp2-sp-capacity": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "model.experts.capacity_factor": "0.75"},
-    # EP groups (0, 1) and (2, 3), each over two 1-device servers; experts 0-1 on one, 2-3 on the other
-    "ep2-dp2-node-limit": {"cluster.nodes": "4", "cluster.devices_per_node": "1", "plan.stages": ONE_STAGE_4,
-                           "model.experts.node_limit": "1"},
 }
 
 
@@ -276,11 +273,15 @@ def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
 
 
 @pytest.mark.slow
-def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsplit_model():
-    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order
+def test_split_backwards_model_chunks_and_node_limits_with_expert_parallelism_match_the_unsplit_model():
+    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order;
+    # node-limited routing with two expert-parallel groups, each over two servers
     chunks = "[{layers: [0, 1], devices: [0, 1]}, {layers: [1, 2], devices: [2, 3]}, " \
              "{layers: [2, 3], devices: [0, 1]}, {layers: [3, 4], devices: [2, 3]}]"
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
+             # EP groups (0, 1) and (2, 3), each over two 1-device servers: experts 0-1 on one, 2-3 on the other
+             "ep2-dp2-node-limit": {"cluster.nodes": "4", "cluster.devices_per_node": "1", "plan.stages": ONE_STAGE_4,
+                                    "model.experts.node_limit": "1"},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
         assert_matches_unsplit(summary)

@@ -20,6 +20,7 @@ from typing import Any
 
 from sim.core.errors import DappleError
 from sim.core.experts import ExpertSpec
+from sim.core.mla import MlaSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec
@@ -51,6 +52,9 @@ class ModelConfig:
     """The MoE blocks' router and experts (``model.experts``; None: a dense model)."""
     tensor_parallel: int = 1
     """The plan's tensor-parallel degree t, which the vocabulary is padded for (``padded_vocab``)."""
+    mla: MlaSpec | None = None
+    """The blocks' multi-head latent attention (``model.mla``, ``runtime.model.mla``; None:
+    multi-head attention)."""
     expert_servers: tuple[tuple[int, tuple[int, ...]], ...] = ()
     """Sorted (layer, server of each routed expert) pairs: the server (0, 1, … within its
     expert-parallel group) that holds each expert, for node-limited routing
@@ -104,7 +108,7 @@ def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_paral
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
     return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts,
-                       tensor_parallel=tensor_parallel)
+                       mla=model.mla, tensor_parallel=tensor_parallel)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -118,12 +122,14 @@ def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") ->
     preset = raw_model.get("preset")
     if preset not in RUNNABLE_PRESETS:
         raise _not_runnable(source, preset)
-    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name", "experts")}
+    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name", "experts", "mla")}
     if "experts" in raw_model:  # the mapping as model.experts writes it (no imbalance draw)
         raw = dict(raw_model["experts"])
         if isinstance(raw.get("layers"), list):
             raw["layers"] = tuple(raw["layers"])
         params["experts"] = ExpertSpec(**raw)
+    if "mla" in raw_model:
+        params["mla"] = MlaSpec(**raw_model["mla"])
     return runnable_model(build_model(preset, **params), source=source)
 
 
@@ -163,8 +169,9 @@ def load_runnable(
 
 def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, blocks: int,
                    source: str = "<scenario>") -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert, as the simulator lays them: expert e on
-    expert-parallel rank e // (count/EP) (Megatron-Core's ``local_expert_indices``), that rank the
+    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert, as
+    the simulator lays them: expert e on expert-parallel rank e // (count/EP) (Megatron-Core's
+    ``local_expert_indices``), that rank the
     device ``PlanSpec.expert_groups`` names, its server ``ClusterSpec.node_of`` (numbered 0, 1, …
     in the group's order of servers). Every expert-parallel group of a stage must lay its ranks
     over servers alike, since the unsplit reference routes all tokens with one map."""
@@ -190,8 +197,10 @@ def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, bl
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × context × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
-    recompute none, selective, selective_op or full; with experts, expert parallelism under each of them. Anything else is one line before launch (the simulator models
-    it: ``dapple-sim simulate``)."""
+    recompute none, selective, selective_op or full; with experts, expert parallelism under each of
+    them (node-limited routing, capacity); multi-head latent attention (``runtime.model.mla``) where
+    the simulator models it (no tensor or context parallelism). Anything else is one line before
+    launch (the simulator models it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
@@ -218,8 +227,6 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
-        ("model.mla", model.mla is not None,
-         "its attention is multi-head; multi-head latent attention is a cost-model input here; remove model.mla"),
         ("model.gemm_dtype", model.gemm_dtype is not None,
          "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
     ]
