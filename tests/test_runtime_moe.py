@@ -1,9 +1,9 @@
 """Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
 against the simulator's, what cannot run refused in one line before launch, and expert
-parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2, EP 2 × ETP 2,
-under ZeRO-1 and FSDP2, at a capacity factor, with node-limited routing over 1-device servers)
-training one step exactly like the unsplit model in one process (rtol 1e-5, fp32), its states by
-kind as the simulator counts them.
+parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 1 × TP 2 without,
+EP 2 × PP 2, EP 2 × ETP 2, under ZeRO-1 and FSDP2, at a capacity factor, with node-limited routing
+over 1-device servers) training one step exactly like the unsplit model in one process (rtol 1e-5,
+fp32), its states by kind as the simulator counts them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.
              # each device drops at capacity on its 2 samples of a micro-batch, the reference per the same groups
              "ep2-capacity": {"model.experts.capacity_factor": "1.0"},
              # each rank its own server: a token's 2 experts both on its better server (node_limited)
-             "ep2-node-limit": {"model.experts.node_limit": "1", "cluster.nodes": "2", "cluster.devices_per_node": "1"}}
+             "ep2-node-limit": {"model.experts.node_limit": "1", "cluster.nodes": "2", "cluster.devices_per_node": "1"},
+             # TP 2 without sequence parallelism: both route every token, each dispatches half the sequence
+             "ep1-tp2": {"plan.tensor_parallel": "2", "plan.expert_parallel": "1"}}
 TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
     "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
@@ -109,9 +111,6 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 @pytest.mark.parametrize(("overrides", "key", "why"), [
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
     ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype", "model.dtype"),
-    # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
-    ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
-     "plan.sequence_parallel", "megatron/core/transformer/moe/moe_layer.py"),
 ])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable
@@ -120,6 +119,16 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, w
         load_runnable(MOE, overrides)
     message = str(caught.value)
     assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
+
+
+def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism_in_the_simulators_words():
+    from runtime.model.config import load_runnable
+
+    # the simulator refuses it (Megatron-Core's requirement) and so the runtime, before launch
+    with pytest.raises(DappleError) as caught:
+        load_runnable(MOE, {**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4})
+    assert "needs sequence_parallel: true (Megatron-Core's requirement)" in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_node_limited_routing_picks_the_top_k_on_the_best_servers():
@@ -273,15 +282,19 @@ def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
 
 
 @pytest.mark.slow
-def test_split_backwards_model_chunks_and_node_limits_with_expert_parallelism_match_the_unsplit_model():
+def test_split_backwards_model_chunks_node_limits_and_tp_without_sp_match_the_unsplit_model():
     # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order;
-    # node-limited routing with two expert-parallel groups, each over two servers
+    # node-limited routing with two expert-parallel groups, each over two servers; TP 2 without sequence
+    # parallelism at a capacity
     chunks = "[{layers: [0, 1], devices: [0, 1]}, {layers: [1, 2], devices: [2, 3]}, " \
              "{layers: [2, 3], devices: [0, 1]}, {layers: [3, 4], devices: [2, 3]}]"
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
              # EP groups (0, 1) and (2, 3), each over two 1-device servers: experts 0-1 on one, 2-3 on the other
              "ep2-dp2-node-limit": {"cluster.nodes": "4", "cluster.devices_per_node": "1", "plan.stages": ONE_STAGE_4,
                                     "model.experts.node_limit": "1"},
+             # TP 2 without sequence parallelism, each tensor rank's capacity over the half it dispatches
+             "ep1-tp2-dp2-capacity": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.tensor_parallel": "2",
+                                      "plan.expert_parallel": "1", "model.experts.capacity_factor": "0.75"},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
         assert_matches_unsplit(summary)

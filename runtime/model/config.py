@@ -250,11 +250,6 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
-        ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
-         "Megatron-Core trains no MoE layer under tensor parallelism without sequence parallelism (MoELayer."
-         "forward raises \"performance may degrade if MoE and tensor parallelism are enabled without also "
-         "enabling sequence parallelism\", megatron/core/transformer/moe/moe_layer.py at d98e8a6), and each "
-         "tensor rank routes its 1/tensor_parallel of the tokens as it does; set sequence_parallel: true"),
     ]
 
 

@@ -70,8 +70,8 @@ from torch.distributed.tensor import DTensor
 
 from runtime.model.layers import MLP
 
-__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "capacity", "cut_width",
-           "expert_seed", "node_limited", "route", "within_capacity"]
+__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "CopyToTensorRanks", "MoE",
+           "SumOverTensorRanks", "capacity", "cut_width", "expert_seed", "node_limited", "route", "within_capacity"]
 
 EXPERT_PARAM = "_dapple_expert"
 """Attribute set on routed-expert parameters: their gradients sum over the expert-data-parallel
@@ -110,6 +110,38 @@ class AllToAll(torch.autograd.Function):
         dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=ctx.send, input_split_sizes=ctx.receive,
                                group=ctx.group)
         return back, None, None, None
+
+
+class CopyToTensorRanks(torch.autograd.Function):
+    """The identity, whose backward all-reduces over the tensor group: every tensor rank's part
+    of a replicated input's gradient summed (Megatron-LM's ``copy_to_tensor_model_parallel_region``,
+    ``megatron/core/tensor_parallel/mappings.py`` at d98e8a6)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class SumOverTensorRanks(torch.autograd.Function):
+    """An all-reduce over the tensor group, whose backward is the identity (Megatron-LM's
+    ``reduce_from_tensor_model_parallel_region``, the same file)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 def route(logits: torch.Tensor, top_k: int, *, normalize: bool, servers: torch.Tensor | None = None,
@@ -207,6 +239,12 @@ class MoE(nn.Module):
         self.shared = MLP(hidden, shared * ffn_hidden, gated=gated) if shared else None
         self.group = None
         """The expert-parallel process group (None: every expert is here)."""
+        self.tensor_split: tuple[int, int, object] | None = None
+        """(tensor rank, tensor_parallel, tensor group) under tensor parallelism without sequence
+        parallelism (set by ``runtime.model.tensor_parallel``): every tensor rank routes all the
+        tokens it holds, dispatches its 1/t of each sample's sequence, and the outputs are summed
+        over the group (``CopyToTensorRanks``, ``SumOverTensorRanks``); None: route and dispatch
+        every token this device holds."""
 
     def tag_parameters(self) -> None:
         """Mark the router's weight and the routed experts' parameters (``ROUTER_PARAM``,
@@ -229,14 +267,22 @@ class MoE(nn.Module):
             x = x.to_local()
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
+        if self.tensor_split is not None:  # each rank's router and experts see part of the gradient
+            tokens = CopyToTensorRanks.apply(tokens, self.tensor_split[2])
         logits = F.linear(tokens.float(), self.router.weight.float())
         servers = None if self.servers is None else torch.tensor(self.servers, device=logits.device)
         weights, chosen = route(logits, self.top_k, normalize=self.normalize, servers=servers,
                                 node_limit=self.node_limit)
         flat = chosen.reshape(-1)
-        copies = torch.arange(flat.numel(), device=flat.device)  # token-major: copy i is token i // top_k's
+        dispatched = torch.ones_like(flat, dtype=torch.bool)  # token-major: copy i is token i // top_k's
+        groups = self.token_groups
+        if self.tensor_split is not None:  # this tensor rank dispatches positions [r·s/t, (r+1)·s/t) of each sample
+            s, (rank, size, _) = shape[-2], self.tensor_split
+            mine = (torch.arange(tokens.shape[0], device=flat.device) % s) * size // s == rank
+            dispatched, groups = mine.repeat_interleave(self.top_k), mine.long()  # capacity over its own tokens
         if self.capacity_factor is not None:  # the copies over an expert's capacity are never dispatched
-            copies = copies[within_capacity(weights, chosen, self.count, self.capacity_factor, self.token_groups)]
+            dispatched &= within_capacity(weights, chosen, self.count, self.capacity_factor, groups)
+        copies = torch.nonzero(dispatched).flatten()
         kept = flat[copies]
         picked = copies[torch.argsort(kept, stable=True)]  # grouped by expert, in token order within
         per_expert = torch.bincount(kept, minlength=self.count)
@@ -244,6 +290,8 @@ class MoE(nn.Module):
         routed = self._experts(tokens[source], per_expert)
         combined = torch.zeros_like(tokens).index_add(
             0, source, routed * weights.reshape(-1)[picked].unsqueeze(-1).to(routed.dtype))
+        if self.tensor_split is not None:  # each token's output on the rank that dispatched it: summed
+            combined = SumOverTensorRanks.apply(combined, self.tensor_split[2])
         out = combined.reshape(shape)
         if self.shared is not None:
             out = out + self.shared(x)

@@ -113,8 +113,9 @@ def drop_groups(plan: PlanSpec, *, microbatch_size: int, num_microbatches: int, 
     (micro-batch, replica, context rank, tensor rank) at the layer's stage, so that a capacity
     factor drops in the reference as on the devices (``runtime.model.experts.within_capacity``).
     Context rank j holds the positions ``sequence_positions(seq_len, c, j)`` (Megatron-LM's
-    load-balanced cut), and under sequence parallelism tensor rank k the k-th 1/t of them."""
-    t = plan.tensor_parallel if plan.sequence_parallel else 1
+    load-balanced cut), and tensor rank k the k-th 1/t of them (``MoE.tensor_split`` without
+    sequence parallelism)."""
+    t = plan.tensor_parallel  # with or without sequence parallelism a tensor rank dispatches its 1/t
     c = plan.context_parallel
     parts = [_device_positions(seq_len, c, j, t, k) for j in range(c) for k in range(t)]  # index j·t + k
     labels = {}
@@ -136,7 +137,7 @@ def _device_positions(seq_len: int, context_parallel: int, context_rank: int, te
                       tensor_rank: int) -> torch.Tensor:
     """The global positions one device routes: its context rank's part of the sequence
     (``sequence_positions``; all of it without context parallelism), and of that the tensor
-    rank's k-th 1/t under sequence parallelism (``tensor_parallel`` 1 without)."""
+    rank's k-th 1/t (``tensor_parallel`` 1 without tensor parallelism)."""
     held = torch.arange(seq_len) if context_parallel == 1 else \
         sequence_positions(seq_len, context_parallel, context_rank)
     width = held.numel() // tensor_parallel
