@@ -1,7 +1,8 @@
 """Context parallelism on real gloo ranks: ring attention over Megatron-LM's load-balanced cut
 trains one step exactly like the unsplit model in one process (rtol 1e-5, fp32), alone and with
 tensor (sequence) parallelism, pipeline stages, data-parallel replicas, ZeRO and FSDP2, with the
-gpt and llama presets as shipped (tied embeddings), and with a llama MoE's expert parallelism.
+gpt and llama presets as shipped (tied embeddings), and with a llama MoE's expert parallelism
+(dropless, and at a capacity factor that drops per context rank's tokens).
 
 All cases of one world size share one set of processes (one spawn per world size).
 """
@@ -35,6 +36,8 @@ TWO_RANKS = {
     "dp2": {**TIED, "plan.stages": ONE_STAGE_2},  # the same tokens per device, cut by samples
     # llama MoE: expert parallelism 2 over the two context ranks (each routes its own tokens)
     "moe-cp2-ep2": {"scenario": "moe_tiny_cpu.yaml", **CP2},
+    # a capacity drops per device's call, on its context rank's chunks (grad_check.drop_groups)
+    "moe-cp2-ep2-capacity": {"scenario": "moe_tiny_cpu.yaml", **CP2, "model.experts.capacity_factor": "0.75"},
 }
 FOUR_RANKS = {  # the combinations (-m slow)
     "cp2-tp2": {**CP2_4, **TIED, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4},

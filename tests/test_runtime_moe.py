@@ -1,8 +1,9 @@
 """Mixtures of experts in the runtime: the MoE layer against a loop over tokens, its parameters
 against the simulator's, what cannot run refused in one line before launch, and expert
-parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 2 × PP 2, EP 2 × ETP 2,
-under ZeRO-1 and FSDP2, at a capacity factor) training one step exactly like the unsplit model in
-one process (rtol 1e-5, fp32), its states by kind as the simulator counts them.
+parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 1 × TP 2 without,
+EP 2 × PP 2, EP 2 × ETP 2, under ZeRO-1 and FSDP2, at a capacity factor, with node-limited routing
+over 1-device servers) training one step exactly like the unsplit model in one process (rtol 1e-5,
+fp32), its states by kind as the simulator counts them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 
 
 TWO_RANKS = {"ep2": {}, "ep2-gpipe-recompute": {"plan.schedule": "gpipe", "plan.recompute": "true"},
              # each device drops at capacity on its 2 samples of a micro-batch, the reference per the same groups
-             "ep2-capacity": {"model.experts.capacity_factor": "1.0"}}
+             "ep2-capacity": {"model.experts.capacity_factor": "1.0"},
+             # each rank its own server: a token's 2 experts both on its better server (node_limited)
+             "ep2-node-limit": {"model.experts.node_limit": "1", "cluster.nodes": "2", "cluster.devices_per_node": "1"},
+             # TP 2 without sequence parallelism: both route every token, each dispatches half the sequence
+             "ep1-tp2": {"plan.tensor_parallel": "2", "plan.expert_parallel": "1"}}
 TP2_SP = {"plan.tensor_parallel": "2", "plan.sequence_parallel": "true"}
 FOUR_RANKS = {
     "ep2-tp2-sp": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4},
@@ -105,11 +110,7 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 
 @pytest.mark.parametrize(("overrides", "key", "why"), [
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
-    ({"model.experts.node_limit": "1"}, "model.experts.node_limit", "no node-limited routing"),
     ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype", "model.dtype"),
-    # Megatron-Core's own refusal, cited: the MoE layer under tensor parallelism needs sequence parallelism
-    ({**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "1"},
-     "plan.sequence_parallel", "megatron/core/transformer/moe/moe_layer.py"),
 ])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable
@@ -118,6 +119,47 @@ def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, w
         load_runnable(MOE, overrides)
     message = str(caught.value)
     assert "\n" not in message and f"{key}: not supported by the runtime" in message and why in message
+
+
+def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism_in_the_simulators_words():
+    from runtime.model.config import load_runnable
+
+    # the simulator refuses it (Megatron-Core's requirement) and so the runtime, before launch
+    with pytest.raises(DappleError) as caught:
+        load_runnable(MOE, {**FOUR, "plan.tensor_parallel": "2", "plan.stages": ONE_STAGE_4})
+    assert "needs sequence_parallel: true (Megatron-Core's requirement)" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_node_limited_routing_picks_the_top_k_on_the_best_servers():
+    from runtime.model.experts import node_limited, route
+
+    # experts 0, 1 on server 0 and 2, 3 on server 1; top 2 on at most 1 server: each server scored
+    # by its best 2 // 1 = 2 probabilities, server 0 .4 + .05 = .45 < server 1 .3 + .25 = .55
+    probs = torch.tensor([[0.4, 0.05, 0.3, 0.25], [0.1, 0.5, 0.3, 0.1]])
+    servers = torch.tensor([0, 0, 1, 1])
+    expected = torch.tensor([[-1, -1, 0.3, 0.25], [0.1, 0.5, -1, -1]])
+    assert torch.equal(node_limited(probs, servers, 2, 1), expected)
+    weights, chosen = route(probs.log(), 2, normalize=True, servers=servers, node_limit=1)
+    assert chosen.tolist() == [[2, 3], [1, 0]]
+    assert weights[0].tolist() == pytest.approx([0.3 / 0.55, 0.25 / 0.55])
+    # unlimited, token 0 goes to experts 0 and 2, on both servers; a limit of 2 servers limits nothing
+    assert route(probs.log(), 2, normalize=True)[1][0].tolist() == [0, 2]
+    assert torch.equal(node_limited(probs, servers, 2, 2), probs)
+
+
+def test_each_experts_server_is_where_the_simulator_lays_its_expert_parallel_rank():
+    from runtime.model.config import load_runnable
+
+    # EP 2 over devices 0 and 1: one server (devices_per_node 2) or two (devices_per_node 1)
+    limit = {"model.experts.node_limit": "1"}
+    assert load_runnable(MOE, limit).model.servers_of(1) == (0, 0, 0, 0)
+    split = load_runnable(MOE, {**limit, **TWO_RANKS["ep2-node-limit"]}).model
+    assert split.expert_servers == ((1, (0, 0, 1, 1)), (2, (0, 0, 1, 1)))
+    # one expert a server cannot hold a token's 2 experts on 1 server: one line
+    with pytest.raises(DappleError, match="node_limit: 1 servers of 1 experts"):
+        load_runnable(MOE, {**limit, "cluster.nodes": "4", "cluster.devices_per_node": "1",
+                            "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "4"})
 
 
 def test_a_capacity_keeps_each_experts_highest_weight_copies_per_group():
@@ -150,14 +192,22 @@ def test_the_references_drop_groups_are_the_tokens_one_device_routes_in_one_call
     assert labels[:, 0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6] and labels[:, 8].tolist() == [1, 1, 3, 3, 5, 5, 7, 7]
 
 
-def test_a_capacity_with_context_parallelism_is_refused_with_its_reason():
-    from runtime.model.config import _expert_limits
-    from sim.input.scenario import load_scenario
+def test_with_context_parallelism_the_drop_groups_follow_each_context_ranks_chunks():
+    from runtime.model.config import _expert_limits, load_runnable
+    from runtime.validation.grad_check import drop_groups
 
-    scenario = load_scenario(MOE, {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2",
-                                   "plan.expert_parallel": "1"})
-    refused = [why for key, present, why in _expert_limits(scenario.plan, scenario.model.experts) if present]
-    assert len(refused) == 1 and "context rank" in refused[0]
+    # CP 2 (one replica of 2 devices), seq 16 in 4 chunks of 4: context rank 0 holds positions 0-3 and
+    # 12-15, rank 1 positions 4-11 (Megatron-LM's load-balanced cut); labels (micro-batch · 2 + rank)
+    overrides = {"model.experts.capacity_factor": "1.0", "plan.context_parallel": "2", "plan.expert_parallel": "1"}
+    runnable = load_runnable(MOE, overrides)
+    assert not [why for _, present, why in _expert_limits(runnable.plan, runnable.model.experts) if present]
+    labels = drop_groups(runnable.plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))
+    row = labels[1].reshape(8, 16)
+    assert row[0].tolist() == [0] * 4 + [1] * 8 + [0] * 4 and row[4].tolist() == [2] * 4 + [3] * 8 + [2] * 4
+    # CP 2 × TP 2 with sequence parallelism: context rank 0's positions 0-3 on tensor rank 0, 12-15 on 1
+    plan = load_runnable(MOE, {**overrides, **FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4}).plan
+    row = drop_groups(plan, microbatch_size=4, num_microbatches=2, seq_len=16, layers=range(4))[1].reshape(8, 16)[0]
+    assert row.tolist() == [0] * 4 + [2] * 4 + [3] * 4 + [1] * 4
 
 
 def _cases(device, cases: dict, path: str = MOE):
@@ -197,6 +247,12 @@ def test_expert_parallel_with_tensor_or_pipeline_parallelism_matches_the_unsplit
 
 
 @pytest.mark.dist
+def test_node_limited_routing_changes_where_tokens_go(two_ranks):
+    # the same weights and batch, routed within one server a token: another loss than unlimited
+    assert two_ranks["ep2-node-limit"]["losses"][0] != pytest.approx(two_ranks["ep2"]["losses"][0], rel=1e-6)
+
+
+@pytest.mark.dist
 def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, four_ranks):
     from runtime.model.config import load_runnable
     from sim.engine.run import run_scenario
@@ -226,11 +282,19 @@ def test_a_profiled_moe_block_counts_one_expert_parallel_devices_bytes():
 
 
 @pytest.mark.slow
-def test_split_backwards_and_model_chunks_with_expert_parallelism_match_the_unsplit_model():
-    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order
+def test_split_backwards_model_chunks_node_limits_and_tp_without_sp_match_the_unsplit_model():
+    # zero-bubble's I and W both run the all-to-all's backward on every rank of a group, in order;
+    # node-limited routing with two expert-parallel groups, each over two servers; TP 2 without sequence
+    # parallelism at a capacity
     chunks = "[{layers: [0, 1], devices: [0, 1]}, {layers: [1, 2], devices: [2, 3]}, " \
              "{layers: [2, 3], devices: [0, 1]}, {layers: [3, 4], devices: [2, 3]}]"
     cases = {"zb-h1": {**FOUR, "plan.schedule": "zb-h1", "plan.stages": TWO_STAGES},
+             # EP groups (0, 1) and (2, 3), each over two 1-device servers: experts 0-1 on one, 2-3 on the other
+             "ep2-dp2-node-limit": {"cluster.nodes": "4", "cluster.devices_per_node": "1", "plan.stages": ONE_STAGE_4,
+                                    "model.experts.node_limit": "1"},
+             # TP 2 without sequence parallelism, each tensor rank's capacity over the half it dispatches
+             "ep1-tp2-dp2-capacity": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.tensor_parallel": "2",
+                                      "plan.expert_parallel": "1", "model.experts.capacity_factor": "0.75"},
              "interleaved": {**FOUR, "plan.schedule": "interleaved", "plan.stages": chunks}}
     for summary in _spawn(4, cases).values():
         assert_matches_unsplit(summary)

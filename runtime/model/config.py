@@ -14,21 +14,24 @@ than were asked for) is rejected in one line before any process starts (exit cod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sim.core.errors import DappleError
 from sim.core.experts import ExpertSpec
+from sim.core.mla import MlaSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.plan import PlanSpec
+from sim.core.specs import ClusterSpec
 from sim.input.scenario import Scenario, load_scenario
 from sim.models import build_model
 from sim.models.vocab import padded_vocab_size
 
 __all__ = [
-    "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "load_runnable", "model_config",
+    "RUNNABLE_PRESETS", "ModelConfig", "RunnableScenario", "check_world", "expert_servers", "load_runnable",
+    "model_config",
     "runnable_model",
 ]
 
@@ -49,6 +52,13 @@ class ModelConfig:
     """The MoE blocks' router and experts (``model.experts``; None: a dense model)."""
     tensor_parallel: int = 1
     """The plan's tensor-parallel degree t, which the vocabulary is padded for (``padded_vocab``)."""
+    mla: MlaSpec | None = None
+    """The blocks' multi-head latent attention (``model.mla``, ``runtime.model.mla``; None:
+    multi-head attention)."""
+    expert_servers: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """Sorted (layer, server of each routed expert) pairs: the server (0, 1, … within its
+    expert-parallel group) that holds each expert, for node-limited routing
+    (``model.experts.node_limit``, ``expert_servers``); empty: every expert on one server."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -60,6 +70,10 @@ class ModelConfig:
     @property
     def values(self) -> dict[str, Any]:
         return dict(self.params)
+
+    def servers_of(self, layer: int) -> tuple[int, ...] | None:
+        """Layer ``layer``'s server of each routed expert (None: not given, one server)."""
+        return dict(self.expert_servers).get(layer)
 
     @property
     def padded_vocab(self) -> int | None:
@@ -94,7 +108,7 @@ def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_paral
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
     return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts,
-                       tensor_parallel=tensor_parallel)
+                       mla=model.mla, tensor_parallel=tensor_parallel)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -108,12 +122,14 @@ def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") ->
     preset = raw_model.get("preset")
     if preset not in RUNNABLE_PRESETS:
         raise _not_runnable(source, preset)
-    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name", "experts")}
+    params = {key: value for key, value in raw_model.items() if key not in ("preset", "name", "experts", "mla")}
     if "experts" in raw_model:  # the mapping as model.experts writes it (no imbalance draw)
         raw = dict(raw_model["experts"])
         if isinstance(raw.get("layers"), list):
             raw["layers"] = tuple(raw["layers"])
         params["experts"] = ExpertSpec(**raw)
+    if "mla" in raw_model:
+        params["mla"] = MlaSpec(**raw_model["mla"])
     return runnable_model(build_model(preset, **params), source=source)
 
 
@@ -143,15 +159,48 @@ def load_runnable(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
     _check_runtime_supports(scenario.plan, scenario.model, str(path))
-    return RunnableScenario(scenario=scenario, model=runnable_model(scenario.model, source=str(path),
-                                                                    tensor_parallel=scenario.plan.tensor_parallel))
+    model = runnable_model(scenario.model, source=str(path), tensor_parallel=scenario.plan.tensor_parallel)
+    if scenario.model.experts is not None and scenario.model.experts.node_limit is not None:
+        blocks = model.values["layers"]
+        model = replace(model, expert_servers=expert_servers(scenario.plan, scenario.cluster, scenario.model.experts,
+                                                             blocks, str(path)))
+    return RunnableScenario(scenario=scenario, model=model)
+
+
+def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, blocks: int,
+                   source: str = "<scenario>") -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert, as
+    the simulator lays them: expert e on expert-parallel rank e // (count/EP) (Megatron-Core's
+    ``local_expert_indices``), that rank the
+    device ``PlanSpec.expert_groups`` names, its server ``ClusterSpec.node_of`` (numbered 0, 1, …
+    in the group's order of servers). Every expert-parallel group of a stage must lay its ranks
+    over servers alike, since the unsplit reference routes all tokens with one map."""
+    per_rank, out = experts.count // plan.expert_parallel, []
+    for s, stage in enumerate(plan.stages):
+        layouts = set()
+        for group in plan.expert_groups(s):
+            nodes = sorted({cluster.node_of(d) for d in group})
+            layouts.add(tuple(nodes.index(cluster.node_of(d)) for d in group))
+        if len(layouts) > 1:
+            raise DappleError(f"{source}: model.experts.node_limit: stage {s}'s expert-parallel groups span servers "
+                              f"differently ({sorted(layouts)}); give every group the same layout")
+        (ranks,) = layouts
+        servers = tuple(ranks[e // per_rank] for e in range(experts.count))
+        least = min(servers.count(n) for n in set(servers))
+        if experts.node_limit < len(set(servers)) and experts.node_limit * least < experts.top_k:
+            raise DappleError(f"{source}: model.experts.node_limit: {experts.node_limit} servers of {least} experts "
+                              f"cannot hold a token's top_k {experts.top_k} experts; raise node_limit")
+        out += [(k, servers) for k in range(*stage.layers) if 0 < k <= blocks and experts.is_moe(k - 1)]
+    return tuple(sorted(out))
 
 
 def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> None:
     """What the runtime runs: data × pipeline × context × tensor (with or without sequence
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
-    recompute none, selective, selective_op or full; with experts, expert parallelism under each of them. Anything else is one line before launch (the simulator models
-    it: ``dapple-sim simulate``)."""
+    recompute none, selective, selective_op or full; with experts, expert parallelism under each of
+    them (node-limited routing, capacity); multi-head latent attention (``runtime.model.mla``) where
+    the simulator models it (no tensor or context parallelism). Anything else is one line before
+    launch (the simulator models it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
     split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
@@ -178,8 +227,6 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
-        ("model.mla", model.mla is not None,
-         "its attention is multi-head; multi-head latent attention is a cost-model input here; remove model.mla"),
         ("model.gemm_dtype", model.gemm_dtype is not None,
          "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
     ]
@@ -200,20 +247,9 @@ def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:
 def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool, str]]:
     """What ``runtime.model.experts`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     return [
-        ("model.experts.capacity_factor", experts.capacity_factor is not None and plan.context_parallel > 1,
-         "a capacity drops tokens per device's batch, and the unsplit reference groups tokens by replica and "
-         "sequence-parallel slice only (runtime.validation.grad_check.drop_groups), not by context rank; remove "
-         "capacity_factor or context_parallel"),
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
-        ("model.experts.node_limit", experts.node_limit is not None,
-         "its router picks the top_k experts anywhere (no node-limited routing); remove node_limit"),
-        ("plan.sequence_parallel", plan.tensor_parallel > 1 and not plan.sequence_parallel,
-         "Megatron-Core trains no MoE layer under tensor parallelism without sequence parallelism (MoELayer."
-         "forward raises \"performance may degrade if MoE and tensor parallelism are enabled without also "
-         "enabling sequence parallelism\", megatron/core/transformer/moe/moe_layer.py at d98e8a6), and each "
-         "tensor rank routes its 1/tensor_parallel of the tokens as it does; set sequence_parallel: true"),
     ]
 
 

@@ -9,7 +9,11 @@ the same layer as an ``nn.Module`` (``MoE``):
   best experts; with ``normalize`` (Mixtral's softmax over the top-k logits, Megatron-Core's
   default ``moe_router_pre_softmax: False``) their weights renormalised to sum to one. Routing
   is a pure function of the token and the router's weights: deterministic, and the same on one
-  rank as split over many.
+  rank as split over many. With ``node_limit`` M (DeepSeek-V3 §2.1.2, node-limited routing) a
+  token's experts come from its M best servers only, a server scored by the sum of its highest
+  K_r/M probabilities (``node_limited``); a server is where the simulator lays the expert's
+  expert-parallel rank (``runtime.model.config.expert_servers``), the same map in the unsplit
+  reference, so routing stays a pure function of the token.
 * **Experts**: each a SwiGLU (llama) or GeLU MLP (gpt) of width ``ffn_hidden``
   (``runtime.model.layers.MLP``); the shared experts one dense MLP of width shared × ffn_hidden,
   as the simulator counts them. Dropless by default (Megatron-Core's default, capacity factor
@@ -66,8 +70,8 @@ from torch.distributed.tensor import DTensor
 
 from runtime.model.layers import MLP
 
-__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "MoE", "capacity", "cut_width",
-           "expert_seed", "route", "within_capacity"]
+__all__ = ["ETP_DIM", "ETP_SUMMED", "EXPERT_PARAM", "ROUTER_PARAM", "AllToAll", "CopyToTensorRanks", "MoE",
+           "SumOverTensorRanks", "capacity", "cut_width", "expert_seed", "node_limited", "route", "within_capacity"]
 
 EXPERT_PARAM = "_dapple_expert"
 """Attribute set on routed-expert parameters: their gradients sum over the expert-data-parallel
@@ -108,14 +112,72 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
-def route(logits: torch.Tensor, top_k: int, *, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+class CopyToTensorRanks(torch.autograd.Function):
+    """The identity, whose backward all-reduces over the tensor group: every tensor rank's part
+    of a replicated input's gradient summed (Megatron-LM's ``copy_to_tensor_model_parallel_region``,
+    ``megatron/core/tensor_parallel/mappings.py`` at d98e8a6)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class SumOverTensorRanks(torch.autograd.Function):
+    """An all-reduce over the tensor group, whose backward is the identity (Megatron-LM's
+    ``reduce_from_tensor_model_parallel_region``, the same file)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def route(logits: torch.Tensor, top_k: int, *, normalize: bool, servers: torch.Tensor | None = None,
+          node_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's ``top_k`` experts (indices, ties to the lower index as ``torch.topk``) and
-    their weights: softmax probabilities, renormalised over the top k with ``normalize``."""
+    their weights: softmax probabilities, renormalised over the top k with ``normalize``; with
+    ``node_limit`` M and ``servers`` (each expert's server), only among the experts of the token's
+    M best servers (``node_limited``)."""
     probs = torch.softmax(logits.float(), dim=-1)
-    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if servers is None or node_limit is None:
+        weights, experts = torch.topk(probs, top_k, dim=-1)
+    else:
+        experts = torch.topk(node_limited(probs, servers, top_k, node_limit), top_k, dim=-1).indices
+        weights = probs.gather(-1, experts)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
+
+
+def node_limited(probs: torch.Tensor, servers: torch.Tensor, top_k: int, node_limit: int) -> torch.Tensor:
+    """The routing probabilities with every expert off the token's ``node_limit`` best servers
+    set to −1 (below any probability, so never among its top k): DeepSeek-V3's node-limited
+    routing (§2.1.2, "the sum of the highest K_r/M affinity scores of the experts distributed on
+    each node"), as DeepSeek's ``Gate`` does it with ``n_groups``/``topk_groups`` (group scores
+    from each group's top experts, the best ``topk_groups`` kept, the rest masked before the top-k;
+    ``inference/model.py`` in deepseek-ai/DeepSeek-V3 at 9b4e978). A server is a group here,
+    whatever its number of experts; a server's score sums its highest max(1, K_r // M)."""
+    count = int(servers.max()) + 1
+    if node_limit >= count:
+        return probs
+    per_server = max(1, top_k // node_limit)
+    scores = torch.stack([probs[:, servers == n].topk(min(per_server, int((servers == n).sum())), dim=-1).values
+                          .sum(dim=-1) for n in range(count)], dim=-1)
+    best = torch.topk(scores, node_limit, dim=-1).indices
+    allowed = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, best, True)
+    return probs.masked_fill(~allowed[:, servers], -1.0)
 
 
 def capacity(tokens: int, top_k: int, count: int, capacity_factor: float) -> int:
@@ -155,9 +217,13 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, *, count: int, top_k: int, ffn_hidden: int, shared: int, gated: bool,
                  local: tuple[int, ...] | None = None, normalize: bool = True,
-                 capacity_factor: float | None = None) -> None:
+                 capacity_factor: float | None = None, servers: tuple[int, ...] | None = None,
+                 node_limit: int | None = None) -> None:
         super().__init__()
         self.count, self.top_k, self.normalize = count, top_k, normalize
+        self.servers, self.node_limit = servers, node_limit
+        """Each expert's server and the servers a token's experts may span (``node_limited``;
+        None: routed anywhere)."""
         self.capacity_factor = capacity_factor
         """Each expert's capacity over the mean load (``within_capacity``; None: dropless)."""
         self.token_groups: torch.Tensor | None = None
@@ -173,6 +239,12 @@ class MoE(nn.Module):
         self.shared = MLP(hidden, shared * ffn_hidden, gated=gated) if shared else None
         self.group = None
         """The expert-parallel process group (None: every expert is here)."""
+        self.tensor_split: tuple[int, int, object] | None = None
+        """(tensor rank, tensor_parallel, tensor group) under tensor parallelism without sequence
+        parallelism (set by ``runtime.model.tensor_parallel``): every tensor rank routes all the
+        tokens it holds, dispatches its 1/t of each sample's sequence, and the outputs are summed
+        over the group (``CopyToTensorRanks``, ``SumOverTensorRanks``); None: route and dispatch
+        every token this device holds."""
 
     def tag_parameters(self) -> None:
         """Mark the router's weight and the routed experts' parameters (``ROUTER_PARAM``,
@@ -195,12 +267,22 @@ class MoE(nn.Module):
             x = x.to_local()
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
+        if self.tensor_split is not None:  # each rank's router and experts see part of the gradient
+            tokens = CopyToTensorRanks.apply(tokens, self.tensor_split[2])
         logits = F.linear(tokens.float(), self.router.weight.float())
-        weights, chosen = route(logits, self.top_k, normalize=self.normalize)
+        servers = None if self.servers is None else torch.tensor(self.servers, device=logits.device)
+        weights, chosen = route(logits, self.top_k, normalize=self.normalize, servers=servers,
+                                node_limit=self.node_limit)
         flat = chosen.reshape(-1)
-        copies = torch.arange(flat.numel(), device=flat.device)  # token-major: copy i is token i // top_k's
+        dispatched = torch.ones_like(flat, dtype=torch.bool)  # token-major: copy i is token i // top_k's
+        groups = self.token_groups
+        if self.tensor_split is not None:  # this tensor rank dispatches positions [r·s/t, (r+1)·s/t) of each sample
+            s, (rank, size, _) = shape[-2], self.tensor_split
+            mine = (torch.arange(tokens.shape[0], device=flat.device) % s) * size // s == rank
+            dispatched, groups = mine.repeat_interleave(self.top_k), mine.long()  # capacity over its own tokens
         if self.capacity_factor is not None:  # the copies over an expert's capacity are never dispatched
-            copies = copies[within_capacity(weights, chosen, self.count, self.capacity_factor, self.token_groups)]
+            dispatched &= within_capacity(weights, chosen, self.count, self.capacity_factor, groups)
+        copies = torch.nonzero(dispatched).flatten()
         kept = flat[copies]
         picked = copies[torch.argsort(kept, stable=True)]  # grouped by expert, in token order within
         per_expert = torch.bincount(kept, minlength=self.count)
@@ -208,6 +290,8 @@ class MoE(nn.Module):
         routed = self._experts(tokens[source], per_expert)
         combined = torch.zeros_like(tokens).index_add(
             0, source, routed * weights.reshape(-1)[picked].unsqueeze(-1).to(routed.dtype))
+        if self.tensor_split is not None:  # each token's output on the rank that dispatched it: summed
+            combined = SumOverTensorRanks.apply(combined, self.tensor_split[2])
         out = combined.reshape(shape)
         if self.shared is not None:
             out = out + self.shared(x)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Embedding", "LMHead", "TransformerBlock", "lm_loss"]
+__all__ = ["Embedding", "LMHead", "TransformerBlock", "lm_loss", "rotate"]
 
 ROPE_BASE = 10000.0
 """Base of the rotary embedding's frequencies (RoFormer, §3.4.2; Llama 1 and 2)."""
@@ -62,7 +62,7 @@ def _positions(positions: torch.Tensor | None, s: int, device: torch.device) -> 
     return torch.arange(s, device=device) if positions is None else positions
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """RoPE in rotate-half form on ``(n, heads, s, head_dim)``, at the tokens' global positions."""
     s, dim = x.shape[-2], x.shape[-1]
     inverse = 1.0 / ROPE_BASE ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
@@ -93,7 +93,7 @@ class Attention(nn.Module):
         n, s, _ = x.shape
         q, k, v = (m(x).view(n, s, -1, self.head_dim).transpose(1, 2) for m in (self.q, self.k, self.v))
         if self.rotary:
-            q, k = _rotate(q, self.positions), _rotate(k, self.positions)
+            q, k = rotate(q, self.positions), rotate(k, self.positions)
         attention = self.core(q, k, v)
         return self.out(attention.transpose(1, 2).reshape(n, s, -1))
 
@@ -131,13 +131,15 @@ def _norm(hidden: int, llama: bool) -> nn.Module:
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``x + attention(norm_1 x)``, then ``+ mlp(norm_2 ·)``; ``mlp`` replaces
-    the dense MLP (an MoE block's router and experts)."""
+    the dense MLP (an MoE block's router and experts), ``attention`` the multi-head attention
+    (multi-head latent attention, ``runtime.model.mla.LatentAttention``)."""
 
     def __init__(self, hidden: int, heads: int, ffn_hidden: int, *, kv_heads: int | None = None,
-                 llama: bool = False, mlp: nn.Module | None = None) -> None:
+                 llama: bool = False, mlp: nn.Module | None = None, attention: nn.Module | None = None) -> None:
         super().__init__()
         self.norm_1 = _norm(hidden, llama)
-        self.attention = Attention(hidden, heads, kv_heads or heads, bias=not llama, rotary=llama)
+        self.attention = Attention(hidden, heads, kv_heads or heads, bias=not llama, rotary=llama) \
+            if attention is None else attention
         self.norm_2 = _norm(hidden, llama)
         self.mlp = MLP(hidden, ffn_hidden, gated=llama) if mlp is None else mlp
         """The dense MLP, or a mixture of experts (``runtime.model.experts.MoE``)."""

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from runtime.model.config import ModelConfig
 from runtime.model.experts import MoE, expert_seed
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
+from runtime.model.mla import LatentAttention
 from sim.core.specs import DTYPE_BYTES
 
 __all__ = [
@@ -115,9 +116,11 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
         experts, mlp = config.experts, None
         if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
             mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
-                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor)
+                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
+                      servers=config.servers_of(index), node_limit=experts.node_limit)
+        attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
         return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
-                                mlp=mlp)
+                                mlp=mlp, attention=attention)
     if index == last:
         return ClassifierHead(p["hidden"], p["num_classes"])
     return LinearReLU(p["input_size"] if index == 0 else p["hidden"], p["hidden"])

@@ -132,14 +132,16 @@ def _block_plan(sequence_parallel: bool) -> dict:
 
 
 def _moe_block_plan(dense: dict, moe: MoE) -> dict:
-    """An MoE block under sequence parallelism (``runtime.model.config`` requires it): attention and
-    norms as the dense block; the router and the routed experts stay whole on each tensor rank, which
-    routes the tokens it holds (Megatron-Core's MoE layer with expert_tensor_parallel 1); the
-    shared experts are a dense MLP cut as the dense block's (its gather moved onto them)."""
+    """An MoE block: attention and norms as the dense block; the router and the routed experts stay
+    whole on each tensor rank, which routes the tokens it holds (Megatron-Core's MoE layer with
+    expert_tensor_parallel 1; without sequence parallelism each dispatches its 1/t of them,
+    ``MoE.tensor_split``); the shared experts are a dense MLP cut as the dense block's (under
+    sequence parallelism its gather moved onto them)."""
     layer_plan = {key: style for key, style in dense.items() if not key.startswith("mlp")}
     if moe.shared is not None:
-        layer_plan.update({"mlp.shared": dense["mlp"], "mlp.shared.w1": ColwiseParallel(),
-                           "mlp.shared.w2": dense["mlp.w2"]})
+        layer_plan.update({"mlp.shared.w1": ColwiseParallel(), "mlp.shared.w2": dense["mlp.w2"]})
+        if "mlp" in dense:  # sequence parallelism: the shared experts gather the sequence
+            layer_plan["mlp.shared"] = dense["mlp"]
         if moe.shared.w3 is not None:
             layer_plan["mlp.shared.w3"] = ColwiseParallel()
     return layer_plan
@@ -156,6 +158,8 @@ def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: 
         blk = _block_plan(sequence_parallel)
         if isinstance(layer.mlp, MoE):
             blk = _moe_block_plan(blk, layer.mlp)
+            if not sequence_parallel:  # every tensor rank holds every token: each dispatches its 1/t
+                layer.mlp.tensor_split = (mesh.get_local_rank(), mesh.size(), mesh.get_group())
         elif layer.mlp.w3 is not None:
             blk["mlp.w3"] = ColwiseParallel()
         parallelize_module(layer, mesh, blk)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.model.config import ModelConfig
+from runtime.model.context_parallel import sequence_positions
 from runtime.model.experts import MoE
 from runtime.model.models import TRANSFORMERS, num_layers, synthetic_batch, whole_model
 from sim.core.plan import PlanSpec
@@ -109,9 +110,14 @@ def drop_groups(plan: PlanSpec, *, microbatch_size: int, num_microbatches: int, 
                 layers: range) -> dict[int, torch.Tensor]:
     """For each layer of ``layers``: a label per token of the global batch (flattened as
     (sample, position)), the same for exactly the tokens one device routes in one call: its
-    (micro-batch, replica, tensor rank) at the layer's stage, so that a capacity factor drops in
-    the reference as on the devices (``runtime.model.experts.within_capacity``)."""
-    t = plan.tensor_parallel if plan.sequence_parallel else 1
+    (micro-batch, replica, context rank, tensor rank) at the layer's stage, so that a capacity
+    factor drops in the reference as on the devices (``runtime.model.experts.within_capacity``).
+    Context rank j holds the positions ``sequence_positions(seq_len, c, j)`` (Megatron-LM's
+    load-balanced cut), and tensor rank k the k-th 1/t of them (``MoE.tensor_split`` without
+    sequence parallelism)."""
+    t = plan.tensor_parallel  # with or without sequence parallelism a tensor rank dispatches its 1/t
+    c = plan.context_parallel
+    parts = [_device_positions(seq_len, c, j, t, k) for j in range(c) for k in range(t)]  # index j·t + k
     labels = {}
     for s, stage in enumerate(plan.stages):
         replicas = plan.replicas(s)
@@ -120,9 +126,19 @@ def drop_groups(plan: PlanSpec, *, microbatch_size: int, num_microbatches: int, 
         for m in range(num_microbatches):
             for r, replica in enumerate(replicas):
                 start, end = ranges[replica[0]]
-                for k in range(t):  # tensor rank k holds positions [k·S/t, (k+1)·S/t)
-                    first, last = k * seq_len // t, (k + 1) * seq_len // t
-                    label[m * microbatch_size + start:m * microbatch_size + end, first:last] = \
-                        (m * len(replicas) + r) * t + k
+                rows = slice(m * microbatch_size + start, m * microbatch_size + end)
+                for part, positions in enumerate(parts):
+                    label[rows, positions] = (m * len(replicas) + r) * c * t + part
         labels.update({index: label.reshape(-1) for index in range(*stage.layers) if index in layers})
     return labels
+
+
+def _device_positions(seq_len: int, context_parallel: int, context_rank: int, tensor_parallel: int,
+                      tensor_rank: int) -> torch.Tensor:
+    """The global positions one device routes: its context rank's part of the sequence
+    (``sequence_positions``; all of it without context parallelism), and of that the tensor
+    rank's k-th 1/t (``tensor_parallel`` 1 without tensor parallelism)."""
+    held = torch.arange(seq_len) if context_parallel == 1 else \
+        sequence_positions(seq_len, context_parallel, context_rank)
+    width = held.numel() // tensor_parallel
+    return held[tensor_rank * width:(tensor_rank + 1) * width]
