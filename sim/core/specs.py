@@ -161,6 +161,10 @@ class DeviceSpec:
     """How much longer compute takes while an overlapped collective runs beside it, a fraction in
     [0, 1]: the collective's kernels hold SMs and memory bandwidth the compute would use
     (``sim.cost.overlap.contended_s``; the presets' value is a measured average, ``sim.input.presets``)."""
+    sm_count: int = 0
+    """Streaming multiprocessors on the chip (132 on the H100 SXM and the H800, NVIDIA H100 Tensor
+    Core GPU Architecture whitepaper); 0: not given. ``plan.overlap.communication_sms`` takes its
+    SMs from these (``sim.cost.overlap.communication_sms_slowdown``)."""
     power_w: float | None = None
     """Board power at full load (the datasheet's TDP), watts; None: not set (no energy estimate).
     The presets' figures are NVIDIA's datasheets' (``sim.input.presets``)."""
@@ -192,6 +196,8 @@ class DeviceSpec:
             positive(key, getattr(self, key))
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or self.sm_count < 0:
+            raise SpecError("sm_count", f"must be an integer >= 0, got {self.sm_count!r}")
         if self.peak_fp8_flop_per_s is not None:
             positive("peak_fp8_flops", self.peak_fp8_flop_per_s)
         if self.power_w is not None:

@@ -108,6 +108,12 @@ blocks: forums.developer.nvidia.com, "Compute-Communication Overlap Causes Sever
 Degradation because of Tail Effect"): ``OVERLAP_SLOWDOWN``, a measured average over A100 and H100
 among others, on both; 0 on the V100, which no such measurement covers.
 
+``sm_count``: the H100 SXM5's 132 SMs of the full GH100's 144 (NVIDIA H100 Tensor Core GPU
+Architecture whitepaper; glennklockwood.com/garden/processors/h100: "132 SMs (2 per TPC)"; the
+H800 and the H200 are the same part), which
+``plan.overlap.communication_sms`` shares out (``sim.cost.overlap.communication_sms_slowdown``);
+unset (0) on the V100 and A100, which no shipped plan shares.
+
 ``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
 A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
 (``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
@@ -154,6 +160,7 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "sdpa_efficiency": 0.323,
         "sdpa_backward_efficiency": 0.313,
         "overlap_slowdown": OVERLAP_SLOWDOWN,
+        "sm_count": 132,
         "power_w": "700W",
     })
 """The H100 SXM 80GB (NVIDIA H100 datasheet), which the H800 preset shares."""
