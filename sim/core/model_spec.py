@@ -189,6 +189,9 @@ class ModelSpec:
     gemm_dtype: str | None = None
     """``fp8``: a generated transformer's blocks run their weighted products on FP8 tensor cores
     (``sim.models.precision``); None: in ``dtype``."""
+    mtp_depth: int = 0
+    """DeepSeek-V3's multi-token-prediction modules after a generated transformer's last block,
+    folded into its ``head`` (``sim.models.mtp``); 0: none."""
     kernels: str = "fused"
     """How a generated transformer's element-wise work runs (``model.kernels``, one of
     ``sim.cost.kernels.KERNEL_MODES``): ``fused`` kernels (Megatron-LM) or PyTorch's ``eager`` ones
