@@ -10,9 +10,9 @@ from sim.core.mla import MlaSpec
 from sim.core.parallelism import Shard
 from sim.core.specs import DeviceSpec
 from sim.cost.comm import all_to_all, node_limited_fraction
-from sim.cost.compute import layer_times_s
+from sim.cost.compute import kernel_time_s, layer_times_s
 from sim.cost.kernels import KernelSpec
-from sim.input.presets import DEVICE_PRESETS
+from sim.input.presets import DEEPGEMM_H800_FP8_TFLOPS, DEVICE_PRESETS, H100_FP8_EFFICIENCY, measured_fp8_efficiency
 from sim.input.scenario import parse_scenario
 from sim.models import build_model, shard_model
 from sim.models.mla import mla_attention_flop, mla_stash_bytes
@@ -154,3 +154,25 @@ plan: {schedule: {name: dualpipe-v, chunks: 2}, pipeline_parallel: 4, data_paral
     sets = [stage.devices for stage in stages]
     assert len(stages) == 8  # 2p stages
     assert sets == [(0, 1), (2, 3), (4, 5), (6, 7), (6, 7), (4, 5), (2, 3), (0, 1)]
+
+
+def test_fp8_products_take_the_measured_fp8_efficiency_and_bf16_ones_keep_theirs():
+    # one DeepGEMM row: 1297 TFLOP/s on 4 groups of 8192 x 4096 x 7168 is e = 1297/1979 x (1 + 64/8192)(1 + 64/4096)
+    (row,) = [r for r in DEEPGEMM_H800_FP8_TFLOPS if r[:4] == (4, 8192, 4096, 7168)]
+    assert measured_fp8_efficiency((row,)) == pytest.approx(1297 / 1979 * (1 + 64 / 8192) * (1 + 64 / 4096), rel=1e-12)
+    # two rows: the FLOP-weighted harmonic mean, sum F / sum(F / e)
+    rows = ((1, 4096, 4096, 4096, 990.0), (1, 4096, 4096, 8192, 1979.0 / 2))
+    e = 990 / 1979 * (1 + 64 / 4096) ** 2, 0.5 * (1 + 64 / 4096) ** 2
+    f = 2 * 4096**3, 2 * 4096**2 * 8192
+    assert measured_fp8_efficiency(rows) == pytest.approx((f[0] + f[1]) / (f[0] / e[0] + f[1] / e[1]), rel=1e-12)
+    h800 = parse_scenario("""
+name: d
+cluster: {preset: dgx-h800, nodes: 1}
+model: {preset: llama, layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 512}
+training: {global_batch_size: 8, microbatch_size: 8}
+plan: {pipeline_parallel: 1, data_parallel: 8}
+""", source="d.yaml").cluster.device
+    assert h800.fp8_efficiency == H100_FP8_EFFICIENCY == pytest.approx(0.613, abs=5e-4) and h800.efficiency == 0.7
+    flop = 2 * 8192.0**3
+    assert kernel_time_s(flop, 0.0, h800, "fp8") == pytest.approx(flop / (1979e12 * 0.613), rel=1e-12)
+    assert kernel_time_s(flop, 0.0, h800, "bf16") == pytest.approx(flop / (989e12 * 0.7), rel=1e-12)

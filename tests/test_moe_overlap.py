@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.errors import ScenarioError
+from sim.core.errors import ScenarioError, SpecError
 from sim.cost.comm import all_to_all_s
 from sim.cost.compute import stage_cost
-from sim.cost.overlap import contended_s, exposed_beside_s
+from sim.cost.overlap import communication_sms_slowdown, contended_s, exposed_beside_s
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
 
@@ -66,3 +66,43 @@ def test_overlap_hides_min_of_all_to_all_and_compute(engine, hidden, seq_len, no
 def test_overlap_key_must_be_a_boolean():
     with pytest.raises(ScenarioError, match="expert_all_to_all"):
         _scenario("{expert_all_to_all: 3}")
+
+
+def test_communication_sms_slowdown_is_their_share_of_the_sms():
+    # DeepSeek-V3 §3.2.2: 20 of 132 SMs communicate; the compute on the other 112 runs 132/112
+    # times as long: s = 20/112, and beside G seconds of all-to-all it loses G·20/132
+    s = communication_sms_slowdown(132, 20)
+    assert s == pytest.approx(20 / 112, rel=1e-15)
+    assert contended_s(10.0, 1.0, s) == pytest.approx(10.0 + 20 / 132, rel=1e-12)
+    assert contended_s(1.0, 10.0, s) == pytest.approx(132 / 112, rel=1e-12)  # all of it beside: 112 SMs
+    with pytest.raises(SpecError, match="communication_sms"):
+        communication_sms_slowdown(0, 20)  # the device gives no SM count
+    with pytest.raises(SpecError, match="communication_sms"):
+        communication_sms_slowdown(132, 132)
+
+
+def test_communication_sms_replace_the_overlap_slowdown_beside_the_all_to_all():
+    shape = dict(hidden=1024, seq_len=2048, nodes=1)
+    generic = _scenario("{expert_all_to_all: true}", **shape)
+    sms = _scenario("{expert_all_to_all: true, communication_sms: 20}", **shape)
+    assert sms.cluster.device.sm_count == 132  # the H100 preset
+    part, cluster = generic.resolved.model, generic.cluster
+    a = all_to_all_s([8], 2 * sum(layer.a2a_bytes for layer in part.layers), cluster)
+    cost = stage_cost(part, cluster.device, 0, len(part.layers), 1, data_parallel=8, expert_data_parallel=1)
+    assert a < cost.fwd_s  # hidden whole: each action lasts its slowed compute
+
+    def slowed(s: float) -> float:
+        return contended_s(cost.fwd_s, a, s) + contended_s(cost.bwd_s, a, s)
+
+    t_generic = run_scenario(generic, engine="fast").summarize().iteration_time_s
+    t_sms = run_scenario(sms, engine="fast").summarize().iteration_time_s
+    # only the compute beside the all-to-all changes: 0.189 replaced by 20/112 (a·20/132 lost)
+    assert t_generic - t_sms == pytest.approx(slowed(0.189) - slowed(20 / 112), rel=1e-6)
+    assert slowed(20 / 112) - cost.fwd_s - cost.bwd_s == pytest.approx(2 * a * 20 / 132, rel=1e-12)
+
+
+def test_communication_sms_must_be_a_count_below_the_device_sms():
+    with pytest.raises(ScenarioError, match="communication_sms"):
+        _scenario("{expert_all_to_all: true, communication_sms: -1}")
+    with pytest.raises(SpecError, match="communication_sms"):
+        run_scenario(_scenario("{expert_all_to_all: true, communication_sms: 132}"), engine="fast")

@@ -229,6 +229,10 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          "tensor parallelism runs the gpt and llama presets"),
         ("model.gemm_dtype", model.gemm_dtype is not None,
          "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
+        ("model.mtp_depth", model.mtp_depth > 0,
+         "it builds no multi-token-prediction modules (a cost-model input here); remove model.mtp_depth"),
+        ("model.fp8_activations", model.fp8_activations,
+         "it stashes every activation in model.dtype (no FP8 kernels on gloo or CPU); remove model.fp8_activations"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)

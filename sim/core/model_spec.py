@@ -189,6 +189,12 @@ class ModelSpec:
     gemm_dtype: str | None = None
     """``fp8``: a generated transformer's blocks run their weighted products on FP8 tensor cores
     (``sim.models.precision``); None: in ``dtype``."""
+    mtp_depth: int = 0
+    """DeepSeek-V3's multi-token-prediction modules after a generated transformer's last block,
+    as the layer ``mtp`` before its ``head`` (``sim.models.mtp``); 0: none."""
+    fp8_activations: bool = False
+    """A generated transformer's blocks stash as DeepSeek-V3's FP8 framework does (FP8-cached
+    products' and SwiGLU inputs, norms recomputed: ``sim.models.precision``); False: in ``dtype``."""
     kernels: str = "fused"
     """How a generated transformer's element-wise work runs (``model.kernels``, one of
     ``sim.cost.kernels.KERNEL_MODES``): ``fused`` kernels (Megatron-LM) or PyTorch's ``eager`` ones

@@ -19,6 +19,9 @@ scenario; a ``stack`` sets them as that stack does):
   Megatron-LM's ``--overlap-moe-expert-parallel-comm``, its combined-1F1B schedule pairing the
   forward of micro-batch i+1 with the backward of micro-batch i layer by layer): only the
   all-to-all longer than the compute beside it is exposed (``sim.cost.overlap.exposed_beside_s``);
+  ``communication_sms`` of the device's ``sm_count`` SMs run the dispatch and combine kernels
+  meanwhile (DeepSeek-V3's 20 of 132, §3.2.2), the compute beside them on the rest
+  (``sim.cost.overlap.communication_sms_slowdown``, in place of the device's ``overlap_slowdown``);
 
 and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit of
 ``unit_layers`` layers at a time, the next unit prefetched, and freed after use when
@@ -61,17 +64,26 @@ class OverlapSpec:
     """Bytes of gradients per bucket of the overlapped reduction."""
     expert_all_to_all: bool = False
     """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
+    communication_sms: int = 0
+    """SMs the overlapped all-to-all's kernels hold while they run (DeepSeek-V3 §3.2.2: 20 of the
+    H800's 132), the compute beside them running on the rest; 0: the device's generic
+    ``overlap_slowdown`` applies to the all-to-all as to every overlapped collective."""
 
     def __post_init__(self) -> None:
         for key in ("grad_reduce", "param_gather", "tensor_parallel", "expert_all_to_all"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
+        c = self.communication_sms
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise SpecError("communication_sms", f"must be an integer >= 0, got {c!r}")
         b = self.bucket_bytes
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0 or b != b or b == float("inf"):
             raise SpecError("bucket_size", f"must be a positive size such as 25MiB, got {b!r}")
 
     def to_json(self) -> dict:
         extra = {"expert_all_to_all": True} if self.expert_all_to_all else {}  # absent at its default: dense outputs unchanged
+        if self.communication_sms:
+            extra["communication_sms"] = self.communication_sms
         return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
                 "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B",  # read back by parse_bytes
                 **extra}

@@ -157,10 +157,17 @@ class DeviceSpec:
     """Dense FP8 (E4M3 tensor core) peak, FLOP/s, at which the matrix products a model runs in FP8
     (``model.gemm_dtype: fp8``, ``sim.models.precision``) are priced; None: the device has no FP8
     tensor cores (Volta, Ampere), and an FP8 model on it is refused."""
+    fp8_efficiency: float | None = None
+    """The matrix efficiency (e_max) of FP8 products, in (0, 1]; None: ``efficiency``, as for
+    every product (the H100-class presets' value is DeepGEMM's measured H800 rate, ``sim.input.presets``)."""
     overlap_slowdown: float = 0.0
     """How much longer compute takes while an overlapped collective runs beside it, a fraction in
     [0, 1]: the collective's kernels hold SMs and memory bandwidth the compute would use
     (``sim.cost.overlap.contended_s``; the presets' value is a measured average, ``sim.input.presets``)."""
+    sm_count: int = 0
+    """Streaming multiprocessors on the chip (132 on the H100 SXM and the H800, NVIDIA H100 Tensor
+    Core GPU Architecture whitepaper); 0: not given. ``plan.overlap.communication_sms`` takes its
+    SMs from these (``sim.cost.overlap.communication_sms_slowdown``)."""
     power_w: float | None = None
     """Board power at full load (the datasheet's TDP), watts; None: not set (no energy estimate).
     The presets' figures are NVIDIA's datasheets' (``sim.input.presets``)."""
@@ -192,6 +199,10 @@ class DeviceSpec:
             positive(key, getattr(self, key))
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or self.sm_count < 0:
+            raise SpecError("sm_count", f"must be an integer >= 0, got {self.sm_count!r}")
+        if self.fp8_efficiency is not None and not 0 < self.fp8_efficiency <= 1:
+            raise SpecError("fp8_efficiency", f"must be in (0, 1], got {self.fp8_efficiency!r}")
         if self.peak_fp8_flop_per_s is not None:
             positive("peak_fp8_flops", self.peak_fp8_flop_per_s)
         if self.power_w is not None:
@@ -215,6 +226,10 @@ class DeviceSpec:
         if kernel == "sdpa":
             return self.sdpa_efficiency, self.sdpa_backward_efficiency
         return self.attention_efficiency, self.attention_backward_efficiency
+
+    def matrix_efficiency_for(self, dtype: str) -> float:
+        """e_max of a product in ``dtype``: ``fp8_efficiency`` for FP8 where given, else ``efficiency``."""
+        return self.fp8_efficiency if dtype == FP8 and self.fp8_efficiency is not None else self.efficiency
 
     def peak_flop_per_s_for(self, dtype: str) -> float:
         """The peak that applies to math in ``dtype`` (fp32 has its own, slower peak; ``fp8`` the

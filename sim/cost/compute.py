@@ -79,7 +79,7 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
     if flop > 0 and efficiency is not None:
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     elif flop > 0:
-        efficiency = device.efficiency
+        efficiency = device.matrix_efficiency_for(dtype)
         half = device.matmul_half_dim
         if dims is not None and half > 0:
             for size in dims[:2]:  # output tiles span M and N; a small K shows as memory-bound

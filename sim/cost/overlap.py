@@ -57,6 +57,14 @@ with the action (FSDP's gathers, the context ring, chunked tensor parallelism, Z
 gather, overlapped all-to-alls); a bucketed gradient reduction beside a backward does not slow
 it here (not modelled yet).
 
+**Communication SMs.** DeepSeek-V3 gives its all-to-all kernels a fixed share of the SMs: "only
+20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink" of the H800's 132
+(DeepSeek-AI 2024, arXiv 2412.19437, §3.2.2; ``plan.overlap.communication_sms`` of
+``DeviceSpec.sm_count``). While they run, the compute beside them has ``N − c`` of the ``N`` SMs
+and runs ``N/(N − c)`` times as long: a slowdown ``s = c/(N − c)``
+(:func:`communication_sms_slowdown`), which :func:`contended_s` takes in place of the device's
+generic ``overlap_slowdown`` for the overlapped all-to-all: ``A + min(G·c/N, A·c/(N − c))``.
+
 **A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
 ``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
 its reduction alone would end ``a`` after its backward starts; the reductions queue on one
@@ -68,7 +76,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "contended_s", "exposed_beside_s", "exposed_pipelined_s",
+from sim.core.errors import SpecError
+
+__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "communication_sms_slowdown", "contended_s", "exposed_beside_s", "exposed_pipelined_s",
            "pipelined_s",
            "queued_reductions_end_s", "reduce_end_s", "unit_count"]
 
@@ -125,6 +135,19 @@ def contended_s(compute_s: float, beside_s: float, slowdown: float) -> float:
     if beside_s <= 0 or slowdown <= 0:
         return compute_s
     return compute_s + min(beside_s * slowdown / (1 + slowdown), slowdown * compute_s)
+
+
+def communication_sms_slowdown(sm_count: int, communication_sms: int) -> float:
+    """The slowdown of compute left ``sm_count − communication_sms`` of ``sm_count`` SMs while
+    the communication kernels hold the rest: ``c/(N − c)`` (the module docstring; DeepSeek-V3
+    §3.2.2). Refused where the device gives no SM count or the communication would take them all."""
+    if sm_count <= 0:
+        raise SpecError("plan.overlap.communication_sms", f"{communication_sms} SMs need the device's SM count; "
+                                                          "set cluster.device.sm_count, or remove communication_sms")
+    if not 0 <= communication_sms < sm_count:
+        raise SpecError("plan.overlap.communication_sms", f"must be in [0, {sm_count}) for a {sm_count}-SM device, "
+                                                          f"got {communication_sms}; lower it")
+    return communication_sms / (sm_count - communication_sms)
 
 
 def beside_action_s(compute_s: float, beside: tuple[tuple[float, int], ...]) -> tuple[float, float]:

@@ -36,7 +36,7 @@ from sim.core.parallelism import Recompute, Sharding
 from sim.core.summary import Parallelism
 from sim.cost.capacity import tokens_per_sample
 from sim.cost.memory import sum_state_bytes
-from sim.cost.overlap import bucket_count, unit_count
+from sim.cost.overlap import bucket_count, communication_sms_slowdown, unit_count
 from sim.cost.split import sample_ranges
 from sim.engine.classes import Symmetry, group_members
 from sim.engine.collectives import allreduce_flows, build_collectives
@@ -131,7 +131,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
                        by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
                        pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches,
-                                              slowdown=cluster.device.overlap_slowdown),
+                                              slowdown=cluster.device.overlap_slowdown,
+                                              sm_count=cluster.device.sm_count),
                        held=held_by_stage(resolved))
     members = defaultdict(list)
     for d in devices:
@@ -206,9 +207,10 @@ def _gather_latency(ar_latency: dict) -> dict:
 
 
 def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int, *,
-                slowdown: float = 0.0) -> Pipelining:
+                slowdown: float = 0.0, sm_count: int = 0) -> Pipelining:
     """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``);
-    ``slowdown``: the device's ``overlap_slowdown``, which needs every group collective's alone time."""
+    ``slowdown``: the device's ``overlap_slowdown``, which needs every group collective's alone time;
+    ``sm_count``: the device's SMs, which ``plan.overlap.communication_sms`` shares out."""
     units, reductions = {}, {}
     if plan.sharding is Sharding.FULL:
         units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
@@ -222,7 +224,9 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
             reductions[coll.stage] = (buckets_of[coll.stage], collective_alone_s(kinds, coll) / buckets_of[coll.stage])
     every, gathered = _every_microbatch(plan, num_microbatches), _param_gather(plan)
     tp_chunks = plan.tensor_parallel if plan.overlap.tensor_parallel and plan.tensor_parallel > 1 else 0
-    needed = units or tp_chunks or gathered or slowdown > 0
+    sms = plan.overlap.communication_sms
+    expert_slowdown = communication_sms_slowdown(sm_count, sms) if sms and plan.overlap.expert_all_to_all else None
+    needed = units or tp_chunks or gathered or slowdown > 0 or expert_slowdown is not None
     group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if needed else ()
     return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
@@ -230,7 +234,7 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
                       gather_buckets=buckets_of if gathered else {},
                       expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,
-                      prefetch=plan.fsdp.prefetch)
+                      prefetch=plan.fsdp.prefetch, expert_slowdown=expert_slowdown)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

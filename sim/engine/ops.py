@@ -72,6 +72,9 @@ class Pipelining:
     prefetch: bool = True
     """FSDP's gathers (``FS``) run beside the compute, unit by unit; false (``plan.fsdp.prefetch``,
     DeepSpeed's ZeRO-3 before v0.6, ``sim.cost.zero3``): each blocks the compute stream before it."""
+    expert_slowdown: float | None = None
+    """The slowdown beside the overlapped all-to-all when ``plan.overlap.communication_sms`` is set
+    (``sim.cost.overlap.communication_sms_slowdown``), in place of ``overlap_slowdown`` for it; None: not set."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -232,9 +235,7 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
         overlap = (name in OVERLAPPED and not blocking_gather) or (name == "TP" and pipelining.tp_chunks > 0) \
             or (name == "EP" and pipelining.expert_overlap)
         found_groups.append((name, *found, overlap))
-    if pipelining.overlap_slowdown and any(overlap for *_, overlap in found_groups):
-        beside_s = sum(pipelining.group_s[index] for _, _, index, overlap in found_groups if overlap)
-        fields = {**fields, "duration_s": contended_s(fields["duration_s"], beside_s, pipelining.overlap_slowdown)}
+    fields = _contended(fields, found_groups, pipelining)
     for name, slot, index, overlap in found_groups:
         op = dict(code=GROUP, collective=slot, overlap=overlap, stage=action.stage, kind=kind)
         pieces = pipelining.units.get(action.stage, 0) if name == "FS" else pipelining.tp_chunks if name == "TP" else 0
@@ -245,6 +246,22 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
     if gather_bytes:
         fields = {**fields, "gather_bytes": gather_bytes}
     return before + [fields] + after
+
+
+def _contended(fields: dict, found_groups: list, pipelining: Pipelining) -> dict:
+    """The compute op's fields, its duration slowed beside its overlapped group collectives
+    (``sim.cost.overlap.contended_s``): by the device's ``overlap_slowdown``, or for the experts'
+    all-to-all by the communication SMs' share when the plan sets one (``expert_slowdown``)."""
+    split = pipelining.expert_slowdown is not None
+    duration = fields["duration_s"]
+    if pipelining.overlap_slowdown:  # group_s is filled only when some slowdown needs it
+        other_s = sum(pipelining.group_s[index] for name, _, index, overlap in found_groups
+                      if overlap and not (split and name == "EP"))
+        duration = contended_s(duration, other_s, pipelining.overlap_slowdown)
+    if split:
+        expert_s = sum(pipelining.group_s[index] for name, _, index, overlap in found_groups if overlap and name == "EP")
+        duration = contended_s(duration, expert_s, pipelining.expert_slowdown)
+    return fields if duration == fields["duration_s"] else {**fields, "duration_s": duration}
 
 
 def _op_fields(action, cost, recompute, slot_of, cost_of, collective_of) -> dict:

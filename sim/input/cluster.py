@@ -72,7 +72,7 @@ _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandw
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
                 "sdpa_efficiency", "sdpa_backward_efficiency", "overlap_slowdown", "power_w", "idle_power_w",
-                "peak_fp8_flops"}
+                "peak_fp8_flops", "sm_count", "fp8_efficiency"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency", "collectives"}
 
@@ -233,6 +233,9 @@ def read_device(reader: StrictReader, data: Any) -> tuple[DeviceSpec, tuple[tupl
                                 low_open=low_open)
            for field, (low, high, low_open) in DEVICE_NUMBER_RANGES.items()},
         overlap_slowdown=reader.number(values, key, "overlap_slowdown", 0.0, low=0.0, high=1.0),
+        sm_count=reader.integer(values, key, "sm_count", 0, minimum=0, maximum=1_000_000),
+        fp8_efficiency=reader.number(values, key, "fp8_efficiency", low=0.01, high=1.0)
+        if "fp8_efficiency" in values else None,
         kernel_overhead_s=reader.quantity(values, key, "kernel_overhead", parse_time,
                                           CUSTOM_DEVICE_DEFAULTS["kernel_overhead"], bounds=OVERHEAD_RANGE),
         kernel_issue_s=reader.quantity(values, key, "kernel_issue", parse_time,

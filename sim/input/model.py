@@ -112,18 +112,22 @@ def _profiled(reader: StrictReader, data: dict) -> ModelSpec:
 def _generated(reader: StrictReader, data: dict, default_attention: str) -> ModelSpec:
     preset = reader.string(data, "model", "preset", choices=MODEL_PRESETS)
     params = {k: v for k, v in data.items() if k not in ("preset", "name", "attention", "kernels", "experts", "mla",
-                                                         "gemm_dtype")}
+                                                         "gemm_dtype", "mtp_depth", "fp8_activations")}
     if "experts" in data:
         if preset not in ("gpt", "llama"):
             raise reader.fail("model.experts", f"preset {preset} has no experts; remove the key (it applies to gpt, llama)")
         params["experts"] = read_experts(reader, data["experts"])
-    for key in ("mla", "gemm_dtype"):
+    for key in ("mla", "gemm_dtype", "mtp_depth", "fp8_activations"):
         if key in data and preset not in ("gpt", "llama"):
             raise reader.fail(f"model.{key}", f"preset {preset} has no such blocks; remove the key (it applies to gpt, llama)")
     if "mla" in data:
         params["mla"] = _read_mla(reader, data["mla"])
     if "gemm_dtype" in data:
         params["gemm_dtype"] = reader.string(data, "model", "gemm_dtype", choices=set(GEMM_DTYPES))
+    if "mtp_depth" in data:  # DeepSeek-V3's multi-token prediction (sim.models.mtp)
+        params["mtp_depth"] = reader.integer(data, "model", "mtp_depth", minimum=0, maximum=16)
+    if "fp8_activations" in data:  # DeepSeek-V3's FP8-cached stash (sim.models.precision)
+        params["fp8_activations"] = reader.boolean(data, "model", "fp8_activations", False)
     if "kernels" in data:
         if preset not in ATTENTION_PRESETS:
             raise reader.fail("model.kernels", f"preset {preset} has no transformer blocks; remove the key "
@@ -136,7 +140,7 @@ def _generated(reader: StrictReader, data: dict, default_attention: str) -> Mode
         raise reader.fail("model.attention", f"preset {preset} has no attention blocks; remove the key "
                                              f"(it applies to {', '.join(ATTENTION_PRESETS)})")
     reader.keys(params, "model", allowed=set(PRESET_PARAMS[preset]) | {"attention", "kernels", "experts", "mla",
-                                                                        "gemm_dtype"})
+                                                                        "gemm_dtype", "mtp_depth", "fp8_activations"})
     try:
         return build_model(preset, **params)
     except SpecError as exc:

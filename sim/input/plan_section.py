@@ -20,7 +20,7 @@ The plan's parallel degrees hold for every stage: ``tensor_parallel``, ``sequenc
 embedding and the head count as layers) cut into stages of balanced compute; with
 ``schedule: interleaved`` and ``chunks: v`` the grid has v·p stages, stage s on device set
 s mod p; with a V schedule (``zb-v``, ``dualpipe-v``) 2p stages, stage s and 2p − 1 − s on
-device set s.
+device set s, cut so that each device set's two stages together are balanced (``balanced_v_cuts``).
 
 Beyond the keys, the plan is checked as a whole (``sim.core.plan.check_plan``: the ranges cover
 the model without gaps or overlaps, no device is used twice; the degrees divide the model's
@@ -32,7 +32,9 @@ keeps what was built (``Scenario.resolved``).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import replace
+from itertools import accumulate
 from typing import Any
 
 from sim.core.errors import ScenarioError, ScheduleError, SpecError
@@ -195,12 +197,14 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     key = "plan.overlap"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size",
-                                       "expert_all_to_all"})
+                                       "expert_all_to_all", "communication_sms"})
     return reader.build(key, OverlapSpec,
                         grad_reduce=reader.boolean(data, key, "grad_reduce", False),
                         param_gather=reader.boolean(data, key, "param_gather", False),
                         tensor_parallel=reader.boolean(data, key, "tensor_parallel", False),
                         expert_all_to_all=reader.boolean(data, key, "expert_all_to_all", False),
+                        communication_sms=reader.integer(data, key, "communication_sms", 0, minimum=0,
+                                                         maximum=100_000),
                         bucket_bytes=reader.quantity(data, key, "bucket_size", parse_bytes, "25MiB"))
 
 
@@ -243,7 +247,7 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
     except SpecError as exc:
         raise reader.fail(join_key("plan", exc.key), exc.problem) from None
     cost = [sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in part.layers]
-    bounds = balanced_cuts(cost, p * chunks)
+    bounds = balanced_v_cuts(cost, p) if name in V_SCHEDULES else balanced_cuts(cost, p * chunks)
     sets = [tuple(range(r * group, (r + 1) * group)) for r in range(p)]
     # a V schedule (zb-v, dualpipe-v) places stage s and 2p − 1 − s on device set s
     place = (lambda s: s if s < p else 2 * p - 1 - s) if name in V_SCHEDULES else (lambda s: s % p)
@@ -280,4 +284,55 @@ def balanced_cuts(costs: list[float], parts: int) -> tuple[int, ...]:
             low = mid
         else:
             high, best = mid, found
+    return tuple(best)
+
+
+def balanced_v_cuts(costs: list[float], ranks: int) -> tuple[int, ...]:
+    """Boundaries ``(0, b1, ..., len(costs))`` of ``2·ranks`` contiguous, non-empty ranges for a V
+    schedule, where device set ``s`` runs range ``s`` and range ``2·ranks − 1 − s`` (zb-v, dualpipe-v):
+    the largest sum of a device set's two ranges is made small, not each range's (a heavy head on
+    the last range would otherwise be paired with a first range as full as itself). A binary
+    search on the bound, from :func:`balanced_cuts`' cut (feasible) down, with a check that walks
+    the device sets from the outside in, keeping for each left cut the smallest right cut."""
+    n, parts = len(costs), 2 * ranks
+    first = balanced_cuts(costs, parts)
+    if parts >= n:
+        return first
+    prefix = [0.0, *accumulate(costs)]
+
+    def load(cuts) -> float:
+        return max(prefix[cuts[s + 1]] - prefix[cuts[s]] + prefix[cuts[parts - s]] - prefix[cuts[parts - 1 - s]]
+                   for s in range(ranks))
+
+    def cuts_for(bound: float) -> list[int] | None:
+        states: dict[int, tuple[int, tuple]] = {0: (n, ())}  # left cut -> (smallest right cut, left and right cuts)
+        for r in range(ranks):
+            after = ranks - 1 - r  # device sets still to place inside
+            found: dict[int, tuple[int, tuple]] = {}
+            for i, (j, path) in sorted(states.items()):
+                for i2 in range(i + 1, j):
+                    budget = bound - (prefix[i2] - prefix[i])
+                    if budget < 0:
+                        break
+                    j2 = i2 if not after else max(bisect_left(prefix, prefix[j] - budget, i2, j), i2 + 2 * after)
+                    if j2 >= j or prefix[j] - prefix[j2] > budget or (not after and j2 != i2):
+                        continue
+                    if i2 not in found or j2 < found[i2][0]:
+                        found[i2] = (j2, path + ((i2, j2),))
+            states = found
+            if not states:
+                return None
+        path = next(iter(states.values()))[1]
+        return [0, *(i for i, _ in path), *(j for _, j in reversed(path[:-1])), n]
+
+    best, low, high = list(first), max(max(costs), prefix[-1] / ranks), load(first)
+    for _ in range(40):
+        if high - low <= 1e-9 * high:
+            break
+        mid = (low + high) / 2
+        found = cuts_for(mid)
+        if found is None:
+            low = mid
+        else:
+            high, best = load(found), found
     return tuple(best)

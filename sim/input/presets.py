@@ -108,6 +108,16 @@ blocks: forums.developer.nvidia.com, "Compute-Communication Overlap Causes Sever
 Degradation because of Tail Effect"): ``OVERLAP_SLOWDOWN``, a measured average over A100 and H100
 among others, on both; 0 on the V100, which no such measurement covers.
 
+``sm_count``: the H100 SXM5's 132 SMs of the full GH100's 144 (NVIDIA H100 Tensor Core GPU
+Architecture whitepaper; glennklockwood.com/garden/processors/h100: "132 SMs (2 per TPC)"; the
+H800 and the H200 are the same part), which
+``plan.overlap.communication_sms`` shares out (``sim.cost.overlap.communication_sms_slowdown``);
+unset (0) on the V100 and A100, which no shipped plan shares.
+
+``fp8_efficiency``: the H100-class presets' FP8 products at ``H100_FP8_EFFICIENCY``, DeepGEMM's
+measured H800 FP8 GEMM rates at DeepSeek-V3's shapes (``DEEPGEMM_H800_FP8_TFLOPS``) as one e_max;
+their bf16 products keep ``efficiency``. The H800's FP8 tensor cores are the H100 SXM's.
+
 ``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
 A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
 (``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
@@ -120,7 +130,8 @@ from typing import Any, Mapping
 
 from sim.cost.reserved import reserved_memory_bytes
 
-__all__ = ["DEVICE_PRESETS", "CLUSTER_PRESETS", "OVERLAP_SLOWDOWN"]
+__all__ = ["DEEPGEMM_H800_FP8_TFLOPS", "DEVICE_PRESETS", "CLUSTER_PRESETS", "H100_FP8_EFFICIENCY", "OVERLAP_SLOWDOWN",
+           "measured_fp8_efficiency"]
 
 OVERLAP_SLOWDOWN = 0.189
 """Compute's slowdown beside an overlapped collective on the A100 and H100 presets: "overlapping
@@ -128,6 +139,34 @@ computation and communication can result in an average computational slowdown of
 maximum of 40.0%" (Lee et al. 2025, "Characterizing Compute-Communication Overlap in
 GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114, abstract: GPT and Llama models on
 4 A100s, H100s, MI250s and MI210s)."""
+
+
+DEEPGEMM_H800_FP8_TFLOPS: tuple[tuple[int, int, int, int, float], ...] = (
+    (1, 4096, 2112, 7168, 1058), (1, 4096, 24576, 1536, 990), (1, 4096, 32768, 512, 590),
+    (1, 4096, 7168, 16384, 1358), (1, 4096, 4096, 7168, 1304), (1, 4096, 7168, 2048, 1025),
+    (4, 8192, 4096, 7168, 1297), (4, 8192, 7168, 2048, 1099),
+)
+"""``(groups, M, N, K, TFLOP/s)``: DeepGEMM's measured FP8 GEMMs on the H800 at DeepSeek-V3's shapes
+(deepseek-ai/DeepGEMM, README.md at a6d97a1c1b48a7a9d7994d0e155ee6f11d0a3f07, 2025-02-25, its first
+release, "Performance": the M = 4096 rows of "Normal GEMMs for dense models" and the 8192-row
+groups of "Grouped GEMMs for MoE models (contiguous layout)"; fine-grained 1×128 and 128×128
+scaling with CUDA-core promotion, DeepSeek-V3 §3.3.2). The smaller-M rows are decoding shapes."""
+
+
+def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float = 1979.0,
+                            half_dim: float = 64.0) -> float:
+    """The FP8 matrix efficiency e_max that prices ``rows`` (``DEEPGEMM_H800_FP8_TFLOPS``), run one
+    after another, in the time they took: each row's rate over the FP8 peak with the size curve
+    ``(1 + D/M)(1 + D/N)`` of ``sim.cost.compute.kernel_time_s`` divided out (D: the preset's
+    ``matmul_half_dim``), their FLOP-weighted harmonic mean ``ΣF / Σ(F/e)``."""
+    flop = [2.0 * g * m * n * k for g, m, n, k, _ in rows]
+    eff = [rate / peak_tflops * (1 + half_dim / m) * (1 + half_dim / n) for _, m, n, _k, rate in rows]
+    return sum(flop) / sum(f / e for f, e in zip(flop, eff))
+
+
+H100_FP8_EFFICIENCY = round(measured_fp8_efficiency(), 3)
+"""The H100-class presets' ``fp8_efficiency``: DeepGEMM's H800 rates (``measured_fp8_efficiency``),
+0.613, against the bf16 products' e_max 0.7 (a starting point no measurement backs, docs/moe.md)."""
 
 
 def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
@@ -154,6 +193,8 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "sdpa_efficiency": 0.323,
         "sdpa_backward_efficiency": 0.313,
         "overlap_slowdown": OVERLAP_SLOWDOWN,
+        "sm_count": 132,
+        "fp8_efficiency": H100_FP8_EFFICIENCY,
         "power_w": "700W",
     })
 """The H100 SXM 80GB (NVIDIA H100 datasheet), which the H800 preset shares."""

@@ -104,6 +104,10 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
         extra["mla"] = model.mla
     if model.gemm_dtype is not None:
         extra["gemm_dtype"] = model.gemm_dtype
+    if model.mtp_depth:
+        extra["mtp_depth"] = model.mtp_depth
+    if model.fp8_activations:
+        extra["fp8_activations"] = True
     built = MODEL_PRESETS[model.preset.name](shard=shard, attention=model.attention or "unfused",
                                              **extra, **model.preset.values)
     # what the scenario set beside the generator's parameters (sim.input.model) carries over

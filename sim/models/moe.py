@@ -45,7 +45,7 @@ from sim.core.parallelism import Shard
 from sim.core.specs import DTYPE_BYTES
 from sim.cost.kernels import FP32_BYTES, KernelSpec
 
-__all__ = ["MLP_KERNELS", "ParameterCounts", "check_experts", "moe_block", "parameter_counts", "strip_mlp"]
+__all__ = ["busy_rows", "MLP_KERNELS", "ParameterCounts", "check_experts", "moe_block", "parameter_counts", "strip_mlp"]
 
 MLP_KERNELS = frozenset({"mlp_up", "gelu", "swiglu", "mlp_down", "silu", "swiglu_mul"})
 """The dense MLP's kernels (``sim.cost.kernels.transformer_block``, fused and eager), which an MoE
@@ -83,6 +83,14 @@ def strip_mlp(layer: LayerSpec, *, params: float, flop: float, stash: float, ten
                    param_tensors=(layer.param_tensors or 0) - tensors)
 
 
+def busy_rows(experts: ExpertSpec, shard: Shard, seq_len: int) -> float:
+    """Rows one of the busiest rank's experts runs per sample (module docstring): the mean
+    ``s·top_k·EP·ETP/(count·t·c)`` times ``rank_imbalance``, less what capacity drops."""
+    rows = seq_len * experts.top_k * shard.expert * shard.expert_tensor / (experts.count * shard.tensor * shard.context)
+    load = experts.rank_imbalance(shard.expert)
+    return rows * load * experts.kept_fraction(load)
+
+
 def moe_block(layer: LayerSpec, experts: ExpertSpec, shard: Shard, *, seq_len: int, hidden: int, d: int,
               gated: bool, bias: bool) -> LayerSpec:
     """``layer`` (a dense block without the routed experts, see the module docstring) with the
@@ -95,8 +103,7 @@ def moe_block(layer: LayerSpec, experts: ExpertSpec, shard: Shard, *, seq_len: i
     pointwise = s / c / (t if shard.sequence_parallel else 1)  # the router runs on the tokens a device holds
     tokens = s / (c * t)  # the tokens a device dispatches (module docstring)
     rows = s * experts.top_k * ep * etp / (experts.count * t * c)
-    load = experts.rank_imbalance(ep)
-    busy = rows * load * experts.kept_fraction(load)
+    busy = busy_rows(experts, shard, seq_len)
     mean = rows * experts.kept_fraction(1.0)
     expert_params = local * (h * up + width * h + b * (up + h))
     router_params = h * experts.count

@@ -10,8 +10,8 @@ with a weight and FLOPs (QKV or MLA's projections, the output projection, the de
 MLP, the routed experts) but the router (``KernelSpec.fp8``), which ``sim.cost.compute`` prices
 at the device's FP8 peak (``DeviceSpec.peak_fp8_flop_per_s``) with the same size-dependent
 efficiency as any product. The embedding, the head, the fused attention and the element-wise
-kernels are unchanged; so are the parameters, gradients, optimizer state and stash (the report
-also caches some activations in FP8, §3.3.3, not modelled), and the model FLOPs (MFU's count).
+kernels are unchanged; so are the parameters, gradients, optimizer state and the model FLOPs
+(MFU's count), and the stash unless ``model.fp8_activations`` (below).
 The products' bytes stay those of the model's dtype (they are compute-bound at these sizes).
 
 Communication, §3.3.3 ("Low-Precision Communication"): the activations before the MoE
@@ -20,16 +20,36 @@ before the down-projections in the backward, while the combine and its gradient 
 Of the four all-to-alls of an MoE block (dispatch and combine, forward and backward) two move
 FP8 elements with one fp32 scale per 1×128 tile (§3.3.2), so the payload is
 ``FP8_A2A_SCALE`` = (1 + 4/128 + 2) / (2·2) of the bf16 one.
+
+The stash, ``model.fp8_activations`` (:func:`fp8_stash_saving_bytes`): DeepSeek-V3 caches "activations
+in FP8 format for the backward pass of the Linear operator" (§3.3.3, "Low-Precision Activation"),
+with two exceptions: the inputs of the Linear after the attention operator, also the attention
+backward's, in a custom E5M6 (12 bits), and "the inputs of the SwiGLU operator in MoE", cached in
+FP8 with the SwiGLU's output recomputed in the backward; and it recomputes "all RMSNorm
+operations and MLA up-projections during back-propagation" (§3.2.3), so no norm's output (the
+input of the attention's and the MLP's first products) is kept. Every FP8 element carries one
+fp32 scale per 128 (``FP8_CACHED_BYTES`` = 1 + 4/128 bytes; E5M6 1.5 + 4/128). Of a block's stash
+(``sim.cost.memory.block_activation_bytes``, ``sim.models.moe``, ``sim.models.mla``) this drops the
+attention's and the MLP's inputs, stores the output-projection input in E5M6 and, in an MoE
+block (shared and routed experts), the experts' inputs and SwiGLU inputs in FP8 and their
+SwiGLU outputs (the down-projections' inputs) not at all; a dense block's down-projection input
+in FP8. The routed experts' outputs (for the gate's gradient), the norms' inputs and MLA's
+latents stay in the model's dtype. The recomputed norms and SwiGLUs (element-wise kernels) are
+not priced.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec
+from sim.core.parallelism import Shard
 from sim.core.specs import FP8
+from sim.cost.memory import BlockShape
+from sim.models.moe import busy_rows
 
-__all__ = ["FP8_A2A_SCALE", "GEMM_DTYPES", "fp8_block"]
+__all__ = ["E5M6_CACHED_BYTES", "FP8_A2A_SCALE", "FP8_CACHED_BYTES", "GEMM_DTYPES", "fp8_block", "fp8_cached_block", "fp8_stash_saving_bytes"]
 
 GEMM_DTYPES = (FP8,)
 """What ``model.gemm_dtype`` may name (absent: the model's dtype)."""
@@ -37,6 +57,10 @@ FP8_TILE = 128
 """Elements sharing one fp32 scaling factor along a row of an activation (§3.3.2, 1×128 tiles)."""
 FP8_A2A_SCALE = (1 + 4 / FP8_TILE + 2) / (2 * 2)
 """The expert all-to-all's bytes under FP8 dispatch over its bf16 bytes (module docstring)."""
+FP8_CACHED_BYTES = 1 + 4 / FP8_TILE
+"""Bytes an activation element cached in FP8 takes with its share of the tile's fp32 scale (§3.3.3)."""
+E5M6_CACHED_BYTES = 12 / 8 + 4 / FP8_TILE
+"""The same in E5M6, the output-projection inputs' format (§3.3.3)."""
 KEPT_PRECISION = frozenset({"router"})
 """Weighted products of a block that stay in the model's dtype: the MoE gating (§3.3.1)."""
 
@@ -47,3 +71,42 @@ def fp8_block(layer: LayerSpec) -> LayerSpec:
     kernels = tuple(replace(k, fp8=True) if k.weights and k.flop > 0 and not k.fused_attention
                     and k.name not in KEPT_PRECISION else k for k in layer.kernels)
     return replace(layer, kernels=kernels, a2a_bytes=layer.a2a_bytes * FP8_A2A_SCALE)
+
+
+def fp8_stash_saving_bytes(*, seq_len: int, hidden: int, attention_out: int, ffn_hidden: int, gated: bool, d: int,
+                           moe: bool, routed_rows: float = 0.0, expert_ffn: int = 0) -> float:
+    """Bytes a block's stash loses per sample to DeepSeek-V3's FP8 caching and recompute (module
+    docstring): ``s·h·2d`` (the attention's and the MLP's inputs, norm outputs, recomputed), the
+    output-projection input's ``s·attention_out`` elements at E5M6, and in an MoE block the shared
+    MLP's SwiGLU input in FP8 and its output dropped, the ``routed_rows`` expert rows' inputs
+    (``hidden``) and SwiGLU inputs in FP8 and their outputs (``expert_ffn``) dropped; in a dense
+    block the down-projection's input (``ffn_hidden``) in FP8. ``gated``: a SwiGLU MLP (two inputs)."""
+    s, h, f, q8 = seq_len, hidden, ffn_hidden, d - FP8_CACHED_BYTES
+    saved = s * h * 2 * d + s * attention_out * (d - E5M6_CACHED_BYTES)
+    act = 2 if gated else 1
+    if not moe:
+        return saved + s * f * q8
+    saved += s * f * (act * q8 + d)
+    return saved + routed_rows * (h * q8 + act * expert_ffn * q8 + expert_ffn * d)
+
+
+def fp8_cached_block(layer: LayerSpec, shape: BlockShape, shard: Shard, *, experts=None, mla=None) -> LayerSpec:
+    """``layer`` (a block of ``shape``; an MoE block when ``experts`` is given) with the stash
+    DeepSeek-V3's FP8 caching and recompute leave (:func:`fp8_stash_saving_bytes`), modelled
+    whole over the sequence and the hidden size, as DeepSeek-V3 runs (no tensor or context parallelism)."""
+    if shard.tensor > 1 or shard.context > 1:
+        key = "tensor_parallel" if shard.tensor > 1 else "context_parallel"
+        raise SpecError(key, "model.fp8_activations is modelled without tensor or context parallelism (DeepSeek-V3 "
+                             "uses neither); set 1, or remove model.fp8_activations")
+    s, h = shape.seq_len, shape.hidden
+    out = mla.v_head_dim * shape.heads if mla is not None else h
+    if experts is None:
+        saved = fp8_stash_saving_bytes(seq_len=s, hidden=h, attention_out=out, ffn_hidden=shape.ffn_hidden,
+                                       gated=shape.gated, d=shape.element_bytes, moe=False)
+    else:
+        local = experts.count // shard.expert
+        saved = fp8_stash_saving_bytes(seq_len=s, hidden=h, attention_out=out, gated=shape.gated, d=shape.element_bytes,
+                                       ffn_hidden=experts.ffn_hidden * experts.shared, moe=True,
+                                       routed_rows=local * busy_rows(experts, shard, s),
+                                       expert_ffn=experts.ffn_hidden // shard.expert_tensor)
+    return replace(layer, stash_bytes=layer.stash_bytes - saved, selective_stash_bytes=layer.selective_stash - saved)

@@ -43,8 +43,9 @@ from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.mla import mla_block
 from sim.models.moe import check_experts, moe_block, strip_mlp
+from sim.models.mtp import merge_layers, mtp_projection, with_mtp
 from sim.models.params import resolve
-from sim.models.precision import GEMM_DTYPES, fp8_block
+from sim.models.precision import GEMM_DTYPES, fp8_block, fp8_cached_block
 from sim.models.vocab import padded_vocab_size
 
 __all__ = ["bert", "gpt", "llama", "llama_ffn_hidden"]
@@ -286,7 +287,8 @@ def _check_shard(p: Mapping[str, Any], shard: Shard, preset: str) -> None:
 
 
 def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, attention: str,
-                 kernels: str = "fused", experts=None, mla=None, gemm_dtype: str | None = None) -> ModelSpec:
+                 kernels: str = "fused", experts=None, mla=None, gemm_dtype: str | None = None,
+                 mtp_depth: int = 0, fp8_activations: bool = False) -> ModelSpec:
     if attention not in ATTENTION_KERNELS:
         raise SpecError("attention", f"unknown kernel {attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")
     if kernels not in K.KERNEL_MODES or (kernels == "eager" and preset != "llama"):
@@ -324,24 +326,43 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
               _transformer_block(f"block_{i}", shape, arch, shard, attention, kernels, mla) for i in range(p["layers"])]
     if gemm_dtype is not None and gemm_dtype not in GEMM_DTYPES:
         raise SpecError("gemm_dtype", f"unknown {gemm_dtype!r}; valid: {', '.join(GEMM_DTYPES)} (or absent: the dtype's)")
+    if fp8_activations:  # DeepSeek-V3's FP8-cached stash (sim.models.precision)
+        if gemm_dtype != FP8:
+            raise SpecError("fp8_activations", "caches the FP8 products' inputs: set model.gemm_dtype: fp8, or remove it")
+        blocks = [fp8_cached_block(b, shape, shard, experts=experts if experts is not None and experts.is_moe(i) else None,
+                                   mla=mla) for i, b in enumerate(blocks)]
     layers += [fp8_block(block) for block in blocks] if gemm_dtype == FP8 else blocks
     head = _bert_head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"]) if bert else \
         _lm_head(s, h, vocab, d, arch, shard, tied=p["tied_embeddings"], kernels=kernels)
+    if mtp_depth:  # DeepSeek-V3's MTP modules before the head, which they share (sim.models.mtp)
+        moe = experts is not None and experts.is_moe(p["layers"] - 1)
+        block = _moe_transformer_block("mtp_block", shape, arch, shard, attention, kernels, experts, mla) if moe else \
+            _transformer_block("mtp_block", shape, arch, shard, attention, kernels, mla)
+        if fp8_activations:
+            block = fp8_cached_block(block, shape, shard, experts=experts if moe else None, mla=mla)
+        block = fp8_block(block) if gemm_dtype == FP8 else block
+        shared = 0 if p["tied_embeddings"] else 1  # the head's projection to the vocabulary
+        mtp, head = with_mtp(head, merge_layers("mtp", mtp_projection(s / shard.context, h, d), block), mtp_depth,
+                             head_params_bytes=shared * h * vocab / shard.tensor * d, head_tensors=shared)
+        layers.append(mtp)
     layers.append(head)
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
     model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
         table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
-    model = replace(model, attention=attention, kernels=kernels, experts=experts, mla=mla, gemm_dtype=gemm_dtype)
+    model = replace(model, attention=attention, kernels=kernels, experts=experts, mla=mla, gemm_dtype=gemm_dtype,
+                    mtp_depth=mtp_depth, fp8_activations=fp8_activations)
     return model if shard.is_whole and not shard.splits_experts else replace(model, shard=shard)
 
 
 def gpt(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
-        mla=None, gemm_dtype: str | None = None, **params: Any) -> ModelSpec:
-    """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head``; its attention
-    runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``; the scenario's default is the device's)."""
-    return _transformer("gpt", params, shard, attention, kernels, experts, mla, gemm_dtype)
+        mla=None, gemm_dtype: str | None = None, mtp_depth: int = 0, fp8_activations: bool = False,
+        **params: Any) -> ModelSpec:
+    """A GPT decoder: ``embedding``, ``block_0`` .. ``block_{layers-1}``, ``head`` (with ``mtp_depth``
+    MTP modules, ``sim.models.mtp``); its attention runs ``attention`` (``sim.core.specs.ATTENTION_KERNELS``)."""
+    return _transformer("gpt", params, shard, attention, kernels, experts, mla, gemm_dtype, mtp_depth,
+                        fp8_activations)
 
 
 def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused",
@@ -352,7 +373,9 @@ def bert(*, shard: Shard | None = None, attention: str = "unfused", kernels: str
 
 
 def llama(*, shard: Shard | None = None, attention: str = "unfused", kernels: str = "fused", experts=None,
-          mla=None, gemm_dtype: str | None = None, **params: Any) -> ModelSpec:
+          mla=None, gemm_dtype: str | None = None, mtp_depth: int = 0, fp8_activations: bool = False,
+        **params: Any) -> ModelSpec:
     """A Llama decoder (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, untied head);
     ``kernels``: its element-wise work ``fused`` or ``eager`` (``sim.cost.kernels.eager_elementwise``)."""
-    return _transformer("llama", params, shard, attention, kernels, experts, mla, gemm_dtype)
+    return _transformer("llama", params, shard, attention, kernels, experts, mla, gemm_dtype, mtp_depth,
+                        fp8_activations)

@@ -1,0 +1,91 @@
+"""Multi-token prediction: DeepSeek-V3's extra modules that predict the tokens after the next.
+
+DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report", arXiv 2412.19437, §2.2) adds ``D`` sequential
+MTP modules after the main model; module ``k`` takes the main model's (or module ``k − 1``'s)
+last hidden state of each token and the embedding of the token ``k`` places ahead, normalises
+both (RMSNorm), concatenates them and projects the ``2h`` back to ``h`` (its matrix
+``M_k ∈ R^{h×2h}``), runs one transformer block ``TRM_k`` and the output head, and adds a
+cross-entropy loss (§2.2, Eq. 21–25). The embedding and the output head are *shared* with the
+main model (§2.2: "shared embedding layer" and "shared output head"), and DualPipe keeps the
+shallowest and deepest layers on one pipeline rank so that they share the parameters and their
+gradients physically (§3.2.3, "Shared Embedding and Output Head for Multi-Token Prediction").
+DeepSeek-V3 trains with ``D = 1`` (§4.2).
+
+Here module ``k`` costs what it runs: the two norms and the projection (``2·2h·h`` FLOPs a token
+forward; parameters ``2h·h + 2h``; its inputs stashed) and one block like the model's last (an
+MoE block where the last is one: its experts, router and all-to-all) make one layer ``mtp``
+between the last block and the ``head``, and the head runs once more for each module without
+parameters of its own but its final norm's (:func:`with_mtp`). The head stays the model's last
+layer and the MTP layer comes just before it, so the balanced cut puts them on the last stages,
+where DualPipe's V places them beside the embedding. The shifted tokens' embedding look-up (a
+gather of ``h`` a token) is left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.core.model_spec import LayerSpec
+from sim.cost.kernels import KernelSpec
+
+__all__ = ["merge_layers", "mtp_projection", "with_mtp"]
+
+
+def mtp_projection(q: float, h: int, d: int) -> LayerSpec:
+    """One MTP module's two RMSNorms and its ``2h → h`` projection on the ``q`` tokens a device
+    holds: parameters ``2h·h + 2h``, forward ``2·q·2h·h`` FLOPs (backward twice), stash the norms'
+    inputs and the projection's (``2·2q·h`` elements)."""
+    return LayerSpec(
+        name="mtp_projection",
+        param_bytes=float((2 * h * h + 2 * h) * d),
+        param_tensors=3,
+        output_bytes=float(q * h * d),
+        stash_bytes=float(2 * 2 * q * h * d),
+        fwd_flop=float(2 * q * 2 * h * h),
+        bwd_flop=float(4 * q * 2 * h * h),
+        wgrad_fraction=0.5,
+        kernels=(KernelSpec(name="mtp_norms", bytes=2 * d * 2 * q * h),  # read and write 2q·h
+                 KernelSpec(name="mtp_projection", flop=2 * q * h * 2 * h, rows=q, cols=h, inner=2 * h,
+                            bytes=d * (q * 2 * h + q * h), fixed_bytes=d * 2 * h * h, weights=True)),
+    )
+
+
+def merge_layers(name: str, first: LayerSpec, *rest: LayerSpec) -> LayerSpec:
+    """One layer that runs ``first`` then each of ``rest``: parameters, FLOPs, stash, kernels,
+    collectives and all-to-all bytes summed; its output ``first``'s (the head's 0); the weight-
+    gradient share weighted by each backward's FLOPs; a backward workspace the largest (each
+    freed before the next backward runs)."""
+    layers = (first, *rest)
+    bwd = sum(layer.bwd_flop for layer in layers)
+    wgrad = sum(layer.wgrad_fraction * layer.bwd_flop for layer in layers) / bwd if bwd else first.wgrad_fraction
+    return replace(
+        first,
+        name=name,
+        param_bytes=sum(layer.param_bytes for layer in layers),
+        param_tensors=sum(layer.optimizer_tensors for layer in layers),
+        stash_bytes=sum(layer.stash_bytes for layer in layers),
+        selective_stash_bytes=sum(layer.selective_stash for layer in layers),
+        fwd_flop=sum(layer.fwd_flop for layer in layers),
+        bwd_flop=bwd,
+        wgrad_fraction=wgrad,
+        kernels=sum((layer.kernels for layer in layers), ()),
+        tp_collectives=sum((layer.tp_collectives for layer in layers), ()),
+        cp_ring_bytes=sum(layer.cp_ring_bytes for layer in layers),
+        expert_param_bytes=sum(layer.expert_param_bytes for layer in layers),
+        a2a_bytes=sum(layer.a2a_bytes for layer in layers),
+        backward_workspace_bytes=max(layer.backward_workspace_bytes for layer in layers),
+    )
+
+
+def with_mtp(head: LayerSpec, module: LayerSpec, depth: int, *, head_params_bytes: float,
+             head_tensors: int) -> tuple[LayerSpec, LayerSpec]:
+    """``(mtp, head)``: the ``depth`` MTP modules as one layer (``module``: one module's projection
+    and block, :func:`merge_layers`) before ``head``, and ``head`` run ``1 + depth`` times, its
+    projection to the vocabulary (``head_params_bytes``, ``head_tensors``) held once (shared, §2.2).
+    The ``mtp`` layer passes the main model's hidden state on beside each module's, so the cut
+    after it carries ``1 + depth`` hidden states."""
+    again = replace(head, param_bytes=head.param_bytes - head_params_bytes,
+                    param_tensors=head.optimizer_tensors - head_tensors, tp_collectives=())
+    mtp = merge_layers("mtp", *[module] * depth)
+    hidden_bytes = module.output_bytes
+    return replace(mtp, output_bytes=(1 + depth) * hidden_bytes), merge_layers(head.name, head, *[again] * depth)

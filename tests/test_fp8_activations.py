@@ -1,0 +1,52 @@
+"""DeepSeek-V3's FP8-cached stash (``model.fp8_activations``, ``sim.models.precision``; arXiv
+2412.19437 §3.3.3 and §3.2.3): the norms' outputs recomputed, the output-projection input in E5M6,
+the experts' inputs and SwiGLU inputs in FP8 (one fp32 scale per 128) and their SwiGLU outputs recomputed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.errors import SpecError
+from sim.core.experts import ExpertSpec
+from sim.core.mla import MlaSpec
+from sim.core.parallelism import Shard
+from sim.models import build_model, shard_model
+from sim.models.precision import fp8_stash_saving_bytes
+
+SMALL = dict(layers=2, hidden=1024, heads=8, kv_heads=8, ffn_hidden=2048, vocab=1000, seq_len=256, attention="flash",
+             dtype="bf16")
+MLA = MlaSpec(q_lora_rank=384, kv_lora_rank=128, rope_head_dim=32, nope_head_dim=64, v_head_dim=64)
+
+
+def test_a_dense_block_loses_its_norm_outputs_and_half_its_down_projection_input():
+    s, h, f = 256, 1024, 2048
+    q8, e5m6 = 1 + 4 / 128, 1.5 + 4 / 128
+    # norm outputs 2·s·h·2 bytes; the output-projection input 2 -> 1.53 bytes; the down input 2 -> 1.03
+    expected = 2 * s * h * 2 + s * h * (2 - e5m6) + s * f * (2 - q8)
+    got = fp8_stash_saving_bytes(seq_len=s, hidden=h, attention_out=h, ffn_hidden=f, gated=True, d=2, moe=False)
+    assert got == pytest.approx(expected, rel=1e-12)
+    base = build_model("llama", gemm_dtype="fp8", **SMALL)
+    cached = build_model("llama", gemm_dtype="fp8", fp8_activations=True, **SMALL)
+    assert base.layers[1].stash_bytes - cached.layers[1].stash_bytes == pytest.approx(expected, rel=1e-12)
+    assert cached.layers[-1].stash_bytes == base.layers[-1].stash_bytes  # the head keeps its stash
+
+
+def test_an_moe_block_with_mla_caches_its_experts_swiglu_inputs_in_fp8():
+    experts = ExpertSpec(count=8, top_k=2, ffn_hidden=512, shared=1)
+    s, h, fe, ep = 256, 1024, 512, 4
+    q8, e5m6 = 1 + 4 / 128, 1.5 + 4 / 128
+    shard = Shard(expert=ep)
+    base = shard_model(build_model("llama", gemm_dtype="fp8", experts=experts, mla=MLA, **SMALL), shard)
+    cached = shard_model(build_model("llama", gemm_dtype="fp8", experts=experts, mla=MLA, fp8_activations=True,
+                                     **SMALL), shard)
+    rows = (8 // ep) * s * 2 * ep / 8  # two local experts, s·top_k·EP/count rows each
+    expected = (2 * s * h * 2 + s * 8 * 64 * (2 - e5m6)  # norm outputs; MLA's 8 heads × 64 values in E5M6
+                + s * fe * (2 * (2 - q8) + 2)  # the shared expert: its SwiGLU's two inputs in FP8, its output recomputed
+                + rows * (h * (2 - q8) + 2 * fe * (2 - q8) + fe * 2))  # the routed rows alike, their inputs in FP8
+    assert base.layers[1].stash_bytes - cached.layers[1].stash_bytes == pytest.approx(expected, rel=1e-12)
+    assert cached.layers[1].selective_stash == cached.layers[1].stash_bytes
+
+
+def test_fp8_activations_need_fp8_products():
+    with pytest.raises(SpecError, match="fp8_activations"):
+        build_model("llama", fp8_activations=True, **SMALL)

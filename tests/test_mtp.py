@@ -1,0 +1,52 @@
+"""DeepSeek-V3's multi-token prediction (``model.mtp_depth``, ``sim.models.mtp``; arXiv
+2412.19437 §2.2): one more block like the last and a 2h -> h projection as the layer ``mtp`` before
+the head, and the shared head run again, its projection to the vocabulary held once."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.errors import ScenarioError
+from sim.core.experts import ExpertSpec
+from sim.input.scenario import parse_scenario
+from sim.models import build_model
+
+SMALL = dict(layers=2, hidden=1024, heads=8, kv_heads=8, ffn_hidden=2048, vocab=1000, seq_len=256, attention="flash")
+EXPERTS = ExpertSpec(count=8, top_k=2, ffn_hidden=512, shared=1)
+
+
+@pytest.mark.parametrize("experts", [None, EXPERTS])
+def test_one_mtp_module_is_the_last_block_a_projection_and_the_head_again(experts):
+    base = build_model("llama", experts=experts, **SMALL)
+    mtp = build_model("llama", experts=experts, mtp_depth=1, **SMALL)
+    s, h, v = 256, 1024, 1024  # the vocabulary padded to a multiple of 128, as Megatron-LM pads it
+    d = {"bf16": 2, "fp16": 2, "fp32": 4}[base.dtype]
+    assert [layer.name for layer in mtp.layers] == ["embedding", "block_0", "block_1", "mtp", "head"]
+    last, head, extra, head2 = base.layers[-2], base.layers[-1], mtp.layers[-2], mtp.layers[-1]
+    # the module: the last block's FLOPs and parameters plus the projection's 2·s·2h·h and 2h² + 2h
+    assert extra.fwd_flop == pytest.approx(last.fwd_flop + 2 * s * 2 * h * h, rel=1e-12)
+    assert extra.bwd_flop == pytest.approx(last.bwd_flop + 4 * s * 2 * h * h, rel=1e-12)
+    assert extra.param_bytes == pytest.approx(last.param_bytes + (2 * h * h + 2 * h) * d, rel=1e-12)
+    assert extra.expert_param_bytes == last.expert_param_bytes and extra.a2a_bytes == last.a2a_bytes
+    assert extra.stash_bytes == pytest.approx(last.stash_bytes + 2 * 2 * s * h * d, rel=1e-12)
+    assert extra.output_bytes == 2 * last.output_bytes  # the main hidden state passes beside the module's
+    # the head twice, its vocabulary projection once (shared, §2.2); its own final norm's h
+    assert head2.fwd_flop == pytest.approx(2 * head.fwd_flop, rel=1e-12)
+    assert head2.stash_bytes == pytest.approx(2 * head.stash_bytes, rel=1e-12)
+    assert head2.param_bytes == pytest.approx(head.param_bytes + h * d, rel=1e-12)
+    assert head.param_bytes == pytest.approx((h + h * v) * d, rel=1e-12)
+
+
+def test_mtp_depth_is_read_for_gpt_and_llama_only():
+    text = """
+name: mtp
+cluster: {preset: dgx-h100, nodes: 1}
+model: {preset: %s, layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 512, mtp_depth: %s}
+training: {global_batch_size: 8, microbatch_size: 8}
+plan: {pipeline_parallel: 1, data_parallel: 8}
+"""
+    assert parse_scenario(text % ("llama", 1), source="m.yaml").model.mtp_depth == 1
+    with pytest.raises(ScenarioError, match="mtp_depth"):
+        parse_scenario(text % ("bert", 1), source="m.yaml")
+    with pytest.raises(ScenarioError, match="mtp_depth"):
+        parse_scenario(text % ("llama", -1), source="m.yaml")
