@@ -72,7 +72,8 @@ class FabricTraffic:
     tiers: tuple[TierTraffic, ...]
     """Bottom (leaf) first."""
     busiest: tuple[LinkLoad, ...]
-    """The most utilised NICs and uplinks, most utilised first (ties by name), a few."""
+    """The most utilised NICs and uplinks, most utilised first (ties in link order: NICs out, NICs in,
+    then each tier's uplinks up and down, by index), a few."""
 
     def to_json(self) -> dict[str, Any]:
         return {"tiers": [t.to_json() for t in self.tiers], "busiest_links": [b.to_json() for b in self.busiest]}

@@ -135,7 +135,7 @@ def fabric_traffic(traffic: LabelTraffic, workload, iteration_time_s: float) -> 
     per_link = np.bincount(traffic.link_of, weights=traffic.link_bytes * times[traffic.link_label],
                            minlength=len(traffic.link_names))
     utilisation = per_link / (traffic.link_capacity_bytes_per_s * iteration_time_s)
-    order = sorted(np.flatnonzero(per_link > 0).tolist(), key=lambda i: (-utilisation[i], traffic.link_names[i]))
+    order = sorted(np.flatnonzero(per_link > 0).tolist(), key=lambda i: (-utilisation[i], i))
     busiest = tuple(LinkLoad(name=traffic.link_names[i], bytes=float(per_link[i]),
                              capacity_bytes_per_s=float(traffic.link_capacity_bytes_per_s[i]),
                              utilisation=float(utilisation[i])) for i in order[:BUSIEST])
