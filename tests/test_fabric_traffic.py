@@ -76,3 +76,21 @@ def test_tiers_figure_renders_with_its_labels_inside(tmp_path):
     assert 400 <= width <= 1400 and 300 <= height <= 1000
     assert "tiers.png" not in {p.name for p in write_outputs(run_scenario(_ring(fabric=False)), tmp_path / "none")}
     assert json.loads((tmp_path / "summary.json").read_text())["fabric"]["tiers"][1]["name"] == "spine"
+
+
+def test_tiers_figure_keeps_every_label_inside():
+    from sim.report.plots.tiers import tiers_figure
+
+    fig = tiers_figure(run_scenario(_ring()))
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()  # matplotlib keeps tick labels past the view, never drawn
+    shown = [t for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    texts = [t for t in (*ax.get_xticklabels(), *shown, ax.title, ax.yaxis.label, *ax.get_legend().get_texts())
+             if t.get_text()]
+    assert any("spine" in t.get_text() for t in texts)
+    for text in texts:
+        extent = text.get_window_extent(renderer)
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, \
+            text.get_text()

@@ -2,7 +2,7 @@
 
 One bar per tier of the cluster's fabric (``sim.core.fabric_traffic``), bottom tier first: the
 bytes that reached the tier per direction, stacked by the kind of group that sent them (TP,
-CP, EP, PP, DP), in gigabytes. A black tick over each bar marks what the tier could carry in
+CP, EP, PP, DP), in MB, GB, TB or PB as the tallest bar asks. A black tick over each bar marks what the tier could carry in
 the iteration (its capacity × the iteration time); a capacity far above every bar is written
 under the bar instead, so that the bars stay readable. Each bar's label gives its utilisation
 (bytes over capacity × time): a ring's data parallelism is as busy on a 1:7 core as on its
@@ -31,28 +31,37 @@ def tiers_figure(result, *, ax=None) -> Any:
     fabric, T = summary.fabric, summary.iteration_time_s
     fig, ax = figure_and_axes(ax, (8, 4.8))
     x = range(len(fabric.tiers))
+    scale, unit = _unit(max((t.bytes for t in fabric.tiers), default=0.0))
     bottoms = [0.0] * len(fabric.tiers)
     for kind, colour in KIND_COLOURS.items():
-        heights = [dict(t.bytes_by_kind).get(kind, 0.0) / 1e9 for t in fabric.tiers]
+        heights = [dict(t.bytes_by_kind).get(kind, 0.0) / scale for t in fabric.tiers]
         if any(heights):
             ax.bar(x, heights, bottom=bottoms, color=colour, label=kind, width=0.6)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
     tallest = max(bottoms, default=0.0) or 1.0
     labels = []
     for i, tier in enumerate(fabric.tiers):
-        capacity_gb = tier.capacity_bytes_per_s * T / 1e9
+        capacity = tier.capacity_bytes_per_s * T / scale
         label = f"{tier.name}\n{tier.utilisation:.1%} of capacity"
-        if capacity_gb <= OFF_SCALE * tallest:
-            ax.hlines(capacity_gb, i - 0.4, i + 0.4, colors="black", linewidth=2,
+        if capacity <= OFF_SCALE * tallest:
+            ax.hlines(capacity, i - 0.4, i + 0.4, colors="black", linewidth=2,
                       label="capacity × iteration" if i == 0 else None)
         else:
-            label += f"\ncapacity {capacity_gb:,.4g} GB (off scale)"
+            label += f"\ncapacity {capacity:,.0f} {unit} (off scale)"
         labels.append(label)
     ax.set_xticks(list(x), labels, fontsize="small")
-    ax.set_ylabel("GB per iteration, per direction")
+    ax.set_ylabel(f"{unit} per iteration, per direction")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the key above the bars
     ax.legend(fontsize="small", loc="upper center", ncol=6, frameon=False)
     ax.set_title(f"{summary.name}: traffic per fabric tier in one iteration ({format_duration(T)})", fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _unit(largest_bytes: float) -> tuple[float, str]:
+    """(bytes per unit, name) for bars up to ``largest_bytes``: MB, GB, TB or PB, at most four digits."""
+    for scale, name in ((1e15, "PB"), (1e12, "TB"), (1e9, "GB")):
+        if largest_bytes >= scale:
+            return scale, name
+    return 1e6, "MB"
