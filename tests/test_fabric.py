@@ -208,3 +208,18 @@ def test_an_uplink_bandwidth_says_the_same_as_its_oversubscription():
     assert group_crossing(by_bandwidth.cluster, range(4)).oversubscription == pytest.approx(4.0)
     with pytest.raises(Exception, match="uplink_bandwidth or oversubscription"):
         TierSpec(name="leaf", size=2, oversubscription=2.0, uplink_bandwidth_bytes_per_s=B)
+
+
+def test_uplinks_loaded_differently_are_different_classes():
+    # 4 stages of 2 replicas, stage s on servers s and 4 + s, racks of 2 servers at 1:4 (an uplink
+    # carries 2·B/4 = B/2): rack 0 (servers 0, 1) carries stage 0's and stage 1's rings, rack 1
+    # stages 2 and 3'. Backwards of 5 s in turn (stage 3 first) keep the reductions apart, so each
+    # ring is alone on its uplinks: its P bytes at B/2, 2 s; the iteration 4 · 5 s + stage 0's 2 s.
+    # One class for every rack uplink spread each stage's ring over all four: 0.5 of a flow on
+    # each, at min(B, B/2 / 0.5) = B (21 s).
+    scenario = synthetic_scenario(fwd_s=[0.0] * 4, bwd_s=[5.0] * 4, replicas=[2] * 4, microbatches=1,
+                                  microbatch_size=1, devices_per_node=1, param_bytes=P, inter_bandwidth=B)
+    stages = tuple(StageSpec(layers=(s, s + 1), devices=(s, 4 + s)) for s in range(4))
+    scenario = _on(replace(scenario, plan=replace(scenario.plan, stages=stages)),
+                   tiers=(TierSpec(name="rack", size=2, oversubscription=4.0), TierSpec(name="spine", size=None)))
+    assert _times(scenario) == pytest.approx((4 * 5.0 + P / (B / 2),) * 3, rel=1e-5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.core.errors import DappleError
+from sim.core.fabric_traffic import FabricTraffic
 from sim.core.jsonio import write_json
 from sim.core.run_estimate import RunEstimate, RunTotals
 from sim.core.summary import Summary, stage_groups
@@ -21,16 +22,18 @@ from sim.core.units import format_bytes, format_time
 from sim.core.userfiles import open_output, show_path
 from sim.engine.result import SimResult
 from sim.engine.trace import perfetto_trace, traced_devices
+from sim.report.plots.tiers import tiers_figure
 from sim.report.plots.timeline import gantt_figure, memory_figure
 from sim.report.plots.validation import fault_impact_figure
 
-__all__ = ["format_run", "format_summary", "write_outputs"]
+__all__ = ["format_fabric", "format_run", "format_summary", "write_outputs"]
 
 
 def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = False,
                   summary: Summary | None = None) -> list[Path]:
     """Write summary.json, trace.json, events.csv, gantt.png and memory.png into ``out_dir``
-    (and faults.png, idle time with and without the faults, when the scenario has faults);
+    (and faults.png, idle time with and without the faults, when the scenario has faults;
+    tiers.png, traffic per fabric tier, when the cluster has a fabric);
     ``summary`` (with its ``run``) is what summary.json holds, by default ``result``'s own."""
     out = Path(out_dir)
     try:
@@ -53,6 +56,8 @@ def write_outputs(result: SimResult, out_dir: str | Path, *, trace_all: bool = F
     figures = [("gantt.png", gantt_figure), ("memory.png", memory_figure)]
     if result.baseline is not None and result.baseline.iteration_time_s and result.iteration_time_s:
         figures.append(("faults.png", fault_impact_figure))
+    if result.workload.fabric_traffic is not None and result.iteration_time_s:
+        figures.append(("tiers.png", tiers_figure))
     for name, figure in figures:
         # matplotlib only when a figure is drawn: keeps it off the import path of what prints text
         import matplotlib.pyplot as plt
@@ -112,6 +117,8 @@ def format_summary(summary: Summary, result: SimResult, *, notes: tuple[str, ...
         )
     if summary.oom_detail is not None:
         lines.append(f"OUT OF MEMORY: {summary.oom_detail.message}")
+    if summary.fabric is not None:
+        lines += format_fabric(summary.fabric)
     run = () if summary.run is None else format_run(summary.run)
     if len(result.workload.classes) > MAX_CLASS_ROWS:
         lines += _stage_rows(summary, result)
@@ -127,6 +134,18 @@ def format_summary(summary: Summary, result: SimResult, *, notes: tuple[str, ...
             f"{row.peak_activation_microbatches:>7}"
         )
     return "\n".join([*lines, *run])
+
+
+def format_fabric(fabric: FabricTraffic) -> list[str]:
+    """The fabric block: per tier its bytes (by group kind), capacity and utilisation, then the busiest links."""
+    lines = ["fabric (per direction, per iteration):"]
+    for tier in fabric.tiers:
+        kinds = ", ".join(f"{kind} {format_bytes(b)}" for kind, b in tier.bytes_by_kind) or "nothing"
+        lines.append(f"  {tier.name:<10} {format_bytes(tier.bytes):>10}   capacity "
+                     f"{format_bytes(tier.capacity_bytes_per_s)}/s   utilisation {tier.utilisation:.1%}   ({kinds})")
+    if fabric.busiest:
+        lines.append("  busiest links: " + ", ".join(f"{b.name} {b.utilisation:.1%}" for b in fabric.busiest))
+    return lines
 
 
 MAX_CLASS_ROWS = 32

@@ -10,6 +10,8 @@ whose keys are the summary format of ``docs/architecture.md`` (what ``dapple-sim
   ``oom_detail``, the plan's shape, and one ``DeviceSummary`` per device in device order;
 * ``failure`` when a device died and the iteration could not finish (``sim.core.faults.Failure``),
   and ``fault_impact`` when the scenario has faults: the same plan without them, compared;
+* ``fabric`` when the cluster has a fabric: bytes and utilisation per tier, the busiest links
+  (``sim.core.fabric_traffic``);
 * ``run`` when the scenario sets a run length: days, GPU-hours, cost, energy, goodput
   (``sim.core.run_estimate``).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sim.core.fabric_traffic import FabricTraffic
 from sim.core.run_estimate import RunEstimate
 
 __all__ = ["DeviceSummary", "FailureDetail", "FaultImpact", "IdleGrowth", "MemoryBreakdown", "OomDetail", "Parallelism",
@@ -208,6 +211,9 @@ class Summary:
     run: RunEstimate | None = None
     """The whole run at this iteration (``sim.cost.capacity.estimate_run``), when the scenario
     sets ``training.tokens`` or ``steps``; the JSON's ``run`` section only then."""
+    fabric: FabricTraffic | None = None
+    """Bytes and utilisation per fabric tier and the busiest links (``sim.core.fabric_traffic``),
+    when the cluster has a fabric and the iteration finished; the JSON's ``fabric`` section only then."""
 
     @property
     def oom(self) -> bool:
@@ -256,6 +262,8 @@ class Summary:
             data["fault_impact"] = self.fault_impact.to_json()
         if self.run is not None:
             data["run"] = self.run.to_json()
+        if self.fabric is not None:
+            data["fabric"] = self.fabric.to_json()
         return data
 
 

@@ -55,6 +55,7 @@ from sim.engine.groups import build_group_collectives, group_flows
 from sim.engine.memory import held_by_stage
 from sim.engine.ops import Pipelining, class_ops
 from sim.engine.rules import collective_alone_s
+from sim.engine.tier_traffic import label_traffic
 from sim.engine.workload import COMPUTE, DeviceClass, Workload
 from sim.input.scenario import Scenario
 from sim.models import mfu_flop_per_sample
@@ -139,11 +140,13 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
         members[class_of[d]].append(d)
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
     return _workload(scenario, resolved, classes=classes, kinds=kinds, ports=ports, collectives=collectives,
-                     group_collectives=group_colls, contention=contention or not symmetric, optimistic=optimistic)
+                     group_collectives=group_colls, contention=contention or not symmetric, optimistic=optimistic,
+                     traffic=label_traffic(table, cluster, faults) if cluster.fabric is not None else None)
 
 
 def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kinds: list, ports: PortTable,
-              collectives: list, group_collectives: list, contention: bool, optimistic: bool) -> Workload:
+              collectives: list, group_collectives: list, contention: bool, optimistic: bool,
+              traffic=None) -> Workload:
     """The workload of ``scenario``'s compiled classes, with the plan's headline figures."""
     plan, cluster, training, whole = scenario.plan, scenario.cluster, scenario.training, scenario.model
     flop = mfu_flop_per_sample(whole)
@@ -171,6 +174,7 @@ def _workload(scenario: Scenario, resolved: ResolvedPlan, *, classes: tuple, kin
         tokens_per_sample=_tokens_per_sample(whole),
         contention=contention,
         optimistic=optimistic,
+        fabric_traffic=traffic,
     )
 
 

@@ -106,6 +106,9 @@ class FlowTable:
         """``(n, 2m)`` bandwidths (bytes/s) of those uplinks, a slow link's factor applied; inf where none."""
         self.modelled: tuple[int, ...] = ()
         """The fabric tiers whose uplinks are ports (``sim.cost.tiers.modelled_tiers``), in ``uplink``'s order."""
+        self.tier_groups: list[tuple[np.ndarray, np.ndarray]] = []
+        """Per fabric tier, the group (``sim.cost.tiers.uplink_group``) of each flow's sender and of its
+        receiver; empty without a fabric."""
         if cluster.fabric is not None:
             self._fabric(cluster, faults)
         self.latencies = self.latency.tolist()
@@ -132,6 +135,7 @@ class FlowTable:
         for tier in reversed(range(len(fabric.tiers))):
             climb = np.where(groups[tier][0] == groups[tier][1], tier, climb)
         self.climb = np.where(self.intra, -1, climb)
+        self.tier_groups = groups
         for tier, spec in enumerate(fabric.tiers):
             if spec.latency_s:
                 self.latency = self.latency + np.where(self.climb >= tier, spec.latency_s, 0.0)

@@ -116,8 +116,11 @@ class PortTable:
 
     def uplink_ids(self, table: FlowTable) -> np.ndarray:
         """``(n, 2m)`` port classes of the fabric uplinks each flow crosses (``FlowTable.uplink``), -1
-        where none. The healthy uplinks of one tier and direction are one class, each a size-weighted
-        share of the flows crossing them (symmetric layouts load them alike); a slow one is its own."""
+        where none. The healthy uplinks of one tier and direction that carry alike (as many flows
+        between each pair of device classes: :func:`_uplink_loads`) are one class, each a
+        size-weighted share of the flows crossing them; a slow one is its own. Uplinks loaded
+        differently (a rack of two stages' servers under one placement, another's under another)
+        are different classes: one class would spread a stage's flows over uplinks that never carry them."""
         real, bandwidth = table.uplink, table.uplink_bandwidth
         names = [t.name for t in self.cluster.fabric.tiers]
         modelled = table.modelled
@@ -125,10 +128,12 @@ class PortTable:
         for column in range(real.shape[1]):
             tier, direction = modelled[column // 2], ("up", "down")[column % 2]
             healthy = uplink_capacity_bytes_per_s(self.cluster, tier)
+            loads, alike = _uplink_loads(table, self.class_of, real[:, column]), {}
             for r, bw in sorted(set(zip(real[:, column].tolist(), bandwidth[:, column].tolist()))):
                 if r >= 0:
                     own = r + 1 if self.each_uplink or bw != healthy else 0
-                    keys[r] = (f"{names[tier]}-{direction}", own, 0), bw
+                    sub = 0 if own else alike.setdefault(loads[r], len(alike))
+                    keys[r] = (f"{names[tier]}-{direction}", own, sub), bw
         for key, _ in keys.values():
             self.sizes[key] = self.sizes.get(key, 0) + 1
         ids = {r: self._id(key, bw) for r, (key, bw) in sorted(keys.items())}
@@ -151,6 +156,21 @@ class PortTable:
         return tuple(
             PortClass(index=i, name=name, bandwidth_bytes_per_s=bw, size=size) for i, (name, bw, size) in enumerate(self.info)
         )
+
+
+def _uplink_loads(table: FlowTable, class_of, column: np.ndarray) -> dict[int, tuple]:
+    """Per real uplink of one ``FlowTable.uplink`` column, what it carries: ``(pair, flows)`` for
+    each pair of sending and receiving device classes whose flows cross it, sorted."""
+    crossing = column >= 0
+    classes = table.device_array(class_of)
+    pair = row_ids([classes[table.src[crossing]], classes[table.dst[crossing]]]) if crossing.any() else \
+        np.zeros(0, dtype=np.int64)
+    width = int(pair.max(initial=0)) + 1
+    codes, counts = np.unique(column[crossing] * width + pair, return_counts=True)
+    loads: dict[int, list] = defaultdict(list)
+    for code, n in zip(codes.tolist(), counts.tolist()):
+        loads[code // width].append((code % width, n))
+    return {r: tuple(load) for r, load in loads.items()}
 
 
 def flow_paths(flows, cluster, faults: FaultView) -> FlowTable:

@@ -35,6 +35,7 @@ from sim.core.summary import (
 from sim.engine.exposure import class_exposure, op_indices
 from sim.engine.memory import OutOfMemory, first_out_of_memory, memory_timeline, peak_live_microbatches
 from sim.engine.records import Recorder
+from sim.engine.tier_traffic import fabric_traffic
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Workload
 
 __all__ = ["OutOfMemory", "SimResult"]
@@ -162,6 +163,8 @@ class SimResult:
                                           if w.flop_per_iteration and T > 0 and finished else None),
             fault_impact=self._impact(devices) if self.baseline is not None and self.baseline.iteration_time_s
             else None,
+            fabric=(fabric_traffic(w.fabric_traffic, w, T)
+                    if w.fabric_traffic is not None and finished and T > 0 else None),
         )
 
     def summary(self) -> dict[str, Any]:

@@ -231,6 +231,9 @@ class Workload:
     usable_memory_bytes: float | None = None
     """What tensors may fill on one device (``DeviceSpec.usable_memory_bytes``); None: all of
     ``device_memory_bytes``."""
+    fabric_traffic: object | None = None
+    """One execution of each flow label as bytes per fabric tier and link
+    (``sim.engine.tier_traffic.LabelTraffic``), when the cluster has a fabric; else None."""
 
     @property
     def capacity_bytes(self) -> float:
