@@ -285,9 +285,11 @@ class CostTables(OverlapPricing, ExpertPricing):
             if found is None:
                 found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
             return found
-        if self.cluster.intra_node.collectives is not None and nodes == 1:  # measured: per-unit calls
-            phases = gradient_sync([members], self.param_bytes(start, end) * self.grad_factor, sharding, self.cluster,
-                                   units=end - start)
+        measured = self.cluster.intra_node.collectives is not None and nodes == 1  # measured: per-unit calls
+        if measured or (self.cluster.fabric is not None and nodes > 1):  # NCCL's algorithm depends on the size
+            flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
+            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * self.grad_factor, sharding,
+                                   self.cluster, units=end - start, flows_per_nic=None if measured else flows)
             return sum(p.seconds for p in phases)
         key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
         cached = self._allreduce.get(key)
