@@ -54,6 +54,7 @@ __all__ = [
     "place",
     "restrict_cluster",
     "to_scenario",
+    "unit_count",
 ]
 
 PLACEMENTS = ("fresh", "append", "scatter")
@@ -257,6 +258,12 @@ def unit_grid(cluster: ClusterSpec, unit: int) -> tuple[int, int]:
     return cluster.num_devices // unit, 1
 
 
+def unit_count(cluster: ClusterSpec, unit: int) -> int:
+    """Units of ``unit`` devices ``place`` can lay out: every server's whole units (``unit_grid``)."""
+    servers, per_node = unit_grid(cluster, unit)
+    return servers * per_node
+
+
 @lru_cache(maxsize=4096)
 def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit: int = 1) -> tuple[tuple[int, ...], ...]:
     """Device ids of every stage under a placement policy (stages placed in order; cached: the
@@ -264,11 +271,14 @@ def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit:
 
     ``replicas`` counts units of ``unit`` consecutive devices (a replica's tensor- and
     context-parallel group); each is placed whole, so unit k holds devices ``k·unit`` to
-    ``(k+1)·unit − 1``.
+    ``(k+1)·unit − 1``. A unit that does not divide the server (TP 16 in a 72-GPU NVL72 domain)
+    never straddles two: unit j of server n starts at its device ``j·unit``, the last devices idle
+    (Megatron-LM keeps tensor parallelism inside the NVLink domain; Shoeybi et al. 2019, §5).
     """
     nodes, per_node = unit_grid(cluster, unit)
+    stride = cluster.devices_per_node if unit <= cluster.devices_per_node else unit
     free = [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)]
-    if sum(replicas) * unit > cluster.num_devices:
+    if sum(replicas) > nodes * per_node:
         raise DappleError(f"{sum(replicas) * unit} devices are more than the cluster's {cluster.num_devices}")
     placed = []
     for count in replicas:
@@ -276,7 +286,8 @@ def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit:
             units = _scatter(free, count)
         else:
             units = _fill(free, count, per_node, fresh=policy == "fresh")
-        placed.append(tuple(d for u in sorted(units) for d in range(u * unit, (u + 1) * unit)))
+        firsts = ((u // per_node) * stride + (u % per_node) * unit for u in sorted(units))
+        placed.append(tuple(d for first in firsts for d in range(first, first + unit)))
     return tuple(placed)
 
 
