@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from planner.planners.dapple import dapple_planner
+from planner.search.costs import CostTables
 from planner.search.evaluation import evaluate
 from planner.search.layouts import layouts
 from planner.search.space import REPLICA_FIRST, Candidate, PlannerOptions, place, to_scenario
@@ -81,6 +82,17 @@ def test_replica_first_puts_each_pipeline_in_a_rack_and_data_parallelism_across_
         ["PP crosses the rack (non-blocking)", "DP crosses the core at 1:7"]
     assert [crossing_text(k, c) for k, c in plan_crossings(fresh.plan, fresh.cluster)][1:] == \
         ["PP crosses the core at 1:7", "DP crosses the pod (non-blocking)"]
+
+
+def test_the_planners_reduction_pays_the_tiers_its_span_crosses():
+    # one GPU on each of 4 servers (TP 8), a ring of 1/8 of layers [0, 5)'s gradients: inside a pod
+    # (span 4) it runs at the NIC, spread over both pods (span 8, Replica First) at 1/7 of it; the
+    # latency is NCCL's ring's over 4 nodes either way, (8.4 + 6·(14 + 2·5))·1.4 µs
+    tables = CostTables(parse_scenario(PODS), tensor_parallel=8)
+    latency = (8.4 + 6 * (14.0 + 2 * 5.0)) * 1.4e-6
+    inside, across = (tables.allreduce_s(0, 5, 1, 4, span=span) for span in (4, 8))
+    assert tables.allreduce_s(0, 5, 1, 4) == inside
+    assert across - latency == pytest.approx(7 * (inside - latency), rel=1e-9)
 
 
 @pytest.mark.slow
