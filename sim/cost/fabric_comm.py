@@ -16,8 +16,9 @@ The split between the two models (:func:`fabric_across`):
 
 * *bandwidth* stays the flows' where the engine models it: the phase's bytes are the ring's
   shard bytes times the algorithm's **bytes factor**, NCCL's bandwidth time of the chosen
-  algorithm over its Simple ring's in the same tiers (1 for the ring; about 2 for the tree,
-  whose algorithm bandwidth is half the bus bandwidth), and the engine pushes them through the
+  algorithm over its Simple ring's in the same tiers (1 for the ring; for the Simple tree
+  ``n/(2(n−1)) / (0.92 · 0.5)``, about 1.1 on 16 nodes: both reach about half the bus bandwidth,
+  the tree 0.92 of it and less at medium sizes), and the engine pushes them through the
   NIC and uplink ports (an oversubscribed tier's uplinks are ports, ``sim.cost.tiers.modelled_tiers``),
   so contention between groups is the flows'. The closed form (the planner's tables and
   ``CommCost.seconds``) divides the NIC share's rate by the crossing's oversubscription instead;
