@@ -3,6 +3,7 @@
 Every expected time is a closed form written out here: a ring all-reduce of ``P`` gradient bytes
 over ``n`` members moves ``2(n - 1)/n · P`` through every member's port, at the smallest share
 on its path (``sim.engine.ports``): its NIC's ``B``, or an uplink's capacity over the flows on it.
+On a fabric the all-reduce's latency is NCCL's (``sim.cost.fabric_comm``): :func:`_nccl_ring_s`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def _ring(n: int, devices_per_node: int = 1, devices=None):
     return scenario
 
 
+def _nccl_ring_s(n: int) -> float:
+    """NCCL's latency of a Simple ring all-reduce over n servers of one GPU each (tuning.cc): the
+    base 8.4 µs and 2(n − 1) network steps of 14 µs (a zero-latency wire), times the ring's
+    plateau 1.4 (each channel's share per rank is ≥ 64 bytes)."""
+    return (8.4 + 2 * (n - 1) * 14.0) * 1.4 * 1e-6
+
+
 def _on(scenario, *faults, nics_per_node=None, **fabric):
     cluster = replace(scenario.cluster, fabric=FabricSpec(**fabric),
                       nics_per_node=nics_per_node or scenario.cluster.nics_per_node)
@@ -66,13 +74,15 @@ def test_ring_all_reduce_across_an_oversubscribed_tier_runs_at_the_uplink_share(
     scenario = _on(_ring(4), **_two_tier(2, 4.0))
     assert uplink_capacity_bytes_per_s(scenario.cluster, 0) == pytest.approx(2 * B / 4)
     share = (2 * B / 4) / 1
-    assert _times(scenario) == pytest.approx((2 * (4 - 1) / 4 * P / share,) * 3, rel=1e-5)
+    assert _times(scenario) == pytest.approx((2 * (4 - 1) / 4 * P / share + _nccl_ring_s(4),) * 3, rel=1e-5)
     # at 1:2 the uplink carries 2·B / 2 = B: the NIC binds again, as without a fabric
-    assert _times(_on(_ring(4), **_two_tier(2, 2.0))) == pytest.approx((2 * 3 / 4 * P / B,) * 3, rel=1e-5)
+    assert _times(_on(_ring(4), **_two_tier(2, 2.0))) == pytest.approx((2 * 3 / 4 * P / B + _nccl_ring_s(4),) * 3,
+                                                        rel=1e-5)
 
 
-def test_a_non_blocking_fabric_changes_nothing():
-    assert _times(_on(_ring(4), **_two_tier(2, 1.0))) == _times(_ring(4))
+def test_a_non_blocking_fabric_changes_only_the_latency_to_nccls():
+    with_fabric, without = _times(_on(_ring(4), **_two_tier(2, 1.0))), _times(_ring(4))
+    assert [a - b for a, b in zip(with_fabric, without)] == pytest.approx([_nccl_ring_s(4)] * 3, rel=1e-6)
 
 
 def test_rail_aligned_ring_stays_on_its_leaf_and_a_cross_rail_one_pays_the_spine():
@@ -84,9 +94,9 @@ def test_rail_aligned_ring_stays_on_its_leaf_and_a_cross_rail_one_pays_the_spine
     crossed = _on(_ring(4, devices_per_node=2, devices=(0, 3, 4, 7)), nics_per_node=2, **fabric)
     assert group_crossing(aligned.cluster, (0, 2, 4, 6)).name == "leaf"
     assert group_crossing(crossed.cluster, (0, 3, 4, 7)).name == "spine"
-    assert _times(aligned) == pytest.approx((2 * 3 / 4 * P / B,) * 3, rel=1e-5)
+    assert _times(aligned) == pytest.approx((2 * 3 / 4 * P / B + _nccl_ring_s(4),) * 3, rel=1e-5)
     share = (4 * B / 8) / 2
-    assert _times(crossed) == pytest.approx((2 * 3 / 4 * P / share,) * 3, rel=1e-5)
+    assert _times(crossed) == pytest.approx((2 * 3 / 4 * P / share + _nccl_ring_s(4),) * 3, rel=1e-5)
 
 
 def _three_tier(*faults):
@@ -110,8 +120,8 @@ def test_a_slow_spine_uplink_slows_exactly_the_flows_that_cross_it():
         crosses = climb(cluster, src, dst) == 2 and 0 in (uplink_group(cluster, 1, src), uplink_group(cluster, 1, dst))
         assert rate == pytest.approx(0.25 * 2 * B if crosses else rates[False][(src, dst)]), (src, dst)
     assert {pair for pair in rates[True] if rates[True][pair] != rates[False][pair]} == {(3, 4), (7, 0)}
-    assert _times(healthy) == pytest.approx((2 * 7 / 8 * P / B,) * 3, rel=1e-5)
-    assert _times(slow) == pytest.approx((2 * 7 / 8 * P / (0.25 * 2 * B),) * 3, rel=1e-5)
+    assert _times(healthy) == pytest.approx((2 * 7 / 8 * P / B + _nccl_ring_s(8),) * 3, rel=1e-5)
+    assert _times(slow) == pytest.approx((2 * 7 / 8 * P / (0.25 * 2 * B) + _nccl_ring_s(8),) * 3, rel=1e-5)
 
 
 TP16 = """
@@ -183,13 +193,13 @@ def test_a_ring_that_leaves_its_group_at_two_of_its_hops_runs_at_their_uplink_sh
     # symmetry class, its two kinds of hop loading the uplinks as the real flows do
     scenario = _on(_ring(6), **_two_tier(4, 8.0))
     assert len(compile_workload(scenario).classes) == 1
-    assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (4 * B / 8),) * 3, rel=1e-5)
+    assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (4 * B / 8) + _nccl_ring_s(6),) * 3, rel=1e-5)
 
 
 def test_a_slow_leaf_uplink_under_a_ring_is_priced_alike_with_and_without_symmetry():
     # the same ring, group 0's uplinks at half their B/2: the hops 5→0 (into it) and 3→4 (out of it) at B/4
     scenario = _on(_ring(6), SlowLink(tier=0, index=0, factor=0.5), **_two_tier(4, 8.0))
-    assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (0.5 * 4 * B / 8),) * 3, rel=1e-5)
+    assert _times(scenario) == pytest.approx((2 * 5 / 6 * P / (0.5 * 4 * B / 8) + _nccl_ring_s(6),) * 3, rel=1e-5)
 
 
 def test_check_says_the_placement_in_words(capsys):

@@ -30,7 +30,7 @@ from dataclasses import replace
 from planner.search.costs import CostTables
 from planner.search.layouts import layouts, levels, replica_step
 from planner.search.ranking import PlannerResult, TablesCache, analytic_score, settle
-from planner.search.space import Candidate, PlannerOptions, microbatch_sizes
+from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_count
 from sim.input.plan_section import balanced_cuts
 from sim.input.scenario import Scenario
 from sim.schedule.policy import DapplePolicy
@@ -87,14 +87,14 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
                     ) -> list[Candidate]:
     """The Megatron grid's candidates (the module docstring); DAPPLE's planner ranks them too."""
     cache = tables or TablesCache(scenario)
-    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    layers = scenario.model.num_layers
     gbs = scenario.training.global_batch_size
     order = levels(scenario, options)
     policy = (("policy", DapplePolicy.S_MINUS_I.value),)
     candidates = []
     for t, c, e in layouts(scenario, options):
         tables = cache.layout(t, c, e)
-        units, step = n // (t * c), replica_step((t, c, e))
+        units, step = unit_count(scenario.cluster, t * c), replica_step((t, c, e))
         weights = [sum(tables.compute_s(k, k + 1, 1)) for k in range(layers)]
         for stages in range(1, min(layers, units, options.max_stages or units) + 1):
             if units % stages:

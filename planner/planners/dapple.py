@@ -31,7 +31,7 @@ from planner.search.costs import CostTables
 from planner.search.evaluation import Evaluation, check_plannable
 from planner.search.layouts import layouts, levels, replica_step
 from planner.search.ranking import PlannerResult, analytic_score, settle
-from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, unit_grid
+from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, placements_for, unit_count, unit_grid
 from planner.search.subsets import restricted, subset_sizes
 from planner.search.variants import schedule_variants
 from sim.core.parallelism import Sharding
@@ -158,7 +158,8 @@ def _candidates(scenario: Scenario, options: PlannerOptions, context: SearchCont
         for sharding in _shardings(tables, scenario, base, options):
             sharded = replace(base, sharding=sharding)
             candidates += [replace(sharded, schedule=name, params=params, placement=placement)
-                           for name, params in options.schedules for placement in options.placements]
+                           for name, params in options.schedules
+                           for placement in placements_for(scenario.cluster, options)]
             if options.interleaved:
                 candidates += _interleaved([sharded], gbs, options)
     return candidates
@@ -178,7 +179,7 @@ def _partitions(scenario: Scenario, options: PlannerOptions, context: SearchCont
     for t, c, e in layouts(scenario, options):
         tables = context.tables.layout(t, c, e)
         _, per_node = unit_grid(cluster, t * c)
-        num_units = cluster.num_devices // (t * c)
+        num_units = unit_count(cluster, t * c)  # a unit that does not divide the server leaves GPUs idle
         cuts = segment_cuts(tables)
         max_stages = min(options.max_stages or len(cuts) - 1, len(cuts) - 1, num_units)
         choices = sorted(replica_choices(num_units, replica_step((t, c, e))), key=len)

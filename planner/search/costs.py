@@ -61,6 +61,7 @@ from sim.cost.compute import (
     stage_optimizer_step_s,
     tied_copy_tensors,
 )
+from sim.cost.fabric_comm import nominal_crossing
 from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes
@@ -270,12 +271,15 @@ class CostTables(OverlapPricing, ExpertPricing):
         flows = busiest_nic_flows(c, -(-receivers // nodes) * self.unit)
         return point_to_point_s(nbytes / receivers, c.inter_node, flows_per_port=flows)
 
-    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE) -> float:
+    def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE, *,
+                    span: int | None = None) -> float:
         """Gradient synchronisation of layers ``[start, end)`` over ``per_node`` replicas on each of
         ``nodes`` servers (``sim.cost.comm.gradient_sync``, the engine's layout): each of the t
         gradient groups has ``per_node × c`` devices per server, and the t groups' cross-server
         flows share the servers' NICs. The phases' seconds are linear in the bytes, so they are
-        worked out once per shape and scaled."""
+        worked out once per shape and scaled; on a fabric NCCL's algorithm depends on the size, and
+        the tiers crossed on the ``span`` of consecutive servers the group lies in (default ``nodes``:
+        ``sim.cost.fabric_comm.nominal_crossing``)."""
         members = per_node * self.context_parallel
         if members * nodes <= 1:
             return 0.0
@@ -289,9 +293,13 @@ class CostTables(OverlapPricing, ExpertPricing):
             n, link = members * nodes, self.cluster.inter_node if nodes > 1 else self.cluster.intra_node
             nbytes = self.param_bytes(start, end) * self.grad_factor
             return collective_s(ring_bytes(n, nbytes, halves=1), ring_steps(n, halves=1), link)
-        if self.cluster.intra_node.collectives is not None and nodes == 1:  # measured: per-unit calls
-            phases = gradient_sync([members], self.param_bytes(start, end) * self.grad_factor, sharding, self.cluster,
-                                   units=end - start)
+        measured = self.cluster.intra_node.collectives is not None and nodes == 1  # measured: per-unit calls
+        if measured or (self.cluster.fabric is not None and nodes > 1):  # NCCL's algorithm depends on the size
+            flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
+            crossing = None if measured else nominal_crossing(self.cluster, span or nodes)
+            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * self.grad_factor, sharding,
+                                   self.cluster, units=end - start, flows_per_nic=None if measured else flows,
+                                   crossing=crossing)
             return sum(p.seconds for p in phases)
         key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
         cached = self._allreduce.get(key)

@@ -93,11 +93,22 @@ def replica_step(layout: Layout) -> int:
     return e // math.gcd(e, t * c)
 
 
+def _tensor_degrees(cluster) -> tuple[int, ...]:
+    """Tensor degrees to search: the divisors of the server's GPUs; in a scale-up domain of several
+    servers (``cluster.fabric.scale_up``, GB200 NVL72) also the powers of two below it that do not
+    divide it (TP 16 in 72 GPUs: four groups a domain, ``space.place`` keeping each inside one)."""
+    n, per_node = cluster.num_devices, cluster.devices_per_node
+    found = {d for d in _divisors(per_node) if n % d == 0}
+    if cluster.fabric is not None and cluster.fabric.servers_per_domain > 1:
+        found |= {2 ** i for i in range(1, per_node.bit_length()) if 2 ** i < per_node and n % 2 ** i == 0}
+    return tuple(sorted(found))
+
+
 def layouts(scenario: Scenario, options: PlannerOptions) -> list[Layout]:
     """(t, c, e) triples to search, smallest tensor × context groups first, then by expert degree."""
     cluster = scenario.cluster
     n, per_node = cluster.num_devices, cluster.devices_per_node
-    tensor = options.tensor_parallel or tuple(d for d in _divisors(per_node) if n % d == 0)
+    tensor = options.tensor_parallel or _tensor_degrees(cluster)
     preset = scenario.model.preset
     seq_len = int(preset.values.get("seq_len", 0)) if preset is not None else 0
     if options.context_parallel is not None:

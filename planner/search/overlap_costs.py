@@ -153,20 +153,20 @@ class OverlapPricing:
 
     def reduction_tail_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
                          *, per_node: int, nodes: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
-                         num_microbatches: int = 1) -> float:
-        """:meth:`_reduction_tail_s`, memoised."""
+                         num_microbatches: int = 1, span: int | None = None) -> float:
+        """:meth:`_reduction_tail_s`, memoised (``span``: :meth:`allreduce_s`'s, on a fabric)."""
         key = ("tail", start, end, samples, Recompute.of(recompute), per_node, nodes, data_parallel, sharding,
-               num_microbatches)
+               num_microbatches, span)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._reduction_tail_s(
                 start, end, samples, recompute, per_node=per_node, nodes=nodes, data_parallel=data_parallel,
-                sharding=sharding, num_microbatches=num_microbatches)
+                sharding=sharding, num_microbatches=num_microbatches, span=span)
         return found
 
     def _reduction_tail_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
                           *, per_node: int, nodes: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
-                          num_microbatches: int = 1) -> float:
+                          num_microbatches: int = 1, span: int | None = None) -> float:
         """Seconds from the stage's last backward's end to the end of its gradient reduction, as
         the engine replays ``plan.overlap.grad_reduce`` and ``plan.fsdp.reduce_every_microbatch``:
         one :meth:`allreduce_s` after the backward; in buckets, the last one bucket after the
@@ -179,7 +179,7 @@ class OverlapPricing:
                  and sharding in (Sharding.GRADIENTS, Sharding.FULL))  # as sim.engine.compile._every_microbatch
         gathered = self.overlap.param_gather and sharding in ZERO_GATHERED
         scatter = every or gathered  # the REDUCE keeps only the reduce-scatter
-        reduce_s = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL if scatter else sharding)
+        reduce_s = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL if scatter else sharding, span=span)
         if reduce_s <= 0 or not (self.overlap.grad_reduce or every):
             return reduce_s
         forward, backward = self.actions(start, end, samples, recompute, data_parallel=data_parallel, sharding=sharding)

@@ -105,6 +105,12 @@ def analytic_score(tables: CostTables, scenario: Scenario, candidate: Candidate)
     return found
 
 
+def _span(cluster, nodes: set[int]) -> int | None:
+    """On a fabric, the consecutive servers a stage's ``nodes`` lie in (the tiers its reduction
+    crosses: Replica First spreads a stage over every pod); None without a fabric."""
+    return None if cluster.fabric is None else max(nodes) - min(nodes) + 1
+
+
 def _score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tuple[float, float]:
     """:func:`analytic_score`, computed."""
     if candidate.chunks > 1:
@@ -129,8 +135,8 @@ def _score(tables: CostTables, scenario: Scenario, candidate: Candidate) -> tupl
         # stage s's last backward ends before the drain back to stage 0 (DAPPLE's T_e); its
         # reduction as the plan overlaps it, and its first forward's parameter gather
         where = dict(per_node=per_node, nodes=len(nodes), data_parallel=replicas, sharding=sharding)
-        tail = tables.reduction_tail_s(a, b, samples, candidate.recompute, num_microbatches=M, **where) \
-            + tables.optimizer_s(a, b, replicas, sharding)
+        tail = tables.reduction_tail_s(a, b, samples, candidate.recompute, num_microbatches=M,
+                                       span=_span(cluster, nodes), **where) + tables.optimizer_s(a, b, replicas, sharding)
         gathered += tables.first_forward_extra_s(a, b, samples, candidate.recompute, **where)
         fold = extend_pipeline(fold, f, bk, comm, tail, M)
         alive = M if candidate.schedule == "gpipe" else dapple_warmup(S, M, s, policy)
@@ -164,7 +170,8 @@ def _interleaved_score(tables: CostTables, scenario: Scenario, candidate: Candid
         nodes = servers_of(devices, cluster.devices_per_node)
         tail[g] += tables.reduction_tail_s(a, b, samples, candidate.recompute, per_node=math.ceil(replicas / len(nodes)),
                                            nodes=len(nodes), data_parallel=replicas, sharding=sharding,
-                                           num_microbatches=M) + tables.optimizer_s(a, b, replicas, sharding)
+                                           num_microbatches=M, span=_span(cluster, nodes)) \
+            + tables.optimizer_s(a, b, replicas, sharding)
         if s > 0:
             previous = servers_of(groups[s - 1], cluster.devices_per_node)
             comm += 2 * tables.transfer_s(a, microbatch_size, replicas, len(nodes), len(nodes | previous) == 1)

@@ -47,17 +47,27 @@ from sim.schedule.policy import DapplePolicy
 
 __all__ = [
     "PLACEMENTS",
+    "REPLICA_FIRST",
     "SCHEDULES",
     "Candidate",
     "PlannerOptions",
     "microbatch_sizes",
     "place",
+    "placements_for",
     "restrict_cluster",
     "to_scenario",
+    "unit_count",
 ]
 
 PLACEMENTS = ("fresh", "append", "scatter")
 """DAPPLE's device placement policies (§4.2)."""
+
+REPLICA_FIRST = "replica"
+"""A placement for fabrics: each data-parallel replica's stages on consecutive units (stage s of
+replica r on unit r·S + s), so a pipeline stays low in the tiers and data parallelism is the
+outermost dimension, the one that crosses the top tier (Llama 3, Dubey et al. 2024, §3.3.2: the
+[TP, CP, PP, DP] order, "DP ... can tolerate longer network latency"). Uniform replica counts
+only (others are placed ``fresh``); tried beside ``placements`` on a ``cluster.fabric`` (``placements_for``)."""
 
 FAST_BUDGET_OPS = 40_000
 """Actions (of every device) the fast path's replays may compile beyond ``fast_top`` by default:
@@ -257,6 +267,19 @@ def unit_grid(cluster: ClusterSpec, unit: int) -> tuple[int, int]:
     return cluster.num_devices // unit, 1
 
 
+def placements_for(cluster: ClusterSpec, options: PlannerOptions) -> tuple[str, ...]:
+    """The placements a search tries: ``options.placements``, and ``REPLICA_FIRST`` on a fabric."""
+    if cluster.fabric is None or REPLICA_FIRST in options.placements:
+        return options.placements
+    return (*options.placements, REPLICA_FIRST)
+
+
+def unit_count(cluster: ClusterSpec, unit: int) -> int:
+    """Units of ``unit`` devices ``place`` can lay out: every server's whole units (``unit_grid``)."""
+    servers, per_node = unit_grid(cluster, unit)
+    return servers * per_node
+
+
 @lru_cache(maxsize=4096)
 def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit: int = 1) -> tuple[tuple[int, ...], ...]:
     """Device ids of every stage under a placement policy (stages placed in order; cached: the
@@ -264,19 +287,30 @@ def place(replicas: tuple[int, ...], cluster: ClusterSpec, policy: str, *, unit:
 
     ``replicas`` counts units of ``unit`` consecutive devices (a replica's tensor- and
     context-parallel group); each is placed whole, so unit k holds devices ``k·unit`` to
-    ``(k+1)·unit − 1``.
+    ``(k+1)·unit − 1``. A unit that does not divide the server (TP 16 in a 72-GPU NVL72 domain)
+    never straddles two: unit j of server n starts at its device ``j·unit``, the last devices idle
+    (Megatron-LM keeps tensor parallelism inside the NVLink domain; Shoeybi et al. 2019, §5).
     """
     nodes, per_node = unit_grid(cluster, unit)
+    stride = cluster.devices_per_node if unit <= cluster.devices_per_node else unit
     free = [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)]
-    if sum(replicas) * unit > cluster.num_devices:
+    if sum(replicas) > nodes * per_node:
         raise DappleError(f"{sum(replicas) * unit} devices are more than the cluster's {cluster.num_devices}")
     placed = []
+    if policy == REPLICA_FIRST and len(set(replicas)) == 1:  # stage s of replica r on unit r·S + s
+        S = len(replicas)
+        chosen = [[r * S + s for r in range(replicas[0])] for s in range(S)]
+    else:
+        chosen = None
     for count in replicas:
-        if policy == "scatter":
+        if chosen is not None:
+            units = chosen[len(placed)]
+        elif policy == "scatter":
             units = _scatter(free, count)
         else:
-            units = _fill(free, count, per_node, fresh=policy == "fresh")
-        placed.append(tuple(d for u in sorted(units) for d in range(u * unit, (u + 1) * unit)))
+            units = _fill(free, count, per_node, fresh=policy in ("fresh", REPLICA_FIRST))
+        firsts = ((u // per_node) * stride + (u % per_node) * unit for u in sorted(units))
+        placed.append(tuple(d for first in firsts for d in range(first, first + unit)))
     return tuple(placed)
 
 

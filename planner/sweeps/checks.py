@@ -12,7 +12,7 @@ import inspect
 import math
 from typing import Any
 
-from planner.search.space import PLACEMENTS, PlannerOptions
+from planner.search.space import PLACEMENTS, REPLICA_FIRST, PlannerOptions
 from planner.sweeps.columns import COLUMNS, PLAN_COLUMNS, RUN_COLUMNS, TAIL_COLUMNS
 from sim.core.parallelism import Recompute, Sharding
 from sim.input.strict import did_you_mean, show_text, show_value
@@ -52,8 +52,9 @@ def planner_option(name: str, value: Any, where: str, fail) -> Any:
         return tuple(out)
     if name == "placements":
         items = value if isinstance(value, list) else [value]
-        if not items or any(p not in PLACEMENTS for p in items):
-            raise fail(where, f"must list placements from {', '.join(PLACEMENTS)}, got {show_value(value)}")
+        if not items or any(p not in (*PLACEMENTS, REPLICA_FIRST) for p in items):
+            raise fail(where, f"must list placements from {', '.join((*PLACEMENTS, REPLICA_FIRST))}, "
+                              f"got {show_value(value)}")
         return tuple(items)
     if name == "recompute":
         items = value if isinstance(value, list) else [value]

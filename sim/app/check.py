@@ -22,9 +22,12 @@ from sim.app.description import (
     StageDescription,
 )
 from sim.core.units import format_bandwidth, format_bytes, format_time
+from sim.cost.comm import gradient_sync_bytes
+from sim.cost.fabric_comm import across_choice, choice_text
+from sim.cost.links import by_server
 from sim.cost.memory import sum_state_bytes
 from sim.cost.split import split_samples
-from sim.cost.tiers import crossing_text, oversubscription_of, plan_crossings
+from sim.cost.tiers import crossing_text, group_crossing, oversubscription_of, plan_crossings
 from sim.engine.memory import held_by_stage
 from sim.input.scenario import Scenario
 from sim.models.moe import parameter_counts
@@ -54,7 +57,30 @@ def describe(scenario: Scenario) -> Description:
         stack=scenario.stack, stack_values=scenario.stack_values, run_keys=run_keys(scenario),
         fabric=fabric_line(cluster),
         placement=plan_crossings(plan, cluster) if plan is not None and cluster.fabric is not None else (),
+        collectives=gradient_algorithms(scenario),
     )
+
+
+def gradient_algorithms(scenario: Scenario) -> tuple[str, ...]:
+    """On a fabric, the algorithm NCCL runs for each stage's data-parallel gradient message across
+    servers (``sim.cost.fabric_comm.across_choice``, as the engine prices it): ``DP all-reduce 1.6 GiB:
+    ring across the core``, each distinct line once, in stage order; empty without a fabric or a plan."""
+    plan, cluster = scenario.plan, scenario.cluster
+    if plan is None or cluster.fabric is None:
+        return ()
+    model, lines = scenario.resolved.model, []
+    for s, stage in enumerate(plan.stages):
+        servers = by_server(cluster, plan.gradient_groups(s)[0])
+        if len(servers) < 2:
+            continue
+        dense = model.stage_param_bytes(*stage.layers) - model.expert_param_bytes(*stage.layers)
+        nbytes = gradient_sync_bytes(dense * model.grad_bytes_per_param_byte, plan.sharding)
+        choice = across_choice([len(g) for g in servers], nbytes, cluster,
+                               crossing=group_crossing(cluster, [g[0] for g in servers]))
+        line = choice_text(format_bytes(nbytes), choice)
+        if line not in lines:
+            lines.append(line)
+    return tuple(lines)
 
 
 def fabric_line(cluster) -> str:
@@ -275,6 +301,8 @@ def format_description(description: Description) -> str:
         lines += _plan_lines(d.plan, _capacity(d.device_memory_bytes, d.device_usable_memory_bytes))
     if d.placement:
         lines.append("placement: " + "; ".join(crossing_text(kind, c) for kind, c in d.placement))
+    if d.collectives:
+        lines.append("collectives (NCCL's algorithm): " + "; ".join(d.collectives))
     lines += [f"warning: {warning}" for warning in d.warnings]
     return "\n".join(lines)
 

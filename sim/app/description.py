@@ -229,6 +229,9 @@ class Description:
     placement: tuple[tuple[str, Crossing], ...] = ()
     """Where each kind of the plan's traffic goes on the fabric (``sim.cost.tiers.plan_crossings``);
     empty without a fabric or a plan. The JSON's ``fabric`` only with a fabric."""
+    collectives: tuple[str, ...] = ()
+    """NCCL's algorithm for each stage's gradient message across servers on a fabric
+    (``sim.app.check.gradient_algorithms``); empty without a fabric."""
 
     def to_json(self) -> dict[str, Any]:
         """``check --json``'s JSON (the keys of a plan only with one; ``stack`` only with one)."""
@@ -257,5 +260,5 @@ class Description:
             info["fabric"] = {"tiers": self.fabric, "placement": {
                 kind: {"tier": c.name, "oversubscription": c.oversubscription,
                        "bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "text": crossing_text(kind, c)}
-                for kind, c in self.placement}}
+                for kind, c in self.placement}, "collectives": list(self.collectives)}
         return info

@@ -32,7 +32,11 @@ from dataclasses import dataclass
 
 from sim.core.errors import SpecError
 
-__all__ = ["FabricSpec", "ScaleUpSpec", "TierSpec"]
+__all__ = ["COLLECTIVE_ALGORITHMS", "FabricSpec", "ScaleUpSpec", "TierSpec"]
+
+COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree")
+"""``collective_algorithm``'s values: NCCL's tuner choosing by size (``auto``), or one forced, as
+``NCCL_ALGO`` does (``sim.cost.fabric_comm``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,8 +113,14 @@ class FabricSpec:
     """The NVLink domain; None: one server is one domain, at the cluster's ``intra_node`` link."""
     servers_per_domain: int = 1
     """Servers as written in one scale-up domain (display: the cluster counts domains as servers)."""
+    collective_algorithm: str = "auto"
+    """How a data-parallel group's collectives cross the tiers (``COLLECTIVE_ALGORITHMS``): ``auto``,
+    NCCL's tuner picking ring, tree or NVLS tree by size; ``ring`` or ``tree`` forced."""
 
     def __post_init__(self) -> None:
+        if self.collective_algorithm not in COLLECTIVE_ALGORITHMS:
+            raise SpecError("collective_algorithm", f"unknown algorithm {self.collective_algorithm!r}; "
+                                                    f"use one of {', '.join(COLLECTIVE_ALGORITHMS)}")
         if not self.tiers:
             raise SpecError("tiers", "must list at least one tier (the leaf), bottom first")
         names = [t.name for t in self.tiers]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.cost.fabric_comm import fabric_across
 from sim.cost.links import busiest_nic_flows, group_link
 from sim.cost.measured_comm import measured_sync_terms, measured_terms
 
@@ -74,8 +75,8 @@ class CommCost:
     rate_bytes_per_s: float
     """Rate of the busiest device's flow alone: the port's bandwidth over the flows sharing it, bytes/s."""
     measured_latency_s: float | None = None
-    """The phase's latency from the link's measured collectives (``sim.cost.measured_comm``),
-    seconds; None: one link latency per step."""
+    """The phase's latency from the link's measured collectives (``sim.cost.measured_comm``) or
+    NCCL's model on a fabric (``sim.cost.fabric_comm``), seconds; None: one link latency per step."""
 
     @property
     def latency_s(self) -> float:
@@ -140,10 +141,10 @@ def ring_collective(kind: str, members: int, nbytes: float, link: LinkSpec, clus
     measured = measured_terms(link.collectives, kind, members, nbytes, calls=calls, fsdp=fsdp)
     if measured is not None:
         latency, byte_s = measured
-        return CommCost(bytes_per_device=ring_bytes(members, nbytes, halves=halves),
+        return CommCost(bytes_per_device=ring_bytes(members, nbytes, halves=halves), link=link,
                         flow_bytes=byte_s * link.bandwidth_bytes_per_s, steps=ring_steps(members, halves=halves),
-                        link=link, across_servers=link is cluster.inter_node,
-                        rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=latency)
+                        across_servers=link is cluster.inter_node, rate_bytes_per_s=link.bandwidth_bytes_per_s,
+                        measured_latency_s=latency)
     return _cost(ring_bytes(members, nbytes, halves=halves), ring_flow_bytes(members, nbytes, link, halves=halves),
                  ring_steps(members, halves=halves), link, cluster)
 
@@ -161,7 +162,7 @@ def cross_server_flow_bytes(servers: int, grad_bytes: float, cluster: ClusterSpe
 
 
 def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, cluster: ClusterSpec, *,
-                           flows_per_nic: int | None = None) -> tuple[CommCost, ...]:
+                           flows_per_nic: int | None = None, crossing=None) -> tuple[CommCost, ...]:
     """The phases of an all-reduce of ``grad_bytes`` over ``members_per_node[j]`` GPUs on server j.
 
     The engine's layout (Jia et al. 2018, §3): one server, one ring all-reduce; several, a ring
@@ -169,8 +170,8 @@ def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, c
     of each GPU's shard across the k servers through the NICs (each GPU of the smallest server
     carries the largest shard, 1/n of it), a ring all-gather inside each. ``flows_per_nic``:
     cross-server flows on the busiest NIC (default: the smallest server's GPUs through
-    ``sim.cost.links.busiest_nic_flows``; 1 gives every flow a NIC of its own). Empty for one GPU.
-    """
+    ``sim.cost.links.busiest_nic_flows``; 1 gives every flow a NIC of its own). Empty for one GPU. On a
+    fabric the cross-server phase is NCCL's algorithm over the tiers ``crossing`` (``fabric_comm``)."""
     k, widest, smallest = len(members_per_node), max(members_per_node), min(members_per_node)
     if k * widest <= 1:
         return ()
@@ -182,9 +183,10 @@ def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, c
                                       intra, cluster))
     if k > 1:
         flows = busiest_nic_flows(cluster, smallest) if flows_per_nic is None else flows_per_nic
-        phases.append(_cost(ring_bytes(k, grad_bytes) / smallest, cross_server_flow_bytes(k, grad_bytes, cluster,
-                                                                                          smallest),
-                            ring_steps(k), inter, cluster, inter.bandwidth_bytes_per_s / flows))
+        across = _cost(ring_bytes(k, grad_bytes) / smallest, cross_server_flow_bytes(k, grad_bytes, cluster, smallest),
+                       ring_steps(k), inter, cluster, inter.bandwidth_bytes_per_s / flows)
+        phases.append(across if cluster.fabric is None else
+                      fabric_across(across, members_per_node, grad_bytes, cluster, flows, crossing))
         if widest > 1:
             phases.append(ring_collective("all-gather", widest, grad_bytes, intra, cluster))
     return tuple(phases)
@@ -208,10 +210,10 @@ def gradient_sync_bytes(grad_bytes: float, sharding: Sharding) -> float:
 
 
 def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: Sharding, cluster: ClusterSpec, *,
-                  flows_per_nic: int | None = None, units: int = 1) -> tuple[CommCost, ...]:
+                  flows_per_nic: int | None = None, units: int = 1, crossing=None) -> tuple[CommCost, ...]:
     """The phases of a stage's gradient synchronisation: ``hierarchical_allreduce`` of
-    ``gradient_sync_bytes``. On one server whose link has measured collectives, one phase of
-    what the runtime calls (``sim.cost.measured_comm.measured_sync_terms``)."""
+    ``gradient_sync_bytes`` (``crossing``: its cross-server ring's, on a fabric). On one server whose
+    link has measured collectives, one phase of what the runtime calls (``measured_sync_terms``)."""
     link, members = cluster.intra_node, members_per_node[0]
     terms = measured_sync_terms(link.collectives, members, grad_bytes, sharding, units=units) \
         if len(members_per_node) == 1 and members > 1 else None
@@ -220,7 +222,7 @@ def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: 
                          steps=ring_steps(members), link=link, across_servers=False,
                          rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=terms[0]),)
     return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding), cluster,
-                                  flows_per_nic=flows_per_nic)
+                                  flows_per_nic=flows_per_nic, crossing=crossing)
 
 
 def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str,

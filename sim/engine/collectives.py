@@ -39,6 +39,7 @@ from sim.cost.comm import (
     ring_flow_bytes,
 )
 from sim.cost.links import group_link
+from sim.cost.tiers import group_crossing
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["allreduce_flows", "build_collectives"]
@@ -94,7 +95,13 @@ def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding,
         by_node[d // per_node].append(d)  # ``ClusterSpec.node_of``, inline: once per device of every group
     groups = [by_node[n] for n in sorted(by_node)]
     k, widest = len(groups), max(len(g) for g in groups)
-    phases = gradient_sync([len(g) for g in groups], stage_grad_bytes, sharding, cluster, units=units)
+    # on a fabric the servers' ring (each server's first member to the next's) crosses the tiers it climbs
+    crossing = group_crossing(cluster, [g[0] for g in groups]) if cluster.fabric is not None and k > 1 else None
+    phases = gradient_sync([len(g) for g in groups], stage_grad_bytes, sharding, cluster, units=units,
+                           crossing=crossing)
+    # the cross-server phase's bytes per GPU of the smallest server (NCCL's algorithm's on a fabric)
+    across = phases[-2 if widest > 1 else -1].flow_bytes * min(len(g) for g in groups) \
+        if crossing is not None else None
     for phase, cost in zip(_PHASE_NUMBERS[(widest > 1, k > 1)], phases):
         latency[(s, phase)] = cost.latency_s
     if k == 1:  # one ring: the phase's own flow bytes (the measured ones on a measured link)
@@ -108,16 +115,17 @@ def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding,
                     nbytes = ring_flow_bytes(n, grad_bytes, cluster.intra_node, halves=inside_halves(k))
                     flows += [(d, g[(i + 1) % n], ("AR", s, phase), nbytes) for i, d in enumerate(g)]
     if k > 1 and widest == 1:  # one member per server (the usual data-parallel group): one ring across
-        nbytes = cross_server_flow_bytes(k, grad_bytes, cluster, 1)
+        nbytes = cross_server_flow_bytes(k, grad_bytes, cluster, 1) if across is None else across
         ring = [g[0] for g in groups]
         flows += [(d, ring[(j + 1) % k], ("AR", s, 1), nbytes) for j, d in enumerate(ring)]
     elif k > 1:
-        across = {}  # each GPU carries its 1/n shard of the cross-server ring: the bytes by server width
+        by_width = {}  # each GPU carries its 1/n shard of the cross-server ring: the bytes by server width
         for j, g in enumerate(groups):
             nxt = groups[(j + 1) % k]
-            if len(g) not in across:
-                across[len(g)] = cross_server_flow_bytes(k, grad_bytes, cluster, len(g))
-            nbytes = across[len(g)]
+            if len(g) not in by_width:
+                by_width[len(g)] = cross_server_flow_bytes(k, grad_bytes, cluster, len(g)) if across is None \
+                    else across / len(g)
+            nbytes = by_width[len(g)]
             flows += [(d, nxt[i % len(nxt)], ("AR", s, 1), nbytes) for i, d in enumerate(g)]
 
 

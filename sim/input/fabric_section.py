@@ -11,6 +11,7 @@
           - {name: pod, size: 192, oversubscription: 7}    # racks per pod; 1:7 up to the core
           - {name: core}                                   # the top tier joins every pod
         rail_optimised: false
+        collective_algorithm: auto                         # or ring, tree (sim.cost.fabric_comm)
         scale_up: {size: 8, bandwidth: 450GB/s, latency: 3us}
 
 Without the key a cluster is what it always was (one non-blocking switch). A scale-up domain
@@ -24,14 +25,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sim.core.fabric import FabricSpec, ScaleUpSpec, TierSpec
+from sim.core.fabric import COLLECTIVE_ALGORITHMS, FabricSpec, ScaleUpSpec, TierSpec
 from sim.core.specs import ClusterSpec, LinkSpec
 from sim.core.units import parse_bandwidth, parse_time
 from sim.input.strict import StrictReader, join_key
 
 __all__ = ["FABRIC_KEYS", "apply_fabric", "read_fabric"]
 
-FABRIC_KEYS = {"tiers", "rail_optimised", "scale_up"}
+FABRIC_KEYS = {"tiers", "rail_optimised", "scale_up", "collective_algorithm"}
 _TIER_KEYS = {"name", "size", "oversubscription", "uplink_bandwidth", "latency"}
 _SCALE_UP_KEYS = {"size", "bandwidth", "latency"}
 MAX_TIERS = 8
@@ -74,7 +75,9 @@ def read_fabric(reader: StrictReader, data: Any) -> FabricSpec:
                                 bandwidth_bytes_per_s=reader.quantity(item, where, "bandwidth", parse_bandwidth),
                                 latency_s=reader.quantity(item, where, "latency", parse_time, "0s"))
     return reader.build(key, FabricSpec, tiers=tuple(tiers), scale_up=scale_up,
-                        rail_optimised=reader.boolean(data, key, "rail_optimised", False))
+                        rail_optimised=reader.boolean(data, key, "rail_optimised", False),
+                        collective_algorithm=reader.string(data, key, "collective_algorithm", "auto",
+                                                           choices=COLLECTIVE_ALGORITHMS))
 
 
 def apply_fabric(reader: StrictReader, cluster: ClusterSpec, fabric: FabricSpec) -> ClusterSpec:
