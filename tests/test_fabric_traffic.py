@@ -5,7 +5,7 @@ in leaf groups of 4 at 1:4 under one spine. The ring 0→1→…→7→0 sends e
 ``2(n − 1)/n · P`` bytes (``n = 8``): all 8 flows reach the leaf tier, and 2 of them (3→4,
 7→0) climb to the spine. The leaf tier's capacity is the 8 NICs, ``8 B``; the spine's the
 2 leaf uplinks of ``4 B / 4 = B`` each, ``2 B``. The iteration is the ring at the uplink's share
-``B`` (one flow up out of each group): ``T = 2(n − 1)/n · P / B``.
+``B`` (one flow up out of each group), plus NCCL's ring latency: ``T = 2(n − 1)/n · P / B + α``.
 """
 
 from __future__ import annotations
@@ -37,18 +37,21 @@ def _ring(fabric: bool = True):
 def test_one_ring_across_a_one_to_four_tier_closed_form():
     result = run_scenario(_ring())
     flow = 2 * (N - 1) / N * P
-    T = flow / B  # one flow on each leaf uplink of B
-    assert result.iteration_time_s == pytest.approx(T, rel=1e-5)  # plus the ring steps' latencies
+    # one flow on each leaf uplink of B, plus NCCL's latency of a Simple ring over N servers
+    # (sim.cost.fabric_comm; tuning.cc: base 8.4 µs, 2(N − 1) network steps of 14 µs, plateau 1.4)
+    T = flow / B + (8.4 + 2 * (N - 1) * 14.0) * 1.4e-6
+    assert result.iteration_time_s == pytest.approx(T, rel=1e-5)
     leaf, spine = result.summarize().fabric.tiers
     assert (leaf.name, spine.name) == ("leaf", "spine")
     assert leaf.bytes == pytest.approx(N * flow) and spine.bytes == pytest.approx(2 * flow)
     assert leaf.bytes_by_kind == (("DP", pytest.approx(N * flow)),)
     assert leaf.capacity_bytes_per_s == pytest.approx(N * B) and spine.capacity_bytes_per_s == pytest.approx(2 * B)
-    # a ring in device order crosses each group boundary once: both tiers are equally busy
-    assert leaf.utilisation == pytest.approx(N * flow / (N * B * result.iteration_time_s)) == pytest.approx(1.0, rel=1e-5)
-    assert spine.utilisation == pytest.approx(2 * flow / (2 * B * result.iteration_time_s)) == pytest.approx(1.0, rel=1e-5)
+    # a ring in device order crosses each group boundary once: both tiers are equally busy, all
+    # but the ring's latency (0.29 ms of 1.75 s)
+    assert leaf.utilisation == pytest.approx(N * flow / (N * B * result.iteration_time_s)) == pytest.approx(1.0, rel=1e-3)
+    assert spine.utilisation == pytest.approx(2 * flow / (2 * B * result.iteration_time_s)) == pytest.approx(1.0, rel=1e-3)
     busiest = result.summarize().fabric.busiest
-    assert len(busiest) == 5 and busiest[0].utilisation == pytest.approx(1.0, rel=1e-5)
+    assert len(busiest) == 5 and busiest[0].utilisation == pytest.approx(1.0, rel=1e-3)
     assert {b.name for b in busiest} <= {*(f"nic {i} {w}" for i in range(N) for w in ("out", "in")),
                                          "leaf 0 up", "leaf 1 up", "leaf 0 down", "leaf 1 down"}
 
