@@ -129,3 +129,26 @@ def test_mtp_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=1e-6), name
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
+def test_the_torch_peer_refuses_mtp_in_one_line():
+    # torch.distributed.pipelining's loss_fn(logits, labels) sees the main logits only
+    from runtime.execution.peer import check_peer_plan
+    from runtime.model.config import load_runnable
+
+    with pytest.raises(DappleError) as caught:
+        check_peer_plan(load_runnable(GPT, {**TWO_RANKS["gpt-tied-pp2"], "plan.schedule": "gpipe"}), 2)
+    assert "not the multi-token-prediction losses; remove model.mtp_depth" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("index", [5, 6], ids=["mtp", "head"])
+def test_the_mtp_layer_and_the_head_profile_alone(index):
+    # the head's input is the mtp layer's 1 + D hidden states side by side (the simulator's cut after mtp)
+    from runtime.measure.profiler import profile_layer
+    from runtime.model.config import load_runnable
+
+    torch.set_num_threads(1)
+    runnable = load_runnable(GPT, {**MTP, **DP2})
+    profile = profile_layer(runnable.model, index, 2, torch.device("cpu"), warmup=0, repeats=1)
+    assert profile.param_bytes == runnable.scenario.model.layers[index].param_bytes

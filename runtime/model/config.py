@@ -232,7 +232,8 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("model.gemm_dtype", model.gemm_dtype is not None,
          "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
         ("model.fp8_activations", model.fp8_activations,
-         "it stashes every activation in model.dtype (no FP8 kernels on gloo or CPU); remove model.fp8_activations"),
+         "it stashes every activation in model.dtype (torch has no E5M6 dtype for §3.3.3's stash, and it needs "
+         "model.gemm_dtype: fp8, refused above); remove model.fp8_activations"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)

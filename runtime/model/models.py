@@ -238,6 +238,8 @@ def sample_shape(config: ModelConfig, cut: int) -> tuple[int, ...]:
     """Shape of one sample of the tensor that enters layer ``cut``."""
     p = config.values
     if config.preset in TRANSFORMERS:
+        if config.mtp_depth and cut == num_layers(config) - 1:  # the mtp layer's 1 + D hidden states
+            return (p["seq_len"], (1 + config.mtp_depth) * p["hidden"])
         return (p["seq_len"],) if cut == 0 else (p["seq_len"], p["hidden"])
     return (p["input_size"] if cut == 0 else p["hidden"],)
 
