@@ -84,7 +84,8 @@ def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
     ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
       "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
     ({**MTP, **PP2}, "set tied_embeddings: true or use one stage"),
-], ids=["tensor-parallel", "mtp-apart-from-head", "untied-pp"])
+    ({**MTP, **DP2, "plan.sharding": "full"}, "use sharding: none or optimizer"),
+], ids=["tensor-parallel", "mtp-apart-from-head", "untied-pp", "fsdp"])
 def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
     from runtime.model.config import load_runnable
 
@@ -152,3 +153,20 @@ def test_the_mtp_layer_and_the_head_profile_alone(index):
     runnable = load_runnable(GPT, {**MTP, **DP2})
     profile = profile_layer(runnable.model, index, 2, torch.device("cpu"), warmup=0, repeats=1)
     assert profile.param_bytes == runnable.scenario.model.layers[index].param_bytes
+
+
+@pytest.mark.slow
+def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_model():
+    from runtime.execution.launch import spawn
+
+    four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4",
+            "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"}
+    cases = {"pp2-dp2": four, "pp2-dp2-zero1": {**four, "plan.sharding": "optimizer"},
+             "pp2-dp2-recompute": {**four, "plan.recompute": "full"},
+             "pp2-dp2-selective": {**four, "plan.recompute": "selective"},
+             "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
+             "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
+                                   "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
+    for name, summary in spawn(_cases, 4, cases)[0].items():
+        assert summary["check_passed"], name
+        assert_matches_unsplit(summary)
