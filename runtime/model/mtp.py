@@ -15,9 +15,11 @@ the last dimension (the simulator's cut after it carries ``1 + D`` hidden states
 tokens ``i + k`` are the labels shifted by ``k − 1``), so that cut never crosses a link here.
 Each module runs the block over the whole sequence; its last ``k`` positions read a wrapped token
 and predict nothing, and under the causal mask they reach no position that predicts something, so
-the loss is Eq. 24's exactly. The head holds one final norm per module besides its own (DeepSeek's
-released ``inference/model.py`` gives each MTP layer its own ``shared_head.norm``; the simulator
-counts the same bytes) and projects with its one shared matrix.
+the loss is Eq. 24's exactly. The head holds one final norm per module besides its own (DeepSeek-V3's
+released checkpoint gives its MTP layer its own ``model.layers.61.shared_head.norm``, beside
+``enorm``, ``hnorm`` and ``eh_proj``; the simulator counts the same bytes) and projects with its one
+shared matrix. The concatenation follows Eq. 21's order, ``[h; Emb]``; implementations that load
+the released weights concatenate ``[enorm(Emb); hnorm(h)]``, which only permutes ``M_k``'s columns.
 """
 
 from __future__ import annotations
