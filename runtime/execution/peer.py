@@ -53,6 +53,9 @@ def check_peer_plan(runnable: RunnableScenario, world_size: int) -> None:
         raise DappleError("the torch peer runs uniform plans only: one device per stage, one stage per rank")
     if sorted(d for stage in plan.stages for d in stage.devices) != list(range(world_size)):
         raise DappleError(f"the plan's devices must be the ranks 0-{world_size - 1}")
+    if runnable.model.mtp_depth:  # torch's loss_fn sees logits only, not the MTP depths' hidden states
+        raise DappleError("the torch peer scores the main logits only (loss_fn(logits, labels)), not the "
+                          "multi-token-prediction losses; remove model.mtp_depth")
     if runnable.model.preset in TRANSFORMERS and runnable.model.values["tied_embeddings"]:
         raise DappleError("the torch peer cannot tie embeddings across stages; set tied_embeddings: false")
 

@@ -114,6 +114,9 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     is_head = index == num_layers(config) - 1
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         layer.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
+    takes_labels = is_head or getattr(layer, "wants_labels", False)  # the mtp layer reads the tokens ahead
+    if getattr(layer, "wants_labels", False):
+        layer.tie(build_layer(config, 0, seed=seed, device=device).token)
     t = 1 if mesh is None else mesh.size()
     if mesh is not None:
         parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
@@ -121,7 +124,7 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     x.requires_grad_(x.is_floating_point())
 
     def forward():
-        out = layer(x, labels) if is_head else layer(x)
+        out = layer(x, labels) if takes_labels else layer(x)
         return out.to_local() if is_head and mesh is not None else out  # the loss, replicated
 
     with loss_parallel_if(t):
@@ -143,7 +146,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
         params -= layer_param_bytes(layer.mlp.experts) * (expert_parallel - 1) // expert_parallel
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
-    name = build_model(config.preset, **config.values).layers[index].name
+    mtp = {"mtp_depth": config.mtp_depth} if config.mtp_depth else {}  # the layer list with the mtp layer
+    name = build_model(config.preset, **config.values, **mtp).layers[index].name
     return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
                         stash_bytes=stash_bytes, param_bytes=params)
 

@@ -59,6 +59,8 @@ class ModelConfig:
     """Sorted (layer, server of each routed expert) pairs: the server (0, 1, … within its
     expert-parallel group) that holds each expert, for node-limited routing
     (``model.experts.node_limit``, ``expert_servers``); empty: every expert on one server."""
+    mtp_depth: int = 0
+    """DeepSeek-V3's multi-token-prediction modules (``model.mtp_depth``, ``runtime.model.mtp``); 0: none."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -108,7 +110,7 @@ def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_paral
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
     return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts,
-                       mla=model.mla, tensor_parallel=tensor_parallel)
+                       mla=model.mla, tensor_parallel=tensor_parallel, mtp_depth=model.mtp_depth)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -229,13 +231,14 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          "tensor parallelism runs the gpt and llama presets"),
         ("model.gemm_dtype", model.gemm_dtype is not None,
          "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
-        ("model.mtp_depth", model.mtp_depth > 0,
-         "it builds no multi-token-prediction modules (a cost-model input here); remove model.mtp_depth"),
         ("model.fp8_activations", model.fp8_activations,
-         "it stashes every activation in model.dtype (no FP8 kernels on gloo or CPU); remove model.fp8_activations"),
+         "it stashes every activation in model.dtype (torch has no E5M6 dtype for §3.3.3's stash, and it needs "
+         "model.gemm_dtype: fp8, refused above); remove model.fp8_activations"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
+    if model.mtp_depth:
+        unsupported += _mtp_limits(plan, model, values)
     for key, present, why in unsupported:
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
@@ -254,6 +257,28 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
         ("model.experts.imbalance", experts.draw is not None or experts.imbalance != 1.0,
          "imbalance is a cost-model input (the busiest rank's load), not a runtime behaviour: the runtime's "
          "router decides where tokens go; remove imbalance"),
+    ]
+
+
+def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
+    """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``."""
+    mtp_layer = len(model.layers) - 2  # the layer before the head (sim.models.mtp)
+    return [
+        ("model.mtp_depth", plan.tensor_parallel > 1 or plan.context_parallel > 1,
+         "its modules embed the tokens k ahead, which sequence and context parallelism cut to other ranks, "
+         "and its blocks are not in the tensor-parallel plan; use tensor_parallel: 1 and context_parallel: 1"),
+        ("model.mtp_depth", model.experts is not None,
+         "its blocks would be MoE blocks whose experts the runtime places for the main blocks only; remove "
+         "model.experts or model.mtp_depth"),
+        ("plan.stages", plan.stages[-1].layers[0] > mtp_layer,
+         f"the mtp layer ({mtp_layer}) needs the labels (the tokens ahead), which only the last stage has: "
+         f"start the last stage at layer {mtp_layer} or before"),
+        ("plan.sharding", plan.sharding in (Sharding.GRADIENTS, Sharding.FULL),
+         "FSDP2 gathers a unit's parameters for its own forward, and the mtp layer reads the shared table "
+         "the embedding's or the head's unit holds outside it; use sharding: none or optimizer"),
+        ("model.tied_embeddings", plan.num_stages > 1 and not values.get("tied_embeddings"),
+         "the mtp layer shares the embedding's table, which an untied model holds on the first stage only "
+         "(a tied head's copy serves on the last); set tied_embeddings: true or use one stage"),
     ]
 
 

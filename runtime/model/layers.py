@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Embedding", "LMHead", "TransformerBlock", "lm_loss", "rotate"]
+__all__ = ["Embedding", "LMHead", "TransformerBlock", "lm_loss", "make_norm", "rotate"]
 
 ROPE_BASE = 10000.0
 """Base of the rotary embedding's frequencies (RoFormer, §3.4.2; Llama 1 and 2)."""
@@ -125,7 +125,8 @@ class MLP(nn.Module):
         return self.w2(inner)
 
 
-def _norm(hidden: int, llama: bool) -> nn.Module:
+def make_norm(hidden: int, llama: bool) -> nn.Module:
+    """GPT's LayerNorm or Llama's RMSNorm."""
     return nn.RMSNorm(hidden, eps=1e-5) if llama else nn.LayerNorm(hidden)
 
 
@@ -137,10 +138,10 @@ class TransformerBlock(nn.Module):
     def __init__(self, hidden: int, heads: int, ffn_hidden: int, *, kv_heads: int | None = None,
                  llama: bool = False, mlp: nn.Module | None = None, attention: nn.Module | None = None) -> None:
         super().__init__()
-        self.norm_1 = _norm(hidden, llama)
+        self.norm_1 = make_norm(hidden, llama)
         self.attention = Attention(hidden, heads, kv_heads or heads, bias=not llama, rotary=llama) \
             if attention is None else attention
-        self.norm_2 = _norm(hidden, llama)
+        self.norm_2 = make_norm(hidden, llama)
         self.mlp = MLP(hidden, ffn_hidden, gated=llama) if mlp is None else mlp
         """The dense MLP, or a mixture of experts (``runtime.model.experts.MoE``)."""
 
@@ -168,7 +169,7 @@ class LMHead(nn.Module):
 
     def __init__(self, hidden: int, vocab: int, *, tied: bool, llama: bool = False) -> None:
         super().__init__()
-        self.norm = _norm(hidden, llama)
+        self.norm = make_norm(hidden, llama)
         self.proj = None if tied else nn.Linear(hidden, vocab, bias=False)
         self._tied: tuple[nn.Module, ...] = ()  # a tuple, so the module does not register it
         self.gather = None
@@ -190,7 +191,10 @@ class LMHead(nn.Module):
         self._tied = ()
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x)
+        return self.project(self.norm(x))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed hidden states -> logits over the (padded) vocabulary."""
         if self.proj is not None:
             return self.proj(x)
         return F.linear(x if self.gather is None else self.gather(x), self._tied[0].weight)

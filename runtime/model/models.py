@@ -35,6 +35,7 @@ from runtime.model.config import ModelConfig
 from runtime.model.experts import MoE, expert_seed
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
 from runtime.model.mla import LatentAttention
+from runtime.model.mtp import MTPHead, MTPModule, MultiTokenPrediction
 from sim.core.specs import DTYPE_BYTES
 
 __all__ = [
@@ -97,7 +98,10 @@ class ClassifierHead(nn.Module):
 
 
 def num_layers(config: ModelConfig) -> int:
-    return config.values["layers"] + (2 if config.preset in TRANSFORMERS else 1)
+    """Layers of the model: an embedding, the blocks, ``mtp`` with ``mtp_depth`` and the head."""
+    if config.preset in TRANSFORMERS:
+        return config.values["layers"] + 2 + (1 if config.mtp_depth else 0)
+    return config.values["layers"] + 1
 
 
 def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = None) -> nn.Module:
@@ -112,7 +116,12 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
         if index == 0:
             return Embedding(vocab, p["seq_len"], p["hidden"], positions=not llama)
         if index == last:
+            if config.mtp_depth:
+                return MTPHead(p["hidden"], vocab, config.mtp_depth, tied=p["tied_embeddings"], llama=llama)
             return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
+        if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp)
+            return MultiTokenPrediction([MTPModule(p["hidden"], _new_layer(config, index - 1, local))
+                                         for _ in range(config.mtp_depth)])
         experts, mlp = config.experts, None
         if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
             mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
@@ -197,7 +206,22 @@ def build_layers(
             head.tie(layers[0].token)
         else:
             head.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
+    if config.preset in TRANSFORMERS and config.mtp_depth and last - 1 in layers:
+        layers[last - 1].tie(_shared_table(config, layers, seed, device))
     return layers
+
+
+def _shared_table(config: ModelConfig, layers: dict[int, nn.Module], seed: int, device: torch.device | str) -> nn.Module:
+    """The token table the MTP layer embeds with (DeepSeek-V3 §2.2's shared embedding): the
+    embedding's when it is built here, else a tied head's copy (whose gradient the tied group sums
+    with the embedding's). A layer built alone (profiling) gets a fresh table of its own; the
+    runtime refuses an untied model whose embedding is on another stage (``runtime.model.config``)."""
+    last = num_layers(config) - 1
+    if 0 in layers:
+        return layers[0].token
+    if last in layers and layers[last].proj is not None and config.values["tied_embeddings"]:
+        return layers[last].proj
+    return build_layer(config, 0, seed=seed, device=device).token
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -214,6 +238,8 @@ def sample_shape(config: ModelConfig, cut: int) -> tuple[int, ...]:
     """Shape of one sample of the tensor that enters layer ``cut``."""
     p = config.values
     if config.preset in TRANSFORMERS:
+        if config.mtp_depth and cut == num_layers(config) - 1:  # the mtp layer's 1 + D hidden states
+            return (p["seq_len"], (1 + config.mtp_depth) * p["hidden"])
         return (p["seq_len"],) if cut == 0 else (p["seq_len"], p["hidden"])
     return (p["input_size"] if cut == 0 else p["hidden"],)
 
@@ -267,7 +293,7 @@ class StageModule(nn.Module):
         if self.enter is not None:
             x = self.enter(x)
         for layer in body:
-            x = layer(x)
+            x = layer(x, labels) if getattr(layer, "wants_labels", False) else layer(x)
         if self.is_last:
             return modules[-1](x, labels)
         return x if self.leave is None else self.leave(x)

@@ -1,0 +1,172 @@
+"""Multi-token prediction in the runtime: the loss against DeepSeek-V3's Eqs. 21–25 written out,
+each layer's parameters against the simulator's, the limits refused in one line, and data and
+pipeline parallelism (gpt tied) training one step exactly like the unsplit model, which holds the
+MTP modules too (rtol 1e-5, fp32), with parameters, gradients and optimizer states by kind as the
+simulator predicts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
+from sim.core.errors import DappleError  # noqa: E402
+
+GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
+MTP = {"model.mtp_depth": "2"}
+PP2 = {"plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}
+DP2 = {"plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"}
+TWO_RANKS = {
+    "gpt-tied-pp2": {**MTP, **PP2, "model.tied_embeddings": "true"},
+    "llama-dp2": {**MTP, **DP2, "model.preset": "llama", "model.kv_heads": "2"},
+}
+
+
+def _written_out(layers, ids, labels, weight):
+    """DeepSeek-V3 §2.2: Eqs. 21–22 truncated to the T − k positions that have a token k ahead,
+    Eq. 24 with its 1/T, Eq. 25 with λ = 0.3, plus the main cross-entropy."""
+    rms = lambda x, w: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w  # noqa: E731
+    n, s = ids.shape
+    h = ids
+    for k in range(5):
+        h = layers[k](h)
+    main_logits = layers[6].project(layers[6].norm(h))
+    loss = torch.nn.functional.cross_entropy(main_logits.flatten(0, 1), labels.flatten())
+    tokens = torch.cat([ids, labels[:, -1:]], 1)  # t_0 .. t_s
+    mtp = []
+    for k, module in enumerate(layers[5].depths, start=1):
+        h = h[:, : s - k] if k == 1 else h[:, :-1]                                   # positions 0 .. s-1-k
+        e = weight[tokens[:, k: s]]                                                  # Emb(t_{i+k})
+        joined = torch.cat([rms(h, module.hidden_norm.weight), rms(e, module.embedding_norm.weight)], -1)
+        h = module.block(joined @ module.proj.weight.T)                              # Eqs. 21–22
+        logits = layers[6].project(layers[6].mtp_norms[k - 1](h))                    # Eq. 23
+        log_p = torch.log_softmax(logits, -1).gather(-1, tokens[:, k + 1:, None]).squeeze(-1)
+        mtp.append(-log_p.sum() / (n * s))                                           # Eq. 24
+    return loss + 0.3 / len(mtp) * sum(mtp)                                          # Eq. 25
+
+
+def test_the_mtp_loss_is_deepseek_v3s_equations():
+    from runtime.model.config import load_runnable
+    from runtime.model.models import build_layers, synthetic_batch, whole_model
+
+    torch.manual_seed(0)
+    runnable = load_runnable(GPT, {**MTP, **DP2})
+    model = whole_model(runnable.model, seed=3)
+    ids, labels = synthetic_batch(runnable.model, 3, step=0, seed=3)
+    got = model(ids, labels)
+    layers = build_layers(runnable.model, seed=3)
+    with torch.no_grad():
+        expected = _written_out(layers, ids, labels, layers[0].token.weight)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6)
+    got.backward()  # every MTP weight and the shared table get a gradient
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.layers["5"].parameters())
+
+
+@pytest.mark.parametrize("overrides", [{**MTP, **DP2}, TWO_RANKS["gpt-tied-pp2"], TWO_RANKS["llama-dp2"]],
+                         ids=["gpt", "gpt-tied", "llama"])
+def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
+    from runtime.model.config import load_runnable
+    from runtime.model.models import build_layers, layer_param_bytes
+
+    runnable = load_runnable(GPT, overrides)
+    layers = build_layers(runnable.model)
+    assert [layer_param_bytes(layers[k]) for k in range(7)] == [layer.param_bytes for layer in
+                                                                 runnable.scenario.model.layers]
+    # two modules of: two RMSNorms (64 each), M_k 128·64, a GPT block; fp32
+    block = layer_param_bytes(layers[4])
+    assert layer_param_bytes(layers[5]) == 2 * (4 * (2 * 64 + 128 * 64) + block)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({**MTP, **DP2, "plan.tensor_parallel": "2"}, "use tensor_parallel: 1 and context_parallel: 1"),
+    ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
+      "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
+    ({**MTP, **PP2}, "set tied_embeddings: true or use one stage"),
+    ({**MTP, **DP2, "plan.sharding": "full"}, "use sharding: none or optimizer"),
+], ids=["tensor-parallel", "mtp-apart-from-head", "untied-pp", "fsdp"])
+def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
+    from runtime.model.config import load_runnable
+
+    with pytest.raises(DappleError) as caught:
+        load_runnable(GPT, overrides)
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def _cases(device, cases: dict):
+    from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
+
+    torch.set_num_threads(1)  # ranks share the host's cores
+    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
+            for name, overrides in cases.items()}
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    from runtime.execution.launch import spawn
+
+    return spawn(_cases, 2, TWO_RANKS)[0]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(TWO_RANKS))
+def test_mtp_with_data_or_pipeline_parallelism_matches_the_unsplit_model(two_ranks, name):
+    assert two_ranks[name]["check_passed"], name
+    assert_matches_unsplit(two_ranks[name])
+
+
+@pytest.mark.dist
+def test_mtp_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks):
+    from runtime.model.config import load_runnable
+    from sim.engine.run import run_scenario
+
+    for name, overrides in TWO_RANKS.items():
+        predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
+        for measured, device in zip(two_ranks[name]["devices"], predicted.devices):
+            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["gradients"] == pytest.approx(expected.gradients, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
+def test_the_torch_peer_refuses_mtp_in_one_line():
+    # torch.distributed.pipelining's loss_fn(logits, labels) sees the main logits only
+    from runtime.execution.peer import check_peer_plan
+    from runtime.model.config import load_runnable
+
+    with pytest.raises(DappleError) as caught:
+        check_peer_plan(load_runnable(GPT, {**TWO_RANKS["gpt-tied-pp2"], "plan.schedule": "gpipe"}), 2)
+    assert "not the multi-token-prediction losses; remove model.mtp_depth" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("index", [5, 6], ids=["mtp", "head"])
+def test_the_mtp_layer_and_the_head_profile_alone(index):
+    # the head's input is the mtp layer's 1 + D hidden states side by side (the simulator's cut after mtp)
+    from runtime.measure.profiler import profile_layer
+    from runtime.model.config import load_runnable
+
+    torch.set_num_threads(1)
+    runnable = load_runnable(GPT, {**MTP, **DP2})
+    profile = profile_layer(runnable.model, index, 2, torch.device("cpu"), warmup=0, repeats=1)
+    assert profile.param_bytes == runnable.scenario.model.layers[index].param_bytes
+
+
+@pytest.mark.slow
+def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_model():
+    from runtime.execution.launch import spawn
+
+    four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4",
+            "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"}
+    cases = {"pp2-dp2": four, "pp2-dp2-zero1": {**four, "plan.sharding": "optimizer"},
+             "pp2-dp2-recompute": {**four, "plan.recompute": "full"},
+             "pp2-dp2-selective": {**four, "plan.recompute": "selective"},
+             "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
+             "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
+                                   "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
+    for name, summary in spawn(_cases, 4, cases)[0].items():
+        assert summary["check_passed"], name
+        assert_matches_unsplit(summary)
