@@ -211,6 +211,7 @@ def test_known_parameters_are_fitted_back_within_five_percent():
         assert fitted[name] == pytest.approx(value, rel=0.05), name
 
 
+@pytest.mark.slow  # 10 s: the command end to end; the fit itself is tested by default
 def test_calibrate_command(tmp_path, capsys):
     base = tmp_path / "base.yaml"
     base.write_text(BASE_TEXT)
@@ -244,6 +245,7 @@ def test_calibrate_command(tmp_path, capsys):
     assert merged.cluster.device.efficiency == pytest.approx(report["params"]["efficiency"], rel=1e-5)
 
 
+@pytest.mark.slow  # 7 s of fitting
 def test_runs_faster_than_the_model_allows_end_a_parameter_at_its_physical_bound_and_name_it():
     # all-reduce-heavy runs (2 replicas of a wide model on short sequences) measured on a link 20
     # times as fast as the base's: no efficiency within [0.01, 1] follows them, so the fit ends

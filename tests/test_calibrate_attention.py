@@ -69,6 +69,7 @@ def test_flash_efficiencies_are_fitted_back_from_a_small_llama():
     assert "sdpa_efficiency not constrained by these runs (no run uses attention: sdpa); left at 0.554" in result.notes
 
 
+@pytest.mark.slow  # 6 s of fitting
 def test_unfused_runs_leave_every_attention_efficiency_alone():
     runs = _measured(_with_device(UNFUSED, attention_efficiency=0.2, sdpa_efficiency=0.2),
                      _runs((256, 512), (512, 2048)))
@@ -111,6 +112,7 @@ def test_memory_reserved_is_the_measured_peak_less_the_replayed_tensors():
     assert exact.params["memory_reserved_bytes"] == pytest.approx(5 * 2**30, rel=1e-9)
 
 
+@pytest.mark.slow  # 4 s of fitting
 def test_memory_reserved_stays_within_a_quarter_of_the_memory_and_what_lets_every_run_fit():
     memory = UNFUSED.cluster.device.memory_bytes
     result = calibrate(UNFUSED, _measured(UNFUSED, _runs((256,), (512,)), reserve_bytes=0.4 * memory))

@@ -79,6 +79,7 @@ def test_measured_trace_has_the_simulators_layout(tmp_path):
     assert header == ",".join(result.events().columns)  # the simulator's events.csv columns
 
 
+@pytest.mark.slow  # 24 s of gloo runs; test_measured_trace_has_the_simulators_layout checks the layout by default
 @pytest.mark.dist
 def test_run_and_validate_write_chrome_traces(tmp_path, checked_tiny_run, capsys):
     from runtime.commands.run import print_run
@@ -142,6 +143,7 @@ def _dapple_plan(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from planner.cli import main; sys.exit(main())", *args]
 
 
+@pytest.mark.slow  # 8 s: a whole plan under a pseudo-terminal
 def test_dapple_plan_shows_progress_on_a_terminal_and_where_the_time_went(tmp_path):
     code, stdout, terminal = run_on_a_terminal(_dapple_plan(BERT, "--out", str(tmp_path / "a"), "-v",
                                                             "--planner", "dapple", "--planner", "dp"), REPO)

@@ -342,6 +342,7 @@ def test_json_output_never_holds_nan_or_infinity(tmp_path):
     assert not (tmp_path / "x.json").exists()  # nothing half-written
 
 
+@pytest.mark.slow  # 17 s: loads every shipped scenario, the 16,384-GPU ones too; tests/test_scenarios.py loads the top-level ones by default
 def test_shipped_scenarios_and_sweeps_are_within_every_limit():
     from sim.app.published import read_suite
 

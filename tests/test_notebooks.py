@@ -43,7 +43,7 @@ def test_every_notebook_is_covered():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(FIGURES)
 
 
-SLOW = {"02_capacity_study.ipynb"}
+SLOW = {"02_capacity_study.ipynb", "01_schedule_comparison.ipynb"}  # the longest two
 """Notebooks run under ``-m slow`` only: 02 plans a sweep of GPT sizes on three clusters (11 s); the sweep
 machinery it calls is tested in tests/test_sweep.py."""
 

@@ -90,7 +90,7 @@ def test_a_candidate_over_memory_is_rejected_without_a_replay():
 
 
 @pytest.mark.parametrize("nodes, hand", [
-    (2, dict(stages=4, replicas=4, microbatch_size=4)),  # 4 stages x 4 replicas, micro-batch 4 (55.8 GiB)
+    pytest.param(2, dict(stages=4, replicas=4, microbatch_size=4), marks=pytest.mark.slow),  # 4 x 4, mb 4 (55.8 GiB); 6 s
     (1, dict(stages=8, replicas=1, microbatch_size=1)),  # one server, 8 stages (43.8 GiB)
 ])
 def test_gpt_6_7b_gets_a_plan_that_fits_and_beats_the_hand_written_one(nodes, hand):

@@ -261,6 +261,7 @@ def test_unreachable_dask_scheduler_is_one_line(monkeypatch):
 # --- plan mode and the command line -----------------------------------------------------------
 
 
+@pytest.mark.slow  # 5 s: plans every row of a sweep
 def test_plan_mode_rows_hold_a_plan_file_that_replays_to_the_same_time():
     from sim.engine.run import run_scenario
     from sim.input.scenario import load_scenario

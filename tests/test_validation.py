@@ -133,7 +133,7 @@ def test_validate_rejects_zero_rounds(capsys):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("schedule", ["gpipe", "dapple"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "dapple"])  # 7 s a run
 def test_cpu_run_peak_memory_within_two_percent_of_the_prediction(tmp_path, schedule):
     pytest.importorskip("torch")
     from runtime.commands.validate import write_report

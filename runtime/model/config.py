@@ -230,7 +230,8 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
         ("model.gemm_dtype", model.gemm_dtype is not None,
-         "it runs every product in model.dtype (no FP8 kernels on gloo or CPU); remove model.gemm_dtype"),
+         "it runs every product in model.dtype (FP8 products through torch._scaled_mm with DeepSeek-V3's "
+         "fine-grained scales are not built); remove model.gemm_dtype"),
         ("model.fp8_activations", model.fp8_activations,
          "it stashes every activation in model.dtype (torch has no E5M6 dtype for §3.3.3's stash, and it needs "
          "model.gemm_dtype: fp8, refused above); remove model.fp8_activations"),
