@@ -97,6 +97,27 @@ def synthetic_scenario(
     return Scenario(name="synthetic", cluster=cluster, model=model, training=training, plan=plan)
 
 
+def checked_cases(device, path: str, cases: dict) -> dict:
+    """A spawned rank's part of each case: ``path`` with the case's overrides run one step with
+    ``--check`` (``runtime.execution.session.run_session``), by case name. One thread a rank:
+    the ranks share the host's cores."""
+    import torch  # the runtime's tests only: keeps torch off the other tests' import path
+
+    from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.config import load_runnable
+
+    torch.set_num_threads(1)
+    return {name: run_session(load_runnable(path, overrides), SessionOptions(steps=1, check=True), device)
+            for name, overrides in cases.items()}
+
+
+def spawn_checked(path: str, nproc: int, cases: dict) -> dict:
+    """``checked_cases`` on ``nproc`` gloo ranks; rank 0's summaries by case name."""
+    from runtime.execution.launch import spawn
+
+    return spawn(checked_cases, nproc, path, cases)[0]
+
+
 def assert_matches_unsplit(summary) -> None:
     """A runtime run's ``--check`` against the unsplit single-process model: gradients within
     1e-5 (fp32) and the same loss."""

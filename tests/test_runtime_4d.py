@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor.parallel")
 
-from conftest import SCENARIOS
+from conftest import SCENARIOS, spawn_checked
 
 pytestmark = pytest.mark.dist
 
@@ -68,19 +68,9 @@ SIX_RANKS = {  # DAPPLE's uneven plan: 2 replicas (tensor 2 each) feeding 1
 }
 
 
-def _cases(device, cases: dict):
-    from runtime.execution.session import SessionOptions, run_session
-    from runtime.model.config import load_runnable
-
-    torch.set_num_threads(1)  # ranks share the host's cores
-    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
-            for name, overrides in cases.items()}
-
 
 def _spawn(nproc: int, cases: dict):
-    from runtime.execution.launch import spawn
-
-    return spawn(_cases, nproc, cases)[0]
+    return spawn_checked(GPT, nproc, cases)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit, spawn_checked  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
@@ -98,19 +98,9 @@ def test_tensor_parallelism_with_mla_is_refused_in_the_simulators_words():
     assert "\n" not in str(caught.value)
 
 
-def _cases(device, cases: dict):
-    from runtime.execution.session import SessionOptions, run_session
-    from runtime.model.config import load_runnable
-
-    torch.set_num_threads(1)  # ranks share the host's cores
-    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
-            for name, overrides in cases.items()}
-
 
 def _spawn(nproc: int, cases: dict):
-    from runtime.execution.launch import spawn
-
-    return spawn(_cases, nproc, cases)[0]
+    return spawn_checked(GPT, nproc, cases)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit, spawn_checked  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
@@ -95,20 +95,10 @@ def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
     assert "\n" not in str(caught.value)
 
 
-def _cases(device, cases: dict):
-    from runtime.execution.session import SessionOptions, run_session
-    from runtime.model.config import load_runnable
-
-    torch.set_num_threads(1)  # ranks share the host's cores
-    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
-            for name, overrides in cases.items()}
-
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    from runtime.execution.launch import spawn
-
-    return spawn(_cases, 2, TWO_RANKS)[0]
+    return spawn_checked(GPT, 2, TWO_RANKS)
 
 
 @pytest.mark.dist
@@ -157,7 +147,6 @@ def test_the_mtp_layer_and_the_head_profile_alone(index):
 
 @pytest.mark.slow
 def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_model():
-    from runtime.execution.launch import spawn
 
     four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4",
             "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"}
@@ -167,6 +156,6 @@ def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_mod
              "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
              "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
                                    "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
-    for name, summary in spawn(_cases, 4, cases)[0].items():
+    for name, summary in spawn_checked(GPT, 4, cases).items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)

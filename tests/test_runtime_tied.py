@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS, assert_matches_unsplit
+from conftest import SCENARIOS, assert_matches_unsplit, spawn_checked
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 SHIPPED = {"model.tied_embeddings": "true", "model.hidden": "32", "model.seq_len": "16"}
@@ -43,18 +43,9 @@ TWO_RANKS = {
 }
 
 
-def _cases(device, cases: dict):
-    from runtime.execution.session import SessionOptions, run_session
-    from runtime.model.config import load_runnable
-
-    return {name: run_session(load_runnable(GPT, overrides), SessionOptions(steps=1, check=True), device)
-            for name, overrides in cases.items()}
-
 
 def _spawn(nproc: int, cases: dict):
-    from runtime.execution.launch import spawn
-
-    return spawn(_cases, nproc, cases)[0]
+    return spawn_checked(GPT, nproc, cases)
 
 
 @pytest.fixture(scope="module")

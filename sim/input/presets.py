@@ -253,6 +253,17 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 """Device name -> scenario mapping of its ``cluster.device`` keys."""
 
+_DGX_H100: Mapping[str, Any] = MappingProxyType({
+    "devices_per_node": 8,
+    "device": "H100-80GB",
+    "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
+    "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
+    "nics_per_node": 8,
+})
+"""A DGX H100 server's GPUs, NVSwitch and eight 400 Gb/s NICs, which the dgx-h100,
+dgx-superpod-h100 and llama3-roce-h100 presets share (each sets its own server count; the
+last names its NICs RoCE)."""
+
 CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         "v100-nvlink-8": {
@@ -277,14 +288,7 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "inter_node": {"bandwidth": "200Gb/s", "latency": "5us", "name": "InfiniBand"},
             "nics_per_node": 8,
         },
-        "dgx-h100": {
-            "nodes": 4,
-            "devices_per_node": 8,
-            "device": "H100-80GB",
-            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
-            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
-            "nics_per_node": 8,
-        },
+        "dgx-h100": {**_DGX_H100, "nodes": 4},
         "dgx-h800": {
             "nodes": 256,
             "devices_per_node": 8,
@@ -294,21 +298,14 @@ CLUSTER_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "nics_per_node": 8,
         },
         "dgx-superpod-h100": {  # DGX H100 servers on a rail-optimised leaf/spine (module docstring)
+            **_DGX_H100,
             "nodes": 128,
-            "devices_per_node": 8,
-            "device": "H100-80GB",
-            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
-            "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "InfiniBand"},
-            "nics_per_node": 8,
             "fabric": {"tiers": [{"name": "leaf", "size": 32}, {"name": "spine"}], "rail_optimised": True},
         },
         "llama3-roce-h100": {  # Meta's 24K-GPU RoCE cluster, three tiers, 1:7 above the pods (module docstring)
+            **_DGX_H100,
             "nodes": 2048,
-            "devices_per_node": 8,
-            "device": "H100-80GB",
-            "intra_node": {"bandwidth": "450GB/s", "latency": "3us", "name": "NVSwitch", "collective_efficiency": 0.78},
             "inter_node": {"bandwidth": "400Gb/s", "latency": "5us", "name": "RoCE"},
-            "nics_per_node": 8,
             "fabric": {"tiers": [{"name": "rack", "size": 2}, {"name": "pod", "size": 192, "oversubscription": 7},
                                  {"name": "core", "size": 8}]},
         },
