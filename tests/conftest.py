@@ -118,6 +118,17 @@ def spawn_checked(path: str, nproc: int, cases: dict) -> dict:
     return spawn(checked_cases, nproc, path, cases)[0]
 
 
+def kinds_beside_prediction(path: str, overrides: dict, summary) -> list[tuple[dict, object]]:
+    """Per device of a runtime run's ``summary``: (its measured ``memory_breakdown_bytes``, the
+    fast path's predicted ``memory_breakdown`` of the same scenario), in device order."""
+    from runtime.model.config import load_runnable
+    from sim.engine.run import run_scenario
+
+    predicted = run_scenario(load_runnable(path, overrides).scenario, engine="fast").summarize()
+    return [(measured["memory_breakdown_bytes"], device.memory_breakdown)
+            for measured, device in zip(summary["devices"], predicted.devices)]
+
+
 def assert_matches_unsplit(summary) -> None:
     """A runtime run's ``--check`` against the unsplit single-process model: gradients within
     1e-5 (fp32) and the same loss."""

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor.parallel")
 
-from conftest import SCENARIOS, spawn_checked
+from conftest import SCENARIOS, kinds_beside_prediction, spawn_checked
 
 pytestmark = pytest.mark.dist
 
@@ -110,15 +110,10 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
 
 
 def test_model_states_are_counted_by_kind_as_the_simulator_predicts(four_ranks, two_ranks):
-    from runtime.model.config import load_runnable
-    from sim.engine.run import run_scenario
-
     for summary, overrides in [(four_ranks["tp2-pp2"], FOUR_RANKS["tp2-pp2"]),
                                (four_ranks["tp2-dp2-zero1"], FOUR_RANKS["tp2-dp2-zero1"]),
                                (two_ranks["dp2-fsdp"], TWO_RANKS["dp2-fsdp"])]:
-        predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
-        for measured, device in zip(summary["devices"], predicted.devices):
-            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+        for kinds, expected in kinds_beside_prediction(GPT, overrides, summary):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=0.02)
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
             # ZeRO-1 shards by whole tensors (torch's greedy partition), not exactly 1/d of the bytes

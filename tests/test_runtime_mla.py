@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS, assert_matches_unsplit, spawn_checked  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit, kinds_beside_prediction, spawn_checked  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
@@ -120,13 +120,8 @@ def test_mla_states_and_stash_are_counted_by_kind_as_the_simulator_predicts(two_
     # queries, keys and values: DeepSeek-V3 §3.2.3's recompute) within 10% (measured -4%, as its
     # multi-head attention's -3%). Llama's are not compared: with multi-head attention too the
     # runtime keeps about 38% more than the simulator counts (rotary's and SwiGLU's intermediates)
-    from runtime.model.config import load_runnable
-    from sim.engine.run import run_scenario
-
     for name, overrides in TWO_RANKS.items():
-        predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
-        for measured, device in zip(two_ranks[name]["devices"], predicted.devices):
-            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+        for kinds, expected in kinds_beside_prediction(GPT, overrides, two_ranks[name]):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6)
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=1e-6)
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6)

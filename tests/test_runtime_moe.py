@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.tensor.parallel")
 
-from conftest import SCENARIOS, assert_matches_unsplit  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit, kinds_beside_prediction  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")
@@ -254,15 +254,10 @@ def test_node_limited_routing_changes_where_tokens_go(two_ranks):
 
 @pytest.mark.dist
 def test_expert_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks, four_ranks):
-    from runtime.model.config import load_runnable
-    from sim.engine.run import run_scenario
-
     for summary, overrides in [(two_ranks["ep2"], {})] + [
             (four_ranks[name], FOUR_RANKS[name])
             for name in ("ep2-pp2", "ep2-tp2-sp", "ep2-dp2-zero1", "ep2-dp2-fsdp", "ep2-etp2", "ep2-etp2-fsdp")]:
-        predicted = run_scenario(load_runnable(MOE, overrides).scenario, engine="fast").summarize()
-        for measured, device in zip(summary["devices"], predicted.devices):
-            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+        for kinds, expected in kinds_beside_prediction(MOE, overrides, summary):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=0.02)
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=0.02)
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=0.02)

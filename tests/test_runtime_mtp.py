@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import SCENARIOS, assert_matches_unsplit, spawn_checked  # noqa: E402
+from conftest import SCENARIOS, assert_matches_unsplit, kinds_beside_prediction, spawn_checked  # noqa: E402
 from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
@@ -110,13 +110,8 @@ def test_mtp_with_data_or_pipeline_parallelism_matches_the_unsplit_model(two_ran
 
 @pytest.mark.dist
 def test_mtp_states_are_counted_by_kind_as_the_simulator_predicts(two_ranks):
-    from runtime.model.config import load_runnable
-    from sim.engine.run import run_scenario
-
     for name, overrides in TWO_RANKS.items():
-        predicted = run_scenario(load_runnable(GPT, overrides).scenario, engine="fast").summarize()
-        for measured, device in zip(two_ranks[name]["devices"], predicted.devices):
-            kinds, expected = measured["memory_breakdown_bytes"], device.memory_breakdown
+        for kinds, expected in kinds_beside_prediction(GPT, overrides, two_ranks[name]):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
             assert kinds["gradients"] == pytest.approx(expected.gradients, rel=1e-6), name
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name

@@ -33,7 +33,6 @@ from runtime.model.config import ModelConfig
 from runtime.model.experts import ETP_DIM, ETP_SUMMED, EXPERT_PARAM, ROUTER_PARAM, MoE
 from runtime.model.sharding import FSDP_SHARDINGS
 from runtime.model.tensor_parallel import set_layout
-from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
 
 __all__ = ["attach_expert_groups", "device_sets", "expert_data_mesh", "expert_tensor_groups", "gather_width_grads",
@@ -116,7 +115,7 @@ def optimizer_buckets(stages: dict[int, LocalStage], plan: PlanSpec, rank: int, 
 def fsdp_expert_mesh(plan: PlanSpec, rank: int, device_type: str, experts) -> DeviceMesh | None:
     """``expert_data_mesh`` where FSDP2 shards routed experts (an MoE model under ``sharding:
     gradients`` or ``full``), else None."""
-    if experts is None or plan.sharding not in (Sharding.GRADIENTS, Sharding.FULL):
+    if experts is None or plan.sharding not in FSDP_SHARDINGS:
         return None
     return expert_data_mesh(plan, rank, device_type)
 
