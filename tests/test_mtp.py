@@ -37,6 +37,31 @@ def test_one_mtp_module_is_the_last_block_a_projection_and_the_head_again(expert
     assert head.param_bytes == pytest.approx((h + h * v) * d, rel=1e-12)
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
+def test_a_tensor_parallel_device_holds_its_share_of_the_projection(sequence_parallel):
+    # Megatron-Core's eh_proj is column-parallel (1/t of 2h·h) beside two whole norms (2h)
+    from sim.core.parallelism import Shard
+    from sim.models import shard_model
+
+    t, s, h, d = 2, 256, 1024, 2
+    base = shard_model(build_model("llama", **SMALL), Shard(tensor=t, sequence_parallel=sequence_parallel))
+    mtp = shard_model(build_model("llama", mtp_depth=1, **SMALL), Shard(tensor=t, sequence_parallel=sequence_parallel))
+    last, extra = base.layers[-2], mtp.layers[-2]
+    assert extra.param_bytes == pytest.approx(last.param_bytes + (2 * h * h / t + 2 * h) * d, rel=1e-12)
+    assert extra.fwd_flop == pytest.approx(last.fwd_flop + 2 * s * 2 * h * h / t, rel=1e-12)
+    share = t if sequence_parallel else 1
+    assert extra.stash_bytes == pytest.approx(last.stash_bytes + 2 * 2 * s * h * d / share, rel=1e-12)
+    assert extra.output_bytes == 2 * s * h * d / t  # two hidden states, 1/t of the sequence at a boundary
+    assert extra.tp_collectives[-len(last.tp_collectives):] == last.tp_collectives  # the projection's, then the block's
+    added = [(c.kind, c.phase, c.bytes) for c in extra.tp_collectives[:-len(last.tp_collectives)]]
+    hidden, joined = float(s * h * d), float(s * 2 * h * d)
+    assert added == ([("reduce-scatter", "forward", hidden), ("all-gather", "backward", hidden),
+                      ("all-gather", "forward", joined), ("reduce-scatter", "backward", joined),
+                      ("all-gather", "forward", hidden), ("all-gather", "backward", hidden)] if sequence_parallel else
+                     [("all-reduce", "forward", hidden), ("all-reduce", "backward", joined),
+                      ("all-gather", "forward", hidden)])
+
+
 def test_mtp_depth_is_read_for_gpt_and_llama_only():
     text = """
 name: mtp

@@ -18,7 +18,7 @@ between the last block and the ``head``, and the head runs once more for each mo
 parameters of its own but its final norm's (:func:`with_mtp`). The head stays the model's last
 layer and the MTP layer comes just before it, so the balanced cut puts them on the last stages,
 where DualPipe's V places them beside the embedding. The shifted tokens' embedding look-up (a
-gather of ``h`` a token) is left out.
+gather of ``h`` a token) is left out, but not its collective under tensor parallelism.
 """
 
 from __future__ import annotations
@@ -26,28 +26,65 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.core.model_spec import LayerSpec
+from sim.cost.comm import TensorParallelCollective
 from sim.cost.kernels import KernelSpec
 
-__all__ = ["merge_layers", "mtp_projection", "with_mtp"]
+__all__ = ["merge_layers", "mtp_projection", "mtp_projection_collectives", "with_mtp"]
 
 
-def mtp_projection(q: float, h: int, d: int) -> LayerSpec:
+def mtp_projection(q: float, h: int, d: int, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerSpec:
     """One MTP module's two RMSNorms and its ``2h → h`` projection on the ``q`` tokens a device
     holds: parameters ``2h·h + 2h``, forward ``2·q·2h·h`` FLOPs (backward twice), stash the norms'
-    inputs and the projection's (``2·2q·h`` elements)."""
+    inputs and the projection's (``2·2q·h`` elements).
+
+    Over a t-way tensor-parallel group the projection is column-parallel, as Megatron-Core's
+    ``eh_proj`` (``megatron/core/transformer/multi_token_prediction.py`` at NVIDIA/Megatron-LM
+    00611e6: a ``ColumnParallelLinear`` with ``gather_output=False``, its output then gathered by
+    ``gather_from_tensor_model_parallel_region``); the norms stay whole on every device: a device
+    holds ``2h·h/t + 2h`` and does 1/t of the product; with sequence parallelism the stash is 1/t of
+    the sequence (Korthikanti et al. 2022, §4.2.2, as the blocks'). Its collectives:
+    ``mtp_projection_collectives``."""
+    t = tensor
+    share = t if sequence_parallel else 1  # the norms and the projection's input on s/t tokens
     return LayerSpec(
         name="mtp_projection",
-        param_bytes=float((2 * h * h + 2 * h) * d),
+        param_bytes=float((2 * h * h / t + 2 * h) * d),
         param_tensors=3,
-        output_bytes=float(q * h * d),
-        stash_bytes=float(2 * 2 * q * h * d),
-        fwd_flop=float(2 * q * 2 * h * h),
-        bwd_flop=float(4 * q * 2 * h * h),
+        output_bytes=float(q * h * d / t),  # a stage boundary carries 1/t of the sequence, as a block's
+        stash_bytes=float(2 * 2 * q * h * d / share),
+        fwd_flop=float(2 * q * 2 * h * h / t),
+        bwd_flop=float(4 * q * 2 * h * h / t),
         wgrad_fraction=0.5,
-        kernels=(KernelSpec(name="mtp_norms", bytes=2 * d * 2 * q * h),  # read and write 2q·h
-                 KernelSpec(name="mtp_projection", flop=2 * q * h * 2 * h, rows=q, cols=h, inner=2 * h,
-                            bytes=d * (q * 2 * h + q * h), fixed_bytes=d * 2 * h * h, weights=True)),
+        kernels=(KernelSpec(name="mtp_norms", bytes=2 * d * 2 * q * h / share),  # read and write 2q·h
+                 KernelSpec(name="mtp_projection", flop=2 * q * h * 2 * h / t, rows=q, cols=h / t, inner=2 * h,
+                            bytes=d * (q * 2 * h + q * h / t), fixed_bytes=d * 2 * h * h / t, weights=True)),
+        tp_collectives=mtp_projection_collectives(q, h, d, tensor=t, sequence_parallel=sequence_parallel),
     )
+
+
+def mtp_projection_collectives(q: float, h: int, d: int, *, tensor: int,
+                               sequence_parallel: bool) -> tuple[TensorParallelCollective, ...]:
+    """The collectives of one MTP module's look-up and projection for one sample over a t-way
+    tensor-parallel group (none if t = 1), per Megatron-Core's ``_concat_embeddings`` (file above):
+    the shifted tokens' look-up in the vocabulary-parallel table all-reduces its output (a
+    reduce-scatter with sequence parallelism, whose backward all-gathers), as the main embedding's;
+    the column-parallel ``eh_proj``'s input gradient is all-reduced in the backward (operator f,
+    Shoeybi et al. 2019, §3), its output all-gathered in the forward (whose backward only splits);
+    with sequence parallelism its input is all-gathered in the forward and its input gradient
+    reduce-scattered, and the gathered output is scattered over the sequence before the block
+    (``scatter_to_sequence_parallel_region``, whose backward all-gathers). Bytes: the gathered
+    tensor, ``q·h`` (the look-up, the output) or ``q·2h`` (the projection's input) elements."""
+    if tensor <= 1:
+        return ()
+    hidden, joined = float(d * q * h), float(d * q * 2 * h)
+    if sequence_parallel:
+        kinds = [("reduce-scatter", "forward", hidden), ("all-gather", "backward", hidden),
+                 ("all-gather", "forward", joined), ("reduce-scatter", "backward", joined),
+                 ("all-gather", "forward", hidden), ("all-gather", "backward", hidden)]
+    else:
+        kinds = [("all-reduce", "forward", hidden), ("all-reduce", "backward", joined),
+                 ("all-gather", "forward", hidden)]
+    return tuple(TensorParallelCollective(kind=kind, phase=phase, bytes=nbytes) for kind, phase, nbytes in kinds)
 
 
 def merge_layers(name: str, first: LayerSpec, *rest: LayerSpec) -> LayerSpec:

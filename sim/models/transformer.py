@@ -342,7 +342,9 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
             block = fp8_cached_block(block, shape, shard, experts=experts if moe else None, mla=mla)
         block = fp8_block(block) if gemm_dtype == FP8 else block
         shared = 0 if p["tied_embeddings"] else 1  # the head's projection to the vocabulary
-        mtp, head = with_mtp(head, merge_layers("mtp", mtp_projection(s / shard.context, h, d), block), mtp_depth,
+        projection = mtp_projection(s / shard.context, h, d, tensor=shard.tensor,
+                                    sequence_parallel=shard.sequence_parallel)
+        mtp, head = with_mtp(head, merge_layers("mtp", projection, block), mtp_depth,
                              head_params_bytes=shared * h * vocab / shard.tensor * d, head_tensors=shared)
         layers.append(mtp)
     layers.append(head)
