@@ -1,8 +1,9 @@
 """Multi-token prediction in the runtime: the loss against DeepSeek-V3's Eqs. 21–25 written out,
-each layer's parameters against the simulator's, the limits refused in one line, and data and
-pipeline parallelism (gpt tied) training one step exactly like the unsplit model, which holds the
-MTP modules too (rtol 1e-5, fp32), with parameters, gradients and optimizer states by kind as the
-simulator predicts.
+each layer's parameters against the simulator's, the labels ahead at a context rank's positions,
+the limits refused in one line, and data, pipeline, tensor (with and without sequence
+parallelism) and context parallelism training one step exactly like the unsplit model, which
+holds the MTP modules too (rtol 1e-5, fp32), with parameters, gradients and optimizer states by
+kind as the simulator predicts.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 
 MTP = {"model.mtp_depth": "2"}
 PP2 = {"plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}
 DP2 = {"plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"}
+LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
+TP2 = {**MTP, **DP2, "plan.tensor_parallel": "2"}
+SP = {"plan.sequence_parallel": "true"}
 TWO_RANKS = {
     "gpt-tied-pp2": {**MTP, **PP2, "model.tied_embeddings": "true"},
-    "llama-dp2": {**MTP, **DP2, "model.preset": "llama", "model.kv_heads": "2"},
+    "llama-dp2": {**MTP, **DP2, **LLAMA},
+    "gpt-tied-tp2-sp": {**TP2, **SP, "model.tied_embeddings": "true"},  # vocabulary-parallel look-up, scatter
 }
 
 
@@ -79,13 +84,75 @@ def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
     assert layer_param_bytes(layers[5]) == 2 * (4 * (2 * 64 + 128 * 64) + block)
 
 
+@pytest.fixture
+def fake_tensor_mesh():
+    """A 2-device mesh in this one process over torch's fake process group (its collectives do
+    nothing): enough to cut the layers as a tensor rank holds them, without launching ranks."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("overrides", [{**TP2, "model.tied_embeddings": "true"}, {**TP2, **SP, **LLAMA}],
+                         ids=["gpt-tied-tp2", "llama-tp2-sp"])
+def test_a_tensor_rank_holds_the_simulators_parameter_bytes_per_layer(fake_tensor_mesh, overrides):
+    # the mtp layer: two modules of two norms (64 each), 1/2 of M_k's 128·64 and a block's share; fp32
+    from runtime.model.config import load_runnable
+    from runtime.model.models import StageModule, build_layers, layer_param_bytes
+    from runtime.model.tensor_parallel import parallelize_stage
+    from sim.core.parallelism import Shard
+    from sim.models import shard_model
+
+    runnable = load_runnable(GPT, overrides)
+    layers = build_layers(runnable.model)
+    parallelize_stage(StageModule(layers, is_last=True), fake_tensor_mesh,
+                      sequence_parallel=runnable.plan.sequence_parallel, first=True)
+    predicted = shard_model(runnable.scenario.model, Shard(tensor=2, sequence_parallel=runnable.plan.sequence_parallel))
+    assert [layer_param_bytes(layers[k]) for k in range(7)] == [layer.param_bytes for layer in predicted.layers]
+    assert layer_param_bytes(layers[5]) == 2 * (4 * (2 * 64 + 128 * 64 // 2) + layer_param_bytes(layers[4]))
+
+
+def test_the_labels_ahead_are_the_whole_sequences_at_a_context_ranks_positions():
+    # s = 8 in 2c = 4 chunks of 2: context rank 0 of 2 holds positions 0, 1, 6, 7 (chunks 0 and 3)
+    from runtime.model.context_parallel import context_batch, sequence_positions
+    from runtime.model.mtp import IGNORE, labels_ahead
+
+    labels = torch.arange(10, 18).reshape(1, 8)  # label i is 10 + i
+    held = sequence_positions(8, 2, 0)
+    assert held.tolist() == [0, 1, 6, 7]
+    ahead = labels_ahead(labels, 2, held)[0].tolist()
+    assert ahead == [[10, 11, 12], [11, 12, 13], [16, 17, IGNORE], [17, IGNORE, IGNORE]]
+    ids, cut = context_batch((labels - 10, labels), held, 2)
+    assert ids.tolist() == [[0, 1, 6, 7]] and cut.tolist() == [ahead]
+    assert context_batch((labels, labels), held)[1].tolist() == [[10, 11, 16, 17]]  # no MTP: labels cut alone
+    # rank 1 holds chunks 1 and 2: its tokens ahead of position 5 lie in rank 0's chunk 3
+    assert labels_ahead(labels, 2, sequence_positions(8, 2, 1))[0].tolist() == [
+        [12, 13, 14], [13, 14, 15], [14, 15, 16], [15, 16, 17]]
+
+
+@pytest.mark.parametrize("overrides", [TP2, {**TP2, **SP}, {**MTP, **DP2, "plan.context_parallel": "2"},
+                                       {**MTP, **DP2, **LLAMA, "plan.context_parallel": "2",
+                                        "plan.tensor_parallel": "2", "cluster.devices_per_node": "4",
+                                        "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}],
+                         ids=["tp2", "tp2-sp", "cp2", "llama-tp2-cp2"])
+def test_tensor_and_context_parallel_mtp_plans_are_not_refused(overrides):
+    from runtime.model.config import load_runnable
+
+    assert load_runnable(GPT, overrides).model.mtp_depth == 2
+
+
 @pytest.mark.parametrize("overrides, words", [
-    ({**MTP, **DP2, "plan.tensor_parallel": "2"}, "use tensor_parallel: 1 and context_parallel: 1"),
     ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
       "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
     ({**MTP, **PP2}, "set tied_embeddings: true or use one stage"),
     ({**MTP, **DP2, "plan.sharding": "full"}, "use sharding: none or optimizer"),
-], ids=["tensor-parallel", "mtp-apart-from-head", "untied-pp", "fsdp"])
+], ids=["mtp-apart-from-head", "untied-pp", "fsdp"])
 def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
     from runtime.model.config import load_runnable
 
@@ -103,7 +170,7 @@ def two_ranks():
 
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(TWO_RANKS))
-def test_mtp_with_data_or_pipeline_parallelism_matches_the_unsplit_model(two_ranks, name):
+def test_mtp_with_data_pipeline_or_tensor_parallelism_matches_the_unsplit_model(two_ranks, name):
     assert two_ranks[name]["check_passed"], name
     assert_matches_unsplit(two_ranks[name])
 
@@ -151,6 +218,28 @@ def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_mod
              "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
              "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
                                    "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
+    for name, summary in spawn_checked(GPT, 4, cases).items():
+        assert summary["check_passed"], name
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
+def test_mtp_with_tensor_or_context_parallelism_on_two_ranks_matches_the_unsplit_model():
+    # the tokens ahead of a context rank's chunk lie in the other rank's: taken from the whole labels
+    cp2 = {**MTP, **DP2, "plan.context_parallel": "2"}
+    cases = {"gpt-tp2": TP2, "gpt-cp2": cp2, "llama-tp2-sp": {**TP2, **SP, **LLAMA}, "llama-cp2": {**cp2, **LLAMA}}
+    for name, summary in spawn_checked(GPT, 2, cases).items():
+        assert summary["check_passed"], name
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
+def test_mtp_with_tensor_pipeline_and_context_parallelism_on_four_ranks_matches_the_unsplit_model():
+    four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4", "plan.tensor_parallel": "2"}
+    tp2_pp2 = {**four, "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"}
+    cases = {"gpt-tied-tp2-pp2": tp2_pp2, "llama-tied-tp2-pp2-sp": {**tp2_pp2, **LLAMA, **SP},
+             "llama-tp2-cp2": {**four, **LLAMA, "plan.context_parallel": "2",
+                               "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
     for name, summary in spawn_checked(GPT, 4, cases).items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)

@@ -64,7 +64,7 @@ from runtime.execution.status import StatusBoard
 from runtime.execution.types import ActionError, ExecOptions, StepRecord
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import RunnableScenario
-from runtime.model.context_parallel import context_tokens
+from runtime.model.context_parallel import context_batch, context_tokens
 from runtime.model.models import input_dtype, local_tensor, sample_shape, synthetic_batch
 from runtime.model.sharding import FSDP_SHARDINGS, RankOptimizer, state_bytes
 from runtime.model.tensor_parallel import loss_parallel_if, settle_grads, stage_mesh
@@ -152,7 +152,7 @@ class RankExecutor:
         needs_data = any(st.index == 0 or st.module.is_last for st in self.stages.values())
         batch = synthetic_batch(self.runnable.model, self.batch, step=step, seed=opts.seed, device=dev) if needs_data else None
         if batch is not None and self.sequence is not None:  # this context rank's tokens and labels
-            batch = tuple(t[:, self.sequence] for t in batch)
+            batch = context_batch(batch, self.sequence, self.runnable.model.mtp_depth)
         self.slots: dict[tuple[int, int], _Slot] = {}
         self.loss = torch.zeros((), dtype=torch.float32, device=dev)
         self.meter.reset_peak()

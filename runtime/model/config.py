@@ -265,9 +265,6 @@ def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> 
     """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     mtp_layer = len(model.layers) - 2  # the layer before the head (sim.models.mtp)
     return [
-        ("model.mtp_depth", plan.tensor_parallel > 1 or plan.context_parallel > 1,
-         "its modules embed the tokens k ahead, which sequence and context parallelism cut to other ranks, "
-         "and its blocks are not in the tensor-parallel plan; use tensor_parallel: 1 and context_parallel: 1"),
         ("model.mtp_depth", model.experts is not None,
          "its blocks would be MoE blocks whose experts the runtime places for the main blocks only; remove "
          "model.experts or model.mtp_depth"),

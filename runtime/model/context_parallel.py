@@ -8,8 +8,9 @@ Everything else (norms, MLPs, the head's loss) is per token and runs on the part
 ``get_batch_on_this_cp_rank`` → ``_get_batch_on_this_cp_rank_per_sequence_balancing``, at
 NVIDIA/Megatron-LM d98e8a6): the sequence in 2c equal chunks, context rank r holding chunks r
 and 2c−1−r, so that under the causal mask every rank attends over as many key/query pairs as
-any other (``sequence_positions``). Token ids and labels are cut the same way (the executor),
-and positions come from the global indices: GPT's learned position table is read at them and
+any other (``sequence_positions``). Token ids and labels are cut the same way (``context_batch``;
+with multi-token prediction the labels ahead of each held position, from the whole sequence), and
+positions come from the global indices: GPT's learned position table is read at them and
 Llama's rotary angles are computed from them (``Embedding.positions``, ``Attention.positions``).
 
 **Gradients.** Parameters are replicated over the context group, each rank's backward giving
@@ -26,9 +27,10 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.model.layers import Attention, Embedding
+from runtime.model.mtp import labels_ahead
 from runtime.model.ring_attention import Ring, ring_attention
 
-__all__ = ["apply_context_parallel", "context_ring", "context_tokens", "sequence_positions"]
+__all__ = ["apply_context_parallel", "context_batch", "context_ring", "context_tokens", "sequence_positions"]
 
 
 def sequence_positions(seq_len: int, context_parallel: int, context_rank: int) -> torch.Tensor:
@@ -48,6 +50,15 @@ def context_tokens(plan, at: int, seq_len: int, device: torch.device) -> torch.T
     if plan.context_parallel == 1:
         return None
     return sequence_positions(seq_len, plan.context_parallel, at // plan.tensor_parallel).to(device)
+
+
+def context_batch(batch: tuple[torch.Tensor, torch.Tensor], sequence: torch.Tensor,
+                  mtp_depth: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A context rank's part of a whole batch (token ids, labels): both at its global indices
+    ``sequence``; with multi-token prediction the labels ``mtp_depth`` positions ahead of each held
+    position too (``runtime.model.mtp.labels_ahead``), since those may lie in another rank's chunk."""
+    inputs, labels = batch
+    return inputs[:, sequence], labels_ahead(labels, mtp_depth, sequence) if mtp_depth else labels[:, sequence]
 
 
 def context_ring(mesh: DeviceMesh, rank: int) -> Ring:

@@ -13,13 +13,34 @@ As in the simulator (``sim.models.mtp``) the ``D`` modules are one layer, ``mtp`
 the last dimension (the simulator's cut after it carries ``1 + D`` hidden states). The runtime keeps
 ``mtp`` and ``head`` on one stage (the layer needs the labels, which only the last stage has: the
 tokens ``i + k`` are the labels shifted by ``k − 1``), so that cut never crosses a link here.
-Each module runs the block over the whole sequence; its last ``k`` positions read a wrapped token
-and predict nothing, and under the causal mask they reach no position that predicts something, so
-the loss is Eq. 24's exactly. The head holds one final norm per module besides its own (DeepSeek-V3's
-released checkpoint gives its MTP layer its own ``model.layers.61.shared_head.norm``, beside
-``enorm``, ``hnorm`` and ``eh_proj``; the simulator counts the same bytes) and projects with its one
-shared matrix. The concatenation follows Eq. 21's order, ``[h; Emb]``; implementations that load
-the released weights concatenate ``[enorm(Emb); hnorm(h)]``, which only permutes ``M_k``'s columns.
+Each module runs the block over the whole sequence; its last ``k`` positions predict nothing (the
+last ``k − 1`` have no token that far ahead: id 0 stands in), and under the causal mask they reach
+no position that predicts something, so the loss is Eq. 24's exactly.
+
+**The tokens ahead** are taken from the whole sequence's labels before any cut (``labels_ahead``:
+column j of position i is label i + j, ``IGNORE`` past the end), as Megatron-Core's ``roll_tensor``
+shifts the whole ids (``megatron/core/transformer/multi_token_prediction.py`` at NVIDIA/Megatron-LM
+00611e6). A layer given the ``(n, s)`` labels builds the table itself; under context parallelism,
+where a rank holds two of the sequence's 2c chunks and the tokens k ahead of a position may sit in
+another rank's chunk, the executor builds it from the whole labels at the rank's global positions
+(every rank draws the whole batch), so the ``T − k`` positions that have a target are counted at
+their global indices. Megatron-Core exchanges the chunks' boundary tokens between context ranks
+instead, because its ranks hold only their own chunks' ids.
+
+**Tensor and sequence parallelism** (``runtime.model.tensor_parallel``) cut the modules as
+Megatron-Core does: each block as the main blocks, ``M_k`` column-parallel and its output gathered
+(``eh_proj``, a ``ColumnParallelLinear`` with ``gather_output=False`` followed by
+``gather_from_tensor_model_parallel_region``), and under sequence parallelism the norms per
+token on the device's part of the sequence and ``M_k``'s output scattered over it before the block
+(``scatter_to_sequence_parallel_region``); the shifted tokens are looked up in the
+vocabulary-parallel table like the main embedding (``embed``), reduce-scattered to the device's part
+of the sequence under sequence parallelism.
+
+The head holds one final norm per module besides its own (DeepSeek-V3's released checkpoint gives
+its MTP layer its own ``model.layers.61.shared_head.norm``, beside ``enorm``, ``hnorm`` and
+``eh_proj``; the simulator counts the same bytes) and projects with its one shared matrix. The
+concatenation follows Eq. 21's order, ``[h; Emb]``; implementations that load the released weights
+concatenate ``[enorm(Emb); hnorm(h)]``, which only permutes ``M_k``'s columns.
 """
 
 from __future__ import annotations
@@ -30,11 +51,14 @@ from torch import nn
 
 from runtime.model.layers import LMHead, lm_loss, make_norm
 
-__all__ = ["MTP_LOSS_WEIGHT", "MTPHead", "MTPModule", "MultiTokenPrediction"]
+__all__ = ["IGNORE", "MTP_LOSS_WEIGHT", "MTPHead", "MTPModule", "MultiTokenPrediction", "labels_ahead"]
 
 MTP_LOSS_WEIGHT = 0.3
 """λ of Eq. 25: DeepSeek-V3 §4.2 ("we set λ to 0.3 for the first 10T tokens and to 0.1 for the
 remaining 4.8T tokens"); the first value."""
+
+IGNORE = -100
+"""The label of a position with no token that far ahead (``F.cross_entropy``'s ``ignore_index``)."""
 
 _EPS = 1e-6
 """The MTP norms' ε (DeepSeek-V3's RMSNorm, ``norm_eps`` 1e-6 in its released configuration)."""
@@ -51,9 +75,24 @@ class MTPModule(nn.Module):
         """``M_k ∈ R^{h×2h}``."""
         self.block = block
         """``TRM_k``: a block like the model's last."""
+        self.scatter = None
+        """Set under sequence parallelism (``runtime.model.tensor_parallel``): cuts ``M_k``'s gathered
+        output to this device's part of the sequence before the block."""
 
     def forward(self, h: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
-        return self.block(self.proj(torch.cat([self.hidden_norm(h), self.embedding_norm(embedded)], dim=-1)))
+        x = self.proj(torch.cat([self.hidden_norm(h), self.embedding_norm(embedded)], dim=-1))
+        return self.block(x if self.scatter is None else self.scatter(x))
+
+
+def labels_ahead(labels: torch.Tensor, depth: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole sequence's labels ``(n, s)`` -> ``(n, p, 1 + depth)``: at each of the ``p`` held
+    positions i (``positions``, global indices; None: all ``s``), column j is label i + j, the target
+    of depth j (the main model's for j = 0) and the token ``t_{i+j+1}`` depth j + 1 embeds;
+    ``IGNORE`` where i + j ≥ s."""
+    s = labels.shape[1]
+    at = torch.arange(s, device=labels.device) if positions is None else positions.to(labels.device)
+    index = at[:, None] + torch.arange(depth + 1, device=labels.device)[None, :]
+    return labels[:, index.clamp(max=s - 1)].masked_fill(index >= s, IGNORE)
 
 
 class MultiTokenPrediction(nn.Module):
@@ -72,16 +111,21 @@ class MultiTokenPrediction(nn.Module):
         super().__init__()
         self.depths = nn.ModuleList(modules)
         self._table: tuple[nn.Module, ...] = ()  # a tuple, so the module does not register it
+        self.embed = None
+        """Set under tensor parallelism (``runtime.model.tensor_parallel``): ``(ids, weight) ->`` this
+        device's embedded tokens, looked up in the vocabulary-parallel table."""
 
     def tie(self, table: nn.Module) -> None:
         """Embed the shifted tokens with ``table.weight``."""
         self._table = (table,)
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``labels``: the whole sequence's ``(n, s)``, or ``labels_ahead``'s table at the held positions."""
         weight, states = self._table[0].weight, [h]
+        ahead = labels if labels.dim() == 3 else labels_ahead(labels, len(self.depths))
         for k, module in enumerate(self.depths, start=1):
-            ahead = torch.roll(labels, -(k - 1), dims=1)  # t_{i+k} = label i+k−1; the last k−1 wrap
-            h = module(h, F.embedding(ahead, weight))
+            ids = ahead[..., k - 1].clamp(min=0)  # t_{i+k} = label i+k−1; past the end, id 0 predicts nothing
+            h = module(h, F.embedding(ids, weight) if self.embed is None else self.embed(ids, weight))
             states.append(h)
         return torch.cat(states, dim=-1)
 
@@ -99,11 +143,15 @@ class MTPHead(LMHead):
         return super().logits(x.chunk(1 + len(self.mtp_norms), dim=-1)[0])
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``labels`` as ``MultiTokenPrediction.forward`` takes them; each depth's loss is divided by
+        the ``n · s`` tokens held (Eq. 24's 1/T; under context parallelism the executor's 1/c makes it
+        the whole sequence's)."""
         main, *depths = x.chunk(1 + len(self.mtp_norms), dim=-1)
-        n, s = labels.shape
-        extra = x.new_zeros((), dtype=torch.float32)
+        ahead = labels if labels.dim() == 3 else labels_ahead(labels, len(depths))
+        n, s, _ = ahead.shape
+        extra = 0.0  # a number, not a tensor: the losses are DTensors under tensor parallelism
         for k, (h, norm) in enumerate(zip(depths, self.mtp_norms), start=1):
-            logits = self.project(norm(h))[:, : s - k]  # position i predicts t_{i+k+1} = label i+k
-            extra = extra + F.cross_entropy(logits.float().flatten(0, -2), labels[:, k:].flatten(),
-                                            reduction="sum") / (n * s)  # Eq. 24's 1/T
-        return lm_loss(super().logits(main), labels) + MTP_LOSS_WEIGHT / len(depths) * extra
+            logits = self.project(norm(h))  # position i predicts t_{i+k+1} = label i+k (IGNORE past the end)
+            extra = extra + F.cross_entropy(logits.float().flatten(0, -2), ahead[..., k].flatten(),
+                                            ignore_index=IGNORE, reduction="sum") / (n * s)
+        return lm_loss(super().logits(main), ahead[..., 0]) + MTP_LOSS_WEIGHT / len(depths) * extra

@@ -35,6 +35,10 @@ tie-after-parallelize (``models/qwen3/infra/parallelize.py``); autograd sums bot
 gradients on the one parameter. A head on another stage holds a copy, cut ``ColwiseParallel``
 to the same ``Shard(0)`` rows (``runtime.execution.holdings.tied_groups`` sums the copies).
 
+**Multi-token prediction** (``runtime.model.mtp``): each module's block is cut as the main
+blocks, its ``2h → h`` projection column-parallel with the output gathered, and the shifted tokens
+looked up in the vocabulary-parallel table, as Megatron-Core's MTP layer does (``_parallelize_mtp``).
+
 **Between stages** each device sends its 1/t of the sequence (Megatron's scatter-gather of
 pipeline messages, Narayanan et al. SC'21 §4.1, which the simulator's boundary bytes
 assume): with sequence parallelism that is what the device holds; without it the stage
@@ -66,6 +70,7 @@ from torch.distributed.tensor.parallel import (
 from runtime.model.experts import MoE
 from runtime.model.layers import Embedding, LMHead, TransformerBlock
 from runtime.model.models import StageModule
+from runtime.model.mtp import MultiTokenPrediction
 from sim.core.plan import PlanSpec
 
 __all__ = ["MESH_DIMS", "gather_sequence", "loss_parallel_if", "parallelize_layer",
@@ -163,18 +168,53 @@ def parallelize_layer(layer: nn.Module, mesh: DeviceMesh, *, sequence_parallel: 
         elif layer.mlp.w3 is not None:
             blk["mlp.w3"] = ColwiseParallel()
         parallelize_module(layer, mesh, blk)
+    elif isinstance(layer, MultiTokenPrediction):
+        _parallelize_mtp(layer, mesh, sequence_parallel=sequence_parallel)
     elif isinstance(layer, LMHead):
         head = {} if layer.proj is None else {
             "proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
                                     output_layouts=Shard(-1), use_local_output=False)}
-        if sequence_parallel:
-            head["norm"] = SequenceParallel()
+        if sequence_parallel:  # the main norm and each MTP depth's (runtime.model.mtp.MTPHead)
+            head.update({name: SequenceParallel() for name in
+                         ["norm", *(f"mtp_norms.{i}" for i in range(len(getattr(layer, "mtp_norms", ()))))]})
         if layer.proj is None:  # tied: the embedding's Shard(0) table, column-parallel logits
             layer.gather = lambda x: _replicated(x, mesh)
         if head:
             parallelize_module(layer, mesh, head)
     else:
         raise AssertionError(f"no tensor-parallel plan for {type(layer).__name__}")
+
+
+def _parallelize_mtp(layer: MultiTokenPrediction, mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """DeepSeek-V3's MTP modules cut as Megatron-Core's ``MultiTokenPredictionLayer``
+    (``megatron/core/transformer/multi_token_prediction.py`` at NVIDIA/Megatron-LM 00611e6,
+    ``_concat_embeddings``): ``M_k`` column-parallel with its output gathered
+    (``eh_proj`` with ``gather_output=False``, then ``gather_from_tensor_model_parallel_region``),
+    under sequence parallelism its input all-gathered from the norms' sequence parts and its output
+    scattered back over the sequence (``scatter_to_sequence_parallel_region``); each block as the
+    main blocks; the tokens ahead looked up in the vocabulary-parallel table (``_lookup``)."""
+    for module in layer.depths:
+        parallelize_layer(module.block, mesh, sequence_parallel=sequence_parallel)
+        plan = {"proj": ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                        output_layouts=Replicate())}
+        if sequence_parallel:
+            plan.update({"hidden_norm": SequenceParallel(), "embedding_norm": SequenceParallel()})
+            module.scatter = lambda x: scatter_sequence(x, mesh)
+        parallelize_module(module, mesh, plan)
+    layer.embed = lambda ids, weight: _lookup(ids, weight, mesh, sequence_parallel)
+
+
+def _lookup(ids: torch.Tensor, weight: torch.Tensor, mesh: DeviceMesh, sequence_parallel: bool) -> torch.Tensor:
+    """This device's embedded tokens from the ``Shard(0)`` (vocabulary-parallel) table, as the main
+    embedding's ``RowwiseParallel`` does: DTensor masks the ids outside this device's rows, looks up,
+    then all-reduces, or reduce-scatters over the sequence with sequence parallelism. A plain table
+    (a layer profiled alone, tied to a fresh one) is looked up whole and, with sequence parallelism, cut."""
+    out = [Shard(1)] if sequence_parallel else [Replicate()]
+    if not isinstance(weight, DTensor):
+        looked_up = torch.nn.functional.embedding(ids, weight)
+        return scatter_sequence(looked_up, mesh) if sequence_parallel else looked_up
+    ids = DTensor.from_local(ids, mesh, [Replicate()], run_check=False)
+    return torch.nn.functional.embedding(ids, weight).redistribute(mesh, out).to_local()
 
 
 def _replicated(x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
