@@ -231,6 +231,9 @@ def test_mtp_with_tensor_or_context_parallelism_on_two_ranks_matches_the_unsplit
     for name, summary in spawn_checked(GPT, 2, cases).items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)
+        for kinds, expected in kinds_beside_prediction(GPT, cases[name], summary):  # 1/t of M_k, whole under CP
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
 
 
 @pytest.mark.slow
