@@ -1,5 +1,6 @@
 """Measured collectives (issue 34 item 8): the profile's fit, the link key, the cost module
-pricing from it, and the planner avoiding full sharding when gathers are slow."""
+pricing from it (the context-parallel ring from its ring-shift fit too), and the planner
+avoiding full sharding when gathers are slow."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ import yaml
 
 from conftest import REPO
 from planner.cli import main as plan_main
+from planner.search.costs import CostTables
 from runtime.measure.collectives import collectives_key, fit_collective, fsdp_call_overhead
 from sim.core.errors import ScenarioError
 from sim.core.measured_collectives import CollectiveFit, MeasuredCollectives
 from sim.core.parallelism import Sharding
 from sim.core.specs import LinkSpec
 from sim.cost.comm import fsdp_gather, gradient_sync, ring_collective
-from sim.cost.measured_comm import measured_terms
+from sim.cost.context_comm import context_ring, context_ring_s
+from sim.cost.measured_comm import measured_ring_terms, measured_terms
 from sim.engine.run import run_scenario
+from sim.engine.workload import GROUP
 from sim.input.scenario import load_scenario
 
 TINY = REPO / "scenarios" / "gpt_tiny_cpu.yaml"
+TINY_CP = REPO / "scenarios" / "gpt_tiny_cp_cpu.yaml"
 
 
 def test_the_fit_is_the_least_squares_line():
@@ -79,8 +84,8 @@ def test_the_cost_module_prices_collectives_from_the_measured_terms():
     assert full.seconds == pytest.approx(9e-3 + 1e-3)
 
 
-def _tiny_with(tmp_path, collectives: dict | None):
-    doc = yaml.safe_load(TINY.read_text(encoding="utf-8"))
+def _tiny_with(tmp_path, collectives: dict | None, path=TINY):
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     if collectives is not None:
         doc["cluster"]["intra_node"]["collectives"] = collectives
     path = tmp_path / "tiny.yaml"
@@ -123,3 +128,39 @@ def test_slow_measured_gathers_steer_the_planner_off_full_sharding(tmp_path, cap
             for kind, latency in (("all-gather", "2ms"), ("reduce-scatter", "2ms"), ("all-reduce", "30us"),
                                   ("broadcast", "30us"))]
     assert _best_sharding(_tiny_with(tmp_path, {"fsdp_call_overhead": "1ms", "fits": fits}), capsys) != "full"
+
+
+RING_SHIFT = CollectiveFit(kind="ring-shift", ranks=2, latency_s=2e-3, bandwidth_bytes_per_s=5e8)
+
+
+def test_the_context_ring_is_priced_from_the_measured_ring_shift():
+    measured = MeasuredCollectives(fits=(RING_SHIFT,))
+    link = LinkSpec(bandwidth_bytes_per_s=2e9, latency_s=30e-6, collectives=measured)
+    plain = LinkSpec(bandwidth_bytes_per_s=2e9, latency_s=30e-6)
+    # 3 layers' rings over c = 2, 1 MB in all: 3 · (2 − 1) shifts at 2 ms, 1e6 / 5e8 s
+    assert measured_ring_terms(measured, 2, 1e6, 3) == pytest.approx((6e-3, 2e-3))
+    assert context_ring_s(1e6, 2, link, rings=3) == pytest.approx(6e-3 + 2e-3)
+    assert context_ring_s(1e6, 2, plain, rings=3) == pytest.approx(1e6 / 2e9 + 30e-6)  # as before: unmeasured
+    cluster = replace(load_scenario(TINY_CP).cluster, intra_node=link)
+    forward, backward = context_ring(1e5, 10, 2, link, cluster, rings=3)
+    assert forward.seconds == pytest.approx(6e-3 + 1e6 / 5e8)
+    assert backward.seconds == pytest.approx(6e-3 + 2e6 / 5e8)  # keys, values and their gradients
+
+
+def test_the_planner_and_the_engine_charge_the_measured_ring(tmp_path):
+    fit = {"kind": "ring-shift", "ranks": 2, "latency": "20ms", "bandwidth": "500MB/s"}
+    scenario = load_scenario(_tiny_with(tmp_path, {"fits": [fit]}, TINY_CP))
+    tables = CostTables(scenario, context_parallel=2)
+    samples = scenario.training.microbatch_size
+    fwd, bwd = tables.context_ring_s(0, tables.num_layers, samples)
+    # 4 blocks, each its own ring of c − 1 = 1 shift: 4 · 20 ms, every block's bytes at 500 MB/s
+    # each block's keys and values of s/c = 16 positions, hidden 64, fp32, c − 1 = 1 step, a sample
+    ring = 4 * (2 - 1) * 2 * 4 * 16 * 64
+    assert sum(layer.cp_ring_bytes for layer in tables.model.layers) == ring
+    assert fwd == pytest.approx(4 * 20e-3 + ring * samples / 5e8, rel=1e-9)
+    assert bwd == pytest.approx(4 * 20e-3 + 2 * ring * samples / 5e8, rel=1e-9)
+    # the engine's ring beside each forward and backward takes the same seconds
+    engine = run_scenario(scenario, engine="simpy", contention=True)
+    rings = [end - start for cls, rec in zip(engine.workload.classes, engine.records)
+             for op, (start, end) in zip(cls.ops, rec.op_times) if op.code == GROUP and op.overlap]
+    assert rings and sorted({round(r, 9) for r in rings}) == pytest.approx(sorted({round(fwd, 9), round(bwd, 9)}))

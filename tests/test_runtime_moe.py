@@ -2,8 +2,9 @@
 against the simulator's, what cannot run refused in one line before launch, and expert
 parallelism on gloo ranks (EP 2, EP 2 × TP 2 with sequence parallelism, EP 1 × TP 2 without,
 EP 2 × PP 2, EP 2 × ETP 2, under ZeRO-1 and FSDP2, at a capacity factor, with node-limited routing
-over 1-device servers) training one step exactly like the unsplit model in one process (rtol 1e-5,
-fp32), its states by kind as the simulator counts them.
+over 1-device servers and over 3-device servers that two EP groups straddle differently) training
+one step exactly like the unsplit model in one process (rtol 1e-5, fp32), its states by kind as the
+simulator counts them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sim.core.errors import DappleError  # noqa: E402
 
 MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")
 FOUR = {"cluster.devices_per_node": "4"}
+UNEVEN = {"cluster.nodes": "2", "cluster.devices_per_node": "3"}
 ONE_STAGE_4 = "[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
 TWO_STAGES = "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 4], devices: [2, 3]}]"
 
@@ -41,6 +43,8 @@ FOUR_RANKS = {
     "ep2-etp2": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2"},
     "ep2-etp2-fsdp": {**FOUR, "plan.stages": ONE_STAGE_4, "plan.expert_tensor_parallel": "2", "plan.sharding": "full"},
     "ep2-tp2-sp-capacity": {**FOUR, **TP2_SP, "plan.stages": ONE_STAGE_4, "model.experts.capacity_factor": "0.75"},
+    # 3-device servers: EP group (0, 1) on server 0 alone, (2, 3) over servers 0 and 1, each routing its own way
+    "ep2-dp2-uneven-servers": {**UNEVEN, "plan.stages": ONE_STAGE_4, "model.experts.node_limit": "1"},
 }
 
 
@@ -155,11 +159,38 @@ def test_each_experts_server_is_where_the_simulator_lays_its_expert_parallel_ran
     limit = {"model.experts.node_limit": "1"}
     assert load_runnable(MOE, limit).model.servers_of(1) == (0, 0, 0, 0)
     split = load_runnable(MOE, {**limit, **TWO_RANKS["ep2-node-limit"]}).model
-    assert split.expert_servers == ((1, (0, 0, 1, 1)), (2, (0, 0, 1, 1)))
+    assert split.expert_servers == tuple((k, d, (0, 0, 1, 1)) for k in (1, 2) for d in (0, 1))
+    # 3-device servers: group (0, 1) all on server 0, group (2, 3) device 2 on server 0, 3 on server 1
+    uneven = load_runnable(MOE, {**limit, **UNEVEN, "plan.stages": ONE_STAGE_4}).model
+    assert [uneven.servers_of(2, d) for d in range(4)] == [(0, 0, 0, 0)] * 2 + [(0, 0, 1, 1)] * 2
     # one expert a server cannot hold a token's 2 experts on 1 server: one line
     with pytest.raises(DappleError, match="node_limit: 1 servers of 1 experts"):
         load_runnable(MOE, {**limit, "cluster.nodes": "4", "cluster.devices_per_node": "1",
                             "plan.stages": ONE_STAGE_4, "plan.expert_parallel": "4"})
+
+
+def test_each_token_is_routed_over_its_own_groups_servers():
+    from runtime.model.experts import node_limited
+
+    # token 0's group holds every expert on one server (nothing limited), token 1's two a server:
+    # token 1 scores server 0 .1 + .5 = .6 > server 1 .4, so experts 2 and 3 are masked
+    probs = torch.tensor([[0.4, 0.05, 0.3, 0.25], [0.1, 0.5, 0.3, 0.1]])
+    servers = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1]])
+    assert torch.equal(node_limited(probs, servers, 2, 1), torch.tensor([[0.4, 0.05, 0.3, 0.25], [0.1, 0.5, -1, -1]]))
+
+
+def test_the_reference_gives_each_token_the_map_of_the_group_that_dispatches_it():
+    from runtime.model.config import load_runnable
+    from runtime.validation.grad_check import token_servers
+
+    # 4 one-device replicas on 3-device servers: sample i of each micro-batch of 4 on device i, devices
+    # 0, 1 in EP group (0, 1) (one server), 2, 3 in (2, 3) (experts 0-1 on server 0, 2-3 on server 1)
+    runnable = load_runnable(MOE, {**UNEVEN, "plan.stages": ONE_STAGE_4, "model.experts.node_limit": "1"})
+    maps = token_servers(runnable.plan, runnable.model, microbatch_size=4, num_microbatches=2, seq_len=16)
+    assert sorted(maps) == [1, 2]
+    by_sample = maps[1].reshape(8, 16, 4)
+    assert bool((by_sample == by_sample[:, :1]).all())
+    assert by_sample[:, 0].tolist() == ([[0, 0, 0, 0]] * 2 + [[0, 0, 1, 1]] * 2) * 2
 
 
 def test_a_capacity_keeps_each_experts_highest_weight_copies_per_group():

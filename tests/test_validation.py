@@ -263,3 +263,37 @@ def test_each_layer_is_timed_on_the_ranks_that_run_it():
                                  "training.global_batch_size": "12",
                                  "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 6], devices: [2]}]"}).plan
     assert _owners(uneven, 6) == [[0, 1], [0, 1], [2], [2], [2], [2]]
+
+
+@pytest.mark.dist
+def test_a_context_parallel_plan_is_profiled_on_its_ring_and_simulated_as_replicas(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+    import yaml
+
+    from runtime.execution.launch import spawn
+    from runtime.measure.profile_run import _measured_scenario
+    from runtime.measure.profiler import profile_layer
+    from runtime.measure.tp_profile import tp_profile_worker
+    from runtime.model.config import load_runnable
+    from sim.input.scenario import load_scenario
+
+    runnable = load_runnable(SCENARIOS / "gpt_tiny_cp_cpu.yaml")  # c = 2: seq_len 32, hidden 64, fp32
+    measured = spawn(tp_profile_worker, 2, runnable, 4, 0, 1)[0]  # rank 0 of one context ring
+    assert measured["collectives"] == []
+    whole = profile_layer(runnable.model, 1, 4, torch.device("cpu"), warmup=0, repeats=1)
+    block = measured["layers"][1]
+    # a context rank's block: 4 samples of 32/2 positions, its output and parameters
+    assert block.output_bytes == 4 * 16 * 64 * 4 == whole.output_bytes // 2
+    assert block.param_bytes == whole.param_bytes and block.fwd_s > 0 and block.bwd_s > 0
+    # the measured scenario: each context rank a replica of 4/2 whole sequences, the same stages
+    cluster = yaml.safe_load((SCENARIOS / "gpt_tiny_cp_cpu.yaml").read_text(encoding="utf-8"))["cluster"]
+    text = _measured_scenario(runnable, cluster, 4)
+    doc = yaml.safe_load(text)
+    assert doc["model"]["profile_batch_size"] == 2 and "context_parallel" not in doc["plan"]
+    assert doc["plan"]["stages"] == [{"layers": [0, 6], "devices": [0, 1]}] and "Context parallel 2" in text
+    (tmp_path / "profile.txt").write_text("".join(
+        f"node{k + 1} -- l{k} -- forward_compute_time=1.0, backward_compute_time=2.0, activation_size=8.0, "
+        f"parameter_size=8.0\n" for k in range(6)) + "".join(f"\tnode{k + 1} -- node{k + 2}\n" for k in range(5)))
+    (tmp_path / "scenario.yaml").write_text(text, encoding="utf-8")
+    assert load_scenario(tmp_path / "scenario.yaml").plan.num_replicas(0) == 2

@@ -46,7 +46,6 @@ from sim.core.parallelism import Recompute, Shard, Sharding
 from sim.cost.comm import (
     HALVES,
     collective_s,
-    context_ring_s,
     fsdp_gather,
     gradient_sync,
     point_to_point_s,
@@ -61,6 +60,7 @@ from sim.cost.compute import (
     stage_optimizer_step_s,
     tied_copy_tensors,
 )
+from sim.cost.context_comm import context_ring_s
 from sim.cost.fabric_comm import nominal_crossing
 from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
@@ -106,6 +106,7 @@ class CostTables(OverlapPricing, ExpertPricing):
         self._params = _prefix(layer.param_bytes for layer in layers)
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
         self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
+        self._cp_rings = _prefix(1 if layer.cp_ring_bytes > 0 else 0 for layer in layers)  # layers with a ring
         t = tensor_parallel
         # per sample and layer, from the one home of the formulas (sim.cost.comm), the link by the
         # group's shape (t consecutive devices; sim.cost.links)
@@ -189,18 +190,19 @@ class CostTables(OverlapPricing, ExpertPricing):
 
     def context_ring_s(self, start: int, end: int, samples: int) -> tuple[float, float]:
         """(forward, backward) seconds of ring attention's blocks for layers ``[start, end)`` on
-        ``samples`` samples (``sim.cost.comm.context_ring_s``; the backward sends twice the bytes),
+        ``samples`` samples (``sim.cost.context_comm.context_ring_s``; the backward sends twice the bytes),
         inside a server when the replica's unit fits in one; across servers each step waits for its
         crossing hop, whose NIC the t rings' crossing hops share (``group_comm.context_ring_flows_per_nic``)."""
         c, link = self.context_parallel, self._unit_link
         if c <= 1:
             return 0.0, 0.0
         nbytes = (self._cp_ring[end] - self._cp_ring[start]) * samples
+        rings = int(self._cp_rings[end] - self._cp_rings[start])
         if link is self.cluster.intra_node:
-            return context_ring_s(nbytes, c, link), context_ring_s(2 * nbytes, c, link)
+            return context_ring_s(nbytes, c, link, rings=rings), context_ring_s(2 * nbytes, c, link, rings=rings)
         flows = context_ring_flows_per_nic(self.cluster, self.tensor_parallel)
-        return (context_ring_s(nbytes, c, link, flows_per_port=flows),
-                context_ring_s(2 * nbytes, c, link, flows_per_port=flows))
+        return (context_ring_s(nbytes, c, link, flows_per_port=flows, rings=rings),
+                context_ring_s(2 * nbytes, c, link, flows_per_port=flows, rings=rings))
 
     def gather_s(self, start: int, end: int, data_parallel: int) -> float:
         """FSDP's all-gather of the stage's parameters over its gradient group (the

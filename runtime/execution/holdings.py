@@ -111,7 +111,7 @@ def hold_stages(runnable: RunnableScenario, rank: int, *, seed: int, device: tor
     last_layer = num_layers(runnable.model) - 1
     indices = [k for s in mine for k in range(*plan.stages[s].layers)]
     layers = build_layers(runnable.model, indices, seed=seed, device=device,
-                          local_experts=local_experts(runnable, rank, mine))
+                          local_experts=local_experts(runnable, rank, mine), rank=rank)
     stages = {
         s: _stage(runnable, rank, s, {k: layers[k] for k in range(*plan.stages[s].layers)}, last_layer,
                   (mesh, expert_mesh))

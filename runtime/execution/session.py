@@ -29,7 +29,7 @@ from runtime.execution.executor import ExecOptions, RankExecutor
 from runtime.execution.status import StatusBoard
 from runtime.model.config import RunnableScenario
 from runtime.model.models import num_layers
-from runtime.validation.grad_check import compare_grads, drop_groups, reference_step
+from runtime.validation.grad_check import compare_grads, drop_groups, reference_step, token_servers
 from sim.models.vocab import vocab_padding
 
 __all__ = ["SessionOptions", "run_session"]
@@ -157,7 +157,8 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
     }
     if options.check:
         reference = reference_step(runnable.model, scenario.training.global_batch_size, step=0,
-                                   seed=options.execution.seed, device=device, drop_groups=_drop_groups(runnable))
+                                   seed=options.execution.seed, device=device, drop_groups=_drop_groups(runnable),
+                                   token_servers=_token_servers(runnable))
         comparison = compare_grads(runnable.model, [r["grads"] for r in ranks], reference, rtol=options.rtol)
         loss_ok = abs(losses[0] - reference.loss) <= options.rtol * abs(reference.loss)
         summary.update(
@@ -180,3 +181,13 @@ def _drop_groups(runnable: RunnableScenario) -> dict | None:
     return drop_groups(runnable.plan, microbatch_size=training.microbatch_size,
                        num_microbatches=training.num_microbatches, seq_len=runnable.model.values["seq_len"],
                        layers=range(num_layers(runnable.model)))
+
+
+def _token_servers(runnable: RunnableScenario) -> dict | None:
+    """Each token's server of every expert per MoE layer, for a reference that routes as the
+    devices' expert-parallel groups do (None without node-limited routing)."""
+    if not runnable.model.expert_servers:
+        return None
+    training = runnable.scenario.training
+    return token_servers(runnable.plan, runnable.model, microbatch_size=training.microbatch_size,
+                         num_microbatches=training.num_microbatches, seq_len=runnable.model.values["seq_len"])

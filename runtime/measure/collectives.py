@@ -7,8 +7,10 @@ and, on them together, times with torch's own calls, at each of ``SIZES_BYTES`` 
 * ``all_reduce`` (data parallelism's gradients, tensor parallelism's activations),
   ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (what FSDP2 calls per unit, and
   sequence parallelism), ``broadcast`` (ZeRO-1's updated shards) over groups of 2 (ranks 0
-  and 1, the others waiting) and of all ``RANKS``, and a ``send``/``recv`` pair between ranks
-  0 and 1 (pipeline stages): each the mean of ``repeats`` calls after a barrier, the sizes
+  and 1, the others waiting) and of all ``RANKS``, ring attention's step (``ring-shift``: every
+  member's ``batch_isend_irecv`` of a block to the next member and from the previous, the very
+  ``runtime.model.ring_attention.Ring.shift``) over the same groups, and a ``send``/``recv`` pair
+  between ranks 0 and 1 (pipeline stages): each the mean of ``repeats`` calls after a barrier, the sizes
   taking turns (as ``runtime.measure.bandwidth.measure_links``), the slowest rank's mean;
 * FSDP2's per-call cost: one forward and backward of a stack of ``FSDP_UNITS`` linear layers
   under ``fully_shard`` (a unit per layer, ``reshard_after_forward=True``: an all-gather per
@@ -42,6 +44,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
+from runtime.model.ring_attention import Ring
 from sim.core.measured_collectives import CollectiveFit, MeasuredCollectives
 from sim.core.units import format_bandwidth, format_time
 
@@ -102,6 +105,8 @@ def _call(kind: str, buffer: torch.Tensor, part: torch.Tensor, group, ranks: int
         dist.reduce_scatter_tensor(part, buffer, group=group)
     elif kind == "broadcast":
         dist.broadcast(buffer, src=0, group=group)
+    elif kind == "ring-shift":  # one step of ring attention: to the next member, from the previous
+        Ring(ranks=tuple(range(ranks)), index=dist.get_rank(), group=group).shift(buffer, 0)()
     elif dist.get_rank() == 0:  # point-to-point: rank 0 sends, rank 1 receives
         dist.send(buffer, 1)
     else:
@@ -161,7 +166,7 @@ def measure_worker(device: torch.device, repeats: int = 10) -> MeasuredCollectiv
     pair = dist.new_group([0, 1])
     fits = []
     for ranks, group in sorted({2: pair, world: None}.items()):
-        for kind in ("all-gather", "all-reduce", "broadcast", "reduce-scatter"):
+        for kind in ("all-gather", "all-reduce", "broadcast", "reduce-scatter", "ring-shift"):
             seconds = _slowest(_time_kind(kind, ranks, group, device, repeats), device)
             fits.append(fit_collective(kind, ranks, SIZES_BYTES, seconds))
     seconds = _slowest(_time_kind("point-to-point", 2, None, device, repeats), device)

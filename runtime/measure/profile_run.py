@@ -5,6 +5,16 @@ is a profile in the simulator's format, ``cluster.yaml`` the measured ``cluster:
 and ``scenario.yaml`` the original scenario (training, plan) on the measured profile and
 cluster, which ``dapple-sim simulate`` accepts as it is. CPU measurements run with one
 thread, as each CPU rank of ``dapple-run run`` does.
+
+A measured profile's layers are whole, so the simulator cannot cut them (``sim.models``), and
+the groups that cut them are measured instead, on one replica's t·c local ranks
+(``runtime.measure.tp_profile``): each tensor-parallel group becomes one device of the measured
+scenario (``runtime.validation.collapse``), and each context rank one data-parallel replica. A
+context rank runs b samples of s/c tokens with its ring's shifts, which is what a replica of b/c
+whole sequences is to the simulator: the same tokens, so the same per-token work, output and
+saved bytes, the same pieces sent to the next stage's rank of its position, and the context
+group's gradient all-reduce as the replicas' (``PlanSpec.gradient_groups`` spans data × context).
+The profile says so: ``profile_batch_size`` b/c.
 """
 
 from __future__ import annotations
@@ -76,15 +86,16 @@ def profile_here(runnable: RunnableScenario, args: argparse.Namespace, out: Path
     if links is not None:
         links = {**links, "collectives": measure_collectives_here(args)}
     sharded = None
-    t = runnable.plan.tensor_parallel
-    if t > 1:  # one tensor-parallel group: its layers and collectives (runtime.measure.tp_profile)
+    n = runnable.plan.group_size
+    if n > 1:  # one replica's tensor and context ranks: its layers and collectives (runtime.measure.tp_profile)
         # torch only where this runs: the command line and its checks before launch stay torch-free
         from runtime.measure.tp_profile import tp_profile_worker
 
-        if args.backend == "nccl" and torch.cuda.device_count() < t:
-            raise DappleError(f"--backend nccl needs {t} GPUs for a tensor-parallel group; use --backend gloo")
+        if args.backend == "nccl" and torch.cuda.device_count() < n:
+            raise DappleError(f"--backend nccl needs {n} GPUs for a replica's tensor and context ranks; "
+                              "use --backend gloo")
         batch = args.batch_size or runnable.scenario.training.microbatch_size
-        sharded = spawn(tp_profile_worker, t, runnable, batch, args.warmup, args.repeats, backend=args.backend,
+        sharded = spawn(tp_profile_worker, n, runnable, batch, args.warmup, args.repeats, backend=args.backend,
                         timeout_s=max(args.timeout, 600.0))[0]
     return finish(runnable, args, out, device, links, sharded=sharded)
 
@@ -105,11 +116,15 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
 
     if device.type == "cpu":
         torch.set_num_threads(1)
-    scenario, t = runnable.scenario, runnable.plan.tensor_parallel
+    scenario, t, c = runnable.scenario, runnable.plan.tensor_parallel, runnable.plan.context_parallel
     batch = args.batch_size or scenario.training.microbatch_size
-    if t > 1 and sharded is None:
-        raise DappleError("a tensor-parallel plan is profiled on one local group: run dapple-run profile "
-                          "without torchrun")
+    if t * c > 1 and sharded is None:
+        raise DappleError("a tensor- or context-parallel plan is profiled on one local group: run dapple-run "
+                          "profile without torchrun")
+    if batch % c:
+        raise DappleError(f"--batch-size {batch}: the measured scenario runs each context rank as a replica of "
+                          f"batch/{c} samples (runtime.measure.profile_run); profile a multiple of "
+                          f"context_parallel {c}")
     layers = sharded["layers"] if sharded is not None else profile_layers(
         runnable.model, batch, device, warmup=args.warmup, repeats=args.repeats, seed=0,
         expert_parallel=runnable.plan.expert_parallel)
@@ -155,10 +170,11 @@ def _measured_scenario(runnable: RunnableScenario, cluster: dict, batch: int,
         plan_section["schedule_file"] = str(Path(plan.schedule_file).resolve())
     else:
         plan_section["schedule"] = schedule
+    c = plan.context_parallel  # each context rank a replica of batch/c whole sequences (the module docstring)
     doc = {
         "name": f"{scenario.name}-measured",
         "cluster": cluster,
-        "model": {"profile": "profile.txt", "profile_batch_size": batch, "dtype": scenario.model.dtype,
+        "model": {"profile": "profile.txt", "profile_batch_size": batch // c, "dtype": scenario.model.dtype,
                   "optimizer": scenario.model.optimizer},
         "training": {"global_batch_size": scenario.training.global_batch_size,
                      "microbatch_size": scenario.training.microbatch_size},
@@ -173,4 +189,8 @@ def _measured_scenario(runnable: RunnableScenario, cluster: dict, batch: int,
         for row in collectives or []:
             header += (f"#   {row['kind']} of {row['bytes']:.0f} B over {row['ranks']} ranks: {row['seconds'] * 1e6:.1f} us "
                        f"(bus bandwidth {row['bus_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s)\n")
+    if c > 1:
+        header += (f"# Context parallel {c}: each context rank is a data-parallel replica here; profile.txt is one rank's "
+                   f"layers on {batch} samples of\n# seq_len/{c} tokens, ring attention's shifts inside its times, "
+                   f"written as {batch // c} whole sequences (the same tokens).\n")
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)

@@ -31,6 +31,7 @@ import torch
 
 from runtime.measure.memory import SavedTensorMeter
 from runtime.model.config import ModelConfig
+from runtime.model.context_parallel import apply_context_parallel, sequence_positions
 from runtime.model.experts import MoE
 from runtime.model.models import (
     TRANSFORMERS,
@@ -86,8 +87,13 @@ def _sync(device: torch.device) -> None:
 
 
 def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch.device, seed: int,
-                 sequence_share: int = 1):
+                 sequence_share: int = 1, ring=None):
+    """The layer's input and the labels; with ``ring`` its context rank's positions of the
+    tokens and labels (``sequence_positions``), and ``sequence_share`` of the sequence otherwise."""
     inputs, labels = synthetic_batch(config, batch_size, step=0, seed=seed, device=device)
+    if ring is not None:
+        held = sequence_positions(config.values["seq_len"], ring.size, ring.index).to(device)
+        inputs, labels = (inputs[:, held] if index == 0 else inputs), labels[:, held]
     if index == 0:
         return inputs, labels
     generator = torch.Generator().manual_seed(seed + index)
@@ -99,7 +105,7 @@ def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch
 
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
                   warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
-                  sequence_parallel: bool = False, expert_parallel: int = 1) -> LayerProfile:
+                  sequence_parallel: bool = False, expert_parallel: int = 1, ring=None) -> LayerProfile:
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
 
     With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
@@ -108,7 +114,11 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
     the sequence too. An MoE block runs every routed expert on this device's tokens (the FLOPs
     one device of an expert-parallel group does on average, without the all-to-all) and counts
-    the 1/``expert_parallel`` of the routed experts' bytes one device holds.
+    the 1/``expert_parallel`` of the routed experts' bytes one device holds. With ``ring`` (a
+    context-parallel ``runtime.model.ring_attention.Ring``; every rank of it calls this together)
+    the layer runs on one context rank's 1/c of every sequence, its attention over the ring
+    (``runtime.model.context_parallel``): its times include the ring's key/value shifts as gloo or
+    NCCL makes them, its bytes are that rank's.
     """
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
@@ -120,7 +130,10 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     t = 1 if mesh is None else mesh.size()
     if mesh is not None:
         parallelize_layer(layer, mesh, sequence_parallel=sequence_parallel)
-    x, labels = _layer_input(config, index, batch_size, device, seed, t if sequence_parallel else 1)
+    c = 1 if ring is None else ring.size
+    if ring is not None:  # after tensor parallelism, as the executor holds it (runtime.execution.holdings)
+        apply_context_parallel(layer, ring, config.values["seq_len"], device)
+    x, labels = _layer_input(config, index, batch_size, device, seed, (t if sequence_parallel else 1) * c, ring)
     x.requires_grad_(x.is_floating_point())
 
     def forward():
@@ -154,10 +167,10 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
                    repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False,
-                   expert_parallel: int = 1) -> list[LayerProfile]:
-    """Every layer of the model, in order (with ``mesh``: one device's share of each)."""
+                   expert_parallel: int = 1, ring=None) -> list[LayerProfile]:
+    """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each)."""
     return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
-                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel)
+                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring)
             for k in range(num_layers(config))]
 
 

@@ -28,6 +28,7 @@ import yaml
 from runtime.measure.memory import SavedTensorMeter, static_bytes
 from runtime.measure.profiler import profile_layers, write_profile
 from runtime.model.config import RunnableScenario
+from runtime.model.context_parallel import apply_context_parallel, sequence_positions
 from runtime.model.models import (
     StageModule,
     build_layers,
@@ -55,18 +56,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _boundary_shape(runnable: RunnableScenario, cut: int) -> tuple[int, ...]:
-    """One sample of the tensor a stage receives at ``cut`` (1/t of the sequence with tensor parallelism)."""
+def _boundary_shape(runnable: RunnableScenario, cut: int, context: int = 1) -> tuple[int, ...]:
+    """One sample of the tensor a stage receives at ``cut`` (1/t of the sequence with tensor
+    parallelism; of a context rank's 1/``context`` on a context-parallel ring)."""
     shape, t = sample_shape(runnable.model, cut), runnable.plan.tensor_parallel
-    return (shape[0] // t, *shape[1:]) if t > 1 and cut > 0 else shape
+    share = context * (t if cut > 0 else 1)
+    return (shape[0] // share, *shape[1:])
 
 
-def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int, device: torch.device):
+def _stage_input(runnable: RunnableScenario, start: int, samples: int, step: int, device: torch.device, ring=None):
     inputs, labels = synthetic_batch(runnable.model, samples, step=step, seed=0, device=device)
+    if ring is not None:  # the context rank's positions of the tokens and the labels
+        held = sequence_positions(runnable.model.values["seq_len"], ring.size, ring.index).to(device)
+        inputs, labels = inputs[:, held], labels[:, held]
     if start == 0:
         return inputs, labels
     generator = torch.Generator(device="cpu").manual_seed(1000 + step)
-    x = torch.randn((samples, *_boundary_shape(runnable, start)), generator=generator)
+    x = torch.randn((samples, *_boundary_shape(runnable, start, 1 if ring is None else ring.size)), generator=generator)
     return x.to(device=device, dtype=input_dtype(runnable.model, start)).requires_grad_(True), labels
 
 
@@ -105,7 +111,7 @@ def _run_actions(module: StageModule, actions, make_input, make_grad, meter: Sav
 
 def time_stage(
     runnable: RunnableScenario, stage: int, schedule: str, num_microbatches: int, device: torch.device,
-    *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0, tp_mesh=None,
+    *, params: dict[str, Any] | None = None, repeats: int = 3, idle_s: float = 0.0, tp_mesh=None, ring=None,
 ) -> dict[str, float]:
     """Time and peak memory of ``stage`` running its rank's actions of ``schedule`` alone.
 
@@ -117,7 +123,8 @@ def time_stage(
     the making of synthetic inputs and gradients. With ``idle_s`` the thread sleeps that
     long before each action, as a rank waiting for its data does in a run (its time is not
     counted). With ``tp_mesh`` (a 1D tensor-parallel mesh whose ranks all call this together)
-    the stage is one device's share, as the executor holds it.
+    the stage is one device's share, as the executor holds it; with ``ring`` (a context-parallel
+    ring whose ranks all call this together) one context rank's, its attention over the ring.
     """
     plan, training = runnable.plan, runnable.scenario.training
     start, end = plan.stages[stage].layers
@@ -126,14 +133,16 @@ def time_stage(
                          is_last=end == num_layers(runnable.model))
     if tp_mesh is not None:  # one device's share; the group's other ranks time the stage with it
         parallelize_stage(module, tp_mesh, sequence_parallel=plan.sequence_parallel, first=start == 0)
+    if ring is not None:  # after tensor parallelism, as the executor holds it
+        apply_context_parallel(module, ring, runnable.model.values["seq_len"], device)
     optimizer = make_optimizer(runnable.scenario.model.optimizer, list(module.parameters()), lr=1e-3)
     actions = [a for a in generate(schedule, plan.num_stages, num_microbatches, **(params or {})).ranks[stage]
                if a.kind in (ActionKind.F, ActionKind.B)]
-    out_shape = (samples, *_boundary_shape(runnable, end)) if not module.is_last else None
+    out_shape = (samples, *_boundary_shape(runnable, end, 1 if ring is None else ring.size)) if not module.is_last else None
     timings, peak, activations, each = [], 0.0, 0.0, []
     for step in range(repeats + 1):  # the first pass builds the optimizer state and warms up
         def make_input(m: int, step: int = step):
-            return _stage_input(runnable, start, samples, step * num_microbatches + m, device)
+            return _stage_input(runnable, start, samples, step * num_microbatches + m, device, ring)
 
         def make_grad(m: int):
             return torch.randn(out_shape, device=device, dtype=input_dtype(runnable.model, end))

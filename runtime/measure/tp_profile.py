@@ -1,11 +1,13 @@
-"""Profiling a tensor-parallel plan: layers as one device of a group runs them, and the
-group's collectives at the sizes a block uses.
+"""Profiling a tensor- or context-parallel plan: layers as one device of a group runs them, and
+the tensor-parallel group's collectives at the sizes a block uses.
 
-``dapple-run profile`` on a plan with ``tensor_parallel: t`` starts t local processes (one
-tensor-parallel group, gloo or NCCL) and, on them together:
+``dapple-run profile`` on a plan with ``tensor_parallel: t`` and ``context_parallel: c`` starts
+t·c local processes (one replica's devices, gloo or NCCL; a (context, tensor) mesh, tensor rank
+innermost as ``PlanSpec.replicas`` lays them) and, on them together:
 
 * times every layer as one device's share (``runtime.measure.profiler.profile_layer`` with the
-  group's mesh), so its forward and backward include its collectives;
+  tensor mesh and the context ring), so its forward and backward include its collectives and
+  ring attention's key/value shifts;
 * times the collectives Megatron-LM runs per block (``sim.cost.comm.tensor_parallel_collectives``:
   all-reduces, or all-gathers and reduce-scatters with sequence parallelism; Shoeybi et al.
   2019, §3; Korthikanti et al. 2022, §4.2.2) at the block's size for the profile batch,
@@ -30,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.measure.profiler import profile_layers
 from runtime.model.config import RunnableScenario
+from runtime.model.context_parallel import context_ring
 from runtime.model.models import TORCH_DTYPES
 from sim.models import shard_model
 
@@ -46,10 +49,10 @@ def collective_sizes(runnable: RunnableScenario, batch: int) -> list[tuple[str, 
     return sorted({(c.kind, c.bytes * batch) for c in block.tp_collectives})
 
 
-def _time(fn, device: torch.device, repeats: int) -> float:
+def _time(fn, device: torch.device, repeats: int, group=None) -> float:
     times = []
     for index in range(repeats + 2):
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         fn()
         if device.type == "cuda":
@@ -61,8 +64,12 @@ def _time(fn, device: torch.device, repeats: int) -> float:
 
 def measure_collectives(runnable: RunnableScenario, batch: int, device: torch.device, *,
                         repeats: int = 10) -> list[dict[str, Any]]:
-    """Each collective of ``collective_sizes`` timed over the whole (local) world."""
-    t = dist.get_world_size()
+    """Each collective of ``collective_sizes`` timed over rank 0's tensor-parallel group (ranks
+    0 .. t − 1; the others return nothing)."""
+    t = runnable.plan.tensor_parallel
+    group = None if t == dist.get_world_size() else dist.new_group(list(range(t)))  # rank 0's tensor group
+    if dist.get_rank() >= t:
+        return []
     dtype = TORCH_DTYPES[runnable.model.values["dtype"]]
     element = torch.empty((), dtype=dtype).element_size()
     rows = []
@@ -71,14 +78,14 @@ def measure_collectives(runnable: RunnableScenario, batch: int, device: torch.de
         part = torch.ones(whole.numel() // t, dtype=dtype, device=device)
         if kind == "all-reduce":
             def fn():
-                dist.all_reduce(whole)
+                dist.all_reduce(whole, group=group)
         elif kind == "all-gather":
             def fn():
-                dist.all_gather_single(whole[:part.numel() * t], part)
+                dist.all_gather_single(whole[:part.numel() * t], part, group=group)
         else:
             def fn():
-                dist.reduce_scatter_single(part, whole[:part.numel() * t])
-        seconds = _time(fn, device, repeats)
+                dist.reduce_scatter_single(part, whole[:part.numel() * t], group=group)
+        seconds = _time(fn, device, repeats, group)
         rows.append({"kind": kind, "bytes": float(nbytes), "ranks": t, "seconds": seconds,
                      "bus_bandwidth_bytes_per_s": _BUS_FACTOR[kind](t) * nbytes / seconds})
     return rows
@@ -86,11 +93,13 @@ def measure_collectives(runnable: RunnableScenario, batch: int, device: torch.de
 
 def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: int, warmup: int,
                       repeats: int) -> dict[str, Any]:
-    """On each of the t ranks (``runtime.execution.launch.spawn``): the layers as one device's share and
-    the block's collectives."""
-
-    mesh = DeviceMesh(device.type, list(range(dist.get_world_size())), mesh_dim_names=("tensor",))
-    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0, mesh=mesh,
-                            sequence_parallel=runnable.plan.sequence_parallel,
-                            expert_parallel=runnable.plan.expert_parallel)
-    return {"layers": layers, "collectives": measure_collectives(runnable, batch, device, repeats=repeats)}
+    """On each of the t·c ranks (``runtime.execution.launch.spawn``): the layers as one device's share and
+    the block's collectives (none without tensor parallelism)."""
+    t, c = runnable.plan.tensor_parallel, runnable.plan.context_parallel
+    mesh = DeviceMesh(device.type, torch.arange(c * t).reshape(c, t), mesh_dim_names=("context", "tensor"))
+    ring = context_ring(mesh["context"], dist.get_rank()) if c > 1 else None
+    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0,
+                            mesh=mesh["tensor"] if t > 1 else None, sequence_parallel=runnable.plan.sequence_parallel,
+                            expert_parallel=runnable.plan.expert_parallel, ring=ring)
+    collectives = measure_collectives(runnable, batch, device, repeats=repeats) if t > 1 else []
+    return {"layers": layers, "collectives": collectives}

@@ -55,10 +55,12 @@ class ModelConfig:
     mla: MlaSpec | None = None
     """The blocks' multi-head latent attention (``model.mla``, ``runtime.model.mla``; None:
     multi-head attention)."""
-    expert_servers: tuple[tuple[int, tuple[int, ...]], ...] = ()
-    """Sorted (layer, server of each routed expert) pairs: the server (0, 1, … within its
-    expert-parallel group) that holds each expert, for node-limited routing
-    (``model.experts.node_limit``, ``expert_servers``); empty: every expert on one server."""
+    expert_servers: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+    """Sorted (layer, device, server of each routed expert) triples: the server (0, 1, … within
+    the device's expert-parallel group) that holds each expert, as that device routes its tokens
+    under node-limited routing (``model.experts.node_limit``, ``expert_servers``; groups that lay
+    their ranks over servers differently route with different maps); empty: every expert on one
+    server."""
     mtp_depth: int = 0
     """DeepSeek-V3's multi-token-prediction modules (``model.mtp_depth``, ``runtime.model.mtp``); 0: none."""
 
@@ -73,9 +75,15 @@ class ModelConfig:
     def values(self) -> dict[str, Any]:
         return dict(self.params)
 
-    def servers_of(self, layer: int) -> tuple[int, ...] | None:
-        """Layer ``layer``'s server of each routed expert (None: not given, one server)."""
-        return dict(self.expert_servers).get(layer)
+    def servers_of(self, layer: int, device: int | None = None) -> tuple[int, ...] | None:
+        """Layer ``layer``'s server of each routed expert as ``device`` routes (None: not given,
+        one server). Without a device (a layer built outside the plan: profiling, the unsplit
+        reference before ``reference_step`` gives each token its own map) the lowest device's map:
+        the map changes which experts a token reaches, not how many."""
+        maps = {d: servers for k, d, servers in self.expert_servers if k == layer}
+        if not maps:
+            return None
+        return maps[min(maps)] if device is None else maps.get(device)
 
     @property
     def padded_vocab(self) -> int | None:
@@ -170,29 +178,27 @@ def load_runnable(
 
 
 def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, blocks: int,
-                   source: str = "<scenario>") -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert, as
-    the simulator lays them: expert e on expert-parallel rank e // (count/EP) (Megatron-Core's
-    ``local_expert_indices``), that rank the
-    device ``PlanSpec.expert_groups`` names, its server ``ClusterSpec.node_of`` (numbered 0, 1, …
-    in the group's order of servers). Every expert-parallel group of a stage must lay its ranks
-    over servers alike, since the unsplit reference routes all tokens with one map."""
+                   source: str = "<scenario>") -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert as
+    each device sees it, as the simulator lays them: expert e on expert-parallel rank e // (count/EP)
+    (Megatron-Core's ``local_expert_indices``), that rank the device ``PlanSpec.expert_groups``
+    names, its server ``ClusterSpec.node_of`` (numbered 0, 1, … in the group's order of servers).
+    A device routes with its own group's map (DeepSeek-V3 §2.1.2: a token's experts on at most M
+    of the servers its dispatch reaches), so groups that straddle servers differently each keep
+    their own; the unsplit reference routes each token with the map of the group it is
+    dispatched in (``runtime.validation.grad_check.token_servers``)."""
     per_rank, out = experts.count // plan.expert_parallel, []
     for s, stage in enumerate(plan.stages):
-        layouts = set()
+        layers = [k for k in range(*stage.layers) if 0 < k <= blocks and experts.is_moe(k - 1)]
         for group in plan.expert_groups(s):
             nodes = sorted({cluster.node_of(d) for d in group})
-            layouts.add(tuple(nodes.index(cluster.node_of(d)) for d in group))
-        if len(layouts) > 1:
-            raise DappleError(f"{source}: model.experts.node_limit: stage {s}'s expert-parallel groups span servers "
-                              f"differently ({sorted(layouts)}); give every group the same layout")
-        (ranks,) = layouts
-        servers = tuple(ranks[e // per_rank] for e in range(experts.count))
-        least = min(servers.count(n) for n in set(servers))
-        if experts.node_limit < len(set(servers)) and experts.node_limit * least < experts.top_k:
-            raise DappleError(f"{source}: model.experts.node_limit: {experts.node_limit} servers of {least} experts "
-                              f"cannot hold a token's top_k {experts.top_k} experts; raise node_limit")
-        out += [(k, servers) for k in range(*stage.layers) if 0 < k <= blocks and experts.is_moe(k - 1)]
+            ranks = tuple(nodes.index(cluster.node_of(d)) for d in group)
+            servers = tuple(ranks[e // per_rank] for e in range(experts.count))
+            least = min(servers.count(n) for n in set(servers))
+            if experts.node_limit < len(set(servers)) and experts.node_limit * least < experts.top_k:
+                raise DappleError(f"{source}: model.experts.node_limit: {experts.node_limit} servers of {least} "
+                                  f"experts cannot hold a token's top_k {experts.top_k} experts; raise node_limit")
+            out += [(k, d, servers) for k in layers for d in group]
     return tuple(sorted(out))
 
 

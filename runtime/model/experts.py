@@ -12,8 +12,10 @@ the same layer as an ``nn.Module`` (``MoE``):
   rank as split over many. With ``node_limit`` M (DeepSeek-V3 §2.1.2, node-limited routing) a
   token's experts come from its M best servers only, a server scored by the sum of its highest
   K_r/M probabilities (``node_limited``); a server is where the simulator lays the expert's
-  expert-parallel rank (``runtime.model.config.expert_servers``), the same map in the unsplit
-  reference, so routing stays a pure function of the token.
+  expert-parallel rank (``runtime.model.config.expert_servers``). Each expert-parallel group
+  routes with its own map (groups that straddle servers differently have different ones), and
+  the unsplit reference gives each token the map of the group that dispatches it
+  (``MoE.token_servers``), so routing stays a pure function of the token and its group.
 * **Experts**: each a SwiGLU (llama) or GeLU MLP (gpt) of width ``ffn_hidden``
   (``runtime.model.layers.MLP``); the shared experts one dense MLP of width shared × ffn_hidden,
   as the simulator counts them. Dropless by default (Megatron-Core's default, capacity factor
@@ -148,8 +150,8 @@ def route(logits: torch.Tensor, top_k: int, *, normalize: bool, servers: torch.T
           node_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's ``top_k`` experts (indices, ties to the lower index as ``torch.topk``) and
     their weights: softmax probabilities, renormalised over the top k with ``normalize``; with
-    ``node_limit`` M and ``servers`` (each expert's server), only among the experts of the token's
-    M best servers (``node_limited``)."""
+    ``node_limit`` M and ``servers`` (each expert's server: one map, or one a token), only among
+    the experts of the token's M best servers (``node_limited``)."""
     probs = torch.softmax(logits.float(), dim=-1)
     if servers is None or node_limit is None:
         weights, experts = torch.topk(probs, top_k, dim=-1)
@@ -168,16 +170,20 @@ def node_limited(probs: torch.Tensor, servers: torch.Tensor, top_k: int, node_li
     each node"), as DeepSeek's ``Gate`` does it with ``n_groups``/``topk_groups`` (group scores
     from each group's top experts, the best ``topk_groups`` kept, the rest masked before the top-k;
     ``inference/model.py`` in deepseek-ai/DeepSeek-V3 at 9b4e978). A server is a group here,
-    whatever its number of experts; a server's score sums its highest max(1, K_r // M)."""
+    whatever its number of experts; a server's score sums its highest max(1, K_r // M).
+    ``servers`` is one map (count,) for every token or a map per token (N, count): a server
+    that holds none of a token's experts scores 0, below any server that holds one."""
+    servers = servers.to(probs.device).expand_as(probs)
     count = int(servers.max()) + 1
     if node_limit >= count:
         return probs
     per_server = max(1, top_k // node_limit)
-    scores = torch.stack([probs[:, servers == n].topk(min(per_server, int((servers == n).sum())), dim=-1).values
-                          .sum(dim=-1) for n in range(count)], dim=-1)
+    # off-server probabilities as 0: a server of fewer than per_server experts sums what it has
+    scores = torch.stack([probs.masked_fill(servers != n, 0.0).topk(per_server, dim=-1).values.sum(dim=-1)
+                          for n in range(count)], dim=-1)
     best = torch.topk(scores, node_limit, dim=-1).indices
     allowed = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, best, True)
-    return probs.masked_fill(~allowed[:, servers], -1.0)
+    return probs.masked_fill(~allowed.gather(1, servers), -1.0)
 
 
 def capacity(tokens: int, top_k: int, count: int, capacity_factor: float) -> int:
@@ -226,6 +232,10 @@ class MoE(nn.Module):
         None: routed anywhere)."""
         self.capacity_factor = capacity_factor
         """Each expert's capacity over the mean load (``within_capacity``; None: dropless)."""
+        self.token_servers: torch.Tensor | None = None
+        """Each input token's server of every routed expert (N, count): the map of the
+        expert-parallel group that dispatches it (the unsplit reference's
+        ``runtime.validation.grad_check.token_servers``); None: ``servers`` for every token."""
         self.token_groups: torch.Tensor | None = None
         """A label per input token: the capacity applies per label (the unsplit reference's
         ``runtime.validation.grad_check.drop_groups``); None: to the whole call, one device's batch."""
@@ -270,7 +280,8 @@ class MoE(nn.Module):
         if self.tensor_split is not None:  # each rank's router and experts see part of the gradient
             tokens = CopyToTensorRanks.apply(tokens, self.tensor_split[2])
         logits = F.linear(tokens.float(), self.router.weight.float())
-        servers = None if self.servers is None else torch.tensor(self.servers, device=logits.device)
+        servers = self.token_servers if self.token_servers is not None else \
+            None if self.servers is None else torch.tensor(self.servers, device=logits.device)
         weights, chosen = route(logits, self.top_k, normalize=self.normalize, servers=servers,
                                 node_limit=self.node_limit)
         flat = chosen.reshape(-1)

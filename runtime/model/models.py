@@ -104,7 +104,8 @@ def num_layers(config: ModelConfig) -> int:
     return config.values["layers"] + 1
 
 
-def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = None) -> nn.Module:
+def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = None,
+               rank: int | None = None) -> nn.Module:
     p, last = config.values, num_layers(config) - 1
     if config.preset in TRANSFORMERS:
         llama = config.preset == "llama"
@@ -120,13 +121,13 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
                 return MTPHead(p["hidden"], vocab, config.mtp_depth, tied=p["tied_embeddings"], llama=llama)
             return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
         if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp)
-            return MultiTokenPrediction([MTPModule(p["hidden"], _new_layer(config, index - 1, local))
+            return MultiTokenPrediction([MTPModule(p["hidden"], _new_layer(config, index - 1, local, rank))
                                          for _ in range(config.mtp_depth)])
         experts, mlp = config.experts, None
         if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
             mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
                       shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
-                      servers=config.servers_of(index), node_limit=experts.node_limit)
+                      servers=config.servers_of(index, rank), node_limit=experts.node_limit)
         attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
         return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
                                 mlp=mlp, attention=attention)
@@ -175,10 +176,11 @@ def _init_experts(module: nn.Module, seed: int, index: int) -> None:
 
 
 def build_layer(config: ModelConfig, index: int, *, seed: int = 0, device: torch.device | str = "cpu",
-                local_experts: tuple[int, ...] | None = None) -> nn.Module:
+                local_experts: tuple[int, ...] | None = None, rank: int | None = None) -> nn.Module:
     """Layer ``index`` of the model, initialised from (``seed``, ``index``) on ``device``;
-    an MoE block holds the routed experts ``local_experts`` (all by default)."""
-    module = _new_layer(config, index, local_experts)
+    an MoE block holds the routed experts ``local_experts`` (all by default) and routes as plan
+    device ``rank`` does (``ModelConfig.servers_of``)."""
+    module = _new_layer(config, index, local_experts, rank)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
     _init_(module, generator, config.preset)
     _init_experts(module, seed, index)
@@ -188,17 +190,19 @@ def build_layer(config: ModelConfig, index: int, *, seed: int = 0, device: torch
 
 def build_layers(
     config: ModelConfig, indices: range | None = None, *, seed: int = 0, device: torch.device | str = "cpu",
-    local_experts: dict[int, tuple[int, ...]] | None = None,
+    local_experts: dict[int, tuple[int, ...]] | None = None, rank: int | None = None,
 ) -> dict[int, nn.Module]:
     """Layers ``indices`` (all by default), keyed by their global index; ``local_experts[k]``:
-    the routed experts layer k holds (expert parallelism; all when absent).
+    the routed experts layer k holds (expert parallelism; all when absent); ``rank``: the plan's
+    device that holds them, whose expert-parallel group's servers it routes over (node-limited).
 
     A tied GPT head is tied to the embedding when both are built here; otherwise it gets
     a copy of the embedding's initial token matrix (see ``runtime.model.layers.LMHead``).
     """
     indices = range(num_layers(config)) if indices is None else indices
     local_experts = local_experts or {}
-    layers = {k: build_layer(config, k, seed=seed, device=device, local_experts=local_experts.get(k)) for k in indices}
+    layers = {k: build_layer(config, k, seed=seed, device=device, local_experts=local_experts.get(k), rank=rank)
+              for k in indices}
     last = num_layers(config) - 1
     if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and last in layers:
         head = layers[last]

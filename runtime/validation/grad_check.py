@@ -26,7 +26,8 @@ from runtime.model.models import TRANSFORMERS, num_layers, synthetic_batch, whol
 from sim.core.plan import PlanSpec
 from sim.cost.split import sample_ranges
 
-__all__ = ["NOISE_FLOOR", "GradComparison", "Reference", "compare_grads", "drop_groups", "reference_step"]
+__all__ = ["NOISE_FLOOR", "GradComparison", "Reference", "compare_grads", "drop_groups", "reference_step",
+           "token_servers"]
 
 NOISE_FLOOR = 1e-3
 """The smallest scale a tensor is compared at, relative to the model's largest gradient."""
@@ -56,15 +57,20 @@ class GradComparison:
 
 def reference_step(
     config: ModelConfig, global_batch_size: int, *, step: int = 0, seed: int = 0, device: torch.device | str = "cpu",
-    drop_groups: dict[int, torch.Tensor] | None = None,
+    drop_groups: dict[int, torch.Tensor] | None = None, token_servers: dict[int, torch.Tensor] | None = None,
 ) -> Reference:
     """Loss and gradients of the whole model on step ``step``'s whole batch, in one process
     (``drop_groups``: the plan's groups of tokens per MoE layer, over which a capacity factor
-    drops as each device does, ``drop_groups``)."""
+    drops as each device does, ``drop_groups``; ``token_servers``: each token's server of every
+    expert per MoE layer, as its expert-parallel group routes it, ``token_servers``)."""
     model = whole_model(config, seed=seed, device=device)
     for index, layer in model.layers.items():
-        if drop_groups and isinstance(getattr(layer, "mlp", None), MoE):
+        if not isinstance(getattr(layer, "mlp", None), MoE):
+            continue
+        if drop_groups:
             layer.mlp.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
+        if token_servers and int(index) in token_servers:
+            layer.mlp.token_servers = token_servers[int(index)].to(device)
     inputs, labels = synthetic_batch(config, global_batch_size, step=step, seed=seed, device=device)
     loss = model(inputs, labels)
     loss.backward()
@@ -115,22 +121,49 @@ def drop_groups(plan: PlanSpec, *, microbatch_size: int, num_microbatches: int, 
     Context rank j holds the positions ``sequence_positions(seq_len, c, j)`` (Megatron-LM's
     load-balanced cut), and tensor rank k the k-th 1/t of them (``MoE.tensor_split`` without
     sequence parallelism)."""
-    t = plan.tensor_parallel  # with or without sequence parallelism a tensor rank dispatches its 1/t
-    c = plan.context_parallel
-    parts = [_device_positions(seq_len, c, j, t, k) for j in range(c) for k in range(t)]  # index j·t + k
     labels = {}
     for s, stage in enumerate(plan.stages):
-        replicas = plan.replicas(s)
-        ranges = sample_ranges(microbatch_size, tuple(replica[0] for replica in replicas))
         label = torch.empty(num_microbatches * microbatch_size, seq_len, dtype=torch.long)
-        for m in range(num_microbatches):
-            for r, replica in enumerate(replicas):
-                start, end = ranges[replica[0]]
-                rows = slice(m * microbatch_size + start, m * microbatch_size + end)
-                for part, positions in enumerate(parts):
-                    label[rows, positions] = (m * len(replicas) + r) * c * t + part
+        for call, _, rows, positions in _calls(plan, s, microbatch_size, num_microbatches, seq_len):
+            label[rows, positions] = call
         labels.update({index: label.reshape(-1) for index in range(*stage.layers) if index in layers})
     return labels
+
+
+def token_servers(plan: PlanSpec, config: ModelConfig, *, microbatch_size: int, num_microbatches: int,
+                  seq_len: int) -> dict[int, torch.Tensor]:
+    """For each MoE layer with node-limited routing (``ModelConfig.expert_servers``): each token
+    of the global batch's server of every routed expert (tokens × count), the map of the device
+    that routes and dispatches it (the ``drop_groups`` cut), so that the reference routes every
+    token over the servers its expert-parallel group spans (``MoE.token_servers``)."""
+    out = {}
+    for s, stage in enumerate(plan.stages):
+        for index in range(*stage.layers):
+            if config.servers_of(index) is None:
+                continue
+            servers = torch.empty(num_microbatches * microbatch_size, seq_len, config.experts.count,
+                                  dtype=torch.long)
+            for _, device, rows, positions in _calls(plan, s, microbatch_size, num_microbatches, seq_len):
+                servers[rows, positions] = torch.tensor(config.servers_of(index, device))
+            out[index] = servers.reshape(-1, config.experts.count)
+    return out
+
+
+def _calls(plan: PlanSpec, s: int, microbatch_size: int, num_microbatches: int, seq_len: int):
+    """Every (label, device, samples, positions) of stage ``s``: the tokens of the global batch
+    one device routes in one call, labelled (micro-batch · replicas + replica) · c · t + its
+    place j · t + k in its replica (context rank j, tensor rank k; with or without sequence
+    parallelism a tensor rank dispatches its 1/t)."""
+    t, c = plan.tensor_parallel, plan.context_parallel
+    parts = [_device_positions(seq_len, c, j, t, k) for j in range(c) for k in range(t)]  # index j·t + k
+    replicas = plan.replicas(s)
+    ranges = sample_ranges(microbatch_size, tuple(replica[0] for replica in replicas))
+    for m in range(num_microbatches):
+        for r, replica in enumerate(replicas):
+            start, end = ranges[replica[0]]
+            rows = slice(m * microbatch_size + start, m * microbatch_size + end)
+            for part, positions in enumerate(parts):
+                yield (m * len(replicas) + r) * c * t + part, replica[part], rows, positions
 
 
 def _device_positions(seq_len: int, context_parallel: int, context_rank: int, tensor_parallel: int,

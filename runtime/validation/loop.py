@@ -72,16 +72,19 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
-    tp_mesh = None
-    if runnable.plan.tensor_parallel > 1:  # every rank builds every group's mesh; each profiles with its own
+    tp_mesh = ring = None
+    if runnable.plan.group_size > 1:  # every rank builds every group's mesh; each profiles with its own
+        from runtime.model.context_parallel import context_ring  # torch, as above
         from runtime.model.tensor_parallel import stage_mesh  # torch, as above
 
-        tp_mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)["tensor"]
+        mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)
+        tp_mesh = mesh["tensor"] if runnable.plan.tensor_parallel > 1 else None
+        ring = context_ring(mesh["context"], dist.get_rank()) if runnable.plan.context_parallel > 1 else None
 
     def between(k: int) -> None:
         start = time.perf_counter()
         profiles.append(profile_slice(runnable, device, batch, warmup=3 if k == 0 else 1, repeats=per_slice,
-                                      tp_mesh=tp_mesh))
+                                      tp_mesh=tp_mesh, ring=ring))
         profiles[-1]["seconds"] = time.perf_counter() - start
 
     status = StatusBoard(status_folder, dist.get_rank()) if status_folder else None

@@ -74,7 +74,7 @@ def measure_optimizer(runnable: RunnableScenario, device, *, layers: list[int] |
 
 
 def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list, device, *,
-                            repeats: int = 3, tp_mesh=None) -> list[float]:
+                            repeats: int = 3, tp_mesh=None, ring=None) -> list[float]:
     """Seconds a forward or backward action of ``stage`` costs beyond its layers' profiled
     times, one sample per repeat.
 
@@ -87,7 +87,8 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     effect on each other's caches, the first forward's cold caches after the optimizer step
     included. The caller takes the median of the samples, which a moment when the host holds
     the process back does not move. Empty for plans whose stages share a rank (interleaved
-    chunks). With ``tp_mesh`` the stage is one device's share, timed with its group.
+    chunks). With ``tp_mesh`` (``ring``) the stage is one device's share, timed with its
+    tensor-parallel group (context-parallel ring).
     """
     # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.stage_timing import time_stage
@@ -104,7 +105,7 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
     decided = runnable.scenario.resolved.stage_policies
     if decided is not None:  # policy auto: the run's order, as the executor decides it
         params["policy"] = decided
-    timed = time_stage(runnable, stage, plan.schedule, m, device, params=params, tp_mesh=tp_mesh,
+    timed = time_stage(runnable, stage, plan.schedule, m, device, params=params, tp_mesh=tp_mesh, ring=ring,
                        repeats=repeats, idle_s=CPU_IDLE_S if device.type == "cpu" else 0.0)["actions"]
     per_pass = max(1, len(timed) // repeats)
     extra = [seconds - profiled[kind] for kind, seconds in timed]
@@ -112,13 +113,14 @@ def measure_action_overhead(runnable: RunnableScenario, stage: int, layers: list
 
 
 def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, repeats: int,
-                  tp_mesh=None) -> dict[str, Any]:
+                  tp_mesh=None, ring=None) -> dict[str, Any]:
     """One turn of the profile on this rank, all ranks together: every layer (a barrier
     before each, so that the ranks time the same layer at the same moment, sharing the
     machine's cores, caches and memory bandwidth as in the run), then the optimizer step
     over this rank's stages and their per-action overhead. With ``tp_mesh`` (this rank's
     tensor-parallel group) each layer and stage is one device's share, timed with its group
-    (``runtime.validation.collapse``)."""
+    (``runtime.validation.collapse``); with ``ring`` (this rank's context-parallel ring) one
+    context rank's, its attention over the ring."""
     # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
@@ -130,7 +132,7 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
         dist.barrier()
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0,
                                     mesh=tp_mesh, sequence_parallel=runnable.plan.sequence_parallel,
-                                    expert_parallel=runnable.plan.expert_parallel))
+                                    expert_parallel=runnable.plan.expert_parallel, ring=ring))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
@@ -138,6 +140,6 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     optimizer = measure_optimizer(runnable, device, layers=mine, repeats=max(3, repeats))
     dist.barrier()
     overheads = [v for s in stages
-                 for v in measure_action_overhead(runnable, s, layers, device, repeats=3, tp_mesh=tp_mesh)]
+                 for v in measure_action_overhead(runnable, s, layers, device, repeats=3, tp_mesh=tp_mesh, ring=ring)]
     dist.barrier()
     return {"layers": layers, "optimizer": optimizer, "overheads": overheads}

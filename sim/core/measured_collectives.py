@@ -13,7 +13,9 @@ prices its collectives from them (``sim.cost.measured_comm``) instead of the rin
 
 ``bytes`` is the collective's buffer: the tensor an all-reduce or broadcast sums or sends,
 the gathered (whole) tensor of an all-gather or reduce-scatter, the message of a
-point-to-point send.
+point-to-point send, and for ``ring-shift`` the block each member of a ring sends to the next
+while it receives the previous one's (one step of ring attention's key/value ring:
+``batch_isend_irecv`` of an ``isend`` and an ``irecv``, ``runtime.model.ring_attention.Ring.shift``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sim.core.errors import SpecError
 
 __all__ = ["COLLECTIVE_KINDS", "CollectiveFit", "MeasuredCollectives"]
 
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "point-to-point")
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "point-to-point", "ring-shift")
 """The kinds a fit may be of: the collectives the runtime's plans call."""
 
 

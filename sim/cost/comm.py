@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s", "context_ring", "context_ring_s",
+__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s",
            "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
            "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
@@ -244,25 +244,6 @@ def tensor_parallel_cost(nbytes: float, steps: int, link: LinkSpec, cluster: Clu
     """One action's tensor-parallel collectives as one phase: ``nbytes`` and ``steps`` of
     ``tensor_parallel_bytes_and_steps`` over the group's ``link``, at its collective bandwidth."""
     return _cost(nbytes, nbytes / link.collective_efficiency, steps, link, cluster)
-
-
-def context_ring_s(nbytes: float, context_parallel: int, link: LinkSpec, *, flows_per_port: int = 1) -> float:
-    """Seconds of ring attention's blocks alone: ``nbytes`` (all c − 1 steps' key/value blocks,
-    ``LayerSpec.cp_ring_bytes`` × samples) point to point at ``link``'s full bandwidth, plus c − 1
-    latencies (Liu et al. 2023, §3; each device sends its blocks to the next of its group).
-    Across servers ``link`` is the crossing hop's (the slowest of each step), its NIC shared by
-    ``flows_per_port`` rings' crossing hops (``sim.cost.group_comm.context_ring_flows_per_nic``)."""
-    return nbytes * flows_per_port / link.bandwidth_bytes_per_s + (context_parallel - 1) * link.latency_s
-
-
-def context_ring(ring_bytes_per_sample: float, samples: int, context_parallel: int, link: LinkSpec,
-                 cluster: ClusterSpec) -> tuple[CommCost, CommCost]:
-    """(forward, backward) of the context-parallel ring for one action: the forward passes keys
-    and values, the backward keys, values and their gradients (twice the bytes), c − 1 steps each."""
-    steps = context_parallel - 1
-    forward = ring_bytes_per_sample * samples
-    backward = 2 * ring_bytes_per_sample * samples
-    return (_cost(forward, forward, steps, link, cluster), _cost(backward, backward, steps, link, cluster))
 
 
 def node_limited_fraction(experts, servers: int) -> float:

@@ -27,7 +27,7 @@ not run it that way:
   phases here run one after another, so for large messages across two servers this layout
   is somewhat slower than NCCL's best and far faster than the flat ring on one NIC;
 * **the context-parallel ring** passes key/value blocks point to point to the next rank
-  (``sim.cost.comm.context_ring``): only the hops that cross a server boundary use a NIC.
+  (``sim.cost.context_comm.context_ring``): only the hops that cross a server boundary use a NIC.
   With consecutive ranks on one server, a ring of ``c`` over ``k`` servers has ``k``
   crossing hops per step, one out of each server, each on its own card, and a step lasts
   its slowest hop: the crossing one. The engine already runs the ring hop by hop through

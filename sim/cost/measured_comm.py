@@ -11,7 +11,9 @@ where, for the ring kinds, ``steps(n) = halves·(n−1)`` and ``share(n) = (n−
 fit to a group size it was not measured at (the ring's step count and per-device bytes:
 Patarasuk & Yuan 2009, as ``sim.cost.comm.ring_steps`` and ``ring_bytes``; the halves cancel
 in the ratio), ``overhead`` is FSDP2's per-call cost (``fsdp=True`` only), and a broadcast
-or point-to-point send is taken as measured. The nearest measured group size is used
+or point-to-point send is taken as measured. Ring attention's ring (``measured_ring_terms``) is
+``steps`` shifts, each a ``ring-shift`` fit's call on one step's block: ``steps · latency +
+nbytes / bandwidth`` for ``nbytes`` over all the steps. The nearest measured group size is used
 (``MeasuredCollectives.nearest``). ``sim.cost.comm`` builds its phases from these two
 terms, so the engine, the planners and ``dapple-sim check`` all see the same seconds.
 Pure Python.
@@ -26,7 +28,7 @@ from sim.core.parallelism import Sharding
 if TYPE_CHECKING:
     from sim.core.measured_collectives import MeasuredCollectives
 
-__all__ = ["RING_KINDS", "SYNC_CALLS", "measured_sync_terms", "measured_terms"]
+__all__ = ["RING_KINDS", "SYNC_CALLS", "measured_ring_terms", "measured_sync_terms", "measured_terms"]
 
 RING_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 """Kinds whose fit is scaled to other group sizes as a ring's steps and bytes scale."""
@@ -48,6 +50,18 @@ def measured_terms(measured: MeasuredCollectives | None, kind: str, members: int
         share = ((members - 1) / members) / ((fit.ranks - 1) / fit.ranks)
     overhead = measured.fsdp_call_overhead_s if fsdp else 0.0
     return calls * (fit.latency_s * steps + overhead), nbytes / fit.bandwidth_bytes_per_s * share
+
+
+def measured_ring_terms(measured: MeasuredCollectives | None, members: int, nbytes: float,
+                        steps: int) -> tuple[float, float] | None:
+    """(latency seconds, byte seconds) of ``steps`` steps of a context-parallel ring over
+    ``members`` moving ``nbytes`` in all (every step's block summed): ``steps`` latencies of the
+    ``ring-shift`` fit and ``nbytes`` at its bandwidth (the module docstring); None when
+    ``measured`` is None or holds no such fit."""
+    fit = None if measured is None else measured.nearest("ring-shift", members)
+    if fit is None:
+        return None
+    return steps * fit.latency_s, nbytes / fit.bandwidth_bytes_per_s
 
 
 SYNC_CALLS = {

@@ -30,8 +30,8 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
 
 Each becomes ring flows through the same ports as the pipeline's traffic, labelled
 ``("TP" | "CP" | "FS", stage, "F" | "B")``, with the byte counts, steps and links of
-``sim.cost.comm`` (``tensor_parallel_bytes_and_steps``, ``context_ring``, ``fsdp_gather``) and
-``sim.cost.links.group_link``, the planners' formulas too. A tensor-parallel or FSDP group
+``sim.cost.comm`` (``tensor_parallel_bytes_and_steps``, ``fsdp_gather``),
+``sim.cost.context_comm.context_ring`` and ``sim.cost.links.group_link``, the planners' formulas too. A tensor-parallel or FSDP group
 that spans servers with two or more members on a server takes NCCL's path instead
 (``sim.cost.group_comm``): a ring inside each server, each GPU's share across the servers
 through its own NIC, a ring inside each server again, as phases labelled
@@ -51,12 +51,12 @@ from collections import defaultdict
 from sim.core.parallelism import Recompute, Sharding
 from sim.cost.comm import (
     all_to_all,
-    context_ring,
     fsdp_gather,
     node_limited_fraction,
     tensor_parallel_bytes_and_steps,
     tensor_parallel_cost,
 )
+from sim.cost.context_comm import context_ring
 from sim.cost.group_comm import (
     PHASES,
     across_bytes,
@@ -182,9 +182,11 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                 _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency, memo)
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
+            rings = sum(1 for layer in layers if layer.cp_ring_bytes > 0)  # each attention layer its own ring
             for group in plan.context_groups(s):
                 start, end = samples[s][group[0]]
-                forward, backward = context_ring(ring, end - start, c, group_link(cluster, group), cluster)
+                forward, backward = context_ring(ring, end - start, c, group_link(cluster, group), cluster,
+                                                 rings=rings)
                 flows += _ring(group, ("CP", s, "F"), forward.flow_bytes)
                 flows += _ring(group, ("CP", s, "B"), backward.flow_bytes)
                 latency[("CP", s, "F")], latency[("CP", s, "B")] = forward.latency_s, backward.latency_s
