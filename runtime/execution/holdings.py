@@ -18,7 +18,9 @@ device at the same position of the neighbouring stage's replicas (as
 
 A tied GPT embedding whose head sits on another device set is held twice (the embedding's
 matrix and the head's copy, equal at start: both from the embedding's seed, as Megatron-LM's
-``setup_embeddings_and_output_layer`` makes the last stage's copy equal to the first's), and the
+``setup_embeddings_and_output_layer`` makes the last stage's copy equal to the first's), and so is
+an untied model's table that its MTP layer reads on another device set (the layer's copy,
+Megatron-Core's MTP stage: ``sim.models.mtp``), and the
 copies' gradients are summed after the step over Megatron-LM's embedding groups
 (``tied_groups``: the devices holding the same vocabulary slice, or the same FSDP2 shard).
 """
@@ -197,9 +199,10 @@ def tied_groups(plan, sharded: bool) -> tuple[tuple[int, ...], ...]:
 def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) -> tuple[
         tuple[tuple[int, ...], ...], tuple[int, ...], torch.nn.Parameter | None]:
     """(every embedding group, ``rank``'s, its copy of the token matrix) of a tied embedding
-    whose head sits on another device set; nothing when one device set holds both."""
+    whose head, or an untied one whose MTP layer, sits on another device set; nothing when one
+    device set holds both."""
     model, plan = runnable.model, runnable.plan
-    if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
+    if model.preset not in TRANSFORMERS or not (model.values["tied_embeddings"] or model.mtp_depth):
         return (), (), None
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
@@ -208,6 +211,8 @@ def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) 
     mine = next((g for g in groups if rank in g), ())
     if 0 in layers:
         return groups, mine, layers[0].token.weight
-    if last_layer in layers:
+    if model.values["tied_embeddings"] and last_layer in layers:
         return groups, mine, layers[last_layer].proj.weight
+    if last_layer - 1 in layers and layers[last_layer - 1].table is not None:  # an untied MTP layer's copy
+        return groups, mine, layers[last_layer - 1].table.weight
     return groups, mine, None

@@ -277,9 +277,6 @@ def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> 
         ("plan.sharding", plan.sharding in (Sharding.GRADIENTS, Sharding.FULL),
          "FSDP2 gathers a unit's parameters for its own forward, and the mtp layer reads the shared table "
          "the embedding's or the head's unit holds outside it; use sharding: none or optimizer"),
-        ("model.tied_embeddings", plan.num_stages > 1 and not values.get("tied_embeddings"),
-         "the mtp layer shares the embedding's table, which an untied model holds on the first stage only "
-         "(a tied head's copy serves on the last); set tied_embeddings: true or use one stage"),
     ]
 
 

@@ -207,21 +207,22 @@ def build_layers(
         else:
             head.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
     if config.preset in TRANSFORMERS and config.mtp_depth and last - 1 in layers:
-        layers[last - 1].tie(_shared_table(config, layers, seed, device))
+        _share_table(config, layers, seed, device)
     return layers
 
 
-def _shared_table(config: ModelConfig, layers: dict[int, nn.Module], seed: int, device: torch.device | str) -> nn.Module:
-    """The token table the MTP layer embeds with (DeepSeek-V3 §2.2's shared embedding): the
-    embedding's when it is built here, else a tied head's copy (whose gradient the tied group sums
-    with the embedding's). A layer built alone (profiling) gets a fresh table of its own; the
-    runtime refuses an untied model whose embedding is on another stage (``runtime.model.config``)."""
+def _share_table(config: ModelConfig, layers: dict[int, nn.Module], seed: int, device: torch.device | str) -> None:
+    """Point the MTP layer at the token table it embeds with (DeepSeek-V3 §2.2's shared
+    embedding): the embedding's when it is built here, else a tied head's copy (whose gradient the
+    tied group sums with the embedding's), else a copy of its own from the embedding's seed (equal
+    at start: Megatron-Core's MTP stage, ``runtime.model.mtp.MultiTokenPrediction.hold_copy``)."""
     last = num_layers(config) - 1
     if 0 in layers:
-        return layers[0].token
-    if last in layers and layers[last].proj is not None and config.values["tied_embeddings"]:
-        return layers[last].proj
-    return build_layer(config, 0, seed=seed, device=device).token
+        layers[last - 1].tie(layers[0].token)
+    elif last in layers and layers[last].proj is not None and config.values["tied_embeddings"]:
+        layers[last - 1].tie(layers[last].proj)
+    else:
+        layers[last - 1].hold_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,10 @@ class MultiTokenPrediction(nn.Module):
     ``tie`` points it at the module whose ``weight`` is the shared token table (the embedding's
     ``nn.Embedding``, or a tied head's copy on the last stage), read at each call and not
     registered here, so its bytes stay the embedding's (as ``sim.models`` counts them) and its
-    gradient adds to the table's."""
+    gradient adds to the table's. An untied model's layer on another stage than the embedding
+    holds a registered copy instead (``hold_copy``), as Megatron-Core's MTP stage does
+    (``sim.models.mtp``; its gradient is summed with the embedding's over the embedding group,
+    ``runtime.execution.holdings.tied_groups``)."""
 
     wants_labels = True
     """``runtime.model.models.StageModule`` passes this layer the labels."""
@@ -72,10 +75,19 @@ class MultiTokenPrediction(nn.Module):
         super().__init__()
         self.depths = nn.ModuleList(modules)
         self._table: tuple[nn.Module, ...] = ()  # a tuple, so the module does not register it
+        self.table: nn.Embedding | None = None
+        """This layer's own copy of the token table (``hold_copy``); None: it reads another's."""
 
     def tie(self, table: nn.Module) -> None:
         """Embed the shifted tokens with ``table.weight``."""
         self._table = (table,)
+
+    def hold_copy(self, weight: torch.Tensor) -> None:
+        """Hold a registered copy of the embedding's token table ``weight`` and embed with it."""
+        self.table = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.table.weight.copy_(weight)
+        self.tie(self.table)
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         weight, states = self._table[0].weight, [h]

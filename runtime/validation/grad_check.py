@@ -73,9 +73,12 @@ def reference_step(
 
 
 def _reference_name(config: ModelConfig, name: str) -> str:
-    """A tied head's own copy of the token matrix (on another stage) is the embedding's."""
+    """A tied head's own copy of the token matrix (on another stage) is the embedding's, and so
+    is an MTP layer's copy (``runtime.model.mtp.MultiTokenPrediction.hold_copy``)."""
     head = f"layers.{num_layers(config) - 1}.proj.weight"
     if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and name == head:
+        return "layers.0.token.weight"
+    if config.mtp_depth and name == f"layers.{num_layers(config) - 2}.table.weight":
         return "layers.0.token.weight"
     return name
 
