@@ -17,6 +17,7 @@ from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
 MTP = {"model.mtp_depth": "2"}
+LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
 PP2 = {"plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}
 DP2 = {"plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"}
 TWO_RANKS = {
@@ -86,8 +87,13 @@ def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
     ({**MTP, **DP2, "plan.tensor_parallel": "2"}, "use tensor_parallel: 1 and context_parallel: 1"),
     ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
       "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
-    ({**MTP, **DP2, "plan.sharding": "full"}, "use sharding: none or optimizer"),
-], ids=["tensor-parallel", "mtp-apart-from-head", "fsdp"])
+    ({**MTP, "cluster.devices_per_node": "1", "plan.schedule": "interleaved", "plan.sharding": "full",
+      "plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [0]}]"},
+     "put them in one stage or use sharding: none or optimizer"),
+    ({**MTP, "cluster.devices_per_node": "3", "plan.sharding": "full", "training.microbatch_size": "2",
+      "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2]}]"},
+     "give both stages as many replicas"),
+], ids=["tensor-parallel", "mtp-apart-from-head", "fsdp-interleaved", "fsdp-replicas-differ"])
 def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
     from runtime.model.config import load_runnable
 
@@ -151,8 +157,30 @@ def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_mod
              "pp2-dp2-recompute": {**four, "plan.recompute": "full"},
              "pp2-dp2-selective": {**four, "plan.recompute": "selective"},
              "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
+             # ZeRO-2 reduce-scatters too: the embedding group pairs the copies' shards (tied_groups)
+             "pp2-dp2-zero2": {**four, "plan.sharding": "gradients"},
+             "llama-untied-pp2-dp2-fsdp": {**four, **LLAMA, "model.tied_embeddings": "false", "plan.sharding": "full"},
              "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
                                    "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
     for name, summary in spawn_checked(GPT, 4, cases).items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)
+
+
+FSDP = {  # the mtp layer borrows the table (DP: the embedding's; PP: a tied head's) or holds a copy
+    "llama-dp2-fsdp": {**MTP, **DP2, **LLAMA, "plan.sharding": "full"},
+    "gpt-tied-dp2-zero2": {**MTP, **DP2, "model.tied_embeddings": "true", "plan.sharding": "gradients"},
+    "gpt-tied-pp2-fsdp": {**TWO_RANKS["gpt-tied-pp2"], "plan.sharding": "full"},
+    "llama-untied-pp2-zero2": {**TWO_RANKS["llama-untied-pp2"], "plan.sharding": "gradients"},
+}
+
+
+@pytest.mark.slow
+def test_mtp_under_fsdp2_matches_the_unsplit_model_and_shards_its_states():
+    summaries = spawn_checked(GPT, 2, FSDP)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+    for name in ("llama-dp2-fsdp", "gpt-tied-pp2-fsdp"):  # ZeRO-3: every state 1/d, as predicted
+        for kinds, expected in kinds_beside_prediction(GPT, FSDP[name], summaries[name]):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name

@@ -207,7 +207,7 @@ def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) 
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
         return (), (), None  # one device set holds both: the head borrows the embedding's parameter
-    groups = tied_groups(plan, plan.sharding is Sharding.FULL)
+    groups = tied_groups(plan, plan.sharding in FSDP_SHARDINGS)  # ZeRO-2 reduce-scatters too
     mine = next((g for g in groups if rank in g), ())
     if 0 in layers:
         return groups, mine, layers[0].token.weight

@@ -264,6 +264,7 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
 def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
     """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     mtp_layer = len(model.layers) - 2  # the layer before the head (sim.models.mtp)
+    fsdp, first, last = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL), plan.stages[0], plan.stages[-1]
     return [
         ("model.mtp_depth", plan.tensor_parallel > 1 or plan.context_parallel > 1,
          "its modules embed the tokens k ahead, which sequence and context parallelism cut to other ranks, "
@@ -274,9 +275,13 @@ def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> 
         ("plan.stages", plan.stages[-1].layers[0] > mtp_layer,
          f"the mtp layer ({mtp_layer}) needs the labels (the tokens ahead), which only the last stage has: "
          f"start the last stage at layer {mtp_layer} or before"),
-        ("plan.sharding", plan.sharding in (Sharding.GRADIENTS, Sharding.FULL),
-         "FSDP2 gathers a unit's parameters for its own forward, and the mtp layer reads the shared table "
-         "the embedding's or the head's unit holds outside it; use sharding: none or optimizer"),
+        ("plan.sharding", fsdp and first is not last and sorted(first.devices) == sorted(last.devices),
+         "FSDP2 manages a parameter in one fully_shard unit, and the mtp layer would read the embedding's table "
+         "from another stage of its devices, another unit; put them in one stage or use sharding: none or optimizer"),
+        ("plan.sharding", fsdp and not values.get("tied_embeddings") and sorted(first.devices) != sorted(last.devices)
+         and plan.num_replicas(0) != plan.num_replicas(plan.num_stages - 1),
+         "FSDP2 shards the embedding's table and the mtp layer's copy over their stages' replicas, which differ "
+         "in number, so no two copies hold the same shard; give both stages as many replicas"),
     ]
 
 

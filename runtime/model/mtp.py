@@ -82,6 +82,12 @@ class MultiTokenPrediction(nn.Module):
         """Embed the shifted tokens with ``table.weight``."""
         self._table = (table,)
 
+    @property
+    def borrowed(self) -> tuple[nn.Parameter, ...]:
+        """Parameters this layer reads but another layer owns (the shared table; none with its own
+        copy): FSDP2 keeps both layers in the stage's root unit (``runtime.model.sharding``)."""
+        return tuple(table.weight for table in self._table if table is not self.table)
+
     def hold_copy(self, weight: torch.Tensor) -> None:
         """Hold a registered copy of the embedding's token table ``weight`` and embed with it."""
         self.table = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
