@@ -1,7 +1,7 @@
 """Multi-token prediction in the runtime: the loss against DeepSeek-V3's Eqs. 21–25 written out,
 each layer's parameters against the simulator's, the limits refused in one line, and data and
 pipeline parallelism (gpt tied; llama untied, whose last stage holds a copy of the table) training
-one step exactly like the unsplit model, which holds the
+one step exactly like the unsplit model (and, slow, under FSDP2 and with experts), which holds the
 MTP modules too (rtol 1e-5, fp32), with parameters, gradients and optimizer states by kind as the
 simulator predicts.
 """
@@ -81,6 +81,34 @@ def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
     # two modules of: two RMSNorms (64 each), M_k 128·64, a GPT block; fp32
     block = layer_param_bytes(layers[4])
     assert layer_param_bytes(layers[5]) == 2 * (4 * (2 * 64 + 128 * 64) + block)
+
+
+MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")  # llama, 2 MoE blocks (4 experts, top 2, 1 shared), EP 2 on 2 devices
+MOE_MTP = {**MTP, "plan.stages": "[{layers: [0, 5], devices: [0, 1]}]"}
+
+
+def test_the_mtp_block_is_an_moe_block_whose_experts_lie_as_the_main_blocks():
+    # DeepSeek-V3 §2.2: TRM_k is a block like the main model's (MoE where the last block is); EP rank 1
+    # holds routed experts 2 and 3 in every depth, each from the unsplit model's seed, and one device's
+    # bytes are the simulator's per-device layer (sim.models.mtp, sim.models.moe)
+    from runtime.model.config import load_runnable
+    from runtime.model.experts import MoE
+    from runtime.model.models import build_layers, layer_param_bytes
+    from sim.models import shard_model
+
+    runnable = load_runnable(MOE, MOE_MTP)
+    whole = build_layers(runnable.model)
+    half = build_layers(runnable.model, local_experts={k: (2, 3) for k in range(1, 4)})
+    part = shard_model(runnable.scenario.model, runnable.scenario.plan.shard)
+    assert [layer_param_bytes(half[k]) for k in range(5)] == [layer.param_bytes for layer in part.layers]
+    for d in range(2):
+        mine, unsplit = half[3].depths[d].block.mlp, whole[3].depths[d].block.mlp
+        assert isinstance(mine, MoE) and sorted(mine.experts) == ["2", "3"]
+        assert torch.equal(mine.experts["3"].w1.weight, unsplit.experts["3"].w1.weight)
+    # each depth's experts their own: depth 1's expert 0 is not depth 0's, nor block 1's
+    assert not torch.equal(whole[3].depths[1].block.mlp.experts["0"].w1.weight,
+                           whole[3].depths[0].block.mlp.experts["0"].w1.weight)
+    assert not torch.equal(whole[3].depths[0].block.mlp.experts["0"].w1.weight, whole[2].mlp.experts["0"].w1.weight)
 
 
 @pytest.mark.parametrize("overrides, words", [
@@ -182,5 +210,21 @@ def test_mtp_under_fsdp2_matches_the_unsplit_model_and_shards_its_states():
         assert_matches_unsplit(summary)
     for name in ("llama-dp2-fsdp", "gpt-tied-pp2-fsdp"):  # ZeRO-3: every state 1/d, as predicted
         for kinds, expected in kinds_beside_prediction(GPT, FSDP[name], summaries[name]):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
+@pytest.mark.slow
+def test_mtp_with_experts_matches_the_unsplit_model():
+    cases = {"ep2": MOE_MTP, "ep2-capacity": {**MOE_MTP, "model.experts.capacity_factor": "1.0"},
+             "ep2-node-limit": {**MOE_MTP, "model.experts.node_limit": "1", "cluster.nodes": "2",
+                                "cluster.devices_per_node": "1"},
+             "ep2-zero1": {**MOE_MTP, "plan.sharding": "optimizer"}, "ep2-fsdp": {**MOE_MTP, "plan.sharding": "full"},
+             "etp2": {**MOE_MTP, "plan.expert_parallel": "1", "plan.expert_tensor_parallel": "2"}}
+    summaries = spawn_checked(MOE, 2, cases)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+    for name in ("ep2", "ep2-fsdp", "etp2"):  # each device's states by kind as the simulator counts them
+        for kinds, expected in kinds_beside_prediction(MOE, cases[name], summaries[name]):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name

@@ -147,10 +147,9 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     mesh, expert_mesh = meshes
     owner, at = plan.stage_ranks, position(plan, rank)
     if plan.expert_tensor_parallel > 1:  # each routed expert cut to this device's 1/ETP of its width
-        for layer in layers.values():
-            if isinstance(getattr(layer, "mlp", None), MoE):
-                cut_width(layer.mlp, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
-                          plan.expert_tensor_parallel)
+        for moe in (m for layer in layers.values() for m in layer.modules() if isinstance(m, MoE)):  # MTP's too
+            cut_width(moe, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
+                      plan.expert_tensor_parallel)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)

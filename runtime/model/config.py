@@ -165,13 +165,14 @@ def load_runnable(
     if scenario.model.experts is not None and scenario.model.experts.node_limit is not None:
         blocks = model.values["layers"]
         model = replace(model, expert_servers=expert_servers(scenario.plan, scenario.cluster, scenario.model.experts,
-                                                             blocks, str(path)))
+                                                             blocks, str(path), mtp=bool(model.mtp_depth)))
     return RunnableScenario(scenario=scenario, model=model)
 
 
 def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, blocks: int,
-                   source: str = "<scenario>") -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert, as
+                   source: str = "<scenario>", *, mtp: bool = False) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each MoE layer's (block k is layer k + 1, of ``blocks``; with ``mtp`` the MTP layer
+    ``blocks + 1`` too where the last block is MoE) server of every routed expert, as
     the simulator lays them: expert e on expert-parallel rank e // (count/EP) (Megatron-Core's
     ``local_expert_indices``), that rank the
     device ``PlanSpec.expert_groups`` names, its server ``ClusterSpec.node_of`` (numbered 0, 1, …
@@ -192,7 +193,8 @@ def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, bl
         if experts.node_limit < len(set(servers)) and experts.node_limit * least < experts.top_k:
             raise DappleError(f"{source}: model.experts.node_limit: {experts.node_limit} servers of {least} experts "
                               f"cannot hold a token's top_k {experts.top_k} experts; raise node_limit")
-        out += [(k, servers) for k in range(*stage.layers) if 0 < k <= blocks and experts.is_moe(k - 1)]
+        out += [(k, servers) for k in range(*stage.layers)
+                if 0 < k <= blocks + mtp and experts.is_moe(min(k, blocks) - 1)]
     return tuple(sorted(out))
 
 
@@ -269,9 +271,6 @@ def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> 
         ("model.mtp_depth", plan.tensor_parallel > 1 or plan.context_parallel > 1,
          "its modules embed the tokens k ahead, which sequence and context parallelism cut to other ranks, "
          "and its blocks are not in the tensor-parallel plan; use tensor_parallel: 1 and context_parallel: 1"),
-        ("model.mtp_depth", model.experts is not None,
-         "its blocks would be MoE blocks whose experts the runtime places for the main blocks only; remove "
-         "model.experts or model.mtp_depth"),
         ("plan.stages", plan.stages[-1].layers[0] > mtp_layer,
          f"the mtp layer ({mtp_layer}) needs the labels (the tokens ahead), which only the last stage has: "
          f"start the last stage at layer {mtp_layer} or before"),

@@ -119,20 +119,28 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
             if config.mtp_depth:
                 return MTPHead(p["hidden"], vocab, config.mtp_depth, tied=p["tied_embeddings"], llama=llama)
             return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
-        if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp)
-            return MultiTokenPrediction([MTPModule(p["hidden"], _new_layer(config, index - 1, local))
+        if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp),
+            # an MoE block where the last is one (DeepSeek-V3 §2.2), its experts laid out on this layer's devices
+            return MultiTokenPrediction([MTPModule(p["hidden"], _block(config, index - 1, local, config.servers_of(index)))
                                          for _ in range(config.mtp_depth)])
-        experts, mlp = config.experts, None
-        if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
-            mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
-                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
-                      servers=config.servers_of(index), node_limit=experts.node_limit)
-        attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
-        return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
-                                mlp=mlp, attention=attention)
+        return _block(config, index, local, config.servers_of(index))
     if index == last:
         return ClassifierHead(p["hidden"], p["num_classes"])
     return LinearReLU(p["input_size"] if index == 0 else p["hidden"], p["hidden"])
+
+
+def _block(config: ModelConfig, index: int, local: tuple[int, ...] | None,
+           servers: tuple[int, ...] | None) -> nn.Module:
+    """A transformer block like layer ``index`` (block ``index − 1``): an MoE block holding the
+    routed experts ``local`` (``servers``: each expert's server) where the model's experts say so."""
+    p, llama, experts, mlp = config.values, config.preset == "llama", config.experts, None
+    if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
+        mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
+                  shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
+                  servers=servers, node_limit=experts.node_limit)
+    attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
+    return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
+                            mlp=mlp, attention=attention)
 
 
 def _init_(module: nn.Module, generator: torch.Generator, preset: str) -> None:
@@ -160,12 +168,15 @@ def _owner(module: nn.Module, param_name: str) -> nn.Module:
 
 
 def _init_experts(module: nn.Module, seed: int, index: int) -> None:
-    """GPT-2 init of each routed expert from its own seed, whichever rank holds it."""
-    moe = getattr(module, "mlp", None)
-    if not isinstance(moe, MoE):
-        return
+    """GPT-2 init of each routed expert from its own seed, whichever rank holds it (the MTP
+    layer's depth d: its experts numbered on after the d depths before it)."""
+    for depth, moe in enumerate(m for m in module.modules() if isinstance(m, MoE)):
+        _init_routed(moe, seed, index, depth * moe.count)
+
+
+def _init_routed(moe: MoE, seed: int, index: int, first: int) -> None:
     for e in moe.local:
-        generator = torch.Generator().manual_seed(expert_seed(seed, index, e))
+        generator = torch.Generator().manual_seed(expert_seed(seed, index, first + e))
         for name, param in sorted(moe.experts[str(e)].named_parameters()):
             with torch.no_grad():
                 if name.endswith("bias"):

@@ -15,7 +15,10 @@ the last dimension (the simulator's cut after it carries ``1 + D`` hidden states
 tokens ``i + k`` are the labels shifted by ``k − 1``), so that cut never crosses a link here.
 Each module runs the block over the whole sequence; its last ``k`` positions read a wrapped token
 and predict nothing, and under the causal mask they reach no position that predicts something, so
-the loss is Eq. 24's exactly. The head holds one final norm per module besides its own (DeepSeek-V3's
+the loss is Eq. 24's exactly. Each module's block is like the model's last: an MoE block where
+that is one (DeepSeek-V3's MTP modules use its MoE block), whose routed experts lie over the
+expert-parallel group as the main blocks' do (``runtime.model.experts``; each depth's experts
+seeded apart, ``runtime.model.models``), as the simulator counts them (``sim.models.mtp``). The head holds one final norm per module besides its own (DeepSeek-V3's
 released checkpoint gives its MTP layer its own ``model.layers.61.shared_head.norm``, beside
 ``enorm``, ``hnorm`` and ``eh_proj``; the simulator counts the same bytes) and projects with its one
 shared matrix. The concatenation follows Eq. 21's order, ``[h; Emb]``; implementations that load

@@ -63,8 +63,8 @@ def reference_step(
     drops as each device does, ``drop_groups``)."""
     model = whole_model(config, seed=seed, device=device)
     for index, layer in model.layers.items():
-        if drop_groups and isinstance(getattr(layer, "mlp", None), MoE):
-            layer.mlp.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
+        for moe in (m for m in layer.modules() if isinstance(m, MoE)) if drop_groups else ():  # MTP's too
+            moe.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
     inputs, labels = synthetic_batch(config, global_batch_size, step=step, seed=seed, device=device)
     loss = model(inputs, labels)
     loss.backward()
