@@ -81,3 +81,14 @@ def test_an_untied_mtp_layer_away_from_the_embedding_holds_a_copy_of_the_table()
                        source="m.yaml").resolved
     assert v.model.tied_layers is None and v.model.stage_param_bytes(3, 5) == v.model.param_bytes(3, 5)
     assert all(cost.tied_allreduce_s == 0 for cost in v.stage_costs)
+
+
+def test_under_fsdp_the_table_copy_is_in_the_mtp_layers_unit():
+    # the runtime's mtp layer holds the copy in its own fully_shard unit (runtime.model.sharding)
+    from sim.cost.memory import fsdp_unit_param_bytes
+
+    apart = parse_scenario(_STAGES % ("1f1b", "    - {layers: [0, 2], devices: [0]}\n"
+                                               "    - {layers: [2, 5], devices: [1]}"), source="m.yaml")
+    model = apart.resolved.model
+    block, mtp, head = (model.layers[k].param_bytes for k in (2, 3, 4))
+    assert fsdp_unit_param_bytes(model, 2, 5) == (block, mtp + 512 * 256 * 2, head)
