@@ -228,3 +228,17 @@ def test_mtp_with_experts_matches_the_unsplit_model():
         for kinds, expected in kinds_beside_prediction(MOE, cases[name], summaries[name]):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
+@pytest.mark.slow
+def test_mtp_on_dualpipes_v_reads_the_embeddings_own_table():
+    # DeepSeek-V3 §3.2.3: the V puts the embedding and the mtp layer on one device, which holds one
+    # table (sim.models.mtp.table_on_one_device); its split backward's W feeds that table as well
+    v = {**MTP, **LLAMA, "plan.stages": "[{layers: [0, 2], devices: [0]}, {layers: [2, 4], devices: [1]},"
+                                        " {layers: [4, 5], devices: [1]}, {layers: [5, 7], devices: [0]}]"}
+    cases = {"zb-v": {**v, "plan.schedule": "zb-v"}, "dualpipe-v": {**v, "plan.schedule": "{name: dualpipe-v, chunks: 2}"}}
+    summaries = spawn_checked(GPT, 2, cases)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+        for kinds, expected in kinds_beside_prediction(GPT, cases[name], summary):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name

@@ -56,7 +56,7 @@ class LocalStage:
     params: list[torch.nn.Parameter]
     """The stage's own parameters (what its ``REDUCE_GRAD`` all-reduces)."""
     weights: list[torch.nn.Parameter]
-    """Every parameter its backward feeds (a tied head also feeds the embedding's matrix): W's inputs."""
+    """Every parameter its backward feeds (a tied head or the mtp layer also feeds the embedding's matrix): W's inputs."""
     start: int
     """First sample of this replica's slice of a micro-batch."""
     size: int
@@ -167,7 +167,9 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     into = pieces_between(microbatch_size, column(plan, s - 1, at), column(plan, s, at)) if prev_remote else ()
     out_of = pieces_between(microbatch_size, column(plan, s, at), column(plan, s + 1, at)) if next_remote else ()
     params = list(module.parameters())
-    borrowed = [w for w in getattr(layers.get(last_layer), "borrowed", ()) if all(w is not p for p in params)]
+    # a tied head's table, or the mtp layer's read from the first stage on this device (DualPipe's V)
+    borrowed = list({id(w): w for layer in layers.values() for w in getattr(layer, "borrowed", ())
+                     if all(w is not p for p in params)}.values())
     return LocalStage(
         index=s, module=module, params=params, weights=params + borrowed, start=start, size=end - start,
         recv_f=tuple(p for p in into if p.dst == rank), send_b=tuple(p for p in into if p.dst == rank),
