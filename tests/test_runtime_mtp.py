@@ -242,3 +242,14 @@ def test_mtp_on_dualpipes_v_reads_the_embeddings_own_table():
         assert_matches_unsplit(summary)
         for kinds, expected in kinds_beside_prediction(GPT, cases[name], summary):
             assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+
+
+@pytest.mark.slow
+def test_mtp_with_experts_over_pipeline_stages_matches_the_unsplit_model():
+    # all three at once: the last stage's copy of the untied table, its MoE mtp block over EP 2, FSDP2
+    four = {"model.mtp_depth": "1", "cluster.devices_per_node": "4",
+            "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 5], devices: [2, 3]}]"}
+    cases = {"pp2-ep2": four, "pp2-ep2-fsdp": {**four, "plan.sharding": "full"},
+             "pp2-ep2-zero2": {**four, "plan.sharding": "gradients"}}
+    for name, summary in spawn_checked(MOE, 4, cases).items():
+        assert_matches_unsplit(summary)
