@@ -75,3 +75,45 @@ plan: {pipeline_parallel: 1, data_parallel: 8}
         parse_scenario(text % ("bert", 1), source="m.yaml")
     with pytest.raises(ScenarioError, match="mtp_depth"):
         parse_scenario(text % ("llama", -1), source="m.yaml")
+
+
+_STAGES = """
+name: mtp-copy
+cluster: {preset: dgx-h100, nodes: 1}
+model: {preset: llama, layers: 2, hidden: 256, heads: 4, seq_len: 128, vocab: 512, mtp_depth: 1}
+training: {global_batch_size: 8, microbatch_size: 1}
+plan:
+  schedule: %s
+  stages:
+%s
+"""
+
+
+def test_an_untied_mtp_layer_away_from_the_embedding_holds_a_copy_of_the_table():
+    # Megatron-Core's MTP stage keeps its own word_embeddings (setup_embeddings_and_output_layer) and
+    # all-reduces its gradient with the first stage's (_allreduce_word_embedding_grads): 512 x 256 bf16
+    apart = parse_scenario(_STAGES % ("1f1b", "    - {layers: [0, 2], devices: [0]}\n"
+                                               "    - {layers: [2, 5], devices: [1]}"), source="m.yaml")
+    model, table = apart.resolved.model, 512 * 256 * 2
+    assert model.tied_layers == (0, 3) and model.tied_bytes == table  # the embedding and mtp
+    assert model.stage_param_bytes(2, 5) == model.param_bytes(2, 5) + table
+    assert model.stage_param_bytes(0, 2) == model.param_bytes(0, 2)
+    assert apart.resolved.stage_costs[1].tied_allreduce_s > 0 and apart.resolved.stage_costs[0].tied_allreduce_s > 0
+    # DualPipe's V: the first and the last stage on one device, which reads the embedding's own table
+    v = parse_scenario(_STAGES % ("{name: dualpipe-v, chunks: 2}",
+                                  "    - {layers: [0, 2], devices: [0]}\n    - {layers: [2, 3], devices: [1]}\n"
+                                  "    - {layers: [3, 4], devices: [1]}\n    - {layers: [4, 5], devices: [0]}"),
+                       source="m.yaml").resolved
+    assert v.model.tied_layers is None and v.model.stage_param_bytes(3, 5) == v.model.param_bytes(3, 5)
+    assert all(cost.tied_allreduce_s == 0 for cost in v.stage_costs)
+
+
+def test_under_fsdp_the_table_copy_is_in_the_mtp_layers_unit():
+    # the runtime's mtp layer holds the copy in its own fully_shard unit (runtime.model.sharding)
+    from sim.cost.memory import fsdp_unit_param_bytes
+
+    apart = parse_scenario(_STAGES % ("1f1b", "    - {layers: [0, 2], devices: [0]}\n"
+                                               "    - {layers: [2, 5], devices: [1]}"), source="m.yaml")
+    model = apart.resolved.model
+    block, mtp, head = (model.layers[k].param_bytes for k in (2, 3, 4))
+    assert fsdp_unit_param_bytes(model, 2, 5) == (block, mtp + 512 * 256 * 2, head)

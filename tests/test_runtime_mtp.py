@@ -1,7 +1,8 @@
 """Multi-token prediction in the runtime: the loss against DeepSeek-V3's Eqs. 21–25 written out,
 each layer's parameters against the simulator's, the labels ahead at a context rank's positions,
-the limits refused in one line, and data, pipeline, tensor (with and without sequence
-parallelism) and context parallelism training one step exactly like the unsplit model, which
+the limits refused in one line, and data, pipeline (gpt tied; llama untied, whose last stage holds
+a copy of the table), tensor (with and without sequence parallelism) and context parallelism
+training one step exactly like the unsplit model (and, slow, under FSDP2 and with experts), which
 holds the MTP modules too (rtol 1e-5, fp32), with parameters, gradients and optimizer states by
 kind as the simulator predicts.
 """
@@ -17,6 +18,7 @@ from sim.core.errors import DappleError  # noqa: E402
 
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")  # 4 blocks, hidden 64, 4 heads, seq 32; PP 2 on 2 devices
 MTP = {"model.mtp_depth": "2"}
+LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
 PP2 = {"plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}
 DP2 = {"plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"}
 LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
@@ -26,6 +28,8 @@ TWO_RANKS = {
     "gpt-tied-pp2": {**MTP, **PP2, "model.tied_embeddings": "true"},
     "llama-dp2": {**MTP, **DP2, **LLAMA},
     "gpt-tied-tp2-sp": {**TP2, **SP, "model.tied_embeddings": "true"},  # vocabulary-parallel look-up, scatter
+    # untied: the last stage's mtp layer holds a copy of the table, summed with the embedding's
+    "llama-untied-pp2": {**MTP, **PP2, **LLAMA},
 }
 
 
@@ -147,12 +151,44 @@ def test_tensor_and_context_parallel_mtp_plans_are_not_refused(overrides):
     assert load_runnable(GPT, overrides).model.mtp_depth == 2
 
 
+MOE = str(SCENARIOS / "moe_tiny_cpu.yaml")  # llama, 2 MoE blocks (4 experts, top 2, 1 shared), EP 2 on 2 devices
+MOE_MTP = {**MTP, "plan.stages": "[{layers: [0, 5], devices: [0, 1]}]"}
+
+
+def test_the_mtp_block_is_an_moe_block_whose_experts_lie_as_the_main_blocks():
+    # DeepSeek-V3 §2.2: TRM_k is a block like the main model's (MoE where the last block is); EP rank 1
+    # holds routed experts 2 and 3 in every depth, each from the unsplit model's seed, and one device's
+    # bytes are the simulator's per-device layer (sim.models.mtp, sim.models.moe)
+    from runtime.model.config import load_runnable
+    from runtime.model.experts import MoE
+    from runtime.model.models import build_layers, layer_param_bytes
+    from sim.models import shard_model
+
+    runnable = load_runnable(MOE, MOE_MTP)
+    whole = build_layers(runnable.model)
+    half = build_layers(runnable.model, local_experts={k: (2, 3) for k in range(1, 4)})
+    part = shard_model(runnable.scenario.model, runnable.scenario.plan.shard)
+    assert [layer_param_bytes(half[k]) for k in range(5)] == [layer.param_bytes for layer in part.layers]
+    for d in range(2):
+        mine, unsplit = half[3].depths[d].block.mlp, whole[3].depths[d].block.mlp
+        assert isinstance(mine, MoE) and sorted(mine.experts) == ["2", "3"]
+        assert torch.equal(mine.experts["3"].w1.weight, unsplit.experts["3"].w1.weight)
+    # each depth's experts their own: depth 1's expert 0 is not depth 0's, nor block 1's
+    assert not torch.equal(whole[3].depths[1].block.mlp.experts["0"].w1.weight,
+                           whole[3].depths[0].block.mlp.experts["0"].w1.weight)
+    assert not torch.equal(whole[3].depths[0].block.mlp.experts["0"].w1.weight, whole[2].mlp.experts["0"].w1.weight)
+
+
 @pytest.mark.parametrize("overrides, words", [
     ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
       "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
-    ({**MTP, **PP2}, "set tied_embeddings: true or use one stage"),
-    ({**MTP, **DP2, "plan.sharding": "full"}, "use sharding: none or optimizer"),
-], ids=["mtp-apart-from-head", "untied-pp", "fsdp"])
+    ({**MTP, "cluster.devices_per_node": "1", "plan.schedule": "interleaved", "plan.sharding": "full",
+      "plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [0]}]"},
+     "put them in one stage or use sharding: none or optimizer"),
+    ({**MTP, "cluster.devices_per_node": "3", "plan.sharding": "full", "training.microbatch_size": "2",
+      "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2]}]"},
+     "give both stages as many replicas"),
+], ids=["mtp-apart-from-head", "fsdp-interleaved", "fsdp-replicas-differ"])
 def test_what_the_runtime_does_not_run_is_refused_in_one_line(overrides, words):
     from runtime.model.config import load_runnable
 
@@ -216,6 +252,9 @@ def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_mod
              "pp2-dp2-recompute": {**four, "plan.recompute": "full"},
              "pp2-dp2-selective": {**four, "plan.recompute": "selective"},
              "pp2-dp2-zb-h1": {**four, "plan.schedule": "zb-h1"},
+             # ZeRO-2 reduce-scatters too: the embedding group pairs the copies' shards (tied_groups)
+             "pp2-dp2-zero2": {**four, "plan.sharding": "gradients"},
+             "llama-untied-pp2-dp2-fsdp": {**four, **LLAMA, "model.tied_embeddings": "false", "plan.sharding": "full"},
              "llama-depth-1-dp4": {"model.mtp_depth": "1", "model.preset": "llama", "cluster.devices_per_node": "4",
                                    "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
     for name, summary in spawn_checked(GPT, 4, cases).items():
@@ -236,6 +275,25 @@ def test_mtp_with_tensor_or_context_parallelism_on_two_ranks_matches_the_unsplit
             assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
 
 
+FSDP = {  # the mtp layer borrows the table (DP: the embedding's; PP: a tied head's) or holds a copy
+    "llama-dp2-fsdp": {**MTP, **DP2, **LLAMA, "plan.sharding": "full"},
+    "gpt-tied-dp2-zero2": {**MTP, **DP2, "model.tied_embeddings": "true", "plan.sharding": "gradients"},
+    "gpt-tied-pp2-fsdp": {**TWO_RANKS["gpt-tied-pp2"], "plan.sharding": "full"},
+    "llama-untied-pp2-zero2": {**TWO_RANKS["llama-untied-pp2"], "plan.sharding": "gradients"},
+}
+
+
+@pytest.mark.slow
+def test_mtp_under_fsdp2_matches_the_unsplit_model_and_shards_its_states():
+    summaries = spawn_checked(GPT, 2, FSDP)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+    for name in ("llama-dp2-fsdp", "gpt-tied-pp2-fsdp"):  # ZeRO-3: every state 1/d, as predicted
+        for kinds, expected in kinds_beside_prediction(GPT, FSDP[name], summaries[name]):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
 @pytest.mark.slow
 def test_mtp_with_tensor_pipeline_and_context_parallelism_on_four_ranks_matches_the_unsplit_model():
     four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4", "plan.tensor_parallel": "2"}
@@ -245,4 +303,45 @@ def test_mtp_with_tensor_pipeline_and_context_parallelism_on_four_ranks_matches_
                                "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
     for name, summary in spawn_checked(GPT, 4, cases).items():
         assert summary["check_passed"], name
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
+def test_mtp_with_experts_matches_the_unsplit_model():
+    cases = {"ep2": MOE_MTP, "ep2-capacity": {**MOE_MTP, "model.experts.capacity_factor": "1.0"},
+             "ep2-node-limit": {**MOE_MTP, "model.experts.node_limit": "1", "cluster.nodes": "2",
+                                "cluster.devices_per_node": "1"},
+             "ep2-zero1": {**MOE_MTP, "plan.sharding": "optimizer"}, "ep2-fsdp": {**MOE_MTP, "plan.sharding": "full"},
+             "etp2": {**MOE_MTP, "plan.expert_parallel": "1", "plan.expert_tensor_parallel": "2"}}
+    summaries = spawn_checked(MOE, 2, cases)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+    for name in ("ep2", "ep2-fsdp", "etp2"):  # each device's states by kind as the simulator counts them
+        for kinds, expected in kinds_beside_prediction(MOE, cases[name], summaries[name]):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+            assert kinds["optimizer"] == pytest.approx(expected.optimizer, rel=1e-6), name
+
+
+@pytest.mark.slow
+def test_mtp_on_dualpipes_v_reads_the_embeddings_own_table():
+    # DeepSeek-V3 §3.2.3: the V puts the embedding and the mtp layer on one device, which holds one
+    # table (sim.models.mtp.table_on_one_device); its split backward's W feeds that table as well
+    v = {**MTP, **LLAMA, "plan.stages": "[{layers: [0, 2], devices: [0]}, {layers: [2, 4], devices: [1]},"
+                                        " {layers: [4, 5], devices: [1]}, {layers: [5, 7], devices: [0]}]"}
+    cases = {"zb-v": {**v, "plan.schedule": "zb-v"}, "dualpipe-v": {**v, "plan.schedule": "{name: dualpipe-v, chunks: 2}"}}
+    summaries = spawn_checked(GPT, 2, cases)
+    for name, summary in summaries.items():
+        assert_matches_unsplit(summary)
+        for kinds, expected in kinds_beside_prediction(GPT, cases[name], summary):
+            assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6), name
+
+
+@pytest.mark.slow
+def test_mtp_with_experts_over_pipeline_stages_matches_the_unsplit_model():
+    # all three at once: the last stage's copy of the untied table, its MoE mtp block over EP 2, FSDP2
+    four = {"model.mtp_depth": "1", "cluster.devices_per_node": "4",
+            "plan.stages": "[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 5], devices: [2, 3]}]"}
+    cases = {"pp2-ep2": four, "pp2-ep2-fsdp": {**four, "plan.sharding": "full"},
+             "pp2-ep2-zero2": {**four, "plan.sharding": "gradients"}}
+    for name, summary in spawn_checked(MOE, 4, cases).items():
         assert_matches_unsplit(summary)

@@ -18,7 +18,9 @@ device at the same position of the neighbouring stage's replicas (as
 
 A tied GPT embedding whose head sits on another device set is held twice (the embedding's
 matrix and the head's copy, equal at start: both from the embedding's seed, as Megatron-LM's
-``setup_embeddings_and_output_layer`` makes the last stage's copy equal to the first's), and the
+``setup_embeddings_and_output_layer`` makes the last stage's copy equal to the first's), and so is
+an untied model's table that its MTP layer reads on another device set (the layer's copy,
+Megatron-Core's MTP stage: ``sim.models.mtp``), and the
 copies' gradients are summed after the step over Megatron-LM's embedding groups
 (``tied_groups``: the devices holding the same vocabulary slice, or the same FSDP2 shard).
 """
@@ -54,7 +56,7 @@ class LocalStage:
     params: list[torch.nn.Parameter]
     """The stage's own parameters (what its ``REDUCE_GRAD`` all-reduces)."""
     weights: list[torch.nn.Parameter]
-    """Every parameter its backward feeds (a tied head also feeds the embedding's matrix): W's inputs."""
+    """Every parameter its backward feeds (a tied head or the mtp layer also feeds the embedding's matrix): W's inputs."""
     start: int
     """First sample of this replica's slice of a micro-batch."""
     size: int
@@ -145,10 +147,9 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     mesh, expert_mesh = meshes
     owner, at = plan.stage_ranks, position(plan, rank)
     if plan.expert_tensor_parallel > 1:  # each routed expert cut to this device's 1/ETP of its width
-        for layer in layers.values():
-            if isinstance(getattr(layer, "mlp", None), MoE):
-                cut_width(layer.mlp, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
-                          plan.expert_tensor_parallel)
+        for moe in (m for layer in layers.values() for m in layer.modules() if isinstance(m, MoE)):  # MTP's too
+            cut_width(moe, plan.stages[s].devices.index(rank) % plan.expert_tensor_parallel,
+                      plan.expert_tensor_parallel)
     module = StageModule(layers, is_last=last_layer in layers)
     if plan.tensor_parallel > 1:
         parallelize_stage(module, mesh["tensor"], sequence_parallel=plan.sequence_parallel, first=0 in layers)
@@ -166,7 +167,9 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     into = pieces_between(microbatch_size, column(plan, s - 1, at), column(plan, s, at)) if prev_remote else ()
     out_of = pieces_between(microbatch_size, column(plan, s, at), column(plan, s + 1, at)) if next_remote else ()
     params = list(module.parameters())
-    borrowed = [w for w in getattr(layers.get(last_layer), "borrowed", ()) if all(w is not p for p in params)]
+    # a tied head's table, or the mtp layer's read from the first stage on this device (DualPipe's V)
+    borrowed = list({id(w): w for layer in layers.values() for w in getattr(layer, "borrowed", ())
+                     if all(w is not p for p in params)}.values())
     return LocalStage(
         index=s, module=module, params=params, weights=params + borrowed, start=start, size=end - start,
         recv_f=tuple(p for p in into if p.dst == rank), send_b=tuple(p for p in into if p.dst == rank),
@@ -197,17 +200,20 @@ def tied_groups(plan, sharded: bool) -> tuple[tuple[int, ...], ...]:
 def _tied(runnable: RunnableScenario, layers: dict, last_layer: int, rank: int) -> tuple[
         tuple[tuple[int, ...], ...], tuple[int, ...], torch.nn.Parameter | None]:
     """(every embedding group, ``rank``'s, its copy of the token matrix) of a tied embedding
-    whose head sits on another device set; nothing when one device set holds both."""
+    whose head, or an untied one whose MTP layer, sits on another device set; nothing when one
+    device set holds both."""
     model, plan = runnable.model, runnable.plan
-    if model.preset not in TRANSFORMERS or not model.values["tied_embeddings"]:
+    if model.preset not in TRANSFORMERS or not (model.values["tied_embeddings"] or model.mtp_depth):
         return (), (), None
     first, last = plan.stages[0].devices, plan.stages[-1].devices
     if sorted(first) == sorted(last):
         return (), (), None  # one device set holds both: the head borrows the embedding's parameter
-    groups = tied_groups(plan, plan.sharding is Sharding.FULL)
+    groups = tied_groups(plan, plan.sharding in FSDP_SHARDINGS)  # ZeRO-2 reduce-scatters too
     mine = next((g for g in groups if rank in g), ())
     if 0 in layers:
         return groups, mine, layers[0].token.weight
-    if last_layer in layers:
+    if model.values["tied_embeddings"] and last_layer in layers:
         return groups, mine, layers[last_layer].proj.weight
+    if last_layer - 1 in layers and layers[last_layer - 1].table is not None:  # an untied MTP layer's copy
+        return groups, mine, layers[last_layer - 1].table.weight
     return groups, mine, None

@@ -173,14 +173,15 @@ def load_runnable(
     if scenario.model.experts is not None and scenario.model.experts.node_limit is not None:
         blocks = model.values["layers"]
         model = replace(model, expert_servers=expert_servers(scenario.plan, scenario.cluster, scenario.model.experts,
-                                                             blocks, str(path)))
+                                                             blocks, str(path), mtp=bool(model.mtp_depth)))
     return RunnableScenario(scenario=scenario, model=model)
 
 
 def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, blocks: int,
-                   source: str = "<scenario>") -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """Each MoE layer's (block k is layer k + 1, of ``blocks``) server of every routed expert as
-    each device sees it, as the simulator lays them: expert e on expert-parallel rank e // (count/EP)
+                   source: str = "<scenario>", *, mtp: bool = False) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Each MoE layer's (block k is layer k + 1, of ``blocks``; with ``mtp`` the MTP layer
+    ``blocks + 1`` too where the last block is MoE) server of every routed expert as each device
+    sees it, as the simulator lays them: expert e on expert-parallel rank e // (count/EP)
     (Megatron-Core's ``local_expert_indices``), that rank the device ``PlanSpec.expert_groups``
     names, its server ``ClusterSpec.node_of`` (numbered 0, 1, … in the group's order of servers).
     A device routes with its own group's map (DeepSeek-V3 §2.1.2: a token's experts on at most M
@@ -189,7 +190,7 @@ def expert_servers(plan: PlanSpec, cluster: ClusterSpec, experts: ExpertSpec, bl
     dispatched in (``runtime.validation.grad_check.token_servers``)."""
     per_rank, out = experts.count // plan.expert_parallel, []
     for s, stage in enumerate(plan.stages):
-        layers = [k for k in range(*stage.layers) if 0 < k <= blocks and experts.is_moe(k - 1)]
+        layers = [k for k in range(*stage.layers) if 0 < k <= blocks + mtp and experts.is_moe(min(k, blocks) - 1)]
         for group in plan.expert_groups(s):
             nodes = sorted({cluster.node_of(d) for d in group})
             ranks = tuple(nodes.index(cluster.node_of(d)) for d in group)
@@ -270,19 +271,18 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
 def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
     """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``."""
     mtp_layer = len(model.layers) - 2  # the layer before the head (sim.models.mtp)
+    fsdp, first, last = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL), plan.stages[0], plan.stages[-1]
     return [
-        ("model.mtp_depth", model.experts is not None,
-         "its blocks would be MoE blocks whose experts the runtime places for the main blocks only; remove "
-         "model.experts or model.mtp_depth"),
         ("plan.stages", plan.stages[-1].layers[0] > mtp_layer,
          f"the mtp layer ({mtp_layer}) needs the labels (the tokens ahead), which only the last stage has: "
          f"start the last stage at layer {mtp_layer} or before"),
-        ("plan.sharding", plan.sharding in (Sharding.GRADIENTS, Sharding.FULL),
-         "FSDP2 gathers a unit's parameters for its own forward, and the mtp layer reads the shared table "
-         "the embedding's or the head's unit holds outside it; use sharding: none or optimizer"),
-        ("model.tied_embeddings", plan.num_stages > 1 and not values.get("tied_embeddings"),
-         "the mtp layer shares the embedding's table, which an untied model holds on the first stage only "
-         "(a tied head's copy serves on the last); set tied_embeddings: true or use one stage"),
+        ("plan.sharding", fsdp and first is not last and sorted(first.devices) == sorted(last.devices),
+         "FSDP2 manages a parameter in one fully_shard unit, and the mtp layer would read the embedding's table "
+         "from another stage of its devices, another unit; put them in one stage or use sharding: none or optimizer"),
+        ("plan.sharding", fsdp and not values.get("tied_embeddings") and sorted(first.devices) != sorted(last.devices)
+         and plan.num_replicas(0) != plan.num_replicas(plan.num_stages - 1),
+         "FSDP2 shards the embedding's table and the mtp layer's copy over their stages' replicas, which differ "
+         "in number, so no two copies hold the same shard; give both stages as many replicas"),
     ]
 
 

@@ -120,20 +120,29 @@ def _new_layer(config: ModelConfig, index: int, local: tuple[int, ...] | None = 
             if config.mtp_depth:
                 return MTPHead(p["hidden"], vocab, config.mtp_depth, tied=p["tied_embeddings"], llama=llama)
             return LMHead(p["hidden"], vocab, tied=p["tied_embeddings"], llama=llama)
-        if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp)
-            return MultiTokenPrediction([MTPModule(p["hidden"], _new_layer(config, index - 1, local, rank))
+        if config.mtp_depth and index == last - 1:  # each module's block is like the last (sim.models.mtp),
+            # an MoE block where the last is one (DeepSeek-V3 §2.2), its experts laid out on this layer's devices
+            return MultiTokenPrediction([MTPModule(p["hidden"], _block(config, index - 1, local,
+                                                                       config.servers_of(index, rank)))
                                          for _ in range(config.mtp_depth)])
-        experts, mlp = config.experts, None
-        if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
-            mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
-                      shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
-                      servers=config.servers_of(index, rank), node_limit=experts.node_limit)
-        attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
-        return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
-                                mlp=mlp, attention=attention)
+        return _block(config, index, local, config.servers_of(index, rank))
     if index == last:
         return ClassifierHead(p["hidden"], p["num_classes"])
     return LinearReLU(p["input_size"] if index == 0 else p["hidden"], p["hidden"])
+
+
+def _block(config: ModelConfig, index: int, local: tuple[int, ...] | None,
+           servers: tuple[int, ...] | None) -> nn.Module:
+    """A transformer block like layer ``index`` (block ``index − 1``): an MoE block holding the
+    routed experts ``local`` (``servers``: each expert's server) where the model's experts say so."""
+    p, llama, experts, mlp = config.values, config.preset == "llama", config.experts, None
+    if experts is not None and experts.is_moe(index - 1):  # block i is layer i + 1
+        mlp = MoE(p["hidden"], count=experts.count, top_k=experts.top_k, ffn_hidden=experts.ffn_hidden,
+                  shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
+                  servers=servers, node_limit=experts.node_limit)
+    attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
+    return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
+                            mlp=mlp, attention=attention)
 
 
 def _init_(module: nn.Module, generator: torch.Generator, preset: str) -> None:
@@ -161,12 +170,15 @@ def _owner(module: nn.Module, param_name: str) -> nn.Module:
 
 
 def _init_experts(module: nn.Module, seed: int, index: int) -> None:
-    """GPT-2 init of each routed expert from its own seed, whichever rank holds it."""
-    moe = getattr(module, "mlp", None)
-    if not isinstance(moe, MoE):
-        return
+    """GPT-2 init of each routed expert from its own seed, whichever rank holds it (the MTP
+    layer's depth d: its experts numbered on after the d depths before it)."""
+    for depth, moe in enumerate(m for m in module.modules() if isinstance(m, MoE)):
+        _init_routed(moe, seed, index, depth * moe.count)
+
+
+def _init_routed(moe: MoE, seed: int, index: int, first: int) -> None:
     for e in moe.local:
-        generator = torch.Generator().manual_seed(expert_seed(seed, index, e))
+        generator = torch.Generator().manual_seed(expert_seed(seed, index, first + e))
         for name, param in sorted(moe.experts[str(e)].named_parameters()):
             with torch.no_grad():
                 if name.endswith("bias"):
@@ -211,21 +223,22 @@ def build_layers(
         else:
             head.untie_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
     if config.preset in TRANSFORMERS and config.mtp_depth and last - 1 in layers:
-        layers[last - 1].tie(_shared_table(config, layers, seed, device))
+        _share_table(config, layers, seed, device)
     return layers
 
 
-def _shared_table(config: ModelConfig, layers: dict[int, nn.Module], seed: int, device: torch.device | str) -> nn.Module:
-    """The token table the MTP layer embeds with (DeepSeek-V3 §2.2's shared embedding): the
-    embedding's when it is built here, else a tied head's copy (whose gradient the tied group sums
-    with the embedding's). A layer built alone (profiling) gets a fresh table of its own; the
-    runtime refuses an untied model whose embedding is on another stage (``runtime.model.config``)."""
+def _share_table(config: ModelConfig, layers: dict[int, nn.Module], seed: int, device: torch.device | str) -> None:
+    """Point the MTP layer at the token table it embeds with (DeepSeek-V3 §2.2's shared
+    embedding): the embedding's when it is built here, else a tied head's copy (whose gradient the
+    tied group sums with the embedding's), else a copy of its own from the embedding's seed (equal
+    at start: Megatron-Core's MTP stage, ``runtime.model.mtp.MultiTokenPrediction.hold_copy``)."""
     last = num_layers(config) - 1
     if 0 in layers:
-        return layers[0].token
-    if last in layers and layers[last].proj is not None and config.values["tied_embeddings"]:
-        return layers[last].proj
-    return build_layer(config, 0, seed=seed, device=device).token
+        layers[last - 1].tie(layers[0].token)
+    elif last in layers and layers[last].proj is not None and config.values["tied_embeddings"]:
+        layers[last - 1].tie(layers[last].proj)
+    else:
+        layers[last - 1].hold_copy(build_layer(config, 0, seed=seed, device=device).token.weight)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,11 @@ token on the device's part of the sequence and ``M_k``'s output scattered over i
 vocabulary-parallel table like the main embedding (``embed``), reduce-scattered to the device's part
 of the sequence under sequence parallelism.
 
+Each module's block is like the model's last: an MoE block where that is one (DeepSeek-V3's MTP
+modules use its MoE block), whose routed experts lie over the expert-parallel group as the main
+blocks' do (``runtime.model.experts``; each depth's experts seeded apart, ``runtime.model.models``),
+as the simulator counts them (``sim.models.mtp``).
+
 The head holds one final norm per module besides its own (DeepSeek-V3's released checkpoint gives
 its MTP layer its own ``model.layers.61.shared_head.norm``, beside ``enorm``, ``hnorm`` and
 ``eh_proj``; the simulator counts the same bytes) and projects with its one shared matrix. The
@@ -102,7 +107,10 @@ class MultiTokenPrediction(nn.Module):
     ``tie`` points it at the module whose ``weight`` is the shared token table (the embedding's
     ``nn.Embedding``, or a tied head's copy on the last stage), read at each call and not
     registered here, so its bytes stay the embedding's (as ``sim.models`` counts them) and its
-    gradient adds to the table's."""
+    gradient adds to the table's. An untied model's layer on another stage than the embedding
+    holds a registered copy instead (``hold_copy``), as Megatron-Core's MTP stage does
+    (``sim.models.mtp``; its gradient is summed with the embedding's over the embedding group,
+    ``runtime.execution.holdings.tied_groups``)."""
 
     wants_labels = True
     """``runtime.model.models.StageModule`` passes this layer the labels."""
@@ -114,10 +122,25 @@ class MultiTokenPrediction(nn.Module):
         self.embed = None
         """Set under tensor parallelism (``runtime.model.tensor_parallel``): ``(ids, weight) ->`` this
         device's embedded tokens, looked up in the vocabulary-parallel table."""
+        self.table: nn.Embedding | None = None
+        """This layer's own copy of the token table (``hold_copy``); None: it reads another's."""
 
     def tie(self, table: nn.Module) -> None:
         """Embed the shifted tokens with ``table.weight``."""
         self._table = (table,)
+
+    @property
+    def borrowed(self) -> tuple[nn.Parameter, ...]:
+        """Parameters this layer reads but another layer owns (the shared table; none with its own
+        copy): FSDP2 keeps both layers in the stage's root unit (``runtime.model.sharding``)."""
+        return tuple(table.weight for table in self._table if table is not self.table)
+
+    def hold_copy(self, weight: torch.Tensor) -> None:
+        """Hold a registered copy of the embedding's token table ``weight`` and embed with it."""
+        self.table = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.table.weight.copy_(weight)
+        self.tie(self.table)
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``labels``: the whole sequence's ``(n, s)``, or ``labels_ahead``'s table at the held positions."""

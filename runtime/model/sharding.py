@@ -25,7 +25,15 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   embedding's weight at each call (``runtime.model.layers.LMHead``), so it projects with the
   gathered matrix the root swapped in. torchtitan instead shards ``tok_embeddings`` and
   ``[norm, output]`` as units of their own and assigns ``output.weight`` afterwards
-  (``models/qwen3/infra/parallelize.py``).
+  (``models/qwen3/infra/parallelize.py``). The multi-token-prediction layer (``runtime.model.mtp``)
+  reads the shared table the same way: it borrows it from the embedding or a tied head on its
+  stage, and then it and that layer stay in the root's unit, whose forward has the table gathered
+  when the layer embeds the tokens ahead, while each of its modules (norms, projection, block) is
+  a unit of its own as a block is; with a copy of its own (an untied model's last stage) the layer
+  is a unit holding the copy. torchtitan wraps each MTP layer as a decoder block too
+  (``torchtitan/models/deepseek_v3/mtp.py`` at b5bcd76, ``apply_fsdp_to_mtp_decoder``) and calls
+  ``tok_embeddings``, a unit of its own, again for the shifted tokens; here the table may be a
+  tied head's matrix, read as ``weight``, hence the root.
 * ``gradients`` (ZeRO-2): FSDP2 as under ``full`` but with ``reshard_after_forward=False``,
   torch's nearest equivalent (torch has no ZeRO-2 optimizer of its own; ``fully_shard``'s
   docstring: False "keeps the unsharded parameters in memory after forward and avoids the
@@ -90,6 +98,9 @@ def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_for
         for expert in moe.experts.values():  # each called on its own tokens: its forward is the unit's
             fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward)
     shared = {id(w) for layer in module.layers.values() for w in getattr(layer, "borrowed", ())}
+    for layer in module.layers.values():  # each MTP module a unit, as a block (the layer may borrow)
+        for depth in getattr(layer, "depths", ()):
+            fully_shard(depth, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
     for layer in module.layers.values():
         tied = getattr(layer, "borrowed", ()) or any(id(p) in shared for p in layer.parameters())
         if any(True for _ in layer.parameters()) and not tied:

@@ -65,12 +65,11 @@ def reference_step(
     expert per MoE layer, as its expert-parallel group routes it, ``token_servers``)."""
     model = whole_model(config, seed=seed, device=device)
     for index, layer in model.layers.items():
-        if not isinstance(getattr(layer, "mlp", None), MoE):
-            continue
-        if drop_groups:
-            layer.mlp.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
-        if token_servers and int(index) in token_servers:
-            layer.mlp.token_servers = token_servers[int(index)].to(device)
+        for moe in (m for m in layer.modules() if isinstance(m, MoE)):  # the MTP layer's too
+            if drop_groups:
+                moe.token_groups = drop_groups[int(index)]  # a ModuleDict: keys are strings
+            if token_servers and int(index) in token_servers:
+                moe.token_servers = token_servers[int(index)].to(device)
     inputs, labels = synthetic_batch(config, global_batch_size, step=step, seed=seed, device=device)
     loss = model(inputs, labels)
     loss.backward()
@@ -79,9 +78,12 @@ def reference_step(
 
 
 def _reference_name(config: ModelConfig, name: str) -> str:
-    """A tied head's own copy of the token matrix (on another stage) is the embedding's."""
+    """A tied head's own copy of the token matrix (on another stage) is the embedding's, and so
+    is an MTP layer's copy (``runtime.model.mtp.MultiTokenPrediction.hold_copy``)."""
     head = f"layers.{num_layers(config) - 1}.proj.weight"
     if config.preset in TRANSFORMERS and config.values["tied_embeddings"] and name == head:
+        return "layers.0.token.weight"
+    if config.mtp_depth and name == f"layers.{num_layers(config) - 2}.table.weight":
         return "layers.0.token.weight"
     return name
 

@@ -166,7 +166,8 @@ class ModelSpec:
     """Dtype gradients are accumulated and reduced in; None: the parameters' dtype. ``fp32`` with
     16-bit parameters is Megatron-LM's ``main_grad`` (``--accumulate-allreduce-grads-in-fp32``)."""
     tied_layers: tuple[int, int] | None = None
-    """(embedding, head) layer indices of a head tied to the token embedding; None: untied."""
+    """(embedding, reader) layer indices of the token table's two users: a head tied to the
+    embedding, or an untied model's ``mtp`` layer (``sim.models.mtp``); None: the embedding alone."""
     tied_bytes: float = 0.0
     """Bytes of the tied matrix (one device's share), counted once, in the embedding's layer."""
     source: str = ""
@@ -253,7 +254,8 @@ class ModelSpec:
 
     def tied_copy_bytes(self, start: int, end: int) -> float:
         """Bytes of the tied matrix's second copy that layers ``[start, end)`` hold: the head's
-        stage keeps its own when the embedding is on another stage (Megatron-LM's last stage
+        (an untied model's ``mtp`` layer's) stage keeps its own when the embedding is on another
+        stage (Megatron-LM's last stage
         allocates ``word_embeddings`` and keeps it in step through the embedding group's
         all-reduce, ``_allreduce_embedding_grads``); 0 when both ends share the stage."""
         if self.tied_layers is None or self.tied_ends(start, end) != 1:

@@ -287,20 +287,24 @@ def fsdp_unit_param_bytes(model: ModelSpec, start: int, end: int, unit_layers: i
     ``checkpoint_bytes``), and every other layer a unit of its own, as torchtitan wraps Llama: the
     token embedding, each ``TransformerBlock``, then the final norm with the output projection
     (torchtitan ``torchtitan/models/llama3/infra/parallelize.py``, ``apply_fsdp``). A tied
-    embedding's copy (``ModelSpec.tied_copy_bytes``) belongs to the stage's last unit, the head.
+    embedding's copy (``ModelSpec.tied_copy_bytes``) belongs to the unit of the layer that reads it:
+    the head, or an untied model's ``mtp`` layer (``sim.models.mtp``; the runtime's
+    ``runtime.model.sharding`` puts it there).
     """
     units: list[float] = []
+    unit_of = {}  # layer index -> its unit
     run = 0  # blocks in the unit being filled
-    for layer in model.layers[start:end]:
+    for k, layer in enumerate(model.layers[start:end], start=start):
         if layer.checkpoint_bytes is not None and 0 < run < unit_layers:
             units[-1] += layer.param_bytes
             run += 1
         else:
             units.append(layer.param_bytes)
             run = 1 if layer.checkpoint_bytes is not None else unit_layers  # a non-block closes its unit
+        unit_of[k] = len(units) - 1
     tied = model.tied_copy_bytes(start, end)
     if tied and units:
-        units[-1] += tied
+        units[unit_of[model.tied_layers[1]]] += tied
     return tuple(units)
 
 

@@ -19,17 +19,30 @@ parameters of its own but its final norm's (:func:`with_mtp`). The head stays th
 layer and the MTP layer comes just before it, so the balanced cut puts them on the last stages,
 where DualPipe's V places them beside the embedding. The shifted tokens' embedding look-up (a
 gather of ``h`` a token) is left out, but not its collective under tensor parallelism.
+
+The modules read the embedding's token table. An untied model's ``mtp`` layer on another stage
+than the embedding holds a copy of it, equal at start and kept equal by summing both copies'
+gradients over the embedding group, as Megatron-Core does for its MTP stage (NVIDIA/Megatron-LM
+at d98e8a6, ``megatron/core/models/common/language_module/language_module.py``,
+``setup_embeddings_and_output_layer``: "If use Multi-Token Prediction (MTP), we also need to
+maintain duplicated embedding weights in mtp process stage", and
+``megatron/core/distributed/finalize_model_grads.py``, ``_get_shared_word_embedding_weight``, whose
+all-reduce runs when ``mtp_num_layers`` is set): the model's ``tied_layers`` are then the embedding
+and ``mtp`` (``ModelSpec.tied_copy_bytes``, ``sim.cost.comm.tied_allreduce_s``), as a tied head's
+are. A tied model's ``mtp`` layer reads the head's copy, which is there already. Where the first
+and the last stage share their devices (DualPipe's V) the layer reads the embedding's table itself,
+one copy (DeepSeek-V3 §3.2.3: shared "physically"): :func:`table_on_one_device`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.core.model_spec import LayerSpec
+from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.cost.comm import TensorParallelCollective
 from sim.cost.kernels import KernelSpec
 
-__all__ = ["merge_layers", "mtp_projection", "mtp_projection_collectives", "with_mtp"]
+__all__ = ["merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device", "with_mtp"]
 
 
 def mtp_projection(q: float, h: int, d: int, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerSpec:
@@ -126,3 +139,12 @@ def with_mtp(head: LayerSpec, module: LayerSpec, depth: int, *, head_params_byte
     mtp = merge_layers("mtp", *[module] * depth)
     hidden_bytes = module.output_bytes
     return replace(mtp, output_bytes=(1 + depth) * hidden_bytes), merge_layers(head.name, head, *[again] * depth)
+
+
+def table_on_one_device(model: ModelSpec) -> ModelSpec:
+    """``model`` for a plan whose first and last stage share their devices: an untied model's
+    ``mtp`` layer reads the embedding's table on that device and holds no copy of it (DeepSeek-V3
+    §3.2.3, DualPipe's shared embedding); any other model unchanged."""
+    if model.mtp_depth and model.tied_layers == (0, len(model.layers) - 2):
+        return replace(model, tied_layers=None, tied_bytes=0.0)
+    return model

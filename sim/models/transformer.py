@@ -350,9 +350,11 @@ def _transformer(preset: str, params: Mapping[str, Any], shard: Shard | None, at
     layers.append(head)
     input_bytes = (2 if bert else 1) * s / shard.context * TOKEN_ID_BYTES
     model = chain(preset, f"{preset}-{p['layers']}x{h}", layers, input_bytes, p)
+    table = vocab * h / (1 if bert else shard.tensor) * d
     if p["tied_embeddings"]:  # the head reuses the token table: counted once, in the embedding
-        table = vocab * h / (1 if bert else shard.tensor) * d
         model = replace(model, tied_layers=(0, len(layers) - 1), tied_bytes=float(table))
+    elif mtp_depth:  # the mtp layer reads the embedding's table: a copy on another stage (sim.models.mtp)
+        model = replace(model, tied_layers=(0, len(layers) - 2), tied_bytes=float(table))
     model = replace(model, attention=attention, kernels=kernels, experts=experts, mla=mla, gemm_dtype=gemm_dtype,
                     mtp_depth=mtp_depth, fp8_activations=fp8_activations)
     return model if shard.is_whole and not shard.splits_experts else replace(model, shard=shard)

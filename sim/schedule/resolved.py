@@ -39,6 +39,7 @@ from sim.cost.compute import StageCost, stage_cost
 from sim.cost.memory import accumulates_unsharded
 from sim.cost.split import split_samples
 from sim.models import shard_model
+from sim.models.mtp import table_on_one_device
 from sim.schedule.ir import Schedule
 from sim.schedule.passes import lower
 from sim.schedule.plan_schedule import dapple_stage_policies, schedule_for_plan
@@ -86,6 +87,8 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
     """Resolve ``plan`` on ``model`` (whole, not sharded), ``cluster`` and ``training`` (see the
     module docstring); raises ``ScheduleError`` when its schedule cannot be generated."""
     part = shard_model(model, plan.shard)
+    if sorted(plan.stages[0].devices) == sorted(plan.stages[-1].devices):
+        part = table_on_one_device(part)  # no second copy of the token table for the mtp layer
     tied = embedding_group_link(plan, cluster)
     costs = []
     whole = accumulates_unsharded(plan.sharding, plan.fsdp, training.num_microbatches)
