@@ -299,11 +299,17 @@ def test_mtp_with_tensor_pipeline_and_context_parallelism_on_four_ranks_matches_
     four = {**MTP, "model.tied_embeddings": "true", "cluster.devices_per_node": "4", "plan.tensor_parallel": "2"}
     tp2_pp2 = {**four, "plan.stages": "[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"}
     cases = {"gpt-tied-tp2-pp2": tp2_pp2, "llama-tied-tp2-pp2-sp": {**tp2_pp2, **LLAMA, **SP},
+             # the last stage's copy of the untied table is vocabulary-parallel, as the embedding's
+             "llama-untied-tp2-pp2-sp": {**tp2_pp2, **LLAMA, **SP, "model.tied_embeddings": "false"},
              "llama-tp2-cp2": {**four, **LLAMA, "plan.context_parallel": "2",
                                "plan.stages": "[{layers: [0, 7], devices: [0, 1, 2, 3]}]"}}
-    for name, summary in spawn_checked(GPT, 4, cases).items():
+    summaries = spawn_checked(GPT, 4, cases)
+    for name, summary in summaries.items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)
+    for kinds, expected in kinds_beside_prediction(GPT, cases["llama-untied-tp2-pp2-sp"],
+                                                   summaries["llama-untied-tp2-pp2-sp"]):
+        assert kinds["parameters"] == pytest.approx(expected.parameters, rel=1e-6)
 
 
 @pytest.mark.slow

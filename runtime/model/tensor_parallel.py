@@ -201,6 +201,10 @@ def _parallelize_mtp(layer: MultiTokenPrediction, mesh: DeviceMesh, *, sequence_
             plan.update({"hidden_norm": SequenceParallel(), "embedding_norm": SequenceParallel()})
             module.scatter = lambda x: scatter_sequence(x, mesh)
         parallelize_module(module, mesh, plan)
+    if layer.table is not None:  # its own copy on a stage away from the embedding: vocabulary-parallel
+        # as the embedding's (Megatron-Core's MTP stage holds a VocabParallelEmbedding copy), so that
+        # the embedding group sums shard k with shard k
+        parallelize_module(layer.table, mesh, RowwiseParallel(input_layouts=Replicate()))
     layer.embed = lambda ids, weight: _lookup(ids, weight, mesh, sequence_parallel)
 
 
