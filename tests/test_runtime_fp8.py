@@ -2,9 +2,10 @@
 against its closed form (a tile's scale max|x|/448, a round trip within half an E4M3 step, exact
 E4M3 values multiplied exactly), the three GEMMs against the dequantised products written out,
 tiles that never straddle a tensor-parallel shard, FP8 where the simulator prices it and nowhere
-else, a loss that FP8 moves, and split runs against the unsplit FP8 model: pipeline, data and
-expert parallelism within 1e-5 (fp32); tensor parallelism within FP8's rounding of a gradient
-whose last bits the split backward changes (``test_tensor_parallelism_...``).
+else, a loss that FP8 moves, and split runs against the unsplit FP8 model: pipeline (with split
+backward and recompute), data (ZeRO-3 too), expert and expert-tensor parallelism within 1e-5
+(fp32); tensor parallelism within FP8's rounding of a gradient whose last bits the split backward
+changes (``test_tensor_parallelism_...``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,18 @@ def test_pipeline_parallelism_with_fp8_matches_the_unsplit_fp8_model():
 
 
 @pytest.mark.slow
+def test_split_backward_schedules_recompute_and_llama_with_fp8_match_the_unsplit_fp8_model():
+    # zb-h1 runs each product's backward twice (I, then W from the kept graph); recompute runs the
+    # forward again (full) or a region of it (selective, selective-op: SAC re-runs _scaled_mm)
+    cases = {"zb-h1": {**TIED, "plan.schedule": "zb-h1"}, "full": {**TIED, "plan.recompute": "true"},
+             "selective": {**TIED, "plan.recompute": "selective"},
+             "selective-op": {**TIED, "plan.recompute": "selective-op"},
+             "llama-1f1b": {**TIED, "model.preset": "llama", "plan.schedule": "1f1b"}}
+    for summary in spawn_checked(GPT, 2, cases).values():
+        assert_matches_unsplit(summary)
+
+
+@pytest.mark.slow
 def test_data_and_expert_parallelism_with_fp8_match_the_unsplit_fp8_model():
     # per-token tiles and a Wgrad from per-token operands: a token's contribution whatever the grouping
     for summary in spawn_checked(GPT, 2, {"dp2": {**TIED, "plan.stages": ONE_STAGE},
@@ -201,6 +214,11 @@ def test_tensor_parallelism_with_fp8_matches_the_unsplit_fp8_model_within_fp8s_r
     tp2 = {"plan.tensor_parallel": "2", "plan.stages": ONE_STAGE}
     cases = {"tp2-sp": {**TIED, **tp2, "plan.sequence_parallel": "true"}, "tp2": {**TIED, **tp2},
              "llama-tp2": {**TIED, **tp2, "model.preset": "llama", "model.kv_heads": "2"}}
-    for name, summary in spawn_checked(GPT, 2, cases).items():
+    four = {"cluster.devices_per_node": "4", "plan.stages": "[{layers: [0, 6], devices: [0, 1, 2, 3]}]"}
+    summaries = {**spawn_checked(GPT, 2, cases),  # and FSDP2 over TP's DTensors (2D), ZeRO-1 beside TP
+                 **spawn_checked(GPT, 4, {"tp2-dp2-fsdp-sp": {**TIED, **tp2, **four, "plan.sequence_parallel": "true",
+                                                              "plan.sharding": "full"},
+                                          "tp2-dp2-zero1": {**TIED, **tp2, **four, "plan.sharding": "optimizer"}})}
+    for name, summary in summaries.items():
         assert summary["loss"] == pytest.approx(summary["reference_loss"], rel=1e-5), name
         assert summary["max_rel_grad_diff"] <= 5e-2, (name, summary["worst_grad"])
