@@ -211,13 +211,18 @@ def test_pipeline_parallelism_with_fp8_matches_the_unsplit_fp8_model():
 
 
 @pytest.mark.slow
-def test_split_backward_schedules_recompute_and_llama_with_fp8_match_the_unsplit_fp8_model():
+def test_split_backward_recompute_llama_mla_and_mtp_with_fp8_match_the_unsplit_fp8_model():
     # zb-h1 runs each product's backward twice (I, then W from the kept graph); recompute runs the
     # forward again (full) or a region of it (selective, selective-op: SAC re-runs _scaled_mm)
     cases = {"zb-h1": {**TIED, "plan.schedule": "zb-h1"}, "full": {**TIED, "plan.recompute": "true"},
              "selective": {**TIED, "plan.recompute": "selective"},
              "selective-op": {**TIED, "plan.recompute": "selective-op"},
-             "llama-1f1b": {**TIED, "model.preset": "llama", "plan.schedule": "1f1b"}}
+             "llama-1f1b": {**TIED, "model.preset": "llama", "plan.schedule": "1f1b"},
+             # MLA's projections (under its checkpointed up-projections) and the MTP module's block
+             "mla": {**TIED, "model.attention": "flash", "model.mla": "{q_lora_rank: 24, kv_lora_rank: 16, "
+                     "rope_head_dim: 8, nope_head_dim: 16, v_head_dim: 12}"},
+             "mtp": {**TIED, "model.mtp_depth": "1",
+                     "plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}}
     for summary in spawn_checked(GPT, 2, cases).values():
         assert_matches_unsplit(summary)
 

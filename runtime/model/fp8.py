@@ -10,8 +10,8 @@ attention scores or the MTP projection). The recipe is DeepSeek-V3's (arXiv 2412
   a relative 2⁻⁴ (half a step of 2⁻³).
 * **Fine-grained scales** (§3.3.2, "Fine-Grained Quantization"; "Online Quantization"): an
   activation is scaled per 1×128 tile (per token, per 128 channels), a weight per 128×128
-  block, each by its tile's max|x| / 448 (:func:`quantize_rows`, :func:`quantize_blocks`), so one outlier spoils 128
-  values, not the tensor. A zero tile keeps scale 1.
+  block, each by its tile's max|x| / 448 (:func:`quantize_rows`, :func:`quantize_blocks`), so
+  one outlier spoils 128 values, not the tensor. A zero tile keeps scale 1.
 * **Promotion** (§3.3.2, "Increasing Accumulation Precision"): the tensor cores' partial sums
   are copied to FP32 registers every N_C = 128 elements of K and the scales applied there. Here
   each K-chunk of one tile is one ``torch._scaled_mm`` with row-wise scales (the activation's
@@ -29,8 +29,11 @@ attention scores or the MTP projection). The recipe is DeepSeek-V3's (arXiv 2412
   same quantisation of x and dy as Fprop and Dgrad, without the second rounding; the cost
   (an FP8 GEMM) is the simulator's to price, not this CPU runtime's to measure.
 * **Precision kept**: master weights, gradients and the optimizer stay in ``model.dtype`` (fp32
-  on the CPU), as DeepSeek keeps master weights and gradients in FP32 (§3.3.1); the bias is
-  added outside the product; the output and the gradients return in the inputs' dtypes.
+  on the CPU), as DeepSeek keeps master weights and weight gradients in FP32 (§3.3.1, §3.3.3);
+  the bias is added outside the product; the output and the gradients return in the inputs'
+  dtypes. The expert all-to-all moves ``model.dtype``, where DeepSeek dispatches the FP8
+  tiles (§3.3.3; the simulator prices those bytes): the same numbers, since the experts'
+  first products quantise each token's 1×128 tiles as the dispatch would.
 
 **Tiles never straddle shards.** Tensor parallelism cuts a column-parallel matrix on its output
 channels and a row-parallel one on its input channels (``runtime.model.tensor_parallel``;
@@ -47,8 +50,16 @@ and inputs (a Linear subclass, so ``ColwiseParallel`` and ``RowwiseParallel`` ac
 product runs on the local shards (``Fp8Linear.forward``): a column-parallel layer's replicated
 input's local gradient is a partial sum (``to_local(grad_placements=[Partial()])``, as
 DTensor's own ``mm`` gives) and its output ``Shard(-1)``; a row-parallel layer's output is a
-``Partial`` sum, its bias (replicated) added as a DTensor; the styles' output hooks then
-all-reduce or reduce-scatter as for any Linear.
+``Partial`` sum, its bias (replicated) added as a DTensor (which spreads it over the partial
+sums); the styles' output hooks then all-reduce or reduce-scatter as for any Linear. The
+products are the unsplit layer's bit for bit, but the backward's sums are not (the
+vocabulary-parallel loss, partial input gradients), and E4M3's rounding of dy turns a last bit
+into a rounding step: tensor-parallel gradients match the unsplit FP8 model's within about
+1e-2, not 1e-5 (``tests/test_runtime_fp8.py``); pipeline, data, expert and expert-tensor
+parallelism, whose per-token arithmetic is the unsplit model's, within 1e-5.
+
+Under ``recompute: selective-op`` the products run again in the backward: torchtitan's save
+list (``runtime.model.recompute``) names ``aten.mm``, not ``aten._scaled_mm``.
 
 On a GPU ``torch._scaled_mm`` wants K and N multiples of 16 and H100-class row-wise scaling;
 the tiny CPU models here have no such limits.
@@ -218,9 +229,9 @@ def use_fp8(block: nn.Module, *, tensor_parallel: int = 1, expert_tensor_paralle
         if type(linear) is not nn.Linear or leaf in KEPT_PRECISION:
             continue
         parts = expert_tensor_parallel if ".experts." in f".{name}" else tensor_parallel
-        fp8 = Fp8Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                        out_parts=parts if leaf in COLUMN_PARALLEL else 1, in_parts=parts if leaf in ROW_PARALLEL else 1,
-                        device="meta")
+        fp8 = Fp8Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                        out_parts=parts if leaf in COLUMN_PARALLEL else 1,
+                        in_parts=parts if leaf in ROW_PARALLEL else 1)
         fp8.weight, fp8.bias = linear.weight, linear.bias
         parent = block.get_submodule(name.rsplit(".", 1)[0]) if "." in name else block
         setattr(parent, leaf, fp8)
