@@ -114,7 +114,8 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
 
 @pytest.mark.parametrize(("overrides", "key", "why"), [
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
-    ({"model.gemm_dtype": "fp8", "cluster.device.peak_fp8_flops": "2TFLOP/s"}, "model.gemm_dtype", "model.dtype"),
+    ({"model.gemm_dtype": "fp8", "model.fp8_activations": "true", "cluster.device.peak_fp8_flops": "2TFLOP/s"},
+     "model.fp8_activations", "E5M6"),
 ])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable

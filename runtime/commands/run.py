@@ -293,7 +293,7 @@ def print_run(summary: dict[str, Any], as_json: bool) -> None:
         verdict = "passed" if summary["check_passed"] else "FAILED"
         print(f"check: step 0's loss {summary['loss']:.7g} vs the unsplit model's {summary['reference_loss']:.7g}, "
               f"max_abs_grad_diff {summary['max_abs_grad_diff']:.3g} (max relative "
-              f"{summary['max_rel_grad_diff']:.3g}): {verdict}")
+              f"{summary['max_rel_grad_diff']:.3g}, tolerance {summary.get('grad_rtol', 1e-5):.3g}): {verdict}")
     step = summary.get("events_step_time_s")
     print(f"trace: {summary['trace']} (the median step, step {summary.get('events_step', '?')}"
           + (f", {format_time(step)}" if step else "") + "; open in https://ui.perfetto.dev)")

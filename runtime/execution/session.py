@@ -28,6 +28,7 @@ import torch.distributed as dist
 from runtime.execution.executor import ExecOptions, RankExecutor
 from runtime.execution.status import StatusBoard
 from runtime.model.config import RunnableScenario
+from runtime.model.fp8 import check_rtol
 from runtime.model.models import num_layers
 from runtime.validation.grad_check import compare_grads, drop_groups, reference_step, token_servers
 from sim.models.vocab import vocab_padding
@@ -159,7 +160,8 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
         reference = reference_step(runnable.model, scenario.training.global_batch_size, step=0,
                                    seed=options.execution.seed, device=device, drop_groups=_drop_groups(runnable),
                                    token_servers=_token_servers(runnable))
-        comparison = compare_grads(runnable.model, [r["grads"] for r in ranks], reference, rtol=options.rtol)
+        grad_rtol = check_rtol(runnable.model, options.rtol)
+        comparison = compare_grads(runnable.model, [r["grads"] for r in ranks], reference, rtol=grad_rtol)
         loss_ok = abs(losses[0] - reference.loss) <= options.rtol * abs(reference.loss)
         summary.update(
             loss=losses[0],
@@ -167,6 +169,7 @@ def _summary(runnable: RunnableScenario, options: SessionOptions, ranks: list[di
             max_abs_grad_diff=comparison.max_abs_grad_diff,
             max_rel_grad_diff=comparison.max_rel_grad_diff,
             worst_grad=comparison.worst,
+            grad_rtol=grad_rtol,
             check_passed=comparison.passed and loss_ok,
         )
     return summary

@@ -63,6 +63,12 @@ class ModelConfig:
     server."""
     mtp_depth: int = 0
     """DeepSeek-V3's multi-token-prediction modules (``model.mtp_depth``, ``runtime.model.mtp``); 0: none."""
+    gemm_dtype: str | None = None
+    """``fp8``: the blocks' weighted products in FP8 with DeepSeek-V3's fine-grained scales
+    (``model.gemm_dtype``, ``runtime.model.fp8``); None: in the model's dtype."""
+    expert_tensor_parallel: int = 1
+    """The plan's expert-tensor-parallel degree, whose cuts of the routed experts FP8's tiles
+    respect as they do ``tensor_parallel``'s (``runtime.model.fp8``)."""
 
     def __post_init__(self) -> None:
         if self.preset not in RUNNABLE_PRESETS:
@@ -110,15 +116,17 @@ class RunnableScenario:
         return self.scenario.plan
 
 
-def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_parallel: int = 1) -> ModelConfig:
+def runnable_model(model: ModelSpec, *, source: str = "<scenario>", tensor_parallel: int = 1,
+                   expert_tensor_parallel: int = 1) -> ModelConfig:
     """The ``ModelConfig`` of a checked model: its generator and resolved parameters (its
-    vocabulary padded for ``tensor_parallel``)."""
+    vocabulary padded for ``tensor_parallel``, its FP8 tiles cut for both degrees)."""
     if model.preset is None:
         raise _not_runnable(source, None)
     if model.preset.name not in RUNNABLE_PRESETS:
         raise _not_runnable(source, model.preset.name)
     return ModelConfig(preset=model.preset.name, params=model.preset.params, experts=model.experts,
-                       mla=model.mla, tensor_parallel=tensor_parallel, mtp_depth=model.mtp_depth)
+                       mla=model.mla, tensor_parallel=tensor_parallel, mtp_depth=model.mtp_depth,
+                       gemm_dtype=model.gemm_dtype, expert_tensor_parallel=expert_tensor_parallel)
 
 
 def model_config(raw_model: Mapping[str, Any], *, source: str = "<scenario>") -> ModelConfig:
@@ -169,7 +177,8 @@ def load_runnable(
             f"{path}: plan: missing; a run needs stages and devices (add a plan: section or pass --plan PLAN.json)"
         )
     _check_runtime_supports(scenario.plan, scenario.model, str(path))
-    model = runnable_model(scenario.model, source=str(path), tensor_parallel=scenario.plan.tensor_parallel)
+    model = runnable_model(scenario.model, source=str(path), tensor_parallel=scenario.plan.tensor_parallel,
+                           expert_tensor_parallel=scenario.plan.expert_tensor_parallel)
     if scenario.model.experts is not None and scenario.model.experts.node_limit is not None:
         blocks = model.values["layers"]
         model = replace(model, expert_servers=expert_servers(scenario.plan, scenario.cluster, scenario.model.experts,
@@ -208,7 +217,8 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
     parallelism) plans of gpt and llama, sharding none, optimizer (ZeRO-1), gradients or full (FSDP2),
     recompute none, selective, selective_op or full; with experts, expert parallelism under each of
     them (node-limited routing, capacity); multi-head latent attention (``runtime.model.mla``) where
-    the simulator models it (no tensor or context parallelism). Anything else is one line before
+    the simulator models it (no tensor or context parallelism); FP8 products (``model.gemm_dtype``,
+    ``runtime.model.fp8``). Anything else is one line before
     launch (the simulator models it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
@@ -236,12 +246,9 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          f"stages exchange 1/tensor_parallel of the sequence: make seq_len a multiple of {plan.tensor_parallel}"),
         ("model.preset", plan.tensor_parallel > 1 and (model.preset is None or model.preset.name not in ("gpt", "llama")),
          "tensor parallelism runs the gpt and llama presets"),
-        ("model.gemm_dtype", model.gemm_dtype is not None,
-         "it runs every product in model.dtype (FP8 products through torch._scaled_mm with DeepSeek-V3's "
-         "fine-grained scales are not built); remove model.gemm_dtype"),
         ("model.fp8_activations", model.fp8_activations,
-         "it stashes every activation in model.dtype (torch has no E5M6 dtype for §3.3.3's stash, and it needs "
-         "model.gemm_dtype: fp8, refused above); remove model.fp8_activations"),
+         "torch has no E5M6 dtype, the 12-bit format DeepSeek-V3 §3.3.3 caches the output projection's input in; "
+         "remove model.fp8_activations (model.gemm_dtype: fp8 runs without it)"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)

@@ -7,7 +7,7 @@ modules ``a .. b-1``. Layer ``k`` maps the boundary tensor before it to the one 
 * ``gpt`` and ``llama``: ``embedding``, ``block_i``, ``head`` (``runtime.model.layers``: GPT-2's
   pre-LN blocks; Llama's RMSNorm, rotary embeddings, grouped-query attention and SwiGLU).
   With ``tied_embeddings`` the head reuses the embedding's token matrix and holds none of
-  its own.
+  its own. With ``gemm_dtype: fp8`` a block's weighted products run in FP8 (``runtime.model.fp8``).
 * ``mlp``: ``linear_i`` (Linear + ReLU), ``head`` (Linear + cross-entropy).
 
 Parameter bytes per layer equal ``LayerSpec.param_bytes`` exactly (tested). There is no
@@ -33,10 +33,11 @@ from torch.distributed.tensor import DTensor
 
 from runtime.model.config import ModelConfig
 from runtime.model.experts import MoE, expert_seed
+from runtime.model.fp8 import use_fp8
 from runtime.model.layers import Embedding, LMHead, TransformerBlock, lm_loss
 from runtime.model.mla import LatentAttention
 from runtime.model.mtp import MTPHead, MTPModule, MultiTokenPrediction
-from sim.core.specs import DTYPE_BYTES
+from sim.core.specs import DTYPE_BYTES, FP8
 
 __all__ = [
     "OPTIMIZERS",
@@ -141,8 +142,11 @@ def _block(config: ModelConfig, index: int, local: tuple[int, ...] | None,
                   shared=experts.shared, gated=llama, local=local, capacity_factor=experts.capacity_factor,
                   servers=servers, node_limit=experts.node_limit)
     attention = None if config.mla is None else LatentAttention(p["hidden"], p["heads"], config.mla)
-    return TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
-                            mlp=mlp, attention=attention)
+    block = TransformerBlock(p["hidden"], p["heads"], p["ffn_hidden"], kv_heads=p.get("kv_heads"), llama=llama,
+                             mlp=mlp, attention=attention)
+    if config.gemm_dtype == FP8:  # the block's weighted products, as sim.models.precision prices them
+        use_fp8(block, tensor_parallel=config.tensor_parallel, expert_tensor_parallel=config.expert_tensor_parallel)
+    return block
 
 
 def _init_(module: nn.Module, generator: torch.Generator, preset: str) -> None:
