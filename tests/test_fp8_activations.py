@@ -1,6 +1,7 @@
 """DeepSeek-V3's FP8-cached stash (``model.fp8_activations``, ``sim.models.precision``; arXiv
 2412.19437 §3.3.3 and §3.2.3): the norms' outputs recomputed, the output-projection input in E5M6,
-the experts' inputs and SwiGLU inputs in FP8 (one fp32 scale per 128) and their SwiGLU outputs recomputed."""
+the experts' inputs and SwiGLU inputs in FP8 (one fp32 scale per 128), their SwiGLU outputs recomputed
+and the routed experts' outputs not kept."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def test_an_moe_block_with_mla_caches_its_experts_swiglu_inputs_in_fp8():
     rows = (8 // ep) * s * 2 * ep / 8  # two local experts, s·top_k·EP/count rows each
     expected = (2 * s * h * 2 + s * 8 * 64 * (2 - e5m6)  # norm outputs; MLA's 8 heads × 64 values in E5M6
                 + s * fe * (2 * (2 - q8) + 2)  # the shared expert: its SwiGLU's two inputs in FP8, its output recomputed
-                + rows * (h * (2 - q8) + 2 * fe * (2 - q8) + fe * 2))  # the routed rows alike, their inputs in FP8
+                # the routed rows alike, their inputs in FP8, and their outputs not kept (weighted before
+                # the combine, on the experts' side: DeepEP's dispatch carries the top-k weights)
+                + rows * (h * (2 - q8) + 2 * fe * (2 - q8) + fe * 2 + h * 2))
     assert base.layers[1].stash_bytes - cached.layers[1].stash_bytes == pytest.approx(expected, rel=1e-12)
     assert cached.layers[1].selective_stash == cached.layers[1].stash_bytes
 

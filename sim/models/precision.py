@@ -33,9 +33,20 @@ fp32 scale per 128 (``FP8_CACHED_BYTES`` = 1 + 4/128 bytes; E5M6 1.5 + 4/128). O
 attention's and the MLP's inputs, stores the output-projection input in E5M6 and, in an MoE
 block (shared and routed experts), the experts' inputs and SwiGLU inputs in FP8 and their
 SwiGLU outputs (the down-projections' inputs) not at all; a dense block's down-projection input
-in FP8. The routed experts' outputs (for the gate's gradient), the norms' inputs and MLA's
-latents stay in the model's dtype. The recomputed norms and SwiGLUs (element-wise kernels) are
-not priced.
+in FP8. The norms' inputs and MLA's latents stay in the model's dtype. The recomputed norms and
+SwiGLUs (element-wise kernels) are not priced.
+
+Nor are the routed experts' outputs kept for the gate's gradient (``sim.models.moe`` keeps them,
+the weighted combine's input in Megatron-Core's older unpermute). DeepEP, the all-to-all DeepSeek-V3
+trained with, sends the top-k weights with the tokens (``dispatch(x, topk_idx, topk_weights)``
+returns ``recv_topk_weights`` on the experts' rank), its forward combine is an unweighted sum
+(``combine(x, handle)``, which saves nothing), and the weights' gradient comes back in the
+backward dispatch's combine (``combine(grad_recv_x, handle, topk_weights=grad_recv_topk_weights)``;
+deepseek-ai/DeepEP ``docs/legacy.md`` at dd758ca, the V1 interface of the report's time): the
+weights are applied on the experts' side, where the only cached tensor after the up-projection
+is the SwiGLU's input (§3.3.3), so the gate's gradient is the recomputed SwiGLU output's product
+with its gradient (the weighted SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's
+``TEGroupedMLP``), and the ``s·top_k`` rows of ``hidden`` bf16 outputs are not stashed.
 """
 
 from __future__ import annotations
@@ -79,7 +90,8 @@ def fp8_stash_saving_bytes(*, seq_len: int, hidden: int, attention_out: int, ffn
     docstring): ``s·h·2d`` (the attention's and the MLP's inputs, norm outputs, recomputed), the
     output-projection input's ``s·attention_out`` elements at E5M6, and in an MoE block the shared
     MLP's SwiGLU input in FP8 and its output dropped, the ``routed_rows`` expert rows' inputs
-    (``hidden``) and SwiGLU inputs in FP8 and their outputs (``expert_ffn``) dropped; in a dense
+    (``hidden``) and SwiGLU inputs in FP8, their SwiGLU outputs (``expert_ffn``) and the experts'
+    outputs (``hidden``, weighted on the experts' side) dropped; in a dense
     block the down-projection's input (``ffn_hidden``) in FP8. ``gated``: a SwiGLU MLP (two inputs)."""
     s, h, f, q8 = seq_len, hidden, ffn_hidden, d - FP8_CACHED_BYTES
     saved = s * h * 2 * d + s * attention_out * (d - E5M6_CACHED_BYTES)
@@ -87,7 +99,7 @@ def fp8_stash_saving_bytes(*, seq_len: int, hidden: int, attention_out: int, ffn
     if not moe:
         return saved + s * f * q8
     saved += s * f * (act * q8 + d)
-    return saved + routed_rows * (h * q8 + act * expert_ffn * q8 + expert_ffn * d)
+    return saved + routed_rows * (h * q8 + act * expert_ffn * q8 + expert_ffn * d + h * d)
 
 
 def fp8_cached_block(layer: LayerSpec, shape: BlockShape, shard: Shard, *, experts=None, mla=None) -> LayerSpec:
