@@ -5,12 +5,16 @@ and the routed experts' outputs not kept."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.core.errors import SpecError
 from sim.core.experts import ExpertSpec
 from sim.core.mla import MlaSpec
 from sim.core.parallelism import Shard
+from sim.core.specs import DeviceSpec
+from sim.cost.compute import kernel_forward_s, layer_times_s
 from sim.models import build_model, shard_model
 from sim.models.precision import fp8_stash_saving_bytes
 
@@ -53,3 +57,25 @@ def test_an_moe_block_with_mla_caches_its_experts_swiglu_inputs_in_fp8():
 def test_fp8_activations_need_fp8_products():
     with pytest.raises(SpecError, match="fp8_activations"):
         build_model("llama", fp8_activations=True, **SMALL)
+
+
+def test_what_the_recipe_does_not_stash_runs_again_in_the_backward():
+    # §3.2.3: "we recompute all RMSNorm operations and MLA up-projections during back-propagation";
+    # §3.3.3: the MoE SwiGLUs' outputs recomputed. Each adds its forward time to the backward.
+    experts = ExpertSpec(count=8, top_k=2, ffn_hidden=512, shared=1)
+    model = shard_model(build_model("llama", gemm_dtype="fp8", experts=experts, mla=MLA, fp8_activations=True,
+                                    **SMALL), Shard(expert=4))
+    device = DeviceSpec(name="gpu", memory_bytes=80e9, peak_flop_per_s=1e15, peak_fp32_flop_per_s=6e13,
+                        memory_bandwidth_bytes_per_s=3e12, peak_fp8_flop_per_s=2e15, kernel_issue_s=0.0)
+    block = model.layers[1]
+    again = {"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up", "mla_kv_up", "swiglu", "experts_act"}
+    assert {k.name for k in block.kernels if k.recomputed} == again
+    kept = replace(block, kernels=tuple(replace(k, recomputed=False) for k in block.kernels))
+    expected = sum(kernel_forward_s(k, device, "bf16", 2) for k in block.kernels if k.name in again)
+    fwd, bwd, wgrad = layer_times_s(block, device, "bf16", 2)
+    fwd0, bwd0, wgrad0 = layer_times_s(kept, device, "bf16", 2)
+    assert (fwd, wgrad) == (fwd0, wgrad0)  # the forward and the weight gradients unchanged
+    assert bwd - bwd0 == pytest.approx(expected, rel=1e-12) and expected > 0
+    # a dense block of the recipe keeps its SwiGLU's output (the down-projection's FP8 input)
+    dense = shard_model(build_model("llama", gemm_dtype="fp8", fp8_activations=True, **SMALL), Shard())
+    assert {k.name for k in dense.layers[1].kernels if k.recomputed} == {"ln1", "ln2"}

@@ -33,8 +33,9 @@ fp32 scale per 128 (``FP8_CACHED_BYTES`` = 1 + 4/128 bytes; E5M6 1.5 + 4/128). O
 attention's and the MLP's inputs, stores the output-projection input in E5M6 and, in an MoE
 block (shared and routed experts), the experts' inputs and SwiGLU inputs in FP8 and their
 SwiGLU outputs (the down-projections' inputs) not at all; a dense block's down-projection input
-in FP8. The norms' inputs and MLA's latents stay in the model's dtype. The recomputed norms and
-SwiGLUs (element-wise kernels) are not priced.
+in FP8. The norms' inputs and MLA's latents stay in the model's dtype. What is recomputed runs
+again in the backward (``KernelSpec.recomputed``, its forward time added there): the block's
+norms and, in an MoE block, the shared and routed experts' SwiGLUs (``RECOMPUTED``).
 
 Nor are the routed experts' outputs kept for the gate's gradient (``sim.models.moe`` keeps them,
 the weighted combine's input in Megatron-Core's older unpermute). DeepEP, the all-to-all DeepSeek-V3
@@ -60,7 +61,7 @@ from sim.core.specs import FP8
 from sim.cost.memory import BlockShape
 from sim.models.moe import busy_rows
 
-__all__ = ["E5M6_CACHED_BYTES", "FP8_A2A_SCALE", "FP8_CACHED_BYTES", "GEMM_DTYPES", "fp8_block", "fp8_cached_block", "fp8_stash_saving_bytes"]
+__all__ = ["E5M6_CACHED_BYTES", "FP8_A2A_SCALE", "FP8_CACHED_BYTES", "GEMM_DTYPES", "RECOMPUTED", "fp8_block", "fp8_cached_block", "fp8_stash_saving_bytes"]
 
 GEMM_DTYPES = (FP8,)
 """What ``model.gemm_dtype`` may name (absent: the model's dtype)."""
@@ -72,6 +73,9 @@ FP8_CACHED_BYTES = 1 + 4 / FP8_TILE
 """Bytes an activation element cached in FP8 takes with its share of the tile's fp32 scale (§3.3.3)."""
 E5M6_CACHED_BYTES = 12 / 8 + 4 / FP8_TILE
 """The same in E5M6, the output-projection inputs' format (§3.3.3)."""
+RECOMPUTED = {"norms": frozenset({"ln1", "ln2"}), "moe": frozenset({"swiglu", "silu", "swiglu_mul", "experts_act"})}
+"""The kernels the recipe runs again in the backward: every block's norms ("all RMSNorm
+operations", §3.2.3), an MoE block's SwiGLUs too (their outputs "recomputed", §3.3.3)."""
 KEPT_PRECISION = frozenset({"router"})
 """Weighted products of a block that stay in the model's dtype: the MoE gating (§3.3.1)."""
 
@@ -121,4 +125,7 @@ def fp8_cached_block(layer: LayerSpec, shape: BlockShape, shard: Shard, *, exper
                                        ffn_hidden=experts.ffn_hidden * experts.shared, moe=True,
                                        routed_rows=local * busy_rows(experts, shard, s),
                                        expert_ffn=experts.ffn_hidden // shard.expert_tensor)
-    return replace(layer, stash_bytes=layer.stash_bytes - saved, selective_stash_bytes=layer.selective_stash - saved)
+    again = RECOMPUTED["norms"] | (RECOMPUTED["moe"] if experts is not None else frozenset())
+    kernels = tuple(replace(k, recomputed=True) if k.name in again else k for k in layer.kernels)
+    return replace(layer, stash_bytes=layer.stash_bytes - saved, selective_stash_bytes=layer.selective_stash - saved,
+                   kernels=kernels)
