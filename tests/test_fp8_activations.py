@@ -79,3 +79,20 @@ def test_what_the_recipe_does_not_stash_runs_again_in_the_backward():
     # a dense block of the recipe keeps its SwiGLU's output (the down-projection's FP8 input)
     dense = shard_model(build_model("llama", gemm_dtype="fp8", fp8_activations=True, **SMALL), Shard())
     assert {k.name for k in dense.layers[1].kernels if k.recomputed} == {"ln1", "ln2"}
+
+
+def test_an_fp8_block_casts_each_products_operands_once_a_pass():
+    # forward: each FP8 product's input (M × K) cast to FP8, 2 + 1 + 4/128 bytes an element;
+    # backward: the output gradient (M × N) for Dgrad, input and gradient again for Wgrad
+    cast = 2 + 1 + 4 / 128
+    experts = ExpertSpec(count=8, top_k=2, ffn_hidden=512, shared=1)
+    block = shard_model(build_model("llama", gemm_dtype="fp8", experts=experts, mla=MLA, **SMALL),
+                        Shard(expert=4)).layers[1]
+    (kernel,) = [k for k in block.kernels if k.name == "fp8_cast"]
+    s, h, fe, rows = 256, 1024, 512, 2 * 256 * 2 * 4 / 8  # two local experts of s·top_k·EP/count rows
+    shapes = [(s, 384, h), (s, 8 * 96, 384), (s, 128 + 32, h), (s, 8 * 128, 128), (s, h, 8 * 64),  # MLA (M, N, K)
+              (s, 2 * fe, h), (s, h, fe), (rows, 2 * fe, h), (rows, h, fe)]  # shared and routed experts
+    inputs, outputs = sum(m * k for m, _, k in shapes), sum(m * n for m, n, _ in shapes)
+    assert kernel.bytes == pytest.approx(cast * inputs, rel=1e-12)
+    assert kernel.bwd_bytes == pytest.approx(cast * (inputs + 2 * outputs), rel=1e-12)
+    assert not any(k.name == "fp8_cast" for k in build_model("llama", **SMALL).layers[1].kernels)  # bf16: none
