@@ -58,7 +58,10 @@ deepseek-ai/DeepEP ``docs/legacy.md`` at dd758ca, the V1 interface of the report
 weights are applied on the experts' side, where the only cached tensor after the up-projection
 is the SwiGLU's input (§3.3.3), so the gate's gradient is the recomputed SwiGLU output's product
 with its gradient (the weighted SwiGLU, ``weighted_bias_swiglu_impl`` of Megatron-Core's
-``TEGroupedMLP``), and the ``s·top_k`` rows of ``hidden`` bf16 outputs are not stashed.
+``TEGroupedMLP``), and the ``s·top_k`` rows of ``hidden`` bf16 outputs are not stashed. DeepSeek's
+training profile runs exactly those kernels: ``swiglu_forward_with_weight_and_per_token_cast_to_fp8``,
+``swiglu_forward_backward_with_weight`` and ``swiglu_weight_backward_with_weight``
+(deepseek-ai/profile-data ``train.json`` at 4496024).
 """
 
 from __future__ import annotations
