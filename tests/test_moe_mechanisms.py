@@ -3,8 +3,8 @@
 from dataclasses import replace
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from sim.core.errors import ScenarioError, SpecError
 from sim.core.experts import ExpertSpec
 from sim.core.mla import MlaSpec
@@ -13,8 +13,13 @@ from sim.core.specs import DeviceSpec
 from sim.cost.comm import all_to_all, node_limited_fraction
 from sim.cost.compute import kernel_time_s, layer_times_s
 from sim.cost.kernels import KernelSpec
-from sim.input.presets import (CUTLASS36_H800_FP8_TFLOPS, DEEPGEMM_H800_FP8_TFLOPS, DEVICE_PRESETS, H100_FP8_EFFICIENCY,
-                               measured_fp8_efficiency)
+from sim.input.presets import (
+    CUTLASS36_H800_FP8_TFLOPS,
+    DEEPGEMM_H800_FP8_TFLOPS,
+    DEVICE_PRESETS,
+    H100_FP8_EFFICIENCY,
+    measured_fp8_efficiency,
+)
 from sim.input.scenario import load_scenario, parse_scenario
 from sim.models import build_model, shard_model
 from sim.models.mla import mla_attention_flop, mla_stash_bytes
