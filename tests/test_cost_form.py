@@ -124,6 +124,7 @@ def test_a_scenario_names_the_implementation_and_gets_fused_by_default_on_a_gpu_
     ("{name: adam, impl: fused}", "model.optimizer.impl: unknown key"),
     ("{name: adagrad}", "model.optimizer.name: unknown value 'adagrad'"),
     ("{name: adam, grad_dtype: fp8}", "model.optimizer.grad_dtype: unknown value 'fp8'"),
+    ("{name: adam, moment_dtype: fp8}", "model.optimizer.moment_dtype: unknown value 'fp8'"),
     ("5", "model.optimizer: must be a mapping"),
 ])
 def test_a_bad_optimizer_is_one_line_naming_the_key(value, message):
@@ -138,6 +139,17 @@ def test_fp32_gradients_of_16_bit_weights_hold_megatrons_18_bytes_per_parameter(
     params = model.param_bytes(1, 3) / 2  # fp16
     assert static_bytes(model, 1, 3) == pytest.approx(18 * params)  # 2 + 4 + 12 (Megatron-LM's table)
     assert static_bytes(parse_scenario(BASE).model, 1, 3) == pytest.approx(16 * params)  # ZeRO's 2 + 2 + 12
+
+
+def test_bf16_moments_with_fp32_gradients_hold_deepseek_v3s_14_bytes_per_parameter():
+    # DeepSeek-V3 §3.3.3: AdamW's moments in BF16, master weights and gradients in FP32:
+    # 2 (weights) + 4 (gradients) + 4 (master) + 2 + 2 (moments)
+    scenario = parse_scenario(BASE, overrides={"model.optimizer": "{name: adamw, grad_dtype: fp32, moment_dtype: bf16}"})
+    model = scenario.model
+    assert model.moment_dtype == "bf16"
+    params = model.param_bytes(1, 3) / 2  # fp16
+    assert static_bytes(model, 1, 3) == pytest.approx(14 * params)
+    assert model.optimizer_state_bytes_per_param_byte == (4 + 2 * 2) / 2
 
 
 # -- collective efficiency ----------------------------------------------------------------------

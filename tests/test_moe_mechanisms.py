@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import REPO
 from sim.core.errors import ScenarioError, SpecError
 from sim.core.experts import ExpertSpec
 from sim.core.mla import MlaSpec
@@ -12,8 +13,14 @@ from sim.core.specs import DeviceSpec
 from sim.cost.comm import all_to_all, node_limited_fraction
 from sim.cost.compute import kernel_time_s, layer_times_s
 from sim.cost.kernels import KernelSpec
-from sim.input.presets import DEEPGEMM_H800_FP8_TFLOPS, DEVICE_PRESETS, H100_FP8_EFFICIENCY, measured_fp8_efficiency
-from sim.input.scenario import parse_scenario
+from sim.input.presets import (
+    CUTLASS36_H800_FP8_TFLOPS,
+    DEEPGEMM_H800_FP8_TFLOPS,
+    DEVICE_PRESETS,
+    H100_FP8_EFFICIENCY,
+    measured_fp8_efficiency,
+)
+from sim.input.scenario import load_scenario, parse_scenario
 from sim.models import build_model, shard_model
 from sim.models.mla import mla_attention_flop, mla_stash_bytes
 from sim.models.precision import FP8_A2A_SCALE
@@ -176,3 +183,13 @@ plan: {pipeline_parallel: 1, data_parallel: 8}
     flop = 2 * 8192.0**3
     assert kernel_time_s(flop, 0.0, h800, "fp8") == pytest.approx(flop / (1979e12 * 0.613), rel=1e-12)
     assert kernel_time_s(flop, 0.0, h800, "bf16") == pytest.approx(flop / (989e12 * 0.7), rel=1e-12)
+
+
+def test_deepseek_v3_ran_its_fp8_products_at_the_pre_deepgemm_rates():
+    # DeepGEMM README (a6d97a1): 1297 TFLOP/s at 1.2x over DeepSeek's CUTLASS 3.6 implementation
+    assert CUTLASS36_H800_FP8_TFLOPS[6] == (4, 8192, 4096, 7168, pytest.approx(1297 / 1.2, rel=1e-12))
+    assert CUTLASS36_H800_FP8_TFLOPS[2][4] == 590  # 1.0x: the same rate
+    published = load_scenario(REPO / "scenarios" / "published" / "deepseek2024_v3_2048.yaml")
+    assert published.cluster.device.fp8_efficiency == round(measured_fp8_efficiency(CUTLASS36_H800_FP8_TFLOPS), 3)
+    assert published.cluster.device.fp8_efficiency == pytest.approx(0.527, abs=5e-4)
+    assert published.cluster.device.fp8_efficiency < H100_FP8_EFFICIENCY  # DeepGEMM's own rates

@@ -165,6 +165,10 @@ class ModelSpec:
     grad_dtype: str | None = None
     """Dtype gradients are accumulated and reduced in; None: the parameters' dtype. ``fp32`` with
     16-bit parameters is Megatron-LM's ``main_grad`` (``--accumulate-allreduce-grads-in-fp32``)."""
+    moment_dtype: str | None = None
+    """Dtype of the optimizer's state tensors (Adam's two moments); None: fp32. ``bf16`` is
+    DeepSeek-V3's (§3.3.3; ``sim.core.specs.optimizer_state_factor``). Memory only: the step's
+    bytes (``sim.cost.optimizer``) are counted with fp32 state."""
     tied_layers: tuple[int, int] | None = None
     """(embedding, reader) layer indices of the token table's two users: a head tied to the
     embedding, or an untied model's ``mtp`` layer (``sim.models.mtp``); None: the embedding alone."""
@@ -211,7 +215,7 @@ class ModelSpec:
             )
         for k, value in enumerate(self.boundary_bytes):
             non_negative(f"boundary_bytes[{k}]", value)
-        optimizer_state_factor(self.optimizer, self.dtype)  # raises on unknown names
+        optimizer_state_factor(self.optimizer, self.dtype, self.moment_dtype)  # raises on unknown names
         if self.optimizer_implementation not in OPTIMIZER_IMPLEMENTATIONS:
             raise SpecError("optimizer.implementation", f"unknown implementation {self.optimizer_implementation!r}; "
                                                         f"valid: {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
@@ -231,7 +235,7 @@ class ModelSpec:
 
     @property
     def optimizer_state_bytes_per_param_byte(self) -> float:
-        return optimizer_state_factor(self.optimizer, self.dtype)
+        return optimizer_state_factor(self.optimizer, self.dtype, self.moment_dtype)
 
     @property
     def grad_bytes_per_param_byte(self) -> float:

@@ -66,20 +66,27 @@ backend (FlashAttention-2 on every GPU) at ``sdpa_efficiency``; ``unfused``, Meg
 separate score, softmax, dropout and value kernels with their s×s tensors in memory."""
 
 
-def optimizer_state_factor(optimizer: str, dtype: str) -> float:
+def optimizer_state_factor(optimizer: str, dtype: str, moment_dtype: str | None = None) -> float:
     """Optimizer state bytes per parameter byte.
 
-    Each state tensor is fp32 (4 bytes per parameter). Mixed precision (fp16/bf16 parameters)
-    adds an fp32 master copy, as in ZeRO (Rajbhandari et al., SC'20, §3.1: Adam in mixed
-    precision holds 2 + 2 + 12 bytes per parameter, of which 12 are optimizer state).
+    Each state tensor is fp32 (4 bytes per parameter) unless ``moment_dtype`` names another.
+    Mixed precision (fp16/bf16 parameters) adds an fp32 master copy, as in ZeRO (Rajbhandari
+    et al., SC'20, §3.1: Adam in mixed precision holds 2 + 2 + 12 bytes per parameter, of which
+    12 are optimizer state). DeepSeek-V3 (arXiv 2412.19437, §3.3.3, "Low-Precision Optimizer
+    States") keeps "the first and second moments in the AdamW optimizer" in BF16 while "the
+    master weights (stored by the optimizer) and gradients ... are still retained in FP32":
+    ``moment_dtype: bf16``, 4 + 2·2 = 8 bytes of state per parameter.
     """
     if optimizer not in OPTIMIZER_STATES:
         raise SpecError("optimizer", f"unknown optimizer {optimizer!r}; valid: {_names(OPTIMIZER_STATES)}")
     if dtype not in DTYPE_BYTES:
         raise SpecError("dtype", f"unknown dtype {dtype!r}; valid: {_names(DTYPE_BYTES)}")
+    if moment_dtype is not None and moment_dtype not in DTYPE_BYTES:
+        raise SpecError("optimizer.moment_dtype", f"unknown dtype {moment_dtype!r}; valid: {_names(DTYPE_BYTES)}")
     param_bytes = DTYPE_BYTES[dtype]
     master_copies = 0 if param_bytes == 4 else 1
-    return (OPTIMIZER_STATES[optimizer] + master_copies) * 4.0 / param_bytes
+    moment_bytes = DTYPE_BYTES[moment_dtype] if moment_dtype is not None else 4
+    return (OPTIMIZER_STATES[optimizer] * moment_bytes + master_copies * 4.0) / param_bytes
 
 
 def _names(table: dict) -> str:

@@ -121,7 +121,10 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
             continue
         flop, nbytes = k.flop * samples, k.bytes * samples + k.fixed_bytes
         m, n, inner = k.rows * samples, k.cols, k.inner
-        fwd += kernel_forward_s(k, device, dtype, samples)
+        forward = kernel_forward_s(k, device, dtype, samples)
+        fwd += forward
+        if k.recomputed:  # its output was not stashed: the backward runs it again first (input gradient)
+            bwd += forward
         if k.flop > 0:  # two products back: the input gradient (M × K out), the weight (or second
             # input) gradient (K × N out), each with the forward's FLOPs and bytes, in the forward's
             # precision (DeepSeek-V3 §3.3.1: Fprop, Dgrad and Wgrad all in FP8)

@@ -115,6 +115,9 @@ class KernelSpec:
     fp8: bool = False
     """Its matrix products (forward, input and weight gradients) run on FP8 tensor cores
     (``model.gemm_dtype: fp8``, ``sim.models.precision``), priced at the device's FP8 peak."""
+    recomputed: bool = False
+    """Its forward runs again in the backward whatever ``plan.recompute``: the model stashes not its
+    output but its input (MLA's up-projections and norms; ``sim.models.precision``'s recipe)."""
     sac_recompute: tuple | None = None
     """What of it op-level selective checkpointing runs again in the backward: None, all of it;
     else the kernels listed (() for a kernel it saves whole; a fused product's parts that

@@ -64,26 +64,30 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
     data = {**data, "optimizer": optimizer["name"]} if optimizer["name"] is not None \
         else {key: value for key, value in data.items() if key != "optimizer"}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
-    model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"])
+    model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"],
+                    moment_dtype=optimizer["moment_dtype"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
 
 def _optimizer(reader: StrictReader, value: Any, default_implementation: str) -> dict[str, Any]:
-    """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32}``:
-    the name (None: the model's default), the step's implementation, the gradients' dtype.
+    """``optimizer: adam`` or ``optimizer: {name: adam, implementation: fused, grad_dtype: fp32,
+    moment_dtype: bf16}``: the name (None: the model's default), the step's implementation, the
+    gradients' dtype, the state tensors' dtype (None: fp32).
 
     A mapping may leave the name out (the model's default, adam; vgg's momentum), so that
     ``--set model.optimizer.implementation=fused`` works on a file that names no optimizer."""
     if value is None or isinstance(value, str):
-        return {"name": value, "implementation": default_implementation, "grad_dtype": None}
+        return {"name": value, "implementation": default_implementation, "grad_dtype": None, "moment_dtype": None}
     data = reader.mapping(value, "model.optimizer")
-    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype"})
+    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype", "moment_dtype"})
     return {
         "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
                                         choices=set(OPTIMIZER_IMPLEMENTATIONS)),
         "grad_dtype": reader.string(data, "model.optimizer", "grad_dtype", choices=DTYPE_BYTES)
         if "grad_dtype" in data else None,
+        "moment_dtype": reader.string(data, "model.optimizer", "moment_dtype", choices=DTYPE_BYTES)
+        if "moment_dtype" in data else None,
     }
 
 

@@ -130,8 +130,8 @@ from typing import Any, Mapping
 
 from sim.cost.reserved import reserved_memory_bytes
 
-__all__ = ["DEEPGEMM_H800_FP8_TFLOPS", "DEVICE_PRESETS", "CLUSTER_PRESETS", "H100_FP8_EFFICIENCY", "OVERLAP_SLOWDOWN",
-           "measured_fp8_efficiency"]
+__all__ = ["CUTLASS36_H800_FP8_TFLOPS", "DEEPGEMM_H800_FP8_TFLOPS", "DEEPGEMM_SPEEDUPS", "DEVICE_PRESETS",
+           "CLUSTER_PRESETS", "H100_FP8_EFFICIENCY", "OVERLAP_SLOWDOWN", "measured_fp8_efficiency"]
 
 OVERLAP_SLOWDOWN = 0.189
 """Compute's slowdown beside an overlapped collective on the A100 and H100 presets: "overlapping
@@ -151,6 +151,19 @@ DEEPGEMM_H800_FP8_TFLOPS: tuple[tuple[int, int, int, int, float], ...] = (
 release, "Performance": the M = 4096 rows of "Normal GEMMs for dense models" and the 8192-row
 groups of "Grouped GEMMs for MoE models (contiguous layout)"; fine-grained 1×128 and 128×128
 scaling with CUDA-core promotion, DeepSeek-V3 §3.3.2). The smaller-M rows are decoding shapes."""
+
+
+DEEPGEMM_SPEEDUPS: tuple[float, ...] = (1.1, 1.0, 1.0, 1.2, 1.1, 1.1, 1.2, 1.2)
+"""The "Speedup" column of the same README rows as ``DEEPGEMM_H800_FP8_TFLOPS``, in its order: "All
+speedup metrics are calculated in comparison to our internally and carefully optimized
+implementation based on CUTLASS 3.6" (deepseek-ai/DeepGEMM README at a6d97a1, "Performance")."""
+
+CUTLASS36_H800_FP8_TFLOPS = tuple((g, m, n, k, rate / speedup)
+                                  for (g, m, n, k, rate), speedup in zip(DEEPGEMM_H800_FP8_TFLOPS, DEEPGEMM_SPEEDUPS))
+"""DeepSeek's own FP8 GEMMs before DeepGEMM, at the same shapes: each DeepGEMM rate over its speedup.
+DeepSeek-V3 was trained (its report, arXiv 2412.19437, December 2024) before DeepGEMM's release
+(February 2025), so its products ran at these rates, not DeepGEMM's: the published DeepSeek-V3
+scenario's ``fp8_efficiency`` is ``measured_fp8_efficiency`` of these rows, 0.527."""
 
 
 def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float = 1979.0,

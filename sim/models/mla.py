@@ -19,8 +19,9 @@ a heads of widths d_qk = d_h + d_h^R (queries and keys) and d_v (values), DeepSe
   latents (e·s·(d'_c + d_c + d_h^R), what the recomputed up-projections read), the attention
   output (e·s·a·d_v, also the output projection's input) and the log-sum-exp (4·a·s), not the
   queries, keys and values (e·s·a·(2·d_qk + d_v)) that multi-head attention's count keeps.
-  The recomputed up-projections' forward time is not added to the backward (about 2% of
-  DeepSeek-V3's block: 0.11 GFLOP a token of its 5.7 forward and backward).
+  The latents' norms and the up-projections run again in the backward (``KernelSpec.recomputed``:
+  their forward time added to it, ``sim.cost.compute.layer_times_s``; about 2% of DeepSeek-V3's
+  block, 0.11 GFLOP a token of its 5.7 forward and backward).
 
 Modelled without tensor or context parallelism (DeepSeek-V3 uses neither, §3.2) and with a fused
 attention only; other plans are refused.
@@ -71,11 +72,11 @@ def _kernels(mla: MlaSpec, s: int, h: int, a: int, d: int, attention: str, causa
                        bwd_bytes=2 * (queries + keys + values) + 2 * output + lse, fused_attention=attention)
     return (
         _projection("mla_q_down", s, mla.q_lora_rank, h, d),
-        KernelSpec(name="mla_q_norm", bytes=2 * d * s * mla.q_lora_rank),
-        _projection("mla_q_up", s, a * qk, mla.q_lora_rank, d),
+        KernelSpec(name="mla_q_norm", bytes=2 * d * s * mla.q_lora_rank, recomputed=True),
+        replace(_projection("mla_q_up", s, a * qk, mla.q_lora_rank, d), recomputed=True),
         _projection("mla_kv_down", s, mla.kv_lora_rank + mla.rope_head_dim, h, d),
-        KernelSpec(name="mla_kv_norm", bytes=2 * d * s * mla.kv_lora_rank),
-        _projection("mla_kv_up", s, a * (mla.nope_head_dim + v), mla.kv_lora_rank, d),
+        KernelSpec(name="mla_kv_norm", bytes=2 * d * s * mla.kv_lora_rank, recomputed=True),
+        replace(_projection("mla_kv_up", s, a * (mla.nope_head_dim + v), mla.kv_lora_rank, d), recomputed=True),
         fused,
         _projection("proj", s, h, a * v, d),
     )
