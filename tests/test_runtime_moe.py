@@ -116,6 +116,8 @@ def test_an_expert_parallel_rank_holds_the_simulators_parameter_bytes():
     ({"model.experts.imbalance": "1.5"}, "model.experts.imbalance", "cost-model input"),
     ({"model.gemm_dtype": "fp8", "model.fp8_activations": "true", "cluster.device.peak_fp8_flops": "2TFLOP/s"},
      "model.fp8_activations", "E5M6"),
+    ({"model.optimizer": "{name: adamw, moment_dtype: bf16}"}, "model.optimizer.moment_dtype", "zeros_like"),
+    ({"model.optimizer": "{name: adam, grad_dtype: bf16}"}, "model.optimizer.grad_dtype", "main_grad"),
 ])
 def test_what_the_runtime_cannot_run_is_one_line_before_launch(overrides, key, why):
     from runtime.model.config import load_runnable

@@ -249,6 +249,12 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         ("model.fp8_activations", model.fp8_activations,
          "torch has no E5M6 dtype, the 12-bit format DeepSeek-V3 §3.3.3 caches the output projection's input in; "
          "remove model.fp8_activations (model.gemm_dtype: fp8 runs without it)"),
+        ("model.optimizer.moment_dtype", model.moment_dtype not in (None, "fp32"),
+         "torch.optim's Adam and AdamW keep exp_avg and exp_avg_sq in each parameter's dtype (zeros_like), "
+         "so moments narrower than the fp32 master weights cannot be asked of them; remove moment_dtype"),
+        ("model.optimizer.grad_dtype", model.grad_dtype not in (None, model.dtype),
+         "torch accumulates a parameter's .grad in the parameter's own dtype (Megatron-LM's fp32 main_grad is "
+         "a buffer of its own); remove grad_dtype"),
     ]
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
