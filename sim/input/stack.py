@@ -98,6 +98,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
         _v("model.optimizer.implementation", "fused", f"{_MEGATRON} megatron/core/optimizer: apex/Transformer "
            "Engine FusedAdam (--optimizer adam, the default)"),
         _v("model.vocab_divisible_by", 128, _MEGATRON_VOCAB),
+        _v("plan.overlap.reduce_after_flush", True, f"{_MEGATRON} megatron/training.py at 6fd7818 (2021-04-03) "
+           "train_step: 'for model_module in model: model_module.allreduce_gradients()' after "
+           "forward_backward_func returns (today finalize_model_grads at the schedule's end)"),
     ),
     "megatron-core": (
         _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "

@@ -100,6 +100,7 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
     first = [stage_costs[0] for stage_costs in costs]
     policies = dapple_stage_policies(plan, part, cluster, training, first)
     schedule = schedule_for_plan(plan, training.num_microbatches, stage_policies=policies)
+    after_flush = plan.overlap.reduce_after_flush and not plan.overlap.grad_reduce  # buckets: during the backward
     return ResolvedPlan(plan=plan, num_microbatches=training.num_microbatches, model=part, costs=tuple(costs),
                         stage_policies=policies, schedule=schedule,
-                        lowered=schedule if schedule.is_lowered else lower(schedule))
+                        lowered=schedule if schedule.is_lowered else lower(schedule, reduce_after_flush=after_flush))
