@@ -165,6 +165,10 @@ class ModelSpec:
     grad_dtype: str | None = None
     """Dtype gradients are accumulated and reduced in; None: the parameters' dtype. ``fp32`` with
     16-bit parameters is Megatron-LM's ``main_grad`` (``--accumulate-allreduce-grads-in-fp32``)."""
+    grad_accumulation: str = "fused"
+    """Where the micro-batches' weight gradients are summed (``sim.cost.optimizer``):
+    ``fused`` in the weight-gradient product (Megatron-LM's gradient-accumulation fusion), or
+    ``separate``, an element-wise add per micro-batch after the first (autograd's ``AccumulateGrad``)."""
     tied_layers: tuple[int, int] | None = None
     """(embedding, head) layer indices of a head tied to the token embedding; None: untied."""
     tied_bytes: float = 0.0
@@ -216,6 +220,8 @@ class ModelSpec:
                                                         f"valid: {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
         if self.grad_dtype is not None and self.grad_dtype not in DTYPE_BYTES:
             raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
+        if self.grad_accumulation not in ("fused", "separate"):  # sim.cost.optimizer.GRAD_ACCUMULATION_MODES
+            raise SpecError("optimizer.grad_accumulation", f"unknown mode {self.grad_accumulation!r}; valid: fused, separate")
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")

@@ -20,6 +20,8 @@ home of a stage's compute time (the engine's compiler and the planner's prefix-s
   checkpointing) every kernel of a block it does not save (``op_recompute_s``);
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
   (``action_overhead_s``, ``DeviceSpec.action_overhead_s``);
+* under ``grad_accumulation: separate``, the add of each micro-batch's weight gradients into
+  their sum, in the backward (``sim.cost.optimizer.accumulation_s``);
 * the optimizer step of the scenario's implementation (fused, foreach or for-loop:
   ``sim.cost.optimizer``) over the device's share of the parameters
   (``stage_optimizer_step_s``: 1/d of them when ZeRO shards the states); a tied embedding
@@ -43,7 +45,7 @@ from sim.cost.comm import tied_allreduce_s
 from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
 from sim.cost.memory import StateBytes, stage_activation_bytes
-from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
+from sim.cost.optimizer import OPTIMIZER_KERNELS, accumulation_s, optimizer_step_kernels, optimizer_step_s
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_forward_s",
            "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
@@ -198,6 +200,18 @@ def tied_copy_tensors(model: ModelSpec, start: int, end: int) -> int:
     return 1 if model.tied_copy_bytes(start, end) > 0 else 0
 
 
+def _accumulation_s(model: ModelSpec, device: DeviceSpec, params: float, tensors: int, *, data_parallel: int,
+                    sharding: Sharding, accumulate_unsharded: bool, num_microbatches: int) -> float:
+    """Each backward's share of summing the micro-batches' weight gradients (``separate`` only): over
+    the stage's gradients, or the device's 1/d shard when ZeRO-2/3 reduce-scatters every micro-batch."""
+    if model.grad_accumulation != "separate":
+        return 0.0
+    sharded = sharding in (Sharding.GRADIENTS, Sharding.FULL) and not accumulate_unsharded
+    summed = params / data_parallel if sharded else params
+    return accumulation_s(device, summed, model.dtype, model.grad_dtype, tensors=tensors,
+                          num_microbatches=num_microbatches)
+
+
 def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: float, tensors: int, *,
                            data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
     """One device's optimizer step over a stage's ``param_bytes`` in ``tensors`` tensors
@@ -254,7 +268,7 @@ class StageCost:
     fwd_s: float
     """Forward time of the slice, seconds."""
     bwd_s: float
-    """Full backward time (input and weight gradients) of the slice, seconds."""
+    """Full backward time (input and weight gradients, the add into their sum under ``separate`` accumulation) of the slice, seconds."""
     wgrad_s: float
     """Part of ``bwd_s`` that computes weight gradients (the W of zero-bubble schedules)."""
     param_bytes: float
@@ -292,6 +306,7 @@ def stage_cost(
     tied_link: LinkSpec | None = None,
     accumulate_unsharded: bool = False,
     expert_data_parallel: int | None = None,
+    num_microbatches: int = 1,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``: its time
     (``stage_time_s``), its activations (``sim.cost.memory.stage_activation_bytes``), its model
@@ -310,7 +325,8 @@ def stage_cost(
     ``accumulate_unsharded``: sharded gradients kept whole over the micro-batches
     (``sim.cost.memory.accumulates_unsharded``). The routed experts' states are over the
     ``expert_data_parallel`` devices that hold the same experts (``sim.cost.experts``; None: as
-    the dense ones).
+    the dense ones). Under ``model.grad_accumulation == "separate"`` each backward adds its weight
+    gradients into the sum of ``num_microbatches`` (``_accumulation_s``).
     """
     recompute = Recompute.of(recompute)
     time = stage_time_s(model, device, start, end, samples, recompute)
@@ -325,11 +341,13 @@ def stage_cost(
                                   sharding=sharding)
     step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
+    add_s = _accumulation_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding,
+                            accumulate_unsharded=accumulate_unsharded, num_microbatches=num_microbatches)
     return StageCost(
         samples=samples,
         fwd_s=time.fwd_s,
-        bwd_s=time.bwd_s,
-        wgrad_s=time.wgrad_s,
+        bwd_s=time.bwd_s + add_s,
+        wgrad_s=time.wgrad_s + add_s,
         param_bytes=params,
         static_bytes=states.total,
         states=states,
