@@ -81,10 +81,15 @@ class LayerSpec:
     backward_workspace_bytes: float = 0.0
     """Bytes per sample its backward allocates beside its stash and frees before it ends (eager
     cross-entropy's fp32 gradients: ``sim.cost.kernels.eager_loss_workspace_bytes``); 0: none."""
+    allocator_cached_bytes: float = 0.0
+    """Bytes per sample the caching allocator keeps reserved but not allocated while its backward
+    runs: a freed block its backward's larger requests cannot reuse (eager cross-entropy's 16-bit
+    logits, ``sim.cost.reserved.eager_logits_cached_bytes``); what a reserved-memory reading
+    adds to the live peak. 0: none."""
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes",
-                    "expert_param_bytes", "a2a_bytes", "backward_workspace_bytes"):
+                    "expert_param_bytes", "a2a_bytes", "backward_workspace_bytes", "allocator_cached_bytes"):
             non_negative(key, getattr(self, key))
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise SpecError("fwd_s", "give both forward and backward times, or neither")
