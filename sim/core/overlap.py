@@ -125,12 +125,20 @@ class FsdpSpec:
     max_live_parameters: float | None = None
     """DeepSpeed's ``stage3_max_live_parameters`` (elements): gathered parameters are capped at it
     plus the running sub-module's (``sim.cost.zero3.capped_held_bytes``); None: FSDP's two units."""
+    fp32_shards: bool = False
+    """Under ``sharding: full`` with 16-bit parameters, the sharded parameters are kept in fp32 and
+    are the optimizer's weights, the 16-bit copy existing only gathered (FSDP2's
+    ``MixedPrecisionPolicy``: "FSDP does not require any extra memory to keep a high-precision copy
+    of the parameters for the optimizer step", ``param_dtype`` the unsharded parameter's dtype):
+    4 bytes a parameter at rest and no separate master copy, the step in fp32
+    (``sim.cost.memory.model_state_bytes``); false: a 16-bit shard beside an fp32 master in the
+    optimizer state (DeepSpeed's ZeRO-3)."""
 
     def __post_init__(self) -> None:
         u = self.unit_layers
         if isinstance(u, bool) or not isinstance(u, int) or u < 1:
             raise SpecError("unit_layers", f"must be an integer >= 1, got {u!r}")
-        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch"):
+        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch", "fp32_shards"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         if self.path not in FSDP_PATHS:
@@ -143,7 +151,8 @@ class FsdpSpec:
         # DeepSpeed's three keys only when set: FSDP plans' outputs stay as they were
         extra = {key: value for key, value, default in (("prefetch", self.prefetch, True),
                                                         ("path", self.path, "hierarchical"),
-                                                        ("max_live_parameters", self.max_live_parameters, None))
+                                                        ("max_live_parameters", self.max_live_parameters, None),
+                                                        ("fp32_shards", self.fp32_shards, False))
                  if value != default}
         return {"unit_layers": self.unit_layers, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_every_microbatch": self.reduce_every_microbatch, **extra}

@@ -214,13 +214,14 @@ def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
     key = "plan.fsdp"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch", "prefetch",
-                                    "path", "max_live_parameters"})
+                                    "path", "max_live_parameters", "fp32_shards"})
     live = data.get("max_live_parameters")
     return reader.build(key, FsdpSpec,
                         unit_layers=reader.integer(data, key, "unit_layers", 1),
                         reshard_after_forward=reader.boolean(data, key, "reshard_after_forward", True),
                         reduce_every_microbatch=reader.boolean(data, key, "reduce_every_microbatch", True),
                         prefetch=reader.boolean(data, key, "prefetch", True),
+                        fp32_shards=reader.boolean(data, key, "fp32_shards", False),
                         path=reader.string(data, key, "path", "hierarchical", choices=set(FSDP_PATHS)),
                         max_live_parameters=None if live is None else reader.number(
                             data, key, "max_live_parameters", low=0.0, high=1e18, low_open=True))

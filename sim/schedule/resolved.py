@@ -96,7 +96,8 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
                                       data_parallel=data, sharding=plan.sharding, tied_link=tied,
                                       accumulate_unsharded=whole,
                                       expert_data_parallel=len(plan.expert_data_groups(s)[0]),
-                                      num_microbatches=training.num_microbatches)
+                                      num_microbatches=training.num_microbatches,
+                                      fp32_shards=plan.fsdp.fp32_shards)
                            for n in slices))
     first = [stage_costs[0] for stage_costs in costs]
     policies = dapple_stage_policies(plan, part, cluster, training, first)
