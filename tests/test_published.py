@@ -167,8 +167,10 @@ def test_the_new_metrics_read_the_replay():
     memory = by_row[("Table 1", "Llama 3.1 8B, 8 H100, FSDP, memory")]
     summary = run_scenario(load_scenario(tokens.row.scenario), engine="fast").summarize()
     assert tokens.predicted == pytest.approx(16 * 8192 / summary.iteration_time_s / 8, rel=1e-12)
-    # torchtitan's memory is the allocator's peak reserved bytes: live bytes and 1.83 GiB per 75.31 allocated
-    assert memory.predicted == pytest.approx(summary.peak_memory_bytes * (1 + 1.83 / 75.31), rel=1e-12)
+    # torchtitan's memory is the allocator's peak reserved bytes: live bytes and 1.83 GiB per 75.31 allocated,
+    # and the freed bf16 logits' block cached beside the head backward's peak (2 x 8192 tokens x 128,256 x 2 bytes)
+    assert memory.predicted == pytest.approx(summary.peak_memory_bytes * (1 + 1.83 / 75.31) + 2 * 8192 * 128256 * 2,
+                                             rel=1e-12)
     assert tokens.row.published == 5762 and memory.row.published == pytest.approx(82.4 * 2**30)
 
 
@@ -198,23 +200,24 @@ def _errors(results, source: str, table: str, row_has: str = "") -> list:
 
 
 @pytest.mark.slow
-def test_sc21_table_1_within_7_percent_on_average_and_14_at_worst(all_results):
+def test_sc21_table_1_within_5_percent_on_average_and_10_at_worst(all_results):
     results = all_results
-    # where the shipped presets stand on Narayanan et al.'s weak scaling (nothing fitted): too
-    # fast by 2-13%; issue 29 asks for 3% and 8%, which this does not reach yet
+    # where the shipped presets stand on Narayanan et al.'s weak scaling (nothing fitted): -2% to
+    # +9.5% (2021's gradient all-reduce after the flush and unfused gradient accumulation counted);
+    # issue 29 asks for 3% and 8%, which this does not reach yet
     rows = _errors(results, "2104.04473", "Table 1")
     errors = [abs(r.error) for r in rows]
     assert len(errors) == 10 and not any(r.oom for r in rows)
-    assert sum(errors) / len(errors) <= 0.07 and max(errors) <= 0.14, [(r.row.row, round(r.error, 3)) for r in rows]
+    assert sum(errors) / len(errors) <= 0.05 and max(errors) <= 0.10, [(r.row.row, round(r.error, 3)) for r in rows]
 
 
 @pytest.mark.slow
-def test_sc21_table_2_ptd_rows_within_11_percent_on_average_and_17_at_worst(all_results):
+def test_sc21_table_2_ptd_rows_within_6_percent_on_average_and_11_at_worst(all_results):
     results = all_results
     rows = _errors(results, "2104.04473", "Table 2", "PTD")
     errors = [abs(r.error) for r in rows]
     assert len(errors) == 6 and not any(r.oom for r in rows)
-    assert sum(errors) / len(errors) <= 0.11 and max(errors) <= 0.17, [(r.row.row, round(r.error, 3)) for r in rows]
+    assert sum(errors) / len(errors) <= 0.06 and max(errors) <= 0.11, [(r.row.row, round(r.error, 3)) for r in rows]
 
 
 @pytest.mark.slow
@@ -225,6 +228,9 @@ def test_torchtitan_rows_fit_in_memory_and_are_within_35_percent(all_results):
     rows = [r for r in results if "torchtitan" in r.row.source]
     assert len(rows) == 4 and not any(r.oom for r in rows)
     assert all(abs(r.error) <= 0.35 for r in rows), [(r.row.row, round(r.error, 3)) for r in rows]
+    # memory within issue 29's 5%: FSDP2's fp32 shards and the cached logits' block counted
+    assert all(abs(r.error) <= 0.05 for r in rows if r.row.metric == "peak_memory"), \
+        [(r.row.row, round(r.error, 3)) for r in rows]
 
 
 @pytest.mark.slow

@@ -98,13 +98,14 @@ def test_check_lists_what_the_stack_set_with_its_source(tmp_path, capsys):
     path.write_text("stack: torchtitan\n" + BASE.replace("SHARDING", "full"))
     assert main(["check", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "stack torchtitan: 9 defaults set" in text and "model.attention = sdpa" in text
+    assert "stack torchtitan: 10 defaults set" in text and "model.attention = sdpa" in text
+    assert "plan.fsdp.fp32_shards = true" in text
     assert "model.kernels = eager" in text
     assert "plan.overlap.grad_reduce = true  (pytorch/torchtitan@9dec370 " in text
     assert "model.optimizer.implementation = foreach" in text
     assert main(["check", str(path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["stack"]
-    assert data["name"] == "torchtitan" and len(data["set"]) == 9
+    assert data["name"] == "torchtitan" and len(data["set"]) == 10
     assert data["set"][1] == {"key": "plan.overlap.grad_reduce", "value": True,
                               "source": STACKS["torchtitan"][1].source}
 

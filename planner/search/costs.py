@@ -325,7 +325,8 @@ class CostTables(OverlapPricing, ExpertPricing):
         tensors = self._tensors[end] - self._tensors[start] + tied_copy_tensors(self.model, start, end)
         stepped = self.stepped_bytes(start, end, data_parallel, sharding)
         return stage_optimizer_step_s(self.model, self.cluster.device, stepped,
-                                      tensors, data_parallel=data_parallel * self.context_parallel, sharding=sharding)
+                                      tensors, data_parallel=data_parallel * self.context_parallel, sharding=sharding,
+                                      fp32_shards=self.fsdp.fp32_shards)
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

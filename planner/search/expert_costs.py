@@ -83,7 +83,7 @@ class ExpertPricing:
         d = data_parallel * self.context_parallel
         return moe_state_bytes(self.model, self.param_bytes(start, end), self.expert_bytes(start, end),
                                data_parallel=d, expert_data_parallel=self.expert_data_parallel(data_parallel),
-                               sharding=sharding).total
+                               sharding=sharding, fp32_shards=self.fsdp.fp32_shards).total
 
     def stepped_bytes(self, start: int, end: int, data_parallel: int, sharding: Sharding) -> float:
         """The parameter bytes ``stage_optimizer_step_s`` is given (``sim.cost.experts.stepped_param_bytes``)."""

@@ -81,10 +81,15 @@ class LayerSpec:
     backward_workspace_bytes: float = 0.0
     """Bytes per sample its backward allocates beside its stash and frees before it ends (eager
     cross-entropy's fp32 gradients: ``sim.cost.kernels.eager_loss_workspace_bytes``); 0: none."""
+    allocator_cached_bytes: float = 0.0
+    """Bytes per sample the caching allocator keeps reserved but not allocated while its backward
+    runs: a freed block its backward's larger requests cannot reuse (eager cross-entropy's 16-bit
+    logits, ``sim.cost.reserved.eager_logits_cached_bytes``); what a reserved-memory reading
+    adds to the live peak. 0: none."""
 
     def __post_init__(self) -> None:
         for key in ("param_bytes", "output_bytes", "stash_bytes", "fwd_flop", "bwd_flop", "cp_ring_bytes",
-                    "expert_param_bytes", "a2a_bytes", "backward_workspace_bytes"):
+                    "expert_param_bytes", "a2a_bytes", "backward_workspace_bytes", "allocator_cached_bytes"):
             non_negative(key, getattr(self, key))
         if (self.fwd_s is None) != (self.bwd_s is None):
             raise SpecError("fwd_s", "give both forward and backward times, or neither")
@@ -169,6 +174,10 @@ class ModelSpec:
     """Dtype of the optimizer's state tensors (Adam's two moments); None: fp32. ``bf16`` is
     DeepSeek-V3's (§3.3.3; ``sim.core.specs.optimizer_state_factor``). Memory only: the step's
     bytes (``sim.cost.optimizer``) are counted with fp32 state."""
+    grad_accumulation: str = "fused"
+    """Where the micro-batches' weight gradients are summed (``sim.cost.optimizer``):
+    ``fused`` in the weight-gradient product (Megatron-LM's gradient-accumulation fusion), or
+    ``separate``, an element-wise add per micro-batch after the first (autograd's ``AccumulateGrad``)."""
     tied_layers: tuple[int, int] | None = None
     """(embedding, reader) layer indices of the token table's two users: a head tied to the
     embedding, or an untied model's ``mtp`` layer (``sim.models.mtp``); None: the embedding alone."""
@@ -221,6 +230,8 @@ class ModelSpec:
                                                         f"valid: {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
         if self.grad_dtype is not None and self.grad_dtype not in DTYPE_BYTES:
             raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
+        if self.grad_accumulation not in ("fused", "separate"):  # sim.cost.optimizer.GRAD_ACCUMULATION_MODES
+            raise SpecError("optimizer.grad_accumulation", f"unknown mode {self.grad_accumulation!r}; valid: fused, separate")
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")

@@ -9,6 +9,9 @@ scenario; a ``stack`` sets them as that stack does):
   reduce-scatter) runs in buckets of ``bucket_bytes`` launched as the last backward produces
   them (torch DDP's ``bucket_cap_mb``, Megatron-LM's ``--overlap-grad-reduce``, FSDP2's
   per-unit reduce-scatter);
+* ``reduce_after_flush`` — without ``grad_reduce``, a rank's reductions wait for its last
+  backward, all its stages' one after another (Megatron-LM), rather than each stage's after its
+  own last backward (torch.distributed.pipelining);
 * ``param_gather`` — ZeRO-1/2's parameter all-gather after the optimizer step runs during the
   next forward (Megatron-LM's ``--overlap-param-gather``);
 * ``tensor_parallel`` — the tensor-parallel all-gathers and reduce-scatters run beside the
@@ -62,6 +65,13 @@ class OverlapSpec:
     """Tensor-parallel collectives run beside the GEMMs next to them."""
     bucket_bytes: float = DDP_BUCKET_BYTES
     """Bytes of gradients per bucket of the overlapped reduction."""
+    reduce_after_flush: bool = False
+    """Without ``grad_reduce``: a rank's gradient reductions all wait for its last backward (the
+    pipeline's flush), one model chunk after another, as Megatron-LM's ``train_step`` runs them
+    after ``forward_backward_func`` (``sim.schedule.passes.lower``); false: each stage's starts
+    after its own last backward (torch.distributed.pipelining). The two differ only where a rank
+    holds several stages (interleaved and V schedules). Ignored with ``grad_reduce``, whose
+    buckets run during each stage's last backward."""
     expert_all_to_all: bool = False
     """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
     communication_sms: int = 0
@@ -70,7 +80,7 @@ class OverlapSpec:
     ``overlap_slowdown`` applies to the all-to-all as to every overlapped collective."""
 
     def __post_init__(self) -> None:
-        for key in ("grad_reduce", "param_gather", "tensor_parallel", "expert_all_to_all"):
+        for key in ("grad_reduce", "param_gather", "tensor_parallel", "reduce_after_flush", "expert_all_to_all"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         c = self.communication_sms
@@ -84,6 +94,8 @@ class OverlapSpec:
         extra = {"expert_all_to_all": True} if self.expert_all_to_all else {}  # absent at its default: dense outputs unchanged
         if self.communication_sms:
             extra["communication_sms"] = self.communication_sms
+        if self.reduce_after_flush:  # absent at its default: outputs of plans without it unchanged
+            extra["reduce_after_flush"] = True
         return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
                 "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B",  # read back by parse_bytes
                 **extra}
@@ -113,12 +125,20 @@ class FsdpSpec:
     max_live_parameters: float | None = None
     """DeepSpeed's ``stage3_max_live_parameters`` (elements): gathered parameters are capped at it
     plus the running sub-module's (``sim.cost.zero3.capped_held_bytes``); None: FSDP's two units."""
+    fp32_shards: bool = False
+    """Under ``sharding: full`` with 16-bit parameters, the sharded parameters are kept in fp32 and
+    are the optimizer's weights, the 16-bit copy existing only gathered (FSDP2's
+    ``MixedPrecisionPolicy``: "FSDP does not require any extra memory to keep a high-precision copy
+    of the parameters for the optimizer step", ``param_dtype`` the unsharded parameter's dtype):
+    4 bytes a parameter at rest and no separate master copy, the step in fp32
+    (``sim.cost.memory.model_state_bytes``); false: a 16-bit shard beside an fp32 master in the
+    optimizer state (DeepSpeed's ZeRO-3)."""
 
     def __post_init__(self) -> None:
         u = self.unit_layers
         if isinstance(u, bool) or not isinstance(u, int) or u < 1:
             raise SpecError("unit_layers", f"must be an integer >= 1, got {u!r}")
-        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch"):
+        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch", "fp32_shards"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         if self.path not in FSDP_PATHS:
@@ -131,7 +151,8 @@ class FsdpSpec:
         # DeepSpeed's three keys only when set: FSDP plans' outputs stay as they were
         extra = {key: value for key, value, default in (("prefetch", self.prefetch, True),
                                                         ("path", self.path, "hierarchical"),
-                                                        ("max_live_parameters", self.max_live_parameters, None))
+                                                        ("max_live_parameters", self.max_live_parameters, None),
+                                                        ("fp32_shards", self.fp32_shards, False))
                  if value != default}
         return {"unit_layers": self.unit_layers, "reshard_after_forward": self.reshard_after_forward,
                 "reduce_every_microbatch": self.reduce_every_microbatch, **extra}

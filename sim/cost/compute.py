@@ -20,6 +20,8 @@ home of a stage's compute time (the engine's compiler and the planner's prefix-s
   checkpointing) every kernel of a block it does not save (``op_recompute_s``);
 * a framework's fixed cost around each forward and backward of a stage on a micro-batch
   (``action_overhead_s``, ``DeviceSpec.action_overhead_s``);
+* under ``grad_accumulation: separate``, the add of each micro-batch's weight gradients into
+  their sum, in the backward (``sim.cost.optimizer.accumulation_s``);
 * the optimizer step of the scenario's implementation (fused, foreach or for-loop:
   ``sim.cost.optimizer``) over the device's share of the parameters
   (``stage_optimizer_step_s``: 1/d of them when ZeRO shards the states); a tied embedding
@@ -42,8 +44,8 @@ from sim.core.specs import FP8, DeviceSpec, LinkSpec
 from sim.cost.comm import tied_allreduce_s
 from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
-from sim.cost.memory import StateBytes, stage_activation_bytes
-from sim.cost.optimizer import OPTIMIZER_KERNELS, optimizer_step_kernels, optimizer_step_s
+from sim.cost.memory import StateBytes, master_shard_factor, stage_activation_bytes
+from sim.cost.optimizer import OPTIMIZER_KERNELS, accumulation_s, optimizer_step_kernels, optimizer_step_s
 
 __all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_forward_s",
            "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
@@ -201,16 +203,35 @@ def tied_copy_tensors(model: ModelSpec, start: int, end: int) -> int:
     return 1 if model.tied_copy_bytes(start, end) > 0 else 0
 
 
+def _accumulation_s(model: ModelSpec, device: DeviceSpec, params: float, tensors: int, *, data_parallel: int,
+                    sharding: Sharding, accumulate_unsharded: bool, num_microbatches: int) -> float:
+    """Each backward's share of summing the micro-batches' weight gradients (``separate`` only): over
+    the stage's gradients, or the device's 1/d shard when ZeRO-2/3 reduce-scatters every micro-batch."""
+    if model.grad_accumulation != "separate":
+        return 0.0
+    sharded = sharding in (Sharding.GRADIENTS, Sharding.FULL) and not accumulate_unsharded
+    summed = params / data_parallel if sharded else params
+    return accumulation_s(device, summed, model.dtype, model.grad_dtype, tensors=tensors,
+                          num_microbatches=num_microbatches)
+
+
 def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: float, tensors: int, *,
-                           data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
+                           data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
+                           fp32_shards: bool = False) -> float:
     """One device's optimizer step over a stage's ``param_bytes`` in ``tensors`` tensors
     (``sim.cost.optimizer.optimizer_step_s`` with the model's optimizer, dtype and implementation).
 
     With the optimizer state sharded (any ``sharding`` but ``none``), each of the ``data_parallel``
     devices of the gradient group updates only its 1/d partition (Rajbhandari et al. 2020, §5.1);
-    the launches stay those of every tensor, as each device steps its slice of each.
+    the launches stay those of every tensor, as each device steps its slice of each. With FSDP2's
+    fp32 shards (``fp32_shards`` under ``full``) the step runs on fp32 weights: no master copy
+    written back into 16-bit ones.
     """
     stepped = param_bytes if sharding is Sharding.NONE else param_bytes / data_parallel
+    factor = master_shard_factor(model.dtype) if fp32_shards and sharding is Sharding.FULL else 0.0
+    if factor:
+        return optimizer_step_s(device, model.optimizer, "fp32", stepped * factor, tensors,
+                                implementation=model.optimizer_implementation, grad_dtype="fp32")
     return optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
                             implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
 
@@ -257,7 +278,7 @@ class StageCost:
     fwd_s: float
     """Forward time of the slice, seconds."""
     bwd_s: float
-    """Full backward time (input and weight gradients) of the slice, seconds."""
+    """Full backward time (input and weight gradients, the add into their sum under ``separate`` accumulation) of the slice, seconds."""
     wgrad_s: float
     """Part of ``bwd_s`` that computes weight gradients (the W of zero-bubble schedules)."""
     param_bytes: float
@@ -295,6 +316,8 @@ def stage_cost(
     tied_link: LinkSpec | None = None,
     accumulate_unsharded: bool = False,
     expert_data_parallel: int | None = None,
+    num_microbatches: int = 1,
+    fp32_shards: bool = False,
 ) -> StageCost:
     """Cost of layers ``[start, end)`` processing ``samples`` samples on ``device``: its time
     (``stage_time_s``), its activations (``sim.cost.memory.stage_activation_bytes``), its model
@@ -313,7 +336,9 @@ def stage_cost(
     ``accumulate_unsharded``: sharded gradients kept whole over the micro-batches
     (``sim.cost.memory.accumulates_unsharded``). The routed experts' states are over the
     ``expert_data_parallel`` devices that hold the same experts (``sim.cost.experts``; None: as
-    the dense ones).
+    the dense ones). Under ``model.grad_accumulation == "separate"`` each backward adds its weight
+    gradients into the sum of ``num_microbatches`` (``_accumulation_s``). ``fp32_shards``: FSDP2's
+    fp32 sharded parameters are the master weights (``sim.core.overlap.FsdpSpec.fp32_shards``).
     """
     recompute = Recompute.of(recompute)
     time = stage_time_s(model, device, start, end, samples, recompute)
@@ -322,17 +347,20 @@ def stage_cost(
     experts = model.expert_param_bytes(start, end)
     edp = data_parallel if expert_data_parallel is None else expert_data_parallel
     states = moe_state_bytes(model, params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
-                             sharding=sharding, accumulate_unsharded=accumulate_unsharded)
+                             sharding=sharding, accumulate_unsharded=accumulate_unsharded, fp32_shards=fp32_shards)
     tensors = sum(layer.optimizer_tensors for layer in model.layers[start:end]) + tied_copy_tensors(model, start, end)
     stepped = stepped_param_bytes(params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
                                   sharding=sharding)
-    step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding)
+    step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding,
+                                    fp32_shards=fp32_shards)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
+    add_s = _accumulation_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding,
+                            accumulate_unsharded=accumulate_unsharded, num_microbatches=num_microbatches)
     return StageCost(
         samples=samples,
         fwd_s=time.fwd_s,
-        bwd_s=time.bwd_s,
-        wgrad_s=time.wgrad_s,
+        bwd_s=time.bwd_s + add_s,
+        wgrad_s=time.wgrad_s + add_s,
         param_bytes=params,
         static_bytes=states.total,
         states=states,

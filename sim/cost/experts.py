@@ -24,13 +24,13 @@ __all__ = ["moe_state_bytes", "stepped_param_bytes"]
 
 def moe_state_bytes(model: ModelSpec, param_bytes: float, expert_param_bytes: float, *, data_parallel: int,
                     expert_data_parallel: int, sharding: Sharding = Sharding.NONE,
-                    accumulate_unsharded: bool = False) -> StateBytes:
+                    accumulate_unsharded: bool = False, fp32_shards: bool = False) -> StateBytes:
     """Parameters, gradients and optimizer state at rest of one device holding ``param_bytes``
     (its share, routed experts included) of which ``expert_param_bytes`` are routed experts: the
     dense rest over ``data_parallel`` devices and the experts over ``expert_data_parallel``
     (ZeRO, Rajbhandari et al. 2020, §5.1, applied to each group). Without experts it is
     ``stage_state_bytes`` itself."""
-    kw = dict(sharding=sharding, accumulate_unsharded=accumulate_unsharded)
+    kw = dict(sharding=sharding, accumulate_unsharded=accumulate_unsharded, fp32_shards=fp32_shards)
     if not expert_param_bytes:
         return stage_state_bytes(model, param_bytes, data_parallel=data_parallel, **kw)
     dense = stage_state_bytes(model, param_bytes - expert_param_bytes, data_parallel=data_parallel, **kw)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.overlap import FsdpSpec
 from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.core.specs import DTYPE_BYTES
 from sim.cost.kernels import LSE_BYTES
 from sim.cost.zero3 import capped_live_bytes, largest_tensor_bytes, live_cap_bytes
 
@@ -122,7 +123,7 @@ class StateBytes:
 
 def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: float, data_parallel: int,
                       sharding: Sharding = Sharding.NONE, grad_bytes_per_param_byte: float = 1.0,
-                      accumulate_unsharded: bool = False) -> StateBytes:
+                      accumulate_unsharded: bool = False, master_bytes_per_param_byte: float = 0.0) -> StateBytes:
     """Parameters, gradients and optimizer state per device for ``param_bytes`` of parameters
     (already divided by tensor parallelism and the pipeline), over ``data_parallel`` replicas.
 
@@ -140,11 +141,18 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
     ``set_requires_gradient_sync(False)`` instead "avoids the communication but uses more
     gradient memory (storing the unsharded gradients)" until the last micro-batch (pytorch/pytorch
     PR #126166): ``accumulate_unsharded`` counts the full gradients then.
+
+    ``master_bytes_per_param_byte`` > 0 (FSDP2 with fp32 shards, ``FsdpSpec.fp32_shards``; ZeRO-3
+    only): the fp32 master copy is the sharded parameter itself, so it moves from the optimizer
+    state to the parameters and the 16-bit shard is gone: 4 + 8 bytes of Adam instead of 2 + 12.
     """
     d = data_parallel
     grads = param_bytes * grad_bytes_per_param_byte
     optimizer = param_bytes * optimizer_bytes_per_param_byte
     sharded = {Sharding.NONE: 0, Sharding.OPTIMIZER: 1, Sharding.GRADIENTS: 2, Sharding.FULL: 3}[sharding]
+    if sharded == 3 and master_bytes_per_param_byte > 0:
+        optimizer -= param_bytes * master_bytes_per_param_byte
+        param_bytes *= master_bytes_per_param_byte
     return StateBytes(
         parameters=param_bytes / d if sharded >= 3 else param_bytes,
         gradients=grads / d if sharded >= 2 and not accumulate_unsharded else grads,
@@ -153,12 +161,14 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
 
 
 def stage_state_bytes(model: ModelSpec, param_bytes: float, *, data_parallel: int = 1,
-                      sharding: Sharding = Sharding.NONE, accumulate_unsharded: bool = False) -> StateBytes:
+                      sharding: Sharding = Sharding.NONE, accumulate_unsharded: bool = False,
+                      fp32_shards: bool = False) -> StateBytes:
     """Memory at rest of one device of a stage holding ``param_bytes`` of ``model``'s parameters
     (its tensor-parallel share, a tied embedding's copy included: ``ModelSpec.stage_param_bytes``),
     over the ``data_parallel`` devices of its gradient group: ``model_state_bytes`` with the
     model's gradient width and optimizer state per parameter byte (``accumulate_unsharded``:
-    gradients kept whole over the micro-batches, ``accumulates_unsharded``).
+    gradients kept whole over the micro-batches, ``accumulates_unsharded``; ``fp32_shards``: FSDP2's
+    fp32 sharded parameters as the master weights, ``master_shard_factor``).
 
     The engine (through ``sim.cost.compute.stage_cost``), the planner's tables and ``dapple-sim
     check`` all call it, so a plan's memory at rest is the same number everywhere.
@@ -166,7 +176,15 @@ def stage_state_bytes(model: ModelSpec, param_bytes: float, *, data_parallel: in
     return model_state_bytes(param_bytes, optimizer_bytes_per_param_byte=model.optimizer_state_bytes_per_param_byte,
                              data_parallel=data_parallel, sharding=sharding,
                              grad_bytes_per_param_byte=model.grad_bytes_per_param_byte,
-                             accumulate_unsharded=accumulate_unsharded)
+                             accumulate_unsharded=accumulate_unsharded,
+                             master_bytes_per_param_byte=master_shard_factor(model.dtype) if fp32_shards else 0.0)
+
+
+def master_shard_factor(dtype: str) -> float:
+    """Bytes of an fp32 sharded parameter per byte of a ``dtype`` parameter (FSDP2's fp32 shards):
+    4 / its width for 16-bit weights, 0 for fp32 ones (nothing moves: no master copy exists)."""
+    width = DTYPE_BYTES[dtype]
+    return 4.0 / width if width < 4 else 0.0
 
 
 def accumulates_unsharded(sharding: Sharding, fsdp: FsdpSpec, num_microbatches: int) -> bool:

@@ -26,6 +26,30 @@ Mixed precision (16-bit parameters) adds copies: the updated fp32 master weights
 the 16-bit parameters (read 4 bytes, write 2 per element), and, unless the gradients are kept
 in fp32 already (Megatron-LM's ``main_grad``, ``ModelSpec.grad_dtype``), the 16-bit gradients
 into fp32 (read 2, write 4).
+
+**Gradient accumulation** (``model.optimizer.grad_accumulation``), the gradient work that comes
+before the step. With several micro-batches per iteration each weight's gradient is the sum of
+theirs, taken in one of two places:
+
+* ``fused`` — the weight-gradient product itself accumulates into the gradient buffer (a GEMM
+  with β = 1): Megatron-LM's ``--gradient-accumulation-fusion`` (NVIDIA/Megatron-LM 83b1e42,
+  2022-02-13, "gradient accumulation fusion", ``fused_weight_gradient_dense``), on unless turned
+  off; nothing is added;
+* ``separate`` — the product writes a fresh gradient and a separate element-wise kernel adds it
+  to the sum, reading both and writing one: PyTorch autograd's ``AccumulateGrad``
+  (``variable.grad += new_grad`` from the second micro-batch on; the first gradient is kept as
+  it is). Megatron-LM ran it so before 2022: at 6fd7818 (2021-04-03, the code of Narayanan et
+  al.'s SC21 runs), ``megatron/model/distributed.py``'s ``DistributedDataParallel`` without
+  ``--use-contiguous-buffers-in-ddp`` leaves the fp16 ``.grad`` to autograd, and with them its
+  hook runs ``param.main_grad.add_(param.grad.data)``; the fused GEMM did not exist yet.
+
+Per accumulated parameter one add moves ``2·g + d`` bytes (``accumulation_bytes``): the sum read
+and written in the gradients' dtype g, the new gradient read in the parameters' d (6 bytes for
+fp16 throughout, 10 for an fp32 ``main_grad`` of fp16 weights). It runs m − 1 times in an
+iteration of m micro-batches; a replay gives every backward the same duration, so each is
+charged (m − 1)/m of one add (``accumulation_s``), which makes a rank's total exact (one
+micro-batch: nothing). Under ZeRO-2/3 with a reduce-scatter per micro-batch the add runs on the
+device's 1/d shard of the gradients (``sim.cost.compute``).
 """
 
 from __future__ import annotations
@@ -34,7 +58,7 @@ import math
 
 from sim.core.specs import DTYPE_BYTES, DeviceSpec
 
-__all__ = ["FUSED_PASSES", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
+__all__ = ["FUSED_PASSES", "GRAD_ACCUMULATION_MODES", "accumulation_bytes", "accumulation_s", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
            "multi_tensor_launches", "optimizer_step_kernels", "optimizer_step_s"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
@@ -107,3 +131,29 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
                                               implementation=implementation, grad_dtype=grad_dtype)
     memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     return max(memory_s, launches * device.kernel_issue_s) + launches * device.kernel_overhead_s
+
+
+GRAD_ACCUMULATION_MODES = ("fused", "separate")
+"""Where the micro-batches' weight gradients are summed (the module docstring, gradient accumulation)."""
+
+
+def accumulation_bytes(param_bytes: float, dtype: str, grad_dtype: str | None = None) -> float:
+    """Bytes one add of a micro-batch's gradients into the sum moves over ``param_bytes`` of
+    ``dtype`` parameters: ``(2·g + d)`` per element, g the gradients' dtype (None: ``dtype``)."""
+    d = DTYPE_BYTES[dtype]
+    g = DTYPE_BYTES[grad_dtype or dtype]
+    return param_bytes / d * (2 * g + d)
+
+
+def accumulation_s(device: DeviceSpec, param_bytes: float, dtype: str, grad_dtype: str | None, *,
+                   tensors: int, num_microbatches: int) -> float:
+    """Seconds of gradient accumulation charged to each backward of a stage whose device sums
+    ``param_bytes`` of gradients over ``num_microbatches`` micro-batches: (m − 1)/m of one add,
+    which lasts its bytes over the device's memory rate, and no less than one launch per
+    parameter tensor (autograd runs one ``AccumulateGrad`` per tensor)."""
+    if num_microbatches <= 1 or param_bytes <= 0:
+        return 0.0
+    nbytes = accumulation_bytes(param_bytes, dtype, grad_dtype)
+    one = max(nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency),
+              tensors * device.kernel_issue_s) + tensors * device.kernel_overhead_s
+    return one * (num_microbatches - 1) / num_microbatches

@@ -22,13 +22,20 @@ their share, and the allocator itself cannot hand out every byte it holds:
   ran out of memory on an 80 GB GPU (vllm-project/compressed-tensors PR #587):
   ``FRAGMENTATION_FRACTION`` = 1.83 / 75.31 of the device's memory.
 
+Beyond that share, a block the allocator keeps cached can be one that no request at the peak
+fits: the allocator serves a request from the smallest cached block at least as large
+(pytorch/pytorch ``c10/cuda/CUDACachingAllocator.cpp``, ``get_free_block``: ``pool.blocks.lower_bound``),
+else it reserves a new segment (``alloc_block``), so a freed block smaller than every request
+until the peak stays reserved beside it. Eager cross-entropy has one (``eager_logits_cached_bytes``).
+
 ``reserved_memory_bytes`` sums them; each GPU preset (``sim.input.presets``) writes its result
 as ``cluster.device.memory_reserved``, and ``DeviceSpec.usable_memory_bytes`` is the rest.
 """
 
 from __future__ import annotations
 
-__all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION_FRACTION", "NCCL_RING_BYTES", "reserved_memory_bytes"]
+__all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION_FRACTION", "NCCL_RING_BYTES", "eager_logits_cached_bytes",
+           "reserved_memory_bytes"]
 
 MiB = 2**20
 
@@ -48,3 +55,14 @@ def reserved_memory_bytes(memory_bytes: float, *, cublas_workspace_bytes: float)
     context, cuBLASLt's workspace (``cublas_workspace_bytes``, by architecture), one NCCL
     communicator's ring buffers and the allocator's fragmentation (see the module docstring)."""
     return CUDA_CONTEXT_BYTES + cublas_workspace_bytes + NCCL_RING_BYTES + FRAGMENTATION_FRACTION * memory_bytes
+
+
+def eager_logits_cached_bytes(tokens: float, vocab: float, dtype_bytes: float) -> float:
+    """Bytes of 16-bit logits cached, not allocated, while eager cross-entropy's backward peaks:
+    torchtitan (9dec370) returns the head's logits in the compute dtype (``model.py`` line 445,
+    ``self.output(h)``), its ``loss_fn`` copies them to fp32 (``train.py`` lines 131-133) and the
+    step frees them before the backward (``del pred``, lines 303-308). Their block
+    (``tokens × vocab × dtype_bytes``) is then cached; the backward's first two requests are fp32
+    logit tensors, twice its size (the gradients of ``eager_loss_workspace_bytes``), which it cannot
+    hold, so at their peak it is reserved beside them, until the cast's 16-bit gradient reuses it."""
+    return tokens * vocab * dtype_bytes

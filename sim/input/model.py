@@ -39,6 +39,7 @@ from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
 from sim.cost.kernels import KERNEL_MODES
+from sim.cost.optimizer import GRAD_ACCUMULATION_MODES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
@@ -65,7 +66,8 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
         else {key: value for key, value in data.items() if key != "optimizer"}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"],
-                    moment_dtype=optimizer["moment_dtype"])
+                    moment_dtype=optimizer["moment_dtype"],
+                    grad_accumulation=optimizer["grad_accumulation"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
 
@@ -77,9 +79,11 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
     A mapping may leave the name out (the model's default, adam; vgg's momentum), so that
     ``--set model.optimizer.implementation=fused`` works on a file that names no optimizer."""
     if value is None or isinstance(value, str):
-        return {"name": value, "implementation": default_implementation, "grad_dtype": None, "moment_dtype": None}
+        return {"name": value, "implementation": default_implementation, "grad_dtype": None, "moment_dtype": None,
+                "grad_accumulation": "fused"}
     data = reader.mapping(value, "model.optimizer")
-    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype", "moment_dtype"})
+    reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype", "moment_dtype",
+                                                 "grad_accumulation"})
     return {
         "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
@@ -88,6 +92,8 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
         if "grad_dtype" in data else None,
         "moment_dtype": reader.string(data, "model.optimizer", "moment_dtype", choices=DTYPE_BYTES)
         if "moment_dtype" in data else None,
+        "grad_accumulation": reader.string(data, "model.optimizer", "grad_accumulation", "fused",
+                                           choices=set(GRAD_ACCUMULATION_MODES)),
     }
 
 

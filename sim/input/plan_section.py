@@ -197,11 +197,12 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     key = "plan.overlap"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size",
-                                       "expert_all_to_all", "communication_sms"})
+                                       "expert_all_to_all", "communication_sms", "reduce_after_flush"})
     return reader.build(key, OverlapSpec,
                         grad_reduce=reader.boolean(data, key, "grad_reduce", False),
                         param_gather=reader.boolean(data, key, "param_gather", False),
                         tensor_parallel=reader.boolean(data, key, "tensor_parallel", False),
+                        reduce_after_flush=reader.boolean(data, key, "reduce_after_flush", False),
                         expert_all_to_all=reader.boolean(data, key, "expert_all_to_all", False),
                         communication_sms=reader.integer(data, key, "communication_sms", 0, minimum=0,
                                                          maximum=100_000),
@@ -213,13 +214,14 @@ def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
     key = "plan.fsdp"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch", "prefetch",
-                                    "path", "max_live_parameters"})
+                                    "path", "max_live_parameters", "fp32_shards"})
     live = data.get("max_live_parameters")
     return reader.build(key, FsdpSpec,
                         unit_layers=reader.integer(data, key, "unit_layers", 1),
                         reshard_after_forward=reader.boolean(data, key, "reshard_after_forward", True),
                         reduce_every_microbatch=reader.boolean(data, key, "reduce_every_microbatch", True),
                         prefetch=reader.boolean(data, key, "prefetch", True),
+                        fp32_shards=reader.boolean(data, key, "fp32_shards", False),
                         path=reader.string(data, key, "path", "hierarchical", choices=set(FSDP_PATHS)),
                         max_live_parameters=None if live is None else reader.number(
                             data, key, "max_live_parameters", low=0.0, high=1e18, low_open=True))

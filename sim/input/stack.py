@@ -98,6 +98,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
         _v("model.optimizer.implementation", "fused", f"{_MEGATRON} megatron/core/optimizer: apex/Transformer "
            "Engine FusedAdam (--optimizer adam, the default)"),
         _v("model.vocab_divisible_by", 128, _MEGATRON_VOCAB),
+        _v("plan.overlap.reduce_after_flush", True, f"{_MEGATRON} megatron/training.py at 6fd7818 (2021-04-03) "
+           "train_step: 'for model_module in model: model_module.allreduce_gradients()' after "
+           "forward_backward_func returns (today finalize_model_grads at the schedule's end)"),
     ),
     "megatron-core": (
         _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
@@ -158,6 +161,9 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
         _v("model.kernels", "eager", f"{_TITAN} torchtitan/config_manager.py: --training.compile store_true "
            "(default False; train_configs/llama3_8b.toml compile = false), so models/norms.py RMSNorm, "
            "models/llama/model.py apply_rotary_emb, repeat_kv and SwiGLU run as eager kernels"),
+        _v("plan.fsdp.fp32_shards", True, f"{_TITAN} train.py builds the model in fp32 (meta device, to_empty, "
+           "init_weights); parallelize_llama.py apply_fsdp: MixedPrecisionPolicy(param_dtype=bf16, "
+           "reduce_dtype=fp32), whose sharded parameters stay fp32 and are what the optimizer steps"),
         _v("model.vocab_divisible_by", 1, f"{_TITAN} train.py: model_config.vocab_size = tokenizer.n_words, "
            "unpadded (models/llama/model.py: nn.Embedding(vocab_size, dim), nn.Linear(dim, vocab_size)); "
            "a vocabulary t does not divide is sharded unevenly by DTensor, modelled at its largest shard, "

@@ -124,6 +124,7 @@ def merge_layers(name: str, first: LayerSpec, *rest: LayerSpec) -> LayerSpec:
         expert_param_bytes=sum(layer.expert_param_bytes for layer in layers),
         a2a_bytes=sum(layer.a2a_bytes for layer in layers),
         backward_workspace_bytes=max(layer.backward_workspace_bytes for layer in layers),
+        allocator_cached_bytes=max(layer.allocator_cached_bytes for layer in layers),
     )
 
 

@@ -40,6 +40,7 @@ from sim.cost import kernels as K
 from sim.cost.comm import TensorParallelCollective as C
 from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes
+from sim.cost.reserved import eager_logits_cached_bytes
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.mla import mla_block
 from sim.models.moe import check_experts, moe_block, strip_mlp
@@ -218,7 +219,8 @@ def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, t
     parallelism. A tied projection reuses the embedding's matrix, so only the norm's
     parameters are counted here. The vocabulary splits over t. With ``kernels: eager``
     (torchtitan) the loss is PyTorch's cross-entropy, whose backward holds two more fp32
-    logit tensors for a moment (``sim.cost.kernels.eager_loss_workspace_bytes``).
+    logit tensors for a moment (``sim.cost.kernels.eager_loss_workspace_bytes``) while the
+    allocator keeps the freed 16-bit logits' block (``sim.cost.reserved.eager_logits_cached_bytes``).
     """
     t, q = shard.tensor, s / shard.context
     inputs = 2 * d * q * h / (t if shard.sequence_parallel else 1)
@@ -233,9 +235,11 @@ def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, t
         kernels=K.lm_head(q, h, vocab, d, tensor=t),
         tensors=arch.norm_params + (0 if tied else 1),
     )
-    workspace = K.eager_loss_workspace_bytes(q, vocab / t) if kernels == "eager" else 0.0
+    eager = kernels == "eager"
+    workspace = K.eager_loss_workspace_bytes(q, vocab / t) if eager else 0.0
+    cached = eager_logits_cached_bytes(q, vocab / t, d) if eager else 0.0
     return replace(layer, tp_collectives=_edge_collectives(s, h, d, shard, head=True),
-                   backward_workspace_bytes=workspace)
+                   backward_workspace_bytes=workspace, allocator_cached_bytes=cached)
 
 
 def _bert_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, tied: bool) -> LayerSpec:

@@ -11,7 +11,10 @@ the lists, with torch.distributed.pipelining's meaning:
 - ``sSEND_Bm`` right after B or I of (s,m) when stage s−1 lives on another rank, and
   ``sRECV_Bm`` right before B or I of (s,m) when stage s+1 lives on another rank;
 - ``sREDUCE_GRAD`` right after the stage's last B or W (and after that action's send, so
-  the all-reduce never delays a neighbour);
+  the all-reduce never delays a neighbour), as torch.distributed.pipelining reduces each stage
+  after its last backward; with ``reduce_after_flush``, every stage's ``REDUCE_GRAD`` at the end
+  of its rank's list instead, lowest stage first, as Megatron-LM all-reduces each model chunk
+  after the whole pipeline schedule has run (``sim.core.overlap.OverlapSpec.reduce_after_flush``);
 - an overlapped pair ``(0F7;7B3)OVERLAP_F_B`` is one step: the receives of both parts go
   right before it (the forward's first), their sends right after it, as torch's
   ``_add_send_recv`` issues them.
@@ -50,10 +53,11 @@ def _is_compute(step: Step) -> bool:
     return type(step) is OverlapFB or step.kind in COMPUTE_KINDS
 
 
-def lower(schedule: Schedule) -> Schedule:
-    """Add sends, receives and gradient reductions to a (compute) schedule."""
+def lower(schedule: Schedule, *, reduce_after_flush: bool = False) -> Schedule:
+    """Add sends, receives and gradient reductions to a (compute) schedule; with
+    ``reduce_after_flush`` each rank's reductions follow its last action (the pipeline's flush)."""
     compute = strip_communication(schedule)
-    last_grad = _last_weight_grad_positions(compute)
+    last_grad = _flush_positions(compute) if reduce_after_flush else _last_weight_grad_positions(compute)
     ranks = tuple(
         _lower_rank(rank, acts, compute, last_grad) for rank, acts in enumerate(compute.ranks)
     )
@@ -71,6 +75,19 @@ def _last_weight_grad_positions(schedule: Schedule) -> dict[tuple[int, int], lis
     at: dict[tuple[int, int], list[int]] = {}
     for stage, pos in sorted(last.items()):
         at.setdefault(pos, []).append(stage)
+    return at
+
+
+def _flush_positions(schedule: Schedule) -> dict[tuple[int, int], list[int]]:
+    """(rank, index of its last step) → every stage with a B or W on that rank, lowest first:
+    Megatron-LM's ``train_step`` runs ``allreduce_gradients`` for each model chunk in order once
+    ``forward_backward_func`` has returned (NVIDIA/Megatron-LM megatron/training.py at 6fd7818,
+    2021-04-03, lines 376-381), so no reduction starts before the rank's last backward."""
+    at: dict[tuple[int, int], list[int]] = {}
+    for rank, acts in enumerate(schedule.ranks):
+        stages = sorted({a.stage for step in acts for a in step.parts if a.kind is B or a.kind is W})
+        if stages:
+            at[(rank, len(acts) - 1)] = stages
     return at
 
 

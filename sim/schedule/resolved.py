@@ -98,11 +98,14 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
         costs.append(tuple(stage_cost(part, cluster.device, *stage.layers, n, recompute=plan.recompute,
                                       data_parallel=data, sharding=plan.sharding, tied_link=tied,
                                       accumulate_unsharded=whole,
-                                      expert_data_parallel=len(plan.expert_data_groups(s)[0]))
+                                      expert_data_parallel=len(plan.expert_data_groups(s)[0]),
+                                      num_microbatches=training.num_microbatches,
+                                      fp32_shards=plan.fsdp.fp32_shards)
                            for n in slices))
     first = [stage_costs[0] for stage_costs in costs]
     policies = dapple_stage_policies(plan, part, cluster, training, first)
     schedule = schedule_for_plan(plan, training.num_microbatches, stage_policies=policies)
+    after_flush = plan.overlap.reduce_after_flush and not plan.overlap.grad_reduce  # buckets: during the backward
     return ResolvedPlan(plan=plan, num_microbatches=training.num_microbatches, model=part, costs=tuple(costs),
                         stage_policies=policies, schedule=schedule,
-                        lowered=schedule if schedule.is_lowered else lower(schedule))
+                        lowered=schedule if schedule.is_lowered else lower(schedule, reduce_after_flush=after_flush))
