@@ -5,9 +5,15 @@ Each test writes out the closed form of one mechanism, cited to Megatron-LM at t
 
 from __future__ import annotations
 
-from sim.cost.compute import stage_cost
+import pytest
+
+from sim.core.errors import ScenarioError
+from sim.core.experts import ExpertSpec
+from sim.core.model_spec import LayerSpec
+from sim.cost.compute import layer_times_s, stage_cost
 from sim.input.scenario import load_scenario
 from sim.models import shard_model
+from sim.models.moe import permute_kernels, router_kernels, unpermute_kernels
 
 MIXTRAL = "scenarios/published/megatron2024_mixtral_8x7b_64.yaml"
 
@@ -20,3 +26,53 @@ def test_the_mixtral_row_keeps_fp32_gradients_as_bf16_megatron_does():
     model = shard_model(scenario.model, scenario.plan.shard)
     cost = stage_cost(model, scenario.cluster.device, 1, 2, 1, data_parallel=16, expert_data_parallel=2)
     assert cost.states.gradients == 2 * cost.states.parameters
+
+
+def _kernel_bytes(kernels) -> tuple[float, float]:
+    """(forward, backward) bytes of ``kernels``: a backward without its own moves twice the forward's."""
+    fwd = sum(k.bytes for k in kernels)
+    bwd = sum(2 * k.bytes if k.bwd_bytes is None else k.bwd_bytes for k in kernels)
+    return fwd, bwd
+
+
+def test_permute_and_unpermute_move_what_megatron_cores_passes_move():
+    # moe_utils.py at core_v0.9.0, T tokens, k copies each, width h, d bytes: n = d·T·k·h, m = d·T·h
+    tokens, k, h, d = 4096, 2, 4096, 2
+    n, m = d * tokens * k * h, d * tokens * h
+    # permute: argsort (indices only) + gather (read and write every copy); backward zeros + scatter_add_
+    fwd, bwd = _kernel_bytes(permute_kernels(tokens, k, h, d, unfused=True))
+    assert fwd == 2 * 8 * tokens * k + 2 * n and bwd == m + 3 * n
+    # unpermute: zeros n, scatter_add_ 3n, × probs 2n, sum over k n + m; backward g·p m + n,
+    # g·x m + 2n and its sum n, gather 2n
+    fwd, bwd = _kernel_bytes(unpermute_kernels(tokens, k, h, d, unfused=True))
+    assert fwd == 7 * n + m and bwd == 6 * n + 2 * m
+    assert len(unpermute_kernels(tokens, k, h, d, unfused=True)) == 4  # four launches each way
+
+
+def test_the_router_launches_eight_kernels_each_way_after_its_gating_product():
+    # router.py / moe_utils.py at core_v0.9.0: topk, softmax + cast of the k scores, softmax of the
+    # logits, then the aux loss's sum, product, sum and scale; at 10 µs a launch on the H100 preset
+    kernels = router_kernels(4096, 8, 2, 2, unfused=True)
+    assert len(kernels) == 8
+    device = load_scenario(MIXTRAL).cluster.device
+    layer = LayerSpec(name="r", param_bytes=0.0, output_bytes=0.0, stash_bytes=0.0, kernels=kernels)
+    fwd, bwd, _ = layer_times_s(layer, device, "bf16", 1)
+    assert fwd == pytest.approx(8 * 10e-6) and bwd == pytest.approx(8 * 10e-6)  # all below the issue floor
+
+
+def test_fused_permutation_is_one_pass_each_way_and_the_default():
+    tokens, k, h, d = 4096, 2, 4096, 2
+    n, m = d * tokens * k * h, d * tokens * h
+    assert _kernel_bytes(permute_kernels(tokens, k, h, d, unfused=False)) == (m + n, 2 * (m + n))
+    assert _kernel_bytes(unpermute_kernels(tokens, k, h, d, unfused=False)) == (m + n, 2 * (m + n))
+    assert len(router_kernels(tokens, 8, k, d, unfused=False)) == 1
+    assert ExpertSpec(count=8, top_k=2, ffn_hidden=8).permute == "fused"
+
+
+def test_the_permute_key_reaches_the_mixtral_blocks_and_a_typo_is_one_line():
+    scenario = load_scenario(MIXTRAL)
+    assert scenario.model.experts.permute == "unfused"
+    names = [kern.name for kern in shard_model(scenario.model, scenario.plan.shard).layers[1].kernels]
+    assert "moe_unpermute_scatter" in names and "moe_unpermute" not in names
+    with pytest.raises(ScenarioError, match="permute"):
+        load_scenario(MIXTRAL, overrides={"model.experts.permute": "fusd"})
