@@ -11,6 +11,8 @@ from sim.core.errors import ScenarioError
 from sim.core.experts import ExpertSpec
 from sim.core.model_spec import LayerSpec
 from sim.cost.compute import layer_times_s, stage_cost
+from sim.engine.fault_view import FaultView
+from sim.engine.flows import flow_paths
 from sim.input.scenario import load_scenario
 from sim.models import shard_model
 from sim.models.moe import permute_kernels, router_kernels, unpermute_kernels
@@ -76,3 +78,17 @@ def test_the_permute_key_reaches_the_mixtral_blocks_and_a_typo_is_one_line():
     assert "moe_unpermute_scatter" in names and "moe_unpermute" not in names
     with pytest.raises(ScenarioError, match="permute"):
         load_scenario(MIXTRAL, overrides={"model.experts.permute": "fusd"})
+
+
+def test_unequal_flows_of_one_phase_share_a_port_as_processor_sharing():
+    # an MoE stage's reduction: device 0's dense share (b1) and its experts' share (b2 > b1) both
+    # leave through its NIC to server 1 in one all-reduce phase; sharing it fairly, the small one
+    # ends at 2·b1/B and the large one at (b1 + b2)/B (Kleinrock 1967), not at 2·b2/B
+    cluster = load_scenario(MIXTRAL).cluster
+    b1, b2 = 43e6, 352e6
+    flows = [(0, 8, ("AR", 0, 1), b1), (0, 8, ("AR", 0, 1), b2)]
+    rates = flow_paths(flows, cluster, FaultView((), cluster)).static_rates({0: 0, 8: 0})
+    nic = cluster.inter_node.bandwidth_bytes_per_s
+    assert b1 / rates[0] == pytest.approx(2 * b1 / nic) and b2 / rates[1] == pytest.approx((b1 + b2) / nic)
+    equal = flow_paths(flows[:1] * 2, cluster, FaultView((), cluster)).static_rates({0: 0, 8: 0})
+    assert equal == [nic / 2, nic / 2]  # equal flows: the port's bandwidth over their count, exactly
