@@ -15,7 +15,7 @@ from sim.engine.fault_view import FaultView
 from sim.engine.flows import flow_paths
 from sim.input.scenario import load_scenario
 from sim.models import shard_model
-from sim.models.moe import permute_kernels, router_kernels, unpermute_kernels
+from sim.models.moe import DISPATCH_COUNTS, forward_only_kernels, permute_kernels, router_kernels, unpermute_kernels
 
 MIXTRAL = "scenarios/published/megatron2024_mixtral_8x7b_64.yaml"
 
@@ -92,3 +92,16 @@ def test_unequal_flows_of_one_phase_share_a_port_as_processor_sharing():
     assert b1 / rates[0] == pytest.approx(2 * b1 / nic) and b2 / rates[1] == pytest.approx((b1 + b2) / nic)
     equal = flow_paths(flows[:1] * 2, cluster, FaultView((), cluster)).static_rates({0: 0, 8: 0})
     assert equal == [nic / 2, nic / 2]  # equal flows: the port's bandwidth over their count, exactly
+
+
+def test_forward_only_launches_cost_an_issue_time_forward_and_nothing_backward():
+    # router: histc + the tracker's two updates; dispatcher (EP 8): the eleven counts of preprocess
+    # (DISPATCH_COUNTS) and the host's synchronize before the all-to-all: 15 launches, 10 µs each
+    kernels = forward_only_kernels(4096, 8, 2, spread=True, unfused=True)
+    assert len(kernels) == 3 + len(DISPATCH_COUNTS) + 1 == 15
+    assert len(forward_only_kernels(4096, 8, 2, spread=False, unfused=True)) == 3 + 2 + 1
+    assert forward_only_kernels(4096, 8, 2, spread=True, unfused=False) == ()
+    device = load_scenario(MIXTRAL).cluster.device
+    layer = LayerSpec(name="r", param_bytes=0.0, output_bytes=0.0, stash_bytes=0.0, kernels=kernels)
+    fwd, bwd, _ = layer_times_s(layer, device, "bf16", 1)
+    assert fwd == pytest.approx(15 * 10e-6) and bwd == 0.0

@@ -48,8 +48,8 @@ from sim.core.parallelism import Shard
 from sim.core.specs import DTYPE_BYTES
 from sim.cost.kernels import FP32_BYTES, KernelSpec
 
-__all__ = ["busy_rows", "MLP_KERNELS", "ParameterCounts", "check_experts", "moe_block", "parameter_counts",
-           "permute_kernels", "router_kernels", "strip_mlp", "unpermute_kernels"]
+__all__ = ["busy_rows", "DISPATCH_COUNTS", "MLP_KERNELS", "ParameterCounts", "check_experts", "forward_only_kernels",
+           "moe_block", "parameter_counts", "permute_kernels", "router_kernels", "strip_mlp", "unpermute_kernels"]
 
 MLP_KERNELS = frozenset({"mlp_up", "gelu", "swiglu", "mlp_down", "silu", "swiglu_mul"})
 """The dense MLP's kernels (``sim.cost.kernels.transformer_block``, fused and eager), which an MoE
@@ -105,8 +105,7 @@ def router_kernels(tokens: float, count: int, top_k: int, d: int, *, unfused: bo
     cast back (``.type_as``), the softmax of all ``count`` logits in fp32 (the loss's
     probabilities), then the loss: their sum over the tokens, its product with the tokens per
     expert, the sum and the scale (backward: ``MoEAuxLossAutoScaler``'s ``ones_like × scale`` and
-    the products' gradients). Left out, as they have no backward to pair: the two ``histc``
-    counts, the loss tracker's two updates and the dispatcher's count sums and host copies."""
+    the products' gradients). The launches without a backward are ``forward_only_kernels``'s."""
     logits, scores = tokens * count, tokens * top_k
     if not unfused:
         return (KernelSpec(name="router_topk", bytes=2 * FP32_BYTES * tokens * count),)
@@ -119,6 +118,31 @@ def router_kernels(tokens: float, count: int, top_k: int, d: int, *, unfused: bo
         KernelSpec(name="router_aux_sum", bytes=FP32_BYTES * (logits + count)),
         *(KernelSpec(name=f"router_aux_{step}", bytes=3 * FP32_BYTES * count) for step in ("mul", "total", "scale")),
     )
+
+
+DISPATCH_COUNTS = ("histc", "input_splits_sum", "input_splits_copy", "counts_all_gather", "local_counts",
+                   "output_splits_sum", "output_splits_copy", "output_splits_tp_sum", "output_splits_tp_copy",
+                   "local_tokens_sum", "local_tokens_copy")
+"""The forward-only launches of ``MoEAlltoAllTokenDispatcher.preprocess`` (core_v0.9.0) with EP or TP
+above 1: the ``histc`` of the indices, the input splits' sum and host copy, the all-gather of the
+counts over the group, the local experts' slice, and the sums and host copies of the output splits,
+of the tensor-parallel splits and of the local experts' tokens."""
+
+
+def forward_only_kernels(tokens: float, count: int, top_k: int, *, spread: bool, unfused: bool) -> tuple[KernelSpec, ...]:
+    """Launches of Megatron-Core v0.9's router and dispatcher without a backward (``unfused``; none
+    fused): the router's ``histc`` of the top-k indices and the loss tracker's two updates
+    (``save_to_aux_losses_tracker``), the dispatcher's counts (``DISPATCH_COUNTS`` when ``spread``
+    over EP or TP ranks, else its ``histc`` and one host copy), and the host's wait at
+    ``torch.cuda.current_stream().synchronize()`` before the all-to-all (the split sizes must reach
+    the host): the device, drained, idles while the host issues the next kernel, one issue time."""
+    if not unfused:
+        return ()
+    counts = DISPATCH_COUNTS if spread else DISPATCH_COUNTS[:1] + ("local_tokens_copy",)
+    indices, small = INDEX_BYTES * tokens * top_k, 2 * INDEX_BYTES * count
+    names = ("router_histc", "router_tracker_scale", "router_tracker_add") + tuple(f"dispatch_{c}" for c in counts)
+    return tuple(KernelSpec(name=name, bytes=indices if name.endswith("histc") else small, backward=False)
+                 for name in names) + (KernelSpec(name="dispatch_sync", backward=False),)
 
 
 def permute_kernels(tokens: float, top_k: int, h: int, d: int, *, unfused: bool) -> tuple[KernelSpec, ...]:
@@ -180,6 +204,7 @@ def moe_block(layer: LayerSpec, experts: ExpertSpec, shard: Shard, *, seq_len: i
         KernelSpec(name="router", flop=2 * pointwise * h * experts.count, rows=pointwise, cols=experts.count,
                    inner=h, bytes=d * pointwise * (h + experts.count), fixed_bytes=d * h * experts.count, weights=True),
         *router_kernels(pointwise, experts.count, experts.top_k, d, unfused=unfused),
+        *forward_only_kernels(pointwise, experts.count, experts.top_k, spread=ep > 1 or t > 1, unfused=unfused),
         *permute_kernels(tokens, experts.top_k, h, d, unfused=unfused),
         KernelSpec(name="experts_up", flop=2 * local * busy * h * up, rows=busy, cols=up, inner=h,
                    bytes=d * local * busy * (h + up), fixed_bytes=d * local * h * up, weights=True),
