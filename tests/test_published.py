@@ -238,10 +238,10 @@ def test_no_published_run_is_predicted_out_of_memory(all_results):
     results = all_results
     # the 530B ZeRO-3 row on 640 GPUs was, with units of whole 5B-parameter blocks; DeepSpeed's
     # stage3_max_live_parameters gathers sub-module by sub-module (sim.cost.zero3). DeepSeek-V3's
-    # row: with the report's FP8 stash (§3.3.3, §3.2.3) 77.5 GiB against 77.1 usable; the
-    # optimizer-state formats of §3.3.3 are not modelled (docs/moe.md)
+    # row was (77.5 of 77.1 GiB) until its recipe's memory was counted: the gate applied in the
+    # SwiGLU (no routed outputs stashed), BF16 moments (§3.3.3), the recipe's recompute (§3.2.3)
     ooms = [r.row.row for r in results if r.oom]
-    assert ooms == ["DeepSeek-V3 671B, 2,048 H800, PP16 EP64 ZeRO-1 DualPipe, FP8"], ooms
+    assert ooms == [], ooms
 
 
 @pytest.mark.slow
@@ -266,13 +266,16 @@ def test_the_moe_rows_count_flops_as_megatron_core_does():
 
 
 def test_the_moe_rows_errors_as_docs_moe_md_records_them():
-    # nothing fitted: Mixtral +16.6% (v0.9) and +24.6% (v0.8), the H100 preset's matrix
-    # efficiency; DeepSeek-V3 +28.4% with its communication SMs, MTP module, FP8 stash and casts, recompute and
-    # the pre-DeepGEMM FP8 rate (DeepGEMM README speedups over CUTLASS 3.6; bf16 e_max unmeasured: docs/moe.md)
+    # nothing fitted: Mixtral +12.0% (v0.9) and +19.7% (v0.8) with Megatron-Core's fp32 gradients and
+    # buckets (stack: megatron-core), v0.9's unfused router and permutation kernels (experts.permute:
+    # unfused) and the fast path's ports shared as processor sharing; the H100 preset's matrix
+    # efficiency unmeasured; DeepSeek-V3 +28.4% with its communication SMs, MTP module, FP8 stash and
+    # casts, recompute and the pre-DeepGEMM FP8 rate (DeepGEMM README speedups over CUTLASS 3.6; bf16
+    # e_max unmeasured: docs/moe.md)
     rows = [r for r in read_suite(DEFAULT_SUITE) if r.metric == "megatron_tflops_per_gpu"
             or r.scenario.name == "deepseek2024_v3_2048.yaml"]
     errors = [round(r.error, 3) for r in run_suite(tuple(rows))]
-    assert errors == [pytest.approx(0.166, abs=0.01), pytest.approx(0.246, abs=0.01), pytest.approx(0.284, abs=0.03)]
+    assert errors == [pytest.approx(0.120, abs=0.01), pytest.approx(0.197, abs=0.01), pytest.approx(0.284, abs=0.03)]
 
 
 def test_the_deepseek_v3_row_is_180k_gpu_hours_per_trillion_tokens():

@@ -28,10 +28,13 @@ import numpy as np
 
 from sim.core.errors import SpecError
 
-__all__ = ["DISTRIBUTIONS", "ExpertSpec", "ImbalanceDraw"]
+__all__ = ["DISTRIBUTIONS", "ExpertSpec", "ImbalanceDraw", "PERMUTE_MODES"]
 
 DISTRIBUTIONS = ("lognormal", "zipf")
 """How ``ImbalanceDraw`` spreads tokens over the experts."""
+
+PERMUTE_MODES = ("fused", "unfused")
+"""How the router's element-wise work and the token permutation run (``ExpertSpec.permute``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +92,11 @@ class ExpertSpec:
     node_limit: int | None = None
     """Node-limited routing (DeepSeek-V3 §2.1.2): each token goes to experts on at most this many
     servers, its copies sent once a server (``sim.cost.comm.node_limited_fraction``); None: no limit."""
+    permute: str = "fused"
+    """``fused``: the top-k and the permutation before and after the experts one memory pass each
+    (fused kernels: DeepEP's dispatch and combine, Transformer Engine's permute); ``unfused``: the
+    separate PyTorch kernels Megatron-Core launched before its permute fusion (tag core_v0.9.0:
+    ``sim.models.moe.router_kernels``, ``permute_kernels``, ``unpermute_kernels``)."""
 
     def __post_init__(self) -> None:
         for key in ("count", "top_k", "ffn_hidden"):
@@ -106,6 +114,8 @@ class ExpertSpec:
                                             or self.node_limit < 1):
             raise SpecError("experts.node_limit", f"must be an integer >= 1 (DeepSeek-V3: 4) or absent, got "
                                                   f"{self.node_limit!r}")
+        if self.permute not in PERMUTE_MODES:
+            raise SpecError("experts.permute", f"unknown {self.permute!r}; valid: {', '.join(PERMUTE_MODES)}")
         x = self.imbalance
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 1.0:
             raise SpecError("experts.imbalance", f"must be a number >= 1 (the busiest expert's tokens over the mean), "

@@ -134,7 +134,7 @@ def layer_times_s(layer, device: DeviceSpec, dtype: str, samples: int) -> tuple[
             weight_grad = kernel_time_s(flop, nbytes, device, dtype_k, (inner, n, m))
             bwd += kernel_time_s(flop, nbytes, device, dtype_k, (m, inner, n)) + weight_grad
             wgrad += weight_grad if k.weights else 0.0
-        else:  # an element-wise backward reads the gradient and what it saved, writes one
+        elif k.backward:  # an element-wise backward reads the gradient and what it saved, writes one
             moved = 2 * k.bytes if k.bwd_bytes is None else k.bwd_bytes
             back = kernel_time_s(0.0, moved * samples + 2 * k.fixed_bytes, device, dtype)
             bwd += back

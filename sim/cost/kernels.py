@@ -112,6 +112,9 @@ class KernelSpec:
     sac_saved_bytes: float = 0.0
     """Bytes per sample of its outputs that op-level selective checkpointing keeps for the
     backward (``recompute: selective-op``; see the module's docstring); 0: none."""
+    backward: bool = True
+    """Whether autograd runs a backward kernel for it; False for a forward-only launch (integer
+    counts, copies to the host, a host synchronisation), whose backward costs nothing."""
     fp8: bool = False
     """Its matrix products (forward, input and weight gradients) run on FP8 tensor cores
     (``model.gemm_dtype: fp8``, ``sim.models.precision``), priced at the device's FP8 peak."""

@@ -188,7 +188,8 @@ class FlowTable:
 
     def static_rates(self, together: dict[int, int]) -> list[float]:
         """Each flow's rate when only the operation it belongs to runs: its slowest port's
-        bandwidth over the real flows of that operation crossing it. An operation is the sends
+        bandwidth over its load there (``_shared_load``: the real flows of that operation crossing
+        it, a smaller one counted by its share of the flow's bytes). An operation is the sends
         of one boundary by a class of identical devices (``together``: device -> class; they
         always send at the same instant), or one all-reduce phase (whoever sends)."""
         if not len(self):
@@ -199,16 +200,48 @@ class FlowTable:
         _, operation = np.unique(operation, return_inverse=True)
         ports, port = np.unique(self.port, return_inverse=True)
         keys = operation.reshape(-1, 1) * len(ports) + port.reshape(-1, 2)
-        _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
-        load = load[where].reshape(-1, 2)
+        load = self._shared_load(keys)
         rates = np.minimum(self.bandwidth[:, 0] / load[:, 0], self.bandwidth[:, 1] / load[:, 1])
         if self.uplink is not None:  # the uplinks' shares too (an uplink's id is -1 where a flow does not cross one)
             width = int(self.uplink.max(initial=0)) + 2
             keys = operation.reshape(-1, 1) * width + (self.uplink + 1)
-            _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
-            load = load[where.reshape(-1)].reshape(self.uplink.shape)
+            load = self._shared_load(keys)
             rates = np.minimum(rates, (self.uplink_bandwidth / load).min(axis=1))
         return rates.tolist()
+
+    def _shared_load(self, keys: np.ndarray) -> np.ndarray:
+        """Each flow's share of the port each entry of ``keys`` (flows × k, one key per operation and
+        port) names, as the number of equal flows that would give it the same finish time.
+
+        The flows of one operation start together and share the port fairly (processor sharing,
+        Kleinrock 1967, "Time-shared systems: a theoretical treatment", §3): a flow of b bytes
+        beside flows b_j ends at Σ_j min(b_j, b) / bandwidth, so its load is Σ_j min(b_j/b, 1) —
+        the count of flows crossing the port when their bytes are equal (as rounded to tell flows
+        apart, ``bytes_id``), fewer when a small flow ends early and leaves the port to the large
+        one (an MoE stage's dense gradients beside its experts' on one NIC)."""
+        _, where, load = np.unique(keys, return_inverse=True, return_counts=True)
+        where = where.reshape(-1)
+        flow = np.repeat(np.arange(keys.shape[0]), keys.shape[1])
+        sizes = self.bytes_id()[flow]
+        spread = np.full(load.shape, -1, dtype=np.int64)
+        np.maximum.at(spread, where, sizes)
+        low = np.full(load.shape, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(low, where, sizes)
+        shared = load[where].astype(np.float64)
+        mixed = np.flatnonzero((spread != low)[where])  # entries on ports that carry unequal flows of one operation
+        if len(mixed):
+            group, nbytes = where[mixed], self.nbytes[flow[mixed]]
+            order = np.lexsort((nbytes, group))
+            group, nbytes, mixed = group[order], nbytes[order], mixed[order]
+            total = np.concatenate(([0.0], np.cumsum(nbytes)))
+            first = np.searchsorted(group, group, side="left")  # each entry's group starts here
+            end = np.searchsorted(group, group, side="right")
+            run = np.concatenate(([True], (group[1:] != group[:-1]) | (nbytes[1:] != nbytes[:-1])))
+            tie = np.flatnonzero(run)[np.cumsum(run) - 1]  # where its run of equal bytes starts
+            smaller = total[tie] - total[first]  # the bytes of the flows that end before it
+            positive = nbytes > 0
+            shared[mixed[positive]] = (smaller[positive] / nbytes[positive] + (end - tie)[positive])
+        return shared.reshape(keys.shape)
 
 
 def row_ids(columns: list[np.ndarray]) -> np.ndarray:

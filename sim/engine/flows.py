@@ -182,7 +182,8 @@ def flow_paths(flows, cluster, faults: FaultView) -> FlowTable:
 
 def static_rates(table: FlowTable, together: dict[int, int]) -> list[float]:
     """Each flow's rate when only the operation it belongs to runs (``FlowTable.static_rates``):
-    its slowest port's bandwidth over the real flows of that operation crossing it."""
+    its slowest port's bandwidth shared with the real flows of that operation crossing it, as
+    processor sharing ends them (``FlowTable._shared_load``)."""
     return table.static_rates(together)
 
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import DappleError, SpecError
-from sim.core.experts import DISTRIBUTIONS, ExpertSpec, ImbalanceDraw
+from sim.core.experts import DISTRIBUTIONS, PERMUTE_MODES, ExpertSpec, ImbalanceDraw
 from sim.core.mla import MlaSpec
 from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
@@ -164,7 +164,7 @@ def read_experts(reader: StrictReader, value: Any) -> ExpertSpec:
     key = "model.experts"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"count", "top_k", "ffn_hidden", "shared", "layers", "capacity_factor", "imbalance",
-                                    "node_limit"},
+                                    "node_limit", "permute"},
                 required={"count", "top_k", "ffn_hidden"})
     layers = data.get("layers", "every")
     if isinstance(layers, list):
@@ -186,7 +186,8 @@ def read_experts(reader: StrictReader, value: Any) -> ExpertSpec:
                           ffn_hidden=reader.integer(data, key, "ffn_hidden", maximum=2**22),
                           shared=reader.integer(data, key, "shared", 0, minimum=0, maximum=2**10),
                           layers=layers, capacity_factor=data.get("capacity_factor"), imbalance=imbalance, draw=draw,
-                          node_limit=reader.integer(data, key, "node_limit", maximum=2**16) if "node_limit" in data else None)
+                          node_limit=reader.integer(data, key, "node_limit", maximum=2**16) if "node_limit" in data else None,
+                          permute=reader.string(data, key, "permute", "fused", choices=set(PERMUTE_MODES)))
     except SpecError as exc:
         raise reader.fail(join_key("model", exc.key), exc.problem) from None
 
