@@ -171,7 +171,7 @@ def test_profile_loads_in_the_simulator(tmp_path):
     fits = measured.cluster.intra_node.collectives.fits
     assert sorted({(f.kind, f.ranks) for f in fits}) == [
         (kind, ranks) for kind in ("all-gather", "all-reduce", "broadcast") for ranks in (2, 4)
-    ] + [("point-to-point", 2), ("reduce-scatter", 2), ("reduce-scatter", 4)]
+    ] + [("point-to-point", 2), ("reduce-scatter", 2), ("reduce-scatter", 4), ("ring-shift", 2), ("ring-shift", 4)]
     assert cluster.intra_node.collectives == measured.cluster.intra_node.collectives
 
 

@@ -110,9 +110,10 @@ class ExpertPricing:
             phases = gradient_sync(spread, experts * factor, sharding, self.cluster, flows_per_nic=flows)
             for number, phase in zip(_phase_numbers(phases), phases):
                 alone = phase.flow_bytes / phase.rate_bytes_per_s
-                if number in times:  # both groups' flows leave every port of the phase: each at half its rate
+                if number in times:  # both groups' flows leave every port of the phase, sharing it as
+                    # processor sharing (sim.engine.flow_table, Kleinrock 1967): the last ends at their sum
                     flow, latency = times[number]
-                    times[number] = (2 * max(flow, alone), max(latency, phase.latency_s))
+                    times[number] = (flow + alone, max(latency, phase.latency_s))
                 else:
                     times[number] = (alone, phase.latency_s)
         return sum(flow + latency for flow, latency in times.values())
