@@ -68,7 +68,8 @@ def test_what_the_recipe_does_not_stash_runs_again_in_the_backward():
     device = DeviceSpec(name="gpu", memory_bytes=80e9, peak_flop_per_s=1e15, peak_fp32_flop_per_s=6e13,
                         memory_bandwidth_bytes_per_s=3e12, peak_fp8_flop_per_s=2e15, kernel_issue_s=0.0)
     block = model.layers[1]
-    again = {"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up", "mla_kv_up", "swiglu", "experts_act"}
+    again = {"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up", "mla_kv_up", "mla_rope_q", "mla_rope_k",
+             "mla_q_cat", "mla_k_cat", "swiglu", "experts_act"}
     assert {k.name for k in block.kernels if k.recomputed} == again
     kept = replace(block, kernels=tuple(replace(k, recomputed=False) for k in block.kernels))
     expected = sum(kernel_forward_s(k, device, "bf16", 2) for k in block.kernels if k.name in again)

@@ -87,6 +87,33 @@ def test_mla_block_flops_per_token_written_out():
     assert "qkv" not in names and names.count("attention") == 1 and "mla_kv_up" in names
 
 
+def test_mla_assembles_its_queries_and_keys_in_four_memory_bound_passes_written_out():
+    # DeepSeek-V3's block (s 4096, a 128, d_h 128, d_h^R 64, d_v 128, bf16): rotary on q's rope part
+    # and on the shared key part, torch.cat of q (128 + 64 -> 192 a head) and of k (the shared part
+    # broadcast to every head); MLA.forward in deepseek-ai/DeepSeek-V3 inference/model.py
+    s, a, e = 4096, 128, 2
+    block = shard_model(build_model("llama", **dict(SMALL, hidden=7168, heads=a, kv_heads=a, seq_len=s),
+                                    mla=V3_MLA), Shard()).layers[1]
+    kernels = {k.name: k for k in block.kernels if k.name.startswith(("mla_rope", "mla_q_cat", "mla_k_cat"))}
+    expected = {  # name: (forward bytes, backward bytes)
+        "mla_rope_q": (2 * e * s * a * 64, 2 * e * s * a * 64),
+        "mla_rope_k": (2 * e * s * 64, e * s * a * 64 + 3 * e * s * 64),  # the broadcast's gradient summed over heads
+        "mla_q_cat": (e * s * a * 192 + e * s * a * 192, 2 * e * s * a * 192),
+        "mla_k_cat": (e * s * (a * 128 + 64) + e * s * a * 192, 2 * e * s * a * (128 + 128)),  # kv's split joined back
+    }
+    assert {n: (k.bytes, k.bwd_bytes) for n, k in kernels.items()} == expected
+    assert all(k.recomputed and k.flop == 0 for k in kernels.values())  # after the unstashed up-projections
+    names = [k.name for k in block.kernels]
+    assert names.index("mla_kv_up") < names.index("mla_rope_q") < names.index("mla_k_cat") < names.index("attention")
+    # each a roofline pass at the memory bandwidth: forward, again before its backward, then the backward
+    bandwidth = DEVICE.memory_bandwidth_bytes_per_s * DEVICE.memory_efficiency
+    only = replace(block, kernels=tuple(kernels.values()))
+    fwd, bwd, wgrad = layer_times_s(only, DEVICE, "bf16", 1)
+    assert fwd == pytest.approx(sum(f for f, _ in expected.values()) / bandwidth, rel=1e-12)
+    assert bwd == pytest.approx(sum(f + b for f, b in expected.values()) / bandwidth, rel=1e-12)
+    assert wgrad == 0
+
+
 def test_mla_stashes_the_latents_instead_of_queries_keys_and_values():
     s, h, a, e = 4096, 7168, 128, 2
     latent = e * s * (h + 1536 + 512 + 64 + a * 128) + 4 * a * s

@@ -12,7 +12,8 @@ a heads of widths d_qk = d_h + d_h^R (queries and keys) and d_v (values), DeepSe
   2·s²·a·(d_qk + d_v) (4s²h for multi-head attention of a·d_v = h; the causal mask not
   subtracted, as ``sim.models.transformer`` counts it);
 * kernels: the down-projections (q_down h → d'_c, kv_down h → d_c + d_h^R) and their norms, the
-  up-projections (q_up d'_c → a·d_qk, kv_up d_c → a·(d_h + d_v)), one fused attention on
+  up-projections (q_up d'_c → a·d_qk, kv_up d_c → a·(d_h + d_v)), the rotary embedding and the
+  copies that assemble the queries and keys (``_assembly``, below), one fused attention on
   d_qk-wide queries and keys and d_v-wide values, and the output projection a·d_v → h;
 * stash, as DeepSeek-V3 trains it: "we recompute all RMSNorm operations and MLA up-projections
   during back-propagation" (§3.2.3), so a block keeps the down-projections' input (e·sh), the
@@ -22,6 +23,30 @@ a heads of widths d_qk = d_h + d_h^R (queries and keys) and d_v (values), DeepSe
   The latents' norms and the up-projections run again in the backward (``KernelSpec.recomputed``:
   their forward time added to it, ``sim.cost.compute.layer_times_s``; about 2% of DeepSeek-V3's
   block, 0.11 GFLOP a token of its 5.7 forward and backward).
+
+Assembling the queries and keys (``_assembly``): the up-projections' outputs are split, not
+ready for the attention. Both the frameworks run, per block (deepseek-ai/DeepSeek-V3
+``inference/model.py`` at 1ea5a1a, ``MLA.forward``; NVIDIA/Megatron-LM
+``megatron/core/transformer/multi_latent_attention.py`` at 13f8f52,
+``MLASelfAttention.get_query_key_value_tensors``): the rotary embedding on the queries' rope part
+(a·d_h^R an element of a token) and on the key's shared one (d_h^R), then ``torch.cat`` of each
+query's no-rope and rope parts into a·d_qk, and of each key's no-rope part with the shared rope
+part broadcast to every head (``expand``, a view) into a·d_qk. Each is a memory-bound pass
+(``sim.cost.kernels``' element-wise pricing), its bytes from the shapes in ``e``-byte elements:
+
+* ``mla_rope_q``: reads and writes s·a·d_h^R (one fused kernel, Megatron-Core's
+  ``apply_rope_fusion``); backward the same on the gradient;
+* ``mla_rope_k``: reads and writes s·d_h^R; backward, the broadcast's gradient summed over the
+  heads (reads s·a·d_h^R, writes s·d_h^R) and the rotation's (reads and writes s·d_h^R);
+* ``mla_q_cat``: reads s·a·(d_h + d_h^R), writes s·a·d_qk; backward, the split's gradient joins
+  the two parts' gradients into q's (the same bytes; the cat's own gradient is views);
+* ``mla_k_cat``: reads s·a·d_h + s·d_h^R, writes s·a·d_qk; backward, the split of kv_up's output
+  joins the keys' and values' gradients into its own (reads and writes s·a·(d_h + d_v)).
+
+They follow the up-projections, whose outputs are not stashed, so they run again in the backward
+(``recomputed``; Megatron-Core checkpoints them together, ``qkv_up_proj_and_rope_apply``). On
+DeepSeek-V3's block (4,096 tokens, 128 heads) 0.34 ms forward on an H800, 1.1 ms with the
+recompute and the backward.
 
 Modelled without tensor or context parallelism (DeepSeek-V3 uses neither, §3.2) and with a fused
 attention only; other plans are refused.
@@ -62,6 +87,20 @@ def mla_stash_bytes(mla: MlaSpec, seq_len: int, hidden: int, heads: int, d: int)
     return d * s * (hidden + latents + heads * mla.v_head_dim) + LSE_BYTES * heads * s
 
 
+def _assembly(mla: MlaSpec, s: int, a: int, d: int) -> tuple[KernelSpec, ...]:
+    """The rotary embeddings and copies that make the attention's queries and keys from the
+    up-projections' outputs, per sample (module docstring), each run again in the backward."""
+    rope, nope, qk, v = mla.rope_head_dim, mla.nope_head_dim, mla.qk_head_dim, mla.v_head_dim
+    return (
+        KernelSpec(name="mla_rope_q", bytes=2 * d * s * a * rope, bwd_bytes=2 * d * s * a * rope, recomputed=True),
+        KernelSpec(name="mla_rope_k", bytes=2 * d * s * rope, bwd_bytes=d * s * a * rope + 3 * d * s * rope,
+                   recomputed=True),
+        KernelSpec(name="mla_q_cat", bytes=2 * d * s * a * qk, bwd_bytes=2 * d * s * a * qk, recomputed=True),
+        KernelSpec(name="mla_k_cat", bytes=d * s * (a * nope + rope + a * qk), bwd_bytes=2 * d * s * a * (nope + v),
+                   recomputed=True),
+    )
+
+
 def _kernels(mla: MlaSpec, s: int, h: int, a: int, d: int, attention: str, causal: bool) -> tuple[KernelSpec, ...]:
     """The MLA kernels of one block (module docstring), in the order they run."""
     qk, v = mla.qk_head_dim, mla.v_head_dim
@@ -77,6 +116,7 @@ def _kernels(mla: MlaSpec, s: int, h: int, a: int, d: int, attention: str, causa
         _projection("mla_kv_down", s, mla.kv_lora_rank + mla.rope_head_dim, h, d),
         KernelSpec(name="mla_kv_norm", bytes=2 * d * s * mla.kv_lora_rank, recomputed=True),
         replace(_projection("mla_kv_up", s, a * (mla.nope_head_dim + v), mla.kv_lora_rank, d), recomputed=True),
+        *_assembly(mla, s, a, d),
         fused,
         _projection("proj", s, h, a * v, d),
     )
