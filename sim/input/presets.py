@@ -12,7 +12,12 @@ H100 SXM: NVIDIA H100 datasheet (989 bf16, 67 fp32, 3.35 TB/s);
 H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
 Kernel-model defaults (``sim.cost.kernels``: matrix efficiency e_max, the dimension D at which a
 product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
-starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``.
+starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``. One of
+them is tied to a measurement: the H100 SXM's bf16 e_max is the A100's times the two devices'
+measured ratio (``MAMF_BF16``, ``mamf_efficiency``): the largest matmul rate each reaches, by the
+same benchmark, with the size curve divided out. That ratio is 0.934, so the H100 prices its
+products at 0.75 x 0.934 = 0.70 where the A100 prices them at 0.75: the Hopper rows' bias is not
+the H100's matrix rate relative to the A100's.
 The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
 it depends on the framework and the host, not the device.
 Kernels run asynchronously on a GPU, so a launch adds no ``kernel_overhead`` of its own; the
@@ -130,8 +135,8 @@ from typing import Any, Mapping
 
 from sim.cost.reserved import reserved_memory_bytes
 
-__all__ = ["CUTLASS36_H800_FP8_TFLOPS", "DEEPGEMM_H800_FP8_TFLOPS", "DEEPGEMM_SPEEDUPS", "DEVICE_PRESETS",
-           "CLUSTER_PRESETS", "H100_FP8_EFFICIENCY", "OVERLAP_SLOWDOWN", "measured_fp8_efficiency"]
+__all__ = ["A100_EFFICIENCY", "CUTLASS36_H800_FP8_TFLOPS", "DEEPGEMM_H800_FP8_TFLOPS", "DEEPGEMM_SPEEDUPS", "DEVICE_PRESETS",
+           "CLUSTER_PRESETS", "H100_EFFICIENCY", "H100_FP8_EFFICIENCY", "MAMF_BF16", "mamf_efficiency", "OVERLAP_SLOWDOWN", "measured_fp8_efficiency"]
 
 OVERLAP_SLOWDOWN = 0.189
 """Compute's slowdown beside an overlapped collective on the A100 and H100 presets: "overlapping
@@ -179,7 +184,40 @@ def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float
 
 H100_FP8_EFFICIENCY = round(measured_fp8_efficiency(), 3)
 """The H100-class presets' ``fp8_efficiency``: DeepGEMM's H800 rates (``measured_fp8_efficiency``),
-0.613, against the bf16 products' e_max 0.7 (a starting point no measurement backs, docs/moe.md)."""
+0.613, against the bf16 products' e_max 0.7 (``H100_EFFICIENCY``)."""
+
+
+MAMF_BF16: Mapping[str, tuple[float, float, int, int]] = MappingProxyType({
+    "A100-80GB": (271.2, 312.0, 1024, 10240),
+    "H100-80GB": (794.5, 989.0, 2048, 2048),
+})
+"""Device -> ``(MAMF TFLOP/s, dense bf16 peak TFLOP/s, M, N of the best shape)``: the Maximum
+Achievable Matmul FLOPS, bf16 ``torch.mm`` over a brute-force sweep of shapes, the mean of 100
+iterations after 50 warm-up at each (S. Bekman, "Machine Learning Engineering Open Book",
+stas00/ml-engineering ``compute/accelerator/README.md`` at b9e2972, "Maximum Achievable Matmul FLOPS
+comparison table", BF16: "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 | 2.6.0+cu126" and
+"NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 | 2.7.0+cu126"; benchmark
+``compute/accelerator/benchmarks/mamf-finder.py``). One benchmark on both devices, so their ratio
+is a measurement even though each figure is the best shape's, not a training run's."""
+
+
+def mamf_efficiency(device: str, *, half_dim: float) -> float:
+    """The matrix efficiency e_max that ``sim.cost.compute.kernel_time_s`` would need to price
+    ``device``'s MAMF shape (``MAMF_BF16``) at its measured rate: the rate over the peak with the
+    size curve ``(1 + D/M)(1 + D/N)`` divided out (D: the preset's ``matmul_half_dim``)."""
+    rate, peak, m, n = MAMF_BF16[device]
+    return rate / peak * (1.0 + half_dim / m) * (1.0 + half_dim / n)
+
+
+A100_EFFICIENCY = 0.75
+"""The A100 preset's bf16 e_max: a starting point (module docstring), which the A100 rows
+(Korthikanti et al. 2022 Table 5, Narayanan et al. 2021 Table 1) are replayed with."""
+
+H100_EFFICIENCY = round(A100_EFFICIENCY * mamf_efficiency("H100-80GB", half_dim=64)
+                        / mamf_efficiency("A100-80GB", half_dim=48), 2)
+"""The H100-class presets' bf16 e_max: the A100's scaled by the measured MAMF ratio
+(``mamf_efficiency``: 0.854 against 0.914, 0.934), 0.701, to two places 0.70. Both presets
+price their products at 0.82 of what the MAMF benchmark measures at its best shape."""
 
 
 def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
@@ -194,7 +232,7 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "peak_fp32_flops": "67TFLOP/s",
         "peak_fp8_flops": "1979TFLOP/s",
         "memory_bandwidth": "3350GB/s",
-        "efficiency": 0.7,
+        "efficiency": H100_EFFICIENCY,
         "matmul_half_dim": 64,
         "kernel_overhead": "0s",
         "kernel_issue": "10us",
@@ -240,7 +278,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "peak_flops": "312TFLOP/s",
             "peak_fp32_flops": "19.5TFLOP/s",
             "memory_bandwidth": "2039GB/s",
-            "efficiency": 0.75,
+            "efficiency": A100_EFFICIENCY,
             "matmul_half_dim": 48,
             "kernel_overhead": "0s",
             "kernel_issue": "10us",
