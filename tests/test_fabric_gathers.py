@@ -19,7 +19,7 @@ from sim.app.check import describe
 from sim.core.parallelism import Sharding
 from sim.cost.comm import fsdp_gather, gradient_sync, ring_flow_bytes
 from sim.cost.fabric_comm import across_choice, nominal_crossing
-from sim.cost.group_comm import spanning_phases
+from sim.cost.group_comm import spanning_phases, tensor_parallel_volumes
 from sim.cost.tiers import group_crossing
 from sim.engine.groups import group_flows
 from sim.input.scenario import parse_scenario
@@ -141,3 +141,26 @@ def test_the_planners_gather_is_the_one_homes_on_a_fabric():
 def test_check_names_zero3s_reduce_scatter_and_its_whole_gradient():
     # the whole gradient (22.06 MiB of the stage's bf16 gradients over TP 8), not the layout's half
     assert describe(_scenario()).collectives == ("DP reduce-scatter 22.06MiB: ring across the core",)
+
+
+def test_the_engines_tensor_group_across_servers_sends_the_one_homes_protocol_bytes():
+    # TP 16 over servers 0 and 1 (pod 0) of small activations: NCCL's LL ring, whose bus bandwidth
+    # across two nodes is capped at llMaxBw 39 GB/s, against Simple's min(NVLink, 8 NICs): the bytes
+    # factor is their ratio, and the engine's cross-server flows carry it
+    scenario = parse_scenario(YAML.format(fabric=FABRIC, t=16, d=8).replace("hidden: 1024", "hidden: 64")
+                              .replace("seq_len: 1024", "seq_len: 64").replace("sharding: full", "sequence_parallel: true"))
+    model, plan, cluster = scenario.resolved.model, scenario.resolved.plan, scenario.cluster
+    group = next(g for g in plan.tensor_groups(0) if g[0] == 0)
+    assert [cluster.node_of(d) for d in group] == [0] * 8 + [1] * 8
+    samples = {0: {d: (0, 2) for d in plan.stages[0].devices}}
+    flows, latency = group_flows(plan, model, cluster, samples)
+    volumes = tensor_parallel_volumes(model.layers[slice(*plan.stages[0].layers)], "forward", 2)
+    across = spanning_phases(volumes, [8, 8], cluster, crossing=group_crossing(cluster, [0, 8]))["across"]
+    simple_bus = min(cluster.intra_node.collective_bandwidth_bytes_per_s, 8 * B * cluster.inter_node.collective_efficiency)
+    factor = simple_bus / min(39e9, 0.5 * simple_bus)
+    ring = sum((2 - 1) / 2 * b / 8 for b, _ in volumes.values())
+    assert across.bytes_per_device == pytest.approx(ring * factor)
+    assert {across_choice([8, 8], b / n, cluster, kind=kind).protocol for kind, (b, n) in volumes.items()} == {"LL"}
+    sent = [b for src, _, label, b in flows if label == ("TP", 0, "F", 1) and src in group]
+    assert sent == [pytest.approx(across.flow_bytes)] * 16
+    assert latency[("TP", 0, "F", 1)] == pytest.approx(across.latency_s)
