@@ -126,6 +126,7 @@ class CostTables(OverlapPricing, ExpertPricing):
             for phase in ("forward", "backward")
         } if t > 1 and is_hierarchical(self._tp_members) else None
         self._gathers: dict[int, tuple[float, float]] = {}  # per data_parallel: seconds per byte, latency
+        self._fabric_gathers: dict[tuple[int, float], float] = {}  # on a fabric: seconds per (data_parallel, bytes)
         self._unit_link = span_link(cluster, contiguous_span(cluster, self.unit))
         self._allreduce: dict[tuple, tuple] = {}
         self._param_bytes: dict[tuple[int, int], float] = {}  # memoised: the searches ask for the same stages often
@@ -210,6 +211,15 @@ class CostTables(OverlapPricing, ExpertPricing):
         when the stage's ``data_parallel`` units do not fit in one."""
         n = data_parallel * self.context_parallel
         members = members_per_node(self.cluster, n, self.tensor_parallel)
+        fabric = self.cluster.fabric is not None
+        if self.fsdp.path == "hierarchical" and is_hierarchical(members) and fabric:
+            # NCCL's protocol depends on the size: priced at the stage's bytes (sim.cost.fabric_comm)
+            key = (data_parallel, self.param_bytes(start, end))
+            if key not in self._fabric_gathers:
+                flows = busiest_nic_flows(self.cluster, min(members) * self.tensor_parallel)
+                phases = spanning_phases({"all-gather": (key[1], 1)}, members, self.cluster, flows_per_nic=flows)
+                self._fabric_gathers[key] = sum(p.seconds for p in phases.values())
+            return self._fabric_gathers[key]
         if self.fsdp.path == "hierarchical" and is_hierarchical(members):  # NCCL's path (sim.cost.group_comm)
             cached = self._gathers.get(data_parallel)
             if cached is None:  # the t gradient groups' cross-server flows share the NICs
@@ -221,6 +231,9 @@ class CostTables(OverlapPricing, ExpertPricing):
         link = span_link(self.cluster, contiguous_span(self.cluster, data_parallel * self.unit))
         if link.collectives is not None:  # measured: FSDP2's calls, one per layer (sim.cost.measured_comm)
             return fsdp_gather(n, self.param_bytes(start, end), link, self.cluster, units=end - start).seconds
+        if fabric and n > 1 and len(members) == n:  # one member a server: NCCL's ring over the tiers it climbs
+            return fsdp_gather(n, self.param_bytes(start, end), link, self.cluster,
+                               crossing=nominal_crossing(self.cluster, n)).seconds
         return collective_s(ring_bytes(n, self.param_bytes(start, end), halves=1), ring_steps(n, halves=1), link)
 
     def param_bytes(self, start: int, end: int) -> float:

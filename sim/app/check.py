@@ -21,6 +21,7 @@ from sim.app.description import (
     PlanDescription,
     StageDescription,
 )
+from sim.core.parallelism import Sharding
 from sim.core.units import format_bandwidth, format_bytes, format_time
 from sim.cost.comm import gradient_sync_bytes
 from sim.cost.fabric_comm import across_choice, choice_text
@@ -75,9 +76,11 @@ def gradient_algorithms(scenario: Scenario) -> tuple[str, ...]:
             continue
         dense = model.stage_param_bytes(*stage.layers) - model.expert_param_bytes(*stage.layers)
         nbytes = gradient_sync_bytes(dense * model.grad_bytes_per_param_byte, plan.sharding)
-        choice = across_choice([len(g) for g in servers], nbytes, cluster,
+        # ZeRO-3's reduce-scatter: laid out as an all-reduce of half, run by NCCL as a reduce-scatter of all
+        kind, nbytes = ("reduce-scatter", 2 * nbytes) if plan.sharding is Sharding.FULL else ("all-reduce", nbytes)
+        choice = across_choice([len(g) for g in servers], nbytes, cluster, kind=kind,
                                crossing=group_crossing(cluster, [g[0] for g in servers]))
-        line = choice_text(format_bytes(nbytes), choice)
+        line = choice_text(format_bytes(nbytes), choice, kind)
         if line not in lines:
             lines.append(line)
     return tuple(lines)

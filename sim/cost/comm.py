@@ -162,7 +162,8 @@ def cross_server_flow_bytes(servers: int, grad_bytes: float, cluster: ClusterSpe
 
 
 def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, cluster: ClusterSpec, *,
-                           flows_per_nic: int | None = None, crossing=None) -> tuple[CommCost, ...]:
+                           flows_per_nic: int | None = None, crossing=None,
+                           scatter: bool = False) -> tuple[CommCost, ...]:
     """The phases of an all-reduce of ``grad_bytes`` over ``members_per_node[j]`` GPUs on server j.
 
     The engine's layout (Jia et al. 2018, §3): one server, one ring all-reduce; several, a ring
@@ -171,7 +172,9 @@ def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, c
     carries the largest shard, 1/n of it), a ring all-gather inside each. ``flows_per_nic``:
     cross-server flows on the busiest NIC (default: the smallest server's GPUs through
     ``sim.cost.links.busiest_nic_flows``; 1 gives every flow a NIC of its own). Empty for one GPU. On a
-    fabric the cross-server phase is NCCL's algorithm over the tiers ``crossing`` (``fabric_comm``)."""
+    fabric the cross-server phase is NCCL's algorithm over the tiers ``crossing`` (``fabric_comm``);
+    ``scatter``: the layout stands for a reduce-scatter of twice ``grad_bytes`` (ZeRO-3's,
+    ``gradient_sync_bytes``: the same ring bytes), which NCCL runs across nodes as a ring only."""
     k, widest, smallest = len(members_per_node), max(members_per_node), min(members_per_node)
     if k * widest <= 1:
         return ()
@@ -185,8 +188,10 @@ def hierarchical_allreduce(members_per_node: Sequence[int], grad_bytes: float, c
         flows = busiest_nic_flows(cluster, smallest) if flows_per_nic is None else flows_per_nic
         across = _cost(ring_bytes(k, grad_bytes) / smallest, cross_server_flow_bytes(k, grad_bytes, cluster, smallest),
                        ring_steps(k), inter, cluster, inter.bandwidth_bytes_per_s / flows)
-        phases.append(across if cluster.fabric is None else
-                      fabric_across(across, members_per_node, grad_bytes, cluster, flows, crossing))
+        if cluster.fabric is not None:
+            across = fabric_across(across, members_per_node, grad_bytes * (2 if scatter else 1), cluster, flows,
+                                   crossing, kind="reduce-scatter" if scatter else "all-reduce")
+        phases.append(across)
         if widest > 1:
             phases.append(ring_collective("all-gather", widest, grad_bytes, intra, cluster))
     return tuple(phases)
@@ -222,7 +227,7 @@ def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: 
                          steps=ring_steps(members), link=link, across_servers=False,
                          rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=terms[0]),)
     return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding), cluster,
-                                  flows_per_nic=flows_per_nic, crossing=crossing)
+                                  flows_per_nic=flows_per_nic, crossing=crossing, scatter=sharding is Sharding.FULL)
 
 
 def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str,
@@ -299,11 +304,18 @@ def all_to_all_s(members_per_node: Sequence[int], nbytes: float, cluster: Cluste
     return max((phase.seconds for phase in phases), default=0.0)
 
 
-def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec, *, units: int = 1) -> CommCost:
+def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: ClusterSpec, *, units: int = 1,
+                crossing=None) -> CommCost:
     """FSDP's per-action all-gather of a stage's ``param_bytes`` over its ``members`` shards
     (Rajbhandari et al. 2020, §5.3; FSDP2's ``fully_shard``): a ring all-gather, alone on ``link``;
-    ``units`` calls (one per layer) where the link's collectives are measured."""
-    return ring_collective("all-gather", members, param_bytes, link, cluster, calls=units, fsdp=True)
+    ``units`` calls (one per layer) where the link's collectives are measured. ``crossing``: a group
+    of one member on each server, on a fabric: NCCL's ring all-gather (its protocol by size) over
+    the tiers it crosses (``sim.cost.fabric_comm.fabric_across``), as a gradient ring of such a group."""
+    ring = ring_collective("all-gather", members, param_bytes, link, cluster, calls=units, fsdp=True)
+    if crossing is None or cluster.fabric is None or ring.measured_latency_s is not None or members < 2:
+        return ring
+    return fabric_across(ring, [1] * members, param_bytes, cluster, busiest_nic_flows(cluster, 1), crossing,
+                         kind="all-gather")
 
 
 def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) -> float:

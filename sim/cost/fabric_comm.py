@@ -27,6 +27,14 @@ The split between the two models (:func:`fabric_across`):
   replaces the ring's ``steps × link latency``. The phases inside the servers keep their own
   ring latencies (an NVLink microsecond a step NCCL's intra chain counts as well: a small overcount).
 
+The other collectives that cross servers take the same path: FSDP/ZeRO-3's parameter
+all-gathers and gradient reduce-scatter, and a tensor-parallel group's collectives
+(:func:`fabric_calls_across`, each kind by the size of one call). Across nodes NCCL runs an
+all-gather or reduce-scatter as a **ring only** (tuning.cc ``ncclTopoTuneModel``: NVLS and
+CollNet Direct get no bandwidth across nodes without CollNet, PAT is for one GPU a node), so
+only the protocol is chosen by size: LL (half the bus bandwidth, the least latency) for small
+calls, LL128, or Simple for large ones; the bytes factor is then the protocol's (2 under LL).
+
 Pure Python, no SimPy.
 """
 
@@ -43,7 +51,7 @@ from sim.cost.tiers import INSIDE_SERVER, Crossing, group_crossing
 if TYPE_CHECKING:
     from sim.core.specs import ClusterSpec
 
-__all__ = ["AcrossChoice", "across_choice", "choice_text", "fabric_across", "nominal_crossing"]
+__all__ = ["AcrossChoice", "across_choice", "choice_text", "fabric_across", "fabric_calls_across", "nominal_crossing"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,11 +88,15 @@ def _tier_latency_s(cluster: ClusterSpec, crossing: Crossing) -> float:
 
 
 def across_choice(members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec, *,
-                  flows_per_nic: int | None = None, crossing: Crossing | None = None) -> AcrossChoice:
-    """NCCL's all-reduce of ``nbytes`` over ``members_per_node[j]`` GPUs on server j across the
-    fabric's tiers (the module docstring). ``flows_per_nic``: cross-server flows on the busiest NIC
-    (default: the smallest server's GPUs, ``busiest_nic_flows``); ``crossing``: where the group's
-    cross-server ring goes (default: ``nominal_crossing``)."""
+                  flows_per_nic: int | None = None, crossing: Crossing | None = None,
+                  kind: str = "all-reduce") -> AcrossChoice:
+    """NCCL's ``kind`` (an all-reduce; an all-gather or reduce-scatter of ``nbytes`` gathered) over
+    ``members_per_node[j]`` GPUs on server j across the fabric's tiers (the module docstring).
+    ``flows_per_nic``: cross-server flows on the busiest NIC (default: the smallest server's GPUs,
+    ``busiest_nic_flows``); ``crossing``: where the group's cross-server ring goes (default:
+    ``nominal_crossing``). Across servers NCCL runs an all-gather or reduce-scatter as a ring only
+    (tuning.cc: NVLS and CollNet Direct get no bandwidth across nodes without CollNet, PAT only
+    with one GPU a node), so only its protocol is chosen, by size."""
     k, widest, smallest = len(members_per_node), max(members_per_node), min(members_per_node)
     crossing = nominal_crossing(cluster, k) if crossing is None else crossing
     flows = busiest_nic_flows(cluster, smallest) if flows_per_nic is None else flows_per_nic
@@ -95,8 +107,10 @@ def across_choice(members_per_node: Sequence[int], nbytes: float, cluster: Clust
     inter = InterTier(bandwidth_bytes_per_s=share, latency_s=link.latency_s + _tier_latency_s(cluster, crossing))
     kwargs = dict(generation=device_generation(cluster.device.name))
     algorithm = cluster.fabric.collective_algorithm if cluster.fabric is not None else "auto"
-    chosen = collective("all-reduce", widest, k, nbytes, intra, inter, algorithm=algorithm, **kwargs)
-    ring = collective("all-reduce", widest, k, nbytes, intra, inter, algorithm="ring", protocols=("Simple",), **kwargs)
+    if kind != "all-reduce":
+        algorithm = "ring"  # the tree runs all-reduce only: a forced ``tree`` leaves other kinds NCCL's ring
+    chosen = collective(kind, widest, k, nbytes, intra, inter, algorithm=algorithm, **kwargs)
+    ring = collective(kind, widest, k, nbytes, intra, inter, algorithm="ring", protocols=("Simple",), **kwargs)
     ring_s, chosen_s = ring.seconds - ring.latency_s, chosen.seconds - chosen.latency_s
     factor = chosen_s / ring_s if ring_s > 0 else 1.0
     return AcrossChoice(algorithm=chosen.algorithm, protocol=chosen.protocol, bytes_factor=factor,
@@ -104,17 +118,40 @@ def across_choice(members_per_node: Sequence[int], nbytes: float, cluster: Clust
 
 
 def fabric_across(ring_phase, members_per_node: Sequence[int], nbytes: float, cluster: ClusterSpec, flows: int,
-                  crossing: Crossing | None = None):
+                  crossing: Crossing | None = None, kind: str = "all-reduce"):
     """``ring_phase`` (the cross-server ring's ``sim.cost.comm.CommCost``) as the fabric runs it:
     its bytes times ``across_choice``'s factor, its rate over the crossing's oversubscription, NCCL's latency."""
-    choice = across_choice(members_per_node, nbytes, cluster, flows_per_nic=flows, crossing=crossing)
+    choice = across_choice(members_per_node, nbytes, cluster, flows_per_nic=flows, crossing=crossing, kind=kind)
     return replace(ring_phase, bytes_per_device=ring_phase.bytes_per_device * choice.bytes_factor,
                    flow_bytes=ring_phase.flow_bytes * choice.bytes_factor,
                    rate_bytes_per_s=ring_phase.rate_bytes_per_s / choice.crossing.oversubscription,
                    measured_latency_s=choice.latency_s)
 
 
-def choice_text(nbytes_text: str, choice: AcrossChoice) -> str:
-    """``DP all-reduce 1.6 GiB: ring`` (``tree``, ``nvls_tree``), with where it crosses."""
+def fabric_calls_across(ring_phase, calls: Sequence[tuple[str, float, float, int]], members_per_node: Sequence[int],
+                        cluster: ClusterSpec, flows: int, crossing: Crossing | None = None):
+    """``ring_phase``, the cross-server phase of several collectives of a group (a tensor-parallel
+    action's, FSDP's gathers: ``sim.cost.group_comm.spanning_phases``), as the fabric runs them.
+    ``calls``: per kind (kind, the ring's bytes per device of all its calls, bytes of one call
+    (NCCL's size, by which it picks the protocol), how many calls). Each kind's bytes times its
+    ``across_choice`` factor; the latency every call's NCCL latency; the rate over the crossing's
+    oversubscription (as :func:`fabric_across`)."""
+    ring_bytes = scaled = latency_s = 0.0
+    oversubscription = 1.0
+    for kind, nbytes, per_call_bytes, count in calls:
+        choice = across_choice(members_per_node, per_call_bytes, cluster, flows_per_nic=flows, crossing=crossing,
+                               kind=kind)
+        ring_bytes += nbytes
+        scaled += nbytes * choice.bytes_factor
+        latency_s += count * choice.latency_s
+        oversubscription = choice.crossing.oversubscription
+    factor = scaled / ring_bytes if ring_bytes > 0 else 1.0
+    return replace(ring_phase, bytes_per_device=ring_phase.bytes_per_device * factor,
+                   flow_bytes=ring_phase.flow_bytes * factor,
+                   rate_bytes_per_s=ring_phase.rate_bytes_per_s / oversubscription, measured_latency_s=latency_s)
+
+
+def choice_text(nbytes_text: str, choice: AcrossChoice, kind: str = "all-reduce") -> str:
+    """``DP all-reduce 1.6 GiB: ring`` (``tree``, ``nvls_tree``; ``DP reduce-scatter``: ZeRO-3's), with where it crosses."""
     where = "" if choice.crossing.tier == INSIDE_SERVER else f" across the {choice.crossing.name}"
-    return f"DP all-reduce {nbytes_text}: {choice.algorithm}{where}"
+    return f"DP {kind} {nbytes_text}: {choice.algorithm}{where}"

@@ -49,11 +49,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sim.cost.comm import HALVES, CommCost, ring_bytes, ring_steps
+from sim.cost.fabric_comm import fabric_calls_across
 from sim.cost.links import busiest_nic_flows
 
 if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec
     from sim.core.specs import ClusterSpec
+    from sim.cost.tiers import Crossing
 
 __all__ = ["PHASES", "across_bytes", "add_volumes", "context_ring_flows_per_nic", "is_hierarchical", "spanning_phases",
            "tensor_parallel_volumes", "within_bytes"]
@@ -119,13 +121,16 @@ def across_bytes(volumes: Volumes, servers: int, members: int) -> tuple[float, i
 
 
 def spanning_phases(volumes: Volumes, members_per_node: Sequence[int], cluster: ClusterSpec, *,
-                    flows_per_nic: int | None = None) -> dict[str, CommCost]:
+                    flows_per_nic: int | None = None, crossing: Crossing | None = None) -> dict[str, CommCost]:
     """The phases (``PHASES``' names that carry bytes) of a hierarchical group's collectives.
 
     Inside each server the widest server sets the time and steps; across, each GPU of the
     smallest server carries the largest shard (as ``sim.cost.comm.hierarchical_allreduce``).
     ``flows_per_nic``: cross-server flows on the busiest NIC (default: the smallest server's
-    GPUs, ``busiest_nic_flows``). Collectives move at each link's collective bandwidth.
+    GPUs, ``busiest_nic_flows``). Collectives move at each link's collective bandwidth. On a
+    fabric the across phase is each kind's NCCL algorithm and protocol over the tiers ``crossing``
+    (default: ``sim.cost.fabric_comm.nominal_crossing``), by the size of one call
+    (``fabric_calls_across``), as the gradient all-reduce's is.
     """
     k, widest, smallest = len(members_per_node), max(members_per_node), min(members_per_node)
     intra, inter = cluster.intra_node, cluster.inter_node
@@ -141,6 +146,10 @@ def spanning_phases(volumes: Volumes, members_per_node: Sequence[int], cluster: 
         if nbytes > 0 or steps > 0:
             phases[name] = CommCost(bytes_per_device=nbytes, flow_bytes=nbytes / link.collective_efficiency,
                                     steps=steps, link=link, across_servers=link is inter, rate_bytes_per_s=rate)
+    if cluster.fabric is not None and "across" in phases:
+        calls = [(kind, ring_bytes(k, b, halves=HALVES[kind]) / smallest, b / count, count)
+                 for kind, (b, count) in sorted(volumes.items()) if count > 0]
+        phases["across"] = fabric_calls_across(phases["across"], calls, members_per_node, cluster, flows, crossing)
     return phases
 
 

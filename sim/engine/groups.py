@@ -67,6 +67,7 @@ from sim.cost.group_comm import (
     within_bytes,
 )
 from sim.cost.links import by_server, group_link
+from sim.cost.tiers import group_crossing
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
@@ -89,8 +90,10 @@ def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: l
     """A hierarchical group's flows, one phase after another (``sim.cost.group_comm``): a ring
     inside each server, then each GPU's shard to the GPU of its rank on the next server (its
     rail), then a ring inside each server; each phase's latency the slowest group's."""
-    k = len(servers)
-    phases = spanning_phases(volumes, [len(g) for g in servers], cluster)
+    k, members = len(servers), [len(g) for g in servers]
+    # on a fabric the servers' ring (each server's first member to the next's) crosses the tiers it climbs
+    crossing = group_crossing(cluster, [g[0] for g in servers]) if cluster.fabric is not None else None
+    phases = spanning_phases(volumes, members, cluster, crossing=crossing)
     for number, name in enumerate(PHASES):
         cost = phases.get(name)
         if cost is None:
@@ -98,9 +101,13 @@ def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: l
         phase_label = (*label, number)
         latency[phase_label] = max(latency.get(phase_label, 0.0), cost.latency_s)
         if name == "across":
+            # NCCL's protocol's bytes over the ring's on a fabric (``sim.cost.fabric_comm.fabric_calls_across``)
+            factor = 1.0 if crossing is None else cost.bytes_per_device / across_bytes(volumes, k, min(members))[0]
             for j, g in enumerate(servers):
                 nxt = servers[(j + 1) % k]
                 nbytes = across_bytes(volumes, k, len(g))[0] / cluster.inter_node.collective_efficiency
+                if crossing is not None:
+                    nbytes *= factor
                 flows += [(d, nxt[i % len(nxt)], phase_label, nbytes) for i, d in enumerate(g)]
         else:
             for g in servers:
@@ -204,11 +211,17 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
                     for phase in ("F", "B"):
                         _spanning(servers, ("FS", s, phase), {"all-gather": (params, 1)}, cluster, flows, latency)
                     continue
+                # one member on each server, on a fabric: NCCL's ring over the tiers the group climbs
+                crossing = group_crossing(cluster, list(group)) if cluster.fabric is not None \
+                    and len(servers) == len(group) > 1 else None
                 gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster,
-                                     units=stage.layers[1] - stage.layers[0])  # FSDP2: a unit per layer
+                                     units=stage.layers[1] - stage.layers[0], crossing=crossing)  # FSDP2: a unit per layer
                 for phase in ("F", "B"):
                     flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
-                latency[("FS", s, "F")] = latency[("FS", s, "B")] = gather.latency_s
+                    if crossing is None:
+                        latency[("FS", s, phase)] = gather.latency_s
+                    else:  # each group its own tiers: the slowest group's latency
+                        latency[("FS", s, phase)] = max(latency.get(("FS", s, phase), 0.0), gather.latency_s)
     return flows, latency
 
 
