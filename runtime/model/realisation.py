@@ -23,7 +23,8 @@ def realisation_notes(plan: PlanSpec) -> tuple[str, ...]:
     if plan.sharding is Sharding.GRADIENTS and replicated:
         notes.append(
             "sharding: gradients runs as FSDP2 with reshard_after_forward=False (torch has no ZeRO-2 of its own): "
-            "gradients and optimizer state are 1/d as predicted, but FSDP2 reshards after each backward, so "
-            "between steps a device holds 1/d of its parameters where the prediction (ZeRO-2) holds them whole, "
-            "and gathers them whole from each forward to its backward")
+            "gradients and optimizer state are 1/d as predicted and the parameters are whole from each forward "
+            "to its backward as in ZeRO-2, but FSDP2 keeps its 1/d shard beside them (the shard the optimizer "
+            "steps; it reshards after each backward), so at the peak a device holds (1 + 1/d) of its parameters "
+            "where the prediction (ZeRO-2) holds them once, and between steps 1/d")
     return tuple(notes)
