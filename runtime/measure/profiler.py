@@ -14,6 +14,14 @@ built-in model is run alone on a batch of that size:
 * saved (stashed) activation bytes: what autograd keeps from one forward
   (``runtime.measure.memory.SavedTensorMeter``), and parameter bytes.
 
+Under a plan's selective recompute (``selective``, ``selective-op``) each block is profiled with its
+region checkpointed as the run holds it (``runtime.model.recompute.apply_selective``): its stash is
+what the checkpointed block keeps (the region's inputs and SAC's saved outputs) and its backward
+includes the region run again, the two numbers the simulator reads off a measured layer under that
+mode (``sim.cost.memory.layer_stash_bytes``: a measured layer's ``stash_bytes``; no kernels, so no
+recompute time of its own). Under ``full`` the layer is profiled whole: the executor re-runs the
+stage, and the simulator keeps the stage's input and rebuilds each layer's whole stash.
+
 The stash goes into the profile as the optional ``stash_size`` field ``sim.input.profiles`` reads;
 the complete measurements also go to a JSON file next to it.
 """
@@ -42,8 +50,10 @@ from runtime.model.models import (
     sample_shape,
     synthetic_batch,
 )
+from runtime.model.recompute import apply_selective
 from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
 from sim.core import jsonio
+from sim.core.parallelism import Recompute
 from sim.models import build_model
 
 __all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
@@ -105,7 +115,8 @@ def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch
 
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
                   warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
-                  sequence_parallel: bool = False, expert_parallel: int = 1, ring=None) -> LayerProfile:
+                  sequence_parallel: bool = False, expert_parallel: int = 1, ring=None,
+                  recompute: Recompute = Recompute.NONE) -> LayerProfile:
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
 
     With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
@@ -118,7 +129,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     context-parallel ``runtime.model.ring_attention.Ring``; every rank of it calls this together)
     the layer runs on one context rank's 1/c of every sequence, its attention over the ring
     (``runtime.model.context_parallel``): its times include the ring's key/value shifts as gloo or
-    NCCL makes them, its bytes are that rank's.
+    NCCL makes them, its bytes are that rank's. Under a selective ``recompute`` a block's region
+    is checkpointed as the run holds it (the module docstring).
     """
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
@@ -133,6 +145,7 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     c = 1 if ring is None else ring.size
     if ring is not None:  # after tensor parallelism, as the executor holds it (runtime.execution.holdings)
         apply_context_parallel(layer, ring, config.values["seq_len"], device)
+    apply_selective(layer, recompute)  # after TP and CP, as runtime.execution.holdings; none but selective modes
     x, labels = _layer_input(config, index, batch_size, device, seed, (t if sequence_parallel else 1) * c, ring)
     x.requires_grad_(x.is_floating_point())
 
@@ -167,10 +180,12 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
                    repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False,
-                   expert_parallel: int = 1, ring=None) -> list[LayerProfile]:
-    """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each)."""
+                   expert_parallel: int = 1, ring=None, recompute: Recompute = Recompute.NONE) -> list[LayerProfile]:
+    """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each;
+    ``recompute``: the plan's, for its selective modes' checkpointed regions)."""
     return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
-                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring)
+                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring,
+                          recompute=recompute)
             for k in range(num_layers(config))]
 
 

@@ -100,6 +100,6 @@ def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: i
     ring = context_ring(mesh["context"], dist.get_rank()) if c > 1 else None
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0,
                             mesh=mesh["tensor"] if t > 1 else None, sequence_parallel=runnable.plan.sequence_parallel,
-                            expert_parallel=runnable.plan.expert_parallel, ring=ring)
+                            expert_parallel=runnable.plan.expert_parallel, ring=ring, recompute=runnable.plan.recompute)
     collectives = measure_collectives(runnable, batch, device, repeats=repeats) if t > 1 else []
     return {"layers": layers, "collectives": collectives}

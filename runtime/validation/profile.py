@@ -132,7 +132,8 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
         dist.barrier()
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0,
                                     mesh=tp_mesh, sequence_parallel=runnable.plan.sequence_parallel,
-                                    expert_parallel=runnable.plan.expert_parallel, ring=ring))
+                                    expert_parallel=runnable.plan.expert_parallel, ring=ring,
+                                    recompute=runnable.plan.recompute))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
