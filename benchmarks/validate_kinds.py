@@ -9,8 +9,9 @@ attention, expert parallelism 2 on the MoE scenario with and without expert tens
 and a capacity factor, context parallelism 2) it runs ``dapple-run validate`` on 4 local gloo
 processes in a fresh process and prints one line: predicted and measured iteration time and
 the worst device's peak memory, and their errors (memory: the device error of largest magnitude,
-signed). A kind the runtime refuses (one line on stderr, exit 2) prints that line instead. Not part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py``
-checks its argument parsing only.
+signed). A kind the runtime refuses (one line on stderr, exit 2) prints that line instead. Not
+part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py`` checks its arguments
+and its lines only.
 
     python benchmarks/validate_kinds.py [--kinds data,fsdp-full] [--steps 6] [--slices 2]
         [--repeats 4] [--keep DIR] [--json FILE]

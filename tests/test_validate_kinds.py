@@ -16,7 +16,8 @@ _SPEC.loader.exec_module(validate_kinds)
 def test_every_kind_by_default_and_a_chosen_few():
     assert validate_kinds.parse_args([]).kinds == list(validate_kinds.KINDS)
     assert len(validate_kinds.KINDS) == 22
-    assert {"fp8", "mtp", "mla", "zb-h1", "interleaved", "moe-expert-tensor", "fsdp-full-tensor"} <= set(validate_kinds.KINDS)
+    new = {"fp8", "mtp", "mla", "zb-h1", "interleaved", "moe-expert-tensor", "fsdp-full-tensor"}
+    assert new <= set(validate_kinds.KINDS)
     args = validate_kinds.parse_args(["--kinds", "data, fsdp-full", "--steps", "3"])
     assert (args.kinds, args.steps, args.slices, args.repeats) == (["data", "fsdp-full"], 3, 2, 4)
 

@@ -320,3 +320,22 @@ def test_a_block_is_profiled_with_the_plans_selective_region_checkpointed():
     # full recompute re-runs the stage in the executor: the layer is profiled whole
     assert profile_layer(runnable.model, 1, 2, cpu, warmup=0, repeats=1,
                          recompute=Recompute.FULL).stash_bytes == whole.stash_bytes
+
+
+def test_a_device_of_expert_tensor_parallelism_is_profiled_holding_its_cut_of_its_experts():
+    # moe_tiny's block: 4 routed experts of three 32 x 32 fp32 matrices (12,288 B each). On EP 2 x
+    # ETP 2 a device holds 2 of them, each half wide: 1/4 of the 49,152 B, so 36,864 B fewer than
+    # whole; 37,632 B is what a run on 4 ranks holds per block ((91,776 - 8,192 - 8,320) / 2: its
+    # parameters less the embedding's and the head's). validate predicted +18.0% before
+    pytest.importorskip("torch")
+    import torch
+
+    from runtime.measure.profiler import profile_layer
+    from runtime.model.config import load_runnable
+
+    runnable = load_runnable(SCENARIOS / "moe_tiny_cpu.yaml")
+    cpu = torch.device("cpu")
+    whole = profile_layer(runnable.model, 1, 2, cpu, warmup=0, repeats=1)
+    cut = profile_layer(runnable.model, 1, 2, cpu, warmup=0, repeats=1, expert_parallel=2 * 2)
+    assert whole.param_bytes - cut.param_bytes == 4 * 3 * 32 * 32 * 4 * 3 // 4 == 36864
+    assert cut.param_bytes == 37632

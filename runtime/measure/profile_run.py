@@ -127,7 +127,8 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
                           f"context_parallel {c}")
     layers = sharded["layers"] if sharded is not None else profile_layers(
         runnable.model, batch, device, warmup=args.warmup, repeats=args.repeats, seed=0,
-        expert_parallel=runnable.plan.expert_parallel, recompute=runnable.plan.recompute)
+        expert_parallel=runnable.plan.expert_parallel * runnable.plan.expert_tensor_parallel,
+        recompute=runnable.plan.recompute)
     device_info = measure_device(device)
     profile_path, json_path = write_profile(layers, out, device=device_info["name"])
     result: dict[str, Any] = {

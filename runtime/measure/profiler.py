@@ -125,7 +125,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
     the sequence too. An MoE block runs every routed expert on this device's tokens (the FLOPs
     one device of an expert-parallel group does on average, without the all-to-all) and counts
-    the 1/``expert_parallel`` of the routed experts' bytes one device holds. With ``ring`` (a
+    the 1/``expert_parallel`` of the routed experts' bytes one device holds (pass EP × ETP: under
+    expert tensor parallelism a device holds count/EP experts, each 1/ETP of its width). With ``ring`` (a
     context-parallel ``runtime.model.ring_attention.Ring``; every rank of it calls this together)
     the layer runs on one context rank's 1/c of every sequence, its attention over the ring
     (``runtime.model.context_parallel``): its times include the ring's key/value shifts as gloo or
@@ -169,7 +170,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
         bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
     params = layer_param_bytes(layer)
     if isinstance(getattr(layer, "mlp", None), MoE):  # one device holds count/EP of the routed experts
-        params -= layer_param_bytes(layer.mlp.experts) * (expert_parallel - 1) // expert_parallel
+        routed = layer_param_bytes(layer.mlp.experts)
+        params -= routed - routed // expert_parallel
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
     mtp = {"mtp_depth": config.mtp_depth} if config.mtp_depth else {}  # the layer list with the mtp layer

@@ -127,13 +127,13 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     from runtime.measure.profiler import profile_layer
     from runtime.model.models import num_layers
 
-    layers = []
+    layers, plan = [], runnable.plan
     for index in range(num_layers(runnable.model)):
         dist.barrier()
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0,
-                                    mesh=tp_mesh, sequence_parallel=runnable.plan.sequence_parallel,
-                                    expert_parallel=runnable.plan.expert_parallel, ring=ring,
-                                    recompute=runnable.plan.recompute))
+                                    mesh=tp_mesh, sequence_parallel=plan.sequence_parallel,
+                                    expert_parallel=plan.expert_parallel * plan.expert_tensor_parallel, ring=ring,
+                                    recompute=plan.recompute))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
