@@ -357,3 +357,27 @@ def test_the_runtimes_other_realisations_are_named_where_a_plan_has_them():
     (split,) = realisation_notes(load_runnable(GPT, {"plan.schedule": "zb-h1"}).plan, num_microbatches=4)
     assert split.startswith("zb-h1 splits each backward") and "WGRAD_STASH_FRACTION" in split
     assert realisation_notes(load_runnable(GPT).plan, num_microbatches=4) == ()
+
+
+def test_an_mtp_layer_apart_from_the_embedding_is_profiled_with_its_copy_of_the_table():
+    # gpt_tiny untied with mtp_depth 1: layers embedding, 4 blocks, mtp (5), head (6). On a stage without
+    # the embedding the mtp layer holds a copy of the 128 x 64 fp32 table (32,768 B), which a measured
+    # profile, one number a layer, counts in the mtp layer (validate predicted -3.4% before)
+    pytest.importorskip("torch")
+    import torch
+
+    from runtime.measure.profiler import mtp_holds_table_copy, profile_layer
+    from runtime.model.config import load_runnable
+
+    apart = load_runnable(GPT, {"model.mtp_depth": "1", "plan.stages": "[{layers: [0, 3], devices: [0]}, "
+                                                                       "{layers: [3, 7], devices: [1]}]"})
+    assert mtp_holds_table_copy(apart.model, apart.plan)
+    together = load_runnable(GPT, {"model.mtp_depth": "1", "plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"})
+    assert not mtp_holds_table_copy(together.model, together.plan)
+    assert not mtp_holds_table_copy(load_runnable(GPT).model, apart.plan)  # no mtp layer
+    cpu = torch.device("cpu")
+    borrowed = profile_layer(apart.model, 5, 2, cpu, warmup=0, repeats=1)
+    copied = profile_layer(apart.model, 5, 2, cpu, warmup=0, repeats=1, table_copy=True)
+    assert copied.param_bytes - borrowed.param_bytes == 128 * 64 * 4
+    assert profile_layer(apart.model, 4, 2, cpu, warmup=0, repeats=1, table_copy=True).param_bytes == \
+        profile_layer(apart.model, 4, 2, cpu, warmup=0, repeats=1).param_bytes  # a block holds no table

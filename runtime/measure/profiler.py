@@ -56,7 +56,7 @@ from sim.core import jsonio
 from sim.core.parallelism import Recompute
 from sim.models import build_model
 
-__all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
+__all__ = ["LayerProfile", "mtp_holds_table_copy", "profile_layers", "profile_text", "write_profile"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +116,7 @@ def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
                   warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
                   sequence_parallel: bool = False, expert_parallel: int = 1, ring=None,
-                  recompute: Recompute = Recompute.NONE) -> LayerProfile:
+                  recompute: Recompute = Recompute.NONE, table_copy: bool = False) -> LayerProfile:
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
 
     With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
@@ -131,7 +131,8 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     the layer runs on one context rank's 1/c of every sequence, its attention over the ring
     (``runtime.model.context_parallel``): its times include the ring's key/value shifts as gloo or
     NCCL makes them, its bytes are that rank's. Under a selective ``recompute`` a block's region
-    is checkpointed as the run holds it (the module docstring).
+    is checkpointed as the run holds it (the module docstring). With ``table_copy``
+    (``mtp_holds_table_copy``) the mtp layer's bytes include its copy of the token table, 1/t of it.
     """
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
@@ -174,6 +175,9 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
         params -= routed - routed // expert_parallel
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
+    if table_copy and getattr(layer, "wants_labels", False):  # vocabulary-parallel under TP, as the run's copy
+        table = build_layer(config, 0, seed=seed, device=device).token.weight
+        params += table.numel() * table.element_size() // t
     mtp = {"mtp_depth": config.mtp_depth} if config.mtp_depth else {}  # the layer list with the mtp layer
     name = build_model(config.preset, **config.values, **mtp).layers[index].name
     return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
@@ -182,13 +186,29 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
                    repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False,
-                   expert_parallel: int = 1, ring=None, recompute: Recompute = Recompute.NONE) -> list[LayerProfile]:
+                   expert_parallel: int = 1, ring=None, recompute: Recompute = Recompute.NONE,
+                   table_copy: bool = False) -> list[LayerProfile]:
     """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each;
-    ``recompute``: the plan's, for its selective modes' checkpointed regions)."""
+    ``recompute``: the plan's, for its selective modes' checkpointed regions; ``table_copy``: see
+    ``profile_layer``)."""
     return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
                           sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring,
-                          recompute=recompute)
+                          recompute=recompute, table_copy=table_copy)
             for k in range(num_layers(config))]
+
+
+def mtp_holds_table_copy(config: ModelConfig, plan) -> bool:
+    """Whether ``plan``'s mtp layer holds a copy of the token table: an untied model whose mtp layer's
+    devices hold no embedding (``runtime.model.models._share_table``, Megatron-Core's MTP stage; the
+    simulator's ``tied_layers``). A measured profile cannot say that two layers share a table, so the
+    copy is counted in the mtp layer's bytes, as each device of that layer holds it."""
+    if config.preset not in TRANSFORMERS or not config.mtp_depth or config.values["tied_embeddings"]:
+        return False
+
+    def devices(k: int) -> set[int]:
+        return {d for stage in plan.stages if stage.layers[0] <= k < stage.layers[1] for d in stage.devices}
+
+    return not devices(num_layers(config) - 2) & devices(0)
 
 
 def profile_text(layers: list[LayerProfile]) -> str:

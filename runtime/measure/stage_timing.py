@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from runtime.measure.memory import SavedTensorMeter, static_bytes
-from runtime.measure.profiler import profile_layers, write_profile
+from runtime.measure.profiler import mtp_holds_table_copy, profile_layers, write_profile
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import apply_context_parallel, sequence_positions
 from runtime.model.models import (
@@ -180,7 +180,8 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     fewest = min(scenario.plan.num_replicas(s) for s in range(scenario.plan.num_stages))
     batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats,
-                            recompute=runnable.plan.recompute)
+                            recompute=runnable.plan.recompute,
+                            table_copy=mtp_holds_table_copy(runnable.model, runnable.plan))
     write_profile(layers, folder, device=device.type)
     plan = plan_to_dict(scenario.plan, scenario.training)
     cluster = scenario.cluster

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from runtime.measure.profiler import profile_layers
+from runtime.measure.profiler import mtp_holds_table_copy, profile_layers
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import context_ring
 from runtime.model.models import TORCH_DTYPES
@@ -102,6 +102,6 @@ def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: i
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0,
                             mesh=mesh["tensor"] if t > 1 else None, sequence_parallel=plan.sequence_parallel,
                             expert_parallel=plan.expert_parallel * plan.expert_tensor_parallel, ring=ring,
-                            recompute=plan.recompute)
+                            recompute=plan.recompute, table_copy=mtp_holds_table_copy(runnable.model, plan))
     collectives = measure_collectives(runnable, batch, device, repeats=repeats) if t > 1 else []
     return {"layers": layers, "collectives": collectives}

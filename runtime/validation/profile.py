@@ -124,7 +124,7 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
-    from runtime.measure.profiler import profile_layer
+    from runtime.measure.profiler import mtp_holds_table_copy, profile_layer
     from runtime.model.models import num_layers
 
     layers, plan = [], runnable.plan
@@ -133,7 +133,7 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0,
                                     mesh=tp_mesh, sequence_parallel=plan.sequence_parallel,
                                     expert_parallel=plan.expert_parallel * plan.expert_tensor_parallel, ring=ring,
-                                    recompute=plan.recompute))
+                                    recompute=plan.recompute, table_copy=mtp_holds_table_copy(runnable.model, plan)))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
