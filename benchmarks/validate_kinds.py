@@ -2,12 +2,16 @@
 
 For each kind of plan the runtime runs (``KINDS``: data parallelism, a 4-stage DAPPLE (1F1B)
 pipeline, tensor parallelism 2 × pipeline 2 with and without sequence parallelism, ZeRO-1,
-FSDP2 gradients (``sharding: gradients``) and full, selective recompute, expert parallelism 2
-on the MoE scenario, context parallelism 2) it runs ``dapple-run validate`` on 4 local gloo
+FSDP2 gradients (``sharding: gradients``) and full, full sharding over tensor parallelism 2 (2D),
+selective, selective-op and full recompute, the split-backward and interleaved schedules (zb-h1,
+interleaved 1F1B, zb-v, dualpipe-v), FP8 products, multi-token prediction, multi-head latent
+attention, expert parallelism 2 on the MoE scenario with and without expert tensor parallelism 2
+and a capacity factor, context parallelism 2) it runs ``dapple-run validate`` on 4 local gloo
 processes in a fresh process and prints one line: predicted and measured iteration time and
-the worst device's peak memory, and their errors. A kind the runtime refuses (one line on
-stderr, exit 2) prints that line instead. Not part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py``
-checks its argument parsing only.
+the worst device's peak memory, and their errors (memory: the device error of largest magnitude,
+signed). A kind the runtime refuses (one line on stderr, exit 2) prints that line instead. Not
+part of any test suite (minutes of CPU); ``tests/test_validate_kinds.py`` checks its arguments
+and its lines only.
 
     python benchmarks/validate_kinds.py [--kinds data,fsdp-full] [--steps 6] [--slices 2]
         [--repeats 4] [--keep DIR] [--json FILE]
@@ -30,6 +34,12 @@ ONE_STAGE = "plan.stages=[{layers: [0, 6], devices: [0, 1, 2, 3]}]"
 TWO_STAGES = "plan.stages=[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 6], devices: [2, 3]}]"
 FOUR_STAGES = ("plan.stages=[{layers: [0, 2], devices: [0]}, {layers: [2, 3], devices: [1]}, "
                "{layers: [3, 4], devices: [2]}, {layers: [4, 6], devices: [3]}]")
+TWO_BY_TWO = ("plan.stages=[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 3], devices: [2, 3]}, "
+              "{layers: [3, 5], devices: [0, 1]}, {layers: [5, 6], devices: [2, 3]}]")  # stage s on set s mod 2
+V_SHAPE = ("plan.stages=[{layers: [0, 2], devices: [0, 1]}, {layers: [2, 3], devices: [2, 3]}, "
+           "{layers: [3, 5], devices: [2, 3]}, {layers: [5, 6], devices: [0, 1]}]")  # stages s and 3 - s on set s
+MTP_STAGES = "plan.stages=[{layers: [0, 3], devices: [0, 1]}, {layers: [3, 7], devices: [2, 3]}]"  # the mtp layer: 7
+MOE_ONE_STAGE = "plan.stages=[{layers: [0, 4], devices: [0, 1, 2, 3]}]"
 
 KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "data": (GPT, (FOUR, ONE_STAGE)),
@@ -40,8 +50,21 @@ KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fsdp-gradients": (GPT, (FOUR, ONE_STAGE, "plan.sharding=gradients")),
     "fsdp-full": (GPT, (FOUR, ONE_STAGE, "plan.sharding=full")),
     "selective-recompute": (GPT, (FOUR, TWO_STAGES, "plan.recompute=selective")),
-    "moe-ep2": (MOE, (FOUR, "plan.stages=[{layers: [0, 4], devices: [0, 1, 2, 3]}]", "plan.expert_parallel=2")),
+    "moe-ep2": (MOE, (FOUR, MOE_ONE_STAGE, "plan.expert_parallel=2")),
     "context": (GPT, (FOUR, TWO_STAGES, "plan.context_parallel=2")),
+    "full-recompute": (GPT, (FOUR, TWO_STAGES, "plan.recompute=full")),
+    "selective-op": (GPT, (FOUR, TWO_STAGES, "plan.recompute=selective-op")),
+    "fsdp-full-tensor": (GPT, (FOUR, ONE_STAGE, "plan.sharding=full", "plan.tensor_parallel=2")),
+    "zb-h1": (GPT, (FOUR, FOUR_STAGES, "plan.schedule=zb-h1")),
+    "interleaved": (GPT, (FOUR, TWO_BY_TWO, "plan.schedule={name: interleaved, chunks: 2}")),
+    "zb-v": (GPT, (FOUR, V_SHAPE, "plan.schedule={name: zb-v, chunks: 2}", "training.microbatch_size=2")),
+    "dualpipe-v": (GPT, (FOUR, V_SHAPE, "plan.schedule={name: dualpipe-v, chunks: 2}", "training.microbatch_size=2")),
+    "fp8": (GPT, (FOUR, TWO_STAGES, "model.gemm_dtype=fp8", "cluster.device.peak_fp8_flops=50GFLOP/s")),
+    "mtp": (GPT, (FOUR, MTP_STAGES, "model.mtp_depth=1")),
+    "mla": (GPT, (FOUR, TWO_STAGES, "model.mla={q_lora_rank: 24, kv_lora_rank: 16, rope_head_dim: 8, "
+                  "nope_head_dim: 16, v_head_dim: 12}", "model.attention=sdpa")),
+    "moe-expert-tensor": (MOE, (FOUR, MOE_ONE_STAGE, "plan.expert_parallel=2", "plan.expert_tensor_parallel=2")),
+    "moe-capacity": (MOE, (FOUR, MOE_ONE_STAGE, "plan.expert_parallel=2", "model.experts.capacity_factor=1.0")),
 }
 """Kind -> (scenario, ``--set`` overrides): each a plan on devices 0..3 of one 4-device server."""
 
@@ -87,8 +110,15 @@ def validate_kind(kind: str, args: argparse.Namespace, out: Path) -> dict:
         "time_error": report["error"]["iteration_time_frac"],
         "predicted_peak_bytes": max(d.get("peak_memory_bytes") or 0.0 for d in predicted["devices"]),
         "measured_peak_bytes": max(d.get("peak_memory_bytes") or 0.0 for d in measured["devices"]),
-        "memory_error": report["error"].get("peak_memory_frac"),
+        "memory_error": worst_memory_error(report["error"]),
     }
+
+
+def worst_memory_error(error: dict) -> float | None:
+    """The device error of largest magnitude in peak memory, with its sign ((predicted − measured) /
+    measured: + predicts high); the report's own ``peak_memory_frac`` is that magnitude."""
+    fracs = [d["peak_memory_frac"] for d in error.get("devices", ()) if d.get("peak_memory_frac") is not None]
+    return max(fracs, key=abs, default=error.get("peak_memory_frac"))
 
 
 def line(row: dict) -> str:
@@ -104,7 +134,8 @@ def line(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"{'kind':<20} {'pred ms':>9} {'meas ms':>9} {'time err':>8} {'pred MiB':>9} {'meas MiB':>9} {'mem err':>8}"
-          "   (dapple-run validate, 4 gloo ranks; peak memory: the worst device's; its error the report's)")
+          "   (dapple-run validate, 4 gloo ranks; peak memory: the worst device's; mem err: the device error of "
+          "largest magnitude, signed, + predicts high)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="validate-kinds-") as scratch:
         for kind in args.kinds:

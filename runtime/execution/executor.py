@@ -136,7 +136,7 @@ class RankExecutor:
         self.last_backward = {a.stage: i for i, a in enumerate(self.actions) if a.kind in (K.B, K.W)}
         gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
             if plan.sharding in FSDP_SHARDINGS else None
-        self.meter = SavedTensorMeter(self.params, current=gathered)
+        self.meter = SavedTensorMeter(self.params, current=gathered, count_gathered=plan.sharding is Sharding.GRADIENTS)
         # gloo: activations and gradients on connections of their own (see runtime.execution.p2p)
         directions = (dist.new_group(), dist.new_group()) if device.type == "cpu" else (None, None)
         self.mailbox = Mailbox(self.actions, self._envelopes, device=device, timeout=self.timeout,
@@ -192,7 +192,7 @@ class RankExecutor:
             time_s=end - t0, loss=float(self.loss), state_bytes=state_bytes(self.params, self.optimizer),
             peak_activation_bytes=float(self.meter.peak_bytes) if self.counting else None,
             allocator_peak_bytes=float(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
-            rows=rows, grads=grads,
+            rows=rows, grads=grads, gathered_bytes=self.meter.peak_gathered_bytes if self.counting else 0,
         )
 
     def _actions(self, step: int, t0: float, batch) -> list[dict[str, Any]]:

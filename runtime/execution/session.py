@@ -91,11 +91,14 @@ def _memory(records: list) -> dict[str, Any]:
     """Peak memory of one rank: the allocator's on a GPU; on a CPU the largest static bytes
     (parameters, gradients, optimizer state) plus the peak of the counted activations. By
     kind (``memory_breakdown_bytes``, the simulator's keys): the model states this device
-    stores at the end of its fullest step and the peak of the counted activations; receive
-    buffers and gathered parameters are not counted (``buffers`` is None)."""
+    stores at the end of its fullest step and the peak of the counted activations, the parameters
+    with those FSDP2 held gathered at that peak under ``sharding: gradients`` (ZeRO-2's whole
+    parameters: ``runtime.measure.memory``); receive buffers and a ``full`` unit gathered while it
+    runs are not counted (``buffers`` is None)."""
     counted = [r.peak_activation_bytes for r in records if r.peak_activation_bytes is not None]
     activations = max(counted) if counted else None
-    states = max((r.state_bytes for r in records), key=lambda kinds: sum(kinds.values()))
+    states = dict(max((r.state_bytes for r in records), key=lambda kinds: sum(kinds.values())))
+    states["parameters"] += max(r.gathered_bytes for r in records)
     if records[0].allocator_peak_bytes is not None:
         peak = max(r.allocator_peak_bytes for r in records)
     else:

@@ -64,3 +64,7 @@ class StepRecord:
     """Trace rows in ``SimResult.event_rows`` format."""
     grads: dict[str, torch.Tensor] | None = None
     """Gradients by parameter name before the optimizer step (only when asked)."""
+    gathered_bytes: int = 0
+    """Parameters FSDP2 held gathered (unsharded) at the activation peak, beside ``state_bytes``'s
+    shards: counted under ``sharding: gradients`` only (``runtime.measure.memory``), when this
+    step counted activations."""

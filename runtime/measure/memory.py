@@ -15,6 +15,16 @@ are added by the executor with ``hold``/``release``. Outputs that selective acti
 checkpointing caches (``runtime.model.recompute``) are handed over with ``hold_cached`` by the
 checkpointed forward, which finds the meter watching it with ``watching_meter``; each counts
 until SAC consumes it in the backward.
+
+FSDP2 swaps a unit's sharded parameters for gathered (unsharded) ones from its forward on; with
+``reshard_after_forward=False`` (the runtime's ``sharding: gradients``, ``runtime.model.sharding``)
+it keeps them until the unit's backward, so at the activation peak, the end of a forward, a device
+holds every unit's whole parameters beside its shards. ZeRO-2 holds those whole parameters as its
+model state (Rajbhandari et al. 2020, §5.2: P_os+g), so a meter built with ``count_gathered``
+records the most parameter bytes held gathered at any saved tensor (``peak_gathered_bytes``: the
+whole stage's by the end of a forward, when the activations peak too), which the run adds to the
+parameters it holds at rest. Under ``full`` a unit is gathered only while it runs: a buffer
+(``sim.cost.memory.stage_held_bytes``), counted by neither side of a CPU comparison.
 """
 
 from __future__ import annotations
@@ -64,20 +74,41 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
 class SavedTensorMeter:
     """Current and peak bytes of saved activations, counted by storage."""
 
-    def __init__(self, parameters: Iterable[torch.Tensor] = (), current=None) -> None:
+    def __init__(self, parameters: Iterable[torch.Tensor] = (), current=None, *, count_gathered: bool = False) -> None:
         """``current``: a callable returning the parameters as they are now, checked at each
         saved tensor (FSDP2 swaps a layer's sharded parameters for gathered ones during its
-        forward; what a layer saves of those is the gathered parameter, not an activation)."""
+        forward; what a layer saves of those is the gathered parameter, not an activation);
+        ``count_gathered``: also record the most bytes of those held gathered."""
         self.current_bytes = 0
         """Bytes of the activations saved now."""
         self.peak_bytes = 0
         """Highest ``current_bytes`` since the last ``reset_peak``."""
+        self.peak_gathered_bytes = 0
+        """Most bytes of gathered (unsharded) parameters held at a saved tensor since the last
+        ``reset_peak`` (with ``count_gathered`` and ``current`` only; else 0)."""
         self._refs: dict[tuple, int] = {}
         self._excluded = {_storage_key(p)[0] for p in parameters}
         self._current = current
+        self._count_gathered = count_gathered and current is not None
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.current_bytes
+        self.peak_gathered_bytes = self.gathered_bytes()
+
+    def gathered_bytes(self) -> int:
+        """Bytes of the parameters held gathered now: those ``current`` returns that are not the
+        shards the meter was built with, each storage once (0 without ``count_gathered``)."""
+        if not self._count_gathered:
+            return 0
+        held = {}
+        for p in self._current():
+            try:
+                key = _storage_key(p)
+            except RuntimeError:  # a storage torch has swapped out from under Python (FSDP2's all-gather)
+                continue
+            if key[1] and key[0] not in self._excluded:
+                held[key[0]] = _local_bytes(p)  # the tensor's own bytes: FSDP2 pads its all-gather output
+        return sum(held.values())
 
     def _acquire(self, key: tuple) -> None:
         count = self._refs.get(key, 0)
@@ -85,6 +116,8 @@ class SavedTensorMeter:
         if count == 0:
             self.current_bytes += key[1]
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        if self._count_gathered:
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes())
 
     def _release(self, key: tuple) -> None:
         count = self._refs[key] - 1

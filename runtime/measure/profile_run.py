@@ -112,7 +112,7 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
 
     # torch only where this runs: the command line and its checks before launch stay torch-free
     from runtime.measure.bandwidth import cluster_yaml, measure_device
-    from runtime.measure.profiler import profile_layers, write_profile
+    from runtime.measure.profiler import mtp_holds_table_copy, profile_layers, write_profile
 
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -127,7 +127,8 @@ def finish(runnable: RunnableScenario, args: argparse.Namespace, out: Path, devi
                           f"context_parallel {c}")
     layers = sharded["layers"] if sharded is not None else profile_layers(
         runnable.model, batch, device, warmup=args.warmup, repeats=args.repeats, seed=0,
-        expert_parallel=runnable.plan.expert_parallel)
+        expert_parallel=runnable.plan.expert_parallel * runnable.plan.expert_tensor_parallel,
+        recompute=runnable.plan.recompute, table_copy=mtp_holds_table_copy(runnable.model, runnable.plan))
     device_info = measure_device(device)
     profile_path, json_path = write_profile(layers, out, device=device_info["name"])
     result: dict[str, Any] = {

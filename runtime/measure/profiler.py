@@ -14,6 +14,14 @@ built-in model is run alone on a batch of that size:
 * saved (stashed) activation bytes: what autograd keeps from one forward
   (``runtime.measure.memory.SavedTensorMeter``), and parameter bytes.
 
+Under a plan's selective recompute (``selective``, ``selective-op``) each block is profiled with its
+region checkpointed as the run holds it (``runtime.model.recompute.apply_selective``): its stash is
+what the checkpointed block keeps (the region's inputs and SAC's saved outputs) and its backward
+includes the region run again, the two numbers the simulator reads off a measured layer under that
+mode (``sim.cost.memory.layer_stash_bytes``: a measured layer's ``stash_bytes``; no kernels, so no
+recompute time of its own). Under ``full`` the layer is profiled whole: the executor re-runs the
+stage, and the simulator keeps the stage's input and rebuilds each layer's whole stash.
+
 The stash goes into the profile as the optional ``stash_size`` field ``sim.input.profiles`` reads;
 the complete measurements also go to a JSON file next to it.
 """
@@ -42,11 +50,13 @@ from runtime.model.models import (
     sample_shape,
     synthetic_batch,
 )
+from runtime.model.recompute import apply_selective
 from runtime.model.tensor_parallel import loss_parallel_if, parallelize_layer
 from sim.core import jsonio
+from sim.core.parallelism import Recompute
 from sim.models import build_model
 
-__all__ = ["LayerProfile", "profile_layers", "profile_text", "write_profile"]
+__all__ = ["LayerProfile", "mtp_holds_table_copy", "profile_layers", "profile_text", "write_profile"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,7 +115,8 @@ def _layer_input(config: ModelConfig, index: int, batch_size: int, device: torch
 
 def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torch.device, *,
                   warmup: int = 3, repeats: int = 10, seed: int = 0, mesh=None,
-                  sequence_parallel: bool = False, expert_parallel: int = 1, ring=None) -> LayerProfile:
+                  sequence_parallel: bool = False, expert_parallel: int = 1, ring=None,
+                  recompute: Recompute = Recompute.NONE, table_copy: bool = False) -> LayerProfile:
     """Measure layer ``index`` of ``config`` on ``batch_size`` samples on ``device``.
 
     With ``mesh`` (a 1D tensor-parallel mesh; every rank of it calls this together) the layer
@@ -114,11 +125,14 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     the sequence it sends to the next stage, and with sequence parallelism its input is 1/t of
     the sequence too. An MoE block runs every routed expert on this device's tokens (the FLOPs
     one device of an expert-parallel group does on average, without the all-to-all) and counts
-    the 1/``expert_parallel`` of the routed experts' bytes one device holds. With ``ring`` (a
+    the 1/``expert_parallel`` of the routed experts' bytes one device holds (pass EP × ETP: under
+    expert tensor parallelism a device holds count/EP experts, each 1/ETP of its width). With ``ring`` (a
     context-parallel ``runtime.model.ring_attention.Ring``; every rank of it calls this together)
     the layer runs on one context rank's 1/c of every sequence, its attention over the ring
     (``runtime.model.context_parallel``): its times include the ring's key/value shifts as gloo or
-    NCCL makes them, its bytes are that rank's.
+    NCCL makes them, its bytes are that rank's. Under a selective ``recompute`` a block's region
+    is checkpointed as the run holds it (the module docstring). With ``table_copy``
+    (``mtp_holds_table_copy``) the mtp layer's bytes include its copy of the token table, 1/t of it.
     """
     layer = build_layer(config, index, seed=seed, device=device)
     is_head = index == num_layers(config) - 1
@@ -133,6 +147,7 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
     c = 1 if ring is None else ring.size
     if ring is not None:  # after tensor parallelism, as the executor holds it (runtime.execution.holdings)
         apply_context_parallel(layer, ring, config.values["seq_len"], device)
+    apply_selective(layer, recompute)  # after TP and CP, as runtime.execution.holdings; none but selective modes
     x, labels = _layer_input(config, index, batch_size, device, seed, (t if sequence_parallel else 1) * c, ring)
     x.requires_grad_(x.is_floating_point())
 
@@ -156,9 +171,13 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
         bwd_s = _median_time(backward, device, warmup, repeats, setup=forward)
     params = layer_param_bytes(layer)
     if isinstance(getattr(layer, "mlp", None), MoE):  # one device holds count/EP of the routed experts
-        params -= layer_param_bytes(layer.mlp.experts) * (expert_parallel - 1) // expert_parallel
+        routed = layer_param_bytes(layer.mlp.experts)
+        params -= routed - routed // expert_parallel
     if is_head and config.preset in TRANSFORMERS and config.values["tied_embeddings"]:
         params -= layer.proj.weight.numel() * layer.proj.weight.element_size()  # the embedding's bytes, as sim.models counts
+    if table_copy and getattr(layer, "wants_labels", False):  # vocabulary-parallel under TP, as the run's copy
+        table = build_layer(config, 0, seed=seed, device=device).token.weight
+        params += table.numel() * table.element_size() // t
     mtp = {"mtp_depth": config.mtp_depth} if config.mtp_depth else {}  # the layer list with the mtp layer
     name = build_model(config.preset, **config.values, **mtp).layers[index].name
     return LayerProfile(name=name, batch_size=batch_size, fwd_s=fwd_s, bwd_s=bwd_s, output_bytes=output_bytes,
@@ -167,11 +186,29 @@ def profile_layer(config: ModelConfig, index: int, batch_size: int, device: torc
 
 def profile_layers(config: ModelConfig, batch_size: int, device: torch.device, *, warmup: int = 3,
                    repeats: int = 10, seed: int = 0, mesh=None, sequence_parallel: bool = False,
-                   expert_parallel: int = 1, ring=None) -> list[LayerProfile]:
-    """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each)."""
+                   expert_parallel: int = 1, ring=None, recompute: Recompute = Recompute.NONE,
+                   table_copy: bool = False) -> list[LayerProfile]:
+    """Every layer of the model, in order (with ``mesh`` or ``ring``: one device's share of each;
+    ``recompute``: the plan's, for its selective modes' checkpointed regions; ``table_copy``: see
+    ``profile_layer``)."""
     return [profile_layer(config, k, batch_size, device, warmup=warmup, repeats=repeats, seed=seed, mesh=mesh,
-                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring)
+                          sequence_parallel=sequence_parallel, expert_parallel=expert_parallel, ring=ring,
+                          recompute=recompute, table_copy=table_copy)
             for k in range(num_layers(config))]
+
+
+def mtp_holds_table_copy(config: ModelConfig, plan) -> bool:
+    """Whether ``plan``'s mtp layer holds a copy of the token table: an untied model whose mtp layer's
+    devices hold no embedding (``runtime.model.models._share_table``, Megatron-Core's MTP stage; the
+    simulator's ``tied_layers``). A measured profile cannot say that two layers share a table, so the
+    copy is counted in the mtp layer's bytes, as each device of that layer holds it."""
+    if config.preset not in TRANSFORMERS or not config.mtp_depth or config.values["tied_embeddings"]:
+        return False
+
+    def devices(k: int) -> set[int]:
+        return {d for stage in plan.stages if stage.layers[0] <= k < stage.layers[1] for d in stage.devices}
+
+    return not devices(num_layers(config) - 2) & devices(0)
 
 
 def profile_text(layers: list[LayerProfile]) -> str:

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from runtime.measure.memory import SavedTensorMeter, static_bytes
-from runtime.measure.profiler import profile_layers, write_profile
+from runtime.measure.profiler import mtp_holds_table_copy, profile_layers, write_profile
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import apply_context_parallel, sequence_positions
 from runtime.model.models import (
@@ -39,6 +39,7 @@ from runtime.model.models import (
     sample_shape,
     synthetic_batch,
 )
+from runtime.model.recompute import apply_selective
 from runtime.model.tensor_parallel import loss_parallel_if, parallelize_stage
 from sim.cost.split import split_samples
 from sim.engine.run import run_scenario
@@ -135,6 +136,7 @@ def time_stage(
         parallelize_stage(module, tp_mesh, sequence_parallel=plan.sequence_parallel, first=start == 0)
     if ring is not None:  # after tensor parallelism, as the executor holds it
         apply_context_parallel(module, ring, runnable.model.values["seq_len"], device)
+    apply_selective(module, plan.recompute)  # the run's checkpointed regions (runtime.execution.holdings)
     optimizer = make_optimizer(runnable.scenario.model.optimizer, list(module.parameters()), lr=1e-3)
     actions = [a for a in generate(schedule, plan.num_stages, num_microbatches, **(params or {})).ranks[stage]
                if a.kind in (ActionKind.F, ActionKind.B)]
@@ -177,7 +179,9 @@ def profiled_scenario(runnable: RunnableScenario, device: torch.device, folder, 
     scenario, folder = runnable.scenario, Path(folder)
     fewest = min(scenario.plan.num_replicas(s) for s in range(scenario.plan.num_stages))
     batch = split_samples(scenario.training.microbatch_size, fewest)[-1]  # the smallest slice there
-    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats)
+    layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats,
+                            recompute=runnable.plan.recompute,
+                            table_copy=mtp_holds_table_copy(runnable.model, runnable.plan))
     write_profile(layers, folder, device=device.type)
     plan = plan_to_dict(scenario.plan, scenario.training)
     cluster = scenario.cluster

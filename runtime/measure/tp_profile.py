@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from runtime.measure.profiler import profile_layers
+from runtime.measure.profiler import mtp_holds_table_copy, profile_layers
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import context_ring
 from runtime.model.models import TORCH_DTYPES
@@ -95,11 +95,13 @@ def tp_profile_worker(device: torch.device, runnable: RunnableScenario, batch: i
                       repeats: int) -> dict[str, Any]:
     """On each of the t·c ranks (``runtime.execution.launch.spawn``): the layers as one device's share and
     the block's collectives (none without tensor parallelism)."""
-    t, c = runnable.plan.tensor_parallel, runnable.plan.context_parallel
+    plan = runnable.plan
+    t, c = plan.tensor_parallel, plan.context_parallel
     mesh = DeviceMesh(device.type, torch.arange(c * t).reshape(c, t), mesh_dim_names=("context", "tensor"))
     ring = context_ring(mesh["context"], dist.get_rank()) if c > 1 else None
     layers = profile_layers(runnable.model, batch, device, warmup=warmup, repeats=repeats, seed=0,
-                            mesh=mesh["tensor"] if t > 1 else None, sequence_parallel=runnable.plan.sequence_parallel,
-                            expert_parallel=runnable.plan.expert_parallel, ring=ring)
+                            mesh=mesh["tensor"] if t > 1 else None, sequence_parallel=plan.sequence_parallel,
+                            expert_parallel=plan.expert_parallel * plan.expert_tensor_parallel, ring=ring,
+                            recompute=plan.recompute, table_copy=mtp_holds_table_copy(runnable.model, plan))
     collectives = measure_collectives(runnable, batch, device, repeats=repeats) if t > 1 else []
     return {"layers": layers, "collectives": collectives}

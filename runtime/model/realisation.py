@@ -13,17 +13,35 @@ from __future__ import annotations
 from sim.core.parallelism import Sharding
 from sim.core.plan import PlanSpec
 
-__all__ = ["realisation_notes"]
+__all__ = ["SPLIT_BACKWARD_SCHEDULES", "realisation_notes"]
+
+SPLIT_BACKWARD_SCHEDULES = frozenset({"zb-h1", "zb-v", "dualpipe-v", "interleaved-zb"})
+"""The generated schedules whose backward is split into I (input gradient) and W (weight gradient)."""
 
 
-def realisation_notes(plan: PlanSpec) -> tuple[str, ...]:
-    """One line per way the runtime's run of ``plan`` holds memory otherwise than predicted."""
+def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str, ...]:
+    """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step) holds
+    memory otherwise than predicted."""
     notes = []
     replicated = any(plan.num_replicas(s) > 1 for s in range(plan.num_stages))
     if plan.sharding is Sharding.GRADIENTS and replicated:
         notes.append(
             "sharding: gradients runs as FSDP2 with reshard_after_forward=False (torch has no ZeRO-2 of its own): "
-            "gradients and optimizer state are 1/d as predicted, but FSDP2 reshards after each backward, so "
-            "between steps a device holds 1/d of its parameters where the prediction (ZeRO-2) holds them whole, "
-            "and gathers them whole from each forward to its backward")
+            "gradients and optimizer state are 1/d as predicted and the parameters are whole from each forward "
+            "to its backward as in ZeRO-2, but FSDP2 keeps its 1/d shard beside them (the shard the optimizer "
+            "steps; it reshards after each backward), so at the peak a device holds (1 + 1/d) of its parameters "
+            "where the prediction (ZeRO-2) holds them once, and between steps 1/d")
+    if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and num_microbatches > 1 \
+            and plan.fsdp.reduce_every_microbatch:
+        notes.append(
+            "FSDP2 accumulates the gradients unsharded over the micro-batches and reduce-scatters them after the "
+            "last (set_requires_gradient_sync(False) before it), where the plan (plan.fsdp.reduce_every_microbatch: "
+            "true) reduce-scatters each micro-batch's: from its first backward to its last a device holds its whole "
+            "gradients beside the 1/d predicted, which a CPU run does not count")
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        notes.append(
+            f"{plan.schedule} splits each backward as autograd.grad(..., retain_graph=True) for the input gradient "
+            "(I) and a backward over the same graph for the weight gradient (W), so a micro-batch's whole stash is "
+            "kept from its I to its W, where the prediction frees half of it at I (sim.cost.action_memory."
+            "WGRAD_STASH_FRACTION, Qi et al. 2024 §2)")
     return tuple(notes)

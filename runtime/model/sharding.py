@@ -47,9 +47,11 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   would use parameters older than the optimizer step), so between steps a device holds 1/d
   of the parameters where ZeRO-2 holds them all, and each step all-gathers the parameters
   once per unit and micro-batch forward where ZeRO-2 all-gathers the updated shards once
-  after the step. ``state_bytes`` reports what it holds (1/d), and ``realisation_notes``
-  says so where the simulator, which models ZeRO-2 (``sim.cost.memory.model_state_bytes``),
-  predicts whole parameters.
+  after the step. So at the step's peak, the end of a forward, a device holds every unit's whole
+  parameters beside its 1/d shard, (1 + 1/d) of them where ZeRO-2 holds them once. ``state_bytes``
+  reports what it holds at rest (1/d); the run adds what FSDP2 held gathered
+  (``runtime.measure.memory``: ``count_gathered``), and ``realisation_notes`` names the 1/d more
+  than the simulator, which models ZeRO-2 (``sim.cost.memory.model_state_bytes``), predicts.
 
 Routed experts (``runtime.model.experts``) are replicated only over their expert-data-parallel
 group (``PlanSpec.expert_data_groups``: the stage's devices / (EP × ETP)), so each sharding

@@ -124,15 +124,16 @@ def profile_slice(runnable: RunnableScenario, device, batch: int, warmup: int, r
     # torch only where this runs: the command line and its checks before launch stay torch-free
     import torch.distributed as dist
 
-    from runtime.measure.profiler import profile_layer
+    from runtime.measure.profiler import mtp_holds_table_copy, profile_layer
     from runtime.model.models import num_layers
 
-    layers = []
+    layers, plan = [], runnable.plan
     for index in range(num_layers(runnable.model)):
         dist.barrier()
         layers.append(profile_layer(runnable.model, index, batch, device, warmup=warmup, repeats=repeats, seed=0,
-                                    mesh=tp_mesh, sequence_parallel=runnable.plan.sequence_parallel,
-                                    expert_parallel=runnable.plan.expert_parallel, ring=ring))
+                                    mesh=tp_mesh, sequence_parallel=plan.sequence_parallel,
+                                    expert_parallel=plan.expert_parallel * plan.expert_tensor_parallel, ring=ring,
+                                    recompute=plan.recompute, table_copy=mtp_holds_table_copy(runnable.model, plan)))
     rank = dist.get_rank()
     stages = [s for s, stage in enumerate(runnable.plan.stages) if rank in stage.devices]
     mine = [k for s in stages for k in range(*runnable.plan.stages[s].layers)]
