@@ -110,7 +110,7 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         if count not in bounds_by_count:
             if costs is None:
                 costs = _layer_costs(scenario)
-            bounds_by_count[count] = balanced_cuts(costs, count)
+            bounds_by_count[count] = balanced_cuts(costs, count, no_cut_at=scenario.model.no_cut_at)
         bounds = bounds_by_count[count]
         stages = tuple(StageSpec(layers=(bounds[s], bounds[s + 1]), devices=sets[owners[s]]) for s in range(count))
         params = plan.schedule_params if name == plan.schedule else ()
