@@ -158,3 +158,33 @@ def test_balanced_cuts_keep_the_mtp_layer_with_the_head():
                           source="m.yaml")
     assert grid.model.no_cut_at == (4,) and grid.plan.stages[-1].layers == (3, 5)
 
+
+_SLOW_LINKS = """
+name: mtp-plan
+cluster:
+  nodes: 1
+  devices_per_node: 4
+  device: {name: cpu-core, memory: 4GiB, peak_flops: 50GFLOP/s, peak_fp32_flops: 50GFLOP/s, memory_bandwidth: 10GB/s}
+  intra_node: {bandwidth: 100MB/s, latency: 30us, name: shared memory}
+  inter_node: {bandwidth: 1GB/s, latency: 50us, name: loopback TCP}
+model: {preset: gpt, layers: 2, hidden: 256, heads: 4, seq_len: 32, vocab: 16384, vocab_divisible_by: 1,
+        dtype: fp32, optimizer: adam, mtp_depth: 2, tied_embeddings: false}
+training: {global_batch_size: 16, microbatch_size: 4}
+"""
+
+
+@pytest.mark.parametrize("name", [pytest.param("exhaustive", marks=pytest.mark.slow),  # 10 s
+                                  "dapple", "megatron", "pipedream", "even", "dp"])
+def test_no_planner_cuts_between_the_mtp_layer_and_the_head(name):
+    # on these slow links the exhaustive search's best was [0, 4) | [4, 5), mtp (3) apart from the head (4),
+    # and DAPPLE's interleaved candidates cut there
+    from planner.planners.registry import get_planner
+    from planner.search.evaluation import RejectionKind
+    from planner.search.space import PlannerOptions
+
+    scenario = parse_scenario(_SLOW_LINKS, source="m.yaml")
+    result = get_planner(name)(scenario, PlannerOptions())
+    assert result.evaluations  # it searched, and no candidate was refused as an invalid plan
+    assert all(e.rejection is None or e.rejection.kind is not RejectionKind.INVALID_PLAN for e in result.evaluations)
+    assert all(4 not in e.candidate.bounds for e in result.evaluations)
+    assert result.best is not None and 4 not in result.best.candidate.bounds
