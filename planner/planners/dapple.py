@@ -47,11 +47,12 @@ POOL = 64
 """Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
 
 
-def _interleaved(found, global_batch_size: int, options: PlannerOptions, points: tuple[int, ...]) -> list[Candidate]:
+def _interleaved(found, global_batch_size: int, options: PlannerOptions,
+                 points: tuple[int, ...] | None = None) -> list[Candidate]:
     """Megatron's interleaved variant of uniform partitions: each stage's layers split in v
-    chunks at ``points`` (``ModelSpec.cut_points``), chunk k of the model on device set k mod S
-    (valid when the micro-batch count divides into rounds of S, as torch's
-    ScheduleInterleaved1F1B requires)."""
+    chunks at ``points`` (``ModelSpec.cut_points``; None: every layer boundary), chunk k of the
+    model on device set k mod S (valid when the micro-batch count divides into rounds of S, as
+    torch's ScheduleInterleaved1F1B requires)."""
     variants = []
     for base in found:
         bounds, replicas, S = base.bounds, base.replicas, base.num_stages
@@ -59,7 +60,7 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions, points:
         if S < 2 or len(set(replicas)) != 1 or M % S:
             continue
         for v in options.chunks:
-            pieces = split_chunks(bounds, v, points)
+            pieces = split_chunks(bounds, v, points if points is not None else tuple(range(bounds[-1] + 1)))
             if pieces is None:
                 continue
             # the model cut into S·v consecutive chunks; chunk k runs on device set k mod S (Megatron's layout)
