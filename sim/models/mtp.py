@@ -22,8 +22,9 @@ is refused (:func:`check_mtp_stage`) and no cut the planner or a grid makes fall
 unless a hand-written layout moves them (NVIDIA/Megatron-LM at d98e8a6,
 ``megatron/core/transformer/multi_token_prediction.py``, ``mtp_on_this_rank``: "without custom PP
 layout, we only support put all of MTP layers on the last pipeline stage") and DeepSeek-V3 keeps
-them with the output head on one rank (§3.2.3); DualPipe's V places that stage beside the embedding. The shifted tokens' embedding look-up (a
-gather of ``h`` a token) is left out, but not its collective under tensor parallelism.
+them with the output head on one rank (§3.2.3); DualPipe's V places that stage beside the embedding.
+The shifted tokens' embedding look-up (a gather of ``h`` a token) is left out, but not its
+collective under tensor parallelism.
 
 The modules read the embedding's token table. An untied model's ``mtp`` layer on another stage
 than the embedding holds a copy of it, equal at start and kept equal by summing both copies'
@@ -49,7 +50,8 @@ from sim.core.plan import PlanSpec
 from sim.cost.comm import TensorParallelCollective
 from sim.cost.kernels import KernelSpec
 
-__all__ = ["check_mtp_stage", "merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device", "with_mtp"]
+__all__ = ["check_mtp_stage", "merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device",
+           "with_mtp"]
 
 
 def mtp_projection(q: float, h: int, d: int, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerSpec:
