@@ -188,3 +188,16 @@ def test_no_planner_cuts_between_the_mtp_layer_and_the_head(name):
     assert all(e.rejection is None or e.rejection.kind is not RejectionKind.INVALID_PLAN for e in result.evaluations)
     assert all(4 not in e.candidate.bounds for e in result.evaluations)
     assert result.best is not None and 4 not in result.best.candidate.bounds
+
+
+def test_compares_schedule_variants_keep_the_mtp_layer_with_the_head():
+    # dapple-sim compare re-cuts the plan for each schedule (balanced_cuts over units): 4 stages of 4 units
+    from sim.app.compare import plan_variants
+
+    two = parse_scenario(_STAGES % ("1f1b", "    - {layers: [0, 3], devices: [0]}\n    - {layers: [3, 5], devices: [1]}"),
+                         source="m.yaml")
+    variants = {v.schedule: v for v in plan_variants(two, ("1f1b", "interleaved", "zb-v", "looped-bfs"))}
+    assert variants["zb-v"].plan is not None and variants["interleaved"].plan is not None
+    for variant in variants.values():
+        assert variant.plan is not None, variant.error
+        assert all(stage.layers[0] != 4 for stage in variant.plan.stages)

@@ -104,8 +104,10 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         else:
             owners = tuple(range(num_ranks))
         count = len(owners)
-        if count > num_layers:
-            variants.append(Variant(name, None, f"needs {count} stages but the model has {num_layers} layers"))
+        units = num_layers - len(scenario.model.no_cut_at)  # the mtp layer and the head share a stage
+        if count > units:
+            where = "" if units == num_layers else " a stage may start at"
+            variants.append(Variant(name, None, f"needs {count} stages but the model has {units} layers{where}"))
             continue
         if count not in bounds_by_count:
             if costs is None:
