@@ -101,8 +101,8 @@ def test_an_untied_mtp_layer_away_from_the_embedding_holds_a_copy_of_the_table()
     assert apart.resolved.stage_costs[1].tied_allreduce_s > 0 and apart.resolved.stage_costs[0].tied_allreduce_s > 0
     # DualPipe's V: the first and the last stage on one device, which reads the embedding's own table
     v = parse_scenario(_STAGES % ("{name: dualpipe-v, chunks: 2}",
-                                  "    - {layers: [0, 2], devices: [0]}\n    - {layers: [2, 3], devices: [1]}\n"
-                                  "    - {layers: [3, 4], devices: [1]}\n    - {layers: [4, 5], devices: [0]}"),
+                                  "    - {layers: [0, 1], devices: [0]}\n    - {layers: [1, 2], devices: [1]}\n"
+                                  "    - {layers: [2, 3], devices: [1]}\n    - {layers: [3, 5], devices: [0]}"),
                        source="m.yaml").resolved
     assert v.model.tied_layers is None and v.model.stage_param_bytes(3, 5) == v.model.param_bytes(3, 5)
     assert all(cost.tied_allreduce_s == 0 for cost in v.stage_costs)
@@ -117,3 +117,87 @@ def test_under_fsdp_the_table_copy_is_in_the_mtp_layers_unit():
     model = apart.resolved.model
     block, mtp, head = (model.layers[k].param_bytes for k in (2, 3, 4))
     assert fsdp_unit_param_bytes(model, 2, 5) == (block, mtp + 512 * 256 * 2, head)
+
+
+_APART = _STAGES % ("1f1b", "    - {layers: [0, 4], devices: [0]}\n    - {layers: [4, 5], devices: [1]}")
+
+
+def test_a_plan_with_the_mtp_layer_apart_from_the_head_is_refused_in_one_line():
+    # Megatron-Core builds its MTP layers on the last pipeline stage (mtp_on_this_rank), with the head
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(_APART, source="m.yaml")
+    message = str(caught.value)
+    assert message.startswith("m.yaml: plan.stages: the mtp layer (3) is on stage 0 ([0, 4]) and the head (4)")
+    assert message.endswith("put layers 3 and 4 in one stage") and "Megatron-Core" in message and "\n" not in message
+    # the same model with the mtp layer on the head's stage loads
+    together = _STAGES % ("1f1b", "    - {layers: [0, 3], devices: [0]}\n    - {layers: [3, 5], devices: [1]}")
+    assert parse_scenario(together, source="m.yaml").plan.stages[1].layers == (3, 5)
+
+
+@pytest.mark.parametrize("command", ["simulate", "check"])
+def test_the_cli_refuses_the_mtp_layer_apart_from_the_head_with_exit_code_2(command, tmp_path, capsys):
+    from sim.app.cli import main
+
+    path = tmp_path / "apart.yaml"
+    path.write_text(_APART)
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "plan.stages: the mtp layer (3)" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_balanced_cuts_keep_the_mtp_layer_with_the_head():
+    from sim.input.plan_section import balanced_cuts, balanced_v_cuts
+
+    # costs 1, 1, 5, 5 in two ranges: best [0, 3) | [3, 4) (largest sum 7); with boundary 3 joined the
+    # units are 1, 1, 10: best [0, 2) | [2, 4) (largest sum 10)
+    assert balanced_cuts([1, 1, 5, 5], 2) == (0, 3, 4)
+    assert balanced_cuts([1, 1, 5, 5], 2, no_cut_at=(3,)) == (0, 2, 4)
+    assert 4 not in balanced_v_cuts([1, 1, 1, 5, 5], 2, no_cut_at=(4,))
+    # a grid plan of a model whose last two layers are mtp and the head: they share the last stage
+    grid = parse_scenario(_STAGES.split("plan:")[0] + "plan: {pipeline_parallel: 4, data_parallel: 1}\n",
+                          source="m.yaml")
+    assert grid.model.no_cut_at == (4,) and grid.plan.stages[-1].layers == (3, 5)
+
+
+_SLOW_LINKS = """
+name: mtp-plan
+cluster:
+  nodes: 1
+  devices_per_node: 4
+  device: {name: cpu-core, memory: 4GiB, peak_flops: 50GFLOP/s, peak_fp32_flops: 50GFLOP/s, memory_bandwidth: 10GB/s}
+  intra_node: {bandwidth: 100MB/s, latency: 30us, name: shared memory}
+  inter_node: {bandwidth: 1GB/s, latency: 50us, name: loopback TCP}
+model: {preset: gpt, layers: 2, hidden: 256, heads: 4, seq_len: 32, vocab: 16384, vocab_divisible_by: 1,
+        dtype: fp32, optimizer: adam, mtp_depth: 2, tied_embeddings: false}
+training: {global_batch_size: 16, microbatch_size: 4}
+"""
+
+
+@pytest.mark.parametrize("name", [pytest.param("exhaustive", marks=pytest.mark.slow),  # 10 s
+                                  "dapple", "megatron", "pipedream", "even", "dp"])
+def test_no_planner_cuts_between_the_mtp_layer_and_the_head(name):
+    # on these slow links the exhaustive search's best was [0, 4) | [4, 5), mtp (3) apart from the head (4),
+    # and DAPPLE's interleaved candidates cut there
+    from planner.planners.registry import get_planner
+    from planner.search.evaluation import RejectionKind
+    from planner.search.space import PlannerOptions
+
+    scenario = parse_scenario(_SLOW_LINKS, source="m.yaml")
+    result = get_planner(name)(scenario, PlannerOptions())
+    assert result.evaluations  # it searched, and no candidate was refused as an invalid plan
+    assert all(e.rejection is None or e.rejection.kind is not RejectionKind.INVALID_PLAN for e in result.evaluations)
+    assert all(4 not in e.candidate.bounds for e in result.evaluations)
+    assert result.best is not None and 4 not in result.best.candidate.bounds
+
+
+def test_compares_schedule_variants_keep_the_mtp_layer_with_the_head():
+    # dapple-sim compare re-cuts the plan for each schedule (balanced_cuts over units): 4 stages of 4 units
+    from sim.app.compare import plan_variants
+
+    two = parse_scenario(_STAGES % ("1f1b", "    - {layers: [0, 3], devices: [0]}\n    - {layers: [3, 5], devices: [1]}"),
+                         source="m.yaml")
+    variants = {v.schedule: v for v in plan_variants(two, ("1f1b", "interleaved", "zb-v", "looped-bfs"))}
+    assert variants["zb-v"].plan is not None and variants["interleaved"].plan is not None
+    for variant in variants.values():
+        assert variant.plan is not None, variant.error
+        assert all(stage.layers[0] != 4 for stage in variant.plan.stages)

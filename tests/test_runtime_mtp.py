@@ -181,7 +181,7 @@ def test_the_mtp_block_is_an_moe_block_whose_experts_lie_as_the_main_blocks():
 
 @pytest.mark.parametrize("overrides, words", [
     ({**MTP, "plan.stages": "[{layers: [0, 6], devices: [0]}, {layers: [6, 7], devices: [1]}]",
-      "model.tied_embeddings": "true"}, "start the last stage at layer 5 or before"),
+      "model.tied_embeddings": "true"}, "plan.stages: the mtp layer (5) is on stage 0"),
     ({**MTP, "cluster.devices_per_node": "1", "plan.schedule": "interleaved", "plan.sharding": "full",
       "plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [0]}]"},
      "put them in one stage or use sharding: none or optimizer"),

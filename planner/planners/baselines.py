@@ -88,6 +88,7 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
     """The Megatron grid's candidates (the module docstring); DAPPLE's planner ranks them too."""
     cache = tables or TablesCache(scenario)
     layers = scenario.model.num_layers
+    whole = len(scenario.model.cut_points) - 1  # the units a stage may start at: the mtp layer and head are one
     gbs = scenario.training.global_batch_size
     order = levels(scenario, options)
     policy = (("policy", DapplePolicy.S_MINUS_I.value),)
@@ -96,22 +97,22 @@ def grid_candidates(scenario: Scenario, options: PlannerOptions, tables: TablesC
         tables = cache.layout(t, c, e)
         units, step = unit_count(scenario.cluster, t * c), replica_step((t, c, e))
         weights = [sum(tables.compute_s(k, k + 1, 1)) for k in range(layers)]
-        for stages in range(1, min(layers, units, options.max_stages or units) + 1):
+        for stages in range(1, min(whole, units, options.max_stages or units) + 1):
             if units % stages:
                 continue
             dp = units // stages
             if dp % step:
                 continue  # expert parallelism must divide each stage's t·c·dp devices
-            bounds = balanced_cuts(weights, stages)
+            bounds = balanced_cuts(weights, stages, no_cut_at=scenario.model.no_cut_at)
             for microbatch_size in microbatch_sizes(gbs, options):
                 if microbatch_size % dp:
                     continue  # every replica gets whole, equal slices
                 M = gbs // microbatch_size
                 shapes = [("dapple", policy, 1)]
                 if options.interleaved and stages > 1 and M % stages == 0:
-                    shapes += [("interleaved", (), v) for v in options.chunks if layers >= stages * v]
+                    shapes += [("interleaved", (), v) for v in options.chunks if whole >= stages * v]
                 for name, params, v in shapes:
-                    cut = bounds if v == 1 else balanced_cuts(weights, stages * v)
+                    cut = bounds if v == 1 else balanced_cuts(weights, stages * v, no_cut_at=scenario.model.no_cut_at)
                     base = Candidate(bounds=cut, replicas=(dp,) * (stages * v), microbatch_size=microbatch_size,
                                      schedule=name, params=params, chunks=v, tensor_parallel=t,
                                      context_parallel=c, expert_parallel=e)
@@ -175,15 +176,16 @@ def even_candidates(scenario: Scenario, options: PlannerOptions, tables: CostTab
     iteration (Huang et al., NeurIPS'19, §2.3), grows with the stage count S, so a budget stop
     keeps the least-bubbled plans.
     """
-    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    n, points = scenario.cluster.num_devices, scenario.model.cut_points
+    layers = len(points) - 1  # the units a stage may start at: the mtp layer and the head are one
     capacity = scenario.cluster.device.usable_memory_bytes
     counts = [s for s in range(2, min(n, layers, options.max_stages or n) + 1) if n % s == 0]
-    states = {s: max(tables.static_bytes(a, b, n // s) for a, b in zip(_even(layers, s), _even(layers, s)[1:]))
+    states = {s: max(tables.static_bytes(a, b, n // s) for a, b in zip(_even(points, s), _even(points, s)[1:]))
               for s in counts}
     kept = [s for s in counts if states[s] <= capacity] or sorted(counts, key=lambda s: (states[s], s))[:1]
     candidates = []
     for stages in kept:
-        bounds = _even(layers, stages)
+        bounds = _even(points, stages)
         for microbatch_size in microbatch_sizes(scenario.training.global_batch_size, options):
             for recompute in options.recompute:
                 candidate = Candidate(bounds=bounds, replicas=(n // stages,) * stages,
@@ -196,9 +198,11 @@ def even_candidates(scenario: Scenario, options: PlannerOptions, tables: CostTab
     return candidates, False
 
 
-def _even(layers: int, stages: int) -> tuple[int, ...]:
-    """Bounds of ``stages`` stages of (nearly) equal layer counts."""
-    return tuple(round(s * layers / stages) for s in range(stages + 1))
+def _even(points: tuple[int, ...], stages: int) -> tuple[int, ...]:
+    """Bounds of ``stages`` stages of (nearly) equal unit counts, at ``points`` (``ModelSpec.cut_points``:
+    every layer boundary but the mtp layer's and the head's)."""
+    units = len(points) - 1
+    return tuple(points[round(s * units / stages)] for s in range(stages + 1))
 
 
 def feeds_every_replica(candidate: Candidate) -> bool:

@@ -33,7 +33,7 @@ from planner.search.layouts import layouts, levels, replica_step
 from planner.search.ranking import PlannerResult, analytic_score, settle
 from planner.search.space import Candidate, PlannerOptions, microbatch_sizes, placements_for, unit_count, unit_grid
 from planner.search.subsets import restricted, subset_sizes
-from planner.search.variants import schedule_variants
+from planner.search.variants import schedule_variants, split_chunks
 from sim.core.parallelism import Sharding
 from sim.input.scenario import Scenario
 
@@ -47,10 +47,12 @@ POOL = 64
 """Partitions (over all micro-batch sizes) expanded into candidates for the settling rounds."""
 
 
-def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list[Candidate]:
+def _interleaved(found, global_batch_size: int, options: PlannerOptions,
+                 points: tuple[int, ...] | None = None) -> list[Candidate]:
     """Megatron's interleaved variant of uniform partitions: each stage's layers split in v
-    chunks, chunk k of the model on device set k mod S (valid when the micro-batch count
-    divides into rounds of S, as torch's ScheduleInterleaved1F1B requires)."""
+    chunks at ``points`` (``ModelSpec.cut_points``; None: every layer boundary), chunk k of the
+    model on device set k mod S (valid when the micro-batch count divides into rounds of S, as
+    torch's ScheduleInterleaved1F1B requires)."""
     variants = []
     for base in found:
         bounds, replicas, S = base.bounds, base.replicas, base.num_stages
@@ -58,9 +60,9 @@ def _interleaved(found, global_batch_size: int, options: PlannerOptions) -> list
         if S < 2 or len(set(replicas)) != 1 or M % S:
             continue
         for v in options.chunks:
-            if any(b - a < v for a, b in zip(bounds, bounds[1:])):
+            pieces = split_chunks(bounds, v, points if points is not None else tuple(range(bounds[-1] + 1)))
+            if pieces is None:
                 continue
-            pieces = [a + (b - a) * k // v for a, b in zip(bounds, bounds[1:]) for k in range(v)] + [bounds[-1]]
             # the model cut into S·v consecutive chunks; chunk k runs on device set k mod S (Megatron's layout)
             for placement in options.placements:
                 variants.append(Candidate(bounds=tuple(pieces), replicas=replicas * v,
@@ -161,7 +163,7 @@ def _candidates(scenario: Scenario, options: PlannerOptions, context: SearchCont
                            for name, params in options.schedules
                            for placement in placements_for(scenario.cluster, options)]
             if options.interleaved:
-                candidates += _interleaved([sharded], gbs, options)
+                candidates += _interleaved([sharded], gbs, options, scenario.model.cut_points)
     return candidates
 
 
@@ -235,8 +237,9 @@ def _never_worse(own: PlannerResult, rivals: dict[str, PlannerResult], context: 
     if pool:
         leader = min(pool, key=_rank)
         close, before = [], len(own.evaluations)
-        for fast in context.stream(schedule_variants(leader.candidate, options.chunks if options.interleaved else ()),
-                                   "fast"):
+        variants = schedule_variants(leader.candidate, options.chunks if options.interleaved else (),
+                                     context.scenario.model.cut_points)
+        for fast in context.stream(variants, "fast"):
             own.spend.count(fast)
             own.evaluations.append(fast)
             if fast.ok and fast.iteration_time_s <= leader.iteration_time_s * (1 + VARIANT_MARGIN):

@@ -69,17 +69,18 @@ EVERY_COUNT_UP_TO = 16
 
 
 def segment_cuts(tables: CostTables, max_segments: int = MAX_SEGMENTS) -> list[int]:
-    """Layer indices the DP may cut at: all of them, or ones that split compute evenly."""
-    n = tables.num_layers
+    """Layer indices the DP may cut at: all of them, or ones that split compute evenly; never one
+    of ``ModelSpec.no_cut_at`` (the mtp layer stays with the head, ``sim.models.mtp``)."""
+    n, allowed = tables.num_layers, tables.model.cut_points
     if n <= max_segments:
-        return list(range(n + 1))
+        return list(allowed)
     total = tables.compute_s(0, n, 1)
     weight = [sum(tables.compute_s(0, k, 1)) for k in range(n + 1)]
     whole = sum(total)
     cuts = {0, n}
     for k in range(1, max_segments):
         target = whole * k / max_segments
-        cuts.add(min(range(1, n), key=lambda j: (abs(weight[j] - target), j)))
+        cuts.add(min(allowed[1:-1], key=lambda j: (abs(weight[j] - target), j)))
     return sorted(cuts)
 
 

@@ -133,13 +133,14 @@ def exhaustive_planner(scenario: Scenario, options: PlannerOptions, progress=Non
 def _bounded(scenario: Scenario, options: PlannerOptions, tables: CostTables) -> list[tuple[float, Candidate]]:
     """(lower bound, candidate) of every point of the space that could fit, at most
     ``options.max_partials`` of them."""
-    n, layers = scenario.cluster.num_devices, scenario.model.num_layers
+    n = scenario.cluster.num_devices
     gbs = scenario.training.global_batch_size
     capacity = scenario.cluster.device.usable_memory_bytes
     bounded = []
-    for stages in range(1, min(n, layers, options.max_stages or n) + 1):
-        for sizes in _compositions(layers, stages):
-            bounds = tuple(itertools.accumulate(sizes, initial=0))
+    points = scenario.model.cut_points  # the mtp layer and the head are one unit (sim.models.mtp)
+    for stages in range(1, min(n, len(points) - 1, options.max_stages or n) + 1):
+        for sizes in _compositions(len(points) - 1, stages):
+            bounds = tuple(points[k] for k in itertools.accumulate(sizes, initial=0))
             for used in range(stages, n + 1):
                 for replicas in _compositions(used, stages):
                     for microbatch_size in microbatch_sizes(gbs, options):

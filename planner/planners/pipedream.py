@@ -95,7 +95,7 @@ def pipedream_search(tables: CostTables, scenario: Scenario, options: PlannerOpt
     global batch)."""
     cluster = scenario.cluster
     n, layers = cluster.num_devices, tables.num_layers
-    cuts = list(range(layers + 1)) if layers <= MAX_SEGMENTS else segment_cuts(tables)
+    cuts = list(tables.model.cut_points) if layers <= MAX_SEGMENTS else segment_cuts(tables)
     granule = worker_granule(n, cluster.devices_per_node)
     sizes = microbatch_sizes(scenario.training.global_batch_size, options)
     whole = [sum(tables.compute_s(0, layers, size)) / size for size in sizes]

@@ -42,6 +42,7 @@ from sim.core.plan import PlanSpec, StageSpec, check_plan
 from sim.core.specs import ClusterSpec
 from sim.core.training import TrainingSpec
 from sim.input.scenario import Scenario
+from sim.models.mtp import check_mtp_stage
 from sim.schedule.generators import V_SCHEDULES
 from sim.schedule.policy import DapplePolicy
 
@@ -362,6 +363,7 @@ def to_scenario(scenario: Scenario, candidate: Candidate) -> Scenario:
     training = TrainingSpec(global_batch_size=scenario.training.global_batch_size,
                             microbatch_size=candidate.microbatch_size)
     check_plan(plan, num_layers=scenario.model.num_layers, num_devices=scenario.cluster.num_devices)
+    check_mtp_stage(plan, scenario.model)
     planned = replace(scenario, plan=plan, training=training)  # a new plan: resolved afresh, never the old one's
     _ = planned.resolved  # resolve now, so that a schedule that cannot run is this call's error
     return planned

@@ -26,7 +26,7 @@ from dataclasses import replace
 from planner.search.space import Candidate
 from sim.schedule.policy import DapplePolicy
 
-__all__ = ["LOOPED", "ONE_CHUNK", "V_SHAPED", "schedule_variants"]
+__all__ = ["LOOPED", "ONE_CHUNK", "V_SHAPED", "schedule_variants", "split_chunks"]
 
 ONE_CHUNK = (("gpipe", ()), ("dapple", ()), ("dapple", (("policy", DapplePolicy.COMM_HEAVY.value),)), ("zb-h1", ()))
 """(schedule, parameters) of the schedules with one stage per device set."""
@@ -36,16 +36,24 @@ V_SHAPED = ("zb-v", "dualpipe-v")
 """Schedules with two chunks per device set in a V."""
 
 
-def _split(bounds: tuple[int, ...], v: int) -> tuple[int, ...] | None:
-    """Each stage's layers cut into v consecutive chunks (None when a stage has fewer than v layers)."""
-    if any(b - a < v for a, b in zip(bounds, bounds[1:])):
+def split_chunks(bounds: tuple[int, ...], v: int, points: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Each stage's units cut into v consecutive chunks (None when a stage has fewer than v units), at
+    ``points`` (``ModelSpec.cut_points``: every layer boundary but the mtp layer's and the head's)."""
+    where = {point: k for k, point in enumerate(points)}
+    if any(b not in where for b in bounds):
         return None
-    return tuple(a + (b - a) * k // v for a, b in zip(bounds, bounds[1:]) for k in range(v)) + (bounds[-1],)
+    units = tuple(where[b] for b in bounds)
+    if any(b - a < v for a, b in zip(units, units[1:])):
+        return None
+    return tuple(points[a + (b - a) * k // v] for a, b in zip(units, units[1:]) for k in range(v)) + (bounds[-1],)
 
 
-def schedule_variants(candidate: Candidate, chunk_counts: tuple[int, ...]) -> list[Candidate]:
+def schedule_variants(candidate: Candidate, chunk_counts: tuple[int, ...],
+                      points: tuple[int, ...] | None = None) -> list[Candidate]:
     """Every other schedule ``candidate``'s device sets could run (the module docstring), in a
-    fixed order; ``chunk_counts`` are the chunk counts a one-chunk plan's looped variants try."""
+    fixed order; ``chunk_counts`` are the chunk counts a one-chunk plan's looped variants try;
+    ``points`` the layer boundaries a chunk may start at (``ModelSpec.cut_points``; None: every one)."""
+    points = points if points is not None else tuple(range(candidate.bounds[-1] + 1))
     sets = candidate.num_stages // candidate.chunks
     set_replicas = candidate.replicas[:sets]
     if candidate.chunks == 1 or candidate.schedule in V_SHAPED:
@@ -60,11 +68,11 @@ def schedule_variants(candidate: Candidate, chunk_counts: tuple[int, ...]) -> li
     if uniform and base_bounds is not None:
         counts = chunk_counts if candidate.chunks == 1 else (candidate.chunks,)
         for v in counts:
-            pieces = _split(base_bounds, v)
+            pieces = split_chunks(base_bounds, v, points)
             if pieces is not None:
                 out += [replace(one, bounds=pieces, replicas=set_replicas * v, chunks=v, schedule=name, params=())
                         for name in LOOPED]
-        pieces = _split(base_bounds, 2)
+        pieces = split_chunks(base_bounds, 2, points)
         if pieces is not None:
             out += [replace(one, bounds=pieces, replicas=set_replicas * 2, chunks=2, schedule=name, params=())
                     for name in V_SHAPED]

@@ -259,7 +259,7 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
     if model.mtp_depth:
-        unsupported += _mtp_limits(plan, model, values)
+        unsupported += _mtp_limits(plan, values)
     for key, present, why in unsupported:
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
@@ -281,14 +281,11 @@ def _expert_limits(plan: PlanSpec, experts: ExpertSpec) -> list[tuple[str, bool,
     ]
 
 
-def _mtp_limits(plan: PlanSpec, model: ModelSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
-    """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``."""
-    mtp_layer = len(model.layers) - 2  # the layer before the head (sim.models.mtp)
+def _mtp_limits(plan: PlanSpec, values: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
+    """What ``runtime.model.mtp`` does not run: (key, present, why), as ``_check_runtime_supports``. The
+    mtp layer apart from the head is the scenario loader's refusal already (``sim.models.mtp.check_mtp_stage``)."""
     fsdp, first, last = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL), plan.stages[0], plan.stages[-1]
     return [
-        ("plan.stages", plan.stages[-1].layers[0] > mtp_layer,
-         f"the mtp layer ({mtp_layer}) needs the labels (the tokens ahead), which only the last stage has: "
-         f"start the last stage at layer {mtp_layer} or before"),
         ("plan.sharding", fsdp and first is not last and sorted(first.devices) == sorted(last.devices),
          "FSDP2 manages a parameter in one fully_shard unit, and the mtp layer would read the embedding's table "
          "from another stage of its devices, another unit; put them in one stage or use sharding: none or optimizer"),

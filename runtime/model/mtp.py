@@ -10,9 +10,10 @@ is ``λ/D · Σ_k L_k`` (Eq. 25), added to the main loss.
 
 As in the simulator (``sim.models.mtp``) the ``D`` modules are one layer, ``mtp``, just before the
 ``head``; the layer passes the main model's hidden state on beside each module's, concatenated on
-the last dimension (the simulator's cut after it carries ``1 + D`` hidden states). The runtime keeps
-``mtp`` and ``head`` on one stage (the layer needs the labels, which only the last stage has: the
-tokens ``i + k`` are the labels shifted by ``k − 1``), so that cut never crosses a link here.
+the last dimension (the simulator's cut after it carries ``1 + D`` hidden states). ``mtp`` and
+``head`` are on one stage, the one with the labels (the tokens ``i + k`` are the labels shifted by
+``k − 1``): the scenario loader refuses any other plan, as Megatron-Core builds its MTP layers on the
+last pipeline stage (``sim.models.mtp.check_mtp_stage``), so that cut never crosses a link here.
 Each module runs the block over the whole sequence; its last ``k`` positions predict nothing (the
 last ``k − 1`` have no token that far ahead: id 0 stands in), and under the causal mask they reach
 no position that predicts something, so the loss is Eq. 24's exactly.

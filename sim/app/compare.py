@@ -104,13 +104,15 @@ def plan_variants(scenario, schedules: Sequence[str]) -> list[Variant]:
         else:
             owners = tuple(range(num_ranks))
         count = len(owners)
-        if count > num_layers:
-            variants.append(Variant(name, None, f"needs {count} stages but the model has {num_layers} layers"))
+        units = num_layers - len(scenario.model.no_cut_at)  # the mtp layer and the head share a stage
+        if count > units:
+            where = "" if units == num_layers else " a stage may start at"
+            variants.append(Variant(name, None, f"needs {count} stages but the model has {units} layers{where}"))
             continue
         if count not in bounds_by_count:
             if costs is None:
                 costs = _layer_costs(scenario)
-            bounds_by_count[count] = balanced_cuts(costs, count)
+            bounds_by_count[count] = balanced_cuts(costs, count, no_cut_at=scenario.model.no_cut_at)
         bounds = bounds_by_count[count]
         stages = tuple(StageSpec(layers=(bounds[s], bounds[s + 1]), devices=sets[owners[s]]) for s in range(count))
         params = plan.schedule_params if name == plan.schedule else ()

@@ -245,6 +245,19 @@ class ModelSpec:
         return len(self.layers)
 
     @property
+    def no_cut_at(self) -> tuple[int, ...]:
+        """Layer boundaries no stage may start at (boundary k lies between layers k − 1 and k): with
+        multi-token prediction the head's, since the ``mtp`` layer stays on the head's stage
+        (``sim.models.mtp.check_mtp_stage``); () otherwise."""
+        return (len(self.layers) - 1,) if self.mtp_depth else ()
+
+    @property
+    def cut_points(self) -> tuple[int, ...]:
+        """Every layer boundary a stage may start or end at, 0 and ``num_layers`` included (all but
+        ``no_cut_at``)."""
+        return tuple(k for k in range(len(self.layers) + 1) if k not in self.no_cut_at)
+
+    @property
     def optimizer_state_bytes_per_param_byte(self) -> float:
         return optimizer_state_factor(self.optimizer, self.dtype, self.moment_dtype)
 

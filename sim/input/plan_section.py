@@ -35,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import replace
 from itertools import accumulate
-from typing import Any
+from typing import Any, Callable
 
 from sim.core.errors import ScenarioError, ScheduleError, SpecError
 from sim.core.model_spec import ModelSpec
@@ -49,6 +49,7 @@ from sim.core.userfiles import read_user_file
 from sim.cost.compute import layer_times_s
 from sim.input.strict import StrictReader, device_ids, join_key, show_value
 from sim.models import shard_model
+from sim.models.mtp import check_mtp_stage
 from sim.schedule.generators import GENERATORS, V_SCHEDULES
 from sim.schedule.plan_schedule import parse_schedule_for_plan
 from sim.schedule.policy import DapplePolicy
@@ -102,6 +103,7 @@ def read_plan(reader: StrictReader, data: Any, cluster: ClusterSpec, model: Mode
     )
     try:
         check_plan(plan, num_layers=model.num_layers, num_devices=cluster.num_devices)
+        check_mtp_stage(plan, model)  # the mtp layer on the head's stage (Megatron-Core's placement)
         shard_model(model, plan.shard)  # the degrees divide the heads, the MLP, the vocabulary, the sequence
     except SpecError as exc:
         raise reader.fail(join_key("plan", exc.key), exc.problem) from None
@@ -238,9 +240,10 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
         raise reader.fail("plan", f"pipeline_parallel {p} × data_parallel {d} × context_parallel "
                                   f"{degrees['context_parallel']} × tensor_parallel {degrees['tensor_parallel']} = "
                                   f"{p * group} devices, but the cluster has {cluster.num_devices}")
-    if p * chunks > model.num_layers:
-        raise reader.fail("plan.pipeline_parallel", f"{p * chunks} stages for a model of {model.num_layers} layers; "
-                                                    f"use at most {model.num_layers // chunks}")
+    units = model.num_layers - len(model.no_cut_at)  # the mtp layer and the head make one unit
+    if p * chunks > units:
+        raise reader.fail("plan.pipeline_parallel", f"{p * chunks} stages for a model of {units} layers "
+                                                    f"a stage may start at; use at most {units // chunks}")
     shard = Shard(tensor=degrees["tensor_parallel"], context=degrees["context_parallel"],
                   sequence_parallel=degrees["sequence_parallel"], expert=degrees["expert_parallel"],
                   expert_tensor=degrees["expert_tensor_parallel"])
@@ -249,17 +252,22 @@ def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec,
     except SpecError as exc:
         raise reader.fail(join_key("plan", exc.key), exc.problem) from None
     cost = [sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in part.layers]
-    bounds = balanced_v_cuts(cost, p) if name in V_SCHEDULES else balanced_cuts(cost, p * chunks)
+    joined = model.no_cut_at
+    bounds = balanced_v_cuts(cost, p, no_cut_at=joined) if name in V_SCHEDULES else \
+        balanced_cuts(cost, p * chunks, no_cut_at=joined)
     sets = [tuple(range(r * group, (r + 1) * group)) for r in range(p)]
     # a V schedule (zb-v, dualpipe-v) places stage s and 2p − 1 − s on device set s
     place = (lambda s: s if s < p else 2 * p - 1 - s) if name in V_SCHEDULES else (lambda s: s % p)
     return tuple(StageSpec(layers=(a, b), devices=sets[place(s)]) for s, (a, b) in enumerate(zip(bounds, bounds[1:])))
 
 
-def balanced_cuts(costs: list[float], parts: int) -> tuple[int, ...]:
+def balanced_cuts(costs: list[float], parts: int, *, no_cut_at: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Boundaries ``(0, b1, ..., len(costs))`` of ``parts`` contiguous, non-empty ranges whose
     largest sum is the least possible (the linear partition problem; binary search on the
-    bound with a greedy check, exact for non-negative costs)."""
+    bound with a greedy check, exact for non-negative costs), none at a boundary of ``no_cut_at``
+    (``ModelSpec.no_cut_at``: :func:`over_units`)."""
+    if no_cut_at:
+        return over_units(balanced_cuts, costs, parts, no_cut_at)
     n = len(costs)
     if parts >= n:
         return tuple(range(n + 1))[: parts + 1]
@@ -289,13 +297,26 @@ def balanced_cuts(costs: list[float], parts: int) -> tuple[int, ...]:
     return tuple(best)
 
 
-def balanced_v_cuts(costs: list[float], ranks: int) -> tuple[int, ...]:
+def over_units(cut: Callable[[list[float], int], tuple[int, ...]], costs: list[float], parts: int,
+               no_cut_at: tuple[int, ...]) -> tuple[int, ...]:
+    """``cut(costs, parts)`` over units instead of layers: the layers on either side of each
+    boundary in ``no_cut_at`` joined into one unit whose cost is their sum, the units' boundaries
+    then mapped back to the layers'."""
+    starts = [k for k in range(len(costs)) if k not in no_cut_at] + [len(costs)]
+    units = [sum(costs[a:b]) for a, b in zip(starts, starts[1:])]
+    return tuple(starts[b] for b in cut(units, parts))
+
+
+def balanced_v_cuts(costs: list[float], ranks: int, *, no_cut_at: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Boundaries ``(0, b1, ..., len(costs))`` of ``2·ranks`` contiguous, non-empty ranges for a V
     schedule, where device set ``s`` runs range ``s`` and range ``2·ranks − 1 − s`` (zb-v, dualpipe-v):
     the largest sum of a device set's two ranges is made small, not each range's (a heavy head on
     the last range would otherwise be paired with a first range as full as itself). A binary
     search on the bound, from :func:`balanced_cuts`' cut (feasible) down, with a check that walks
-    the device sets from the outside in, keeping for each left cut the smallest right cut."""
+    the device sets from the outside in, keeping for each left cut the smallest right cut; none at a
+    boundary of ``no_cut_at`` (:func:`over_units`)."""
+    if no_cut_at:
+        return over_units(balanced_v_cuts, costs, ranks, no_cut_at)
     n, parts = len(costs), 2 * ranks
     first = balanced_cuts(costs, parts)
     if parts >= n:

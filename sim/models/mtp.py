@@ -16,9 +16,15 @@ forward; parameters ``2h·h + 2h``; its inputs stashed) and one block like the m
 MoE block where the last is one: its experts, router and all-to-all) make one layer ``mtp``
 between the last block and the ``head``, and the head runs once more for each module without
 parameters of its own but its final norm's (:func:`with_mtp`). The head stays the model's last
-layer and the MTP layer comes just before it, so the balanced cut puts them on the last stages,
-where DualPipe's V places them beside the embedding. The shifted tokens' embedding look-up (a
-gather of ``h`` a token) is left out, but not its collective under tensor parallelism.
+layer and the MTP layer comes just before it, on the head's stage: a plan that cuts between them
+is refused (:func:`check_mtp_stage`) and no cut the planner or a grid makes falls there
+(``ModelSpec.no_cut_at``), as Megatron-Core builds its MTP layers on the last pipeline stage
+unless a hand-written layout moves them (NVIDIA/Megatron-LM at d98e8a6,
+``megatron/core/transformer/multi_token_prediction.py``, ``mtp_on_this_rank``: "without custom PP
+layout, we only support put all of MTP layers on the last pipeline stage") and DeepSeek-V3 keeps
+them with the output head on one rank (§3.2.3); DualPipe's V places that stage beside the embedding.
+The shifted tokens' embedding look-up (a gather of ``h`` a token) is left out, but not its
+collective under tensor parallelism.
 
 The modules read the embedding's token table. An untied model's ``mtp`` layer on another stage
 than the embedding holds a copy of it, equal at start and kept equal by summing both copies'
@@ -29,7 +35,7 @@ maintain duplicated embedding weights in mtp process stage", and
 ``megatron/core/distributed/finalize_model_grads.py``, ``_get_shared_word_embedding_weight``, whose
 all-reduce runs when ``mtp_num_layers`` is set): the model's ``tied_layers`` are then the embedding
 and ``mtp`` (``ModelSpec.tied_copy_bytes``, ``sim.cost.comm.tied_allreduce_s``), as a tied head's
-are. A tied model's ``mtp`` layer reads the head's copy, which is there already. Where the first
+are. A tied model's ``mtp`` layer reads the head's copy, which is there already (on its stage). Where the first
 and the last stage share their devices (DualPipe's V) the layer reads the embedding's table itself,
 one copy (DeepSeek-V3 §3.2.3: shared "physically"): :func:`table_on_one_device`.
 """
@@ -38,11 +44,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
+from sim.core.plan import PlanSpec
 from sim.cost.comm import TensorParallelCollective
 from sim.cost.kernels import KernelSpec
 
-__all__ = ["merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device", "with_mtp"]
+__all__ = ["check_mtp_stage", "merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device",
+           "with_mtp"]
 
 
 def mtp_projection(q: float, h: int, d: int, *, tensor: int = 1, sequence_parallel: bool = False) -> LayerSpec:
@@ -149,3 +158,19 @@ def table_on_one_device(model: ModelSpec) -> ModelSpec:
     if model.mtp_depth and model.tied_layers == (0, len(model.layers) - 2):
         return replace(model, tied_layers=None, tied_bytes=0.0)
     return model
+
+
+def check_mtp_stage(plan: PlanSpec, model: ModelSpec) -> None:
+    """Raise ``SpecError`` (key ``stages``) when a stage starts at one of ``model.no_cut_at``: with
+    multi-token prediction, the ``mtp`` layer apart from the head, whose stage alone has the labels
+    and the output head it runs (the module docstring: Megatron-Core's last-stage placement)."""
+    for index, stage in enumerate(plan.stages):
+        if stage.layers[0] in model.no_cut_at:
+            head = stage.layers[0]
+            before = plan.stages[index - 1].layers
+            raise SpecError(
+                "stages",
+                f"the mtp layer ({head - 1}) is on stage {index - 1} ({list(before)}) and the head ({head}) on stage "
+                f"{index} ({list(stage.layers)}); multi-token prediction runs on the head's stage (Megatron-Core's "
+                f"default placement, DeepSeek-V3 §3.2.3): put layers {head - 1} and {head} in one stage",
+            )
