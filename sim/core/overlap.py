@@ -12,6 +12,11 @@ scenario; a ``stack`` sets them as that stack does):
 * ``reduce_after_flush`` — without ``grad_reduce``, a rank's reductions wait for its last
   backward, all its stages' one after another (Megatron-LM), rather than each stage's after its
   own last backward (torch.distributed.pipelining);
+* ``paired_exchange`` — an interleaved schedule's steady (forward, backward) steps exchange with
+  both neighbours at once after the backward, as Megatron-LM 2021's interleaved loop did
+  (``sim.schedule.passes.lower``);
+* ``pipeline_gather`` — a pipeline transfer split over the tensor ranks is all-gathered by its
+  receivers before their compute (Megatron-LM's scatter/gather, SC21 §4.1);
 * ``param_gather`` — ZeRO-1/2's parameter all-gather after the optimizer step runs during the
   next forward (Megatron-LM's ``--overlap-param-gather``);
 * ``tensor_parallel`` — the tensor-parallel all-gathers and reduce-scatters run beside the
@@ -72,6 +77,18 @@ class OverlapSpec:
     after its own last backward (torch.distributed.pipelining). The two differ only where a rank
     holds several stages (interleaved and V schedules). Ignored with ``grad_reduce``, whose
     buckets run during each stage's last backward."""
+    paired_exchange: bool = False
+    """Interleaved schedules only: a steady-state forward's output leaves after the backward that
+    follows it, beside that backward's gradient, and that backward's gradient arrives before the
+    forward starts: one blocking ``send_forward_backward_recv_forward_backward`` per (F, B) step,
+    as Megatron-LM's interleaved schedule ran it in 2021 (NVIDIA/Megatron-LM megatron/schedules.py
+    at 6fd7818; ``sim.schedule.passes.lower``); false: each part sends and receives on its own
+    (torch.distributed.pipelining, and Megatron-LM's non-interleaved 1F1B)."""
+    pipeline_gather: bool = False
+    """Under tensor parallelism without sequence parallelism: each receiving stage all-gathers a
+    pipeline transfer over its tensor group before the compute that reads it, the other half of
+    the 1/t split the flows already send (Megatron-LM's scatter/gather, SC21 §4.1;
+    ``sim.cost.comm.pipeline_gather_s``); false: the split is sent and the gather not charged."""
     expert_all_to_all: bool = False
     """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
     communication_sms: int = 0
@@ -80,7 +97,8 @@ class OverlapSpec:
     ``overlap_slowdown`` applies to the all-to-all as to every overlapped collective."""
 
     def __post_init__(self) -> None:
-        for key in ("grad_reduce", "param_gather", "tensor_parallel", "reduce_after_flush", "expert_all_to_all"):
+        for key in ("grad_reduce", "param_gather", "tensor_parallel", "reduce_after_flush", "paired_exchange",
+                    "pipeline_gather", "expert_all_to_all"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         c = self.communication_sms
@@ -96,6 +114,10 @@ class OverlapSpec:
             extra["communication_sms"] = self.communication_sms
         if self.reduce_after_flush:  # absent at its default: outputs of plans without it unchanged
             extra["reduce_after_flush"] = True
+        if self.paired_exchange:  # absent at its default, as reduce_after_flush
+            extra["paired_exchange"] = True
+        if self.pipeline_gather:
+            extra["pipeline_gather"] = True
         return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
                 "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B",  # read back by parse_bytes
                 **extra}

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s",
            "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
-           "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
+           "pipeline_gather_s", "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
            "ring_steps", "tensor_parallel_bytes_and_steps", "tensor_parallel_collectives", "tensor_parallel_cost", "tied_allreduce_s"]
 
 HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
@@ -316,6 +316,19 @@ def fsdp_gather(members: int, param_bytes: float, link: LinkSpec, cluster: Clust
         return ring
     return fabric_across(ring, [1] * members, param_bytes, cluster, busiest_nic_flows(cluster, 1), crossing,
                          kind="all-gather")
+
+
+def pipeline_gather_s(share_bytes: float, tensor_parallel: int, link: LinkSpec) -> float:
+    """Seconds a receiving stage's tensor group all-gathers a pipeline transfer that crossed split
+    over its ``tensor_parallel`` ranks, ``share_bytes`` each (the flows' 1/t, ``sim.engine.flows``):
+    Megatron-LM's scatter/gather (Narayanan et al. 2021, SC21 §4.1; megatron/p2p_communication.py
+    at 6fd7818, ``_communicate``: ``gather_split_1d_tensor`` after the exchange, before the
+    compute; at cfd2e21, 2022, only without sequence parallelism). A ring all-gather alone on
+    ``link``: ``(t−1)·share / (B·efficiency) + (t−1)·latency``."""
+    if tensor_parallel <= 1 or share_bytes <= 0:
+        return 0.0
+    return collective_s(ring_bytes(tensor_parallel, share_bytes * tensor_parallel, halves=1),
+                        ring_steps(tensor_parallel, halves=1), link)
 
 
 def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) -> float:

@@ -35,6 +35,8 @@ from sim.core.faults import jitter_factors
 from sim.core.parallelism import Recompute, Sharding
 from sim.core.summary import Parallelism
 from sim.cost.capacity import tokens_per_sample
+from sim.cost.comm import pipeline_gather_s
+from sim.cost.links import group_link
 from sim.cost.memory import sum_state_bytes
 from sim.cost.overlap import bucket_count, communication_sms_slowdown, unit_count
 from sim.cost.split import sample_ranges
@@ -121,7 +123,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
 
     split = port_split(flows, table.paths(), class_of, card_of) if optimistic else None
     ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split, each_uplink=not symmetric)
-    kinds = flow_kinds(table, rates, class_of, ports, by_rate=not contention, by_path=optimistic)
+    kinds = flow_kinds(table, rates, class_of, ports, by_rate=not contention, by_path=optimistic,
+                       gather=_pipeline_gather(plan, cluster, p2p))
     collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
     group_keys = defaultdict(list)
@@ -239,6 +242,17 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       gather_buckets=buckets_of if gathered else {},
                       expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,
                       prefetch=plan.fsdp.prefetch, expert_slowdown=expert_slowdown)
+
+
+def _pipeline_gather(plan, cluster, p2p):
+    """The pipeline transfers' labels and the all-gather each receiver runs over its tensor group
+    after one (``plan.overlap.pipeline_gather``, ``sim.cost.comm.pipeline_gather_s``), or None:
+    not asked, one tensor rank, or sequence parallelism (its activations are already split)."""
+    t = plan.tensor_parallel
+    if not plan.overlap.pipeline_gather or t <= 1 or plan.sequence_parallel or not p2p:
+        return None
+    link = group_link(cluster, plan.device_groups[0][:t])
+    return frozenset(label for _, _, label, _ in p2p), lambda share: pipeline_gather_s(share, t, link)
 
 
 def _replica_samples(plan, stage: int, microbatch_size: int) -> dict[int, tuple[int, int]]:

@@ -18,7 +18,7 @@ cross one port of the class).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -233,7 +233,8 @@ def port_split(flows, paths, class_of, card_of, max_rounds: int = 8) -> dict[tup
 
 
 def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable, *, by_rate: bool = False,
-               by_path: bool = False) -> list[FlowKind]:
+               by_path: bool = False, gather: tuple[frozenset, Callable[[float], float]] | None = None
+               ) -> list[FlowKind]:
     """Group real flows into kinds (same label, classes and bytes), sorted by their key.
 
     ``rates`` are the flows' static rates (:func:`static_rates`); a kind's is its first flow's.
@@ -246,6 +247,7 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
     weights are then its first flow's and its members' counts, as flow by flow.
     """
     flows = table.flows
+    gathered, gather_s = gather if gather is not None else (frozenset(), None)
     port_ids = ports.path_ids(table)  # numbered in flow order
     if table.uplink is not None:  # and the fabric's uplinks after them (-1 where a flow crosses none)
         port_ids = np.concatenate([port_ids, ports.uplink_ids(table)], axis=1)
@@ -288,6 +290,8 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
         counted = whole.pop(family(key, first), 0) if by_path else count[g]
         weights = tuple((pid, n / ports.info[pid][2]) for pid, n in zip(path_of[first], per_port[g]) if pid >= 0)
         link = ports.link(src, dst)
+        # a pipeline transfer's receivers all-gather it over their tensor group before the compute
+        gather_extra = gather_s(nbytes) if label in gathered and nbytes > 0 else 0.0
         kinds.append(
             FlowKind(
                 index=len(kinds),
@@ -301,7 +305,7 @@ def flow_kinds(table: FlowTable, rates: list[float], class_of, ports: PortTable,
                 send_bytes_per_device=nbytes * counted / counts[src_class],
                 recv_bytes_per_device=nbytes * counted / counts[dst_class],
                 issue_s=link.send_issue_s(nbytes) * counted / counts[src_class],
-                receive_s=(link.recv_overhead_s if nbytes > 0 else 0.0) * counted / counts[dst_class],
+                receive_s=((link.recv_overhead_s if nbytes > 0 else 0.0) + gather_extra) * counted / counts[dst_class],
                 sibling=siblings.get(family(key, first), -1) if by_path else -1,
             )
         )

@@ -199,12 +199,15 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     key = "plan.overlap"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size",
-                                       "expert_all_to_all", "communication_sms", "reduce_after_flush"})
+                                       "expert_all_to_all", "communication_sms", "reduce_after_flush",
+                                       "paired_exchange", "pipeline_gather"})
     return reader.build(key, OverlapSpec,
                         grad_reduce=reader.boolean(data, key, "grad_reduce", False),
                         param_gather=reader.boolean(data, key, "param_gather", False),
                         tensor_parallel=reader.boolean(data, key, "tensor_parallel", False),
                         reduce_after_flush=reader.boolean(data, key, "reduce_after_flush", False),
+                        paired_exchange=reader.boolean(data, key, "paired_exchange", False),
+                        pipeline_gather=reader.boolean(data, key, "pipeline_gather", False),
                         expert_all_to_all=reader.boolean(data, key, "expert_all_to_all", False),
                         communication_sms=reader.integer(data, key, "communication_sms", 0, minimum=0,
                                                          maximum=100_000),

@@ -101,6 +101,10 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
         _v("plan.overlap.reduce_after_flush", True, f"{_MEGATRON} megatron/training.py at 6fd7818 (2021-04-03) "
            "train_step: 'for model_module in model: model_module.allreduce_gradients()' after "
            "forward_backward_func returns (today finalize_model_grads at the schedule's end)"),
+        _v("plan.overlap.paired_exchange", True, f"{_MEGATRON} megatron/schedules.py at 6fd7818 (2021-04-03), "
+           "forward_backward_pipelining_with_interleaving: F, B, then one send_forward_backward_recv_forward_backward "
+           "per steady step (megatron/core/pipeline_parallel/schedules.py keeps it while overlap_p2p_comm = False, "
+           "the default)"),
     ),
     "megatron-core": (
         _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "

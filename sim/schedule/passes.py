@@ -15,6 +15,14 @@ the lists, with torch.distributed.pipelining's meaning:
   after its last backward; with ``reduce_after_flush``, every stage's ``REDUCE_GRAD`` at the end
   of its rank's list instead, lowest stage first, as Megatron-LM all-reduces each model chunk
   after the whole pipeline schedule has run (``sim.core.overlap.OverlapSpec.reduce_after_flush``);
+- with ``paired_exchange`` (Megatron-LM 2021's interleaved schedule, only on the ``interleaved``
+  generator's schedules), a steady-state forward followed by a backward on the same rank sends
+  its output after that backward, beside the backward's own send, and that backward's
+  receive moves before the forward: the 2021 loop runs F, then B, then one blocking
+  ``send_forward_backward_recv_forward_backward`` that sends both and receives the next step's
+  input and gradient (NVIDIA/Megatron-LM megatron/schedules.py at 6fd7818, 2021-04-03,
+  ``forward_backward_pipelining_with_interleaving``; its 1F1B loop sends right after each
+  part, as the default does);
 - an overlapped pair ``(0F7;7B3)OVERLAP_F_B`` is one step: the receives of both parts go
   right before it (the forward's first), their sends right after it, as torch's
   ``_add_send_recv`` issues them.
@@ -53,13 +61,16 @@ def _is_compute(step: Step) -> bool:
     return type(step) is OverlapFB or step.kind in COMPUTE_KINDS
 
 
-def lower(schedule: Schedule, *, reduce_after_flush: bool = False) -> Schedule:
+def lower(schedule: Schedule, *, reduce_after_flush: bool = False, paired_exchange: bool = False) -> Schedule:
     """Add sends, receives and gradient reductions to a (compute) schedule; with
-    ``reduce_after_flush`` each rank's reductions follow its last action (the pipeline's flush)."""
+    ``reduce_after_flush`` each rank's reductions follow its last action (the pipeline's flush);
+    with ``paired_exchange`` an interleaved schedule's steady (F, B) steps exchange as one
+    (module docstring)."""
     compute = strip_communication(schedule)
     last_grad = _flush_positions(compute) if reduce_after_flush else _last_weight_grad_positions(compute)
+    paired = paired_exchange and compute.name == "interleaved"
     ranks = tuple(
-        _lower_rank(rank, acts, compute, last_grad) for rank, acts in enumerate(compute.ranks)
+        _lower_rank(rank, acts, compute, last_grad, paired) for rank, acts in enumerate(compute.ranks)
     )
     return replace(schedule, ranks=ranks)
 
@@ -91,14 +102,27 @@ def _flush_positions(schedule: Schedule) -> dict[tuple[int, int], list[int]]:
     return at
 
 
+def _single(step: Step | None, kind: ActionKind) -> Action | None:
+    """The step's one action when it is a lone ``kind`` (not an overlapped pair), else None."""
+    return step.parts[0] if step is not None and len(step.parts) == 1 and step.parts[0].kind is kind else None
+
+
 def _lower_rank(
-    rank: int, acts: tuple[Step, ...], schedule: Schedule, last_grad: dict[tuple[int, int], list[int]]
+    rank: int, acts: tuple[Step, ...], schedule: Schedule, last_grad: dict[tuple[int, int], list[int]],
+    paired: bool = False,
 ) -> tuple[Step, ...]:
     owner = schedule.stage_ranks
     last_stage = schedule.num_stages - 1
     out: list[Step] = []
+    held: list[Action] = []  # a paired forward's sends, issued after the backward after it
+    received: set[Action] = set()  # a paired backward's receive, issued before its forward
     for index, step in enumerate(acts):
-        sends: list[Action] = []
+        sends, held = held, []
+        nxt = _single(acts[index + 1], B) if paired and index + 1 < len(acts) and _single(step, F) else None
+        if nxt is not None and nxt.stage < last_stage and owner[nxt.stage + 1] != owner[nxt.stage]:
+            recv = Action(stage=nxt.stage, kind=ActionKind.RECV_B, microbatch=nxt.microbatch)
+            out.append(recv)
+            received.add(recv)
         for a in step.parts:
             s, m = a.stage, a.microbatch
             if a.kind is F:
@@ -107,11 +131,14 @@ def _lower_rank(
                 if s < last_stage and owner[s + 1] != owner[s]:
                     sends.append(Action(stage=s, kind=ActionKind.SEND_F, microbatch=m))
             elif a.kind is B or a.kind is I:
-                if s < last_stage and owner[s + 1] != owner[s]:
-                    out.append(Action(stage=s, kind=ActionKind.RECV_B, microbatch=m))
+                recv = Action(stage=s, kind=ActionKind.RECV_B, microbatch=m)
+                if s < last_stage and owner[s + 1] != owner[s] and recv not in received:
+                    out.append(recv)
                 if s > 0 and owner[s - 1] != owner[s]:
                     sends.append(Action(stage=s, kind=ActionKind.SEND_B, microbatch=m))
         out.append(step)
+        if nxt is not None:
+            sends, held = [], sends
         out += sends
         for s in last_grad.get((rank, index), ()):
             out.append(Action(stage=s, kind=ActionKind.REDUCE_GRAD, microbatch=None))

@@ -108,4 +108,5 @@ def resolve_plan(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec, trainin
     after_flush = plan.overlap.reduce_after_flush and not plan.overlap.grad_reduce  # buckets: during the backward
     return ResolvedPlan(plan=plan, num_microbatches=training.num_microbatches, model=part, costs=tuple(costs),
                         stage_policies=policies, schedule=schedule,
-                        lowered=schedule if schedule.is_lowered else lower(schedule, reduce_after_flush=after_flush))
+                        lowered=schedule if schedule.is_lowered else lower(schedule, reduce_after_flush=after_flush,
+                                                                            paired_exchange=plan.overlap.paired_exchange))
