@@ -10,8 +10,9 @@ import pytest
 
 from sim.core.errors import ScenarioError
 from sim.core.parallelism import Shard
-from sim.cost.comm import embedding_group_link, hierarchical_allreduce_s, ring_s, tied_allreduce_s
+from sim.cost.comm import hierarchical_allreduce_s, ring_s, tied_allreduce_s
 from sim.cost.compute import kernel_time_s, layer_times_s, stage_cost
+from sim.cost.links import embedding_group_link
 from sim.cost.memory import static_bytes
 from sim.cost.optimizer import multi_tensor_launches, optimizer_step_kernels, optimizer_step_s
 from sim.input.scenario import parse_scenario

@@ -24,8 +24,8 @@ from planner.search.memory import plan_peak_bytes
 from planner.search.space import Candidate, PlannerOptions, to_scenario
 from sim.core.errors import DappleError
 from sim.core.parallelism import Sharding
-from sim.cost.comm import embedding_group_link
 from sim.cost.compute import stage_cost
+from sim.cost.links import embedding_group_link
 from sim.engine.compile import compile_workload
 from sim.engine.run import run_scenario
 from sim.input.scenario import load_scenario

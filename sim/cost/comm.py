@@ -23,8 +23,9 @@ point-to-point transfers at the full ``bandwidth``. The engine's flows go throug
 the full bandwidth, so a collective's flow is charged ``ring_bytes / collective_efficiency``
 (``ring_flow_bytes``): alone on a port it takes the time the ring takes at the collective bandwidth.
 
-This module is the one home of those formulas (``sim.cost.links`` of which link a group
-crosses, ``sim.cost.group_comm`` of a tensor-parallel or FSDP group's path across servers): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
+This module is the one home of those formulas (``sim.cost.links`` of which link a group crosses,
+``sim.cost.group_comm`` of a tensor-parallel or FSDP group's path across servers, ``sim.cost.context_comm``
+of the context ring): the compiler (``sim.engine.collectives``, ``sim.engine.groups``) turns their bytes,
 steps and latencies into flows through ports, the planners (``planner.search.costs``,
 ``planner.planners.exhaustive``) into seconds, and a test (``tests/test_one_home_comm.py``)
 replays each collective alone in the engine against them. Each cost is a :class:`CommCost`
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from sim.core.parallelism import BlockShape, Recompute, Sharding
 from sim.cost.fabric_comm import fabric_across
-from sim.cost.links import busiest_nic_flows, group_link
+from sim.cost.links import busiest_nic_flows
 from sim.cost.measured_comm import measured_sync_terms, measured_terms
 
 if TYPE_CHECKING:
@@ -47,10 +48,10 @@ if TYPE_CHECKING:
     from sim.core.specs import ClusterSpec, LinkSpec
 
 __all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s",
-           "cross_server_flow_bytes", "embedding_group_link", "fsdp_gather", "gradient_sync",
+           "cross_server_flow_bytes", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
-           "pipeline_gather_s", "point_to_point", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s",
-           "ring_steps", "tensor_parallel_bytes_and_steps", "tensor_parallel_collectives", "tensor_parallel_cost", "tied_allreduce_s"]
+           "pipeline_gather_s", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s", "ring_steps",
+           "tensor_parallel_bytes_and_steps", "tensor_parallel_collectives", "tensor_parallel_cost", "tied_allreduce_s"]
 
 HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
 """Ring halves each collective kind takes: an all-reduce is a reduce-scatter then an all-gather
@@ -335,22 +336,6 @@ def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) 
     """Seconds of one point-to-point send of ``nbytes`` alone: latency plus bytes at the port's
     full bandwidth, shared by ``flows_per_port`` flows (the alpha-beta model; ``LinkSpec``)."""
     return link.latency_s + nbytes * flows_per_port / link.bandwidth_bytes_per_s
-
-
-def point_to_point(nbytes: float, link: LinkSpec, cluster: ClusterSpec, *, flows_per_port: int = 1) -> CommCost:
-    """A point-to-point transfer between stages (split-concat's sends, ``sim.engine.flows``) as a cost."""
-    return _cost(nbytes, nbytes, 1, link, cluster, link.bandwidth_bytes_per_s / flows_per_port)
-
-
-def embedding_group_link(plan, cluster: ClusterSpec) -> LinkSpec | None:
-    """The link a tied embedding's gradient all-reduce crosses: between the first and the last
-    stage's devices of one tensor rank (Megatron-LM's embedding group), inside a server if
-    they share one, else between servers; None for a plan of one stage."""
-    first, last = plan.stages[0].devices, plan.stages[-1].devices
-    if plan.num_stages == 1 or first == last:
-        return None
-    links = [group_link(cluster, (a, b)) for a, b in zip(first, last)]
-    return cluster.intra_node if all(link is cluster.intra_node for link in links) else cluster.inter_node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["busiest_nic_flows", "by_server", "contiguous_span", "group_link", "members_per_node", "same_server",
-           "span_link"]
+__all__ = ["busiest_nic_flows", "by_server", "contiguous_span", "embedding_group_link", "group_link",
+           "members_per_node", "same_server", "span_link"]
 
 
 def span_link(cluster: ClusterSpec, servers: int) -> LinkSpec:
@@ -78,3 +78,14 @@ def members_per_node(cluster: ClusterSpec, members: int, stride: int = 1) -> tup
         node = i * stride // cluster.devices_per_node
         counts[node] = counts.get(node, 0) + 1
     return tuple(counts[n] for n in sorted(counts))
+
+
+def embedding_group_link(plan, cluster: ClusterSpec) -> LinkSpec | None:
+    """The link a tied embedding's gradient all-reduce crosses: between the first and the last
+    stage's devices of one tensor rank (Megatron-LM's embedding group), inside a server if
+    they share one, else between servers; None for a plan of one stage."""
+    first, last = plan.stages[0].devices, plan.stages[-1].devices
+    if plan.num_stages == 1 or first == last:
+        return None
+    links = [group_link(cluster, (a, b)) for a, b in zip(first, last)]
+    return cluster.intra_node if all(link is cluster.intra_node for link in links) else cluster.inter_node

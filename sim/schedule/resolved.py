@@ -10,7 +10,7 @@ needs the same few things derived from it, and they are derived here, once, by
 2. what each stage costs a device on each slice of a micro-batch its replicas process
    (``sim.cost.compute.stage_cost``: the stage's recompute mode, its data-parallel group's
    size and sharding, and the link a tied embedding's gradient crosses,
-   ``sim.cost.comm.embedding_group_link``). A micro-batch splits over a stage's replicas like
+   ``sim.cost.links.embedding_group_link``). A micro-batch splits over a stage's replicas like
    ``torch.tensor_split`` (``sim.cost.split.split_samples``), so a stage has at most two
    distinct slices; the first replica's is the largest;
 3. the warm-up policy K_i that ``policy: auto`` chooses per stage, from those costs on the
@@ -34,8 +34,8 @@ from sim.core.model_spec import ModelSpec
 from sim.core.plan import PlanSpec
 from sim.core.specs import ClusterSpec
 from sim.core.training import TrainingSpec
-from sim.cost.comm import embedding_group_link
 from sim.cost.compute import StageCost, stage_cost
+from sim.cost.links import embedding_group_link
 from sim.cost.memory import accumulates_unsharded
 from sim.cost.split import split_samples
 from sim.models import shard_model
