@@ -182,6 +182,7 @@ def _moved(a: dict, b: dict) -> float:
     return max(float((a[n] - b[n]).abs().max()) / max(float(a[n].abs().max()), floor) for n in a)
 
 
+@pytest.mark.slow
 def test_fp8_moves_the_loss_and_turns_an_ulp_of_the_loss_gradient_into_rounding_steps():
     (fp32_loss, fp32), (_, fp32_nudged) = _step({}, 0.0), _step({}, 2.0 ** -23)
     (fp8_loss, fp8), (_, fp8_nudged) = _step(FP8, 0.0), _step(FP8, 2.0 ** -23)

@@ -26,7 +26,6 @@ TP2 = {**MTP, **DP2, "plan.tensor_parallel": "2"}
 SP = {"plan.sequence_parallel": "true"}
 TWO_RANKS = {
     "gpt-tied-pp2": {**MTP, **PP2, "model.tied_embeddings": "true"},
-    "llama-dp2": {**MTP, **DP2, **LLAMA},
     "gpt-tied-tp2-sp": {**TP2, **SP, "model.tied_embeddings": "true"},  # vocabulary-parallel look-up, scatter
     # untied: the last stage's mtp layer holds a copy of the table, summed with the embedding's
     "llama-untied-pp2": {**MTP, **PP2, **LLAMA},
@@ -73,7 +72,7 @@ def test_the_mtp_loss_is_deepseek_v3s_equations():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.layers["5"].parameters())
 
 
-@pytest.mark.parametrize("overrides", [{**MTP, **DP2}, TWO_RANKS["gpt-tied-pp2"], TWO_RANKS["llama-dp2"]],
+@pytest.mark.parametrize("overrides", [{**MTP, **DP2}, TWO_RANKS["gpt-tied-pp2"], {**MTP, **DP2, **LLAMA}],
                          ids=["gpt", "gpt-tied", "llama"])
 def test_each_layer_holds_the_simulators_parameter_bytes(overrides):
     from runtime.model.config import load_runnable
@@ -266,7 +265,8 @@ def test_mtp_with_sharding_recompute_and_split_backwards_matches_the_unsplit_mod
 def test_mtp_with_tensor_or_context_parallelism_on_two_ranks_matches_the_unsplit_model():
     # the tokens ahead of a context rank's chunk lie in the other rank's: taken from the whole labels
     cp2 = {**MTP, **DP2, "plan.context_parallel": "2"}
-    cases = {"gpt-tp2": TP2, "gpt-cp2": cp2, "llama-tp2-sp": {**TP2, **SP, **LLAMA}, "llama-cp2": {**cp2, **LLAMA}}
+    cases = {"gpt-tp2": TP2, "gpt-cp2": cp2, "llama-tp2-sp": {**TP2, **SP, **LLAMA}, "llama-cp2": {**cp2, **LLAMA},
+             "llama-dp2": {**MTP, **DP2, **LLAMA}}
     for name, summary in spawn_checked(GPT, 2, cases).items():
         assert summary["check_passed"], name
         assert_matches_unsplit(summary)
