@@ -159,8 +159,8 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
         apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
-        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL,
-                    expert_mesh=expert_mesh)
+        shard_stage(module, mesh["data"], unit_layers=plan.fsdp.unit_layers, expert_mesh=expert_mesh,
+                    reshard_after_forward=plan.sharding is Sharding.FULL and plan.fsdp.reshard_after_forward)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]

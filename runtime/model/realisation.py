@@ -21,7 +21,7 @@ SPLIT_BACKWARD_SCHEDULES = frozenset({"zb-h1", "zb-v", "dualpipe-v", "interleave
 
 def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str, ...]:
     """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step) holds
-    memory otherwise than predicted."""
+    memory otherwise than predicted, or times it otherwise where that is the only difference."""
     notes = []
     replicated = any(plan.num_replicas(s) > 1 for s in range(plan.num_stages))
     if plan.sharding is Sharding.GRADIENTS and replicated:
@@ -31,13 +31,12 @@ def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str
             "to its backward as in ZeRO-2, but FSDP2 keeps its 1/d shard beside them (the shard the optimizer "
             "steps; it reshards after each backward), so at the peak a device holds (1 + 1/d) of its parameters "
             "where the prediction (ZeRO-2) holds them once, and between steps 1/d")
-    if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and num_microbatches > 1 \
-            and plan.fsdp.reduce_every_microbatch:
+    if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and not plan.fsdp.prefetch:
         notes.append(
-            "FSDP2 accumulates the gradients unsharded over the micro-batches and reduce-scatters them after the "
-            "last (set_requires_gradient_sync(False) before it), where the plan (plan.fsdp.reduce_every_microbatch: "
-            "true) reduce-scatters each micro-batch's: from its first backward to its last a device holds its whole "
-            "gradients beside the 1/d predicted, which a CPU run does not count")
+            "plan.fsdp.prefetch: false cannot be asked of FSDP2, which gathers the next unit during a unit's "
+            "backward when no modules to prefetch are set (torch's FSDPState._pre_backward: default_prefetch), so "
+            "the run overlaps gathers the prediction exposes whole: a difference in time only (the prediction "
+            "holds the same units with and without prefetch)")
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         notes.append(
             f"{plan.schedule} splits each backward as autograd.grad(..., retain_graph=True) for the input gradient "
