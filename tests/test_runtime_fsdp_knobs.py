@@ -46,9 +46,16 @@ def test_fp32_shards_are_refused_for_a_16_bit_model_only():
 def test_no_prefetch_is_a_timing_note_and_the_other_knobs_need_none():
     (note,) = realisation_notes(load_runnable(GPT, {**FULL, "plan.fsdp.prefetch": "false"}).plan, num_microbatches=2)
     assert note.startswith("plan.fsdp.prefetch: false") and "time only" in note and "\n" not in note
-    for key, value in [("reduce_every_microbatch", "false"), ("unit_layers", "2"), ("reshard_after_forward", "false")]:
+    for key, value in [("unit_layers", "2"), ("reshard_after_forward", "false"), ("reduce_every_microbatch", "true")]:
         plan = load_runnable(GPT, {**FULL, f"plan.fsdp.{key}": value}).plan
         assert realisation_notes(plan, num_microbatches=2) == ()
+
+
+def test_accumulating_unsharded_names_the_gradients_a_cpu_run_does_not_count():
+    plan = load_runnable(GPT, {**FULL, "plan.fsdp.reduce_every_microbatch": "false"}).plan
+    (note,) = realisation_notes(plan, num_microbatches=2)
+    assert "set_requires_gradient_sync(False)" in note and "whole gradients, as predicted" in note
+    assert realisation_notes(plan, num_microbatches=1) == ()  # one micro-batch: nothing accumulates
 
 
 def test_consecutive_blocks_make_one_unit_and_any_other_layer_closes_it():
@@ -78,3 +85,8 @@ def test_every_fsdp_knob_the_runtime_honours_trains_like_the_unsplit_model():
     for measured, predicted in kinds_beside_prediction(GPT, SLOW_TWO_RANKS["full-each"], results["full-each"]):
         assert measured["gradients"] == pytest.approx(predicted.gradients, rel=0.02)
         assert measured["optimizer"] == pytest.approx(predicted.optimizer, rel=0.02)
+    # accumulating unsharded holds them whole (the prediction) until the last micro-batch; the run counts
+    # its shard at rest, 1/d of them (the realisation note)
+    accumulate = kinds_beside_prediction(GPT, SLOW_TWO_RANKS["full-accumulate"], results["full-accumulate"])
+    for measured, predicted in accumulate:
+        assert measured["gradients"] == pytest.approx(predicted.gradients / 2, rel=0.02)

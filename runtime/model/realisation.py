@@ -31,6 +31,13 @@ def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str
             "to its backward as in ZeRO-2, but FSDP2 keeps its 1/d shard beside them (the shard the optimizer "
             "steps; it reshards after each backward), so at the peak a device holds (1 + 1/d) of its parameters "
             "where the prediction (ZeRO-2) holds them once, and between steps 1/d")
+    if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and num_microbatches > 1 \
+            and not plan.fsdp.reduce_every_microbatch:
+        notes.append(
+            "plan.fsdp.reduce_every_microbatch: false runs as FSDP2's set_requires_gradient_sync(False) before the "
+            "last micro-batch: from its first backward to its last a device holds its whole gradients, as predicted, "
+            "but the run counts gradients at rest (its 1/d shard after the last reduce-scatter), not FSDP2's "
+            "unsharded accumulation, which a CPU run does not see")
     if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and not plan.fsdp.prefetch:
         notes.append(
             "plan.fsdp.prefetch: false cannot be asked of FSDP2, which gathers the next unit during a unit's "
