@@ -2,9 +2,9 @@
 
 ``reduce_every_microbatch`` (each micro-batch's reduce-scatter, or the last's), ``unit_layers``
 (consecutive blocks one ``fully_shard`` unit) and ``reshard_after_forward`` run with FSDP2 and train
-like the unsplit model (gradients within 1e-5, fp32); ``path: flat``, ``max_live_parameters`` and 16-bit
-``fp32_shards`` are DeepSpeed's or need fp32 parameters the runtime does not build: refused before launch;
-``prefetch: false`` only times the run otherwise: a realisation note.
+like the unsplit model (gradients within 1e-5, fp32); ``fp32_shards`` of a bf16 model runs as FSDP2's
+``MixedPrecisionPolicy`` on fp32 shards; ``path: flat`` and ``max_live_parameters`` are DeepSpeed's:
+refused before launch; ``prefetch: false`` only times the run otherwise: a realisation note.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sim.core.errors import DappleError
 GPT = str(SCENARIOS / "gpt_tiny_cpu.yaml")
 ONE_STAGE_2 = "[{layers: [0, 6], devices: [0, 1]}]"  # data parallelism 2; 16 / (4 × 2): 2 micro-batches
 FULL = {"plan.sharding": "full", "plan.stages": ONE_STAGE_2}
+BF16_SHARDS = {**FULL, "model.dtype": "bf16", "plan.fsdp.fp32_shards": "true"}
 SLOW_TWO_RANKS = {
     "full-each": FULL,
     "full-accumulate": {**FULL, "plan.fsdp.reduce_every_microbatch": "false"},
@@ -37,10 +38,11 @@ def test_deepspeeds_zero3_knobs_are_refused_in_one_line(key, value):
     load_runnable(GPT, {"plan.stages": ONE_STAGE_2, key: value})  # no FSDP: the knob does nothing
 
 
-def test_fp32_shards_are_refused_for_a_16_bit_model_only():
-    with pytest.raises(DappleError, match="plan.fsdp.fp32_shards: not supported by the runtime.*MixedPrecision"):
-        load_runnable(GPT, {**FULL, "plan.fsdp.fp32_shards": "true", "model.dtype": "bf16"})
-    load_runnable(GPT, {**FULL, "plan.fsdp.fp32_shards": "true"})  # fp32 parameters are fp32 shards
+def test_fp32_shards_of_a_16_bit_model_name_their_fp32_gradients():
+    plan = load_runnable(GPT, {**FULL, "plan.fsdp.fp32_shards": "true", "model.dtype": "bf16"}).plan
+    (note,) = realisation_notes(plan, num_microbatches=2, dtype="bf16")
+    assert "MixedPrecisionPolicy" in note and "4 bytes of gradient" in note
+    assert realisation_notes(plan, num_microbatches=2) == ()  # fp32 parameters are fp32 shards already
 
 
 def test_no_prefetch_is_a_timing_note_and_the_other_knobs_need_none():
@@ -70,6 +72,26 @@ def test_consecutive_blocks_make_one_unit_and_any_other_layer_closes_it():
     assert fsdp_units(module, 2) == [[block[0], block[1]], [block[2]], [middle], [block[3]], [head]]
     assert fsdp_units(module, 1) == [[m] for m in (*block[:3], middle, block[3], head)]
     assert fsdp_units(module, 9) == [block[:3], [middle], [block[3]], [head]]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_fp32_shards_hold_4_bytes_a_parameter_and_step_them_in_fp32():
+    # bf16 gathered, fp32 at rest: parameters 4 bytes over d and Adam's 8 with no master copy, as
+    # predicted; the gradient shard fp32, twice the prediction's bf16 (the realisation note). The forward
+    # is the bf16 model's (the same loss); bf16's gradients differ from the unsplit run's in their last
+    # bits, so no 1e-5 check; the step differs from the bf16 one by the fp32 weights it updates
+    cases = {"bf16": {**FULL, "model.dtype": "bf16"}, "fp32-shards": {**BF16_SHARDS}}
+    results = spawn_checked(GPT, 2, cases)
+    ours, plain = results["fp32-shards"], results["bf16"]
+    assert ours["loss"] == pytest.approx(ours["reference_loss"], rel=1e-5) and ours["loss"] == plain["loss"]
+    assert ours["losses"][1] != plain["losses"][1]
+    for measured, predicted in kinds_beside_prediction(GPT, BF16_SHARDS, ours):
+        assert measured["parameters"] == pytest.approx(predicted.parameters, rel=0.02)
+        assert measured["optimizer"] == pytest.approx(predicted.optimizer, rel=0.02)
+        assert measured["gradients"] == pytest.approx(2 * predicted.gradients, rel=0.02)
+    for fp32, bf16 in zip(ours["devices"], plain["devices"]):  # the same shard in 4 bytes, not 2
+        assert fp32["memory_breakdown_bytes"]["parameters"] == 2 * bf16["memory_breakdown_bytes"]["parameters"]
 
 
 @pytest.mark.slow

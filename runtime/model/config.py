@@ -257,7 +257,7 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          "a buffer of its own); remove grad_dtype"),
     ]
     if fsdp:
-        unsupported += _fsdp_limits(plan, model)
+        unsupported += _fsdp_limits(plan)
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
     if model.mtp_depth:
@@ -268,10 +268,10 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
                               "this plan")
 
 
-def _fsdp_limits(plan: PlanSpec, model: ModelSpec) -> list[tuple[str, bool, str]]:
+def _fsdp_limits(plan: PlanSpec) -> list[tuple[str, bool, str]]:
     """The ``plan.fsdp`` knobs FSDP2 (``runtime.model.sharding``) does not run: (key, present, why), as
-    ``_check_runtime_supports``. ``unit_layers``, ``reshard_after_forward`` and ``reduce_every_microbatch``
-    it honours; ``prefetch: false`` it cannot ask (a timing note: ``runtime.model.realisation``)."""
+    ``_check_runtime_supports``. ``unit_layers``, ``reshard_after_forward``, ``reduce_every_microbatch`` and
+    ``fp32_shards`` it honours; ``prefetch: false`` it cannot ask (a timing note: ``runtime.model.realisation``)."""
     fsdp = plan.fsdp
     return [
         ("plan.fsdp.path", fsdp.path != "hierarchical",
@@ -280,10 +280,6 @@ def _fsdp_limits(plan: PlanSpec, model: ModelSpec) -> list[tuple[str, bool, str]
         ("plan.fsdp.max_live_parameters", fsdp.max_live_parameters is not None,
          "DeepSpeed stage 3's stage3_max_live_parameters caps gathered parameters by count, and FSDP2 gathers "
          "whole fully_shard units (two at most: the running one and the prefetched); remove max_live_parameters"),
-        ("plan.fsdp.fp32_shards", fsdp.fp32_shards and plan.sharding is Sharding.FULL and model.dtype != "fp32",
-         "the runtime builds and shards its parameters in model.dtype and steps them with no fp32 copy, where "
-         "fp32 shards need fp32 parameters under FSDP2's MixedPrecisionPolicy(param_dtype=model.dtype); "
-         "remove fp32_shards or use dtype: fp32"),
     ]
 
 

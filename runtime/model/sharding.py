@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
@@ -91,23 +91,31 @@ FSDP_SHARDINGS = (Sharding.GRADIENTS, Sharding.FULL)
 
 
 def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
-                unit_layers: int = 1, expert_mesh: DeviceMesh | None = None) -> None:
+                unit_layers: int = 1, expert_mesh: DeviceMesh | None = None,
+                param_dtype: torch.dtype | None = None) -> None:
     """FSDP2 on every unit of ``module``'s layers (``fsdp_units``: ``unit_layers`` consecutive blocks)
     and on ``module`` (the root), in place (``reshard_after_forward`` False: ``sharding: gradients``,
     or ``plan.fsdp.reshard_after_forward: false``); a tied embedding and head go into the root's unit
     together. Each routed expert of an MoE block is a unit of its own over ``expert_mesh`` (the
-    expert-data-parallel devices) before its block's unit takes the rest."""
+    expert-data-parallel devices) before its block's unit takes the rest. ``param_dtype`` (a 16-bit
+    model's, ``plan.fsdp.fp32_shards``): the shards turn fp32 and are the optimizer's weights, each unit
+    gathered in ``param_dtype`` and its gradients reduced in fp32 (FSDP2's ``MixedPrecisionPolicy``:
+    "FSDP does not require any extra memory to keep a high-precision copy of the parameters")."""
+    if param_dtype is not None:
+        module.float()
+    policy = MixedPrecisionPolicy() if param_dtype is None else \
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     moes = [sub for sub in module.modules() if isinstance(sub, MoE)]
     for moe in moes:
         assert expert_mesh is not None, "an MoE stage under FSDP2 needs its expert-data-parallel mesh"
         for expert in moe.experts.values():  # each called on its own tokens: its forward is the unit's
-            fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for layer in module.layers.values():  # each MTP module a unit, as a block (the layer may borrow)
         for depth in getattr(layer, "depths", ()):
-            fully_shard(depth, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(depth, mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for unit in fsdp_units(module, unit_layers):
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=data_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)
