@@ -33,6 +33,8 @@ FOUR_RANKS = {
 TWO_RANKS = {
     "dp2": {"plan.stages": ONE_STAGE_2},
     "dp2-fsdp": {"plan.sharding": "full", "plan.stages": ONE_STAGE_2},
+    "dp2-fsdp-accumulate": {"plan.sharding": "full", "plan.fsdp.reduce_every_microbatch": "false",  # the last reduces
+                            "plan.stages": ONE_STAGE_2},
     "dp2-zero2": {"plan.sharding": "gradients", "plan.stages": ONE_STAGE_2},
     "pp2-selective": {"plan.recompute": "selective"},  # the shipped two-stage plan
     "llama-tp2-selective": {"model.preset": "llama", "model.kv_heads": "2", "plan.tensor_parallel": "2",
@@ -104,6 +106,7 @@ def test_sharded_optimizers_step_to_the_same_weights(four_ranks, two_ranks):
     expected = two_ranks["dp2"]["losses"][1]
     assert four_ranks["tp2-dp2-zero1"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert two_ranks["dp2-fsdp"]["losses"][1] == pytest.approx(expected, rel=1e-5)
+    assert two_ranks["dp2-fsdp-accumulate"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert two_ranks["dp2-zero2"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert four_ranks["dp2-pp2-zero2"]["losses"][1] == pytest.approx(expected, rel=1e-5)
     assert four_ranks["tp2-pp2-sp"]["losses"][1] == pytest.approx(expected, rel=1e-5)

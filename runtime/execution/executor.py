@@ -14,7 +14,7 @@ one pipeline rank of the schedule IR, and runs exactly that rank's lowered list
 * ``REDUCE_GRAD``: all-reduce (sum) of the stage's gradients among the devices that hold
   the same parameters (``PlanSpec.gradient_groups``: one tensor rank over the replicas);
   DTensor gradients first take their parameter's placement (``settle_grads``); with
-  ``sharding: full`` or ``gradients`` FSDP2 has reduce-scattered them in the stage's last backward.
+  ``sharding: full`` or ``gradients`` FSDP2 has reduce-scattered them (each backward's, or the last's).
 
 With tensor parallelism every device of a replica runs the same action list on the
 replica's samples; its stage modules are cut over the device set's mesh
@@ -112,7 +112,7 @@ class RankExecutor:
         self.actions: tuple[Action, ...] = tuple(part for step in schedule.ranks[self.pipeline_rank]
                                                  for part in step.parts)
         self._labels = [(str(a), a.kind.value, _STREAM.get(a.kind, "compute")) for a in self.actions]
-        self.recompute = plan.recompute is Recompute.FULL
+        self.recompute, self.reduce_each = plan.recompute is Recompute.FULL, plan.fsdp.reduce_every_microbatch
         self.timeout = timedelta(seconds=options.timeout_s)
         self.tensor_parallel, self.sharding = plan.tensor_parallel, plan.sharding
         self.mesh = None
@@ -132,7 +132,7 @@ class RankExecutor:
         self.optimizer = RankOptimizer.build(
             scenario.model.optimizer, options.lr,
             optimizer_buckets(self.stages, plan, self.rank, self.groups, gradient_groups), plan.sharding)
-        # stage -> index of its last B or W on this rank (FSDP's gradient sync)
+        # stage -> index of its last B or W on this rank (FSDP's gradient sync when it accumulates unsharded)
         self.last_backward = {a.stage: i for i, a in enumerate(self.actions) if a.kind in (K.B, K.W)}
         gathered = (lambda: [p for st in self.stages.values() for p in st.module.parameters()]) \
             if plan.sharding in FSDP_SHARDINGS else None
@@ -314,8 +314,8 @@ class RankExecutor:
             slot.kept = None
         out, grad = slot.out, (None if st.module.is_last else slot.grad_out)
         needs_input = slot.inp.requires_grad
-        if self.sharding in FSDP_SHARDINGS and not inputs_only:  # FSDP2 reduce-scatters in the last one only
-            st.module.set_requires_gradient_sync(self.last_backward[s] == self._index)
+        if self.sharding in FSDP_SHARDINGS and not inputs_only:  # every micro-batch's, or the last's (plan.fsdp)
+            st.module.set_requires_gradient_sync(self.reduce_each or self.last_backward[s] == self._index)
         if inputs_only:
             if needs_input:
                 (slot.grad_in,) = torch.autograd.grad(out, [slot.inp], grad, retain_graph=True)

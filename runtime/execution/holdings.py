@@ -35,7 +35,7 @@ from runtime.execution.comm import Piece, pieces_between
 from runtime.model.config import RunnableScenario
 from runtime.model.context_parallel import apply_context_parallel, context_ring
 from runtime.model.experts import MoE, cut_width
-from runtime.model.models import TRANSFORMERS, StageModule, build_layers, num_layers
+from runtime.model.models import TORCH_DTYPES, TRANSFORMERS, StageModule, build_layers, num_layers
 from runtime.model.recompute import apply_selective
 from runtime.model.sharding import FSDP_SHARDINGS, shard_stage
 from runtime.model.tensor_parallel import parallelize_stage
@@ -159,8 +159,11 @@ def _stage(runnable: RunnableScenario, rank: int, s: int, layers: dict, last_lay
     if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):  # after TP, before FSDP (torchtitan)
         apply_selective(module, plan.recompute)
     if plan.sharding in FSDP_SHARDINGS:
-        shard_stage(module, mesh["data"], reshard_after_forward=plan.sharding is Sharding.FULL,
-                    expert_mesh=expert_mesh)
+        dtype = runnable.model.values["dtype"]  # fp32 shards of a 16-bit model gathered in its dtype
+        fp32_shards = plan.fsdp.fp32_shards and plan.sharding is Sharding.FULL and dtype in ("bf16", "fp16")
+        shard_stage(module, mesh["data"], unit_layers=plan.fsdp.unit_layers, expert_mesh=expert_mesh,
+                    reshard_after_forward=plan.sharding is Sharding.FULL and plan.fsdp.reshard_after_forward,
+                    param_dtype=TORCH_DTYPES[dtype] if fp32_shards else None)
     start, end = sample_ranges(microbatch_size, column(plan, s, at))[rank]
     prev_remote = s > 0 and owner[s - 1] != owner[s]
     next_remote = s < plan.num_stages - 1 and owner[s + 1] != owner[s]

@@ -256,6 +256,8 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
          "torch accumulates a parameter's .grad in the parameter's own dtype (Megatron-LM's fp32 main_grad is "
          "a buffer of its own); remove grad_dtype"),
     ]
+    if fsdp:
+        unsupported += _fsdp_limits(plan)
     if model.experts is not None:
         unsupported += _expert_limits(plan, model.experts)
     if model.mtp_depth:
@@ -264,6 +266,21 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
         if present:
             raise DappleError(f"{source}: {key}: not supported by the runtime: {why}; dapple-sim simulate models "
                               "this plan")
+
+
+def _fsdp_limits(plan: PlanSpec) -> list[tuple[str, bool, str]]:
+    """The ``plan.fsdp`` knobs FSDP2 (``runtime.model.sharding``) does not run: (key, present, why), as
+    ``_check_runtime_supports``. ``unit_layers``, ``reshard_after_forward``, ``reduce_every_microbatch`` and
+    ``fp32_shards`` it honours; ``prefetch: false`` it cannot ask (a timing note: ``runtime.model.realisation``)."""
+    fsdp = plan.fsdp
+    return [
+        ("plan.fsdp.path", fsdp.path != "hierarchical",
+         "flat is DeepSpeed ZeRO-3's one ring over the group, and FSDP2's collectives take the process group's "
+         "own (NCCL's) path; remove path"),
+        ("plan.fsdp.max_live_parameters", fsdp.max_live_parameters is not None,
+         "DeepSpeed stage 3's stage3_max_live_parameters caps gathered parameters by count, and FSDP2 gathers "
+         "whole fully_shard units (two at most: the running one and the prefetched); remove max_live_parameters"),
+    ]
 
 
 def _tied_apart(plan: PlanSpec, values: Mapping[str, Any]) -> bool:

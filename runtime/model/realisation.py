@@ -19,9 +19,10 @@ SPLIT_BACKWARD_SCHEDULES = frozenset({"zb-h1", "zb-v", "dualpipe-v", "interleave
 """The generated schedules whose backward is split into I (input gradient) and W (weight gradient)."""
 
 
-def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str, ...]:
-    """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step) holds
-    memory otherwise than predicted."""
+def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1, dtype: str = "fp32") -> tuple[str, ...]:
+    """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step, parameters in
+    ``dtype``, ``model.dtype``) holds memory otherwise than predicted, or times it otherwise where that is
+    the only difference."""
     notes = []
     replicated = any(plan.num_replicas(s) > 1 for s in range(plan.num_stages))
     if plan.sharding is Sharding.GRADIENTS and replicated:
@@ -32,12 +33,24 @@ def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str
             "steps; it reshards after each backward), so at the peak a device holds (1 + 1/d) of its parameters "
             "where the prediction (ZeRO-2) holds them once, and between steps 1/d")
     if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and num_microbatches > 1 \
-            and plan.fsdp.reduce_every_microbatch:
+            and not plan.fsdp.reduce_every_microbatch:
         notes.append(
-            "FSDP2 accumulates the gradients unsharded over the micro-batches and reduce-scatters them after the "
-            "last (set_requires_gradient_sync(False) before it), where the plan (plan.fsdp.reduce_every_microbatch: "
-            "true) reduce-scatters each micro-batch's: from its first backward to its last a device holds its whole "
-            "gradients beside the 1/d predicted, which a CPU run does not count")
+            "plan.fsdp.reduce_every_microbatch: false runs as FSDP2's set_requires_gradient_sync(False) before the "
+            "last micro-batch: from its first backward to its last a device holds its whole gradients, as predicted, "
+            "but the run counts gradients at rest (its 1/d shard after the last reduce-scatter), not FSDP2's "
+            "unsharded accumulation, which a CPU run does not see")
+    if plan.sharding in (Sharding.GRADIENTS, Sharding.FULL) and replicated and not plan.fsdp.prefetch:
+        notes.append(
+            "plan.fsdp.prefetch: false cannot be asked of FSDP2, which gathers the next unit during a unit's "
+            "backward when no modules to prefetch are set (torch's FSDPState._pre_backward: default_prefetch), so "
+            "the run overlaps gathers the prediction exposes whole: a difference in time only (the prediction "
+            "holds the same units with and without prefetch)")
+    if plan.sharding is Sharding.FULL and replicated and plan.fsdp.fp32_shards and dtype in ("bf16", "fp16"):
+        notes.append(
+            "plan.fsdp.fp32_shards runs as FSDP2's MixedPrecisionPolicy(param_dtype=model.dtype, reduce_dtype=fp32) "
+            "on fp32 shards: parameters and optimizer state as predicted, but a shard's gradient is in the shard's "
+            "dtype, fp32 (the reduce-scatter writes it in reduce_dtype), so a device holds 4 bytes of gradient a "
+            "parameter over d where the prediction counts model.dtype's")
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         notes.append(
             f"{plan.schedule} splits each backward as autograd.grad(..., retain_graph=True) for the input gradient "

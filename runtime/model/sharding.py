@@ -13,9 +13,10 @@ The plan's ``sharding`` (``sim.core.parallelism.Sharding``, ZeRO's stages: Rajbh
   pointed at the local gradient before every step.
 * ``full`` (ZeRO-3): FSDP2's ``fully_shard`` on every layer of the stage and on the stage
   (torchtitan's ``apply_fsdp``), ``reshard_after_forward=True``, over the mesh's ``data``
-  dimension; gradients accumulate unsharded over the micro-batches
-  (``set_requires_gradient_sync(False)``) and the stage's last backward on this rank
-  reduce-scatters them. The gradient divide factor is 1: the executor already scales each
+  dimension; each micro-batch's backward reduce-scatters its gradients into the 1/d shard
+  (FSDP2's default; ``plan.fsdp.reduce_every_microbatch: true``), or with ``false`` they accumulate
+  unsharded over the micro-batches (``set_requires_gradient_sync(False)``, the executor's) and the
+  stage's last backward on this rank reduce-scatters them. The gradient divide factor is 1: the executor already scales each
   slice's loss by its share of the global batch, so gradients sum. With tensor parallelism
   FSDP2 shards the tensor-parallel DTensors over the data dimension (2D, torchtitan's
   ``apply_fsdp`` after ``apply_tp``). A tied embedding and head share one parameter, which
@@ -74,46 +75,77 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
 from runtime.model.experts import MoE
+from runtime.model.layers import TransformerBlock
 from runtime.model.models import OPTIMIZER_CLASSES, StageModule
 from sim.core.parallelism import Sharding
 
-__all__ = ["FSDP_SHARDINGS", "RankOptimizer", "shard_stage", "state_bytes"]
+__all__ = ["FSDP_SHARDINGS", "RankOptimizer", "fsdp_units", "shard_stage", "state_bytes"]
 
 FSDP_SHARDINGS = (Sharding.GRADIENTS, Sharding.FULL)
 """The plan's shardings that run as FSDP2 (``fully_shard``)."""
 
 
 def shard_stage(module: StageModule, data_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
-                expert_mesh: DeviceMesh | None = None) -> None:
-    """FSDP2 on every layer of ``module`` and on ``module`` (the root), in place
-    (``reshard_after_forward`` False: ``sharding: gradients``); a tied embedding and head go into
-    the root's unit together. Each routed expert of an MoE block is a unit of its own over
-    ``expert_mesh`` (the expert-data-parallel devices) before its block's unit takes the rest."""
+                unit_layers: int = 1, expert_mesh: DeviceMesh | None = None,
+                param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 on every unit of ``module``'s layers (``fsdp_units``: ``unit_layers`` consecutive blocks)
+    and on ``module`` (the root), in place (``reshard_after_forward`` False: ``sharding: gradients``,
+    or ``plan.fsdp.reshard_after_forward: false``); a tied embedding and head go into the root's unit
+    together. Each routed expert of an MoE block is a unit of its own over ``expert_mesh`` (the
+    expert-data-parallel devices) before its block's unit takes the rest. ``param_dtype`` (a 16-bit
+    model's, ``plan.fsdp.fp32_shards``): the shards turn fp32 and are the optimizer's weights, each unit
+    gathered in ``param_dtype`` and its gradients reduced in fp32 (FSDP2's ``MixedPrecisionPolicy``:
+    "FSDP does not require any extra memory to keep a high-precision copy of the parameters")."""
+    if param_dtype is not None:
+        module.float()
+    policy = MixedPrecisionPolicy() if param_dtype is None else \
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     moes = [sub for sub in module.modules() if isinstance(sub, MoE)]
     for moe in moes:
         assert expert_mesh is not None, "an MoE stage under FSDP2 needs its expert-data-parallel mesh"
         for expert in moe.experts.values():  # each called on its own tokens: its forward is the unit's
-            fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward)
-    shared = {id(w) for layer in module.layers.values() for w in getattr(layer, "borrowed", ())}
+            fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for layer in module.layers.values():  # each MTP module a unit, as a block (the layer may borrow)
         for depth in getattr(layer, "depths", ()):
-            fully_shard(depth, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
-    for layer in module.layers.values():
-        tied = getattr(layer, "borrowed", ()) or any(id(p) in shared for p in layer.parameters())
-        if any(True for _ in layer.parameters()) and not tied:
-            fully_shard(layer, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(depth, mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    for unit in fsdp_units(module, unit_layers):
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(module, mesh=data_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)
             sub.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs none
     for moe in moes:
         moe.tag_parameters()
+
+
+def fsdp_units(module: StageModule, unit_layers: int) -> list[list[nn.Module]]:
+    """The stage's layers as FSDP2 units, in forward order, as the simulator counts them
+    (``sim.cost.memory.fsdp_unit_param_bytes``): ``unit_layers`` consecutive transformer blocks one
+    ``fully_shard`` call (torch's ``fully_shard`` takes a list of modules and "groups parameters
+    together"; torchtitan wraps each block), every other layer with parameters a unit of its own, which
+    closes the blocks' unit. A layer that holds or borrows a tied table stays in the root's unit."""
+    shared = {id(w) for layer in module.layers.values() for w in getattr(layer, "borrowed", ())}
+    units: list[list[nn.Module]] = []
+    run = unit_layers  # blocks in the unit being filled; unit_layers: none open
+    for layer in module.layers.values():
+        tied = getattr(layer, "borrowed", ()) or any(id(p) in shared for p in layer.parameters())
+        if tied or not any(True for _ in layer.parameters()):
+            run = unit_layers  # the root's: the next block starts a unit of its own
+            continue
+        block = isinstance(layer, TransformerBlock)
+        if block and run < unit_layers:
+            units[-1].append(layer)
+            run += 1
+        else:
+            units.append([layer])
+            run = 1 if block else unit_layers
+    return units
 
 
 def _nbytes(t: torch.Tensor) -> int:
