@@ -8,6 +8,8 @@ and Adam a device holds (4 + 4 + 8)Ψ/d, not ZeRO-3's (2 + 4 + 12)Ψ/d, and its 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.core.parallelism import Sharding
@@ -60,3 +62,17 @@ def test_a_replay_holds_the_shards_and_torchtitan_sets_them():
     assert ours.plan.fsdp.to_json()["fp32_shards"] is True and "fp32_shards" not in zero3.plan.fsdp.to_json()
     titan = _scenario(fsdp="{}", stack="stack: torchtitan")
     assert titan.plan.fsdp.fp32_shards is True
+
+
+def test_a_16_bit_gradients_shard_is_held_in_fp32_as_the_shard_it_belongs_to():
+    # without grad_dtype fp32, ZeRO-3 counts bf16 gradient shards (2ψ/d); FSDP2's fp32 shards get
+    # fp32 gradients (its reduce-scatter output cast to the sharded parameter's dtype): 4ψ/d
+    model = replace(_scenario().model, grad_dtype=None)
+    psi, d = 1e9, 8
+    ours = stage_state_bytes(model, 2 * psi, data_parallel=d, sharding=Sharding.FULL, fp32_shards=True)
+    zero3 = stage_state_bytes(model, 2 * psi, data_parallel=d, sharding=Sharding.FULL)
+    assert (zero3.gradients, ours.gradients) == pytest.approx((2 * psi / d, 4 * psi / d))
+    # gradients kept whole over the micro-batches stay in the compute dtype until the last reduce
+    whole = stage_state_bytes(model, 2 * psi, data_parallel=d, sharding=Sharding.FULL, fp32_shards=True,
+                              accumulate_unsharded=True)
+    assert whole.gradients == pytest.approx(2 * psi)

@@ -45,12 +45,6 @@ def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1, dtype: str =
             "backward when no modules to prefetch are set (torch's FSDPState._pre_backward: default_prefetch), so "
             "the run overlaps gathers the prediction exposes whole: a difference in time only (the prediction "
             "holds the same units with and without prefetch)")
-    if plan.sharding is Sharding.FULL and replicated and plan.fsdp.fp32_shards and dtype in ("bf16", "fp16"):
-        notes.append(
-            "plan.fsdp.fp32_shards runs as FSDP2's MixedPrecisionPolicy(param_dtype=model.dtype, reduce_dtype=fp32) "
-            "on fp32 shards: parameters and optimizer state as predicted, but a shard's gradient is in the shard's "
-            "dtype, fp32 (the reduce-scatter writes it in reduce_dtype), so a device holds 4 bytes of gradient a "
-            "parameter over d where the prediction counts model.dtype's")
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         notes.append(
             f"{plan.schedule} splits each backward as autograd.grad(..., retain_graph=True) for the input gradient "
