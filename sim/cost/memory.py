@@ -144,11 +144,8 @@ def model_state_bytes(param_bytes: float, *, optimizer_bytes_per_param_byte: flo
 
     ``master_bytes_per_param_byte`` > 0 (FSDP2 with fp32 shards, ``FsdpSpec.fp32_shards``; ZeRO-3
     only): the fp32 master copy is the sharded parameter itself, so it moves from the optimizer
-    state to the parameters and the 16-bit shard is gone: 4 + 8 bytes of Adam instead of 2 + 12;
-    and the sharded gradient is the sharded parameter's dtype, fp32 (FSDP2's reduce-scatter output
-    is cast to ``orig_dtype``, the sharded parameter's: ``_fsdp_collectives.foreach_reduce``,
-    ``_fsdp_param.init_dtype_attrs`` in torch 2.13), so a device holds 4 + 4 + 8 bytes per
-    parameter over d. Gradients kept unsharded over the micro-batches stay in the compute dtype.
+    state to the parameters and the 16-bit shard is gone, and a gradient shard is fp32 like its
+    parameter's (torch 2.13 ``foreach_reduce`` casts to ``orig_dtype``): 4 + 4 + 8 bytes over d.
     """
     d = data_parallel
     grads = param_bytes * grad_bytes_per_param_byte
