@@ -41,8 +41,7 @@ def test_deepspeeds_zero3_knobs_are_refused_in_one_line(key, value):
 def test_fp32_shards_of_a_16_bit_model_need_no_note():
     # FSDP2's fp32 shards hold fp32 gradients, as the simulator counts them (sim.cost.memory.model_state_bytes)
     plan = load_runnable(GPT, {**FULL, "plan.fsdp.fp32_shards": "true", "model.dtype": "bf16"}).plan
-    assert realisation_notes(plan, num_microbatches=2, dtype="bf16") == ()
-    assert realisation_notes(plan, num_microbatches=2) == ()  # fp32 parameters are fp32 shards already
+    assert realisation_notes(plan, num_microbatches=2) == ()
 
 
 def test_no_prefetch_is_a_timing_note_and_the_other_knobs_need_none():

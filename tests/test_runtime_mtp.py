@@ -21,7 +21,6 @@ MTP = {"model.mtp_depth": "2"}
 LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
 PP2 = {"plan.stages": "[{layers: [0, 3], devices: [0]}, {layers: [3, 7], devices: [1]}]"}
 DP2 = {"plan.stages": "[{layers: [0, 7], devices: [0, 1]}]"}
-LLAMA = {"model.preset": "llama", "model.kv_heads": "2"}
 TP2 = {**MTP, **DP2, "plan.tensor_parallel": "2"}
 SP = {"plan.sequence_parallel": "true"}
 TWO_RANKS = {

@@ -79,8 +79,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     warning = drift_warning(report)
     if warning is not None:  # on stderr, so that --json's stdout stays one document
         print(f"dapple-run: warning: {warning}", file=sys.stderr)
-    for note in realisation_notes(runnable.plan, num_microbatches=runnable.scenario.training.num_microbatches,
-                                  dtype=runnable.scenario.model.dtype):
+    for note in realisation_notes(runnable.plan, num_microbatches=runnable.scenario.training.num_microbatches):
         print(f"dapple-run: note: {note}", file=sys.stderr)
     return 0
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from runtime.model.realisation import SPLIT_BACKWARD_SCHEDULES
 from sim.core.errors import DappleError
 from sim.core.experts import ExpertSpec
 from sim.core.mla import MlaSpec
@@ -222,7 +223,7 @@ def _check_runtime_supports(plan: PlanSpec, model: ModelSpec, source: str) -> No
     launch (the simulator models it: ``dapple-sim simulate``)."""
     values = model.preset.values if model.preset is not None else {}
     fsdp = plan.sharding in (Sharding.GRADIENTS, Sharding.FULL)  # runtime.model.sharding.FSDP_SHARDINGS
-    split_schedule = plan.schedule in ("zb-h1", "zb-v", "interleaved-zb", "dualpipe-v") or plan.schedule == "file"
+    split_schedule = plan.schedule in SPLIT_BACKWARD_SCHEDULES or plan.schedule == "file"
     c, t = plan.context_parallel, plan.tensor_parallel
     unsupported = [
         ("model.seq_len", c > 1 and (values.get("seq_len", 0) // c) % t != 0,  # 2c chunks: the scenario's check

@@ -19,10 +19,9 @@ SPLIT_BACKWARD_SCHEDULES = frozenset({"zb-h1", "zb-v", "dualpipe-v", "interleave
 """The generated schedules whose backward is split into I (input gradient) and W (weight gradient)."""
 
 
-def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1, dtype: str = "fp32") -> tuple[str, ...]:
-    """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step, parameters in
-    ``dtype``, ``model.dtype``) holds memory otherwise than predicted, or times it otherwise where that is
-    the only difference."""
+def realisation_notes(plan: PlanSpec, *, num_microbatches: int = 1) -> tuple[str, ...]:
+    """One line per way the runtime's run of ``plan`` (over ``num_microbatches`` a step) holds memory
+    otherwise than predicted, or times it otherwise where that is the only difference."""
     notes = []
     replicated = any(plan.num_replicas(s) > 1 for s in range(plan.num_stages))
     if plan.sharding is Sharding.GRADIENTS and replicated:

@@ -121,11 +121,7 @@ def fabric_across(ring_phase, members_per_node: Sequence[int], nbytes: float, cl
                   crossing: Crossing | None = None, kind: str = "all-reduce"):
     """``ring_phase`` (the cross-server ring's ``sim.cost.comm.CommCost``) as the fabric runs it:
     its bytes times ``across_choice``'s factor, its rate over the crossing's oversubscription, NCCL's latency."""
-    choice = across_choice(members_per_node, nbytes, cluster, flows_per_nic=flows, crossing=crossing, kind=kind)
-    return replace(ring_phase, bytes_per_device=ring_phase.bytes_per_device * choice.bytes_factor,
-                   flow_bytes=ring_phase.flow_bytes * choice.bytes_factor,
-                   rate_bytes_per_s=ring_phase.rate_bytes_per_s / choice.crossing.oversubscription,
-                   measured_latency_s=choice.latency_s)
+    return fabric_calls_across(ring_phase, [(kind, 1.0, nbytes, 1)], members_per_node, cluster, flows, crossing)
 
 
 def fabric_calls_across(ring_phase, calls: Sequence[tuple[str, float, float, int]], members_per_node: Sequence[int],
