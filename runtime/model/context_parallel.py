@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from runtime.model.layers import Attention, Embedding
 from runtime.model.mtp import labels_ahead
 from runtime.model.ring_attention import Ring, ring_attention
+from runtime.model.tensor_parallel import stage_mesh
 
 __all__ = ["apply_context_parallel", "context_batch", "context_ring", "context_tokens", "sequence_positions"]
 
@@ -66,6 +67,16 @@ def context_ring(mesh: DeviceMesh, rank: int) -> Ring:
     (the devices of one tensor rank in one replica, ``PlanSpec.context_groups``)."""
     ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
     return Ring(ranks=ranks, index=ranks.index(rank), group=mesh.get_group())
+
+
+def profile_groups(plan, rank: int, device_type: str) -> tuple[DeviceMesh | None, Ring | None]:
+    """``rank``'s tensor-parallel mesh and context ring as the profile times them: every rank builds
+    every group's mesh (``stage_mesh``), so both are None for a plan without such groups."""
+    if plan.group_size <= 1:
+        return None, None
+    mesh = stage_mesh(plan, rank, device_type)
+    return (mesh["tensor"] if plan.tensor_parallel > 1 else None,
+            context_ring(mesh["context"], rank) if plan.context_parallel > 1 else None)
 
 
 def apply_context_parallel(module: torch.nn.Module, ring: Ring, seq_len: int, device: torch.device) -> None:

@@ -66,20 +66,14 @@ def _validate_worker(device, runnable: RunnableScenario, batch: int, steps: int,
     # torch only in the processes that run the plan: the loop's own module stays torch-free
     import torch.distributed as dist
 
-    # torch too: the executor and the session run the plan's modules
+    # torch too: the executor and the session run the plan's modules, the groups are meshes
     from runtime.execution.executor import ExecOptions
     from runtime.execution.session import SessionOptions, run_session
+    from runtime.model.context_parallel import profile_groups
 
     profiles: list[dict[str, Any]] = []
     per_slice = max(1, math.ceil(repeats / slices))
-    tp_mesh = ring = None
-    if runnable.plan.group_size > 1:  # every rank builds every group's mesh; each profiles with its own
-        from runtime.model.context_parallel import context_ring  # torch, as above
-        from runtime.model.tensor_parallel import stage_mesh  # torch, as above
-
-        mesh = stage_mesh(runnable.plan, dist.get_rank(), device.type)
-        tp_mesh = mesh["tensor"] if runnable.plan.tensor_parallel > 1 else None
-        ring = context_ring(mesh["context"], dist.get_rank()) if runnable.plan.context_parallel > 1 else None
+    tp_mesh, ring = profile_groups(runnable.plan, dist.get_rank(), device.type)  # each profiles with its own
 
     def between(k: int) -> None:
         start = time.perf_counter()
