@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.app.published import read_suite
 from sim.input.scenario import load_scenario
 
 SXM_PEAK, SXM_W = 989e12, 700.0  # NVIDIA H100 SXM: dense bf16 peak, board power
@@ -26,3 +27,20 @@ def test_the_torchtitan_h100s_peak_is_linear_in_board_power_between_nvl_and_sxm(
     assert NVL_PEAK < device.peak_flop_per_s < SXM_PEAK
     assert device.power_w == TITAN_W
     assert device.memory_bandwidth_bytes_per_s == 2.4e12 and device.memory_bytes == 96e9
+
+
+def test_the_llama3_row_is_table_4s_16k_configuration_on_700w_sxm_h100s():
+    # Table 4 (16,384 GPUs, TP 8, CP 1, PP 16, 16M tokens a batch, 400 TFLOP/s): DP = 16,384 / (8 x 1 x 16)
+    scenario = load_scenario("scenarios/published/llama3_2024_405b_16384.yaml")
+    plan, cluster = scenario.plan, scenario.cluster
+    assert cluster.num_devices == 16384 == 8 * 1 * 16 * 128
+    pipeline = len(set(plan.stage_ranks))  # 16 ranks of 2 interleaved chunks each
+    assert (plan.shard.tensor, plan.shard.context, pipeline, plan.num_replicas(0)) == (8, 1, 16, 128)
+    # "16M" tokens: 2,048 sequences of 8,192 (2**24), 16 a data-parallel replica
+    tokens = scenario.training.global_batch_size * scenario.model.preset.values["seq_len"]
+    assert tokens == 2**24 and scenario.training.global_batch_size // plan.num_replicas(0) == 16
+    # the Llama 3.1 model card's "H100-80GB (TDP of 700W)": the SXM preset as shipped, 989 TFLOP/s
+    assert cluster.device.power_w == SXM_W and cluster.device.peak_flop_per_s == SXM_PEAK
+    (row,) = [r for r in read_suite() if r.scenario.name == "llama3_2024_405b_16384.yaml"]
+    assert row.metric == "model_tflops_per_gpu" and row.published == 400e12 and row.table == "Table 4"
+    assert 400e12 / SXM_PEAK == pytest.approx(0.404, abs=1e-3)  # the table's "BF16 MFU" of about 41%
