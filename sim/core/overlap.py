@@ -156,7 +156,7 @@ class FsdpSpec:
     None: FSDP's one gather per unit per backward."""
     reduce_scatter: bool = True
     """ZeRO-3's gradients (and ZeRO-2's every micro-batch) are reduce-scattered (FSDP2); false:
-    all-reduced, each device keeping its shard (DeepSpeed v0.3's ``reduce_scatter`` default,
+    all-reduced, each device keeping its shard (DeepSpeed v0.3's ZeRO-3 by default,
     ``sim.cost.zero3.reduced_as``)."""
     fp32_shards: bool = False
     """Under ``sharding: full`` with 16-bit parameters, the sharded parameters are kept in fp32 and

@@ -5,11 +5,11 @@ FSDP2 (and DeepSpeed since v0.6) gathers a unit while the one before it computes
 NCCL's hierarchical path across servers (``sim.cost.overlap``, ``sim.cost.group_comm``). The
 ZeRO-3 that Narayanan et al. 2021 (SC21, arXiv 2104.04473, §5.2, Table 2) compared with PTD-P —
 "ZeRO-3 without model parallelism", integrated "using the DeepSpeed Python library" in early
-2021 — is DeepSpeed v0.3.13–v0.3.16 (microsoft/DeepSpeed, tags of 2021-03-16 to 2021-04-29) run
-with its defaults. Its measured throughput halves each time the GPUs double at a fixed batch
+2021 — is taken to be DeepSpeed as released then, v0.3.13–v0.3.16 (microsoft/DeepSpeed, tags of
+2021-03-16 to 2021-04-29; the paper names no version), run with its defaults. Its measured throughput halves each time the GPUs double at a fixed batch
 (175B on 384 → 768 → 1,536 A100: 144 → 88 → 44 TFLOP/s per GPU, the same 66.7 s an iteration at
 768 and 1,536): the compute hides behind a per-GPU communication that does not shrink. What
-``plan.fsdp`` says of it, each from ``deepspeed/runtime/zero/`` at v0.3.16:
+``plan.fsdp`` says of it, each from ``deepspeed/runtime/zero/`` at v0.3.16 (the same at v0.3.13 unless said):
 
 * ``prefetch`` (true) — the gathers run beside the compute. ``stage3.py``'s
   ``pre_sub_module_forward_function`` (and its backward twin) calls
@@ -32,19 +32,21 @@ with its defaults. Its measured throughput halves each time the GPUs double at a
   sub-modules' forward and backward, ``PrefetchCoordinator.get_reuse_distance_in_numel``) are
   fewer than the cap; the backward then gathers what was released (:func:`regathered_bytes`).
   On GPT only a block's last weight (the MLP's down-projection, reused at once) stays.
-* ``reduce_scatter`` (false) — the gradients are all-reduced, each device keeping its shard: the
-  zero config's ``reduce_scatter`` is false by default (``constants.py``:
-  ``ZERO_OPTIMIZATION_REDUCE_SCATTER_DEFAULT = False``), and ``stage3.py``'s ``reduce_ipg_grads``
-  then reaches ``dist.all_reduce`` either way (``average_tensor`` without ``reduce_scatter``;
-  ``buffered_reduce_fallback`` → ``allreduce_bucket`` without ``contiguous_gradients``, also
-  false by default under ZeRO-3): twice the reduce-scatter's bytes (:func:`reduced_as`).
+* ``reduce_scatter`` (false) — the gradients are all-reduced, each device keeping its shard:
+  ZeRO-3 leaves ``contiguous_gradients`` false by default (``constants.py``:
+  ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT = False``), and ``stage3.py``'s
+  ``reduce_ipg_grads`` then takes ``buffered_reduce_fallback`` → ``allreduce_bucket`` →
+  ``dist.all_reduce`` (v0.3.13–v0.3.16; with it true, v0.3.16's ``reduce_scatter`` default,
+  false from PR #971 to #1058, reaches ``average_tensor``'s all-reduce too): twice the
+  reduce-scatter's bytes (:func:`reduced_as`).
 * ``path: flat`` — each all-gather and all-reduce is one ring over the whole data-parallel
   group, every device's ``(n−1)/n`` share through the ring's slowest hop, a NIC, as ZeRO's
   cost counts it per device (Rajbhandari et al. 2020, SC20, §7.2.2). ``hierarchical`` (the
-  default) lets a server's eight NICs carry one eighth each, NCCL's multi-rail rings; at 768
-  and 1,536 GPUs the SC21 rows move about 3.7 · 2Ψ bytes a GPU an iteration (one gather in the
-  forward, 1.67 in the backward, the all-reduce's two) in 66.7 s: 20 GB/s, under one 25 GB/s
-  HDR NIC, far under a server's 200 GB/s.
+  default) lets a server's eight NICs carry one eighth each, NCCL's multi-rail rings. At 768
+  and 1,536 GPUs the 175B rows move about 4.7 · 2Ψ bytes a GPU an iteration (a gather in the
+  forward, 1.67 in the backward, the all-reduce's two) in 66.7 s: 24 GB/s, one 25 GB/s HDR
+  NIC's, far under a server's 200 GB/s. The 530B rows at 1,120 and 2,240 GPUs would need 27 GB/s
+  a GPU for the same bytes (181 s), more than the NIC: predicted 7–9% slow, unexplained.
 * ``max_live_parameters`` — ``stage3_max_live_parameters`` (1e9 elements by default,
   ``constants.py``): the coordinator gathers one sub-module (a Linear's weight) at a time and
   prefetches the next only while fewer than that many elements are gathered
@@ -60,7 +62,9 @@ Not modelled: the gradient all-reduce runs on DeepSpeed's ``reduction_stream`` d
 backward, bucket by bucket, but every ``fetch_sub_module`` synchronises the whole device, so a
 bucket runs beside one sub-module's backward and shares the NIC with that sub-module's
 prefetched gather; the engine replays whole actions, so the SC21 scenarios leave
-``plan.overlap.grad_reduce`` off and charge the all-reduce after the backward.
+``plan.overlap.grad_reduce`` off and charge the all-reduce after the backward. Sub-module by
+sub-module the truth lies between that and the all-reduce hidden behind the backward; they
+differ where the backward's compute outlasts its gathers (175B on 384 GPUs: predicted 8% slow).
 
 The engine reads them in ``sim.engine.groups`` (the path and bytes of the ``FS`` gathers),
 ``sim.engine.collectives`` (the path and kind of the gradient collective), ``sim.engine.ops``
@@ -146,5 +150,5 @@ def regathered_bytes(model: ModelSpec, start: int, end: int, *, max_reuse_distan
 def reduced_as(sharding: Sharding, fsdp: FsdpSpec) -> Sharding:
     """The layout of a gradient collective laid out as ``sharding``: a reduce-scatter (``full``:
     ZeRO-3's, or ZeRO-2's every micro-batch) becomes an all-reduce (``Sharding.NONE``'s) with
-    ``fsdp.reduce_scatter`` false, DeepSpeed v0.3's default; any other stays."""
+    ``fsdp.reduce_scatter`` false, as DeepSpeed v0.3's ZeRO-3 ran by default; any other stays."""
     return Sharding.NONE if sharding is Sharding.FULL and not fsdp.reduce_scatter else sharding
