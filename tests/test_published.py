@@ -245,17 +245,19 @@ def test_no_published_run_is_predicted_out_of_memory(all_results):
 
 
 @pytest.mark.slow
-def test_sc21_table_2_zero3_rows_within_13_percent_on_average_and_halving_with_the_gpus(all_results):
+def test_sc21_table_2_zero3_rows_within_6_percent_on_average_and_halving_with_the_gpus(all_results):
     results = all_results
-    # DeepSpeed's ZeRO-3 of early 2021 (sim.cost.zero3: blocking gathers over one flat ring):
-    # -16% to +20% per row; before it, +41% to +293% and the 640-GPU row out of memory
+    # DeepSpeed v0.3's ZeRO-3 (sim.cost.zero3: gathers prefetched a sub-module ahead over one flat ring,
+    # a block gathered again for its recompute, the gradients all-reduced): -9.4% to +2.2% per row;
+    # with blocking gathers and a reduce-scatter -16% to +20%; before either, +41% to +293% and the
+    # 640-GPU row out of memory
     rows = _errors(results, "2104.04473", "Table 2", "ZeRO-3")
     errors = [abs(r.error) for r in rows]
     assert len(errors) == 6 and not any(r.oom for r in rows)
-    assert sum(errors) / len(errors) <= 0.13 and max(errors) <= 0.20, [(r.row.row, round(r.error, 3)) for r in rows]
-    for model in ("174.6B", "529.6B"):  # 4x the GPUs at a fixed batch: the published rate falls 3x, ours 2.3x
-        first, *_, last = [r.predicted for r in rows if r.row.row.startswith(model)]
-        assert first / last >= 2.2
+    assert sum(errors) / len(errors) <= 0.06 and max(errors) <= 0.10, [(r.row.row, round(r.error, 3)) for r in rows]
+    for model in ("174.6B", "529.6B"):  # 4x the GPUs at a fixed batch: the published rate falls 3.3x and
+        first, *_, last = [r.predicted for r in rows if r.row.row.startswith(model)]  # 2.9x, ours 2.9x and 3.0x
+        assert first / last >= 2.8
 
 
 def test_the_moe_rows_count_flops_as_megatron_core_does():

@@ -3,8 +3,9 @@
 ``reduce_every_microbatch`` (each micro-batch's reduce-scatter, or the last's), ``unit_layers``
 (consecutive blocks one ``fully_shard`` unit) and ``reshard_after_forward`` run with FSDP2 and train
 like the unsplit model (gradients within 1e-5, fp32); ``fp32_shards`` of a bf16 model runs as FSDP2's
-``MixedPrecisionPolicy`` on fp32 shards; ``path: flat`` and ``max_live_parameters`` are DeepSpeed's:
-refused before launch; ``prefetch: false`` only times the run otherwise: a realisation note.
+``MixedPrecisionPolicy`` on fp32 shards; ``path: flat``, ``max_live_parameters``, ``max_reuse_distance``
+and ``reduce_scatter: false`` are DeepSpeed's: refused before launch; ``prefetch: false`` only times the
+run otherwise: a realisation note.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ SLOW_TWO_RANKS = {
 
 
 @pytest.mark.parametrize(("key", "value"), [("plan.fsdp.path", "flat"),
-                                            ("plan.fsdp.max_live_parameters", "100000")])
+                                            ("plan.fsdp.max_live_parameters", "100000"),
+                                            ("plan.fsdp.max_reuse_distance", "100000"),
+                                            ("plan.fsdp.reduce_scatter", "false")])
 def test_deepspeeds_zero3_knobs_are_refused_in_one_line(key, value):
     with pytest.raises(DappleError) as info:
         load_runnable(GPT, {**FULL, key: value})

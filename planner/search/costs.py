@@ -65,6 +65,7 @@ from sim.cost.fabric_comm import nominal_crossing
 from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes
+from sim.cost.zero3 import reduced_as
 from sim.input.scenario import Scenario
 from sim.models import shard_model
 
@@ -205,16 +206,18 @@ class CostTables(OverlapPricing, ExpertPricing):
         return (context_ring_s(nbytes, c, link, flows_per_port=flows, rings=rings),
                 context_ring_s(2 * nbytes, c, link, flows_per_port=flows, rings=rings))
 
-    def gather_s(self, start: int, end: int, data_parallel: int) -> float:
+    def gather_s(self, start: int, end: int, data_parallel: int, extra_bytes: float = 0.0) -> float:
         """FSDP's all-gather of the stage's parameters over its gradient group (the
         ``data_parallel × c`` shards), per action (``sim.cost.comm.fsdp_gather``), across servers
-        when the stage's ``data_parallel`` units do not fit in one."""
+        when the stage's ``data_parallel`` units do not fit in one; ``extra_bytes`` more gathered
+        (a backward's second gathers, ``sim.cost.zero3.regathered_bytes``)."""
+        nbytes = self.param_bytes(start, end) + extra_bytes
         n = data_parallel * self.context_parallel
         members = members_per_node(self.cluster, n, self.tensor_parallel)
         fabric = self.cluster.fabric is not None
         if self.fsdp.path == "hierarchical" and is_hierarchical(members) and fabric:
             # NCCL's protocol depends on the size: priced at the stage's bytes (sim.cost.fabric_comm)
-            key = (data_parallel, self.param_bytes(start, end))
+            key = (data_parallel, nbytes)
             if key not in self._fabric_gathers:
                 flows = busiest_nic_flows(self.cluster, min(members) * self.tensor_parallel)
                 phases = spanning_phases({"all-gather": (key[1], 1)}, members, self.cluster, flows_per_nic=flows)
@@ -227,14 +230,14 @@ class CostTables(OverlapPricing, ExpertPricing):
                 phases = spanning_phases({"all-gather": (1.0, 1)}, members, self.cluster, flows_per_nic=flows).values()
                 cached = self._gathers[data_parallel] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
                                                          sum(p.latency_s for p in phases))
-            return self.param_bytes(start, end) * cached[0] + cached[1]
+            return nbytes * cached[0] + cached[1]
         link = span_link(self.cluster, contiguous_span(self.cluster, data_parallel * self.unit))
         if link.collectives is not None:  # measured: FSDP2's calls, one per layer (sim.cost.measured_comm)
-            return fsdp_gather(n, self.param_bytes(start, end), link, self.cluster, units=end - start).seconds
+            return fsdp_gather(n, nbytes, link, self.cluster, units=end - start).seconds
         if fabric and n > 1 and len(members) == n:  # one member a server: NCCL's ring over the tiers it climbs
-            return fsdp_gather(n, self.param_bytes(start, end), link, self.cluster,
+            return fsdp_gather(n, nbytes, link, self.cluster,
                                crossing=nominal_crossing(self.cluster, n)).seconds
-        return collective_s(ring_bytes(n, self.param_bytes(start, end), halves=1), ring_steps(n, halves=1), link)
+        return collective_s(ring_bytes(n, nbytes, halves=1), ring_steps(n, halves=1), link)
 
     def param_bytes(self, start: int, end: int) -> float:
         """Parameter bytes a stage of layers ``[start, end)`` holds (a tied embedding's copy included,
@@ -298,16 +301,18 @@ class CostTables(OverlapPricing, ExpertPricing):
         members = per_node * self.context_parallel
         if members * nodes <= 1:
             return 0.0
+        flat = sharding is Sharding.FULL and self.fsdp.path == "flat"
+        sharding = reduced_as(sharding, self.fsdp)  # all-reduced under reduce_scatter false (sim.cost.zero3)
         if self._experts[-1]:  # an MoE layout: the experts reduce over their own groups (expert_costs)
             key = ("moe", start, end, members, nodes, sharding is Sharding.FULL)
             found = self._allreduce.get(key)
             if found is None:
                 found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
             return found
-        if sharding is Sharding.FULL and self.fsdp.path == "flat":  # one ring over the group (sim.cost.zero3)
+        if flat:  # one ring over the group (sim.cost.zero3)
             n, link = members * nodes, self.cluster.inter_node if nodes > 1 else self.cluster.intra_node
-            nbytes = self.param_bytes(start, end) * self.grad_factor
-            return collective_s(ring_bytes(n, nbytes, halves=1), ring_steps(n, halves=1), link)
+            nbytes, halves = self.param_bytes(start, end) * self.grad_factor, 1 if sharding is Sharding.FULL else 2
+            return collective_s(ring_bytes(n, nbytes, halves=halves), ring_steps(n, halves=halves), link)
         measured = self.cluster.intra_node.collectives is not None and nodes == 1  # measured: per-unit calls
         if measured or (self.cluster.fabric is not None and nodes > 1):  # NCCL's algorithm depends on the size
             flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)

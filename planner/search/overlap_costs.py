@@ -24,6 +24,7 @@ from sim.cost.overlap import (
     reduce_end_s,
     unit_count,
 )
+from sim.cost.zero3 import regathered_bytes
 
 __all__ = ["Action", "OverlapPricing", "ZERO_GATHERED"]
 
@@ -102,6 +103,10 @@ class OverlapPricing:
             else:
                 block_f = gather[0]
             if self.fsdp.reshard_after_forward:
+                again = regathered_bytes(self.model, start, end, max_reuse_distance=self.fsdp.max_reuse_distance,
+                                         full_recompute=recompute is Recompute.FULL)  # sim.cost.zero3
+                if again:
+                    gather = (self.gather_s(start, end, data_parallel, again), gather[1])
                 if self.fsdp.prefetch:
                     beside_b.append(gather)
                 else:

@@ -281,6 +281,11 @@ def _fsdp_limits(plan: PlanSpec) -> list[tuple[str, bool, str]]:
         ("plan.fsdp.max_live_parameters", fsdp.max_live_parameters is not None,
          "DeepSpeed stage 3's stage3_max_live_parameters caps gathered parameters by count, and FSDP2 gathers "
          "whole fully_shard units (two at most: the running one and the prefetched); remove max_live_parameters"),
+        ("plan.fsdp.max_reuse_distance", fsdp.max_reuse_distance is not None,
+         "DeepSpeed stage 3's stage3_max_reuse_distance gathers a block again for its recompute, and FSDP2 "
+         "gathers a unit once per backward; remove max_reuse_distance"),
+        ("plan.fsdp.reduce_scatter", not fsdp.reduce_scatter,
+         "false is DeepSpeed's all-reduce of ZeRO's gradients, and FSDP2 reduce-scatters them; remove reduce_scatter"),
     ]
 
 

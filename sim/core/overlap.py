@@ -36,11 +36,13 @@ and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit o
 ``reshard_after_forward`` (FSDP2's ``fully_shard``; Rajbhandari et al. 2020, §5.3).
 
 DeepSpeed's ZeRO-3 before v0.6 (the SC21 comparison, Narayanan et al. 2021, Table 2, ran it in
-early 2021) is three settings away from FSDP2 (``sim.cost.zero3`` says what each rests on):
-``prefetch: false`` (its gathers block the compute), ``path: flat`` (each collective one ring
-over the data-parallel group, as ZeRO's 3Ψ-per-device cost counts it) and
-``max_live_parameters`` (``stage3_max_live_parameters``: the gathered parameters capped, one
-sub-module at a time, not two whole blocks).
+early 2021) is four settings away from FSDP2 (``sim.cost.zero3`` says what each rests on):
+``max_reuse_distance`` (``stage3_max_reuse_distance``: under full recompute a backward gathers a
+block again for the recompute), ``reduce_scatter: false`` (its gradients all-reduced),
+``path: flat`` (each collective one ring over the data-parallel group, as ZeRO's per-device
+cost counts it) and ``max_live_parameters`` (``stage3_max_live_parameters``: the gathered
+parameters capped, one sub-module at a time, not two whole blocks); its gathers are prefetched
+one sub-module ahead, as FSDP2's one unit ahead (``prefetch: false`` blocks the compute instead).
 """
 
 from __future__ import annotations
@@ -147,6 +149,15 @@ class FsdpSpec:
     max_live_parameters: float | None = None
     """DeepSpeed's ``stage3_max_live_parameters`` (elements): gathered parameters are capped at it
     plus the running sub-module's (``sim.cost.zero3.capped_held_bytes``); None: FSDP's two units."""
+    max_reuse_distance: float | None = None
+    """DeepSpeed's ``stage3_max_reuse_distance`` (elements): under full recompute each block's
+    backward gathers its sub-modules twice, for the recompute and again for the backward, except
+    the trailing ones fewer than this many elements are used between (``sim.cost.zero3.regathered_bytes``);
+    None: FSDP's one gather per unit per backward."""
+    reduce_scatter: bool = True
+    """ZeRO-3's gradients (and ZeRO-2's every micro-batch) are reduce-scattered (FSDP2); false:
+    all-reduced, each device keeping its shard (DeepSpeed v0.3's ZeRO-3 by default,
+    ``sim.cost.zero3.reduced_as``)."""
     fp32_shards: bool = False
     """Under ``sharding: full`` with 16-bit parameters, the sharded parameters are kept in fp32 and
     are the optimizer's weights, the 16-bit copy existing only gathered (FSDP2's
@@ -160,20 +171,23 @@ class FsdpSpec:
         u = self.unit_layers
         if isinstance(u, bool) or not isinstance(u, int) or u < 1:
             raise SpecError("unit_layers", f"must be an integer >= 1, got {u!r}")
-        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch", "fp32_shards"):
+        for key in ("reshard_after_forward", "reduce_every_microbatch", "prefetch", "fp32_shards", "reduce_scatter"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         if self.path not in FSDP_PATHS:
             raise SpecError("path", f"must be one of {', '.join(FSDP_PATHS)}, got {self.path!r}")
-        m = self.max_live_parameters
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf")):
-            raise SpecError("max_live_parameters", f"must be a positive number of parameters such as 1e9, got {m!r}")
+        for key in ("max_live_parameters", "max_reuse_distance"):
+            m = getattr(self, key)
+            if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf")):
+                raise SpecError(key, f"must be a positive number of parameters such as 1e9, got {m!r}")
 
     def to_json(self) -> dict:
-        # DeepSpeed's three keys only when set: FSDP plans' outputs stay as they were
+        # DeepSpeed's keys only when set: FSDP plans' outputs stay as they were
         extra = {key: value for key, value, default in (("prefetch", self.prefetch, True),
                                                         ("path", self.path, "hierarchical"),
                                                         ("max_live_parameters", self.max_live_parameters, None),
+                                                        ("max_reuse_distance", self.max_reuse_distance, None),
+                                                        ("reduce_scatter", self.reduce_scatter, True),
                                                         ("fp32_shards", self.fp32_shards, False))
                  if value != default}
         return {"unit_layers": self.unit_layers, "reshard_after_forward": self.reshard_after_forward,

@@ -15,9 +15,10 @@ With tensor parallelism each tensor rank's devices (over the replicas and contex
 phases. With ``sharding: optimizer`` or ``gradients`` the all-reduce becomes a reduce-scatter
 and an all-gather of the same bytes (Megatron's distributed optimizer, ZeRO-1/2); with
 ``full`` only the reduce-scatter is left (the parameters are gathered per action,
-``sim.engine.groups``); with ``plan.fsdp.path: flat`` a reduce-scatter (ZeRO-3's, or ZeRO-2's every
-micro-batch) is one ring over the group (phase 1), every device's share through the ring's slowest
-hop (``sim.cost.zero3``).
+``sim.engine.groups``), and with ``plan.fsdp.reduce_scatter: false`` that is an all-reduce again
+(DeepSpeed v0.3's default); with ``plan.fsdp.path: flat`` a reduce-scatter (ZeRO-3's, or ZeRO-2's
+every micro-batch) is one ring over the group (phase 1), every device's share through the ring's
+slowest hop (``sim.cost.zero3``).
 
 Flows are labelled ``("AR", stage, phase)``; each phase also carries its latency, one link
 latency per ring step, which the replay adds after the phase's slowest flow. Every byte count,
@@ -40,6 +41,7 @@ from sim.cost.comm import (
 )
 from sim.cost.links import group_link
 from sim.cost.tiers import group_crossing
+from sim.cost.zero3 import reduced_as
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["allreduce_flows", "build_collectives"]
@@ -57,7 +59,8 @@ def allreduce_flows(plan, model, cluster, *,
     """
     flows, latency = [], {}
     sharding = Sharding.FULL if scatter_only else plan.sharding
-    flat = sharding is Sharding.FULL and plan.fsdp.path == "flat"  # a reduce-scatter as DeepSpeed ran it before v0.6
+    flat = sharding is Sharding.FULL and plan.fsdp.path == "flat"  # one ring, as DeepSpeed ran it before v0.6
+    sharding = reduced_as(sharding, plan.fsdp)  # DeepSpeed v0.3 all-reduces (plan.fsdp.reduce_scatter false)
     for s, stage in enumerate(plan.stages):
         experts = model.expert_param_bytes(*stage.layers)
         grad_bytes = (model.stage_param_bytes(*stage.layers) - experts) * model.grad_bytes_per_param_byte
@@ -66,7 +69,8 @@ def allreduce_flows(plan, model, cluster, *,
             if len(group) < 2:
                 continue
             if flat:
-                _flat_reduce_scatter(s, group, grad_bytes, cluster, flows, latency)  # the whole gradient
+                kind = "reduce-scatter" if sharding is Sharding.FULL else "all-reduce"
+                _flat_ring(s, group, kind, grad_bytes, cluster, flows, latency)  # the whole gradient
                 continue
             _group_allreduce(s, group, grad_bytes, sharding, units, cluster, flows, latency)
         if experts and len(plan.gradient_groups(s)[0]) > 1:
@@ -129,12 +133,13 @@ def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding,
             flows += [(d, nxt[i % len(nxt)], ("AR", s, 1), nbytes) for i, d in enumerate(g)]
 
 
-def _flat_reduce_scatter(s: int, group, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
-    """One gradient group's reduce-scatter of ``grad_bytes`` as one ring over its members in
-    order (``plan.fsdp.path: flat``, ``sim.cost.zero3``): each sends its neighbour the ring's
-    ``(n−1)/n`` share at the link of the group (a NIC once it spans servers), phase 1."""
+def _flat_ring(s: int, group, kind: str, grad_bytes: float, cluster, flows: list, latency: dict) -> None:
+    """One gradient group's reduce-scatter (or all-reduce, ``kind``) of ``grad_bytes`` as one ring
+    over its members in order (``plan.fsdp.path: flat``, ``sim.cost.zero3``): each sends its
+    neighbour the ring's ``(n−1)/n`` share per half at the link of the group (a NIC once it spans
+    servers), phase 1."""
     ring = sorted(group)
-    cost = ring_collective("reduce-scatter", len(ring), grad_bytes, group_link(cluster, ring), cluster)
+    cost = ring_collective(kind, len(ring), grad_bytes, group_link(cluster, ring), cluster)
     latency[(s, 1)] = max(latency.get((s, 1), 0.0), cost.latency_s)
     flows += [(d, ring[(i + 1) % len(ring)], ("AR", s, 1), cost.flow_bytes) for i, d in enumerate(ring)]
 

@@ -15,8 +15,9 @@ A stage's forward or backward on one micro-batch also talks to the device's grou
   stage's parameters from the gradient group (the devices that hold the same parameters),
   prefetched ahead of the compute (FSDP2's ``fully_shard`` with ``reshard_after_forward``;
   Rajbhandari et al. 2020, §5.3); with ``plan.fsdp.path: flat`` one ring over the group
-  whichever servers it spans, and with ``plan.fsdp.prefetch: false`` blocking the compute
-  (DeepSpeed's ZeRO-3 before v0.6, ``sim.cost.zero3``).
+  whichever servers it spans, with ``plan.fsdp.prefetch: false`` blocking the compute, and with
+  ``plan.fsdp.max_reuse_distance`` under full recompute a backward gathering a block's
+  sub-modules again for the recompute (DeepSpeed's ZeRO-3 before v0.6, ``sim.cost.zero3``).
 
 * **expert parallelism** — an MoE block's token dispatch and combine, all-to-alls over the
   stage's expert-parallel groups (``PlanSpec.expert_groups``), two in the forward and two in the
@@ -68,6 +69,7 @@ from sim.cost.group_comm import (
 )
 from sim.cost.links import by_server, group_link
 from sim.cost.tiers import group_crossing
+from sim.cost.zero3 import regathered_bytes
 from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
@@ -204,25 +206,35 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
             _expert_all_to_all(groups, s, a2a, end - start, full, cluster, flows, latency, model.experts)
         if plan.sharding is Sharding.FULL:
             params = model.param_bytes(*stage.layers)
+            # the backward's gathers: DeepSpeed v0.3 gathers a block again for the recompute (sim.cost.zero3)
+            again = regathered_bytes(model, *stage.layers, max_reuse_distance=plan.fsdp.max_reuse_distance,
+                                     full_recompute=full)
             for group in plan.gradient_groups(s):
-                servers = by_server(cluster, group)
-                if plan.fsdp.path == "hierarchical" and is_hierarchical([len(g) for g in servers]):
-                    # one all-gather of the stage's parameters on NCCL's path; ``flat``: the ring below (sim.cost.zero3)
-                    for phase in ("F", "B"):
-                        _spanning(servers, ("FS", s, phase), {"all-gather": (params, 1)}, cluster, flows, latency)
-                    continue
-                # one member on each server, on a fabric: NCCL's ring over the tiers the group climbs
-                crossing = group_crossing(cluster, list(group)) if cluster.fabric is not None \
-                    and len(servers) == len(group) > 1 else None
-                gather = fsdp_gather(len(group), params, group_link(cluster, group), cluster,
-                                     units=stage.layers[1] - stage.layers[0], crossing=crossing)  # FSDP2: a unit per layer
-                for phase in ("F", "B"):
-                    flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
-                    if crossing is None:
-                        latency[("FS", s, phase)] = gather.latency_s
-                    else:  # each group its own tiers: the slowest group's latency
-                        latency[("FS", s, phase)] = max(latency.get(("FS", s, phase), 0.0), gather.latency_s)
+                _fsdp_gathers(group, s, {"F": params, "B": params + again}, stage.layers[1] - stage.layers[0],
+                              plan.fsdp.path, cluster, flows, latency)
     return flows, latency
+
+
+def _fsdp_gathers(group, s: int, gathered: dict[str, float], units: int, path: str, cluster, flows: list,
+                  latency: dict) -> None:
+    """One gradient group's all-gathers of ``gathered[phase]`` bytes in its forward (``F``) and
+    backward (``B``): on NCCL's path across servers, else one ring (``flat``: always, sim.cost.zero3)."""
+    servers = by_server(cluster, group)
+    if path == "hierarchical" and is_hierarchical([len(g) for g in servers]):
+        for phase, nbytes in gathered.items():
+            _spanning(servers, ("FS", s, phase), {"all-gather": (nbytes, 1)}, cluster, flows, latency)
+        return
+    # one member on each server, on a fabric: NCCL's ring over the tiers the group climbs
+    crossing = group_crossing(cluster, list(group)) if cluster.fabric is not None \
+        and len(servers) == len(group) > 1 else None
+    for phase, nbytes in gathered.items():
+        gather = fsdp_gather(len(group), nbytes, group_link(cluster, group), cluster, units=units,
+                             crossing=crossing)  # FSDP2: a unit per layer
+        flows += _ring(group, ("FS", s, phase), gather.flow_bytes)
+        if crossing is None:
+            latency[("FS", s, phase)] = gather.latency_s
+        else:  # each group its own tiers: the slowest group's latency
+            latency[("FS", s, phase)] = max(latency.get(("FS", s, phase), 0.0), gather.latency_s)
 
 
 def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict[tuple, float]):

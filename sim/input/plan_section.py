@@ -219,8 +219,9 @@ def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
     key = "plan.fsdp"
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"unit_layers", "reshard_after_forward", "reduce_every_microbatch", "prefetch",
-                                    "path", "max_live_parameters", "fp32_shards"})
-    live = data.get("max_live_parameters")
+                                    "path", "max_live_parameters", "max_reuse_distance", "reduce_scatter",
+                                    "fp32_shards"})
+    live, reuse = data.get("max_live_parameters"), data.get("max_reuse_distance")
     return reader.build(key, FsdpSpec,
                         unit_layers=reader.integer(data, key, "unit_layers", 1),
                         reshard_after_forward=reader.boolean(data, key, "reshard_after_forward", True),
@@ -229,7 +230,10 @@ def read_fsdp(reader: StrictReader, value: Any) -> FsdpSpec:
                         fp32_shards=reader.boolean(data, key, "fp32_shards", False),
                         path=reader.string(data, key, "path", "hierarchical", choices=set(FSDP_PATHS)),
                         max_live_parameters=None if live is None else reader.number(
-                            data, key, "max_live_parameters", low=0.0, high=1e18, low_open=True))
+                            data, key, "max_live_parameters", low=0.0, high=1e18, low_open=True),
+                        max_reuse_distance=None if reuse is None else reader.number(
+                            data, key, "max_reuse_distance", low=0.0, high=1e18, low_open=True),
+                        reduce_scatter=reader.boolean(data, key, "reduce_scatter", True))
 
 
 def _grid(reader: StrictReader, data: dict, degrees: dict, cluster: ClusterSpec, model: ModelSpec, name: str,
