@@ -8,7 +8,7 @@ import pytest
 
 from sim.core.errors import ScenarioError, SpecError
 from sim.cost.comm import all_to_all_s
-from sim.cost.compute import stage_cost
+from sim.cost.compute import layer_times_s, stage_cost
 from sim.cost.overlap import communication_sms_slowdown, contended_s, exposed_beside_s, held_sms_s
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
@@ -94,16 +94,22 @@ def test_communication_sms_replace_the_overlap_slowdown_beside_the_all_to_all():
     t_generic = run_scenario(generic, engine="fast").summarize().iteration_time_s
     t_sms = run_scenario(sms, engine="fast").summarize().iteration_time_s
     generic_s = contended_s(cost.fwd_s, a, 0.189) + contended_s(cost.bwd_s, a, 0.189)
-    # DualPipe's dedicated SMs (DeepSeek-V3 §3.2.1): held for the whole action, not only the a seconds
-    # the bytes take, so the compute beside the all-to-all runs on 112 of 132 SMs throughout
-    held_s = (cost.fwd_s + cost.bwd_s) * 132 / 112
+    # DualPipe's dedicated SMs (DeepSeek-V3 §3.2.1): held while the MoE blocks compute, not only for
+    # the a seconds the bytes take, so those blocks run on 112 of 132 SMs throughout; the
+    # embedding and the head beside them keep all 132
+    blocks = [layer for layer in part.layers if layer.a2a_bytes > 0]
+    assert [layer.name for layer in blocks] == ["block_0", "block_1"]
+    moe_s = sum(sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in blocks)
+    assert moe_s < cost.fwd_s + cost.bwd_s
+    held_s = cost.fwd_s + cost.bwd_s + moe_s * 20 / 112
     assert t_sms - t_generic == pytest.approx(held_s - generic_s, rel=1e-6)
-    assert held_s - generic_s > 0  # held throughout costs more than the generic slowdown for a seconds
+    assert held_s - generic_s > 0  # held for the blocks costs more than the generic slowdown for a seconds
 
 
-def test_held_sms_slow_the_whole_action_beside_an_all_to_all():
+def test_held_sms_slow_the_moe_blocks_beside_an_all_to_all():
     s = communication_sms_slowdown(132, 20)
     assert held_sms_s(10.0, 1.0, s) == pytest.approx(10.0 * 132 / 112, rel=1e-12)  # 1 s of bytes: all 10 s slowed
+    assert held_sms_s(10.0, 1.0, s, 0.25) == pytest.approx(7.5 + 2.5 * 132 / 112, rel=1e-12)  # a quarter MoE blocks
     assert held_sms_s(10.0, 0.0, s) == 10.0  # nothing beside it: all 132 SMs
     assert held_sms_s(10.0, 1.0, 0.0) == 10.0
 

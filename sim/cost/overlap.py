@@ -70,8 +70,11 @@ with the chunk, keep their SMs until every peer's tokens have arrived: in DeepSe
 of one such pair at the pre-training setting (deepseek-ai/profile-data ``train.json`` at 4496024:
 EP 64, 4K sequence, two chunks of 4 MoE layers) the communication stream's kernels are busy
 114.5 ms of the compute stream's 128.5 ms span, 89%, where the bytes alone at the NICs' 50 GB/s
-take about half of it. So the compute beside an overlapped all-to-all runs on ``N − c`` SMs
-throughout, ``A·N/(N − c)`` (:func:`held_sms_s`).
+take 49.9. So the compute of the MoE blocks beside an overlapped all-to-all runs on ``N − c``
+SMs throughout, not only for its ``G``: ``A + share·A·c/(N − c)``, ``share`` the part of the
+action's compute in the blocks with an all-to-all (:func:`held_sms_s`): the kernels are held as
+long as those blocks compute (the profile's pair is all MoE blocks: the whole pair); an
+embedding, a head or a dense block in the same chunk has the ``N`` SMs.
 
 **A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
 ``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
@@ -145,14 +148,15 @@ def contended_s(compute_s: float, beside_s: float, slowdown: float) -> float:
     return compute_s + min(beside_s * slowdown / (1 + slowdown), slowdown * compute_s)
 
 
-def held_sms_s(compute_s: float, beside_s: float, slowdown: float) -> float:
+def held_sms_s(compute_s: float, beside_s: float, slowdown: float, share: float = 1.0) -> float:
     """Seconds of ``compute_s`` of compute beside an overlapped all-to-all (``beside_s`` alone
-    seconds) whose kernels hold their SMs for the whole action: ``(1 + s)·A`` with
-    ``s = c/(N − c)`` (:func:`communication_sms_slowdown`), ``A`` where no all-to-all runs beside
-    it (the module docstring: DeepSeek-V3 §3.2.1, its profile)."""
+    seconds) whose kernels hold their SMs while the action's ``share`` of its compute with an
+    all-to-all (its MoE blocks, ``sim.cost.compute.all_to_all_share``) runs: ``A + share·A·s``
+    with ``s = c/(N − c)`` (:func:`communication_sms_slowdown`); ``A`` where no all-to-all runs
+    beside it (the module docstring: DeepSeek-V3 §3.2.1, its profile)."""
     if beside_s <= 0 or slowdown <= 0:
         return compute_s
-    return compute_s * (1 + slowdown)
+    return compute_s + share * compute_s * slowdown
 
 
 def communication_sms_slowdown(sm_count: int, communication_sms: int) -> float:

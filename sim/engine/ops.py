@@ -75,6 +75,10 @@ class Pipelining:
     expert_slowdown: float | None = None
     """The slowdown beside the overlapped all-to-all when ``plan.overlap.communication_sms`` is set
     (``sim.cost.overlap.communication_sms_slowdown``), in place of ``overlap_slowdown`` for it; None: not set."""
+    held_share: dict = field(default_factory=dict)
+    """(stage, "F" or "B") -> the share of that action's compute in its MoE blocks, over which the
+    communication SMs are held (``sim.cost.compute.all_to_all_share``, ``sim.cost.overlap.held_sms_s``);
+    filled with ``expert_slowdown``."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -251,8 +255,8 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
 def _contended(fields: dict, found_groups: list, pipelining: Pipelining) -> dict:
     """The compute op's fields, its duration slowed beside its overlapped group collectives
     (``sim.cost.overlap.contended_s``): by the device's ``overlap_slowdown``, or for the experts'
-    all-to-all by the communication SMs' share, held for the whole action, when the plan sets one
-    (``expert_slowdown``, ``sim.cost.overlap.held_sms_s``)."""
+    all-to-all by the communication SMs' share, held while the action's MoE blocks compute, when the
+    plan sets one (``expert_slowdown``, ``held_share``, ``sim.cost.overlap.held_sms_s``)."""
     split = pipelining.expert_slowdown is not None
     duration = fields["duration_s"]
     if pipelining.overlap_slowdown:  # group_s is filled only when some slowdown needs it
@@ -261,7 +265,9 @@ def _contended(fields: dict, found_groups: list, pipelining: Pipelining) -> dict
         duration = contended_s(duration, other_s, pipelining.overlap_slowdown)
     if split:
         expert_s = sum(pipelining.group_s[index] for name, _, index, overlap in found_groups if overlap and name == "EP")
-        duration = held_sms_s(duration, expert_s, pipelining.expert_slowdown)
+        phase = "F" if fields["kind"] is ActionKind.F else "B"  # I and W: the backward's share
+        share = pipelining.held_share.get((fields["stage"], phase), 1.0)
+        duration = held_sms_s(duration, expert_s, pipelining.expert_slowdown, share)
     return fields if duration == fields["duration_s"] else {**fields, "duration_s": duration}
 
 
