@@ -70,7 +70,8 @@ with the chunk, keep their SMs until every peer's tokens have arrived: in DeepSe
 of one such pair at the pre-training setting (deepseek-ai/profile-data ``train.json`` at 4496024:
 EP 64, 4K sequence, two chunks of 4 MoE layers) the communication stream's kernels are busy
 114.5 ms of the compute stream's 128.5 ms span, 89%, where the bytes alone at the NICs' 50 GB/s
-take 49.9. So the compute of the MoE blocks beside an overlapped all-to-all runs on ``N − c``
+take 49.9, and its FP8 GEMMs are persistent kernels of 112 CTAs (grids [112, 1, 1] and
+[1, 112, 1]: one a compute SM, 132 − 20). So the compute of the MoE blocks beside an overlapped all-to-all runs on ``N − c``
 SMs throughout, not only for its ``G``: ``A + share·A·c/(N − c)``, ``share`` the part of the
 action's compute in the blocks with an all-to-all (:func:`held_sms_s`): the kernels are held as
 long as those blocks compute (the profile's pair is all MoE blocks: the whole pair); an
