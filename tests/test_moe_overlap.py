@@ -8,7 +8,7 @@ import pytest
 
 from sim.core.errors import ScenarioError, SpecError
 from sim.cost.comm import all_to_all_s
-from sim.cost.compute import layer_times_s, stage_cost
+from sim.cost.compute import all_to_all_share, layer_times_s, stage_cost
 from sim.cost.overlap import communication_sms_slowdown, contended_s, exposed_beside_s, held_sms_s
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
@@ -119,3 +119,16 @@ def test_communication_sms_must_be_a_count_below_the_device_sms():
         _scenario("{expert_all_to_all: true, communication_sms: -1}")
     with pytest.raises(SpecError, match="communication_sms"):
         run_scenario(_scenario("{expert_all_to_all: true, communication_sms: 132}"), engine="fast")
+
+
+def test_all_to_all_share_is_the_moe_blocks_part_of_the_stage_compute():
+    scenario = _scenario("{expert_all_to_all: true}", hidden=1024, seq_len=2048)
+    part, device = scenario.resolved.model, scenario.cluster.device
+    assert device.action_overhead_s == 0  # the H100 preset: a stage's time is its layers'
+    names = [layer.name for layer in part.layers]
+    assert names == ["embedding", "block_0", "block_1", "head"]
+    assert all_to_all_share(part, device, 1, 3, 1) == (pytest.approx(1.0, rel=1e-12), pytest.approx(1.0, rel=1e-12))
+    assert all_to_all_share(part, device, 0, 1, 1) == (0.0, 0.0)  # the embedding: no all-to-all
+    fwd = sum(layer_times_s(part.layers[i], device, part.dtype, 1)[0] for i in (1, 2))
+    total = sum(layer_times_s(layer, device, part.dtype, 1)[0] for layer in part.layers)
+    assert all_to_all_share(part, device, 0, 4, 1)[0] == pytest.approx(fwd / total, rel=1e-12)
