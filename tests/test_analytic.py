@@ -185,3 +185,24 @@ def test_lowering_does_not_change_fastpath_timing(name, params) -> None:
     assert lowered.busy_s == plain.busy_s
     compute = [(r, a, t0, t1) for r, a, t0, t1 in lowered.actions if a.is_compute]
     assert compute == list(plain.actions)
+
+
+@pytest.mark.parametrize(("s", "m"), [(2, 4), (4, 8), (4, 13), (8, 16), (16, 120)])
+def test_dualpipe_v_bubble_is_the_dualpipe_readme_s(s, m) -> None:
+    # deepseek-ai/DualPipe README (3da1bbe): DualPipeV's bubble (PP/2 − 1)(F&B + B − 3W) over PP = 2S
+    # chunks; a chunk F = I = W = 1 (B = 2), F&B = F + B = 3: (S − 1)(3 + 2 − 3) = 2(S − 1)
+    chunk_f, chunk_b, chunk_w = 1.0, 2.0, 1.0
+    expected = m * 2 * (chunk_f + chunk_b) + (s - 1) * ((chunk_f + chunk_b) + chunk_b - 3 * chunk_w)
+    assert expected == 6 * m + 2 * (s - 1)
+    n = 2 * s
+    timing = time_schedule(generate("dualpipe-v", s, m), [chunk_f] * n, [chunk_b] * n, wgrad_s=[chunk_w] * n)
+    assert timing.makespan_s == pytest.approx(expected, rel=1e-12)
+    # the rank's two chunks together: F 2, B 4, W 2
+    assert makespan_s("dualpipe-v", s, m, 2 * chunk_f, 2 * chunk_b, wgrad_s=2 * chunk_w) == pytest.approx(expected)
+
+
+def test_dualpipe_v_closed_form_only_where_f_i_and_w_are_equal() -> None:
+    with pytest.raises(ScheduleError, match="F = I = W"):
+        makespan_s("dualpipe-v", 4, 8, 2.0, 4.0, wgrad_s=1.0)
+    with pytest.raises(ScheduleError, match="M >= 2S"):
+        makespan_s("dualpipe-v", 4, 4, 2.0, 4.0, wgrad_s=2.0)

@@ -220,3 +220,20 @@ def test_deepseek_v3_ran_its_fp8_products_at_the_pre_deepgemm_rates():
     assert published.cluster.device.fp8_efficiency == round(measured_fp8_efficiency(CUTLASS36_H800_FP8_TFLOPS), 3)
     assert published.cluster.device.fp8_efficiency == pytest.approx(0.527, abs=5e-4)
     assert published.cluster.device.fp8_efficiency < H100_FP8_EFFICIENCY  # DeepGEMM's own rates
+
+
+def test_deepseek_v3_attention_runs_at_its_profiled_192_128_kernels():
+    # deepseek-ai/profile-data train.json (4496024), four MLA blocks on the 112 SMs the all-to-all
+    # leaves: compute_attn_ws<Flash_fwd_kernel_traits<192, 128, ...>> 1248 + 1199 + 1280 + 1221 us,
+    # FlashAttnBwd 3583 + 3863 + 3809 + 3860 us with Preprocess 267 + 269 + 246 + 243 and
+    # PostprocessConvertdQ 215 + 216 + 223 + 223; FLOPs 2·s²·(192 + 128)·128 heads, halved by the causal mask
+    forward_s, backward_s = 4948e-6 / 4, (15115 + 1025 + 877) * 1e-6 / 4
+    flop = 2 * 4096**2 * (192 + 128) * 128 / 2
+    on_all_sms = 112 / 132  # the same kernels on the 132 SMs of a block without an all-to-all beside it
+    published = load_scenario(REPO / "scenarios" / "published" / "deepseek2024_v3_2048.yaml")
+    device = published.cluster.device
+    assert device.attention_efficiencies("flash") == (pytest.approx(flop / (forward_s * on_all_sms) / 989e12, abs=5e-4),
+                                                      pytest.approx(2.5 * flop / (backward_s * on_all_sms) / 989e12,
+                                                                    abs=5e-4))
+    attention = [k for k in shard_model(published.model, published.plan.shard).layers[10].kernels if k.fused_attention]
+    assert attention[0].flop == flop

@@ -8,8 +8,8 @@ import pytest
 
 from sim.core.errors import ScenarioError, SpecError
 from sim.cost.comm import all_to_all_s
-from sim.cost.compute import stage_cost
-from sim.cost.overlap import communication_sms_slowdown, contended_s, exposed_beside_s
+from sim.cost.compute import all_to_all_share, layer_times_s, stage_cost
+from sim.cost.overlap import communication_sms_slowdown, contended_s, exposed_beside_s, held_sms_s
 from sim.engine.run import run_scenario
 from sim.input.scenario import parse_scenario
 
@@ -91,14 +91,27 @@ def test_communication_sms_replace_the_overlap_slowdown_beside_the_all_to_all():
     cost = stage_cost(part, cluster.device, 0, len(part.layers), 1, data_parallel=8, expert_data_parallel=1)
     assert a < cost.fwd_s  # hidden whole: each action lasts its slowed compute
 
-    def slowed(s: float) -> float:
-        return contended_s(cost.fwd_s, a, s) + contended_s(cost.bwd_s, a, s)
-
     t_generic = run_scenario(generic, engine="fast").summarize().iteration_time_s
     t_sms = run_scenario(sms, engine="fast").summarize().iteration_time_s
-    # only the compute beside the all-to-all changes: 0.189 replaced by 20/112 (a·20/132 lost)
-    assert t_generic - t_sms == pytest.approx(slowed(0.189) - slowed(20 / 112), rel=1e-6)
-    assert slowed(20 / 112) - cost.fwd_s - cost.bwd_s == pytest.approx(2 * a * 20 / 132, rel=1e-12)
+    generic_s = contended_s(cost.fwd_s, a, 0.189) + contended_s(cost.bwd_s, a, 0.189)
+    # DualPipe's dedicated SMs (DeepSeek-V3 §3.2.1): held while the MoE blocks compute, not only for
+    # the a seconds the bytes take, so those blocks run on 112 of 132 SMs throughout; the
+    # embedding and the head beside them keep all 132
+    blocks = [layer for layer in part.layers if layer.a2a_bytes > 0]
+    assert [layer.name for layer in blocks] == ["block_0", "block_1"]
+    moe_s = sum(sum(layer_times_s(layer, cluster.device, part.dtype, 1)[:2]) for layer in blocks)
+    assert moe_s < cost.fwd_s + cost.bwd_s
+    held_s = cost.fwd_s + cost.bwd_s + moe_s * 20 / 112
+    assert t_sms - t_generic == pytest.approx(held_s - generic_s, rel=1e-6)
+    assert held_s - generic_s > 0  # held for the blocks costs more than the generic slowdown for a seconds
+
+
+def test_held_sms_slow_the_moe_blocks_beside_an_all_to_all():
+    s = communication_sms_slowdown(132, 20)
+    assert held_sms_s(10.0, 1.0, s) == pytest.approx(10.0 * 132 / 112, rel=1e-12)  # 1 s of bytes: all 10 s slowed
+    assert held_sms_s(10.0, 1.0, s, 0.25) == pytest.approx(7.5 + 2.5 * 132 / 112, rel=1e-12)  # a quarter MoE blocks
+    assert held_sms_s(10.0, 0.0, s) == 10.0  # nothing beside it: all 132 SMs
+    assert held_sms_s(10.0, 1.0, 0.0) == 10.0
 
 
 def test_communication_sms_must_be_a_count_below_the_device_sms():
@@ -106,3 +119,16 @@ def test_communication_sms_must_be_a_count_below_the_device_sms():
         _scenario("{expert_all_to_all: true, communication_sms: -1}")
     with pytest.raises(SpecError, match="communication_sms"):
         run_scenario(_scenario("{expert_all_to_all: true, communication_sms: 132}"), engine="fast")
+
+
+def test_all_to_all_share_is_the_moe_blocks_part_of_the_stage_compute():
+    scenario = _scenario("{expert_all_to_all: true}", hidden=1024, seq_len=2048)
+    part, device = scenario.resolved.model, scenario.cluster.device
+    assert device.action_overhead_s == 0  # the H100 preset: a stage's time is its layers'
+    names = [layer.name for layer in part.layers]
+    assert names == ["embedding", "block_0", "block_1", "head"]
+    assert all_to_all_share(part, device, 1, 3, 1) == (pytest.approx(1.0, rel=1e-12), pytest.approx(1.0, rel=1e-12))
+    assert all_to_all_share(part, device, 0, 1, 1) == (0.0, 0.0)  # the embedding: no all-to-all
+    fwd = sum(layer_times_s(part.layers[i], device, part.dtype, 1)[0] for i in (1, 2))
+    total = sum(layer_times_s(layer, device, part.dtype, 1)[0] for layer in part.layers)
+    assert all_to_all_share(part, device, 0, 4, 1)[0] == pytest.approx(fwd / total, rel=1e-12)

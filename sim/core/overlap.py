@@ -28,8 +28,9 @@ scenario; a ``stack`` sets them as that stack does):
   forward of micro-batch i+1 with the backward of micro-batch i layer by layer): only the
   all-to-all longer than the compute beside it is exposed (``sim.cost.overlap.exposed_beside_s``);
   ``communication_sms`` of the device's ``sm_count`` SMs run the dispatch and combine kernels
-  meanwhile (DeepSeek-V3's 20 of 132, §3.2.2), the compute beside them on the rest
-  (``sim.cost.overlap.communication_sms_slowdown``, in place of the device's ``overlap_slowdown``);
+  meanwhile (DeepSeek-V3's 20 of 132, §3.2.2), the MoE blocks beside them on the rest for as long
+  as they compute (``sim.cost.overlap.communication_sms_slowdown``, ``held_sms_s``, in place of the
+  device's ``overlap_slowdown``);
 
 and, under ``sharding: full`` (``FsdpSpec``), parameters are gathered one unit of
 ``unit_layers`` layers at a time, the next unit prefetched, and freed after use when
@@ -94,9 +95,10 @@ class OverlapSpec:
     expert_all_to_all: bool = False
     """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
     communication_sms: int = 0
-    """SMs the overlapped all-to-all's kernels hold while they run (DeepSeek-V3 §3.2.2: 20 of the
-    H800's 132), the compute beside them running on the rest; 0: the device's generic
-    ``overlap_slowdown`` applies to the all-to-all as to every overlapped collective."""
+    """SMs the overlapped all-to-all's kernels hold (DeepSeek-V3 §3.2.2: 20 of the H800's 132),
+    dedicated to them while the MoE blocks beside them compute (DualPipe's SM ratio, §3.2.1), which
+    run on the rest (``sim.cost.overlap.held_sms_s``); 0: the device's generic ``overlap_slowdown``
+    applies to the all-to-all as to every overlapped collective."""
 
     def __post_init__(self) -> None:
         for key in ("grad_reduce", "param_gather", "tensor_parallel", "reduce_after_flush", "paired_exchange",

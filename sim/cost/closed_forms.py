@@ -12,6 +12,12 @@ micro-batch, communication free) the papers give the iteration time in one line:
   with F and B one micro-batch's time over all of a rank's chunks.
 - ZB-H1 (Qi et al., ICLR 2024, §2.1): M(F+I+W) + (S−1)(F+I−W), the backward B = I + W split
   into input-gradient and weight-gradient parts.
+- DualPipeV (deepseek-ai/DualPipe README at 3da1bbe, "Pipeline Bubbles and Memory Usage
+  Comparison", after DeepSeek-V3's DualPipe, arXiv 2412.19437, §3.2.1, Table 2): a bubble of
+  (PP/2 − 1)(F&B + B − 3W) over PP = 2S chunks of F, B, W each, F&B = F + B when the paired
+  forward and backward do not hide each other's compute; DualPipe itself has the same bubble on
+  PP ranks holding two copies of the parameters, so on the same S ranks its PP/2 − 1 = S/2 − 1
+  rounds of chunks twice the size: (S − 2)/(S − 1) of the V's.
 
 Throughout, ``bwd_s`` is the *full* backward time and ``wgrad_s`` its weight-gradient part,
 so I = ``bwd_s − wgrad_s``; the same arguments mean the same thing for every schedule and
@@ -44,7 +50,7 @@ __all__ = [
     "peak_inflight_microbatches",
 ]
 
-_NAMES = ("1f1b", "dapple", "gpipe", "interleaved", "zb-h1")
+_NAMES = ("1f1b", "dapple", "dualpipe-v", "gpipe", "interleaved", "zb-h1")
 
 
 def _check(name: str, num_stages: int, num_microbatches: int, chunks: int) -> None:
@@ -88,6 +94,10 @@ def makespan_s(
     - ``zb-h1``: M(F+I+W) + (S−1)(F+I−W) with I = B−W — Qi et al. ICLR'24, §2.1. Assumes
       M ≥ S and W ≤ min(F, I): then the delayed W's exactly fill the bubbles our ``zb-h1``
       generator leaves; outside that, ScheduleError (use ``sim.engine.fastpath``).
+    - ``dualpipe-v``: M(F+B) + (S−1)(F + 2B − 3W)/2, ``fwd_s``/``bwd_s``/``wgrad_s`` over both
+      of a rank's chunks: the DualPipe README's (PP/2 − 1)(F&B + B − 3W) with PP = 2S chunks of
+      half those, F&B = F + B. The replay of torch's order (``sim.schedule.vshape``) gives it
+      exactly where F = I = W, the zero-bubble papers' setting; outside that, ScheduleError.
     """
     _check(schedule_name, num_stages, num_microbatches, chunks)
     _check_times(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s)
@@ -101,6 +111,11 @@ def makespan_s(
         return m * (f + b) + (s - 1) * (f + b) / chunks
     w = wgrad_s
     i = b - w
+    if schedule_name == "dualpipe-v":
+        if m < 2 * s or not math.isclose(w, f) or not math.isclose(i, f):
+            raise ScheduleError(f"dualpipe-v: the closed form assumes M >= 2S and F = I = W; got M={m}, S={s}, "
+                                f"F={f}, I={i}, W={w}")
+        return m * (f + b) + (s - 1) * (f + 2 * b - 3 * w) / 2
     if w > b:
         raise DappleError(f"zb-h1: wgrad_s={w} exceeds bwd_s={b}; it is a part of the backward")
     if m < s or w > min(f, i):

@@ -47,7 +47,7 @@ from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSp
 from sim.cost.memory import StateBytes, master_shard_factor, stage_activation_bytes
 from sim.cost.optimizer import OPTIMIZER_KERNELS, accumulation_s, optimizer_step_kernels, optimizer_step_s
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "attention_core_s", "fused_attention_s", "kernel_forward_s",
+__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "all_to_all_share", "attention_core_s", "fused_attention_s", "kernel_forward_s",
            "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
            "stage_cost", "stage_optimizer_step_s", "stage_time_s", "tied_copy_tensors"]
 
@@ -187,6 +187,19 @@ def recompute_extra_s(recompute: Recompute, fwd_s: float, again_s: float) -> flo
     if recompute is Recompute.FULL:
         return fwd_s
     return again_s if recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP) else 0.0
+
+
+def all_to_all_share(model: ModelSpec, device: DeviceSpec, start: int, end: int, samples: int) -> tuple[float, float]:
+    """(forward, backward) share of layers ``[start, end)``'s compute (``stage_time_s``) spent in
+    the layers with an expert all-to-all (``LayerSpec.a2a_bytes`` > 0, the MoE blocks), beside
+    which DualPipe's communication SMs are held (``sim.cost.overlap.held_sms_s``); (0, 0) for none."""
+    time = stage_time_s(model, device, start, end, samples, Recompute.NONE)
+    fwd = bwd = 0.0
+    for layer in model.layers[start:end]:
+        if layer.a2a_bytes > 0:
+            layer_fwd, layer_bwd, _ = layer_times_s(layer, device, model.dtype, samples)
+            fwd, bwd = fwd + layer_fwd, bwd + layer_bwd
+    return (fwd / time.fwd_s if time.fwd_s > 0 else 0.0), (bwd / time.bwd_s if time.bwd_s > 0 else 0.0)
 
 
 def action_overhead_s(device: DeviceSpec, samples: int, num_layers: int) -> float:

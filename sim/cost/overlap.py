@@ -62,8 +62,20 @@ it here (not modelled yet).
 (DeepSeek-AI 2024, arXiv 2412.19437, §3.2.2; ``plan.overlap.communication_sms`` of
 ``DeviceSpec.sm_count``). While they run, the compute beside them has ``N − c`` of the ``N`` SMs
 and runs ``N/(N − c)`` times as long: a slowdown ``s = c/(N − c)``
-(:func:`communication_sms_slowdown`), which :func:`contended_s` takes in place of the device's
-generic ``overlap_slowdown`` for the overlapped all-to-all: ``A + min(G·c/N, A·c/(N − c))``.
+(:func:`communication_sms_slowdown`), in place of the device's generic ``overlap_slowdown`` for
+the overlapped all-to-all. The share is held for the whole action, not only for the all-to-all's
+``G`` alone seconds: DualPipe "manually adjust[s] the ratio of GPU SMs dedicated to communication
+versus computation" for each overlapped chunk pair (§3.2.1), and the all-to-all kernels, launched
+with the chunk, keep their SMs until every peer's tokens have arrived: in DeepSeek's own profile
+of one such pair at the pre-training setting (deepseek-ai/profile-data ``train.json`` at 4496024:
+EP 64, 4K sequence, two chunks of 4 MoE layers) the communication stream's kernels are busy
+114.5 ms of the compute stream's 128.5 ms span, 89%, where the bytes alone at the NICs' 50 GB/s
+take 49.9, and its FP8 GEMMs are persistent kernels of 112 CTAs (grids [112, 1, 1] and
+[1, 112, 1]: one a compute SM, 132 − 20). So the compute of the MoE blocks beside an overlapped all-to-all runs on ``N − c``
+SMs throughout, not only for its ``G``: ``A + share·A·c/(N − c)``, ``share`` the part of the
+action's compute in the blocks with an all-to-all (:func:`held_sms_s`): the kernels are held as
+long as those blocks compute (the profile's pair is all MoE blocks: the whole pair); an
+embedding, a head or a dense block in the same chunk has the ``N`` SMs.
 
 **A reduction per micro-batch** (ZeRO-2/3 reduce-scatter each backward's gradients). Backward
 ``k`` of ``M`` starts ``P`` after backward ``k − 1`` (one-stage 1F1B: ``P`` = forward + backward);
@@ -78,7 +90,7 @@ import math
 
 from sim.core.errors import SpecError
 
-__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "communication_sms_slowdown", "contended_s", "exposed_beside_s", "exposed_pipelined_s",
+__all__ = ["beside_action_s", "bucket_count", "bucketed_reduce_end_s", "communication_sms_slowdown", "contended_s", "exposed_beside_s", "exposed_pipelined_s", "held_sms_s",
            "pipelined_s",
            "queued_reductions_end_s", "reduce_end_s", "unit_count"]
 
@@ -135,6 +147,17 @@ def contended_s(compute_s: float, beside_s: float, slowdown: float) -> float:
     if beside_s <= 0 or slowdown <= 0:
         return compute_s
     return compute_s + min(beside_s * slowdown / (1 + slowdown), slowdown * compute_s)
+
+
+def held_sms_s(compute_s: float, beside_s: float, slowdown: float, share: float = 1.0) -> float:
+    """Seconds of ``compute_s`` of compute beside an overlapped all-to-all (``beside_s`` alone
+    seconds) whose kernels hold their SMs while the action's ``share`` of its compute with an
+    all-to-all (its MoE blocks, ``sim.cost.compute.all_to_all_share``) runs: ``A + share·A·s``
+    with ``s = c/(N − c)`` (:func:`communication_sms_slowdown`); ``A`` where no all-to-all runs
+    beside it (the module docstring: DeepSeek-V3 §3.2.1, its profile)."""
+    if beside_s <= 0 or slowdown <= 0:
+        return compute_s
+    return compute_s + share * compute_s * slowdown
 
 
 def communication_sms_slowdown(sm_count: int, communication_sms: int) -> float:

@@ -36,6 +36,7 @@ from sim.core.parallelism import Recompute, Sharding
 from sim.core.summary import Parallelism
 from sim.cost.capacity import tokens_per_sample
 from sim.cost.comm import pipeline_gather_s
+from sim.cost.compute import all_to_all_share
 from sim.cost.links import group_link
 from sim.cost.memory import sum_state_bytes
 from sim.cost.overlap import bucket_count, communication_sms_slowdown, unit_count
@@ -135,8 +136,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                        group_keys={cls: tuple(sorted(keys)) for cls, keys in group_keys.items()},
                        by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
                        pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches,
-                                              slowdown=cluster.device.overlap_slowdown,
-                                              sm_count=cluster.device.sm_count),
+                                              slowdown=cluster.device.overlap_slowdown, device=cluster.device,
+                                              samples=samples),
                        held=held_by_stage(resolved))
     members = defaultdict(list)
     for d in devices:
@@ -214,10 +215,12 @@ def _gather_latency(ar_latency: dict) -> dict:
 
 
 def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int, *,
-                slowdown: float = 0.0, sm_count: int = 0) -> Pipelining:
+                slowdown: float, device, samples: dict) -> Pipelining:
     """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``);
     ``slowdown``: the device's ``overlap_slowdown``, which needs every group collective's alone time;
-    ``sm_count``: the device's SMs, which ``plan.overlap.communication_sms`` shares out."""
+    ``device``: its SMs, which ``plan.overlap.communication_sms`` shares out, and the MoE blocks'
+    share of each stage's compute on its replicas' ``samples`` (``all_to_all_share``), over which
+    they are held."""
     units, reductions = {}, {}
     if plan.sharding is Sharding.FULL:
         units = {s: unit_count(stage.layers[1] - stage.layers[0], plan.fsdp.unit_layers)
@@ -232,7 +235,13 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
     every, gathered = _every_microbatch(plan, num_microbatches), _param_gather(plan)
     tp_chunks = plan.tensor_parallel if plan.overlap.tensor_parallel and plan.tensor_parallel > 1 else 0
     sms = plan.overlap.communication_sms
-    expert_slowdown = communication_sms_slowdown(sm_count, sms) if sms and plan.overlap.expert_all_to_all else None
+    expert_slowdown = communication_sms_slowdown(device.sm_count, sms) if sms and plan.overlap.expert_all_to_all else None
+    held_share = {}
+    if expert_slowdown is not None:
+        for s, stage in enumerate(plan.stages):
+            first, last = samples[s][min(samples[s])]
+            share = all_to_all_share(model, device, *stage.layers, last - first)
+            held_share[(s, "F")], held_share[(s, "B")] = share
     needed = units or tp_chunks or gathered or slowdown > 0 or expert_slowdown is not None
     group_s = tuple(collective_alone_s(kinds, g) for g in group_colls) if needed else ()
     return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
@@ -241,7 +250,7 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
                       gather_buckets=buckets_of if gathered else {},
                       expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,
-                      prefetch=plan.fsdp.prefetch, expert_slowdown=expert_slowdown)
+                      prefetch=plan.fsdp.prefetch, expert_slowdown=expert_slowdown, held_share=held_share)
 
 
 def _pipeline_gather(plan, cluster, p2p):

@@ -26,7 +26,7 @@ from sim.core.parallelism import Recompute
 from sim.cost.action_memory import compute_memory
 from sim.cost.compute import overlapped_pair_s
 from sim.cost.memory import HeldBytes
-from sim.cost.overlap import contended_s
+from sim.cost.overlap import contended_s, held_sms_s
 from sim.engine.groups import OVERLAPPED
 from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
@@ -75,6 +75,10 @@ class Pipelining:
     expert_slowdown: float | None = None
     """The slowdown beside the overlapped all-to-all when ``plan.overlap.communication_sms`` is set
     (``sim.cost.overlap.communication_sms_slowdown``), in place of ``overlap_slowdown`` for it; None: not set."""
+    held_share: dict = field(default_factory=dict)
+    """(stage, "F" or "B") -> the share of that action's compute in its MoE blocks, over which the
+    communication SMs are held (``sim.cost.compute.all_to_all_share``, ``sim.cost.overlap.held_sms_s``);
+    filled with ``expert_slowdown``."""
 
 
 def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tuple, group_keys: tuple,
@@ -251,7 +255,8 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
 def _contended(fields: dict, found_groups: list, pipelining: Pipelining) -> dict:
     """The compute op's fields, its duration slowed beside its overlapped group collectives
     (``sim.cost.overlap.contended_s``): by the device's ``overlap_slowdown``, or for the experts'
-    all-to-all by the communication SMs' share when the plan sets one (``expert_slowdown``)."""
+    all-to-all by the communication SMs' share, held while the action's MoE blocks compute, when the
+    plan sets one (``expert_slowdown``, ``held_share``, ``sim.cost.overlap.held_sms_s``)."""
     split = pipelining.expert_slowdown is not None
     duration = fields["duration_s"]
     if pipelining.overlap_slowdown:  # group_s is filled only when some slowdown needs it
@@ -260,7 +265,9 @@ def _contended(fields: dict, found_groups: list, pipelining: Pipelining) -> dict
         duration = contended_s(duration, other_s, pipelining.overlap_slowdown)
     if split:
         expert_s = sum(pipelining.group_s[index] for name, _, index, overlap in found_groups if overlap and name == "EP")
-        duration = contended_s(duration, expert_s, pipelining.expert_slowdown)
+        phase = "F" if fields["kind"] is ActionKind.F else "B"  # I and W: the backward's share
+        share = pipelining.held_share.get((fields["stage"], phase), 1.0)
+        duration = held_sms_s(duration, expert_s, pipelining.expert_slowdown, share)
     return fields if duration == fields["duration_s"] else {**fields, "duration_s": duration}
 
 
