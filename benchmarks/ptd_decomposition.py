@@ -11,6 +11,9 @@ the published teraFLOP/s and the GPUs) and one through the three predictions sep
 a wrong b is a per-micro-batch cost (compute, tensor-parallel collectives, exchanges), a wrong a
 a once-per-iteration one. Table 1's 529.6B row (d = 9, m = 280) is the 530B pipeline again; its
 published rate beside Table 2's d = 8 row (m = 280) shows how far two runs of the same work differ.
+Table 1's rows (weak scaling: each a different model) are listed with their gap per pipeline step
+(one forward and one backward of a chunk on a rank, m·v of them), their data-parallel degree and
+hidden size, the two things the gaps line up with.
 
 Published rates are whole teraFLOP/s, so each measured time is known to ±0.5 TFLOP/s: the
 ``band`` column is that, in seconds.
@@ -96,11 +99,34 @@ def report(overrides: dict[str, str]) -> list[str]:
     return lines
 
 
+def table1(overrides: dict[str, str]) -> list[str]:
+    """Table 1's rows: the gap between measured and predicted iteration, per pipeline step."""
+    published = {r.scenario.stem: r.published for r in read_suite()
+                 if r.metric == "tflops_per_gpu" and "narayanan2021_t1_" in r.scenario.stem}
+    lines = ["Table 1: row, d, hidden, steps m·v, gap, gap per step"]
+    for stem in sorted(published, key=_size):
+        r = _row(stem, overrides, published)
+        scenario = load_scenario(ROOT / "scenarios" / "published" / f"{stem}.yaml", overrides=overrides)
+        steps = r["m"] * r["virtual"] // r["pipeline"]
+        gap = r["measured"] - r["predicted"]
+        lines.append(f"  {stem}: d {scenario.plan.num_replicas(0)}, h {scenario.model.preset.values['hidden']}, "
+                     f"steps {steps}, gap {gap:+.2f} s ({gap / r['predicted']:+.1%}), "
+                     f"{gap / steps * 1e3:+.1f} ms per step")
+    return lines
+
+
+def _size(stem: str) -> float:
+    """Table 1's row order: the parameter count in the file name (``1_7b`` 1.7, ``1t`` 1000)."""
+    tag = stem.removeprefix("narayanan2021_t1_")
+    return 1000.0 if tag == "1t" else float(tag.removesuffix("b").replace("_", "."))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    print("\n".join(report(dict(item.split("=", 1) for item in args.set))))
+    overrides = dict(item.split("=", 1) for item in args.set)
+    print("\n".join(report(overrides) + table1(overrides)))
 
 
 if __name__ == "__main__":
