@@ -77,6 +77,16 @@ def test_a_fused_llama_block_rotates_q_and_k_in_one_pass_each_way():
     assert not any(x.name.startswith("rope") for x in gpt.layers[1].kernels)  # a learned position table
 
 
+def test_megatron_cross_entropy_pass_by_pass():
+    # megatron/core/tensor_parallel/cross_entropy.py at core_v0.9.0: .float() (read d, write 4), max (4),
+    # -= max (8), exp in place (8), sum (4), div_ (8); backward mul_ in place (8), the cast back (4 + d)
+    s, v, d = 128, 512, 2
+    fused, eager = (build_model("llama", attention="flash", kernels=k, **LLAMA).layers[-1] for k in ("fused", "eager"))
+    loss = next(k for k in fused.kernels if k.name == "loss")
+    assert (loss.bytes, loss.bwd_bytes) == ((d + 4 + 4 + 8 + 8 + 4 + 8) * s * v, (8 + 4 + d) * s * v)
+    assert next(k for k in eager.kernels if k.name == "loss").bytes == 3 * 4 * s * v  # torchtitan's unchanged
+
+
 def test_repeat_kv_copies_k_and_v_to_every_head():
     eager = _block("eager")
     copy = next(k for k in eager.kernels if k.name == "repeat_k")

@@ -243,7 +243,7 @@ def _lm_head(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, t
         stash_bytes=inputs + LOSS_BYTES * q * vocab / t,
         output_bytes=0,
         d=d,
-        kernels=K.lm_head(q, h, vocab, d, tensor=t),
+        kernels=K.lm_head(q, h, vocab, d, tensor=t, megatron=kernels == "fused"),
         tensors=arch.norm_params + (0 if tied else 1),
     )
     eager = kernels == "eager"
