@@ -50,7 +50,7 @@ def test_an_eager_block_costs_the_fused_one_plus_its_extra_kernels():
     fused_names = {k.name for k in fused.kernels}
     extra = [k for k in eager.kernels if k.name not in fused_names]
     gone = [k for k in fused.kernels if k.name not in {k.name for k in eager.kernels}]
-    assert [k.name for k in gone] == ["ln1", "ln2", "swiglu"]
+    assert [k.name for k in gone] == ["ln1", "rope_q", "rope_k", "ln2", "swiglu"]  # the fused rotary too
     assert len(extra) == 8 + 6 + 2 + 8 + 2  # two norms, rotary on q and k, K and V copies (4 ≠ 1), silu and product
 
     def one(k):
@@ -61,6 +61,30 @@ def test_an_eager_block_costs_the_fused_one_plus_its_extra_kernels():
         got = layer_times_s(eager, device, "bf16", samples)[part] - layer_times_s(fused, device, "bf16", samples)[part]
         assert got == pytest.approx(delta, rel=1e-9)
     assert layer_times_s(eager, device, "bf16", samples)[0] > layer_times_s(fused, device, "bf16", samples)[0]
+
+
+def test_a_fused_llama_block_rotates_q_and_k_in_one_pass_each_way():
+    # Megatron-Core (core_v0.9.0 attention.py, rotary_pos_embedding.py): fused_apply_rotary_pos_emb on
+    # the query and on the key after the QKV product, reading and writing each; its backward the same
+    block = _block("fused")
+    names = [k.name for k in block.kernels]
+    assert names[names.index("qkv") + 1:names.index("qkv") + 3] == ["rope_q", "rope_k"]
+    q, k = (next(x for x in block.kernels if x.name == name) for name in ("rope_q", "rope_k"))
+    s, h, h_kv, d = 128, 256, 2 * 256 // 8, 2
+    assert (q.bytes, q.bwd_bytes, q.flop) == (2 * d * s * h, 2 * d * s * h, 0.0)
+    assert (k.bytes, k.bwd_bytes) == (2 * d * s * h_kv, 2 * d * s * h_kv)
+    gpt = build_model("gpt", attention="flash", **{key: v for key, v in LLAMA.items() if key != "kv_heads"})
+    assert not any(x.name.startswith("rope") for x in gpt.layers[1].kernels)  # a learned position table
+
+
+def test_megatron_cross_entropy_pass_by_pass():
+    # megatron/core/tensor_parallel/cross_entropy.py at core_v0.9.0: .float() (read d, write 4), max (4),
+    # -= max (8), exp in place (8), sum (4), div_ (8); backward mul_ in place (8), the cast back (4 + d)
+    s, v, d = 128, 512, 2
+    fused, eager = (build_model("llama", attention="flash", kernels=k, **LLAMA).layers[-1] for k in ("fused", "eager"))
+    loss = next(k for k in fused.kernels if k.name == "loss")
+    assert (loss.bytes, loss.bwd_bytes) == ((d + 4 + 4 + 8 + 8 + 4 + 8) * s * v, (8 + 4 + d) * s * v)
+    assert next(k for k in eager.kernels if k.name == "loss").bytes == 3 * 4 * s * v  # torchtitan's unchanged
 
 
 def test_repeat_kv_copies_k_and_v_to_every_head():

@@ -22,7 +22,7 @@ from sim.engine import rules
 from sim.engine.compile import compile_workload
 from sim.engine.exposure import exposure_s, union
 from sim.engine.replay import simulate
-from sim.engine.workload import COMPUTE, REDUCE, Collective
+from sim.engine.workload import COMPUTE, DETACHED_S, REDUCE, Collective
 
 
 def _bucketed(reduce_s: float, buckets: int):
@@ -187,6 +187,40 @@ def test_param_gather_is_never_slower(sharding, microbatches):
         assert on <= off * (1 + 1e-12)
         if not grad_reduce:  # the all-gather after the last backward was all exposed
             assert on < off
+
+
+def test_interleaved_param_gather_runs_a_chunk_ahead():
+    """Megatron-Core's interleaved schedule (core_v0.9.0 ``schedules.py``: "launch param
+    synchronization for next model chunk") gathers a device's next chunk beside its previous
+    chunk's first forward: on rank 0 (stages 0 and 2) both gathers run beside 0F0, stage 0's
+    pipelined in its 4 buckets (0F0 still ends max(AG/K + F, AG + F/K) after it starts), stage
+    2's detached; 2F0 then waits only for its input and the compute stream."""
+    scenario = synthetic_scenario(fwd_s=[1.0] * 4, bwd_s=[2.0] * 4, replicas=[2, 2], ranks=[0, 1, 0, 1],
+                                  schedule="interleaved", params={"chunks": 2}, microbatches=2,
+                                  param_bytes=4e6, intra_bandwidth=4e6, stash_bytes=0.0)
+    w = compile_workload(dataclasses.replace(scenario, plan=dataclasses.replace(
+        scenario.plan, sharding=Sharding.OPTIMIZER, overlap=OverlapSpec(param_gather=True, bucket_bytes=1e6))))
+    ops = w.classes[0].ops
+    texts = [op.text for op in ops]
+    first = texts.index("0F0")
+    own, ahead = ops[first - 2], ops[first - 1]
+    assert (own.text, ahead.text) == ("0PARAM_GATHER0", "2PARAM_GATHER0") and own.overlap and ahead.overlap
+    g = rules.collective_alone_s(w.kinds, w.group_collectives[w.classes[0].groups[own.collective]])
+    assert own.lead_s == pytest.approx(g / 4) and own.tail_s == 1.0 / 4
+    assert ahead.lead_s == 0.0 and ahead.tail_s == DETACHED_S
+    assert [t for t in texts if "PARAM_GATHER" in t] == ["0PARAM_GATHER0", "2PARAM_GATHER0"]
+    timelines = {name: _timeline(w, records) for name, records in _replays(w).items()}
+    alone = [timelines[name] for name in ("simpy-nc", "vector", "fast")]
+    shared = [timelines[name] for name in ("simpy", "synchronous")]  # the two gathers share one link
+    assert all(t == alone[0] for t in alone) and all(t == shared[0] for t in shared)
+    before = texts[:texts.index("2F0")]
+    for timeline, gather_s in ((alone[0], g), (shared[0], 2 * g)):
+        times = dict((name, (s, e)) for name, s, e in timeline)
+        start = times["0PARAM_GATHER0"][0]
+        assert times["2PARAM_GATHER0"][1] - start == pytest.approx(gather_s)
+        assert times["0F0"][1] - start == pytest.approx(max(gather_s / 4 + 1.0, gather_s + 1.0 / 4))
+        stream_free = max(times[t][1] for t, op in zip(before, ops) if op.code == COMPUTE)
+        assert times["2F0"][0] == pytest.approx(max(stream_free, times["2RECV_F0"][1]))
 
 
 def test_param_gather_needs_zero_1_or_2():

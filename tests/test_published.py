@@ -269,19 +269,21 @@ def test_the_moe_rows_count_flops_as_megatron_core_does():
 
 
 def test_the_moe_rows_errors_as_docs_moe_md_records_them():
-    # nothing fitted: Mixtral +12.0% (v0.9) and +19.7% (v0.8) with Megatron-Core's fp32 gradients and
+    # nothing fitted: Mixtral +13.5% (v0.9) and +21.3% (v0.8) with Megatron-Core's fp32 gradients and
     # buckets (stack: megatron-core), v0.9's unfused router and permutation kernels (experts.permute:
-    # unfused) and the fast path's ports shared as processor sharing; the H100 preset's matrix
-    # efficiency unmeasured; DeepSeek-V3 +16.8% with its communication SMs (held while the MoE blocks
+    # unfused), the fast path's ports shared as processor sharing, the interleaved schedule's
+    # parameter all-gathers a chunk ahead (+12.0% and +19.7% before: each chunk waited), the fused
+    # rotary embedding's passes and Megatron's cross-entropy pass by pass; the H100 preset's matrix
+    # efficiency unmeasured; DeepSeek-V3 with its communication SMs (held while the MoE blocks
     # compute: DualPipe's dedicated SMs, §3.2.1, deepseek-ai/profile-data train.json), its profiled
-    # 192/128 attention kernels, MTP module, FP8 stash and
-    # casts, recompute, the pre-DeepGEMM FP8 rate (DeepGEMM README speedups over CUTLASS 3.6; bf16
-    # e_max unmeasured: docs/moe.md) and MLA's rotary embeddings and query/key copies
+    # 192/128 attention kernels, MTP module, FP8 stash and casts, recompute, the pre-DeepGEMM FP8 rate
+    # (DeepGEMM README speedups over CUTLASS 3.6; bf16 e_max unmeasured: docs/moe.md) and MLA's rotary
+    # embeddings and query/key copies
     rows = [r for r in read_suite(DEFAULT_SUITE)
             if (r.metric == "megatron_tflops_per_gpu" and "moe/README.md" in r.source)
             or r.scenario.name == "deepseek2024_v3_2048.yaml"]
     errors = [round(r.error, 3) for r in run_suite(tuple(rows))]
-    assert errors == [pytest.approx(0.120, abs=0.01), pytest.approx(0.197, abs=0.01), pytest.approx(0.168, abs=0.03)]
+    assert errors == [pytest.approx(0.135, abs=0.01), pytest.approx(0.213, abs=0.01), pytest.approx(0.168, abs=0.03)]
 
 
 def test_the_deepseek_v3_row_is_180k_gpu_hours_per_trillion_tokens():

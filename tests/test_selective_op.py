@@ -74,7 +74,7 @@ def test_the_extra_backward_is_the_forward_of_every_kernel_it_does_not_save():
     model, n = _llama(), 2
     block = model.layers[1]
     again = sum(kernel_forward_s(_kernel(block, name), GPU, "bf16", n)
-                for name in ("ln1", "proj", "residual1", "ln2", "swiglu", "residual2"))
+                for name in ("ln1", "rope_q", "rope_k", "proj", "residual1", "ln2", "swiglu", "residual2"))
     # the unsaved parts of the fused products, as torchtitan runs them: wk (h -> h_kv) and w3 (h -> f)
     again += kernel_time_s(2 * S * H * H_KV * n, E * (S * H + S * H_KV) * n + E * H * H_KV, GPU, "bf16",
                            (S * n, H_KV, H))

@@ -349,15 +349,15 @@ def embedding(s: int, h: int, d: int, *, tables: int) -> tuple[KernelSpec, ...]:
     return (_elementwise("lookup", s * h, d, passes=tables + 1, weights=True),)
 
 
-def lm_head(s: int, h: int, vocab: int, d: int, *, tensor: int = 1) -> tuple[KernelSpec, ...]:
-    """Final norm, projection to the vocabulary, softmax and cross-entropy (fp32 logits), on one
-    device's ``vocab / tensor`` slice of the vocabulary (Megatron's vocabulary-parallel head)."""
+def lm_head(s: int, h: int, vocab: int, d: int, *, tensor: int = 1, megatron: bool = False) -> tuple[KernelSpec, ...]:
+    """Final norm, projection to the vocabulary, softmax and cross-entropy (fp32 logits), on one device's
+    ``vocab / tensor`` slice of the vocabulary (Megatron's vocabulary-parallel head); ``megatron``: its
+    cross-entropy pass by pass (``tensor_parallel/cross_entropy.py`` at core_v0.9.0, ``mpu/`` before):
+    ``.float()``, max, subtraction and ``exp`` in place, sum, division in place (d + 36 bytes an
+    element); backward, the product with the loss's gradient in place, the cast back (d + 12)."""
     v = vocab / tensor
-    return (
-        _elementwise("ln_f", s * h, d),
-        _gemm("logits", s, v, h, d, weights=True),
-        KernelSpec(name="loss", bytes=3 * 4 * s * v),
-    )
+    passes = dict(bytes=(d + 36) * s * v, bwd_bytes=(d + 12) * s * v) if megatron else dict(bytes=3 * 4 * s * v)
+    return _elementwise("ln_f", s * h, d), _gemm("logits", s, v, h, d, weights=True), KernelSpec(name="loss", **passes)
 
 
 def eager_loss_workspace_bytes(tokens: float, vocab: float) -> float:

@@ -249,6 +249,7 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
                       gather_buckets=buckets_of if gathered else {},
+                      gather_ahead=gathered and plan.schedule == "interleaved" and plan.custom_schedule is None,
                       expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,
                       prefetch=plan.fsdp.prefetch, expert_slowdown=expert_slowdown, held_share=held_share)
 

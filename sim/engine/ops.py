@@ -28,7 +28,7 @@ from sim.cost.compute import overlapped_pair_s
 from sim.cost.memory import HeldBytes
 from sim.cost.overlap import contended_s, held_sms_s
 from sim.engine.groups import OVERLAPPED
-from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, Op
+from sim.engine.workload import COMPUTE, DETACHED_S, GROUP, RECV, REDUCE, SEND, Op
 from sim.schedule.ir import ActionKind, OverlapFB
 
 __all__ = ["Pipelining", "class_ops"]
@@ -63,6 +63,10 @@ class Pipelining:
     """Stage -> buckets of ZeRO-1/2's parameter all-gather (``plan.overlap.param_gather``), which
     runs beside the stage's first forward as a ``("PG", stage, "F")`` GROUP op, pipelined bucket
     by bucket (lead: one bucket's gather, tail: one bucket's forward); empty without it."""
+    gather_ahead: bool = False
+    """With ``gather_buckets``: a device's later chunks' gathers run beside its previous chunk's
+    first forward (no lead, no tail) rather than before their own, as Megatron-Core's interleaved
+    schedule launches them (``_with_param_gather``); only its first chunk's is pipelined."""
     expert_overlap: bool = False
     """The experts' all-to-alls (``EP``) run beside the action's compute rather than after it
     (``plan.overlap.expert_all_to_all``), uncut: the action ends when the longer of the two does."""
@@ -126,21 +130,38 @@ def class_ops(plan, steps: tuple, texts: list[str], costs: dict, link_costs: tup
 def _with_param_gather(ops: list[Op], group_slot: dict, pipelining: Pipelining) -> list[Op]:
     """The ops with ZeRO-1/2's parameter all-gather before each stage's first forward compute,
     overlapped with it bucket by bucket (``sim.cost.overlap.pipelined_s``: the forward ends
-    ``max(AG/K + F, AG + F/K)`` after the gather starts, alone)."""
+    ``max(AG/K + F, AG + F/K)`` after the gather starts, alone).
+
+    With ``gather_ahead``, a device's stages in the order of their first forwards (its model
+    chunks) gather one ahead: the first chunk's as above, each later one's beside the previous
+    chunk's first forward, wholly overlapped. Megatron-Core's interleaved schedule does so
+    (NVIDIA/Megatron-LM ``megatron/core/pipeline_parallel/schedules.py`` at core_v0.9.0,
+    ``forward_backward_pipelining_with_interleaving``: "Synchronize params for first two model
+    chunks" at its start, then "launch param synchronization for next model chunk" at each
+    chunk's first micro-batch, with ``--align-param-gather`` on by default in
+    ``megatron/training/arguments.py``; each chunk's forward pre-hook only waits). The early
+    gather is detached (``DETACHED_S``): its flows share the links and the compute beside it is
+    slowed, but no compute op waits for it, the chunk's first forward coming a round of
+    micro-batches later (assumed done by then: a gather longer than that round is not delayed)."""
+    order = list(dict.fromkeys(op.stage for op in ops if op.code == COMPUTE and op.kind is ActionKind.F))
+    ahead = dict(zip(order, order[1:])) if pipelining.gather_ahead else {}
     out: list[Op] = []
     seen: set[int] = set()
     for op in ops:
         s = op.stage
-        found = group_slot.get(("PG", s, "F"))
-        if op.code == COMPUTE and op.kind is ActionKind.F and s not in seen and found is not None:
+        if op.code == COMPUTE and op.kind is ActionKind.F and s not in seen:
             seen.add(s)
-            slot, index = found
-            buckets = pipelining.gather_buckets.get(s, 1)
-            op = op._replace(duration_s=contended_s(op.duration_s, pipelining.group_s[index],
-                                                    pipelining.overlap_slowdown))
-            out.append(Op(code=GROUP, text=f"{s}PARAM_GATHER{op.microbatch}", stage=s, kind=ActionKind.F,
-                          microbatch=op.microbatch, collective=slot, overlap=True,
-                          lead_s=pipelining.group_s[index] / buckets, tail_s=op.duration_s / buckets))
+            own = s if not ahead or s == order[0] else None  # its own gather, pipelined with it
+            gathers = [(g, g == own) for g in (own, ahead.get(s)) if g is not None and ("PG", g, "F") in group_slot]
+            alone_s = [pipelining.group_s[group_slot[("PG", g, "F")][1]] for g, _ in gathers]
+            for other_s in alone_s:
+                op = op._replace(duration_s=contended_s(op.duration_s, other_s, pipelining.overlap_slowdown))
+            for (g, pipelined), other_s in zip(gathers, alone_s):
+                buckets = pipelining.gather_buckets.get(g, 1)
+                out.append(Op(code=GROUP, text=f"{g}PARAM_GATHER{op.microbatch}", stage=g, kind=ActionKind.F,
+                              microbatch=op.microbatch, collective=group_slot[("PG", g, "F")][0], overlap=True,
+                              lead_s=other_s / buckets if pipelined else 0.0,
+                              tail_s=op.duration_s / buckets if pipelined else DETACHED_S))
         out.append(op)
     return out
 

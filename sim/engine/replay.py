@@ -70,7 +70,7 @@ from sim.engine.result import SimResult
 from sim.engine.rules import collective_duration_s
 from sim.engine.sends import Diverged, Sends
 from sim.engine.synchronous import Synchronous
-from sim.engine.workload import COMPUTE, GROUP, RECV, SEND, Workload
+from sim.engine.workload import COMPUTE, DETACHED_S, GROUP, RECV, SEND, Workload
 from sim.schedule.check import format_grid
 
 __all__ = ["Diverged", "simulate"]
@@ -244,8 +244,8 @@ class _Replay(Sends, Synchronous):
                 op = ops[i]
                 key = (groups[op.collective], mb, op.kind)
                 done = self._join_group_ahead(c, i, op, t, key)
-                if op.overlap:
-                    beside.append((key, done, op.lead_s, op.tail_s))
+                if op.overlap:  # the next compute op waits for it, unless it is detached
+                    beside += [(key, done, op.lead_s, op.tail_s)] if op.tail_s != DETACHED_S else []
                 else:
                     if not done.triggered:
                         position[c] = i

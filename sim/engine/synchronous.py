@@ -12,7 +12,7 @@ from __future__ import annotations
 import simpy
 
 from sim.engine import rules
-from sim.engine.workload import COMPUTE, GROUP, RECV, REDUCE, SEND, recv_mailbox
+from sim.engine.workload import COMPUTE, DETACHED_S, GROUP, RECV, REDUCE, SEND, recv_mailbox
 
 __all__ = ["Synchronous"]
 
@@ -54,7 +54,8 @@ class Synchronous:
             elif code == GROUP:
                 done, started = self._join_group(c, i, op)
                 if op.overlap:
-                    self.pending[c].append((done, started, op.lead_s, op.tail_s))
+                    if op.tail_s != DETACHED_S:  # a detached one holds no compute op
+                        self.pending[c].append((done, started, op.lead_s, op.tail_s))
                 elif not done.processed:
                     yield done
             elif code == RECV:

@@ -30,6 +30,7 @@ from sim.schedule.ir import ActionKind, Schedule
 
 __all__ = [
     "COMPUTE",
+    "DETACHED_S",
     "SEND",
     "RECV",
     "REDUCE",
@@ -48,6 +49,9 @@ COMPUTE, SEND, RECV, REDUCE, GROUP = 0, 1, 2, 3, 4
 """Op codes: run on the compute stream, issue flows, wait for flows, join an all-reduce, join
 a collective of the device's group for one action (blocking, or overlapping the next compute);
 what each does is said once, in ``sim.engine.rules``."""
+DETACHED_S = float("-inf")
+"""``Op.tail_s`` of an overlapped GROUP op whose collective no compute op waits for: it runs
+beside the compute (its flows share the links) and ends when it ends."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,8 +143,9 @@ class Op(NamedTuple):
     first); 0: it need not wait for the collective to start (the ring's first block is local)."""
     tail_s: float = 0.0
     """GROUP with ``overlap``: the next compute op ends no earlier than the collective's end plus
-    this (its last unit's or chunk's compute). REDUCE: the reduction ends no earlier than the
-    latest participant's ``source`` end plus this (its last bucket alone, ``C/K``)."""
+    this (its last unit's or chunk's compute); ``DETACHED_S``: no compute op waits for it (a
+    gather launched a chunk ahead). REDUCE: the reduction ends no earlier than the latest
+    participant's ``source`` end plus this (its last bucket alone, ``C/K``)."""
     source: int = -1
     """REDUCE in buckets (``plan.overlap.grad_reduce``): the index of the backward op whose
     gradients it reduces; it is issued when that op's first bucket is full, its start plus
