@@ -62,7 +62,7 @@ from sim.cost.compute import (
 )
 from sim.cost.context_comm import context_ring_s
 from sim.cost.fabric_comm import nominal_crossing
-from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
+from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases, tensor_parallel_volumes
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes
 from sim.input.scenario import Scenario
@@ -110,20 +110,22 @@ class CostTables(OverlapPricing, ExpertPricing):
         t = tensor_parallel
         # per sample and layer, from the one home of the formulas (sim.cost.comm), the link by the
         # group's shape (t consecutive devices; sim.cost.links)
+        # the backward's split under plan.overlap.column_backward: blocking, and beside its compute (engine's TA)
+        selections = {"forward": ("forward", None), "backward": ("backward", False if self.overlap.column_backward else None)}
+        if self.overlap.column_backward:
+            selections["beside"] = (("backward", "regather"), True)
         self._tp = {
-            phase: tuple(_prefix(values) for values in zip(*(tensor_parallel_bytes_and_steps((layer,), t, phase)
-                                                             for layer in layers)))
-            for phase in ("forward", "backward")
+            key: tuple(_prefix(values) for values in zip(*(tensor_parallel_bytes_and_steps((layer,), t, phases, beside=beside)
+                                                           for layer in layers)))
+            for key, (phases, beside) in selections.items()
         } if t > 1 else None
         self._tp_link = span_link(cluster, contiguous_span(cluster, t))
         self._tp_members = members_per_node(cluster, t)
         self._tp_kinds = {  # a group across servers: per-kind prefix sums of bytes and counts (sim.cost.group_comm)
-            phase: {kind: (_prefix(sum(c.bytes for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
-                                   for layer in layers),
-                           _prefix(sum(1 for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
-                                   for layer in layers))
-                    for kind in HALVES}
-            for phase in ("forward", "backward")
+            key: {kind: tuple(_prefix(values) for values in zip(*(
+                      tensor_parallel_volumes((layer,), phases, beside=beside).get(kind, (0.0, 0)) for layer in layers)))
+                  for kind in HALVES}
+            for key, (phases, beside) in selections.items()
         } if t > 1 and is_hierarchical(self._tp_members) else None
         self._gathers: dict[int, tuple[float, float]] = {}  # per data_parallel: seconds per byte, latency
         self._fabric_gathers: dict[tuple[int, float], float] = {}  # on a fabric: seconds per (data_parallel, bytes)
@@ -175,12 +177,20 @@ class CostTables(OverlapPricing, ExpertPricing):
         over the link t consecutive devices cross; the engine's ``TP`` flows)."""
         if self._tp is None:
             return 0.0, 0.0
+        return self._tp_s("forward", start, end, samples), self._tp_s("backward", start, end, samples)
+
+    def tensor_parallel_beside_s(self, start: int, end: int, samples: int) -> float:
+        """Seconds of layers ``[start, end)``'s backward collectives that run beside the backward's
+        compute under ``plan.overlap.column_backward`` (the engine's ``TA``; ``sim.cost.tensor_comm``),
+        0 without it; ``tensor_parallel_s``'s backward then leaves them out."""
+        return self._tp_s("beside", start, end, samples) if self._tp is not None and "beside" in self._tp else 0.0
+
+    def _tp_s(self, key: str, start: int, end: int, samples: int) -> float:
+        """Seconds of one of the ``_tp`` selections of layers ``[start, end)`` on ``samples`` samples."""
         if self._tp_kinds is not None:
-            return tuple(self._spanning_s(self._tp_kinds[phase], start, end, samples) for phase in ("forward", "backward"))
-        link = self._tp_link
-        (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
-        return (collective_s((fb[end] - fb[start]) * samples, fs[end] - fs[start], link),
-                collective_s((bb[end] - bb[start]) * samples, bs[end] - bs[start], link))
+            return self._spanning_s(self._tp_kinds[key], start, end, samples)
+        nbytes, steps = self._tp[key]
+        return collective_s((nbytes[end] - nbytes[start]) * samples, steps[end] - steps[start], self._tp_link)
 
     def _spanning_s(self, kinds: dict, start: int, end: int, samples: int) -> float:
         """Seconds of layers ``[start, end)``'s collectives of one phase over a tensor group across

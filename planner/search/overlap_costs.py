@@ -78,22 +78,26 @@ class OverlapPricing:
         overhead) runs beside the context ring and FSDP's gather, the gather pipelined unit by
         unit (``plan.fsdp.unit_layers``; none in the backward without ``reshard_after_forward``)
         and the tensor-parallel collectives in t chunks under ``plan.overlap.tensor_parallel``
-        (``sim.cost.overlap.beside_action_s``), else after the compute on its stream.
+        (``sim.cost.overlap.beside_action_s``), else after the compute on its stream, but for the
+        backward's column-parallel ones under ``plan.overlap.column_backward``, beside it uncut.
         ``first_gather``: ``(alone seconds, buckets)`` of a collective the forward also runs beside
         it, the stage's first forward's parameter all-gather (:meth:`param_gather_s`)."""
         if end <= start:
             return _IDLE, _IDLE
         recompute = Recompute.of(recompute)
         f, b, overhead = self.own_compute_s(start, end, samples, recompute)
-        tp_f = tp_b = 0.0
+        tp_f = tp_b = column_b = 0.0
         if self._tp is not None and samples:
             tp_f, tp_b = self.tensor_parallel_s(start, end, samples)
             tp_b += tp_f if recompute is Recompute.FULL else 0.0
+            column_b = self.tensor_parallel_beside_s(start, end, samples)
         beside_f, beside_b = [], []
         if self.context_parallel > 1 and samples:
             cp_f, cp_b = self.context_ring_s(start, end, samples)
             beside_f.append((cp_f, 0))
             beside_b.append((cp_b, 0))
+        if column_b > 0:  # plan.overlap.column_backward: beside the backward's compute, uncut (engine's TA)
+            beside_b.append((column_b, 0))
         block_f = block_b = 0.0  # gathers that hold the compute stream (plan.fsdp.prefetch false)
         if sharding is Sharding.FULL and data_parallel > 1:
             gather = (self.gather_s(start, end, data_parallel), unit_count(end - start, self.fsdp.unit_layers))
