@@ -297,32 +297,34 @@ class CostTables(OverlapPricing, ExpertPricing):
         return point_to_point_s(nbytes / receivers, c.inter_node, flows_per_port=flows)
 
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE, *,
-                    span: int | None = None) -> float:
+                    span: int | None = None, factor: float | None = None) -> float:
         """Gradient synchronisation of layers ``[start, end)`` over ``per_node`` replicas on each of
         ``nodes`` servers (``sim.cost.comm.gradient_sync``, the engine's layout): each of the t
         gradient groups has ``per_node × c`` devices per server, and the t groups' cross-server
         flows share the servers' NICs. The phases' seconds are linear in the bytes, so they are
         worked out once per shape and scaled; on a fabric NCCL's algorithm depends on the size, and
         the tiers crossed on the ``span`` of consecutive servers the group lies in (default ``nodes``:
-        ``sim.cost.fabric_comm.nominal_crossing``)."""
+        ``sim.cost.fabric_comm.nominal_crossing``). ``factor``: bytes moved per parameter byte (default
+        the gradients', ``grad_factor``; 1 for ZeRO-1/2's all-gather of the 16-bit parameters)."""
+        factor = self.grad_factor if factor is None else factor
         members = per_node * self.context_parallel
         if members * nodes <= 1:
             return 0.0
         if self._experts[-1]:  # an MoE layout: the experts reduce over their own groups (expert_costs)
-            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL)
+            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL, factor)
             found = self._allreduce.get(key)
             if found is None:
-                found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
+                found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding, factor)
             return found
         if sharding is Sharding.FULL and self.fsdp.path == "flat":  # one ring over the group (sim.cost.zero3)
             n, link = members * nodes, self.cluster.inter_node if nodes > 1 else self.cluster.intra_node
-            nbytes = self.param_bytes(start, end) * self.grad_factor
+            nbytes = self.param_bytes(start, end) * factor
             return collective_s(ring_bytes(n, nbytes, halves=1), ring_steps(n, halves=1), link)
         measured = self.cluster.intra_node.collectives is not None and nodes == 1  # measured: per-unit calls
         if measured or (self.cluster.fabric is not None and nodes > 1):  # NCCL's algorithm depends on the size
             flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
             crossing = None if measured else nominal_crossing(self.cluster, span or nodes)
-            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * self.grad_factor, sharding,
+            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * factor, sharding,
                                    self.cluster, units=end - start, flows_per_nic=None if measured else flows,
                                    crossing=crossing)
             return sum(p.seconds for p in phases)
@@ -333,7 +335,7 @@ class CostTables(OverlapPricing, ExpertPricing):
             phases = gradient_sync([members] * nodes, 1.0, sharding, self.cluster, flows_per_nic=flows)
             cached = self._allreduce[key] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
                                              sum(p.latency_s for p in phases))
-        return self.param_bytes(start, end) * self.grad_factor * cached[0] + cached[1]
+        return self.param_bytes(start, end) * factor * cached[0] + cached[1]
 
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.stage_optimizer_step_s``):

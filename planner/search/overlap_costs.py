@@ -131,11 +131,12 @@ class OverlapPricing:
     def param_gather_s(self, start: int, end: int, per_node: int, nodes: int) -> tuple[float, int]:
         """``(alone seconds, buckets)`` of ZeRO-1/2's parameter all-gather of layers ``[start, end)``
         that ``plan.overlap.param_gather`` runs beside the stage's first forward (``(0, 0)``
-        without the flag): the reduce-scatter's bytes and layout, as the engine's gather
-        (``sim.engine.compile``), in the gradient buckets (Megatron-LM's buckets hold both)."""
+        without the flag): the reduce-scatter's layout with the parameters' bytes (not the
+        gradients': Megatron-Core gathers the 16-bit ``param_data``), as the engine's gather
+        (``sim.engine.compile._gather_flows``), in the gradient buckets (Megatron-LM's buckets hold both)."""
         if not self.overlap.param_gather:
             return 0.0, 0
-        seconds = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL)
+        seconds = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL, factor=1.0)
         return seconds, bucket_count(self.param_bytes(start, end) * self.grad_factor, self.overlap.bucket_bytes)
 
     def first_forward_extra_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,
