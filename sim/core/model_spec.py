@@ -178,6 +178,9 @@ class ModelSpec:
     """Where the micro-batches' weight gradients are summed (``sim.cost.optimizer``):
     ``fused`` in the weight-gradient product (Megatron-LM's gradient-accumulation fusion), or
     ``separate``, an element-wise add per micro-batch after the first (autograd's ``AccumulateGrad``)."""
+    grad_passes: tuple[str, ...] = ()
+    """Element-wise passes over the gradients around the step (``sim.cost.optimizer.GRAD_PASSES``:
+    ``zero``, ``divide``, ``unscale``, ``norm``, Megatron-LM's), in the step's time; empty: none."""
     tied_layers: tuple[int, int] | None = None
     """(embedding, reader) layer indices of the token table's two users: a head tied to the
     embedding, or an untied model's ``mtp`` layer (``sim.models.mtp``); None: the embedding alone."""
@@ -232,6 +235,10 @@ class ModelSpec:
             raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
         if self.grad_accumulation not in ("fused", "separate"):  # sim.cost.optimizer.GRAD_ACCUMULATION_MODES
             raise SpecError("optimizer.grad_accumulation", f"unknown mode {self.grad_accumulation!r}; valid: fused, separate")
+        unknown = sorted(set(self.grad_passes) - {"zero", "divide", "unscale", "norm"})  # sim.cost.optimizer.GRAD_PASSES
+        if unknown or len(set(self.grad_passes)) != len(self.grad_passes):
+            raise SpecError("optimizer.grad_passes", f"got {list(self.grad_passes)!r}; each at most once of: zero, divide, "
+                                                     "unscale, norm")
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")

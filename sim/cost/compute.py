@@ -225,15 +225,18 @@ def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: fl
     devices of the gradient group updates only its 1/d partition (Rajbhandari et al. 2020, §5.1);
     the launches stay those of every tensor, as each device steps its slice of each. With FSDP2's
     fp32 shards (``fp32_shards`` under ``full``) the step runs on fp32 weights: no master copy
-    written back into 16-bit ones.
+    written back into 16-bit ones. The model's ``grad_passes`` run over the gradients of the same
+    share (``sim.cost.optimizer.grad_pass_kernels``).
     """
     stepped = param_bytes if sharding is Sharding.NONE else param_bytes / data_parallel
     factor = master_shard_factor(model.dtype) if fp32_shards and sharding is Sharding.FULL else 0.0
     if factor:
         return optimizer_step_s(device, model.optimizer, "fp32", stepped * factor, tensors,
-                                implementation=model.optimizer_implementation, grad_dtype="fp32")
+                                implementation=model.optimizer_implementation, grad_dtype="fp32",
+                                grad_passes=model.grad_passes)
     return optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
-                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
+                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype,
+                            grad_passes=model.grad_passes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -39,7 +39,7 @@ from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
 from sim.cost.kernels import KERNEL_MODES
-from sim.cost.optimizer import GRAD_ACCUMULATION_MODES
+from sim.cost.optimizer import GRAD_ACCUMULATION_MODES, GRAD_PASSES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
@@ -67,7 +67,7 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"],
                     moment_dtype=optimizer["moment_dtype"],
-                    grad_accumulation=optimizer["grad_accumulation"])
+                    grad_accumulation=optimizer["grad_accumulation"], grad_passes=optimizer["grad_passes"])
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
 
@@ -80,10 +80,13 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
     ``--set model.optimizer.implementation=fused`` works on a file that names no optimizer."""
     if value is None or isinstance(value, str):
         return {"name": value, "implementation": default_implementation, "grad_dtype": None, "moment_dtype": None,
-                "grad_accumulation": "fused"}
+                "grad_accumulation": "fused", "grad_passes": ()}
     data = reader.mapping(value, "model.optimizer")
     reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype", "moment_dtype",
-                                                 "grad_accumulation"})
+                                                 "grad_accumulation", "grad_passes"})
+    passes = data.get("grad_passes", [])
+    if not isinstance(passes, list) or not all(isinstance(name, str) and name in GRAD_PASSES for name in passes):
+        raise reader.fail("model.optimizer.grad_passes", f"got {passes!r}; give a list of {', '.join(GRAD_PASSES)}")
     return {
         "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
@@ -94,6 +97,7 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
         if "moment_dtype" in data else None,
         "grad_accumulation": reader.string(data, "model.optimizer", "grad_accumulation", "fused",
                                            choices=set(GRAD_ACCUMULATION_MODES)),
+        "grad_passes": tuple(passes),
     }
 
 
