@@ -257,17 +257,19 @@ def stage_time_s(model: ModelSpec, device: DeviceSpec, start: int, end: int, sam
     times (``layer_times_s``) summed in order, what ``recompute`` adds to the backward
     (``recompute_extra_s``) and each action's overhead (``action_overhead_s``). The planner's
     tables sum the same per-layer terms with prefix sums."""
-    fwd_s = bwd_s = wgrad_s = again_s = 0.0
+    fwd_s = bwd_s = wgrad_s = again_s = blocks_s = 0.0
     for layer in model.layers[start:end]:
         layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
         fwd_s += layer_fwd
         bwd_s += layer_bwd
         wgrad_s += layer_wgrad
+        blocks_s += layer_fwd if layer.checkpoint_bytes is not None else 0.0
         if recompute is Recompute.SELECTIVE:
             again_s += attention_core_s(layer, device, model.dtype, samples)
         elif recompute is Recompute.SELECTIVE_OP:
             again_s += op_recompute_s(layer, device, model.dtype, samples)
-    bwd_s += recompute_extra_s(recompute, fwd_s, again_s)
+    # full recompute runs the stage's forward again, or only its blocks' (model.recompute_blocks_only)
+    bwd_s += recompute_extra_s(recompute, blocks_s if model.recompute_blocks_only else fwd_s, again_s)
     overhead = action_overhead_s(device, samples, end - start)
     return StageTime(fwd_s=fwd_s + overhead, bwd_s=bwd_s + overhead, wgrad_s=wgrad_s)
 

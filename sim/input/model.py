@@ -61,13 +61,16 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
     if ("profile" in data) == ("preset" in data):
         raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
     optimizer = _optimizer(reader, data.get("optimizer"), default_implementation)
+    blocks_only = reader.boolean(data, "model", "recompute_blocks_only", False)
+    data = {key: value for key, value in data.items() if key != "recompute_blocks_only"}
     # the name alone goes on to the model's reader; none (a mapping without one) is the model's default
     data = {**data, "optimizer": optimizer["name"]} if optimizer["name"] is not None \
         else {key: value for key, value in data.items() if key != "optimizer"}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"],
                     moment_dtype=optimizer["moment_dtype"],
-                    grad_accumulation=optimizer["grad_accumulation"], grad_passes=optimizer["grad_passes"])
+                    grad_accumulation=optimizer["grad_accumulation"], grad_passes=optimizer["grad_passes"],
+                    recompute_blocks_only=blocks_only)
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
 
