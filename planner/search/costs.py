@@ -103,6 +103,9 @@ class CostTables(OverlapPricing, ExpertPricing):
         self._stash = {mode: _prefix(layer_stash_bytes(layer, mode) for layer in layers)
                        for mode in (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP)}
         self._checkpoints = _prefix(checkpoint_bytes(model, k, first=False) for k in range(len(layers)))
+        # full recompute of the blocks alone (model.recompute_blocks_only): the other layers keep their stash
+        self._blocks_kept = _prefix(layer.stash_bytes if layer.checkpoint_bytes is None else layer.checkpoint_bytes
+                                    for layer in layers)
         self._params = _prefix(layer.param_bytes for layer in layers)
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
         self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
@@ -114,16 +117,22 @@ class CostTables(OverlapPricing, ExpertPricing):
         selections = {"forward": ("forward", None), "backward": ("backward", False if self.overlap.column_backward else None)}
         if self.overlap.column_backward:
             selections["beside"] = (("backward", "regather"), True)
+        # what a full recompute repeats of the forward's under model.recompute_blocks_only: the blocks' alone
+        redo = [layer.checkpoint_bytes is not None or not model.recompute_blocks_only for layer in layers]
+        if model.recompute_blocks_only:
+            selections["redo"] = ("forward", None)
         self._tp = {
-            key: tuple(_prefix(values) for values in zip(*(tensor_parallel_bytes_and_steps((layer,), t, phases, beside=beside)
-                                                           for layer in layers)))
+            key: tuple(_prefix(values) for values in zip(*(
+                tensor_parallel_bytes_and_steps((layer,), t, phases, beside=beside) if key != "redo" or again
+                else (0.0, 0) for layer, again in zip(layers, redo))))
             for key, (phases, beside) in selections.items()
         } if t > 1 else None
         self._tp_link = span_link(cluster, contiguous_span(cluster, t))
         self._tp_members = members_per_node(cluster, t)
         self._tp_kinds = {  # a group across servers: per-kind prefix sums of bytes and counts (sim.cost.group_comm)
             key: {kind: tuple(_prefix(values) for values in zip(*(
-                      tensor_parallel_volumes((layer,), phases, beside=beside).get(kind, (0.0, 0)) for layer in layers)))
+                      tensor_parallel_volumes((layer,), phases, beside=beside).get(kind, (0.0, 0))
+                      if key != "redo" or again else (0.0, 0) for layer, again in zip(layers, redo))))
                   for kind in HALVES}
             for key, (phases, beside) in selections.items()
         } if t > 1 and is_hierarchical(self._tp_members) else None
@@ -148,7 +157,26 @@ class CostTables(OverlapPricing, ExpertPricing):
             times = [layer_times_s(layer, device, dtype, samples) for layer in self.model.layers]
             again = [attention_core_s(layer, device, dtype, samples) for layer in self.model.layers]
             self._times[samples] = (_prefix(t[0] for t in times), _prefix(t[1] for t in times), _prefix(again))
+            # the blocks' forward, what full recompute runs again under model.recompute_blocks_only
+            self._times[("blocks", samples)] = _prefix(t[0] if layer.checkpoint_bytes is not None else 0.0
+                                                       for t, layer in zip(times, self.model.layers))
         return self._times[samples]
+
+    def recomputed_forward_s(self, start: int, end: int, samples: int) -> float:
+        """Forward seconds of layers ``[start, end)`` that full recompute runs again: all of them, or
+        the blocks alone under ``model.recompute_blocks_only`` (``sim.cost.compute.stage_time_s``)."""
+        fwd = self._table(samples)[0]
+        if not self.model.recompute_blocks_only:
+            return fwd[end] - fwd[start]
+        blocks = self._times[("blocks", samples)]
+        return blocks[end] - blocks[start]
+
+    def recomputed_tensor_parallel_s(self, start: int, end: int, samples: int) -> float:
+        """Seconds of the forward tensor-parallel collectives full recompute repeats in the backward:
+        every layer's, or the blocks' alone under ``model.recompute_blocks_only``."""
+        if self._tp is None:
+            return 0.0
+        return self._tp_s("redo" if "redo" in self._tp else "forward", start, end, samples)
 
     def _op_again(self, samples: int) -> list[float]:
         """Prefix sums of what selective-op runs again per layer (``sim.cost.compute.op_recompute_s``)."""
@@ -272,6 +300,8 @@ class CostTables(OverlapPricing, ExpertPricing):
         recompute = Recompute.of(recompute)
         if end <= start:
             return 0.0
+        if recompute is Recompute.FULL and self.model.recompute_blocks_only:
+            return (self._blocks_kept[end] - self._blocks_kept[start]) * samples
         if recompute is Recompute.FULL:
             head = checkpoint_bytes(self.model, start, first=True)  # the stage opens a segment
             return (self._checkpoints[end] - self._checkpoints[start + 1] + head) * samples

@@ -89,7 +89,7 @@ class OverlapPricing:
         tp_f = tp_b = column_b = 0.0
         if self._tp is not None and samples:
             tp_f, tp_b = self.tensor_parallel_s(start, end, samples)
-            tp_b += tp_f if recompute is Recompute.FULL else 0.0
+            tp_b += self.recomputed_tensor_parallel_s(start, end, samples) if recompute is Recompute.FULL else 0.0
             column_b = self.tensor_parallel_beside_s(start, end, samples)
         beside_f, beside_b = [], []
         if self.context_parallel > 1 and samples:
@@ -125,7 +125,8 @@ class OverlapPricing:
             again = self._op_again(samples)
         overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
         f = fwd[end] - fwd[start]
-        b = bwd[end] - bwd[start] + recompute_extra_s(recompute, f, again[end] - again[start])
+        redo = self.recomputed_forward_s(start, end, samples) if recompute is Recompute.FULL else f
+        b = bwd[end] - bwd[start] + recompute_extra_s(recompute, redo, again[end] - again[start])
         return f, b, overhead
 
     def param_gather_s(self, start: int, end: int, per_node: int, nodes: int) -> tuple[float, int]:

@@ -117,15 +117,17 @@ def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: l
 
 
 def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, flows: list, latency: dict,
-                     memo: dict, column: bool = False) -> None:
+                     memo: dict, column: bool = False, again=None) -> None:
     """One tensor-parallel group's forward and backward collectives: the flat ring on one
     server (or one member per server), else hierarchical. ``memo`` holds what is the same for
     every group of the stage with the same samples, size and link (their bytes, steps and costs
     depend on the layers, not on which devices): computed once per stage, not once per group.
     ``column`` (``plan.overlap.column_backward``): the backward's column-parallel collectives
     (``TensorParallelCollective.beside``, and sequence parallelism's second gathers) leave the
-    blocking ``TP`` backward for a ``TA`` collective beside the backward's compute."""
+    blocking ``TP`` backward for a ``TA`` collective beside the backward's compute. ``again``: the
+    layers a full recompute runs again (``model.recompute_blocks_only``: the blocks), None: all."""
     servers = by_server(cluster, group)
+    again = layers if again is None else again
     beside = False if column else None
     if is_hierarchical([len(g) for g in servers]):
         key = ("volumes", samples)
@@ -133,7 +135,7 @@ def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, f
             fwd = tensor_parallel_volumes(layers, "forward", samples)
             bwd = tensor_parallel_volumes(layers, "backward", samples, beside=beside)
             if full:  # the recomputed forward repeats the forward's collectives inside the backward
-                bwd = add_volumes(bwd, fwd)
+                bwd = add_volumes(bwd, fwd if again is layers else tensor_parallel_volumes(again, "forward", samples))
             async_ = tensor_parallel_volumes(layers, ("backward", "regather"), samples, beside=True) if column else {}
             memo[key] = fwd, bwd, async_
         fwd, bwd, async_ = memo[key]
@@ -148,7 +150,9 @@ def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, f
         fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", samples)
         bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples, beside=beside)
         if full:  # the recomputed forward repeats the forward's collectives inside the backward
-            bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
+            redo, redo_steps = (fwd, fwd_steps) if again is layers else \
+                tensor_parallel_bytes_and_steps(again, t, "forward", samples)
+            bwd, bwd_steps = bwd + redo, bwd_steps + redo_steps
         async_ = tensor_parallel_bytes_and_steps(layers, t, ("backward", "regather"), samples, beside=True) \
             if column else (0.0, 0)
         memo[key] = (tensor_parallel_cost(fwd, fwd_steps, link, cluster),
@@ -196,12 +200,13 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
     full = plan.recompute is Recompute.FULL
     for s, stage in enumerate(plan.stages):
         layers = model.layers[stage.layers[0]:stage.layers[1]]
+        again = [layer for layer in layers if layer.checkpoint_bytes is not None] if model.recompute_blocks_only else None
         if t > 1:
             memo: dict = {}
             for group in plan.tensor_groups(s):
                 start, end = samples[s][group[0]]
                 _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency, memo,
-                                 plan.overlap.column_backward)
+                                 plan.overlap.column_backward, again)
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
             rings = sum(1 for layer in layers if layer.cp_ring_bytes > 0)  # each attention layer its own ring
