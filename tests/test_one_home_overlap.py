@@ -70,8 +70,9 @@ def test_one_stage_estimate_is_the_replay(sharding, flags):
 
 @pytest.mark.parametrize("sharding", [Sharding.NONE, Sharding.GRADIENTS, Sharding.FULL], ids=lambda s: s.value)
 @pytest.mark.parametrize("overlap", [OverlapSpec(), OverlapSpec(tensor_parallel=True),
-                                     dataclasses.replace(BUCKETS, tensor_parallel=True)],
-                         ids=["blocking", "tp_overlap", "tp_and_grad_reduce"])
+                                     dataclasses.replace(BUCKETS, tensor_parallel=True),
+                                     OverlapSpec(column_backward=True)],
+                         ids=["blocking", "tp_overlap", "tp_and_grad_reduce", "column_backward"])
 def test_tensor_parallel_one_stage_estimate_is_the_replay(sharding, overlap):
     candidate = Candidate(bounds=(0, 8), replicas=(2,), microbatch_size=8, tensor_parallel=2, sharding=sharding)
     _, estimate, result = _estimate_and_replay(candidate, overlap, FsdpSpec())

@@ -64,6 +64,8 @@ def test_tensor_parallel_collectives_per_block_are_megatrons():
     assert [(c.kind, c.phase) for c in plain] == [("all-reduce", "forward")] * 2 + [("all-reduce", "backward")] * 2
     assert {c.bytes for c in plain} == {2.0 * S * H}
     sp = tensor_parallel_collectives(GPT, tensor_parallel=8, sequence_parallel=True)
-    assert [c.kind for c in sp] == ["all-gather", "reduce-scatter"] * 4
+    assert [c.kind for c in sp if c.phase != "regather"] == ["all-gather", "reduce-scatter"] * 4
+    # Megatron-LM 2022 gathers a column-parallel linear's sequence-parallel input again for its weight gradient
+    assert [(c.kind, c.beside) for c in sp if c.phase == "regather"] == [("all-gather", True)] * 2
     full = tensor_parallel_collectives(GPT, tensor_parallel=8, recompute=Recompute.FULL)
     assert [c.phase for c in full] == ["forward"] * 2 + ["recompute"] * 2 + ["backward"] * 2

@@ -62,7 +62,7 @@ from sim.cost.compute import (
 )
 from sim.cost.context_comm import context_ring_s
 from sim.cost.fabric_comm import nominal_crossing
-from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases
+from sim.cost.group_comm import context_ring_flows_per_nic, is_hierarchical, spanning_phases, tensor_parallel_volumes
 from sim.cost.links import busiest_nic_flows, contiguous_span, members_per_node, span_link
 from sim.cost.memory import checkpoint_bytes, layer_stash_bytes
 from sim.cost.zero3 import reduced_as
@@ -104,6 +104,9 @@ class CostTables(OverlapPricing, ExpertPricing):
         self._stash = {mode: _prefix(layer_stash_bytes(layer, mode) for layer in layers)
                        for mode in (Recompute.NONE, Recompute.SELECTIVE, Recompute.SELECTIVE_OP)}
         self._checkpoints = _prefix(checkpoint_bytes(model, k, first=False) for k in range(len(layers)))
+        # full recompute of the blocks alone (model.recompute_blocks_only): the other layers keep their stash
+        self._blocks_kept = _prefix(layer.stash_bytes if layer.checkpoint_bytes is None else layer.checkpoint_bytes
+                                    for layer in layers)
         self._params = _prefix(layer.param_bytes for layer in layers)
         self._tensors = [0, *accumulate(layer.optimizer_tensors for layer in layers)]
         self._cp_ring = _prefix(layer.cp_ring_bytes for layer in layers)
@@ -111,20 +114,28 @@ class CostTables(OverlapPricing, ExpertPricing):
         t = tensor_parallel
         # per sample and layer, from the one home of the formulas (sim.cost.comm), the link by the
         # group's shape (t consecutive devices; sim.cost.links)
+        # the backward's split under plan.overlap.column_backward: blocking, and beside its compute (engine's TA)
+        selections = {"forward": ("forward", None), "backward": ("backward", False if self.overlap.column_backward else None)}
+        if self.overlap.column_backward:
+            selections["beside"] = (("backward", "regather"), True)
+        # what a full recompute repeats of the forward's under model.recompute_blocks_only: the blocks' alone
+        redo = [layer.checkpoint_bytes is not None or not model.recompute_blocks_only for layer in layers]
+        if model.recompute_blocks_only:
+            selections["redo"] = ("forward", None)
         self._tp = {
-            phase: tuple(_prefix(values) for values in zip(*(tensor_parallel_bytes_and_steps((layer,), t, phase)
-                                                             for layer in layers)))
-            for phase in ("forward", "backward")
+            key: tuple(_prefix(values) for values in zip(*(
+                tensor_parallel_bytes_and_steps((layer,), t, phases, beside=beside) if key != "redo" or again
+                else (0.0, 0) for layer, again in zip(layers, redo))))
+            for key, (phases, beside) in selections.items()
         } if t > 1 else None
         self._tp_link = span_link(cluster, contiguous_span(cluster, t))
         self._tp_members = members_per_node(cluster, t)
         self._tp_kinds = {  # a group across servers: per-kind prefix sums of bytes and counts (sim.cost.group_comm)
-            phase: {kind: (_prefix(sum(c.bytes for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
-                                   for layer in layers),
-                           _prefix(sum(1 for c in layer.tp_collectives if c.phase == phase and c.kind == kind)
-                                   for layer in layers))
-                    for kind in HALVES}
-            for phase in ("forward", "backward")
+            key: {kind: tuple(_prefix(values) for values in zip(*(
+                      tensor_parallel_volumes((layer,), phases, beside=beside).get(kind, (0.0, 0))
+                      if key != "redo" or again else (0.0, 0) for layer, again in zip(layers, redo))))
+                  for kind in HALVES}
+            for key, (phases, beside) in selections.items()
         } if t > 1 and is_hierarchical(self._tp_members) else None
         self._gathers: dict[int, tuple[float, float]] = {}  # per data_parallel: seconds per byte, latency
         self._fabric_gathers: dict[tuple[int, float], float] = {}  # on a fabric: seconds per (data_parallel, bytes)
@@ -147,7 +158,26 @@ class CostTables(OverlapPricing, ExpertPricing):
             times = [layer_times_s(layer, device, dtype, samples) for layer in self.model.layers]
             again = [attention_core_s(layer, device, dtype, samples) for layer in self.model.layers]
             self._times[samples] = (_prefix(t[0] for t in times), _prefix(t[1] for t in times), _prefix(again))
+            # the blocks' forward, what full recompute runs again under model.recompute_blocks_only
+            self._times[("blocks", samples)] = _prefix(t[0] if layer.checkpoint_bytes is not None else 0.0
+                                                       for t, layer in zip(times, self.model.layers))
         return self._times[samples]
+
+    def recomputed_forward_s(self, start: int, end: int, samples: int) -> float:
+        """Forward seconds of layers ``[start, end)`` that full recompute runs again: all of them, or
+        the blocks alone under ``model.recompute_blocks_only`` (``sim.cost.compute.stage_time_s``)."""
+        fwd = self._table(samples)[0]
+        if not self.model.recompute_blocks_only:
+            return fwd[end] - fwd[start]
+        blocks = self._times[("blocks", samples)]
+        return blocks[end] - blocks[start]
+
+    def recomputed_tensor_parallel_s(self, start: int, end: int, samples: int) -> float:
+        """Seconds of the forward tensor-parallel collectives full recompute repeats in the backward:
+        every layer's, or the blocks' alone under ``model.recompute_blocks_only``."""
+        if self._tp is None:
+            return 0.0
+        return self._tp_s("redo" if "redo" in self._tp else "forward", start, end, samples)
 
     def _op_again(self, samples: int) -> list[float]:
         """Prefix sums of what selective-op runs again per layer (``sim.cost.compute.op_recompute_s``)."""
@@ -176,12 +206,20 @@ class CostTables(OverlapPricing, ExpertPricing):
         over the link t consecutive devices cross; the engine's ``TP`` flows)."""
         if self._tp is None:
             return 0.0, 0.0
+        return self._tp_s("forward", start, end, samples), self._tp_s("backward", start, end, samples)
+
+    def tensor_parallel_beside_s(self, start: int, end: int, samples: int) -> float:
+        """Seconds of layers ``[start, end)``'s backward collectives that run beside the backward's
+        compute under ``plan.overlap.column_backward`` (the engine's ``TA``; ``sim.cost.tensor_comm``),
+        0 without it; ``tensor_parallel_s``'s backward then leaves them out."""
+        return self._tp_s("beside", start, end, samples) if self._tp is not None and "beside" in self._tp else 0.0
+
+    def _tp_s(self, key: str, start: int, end: int, samples: int) -> float:
+        """Seconds of one of the ``_tp`` selections of layers ``[start, end)`` on ``samples`` samples."""
         if self._tp_kinds is not None:
-            return tuple(self._spanning_s(self._tp_kinds[phase], start, end, samples) for phase in ("forward", "backward"))
-        link = self._tp_link
-        (fb, fs), (bb, bs) = self._tp["forward"], self._tp["backward"]
-        return (collective_s((fb[end] - fb[start]) * samples, fs[end] - fs[start], link),
-                collective_s((bb[end] - bb[start]) * samples, bs[end] - bs[start], link))
+            return self._spanning_s(self._tp_kinds[key], start, end, samples)
+        nbytes, steps = self._tp[key]
+        return collective_s((nbytes[end] - nbytes[start]) * samples, steps[end] - steps[start], self._tp_link)
 
     def _spanning_s(self, kinds: dict, start: int, end: int, samples: int) -> float:
         """Seconds of layers ``[start, end)``'s collectives of one phase over a tensor group across
@@ -265,6 +303,8 @@ class CostTables(OverlapPricing, ExpertPricing):
         recompute = Recompute.of(recompute)
         if end <= start:
             return 0.0
+        if recompute is Recompute.FULL and self.model.recompute_blocks_only:
+            return (self._blocks_kept[end] - self._blocks_kept[start]) * samples
         if recompute is Recompute.FULL:
             head = checkpoint_bytes(self.model, start, first=True)  # the stage opens a segment
             return (self._checkpoints[end] - self._checkpoints[start + 1] + head) * samples
@@ -290,34 +330,36 @@ class CostTables(OverlapPricing, ExpertPricing):
         return point_to_point_s(nbytes / receivers, c.inter_node, flows_per_port=flows)
 
     def allreduce_s(self, start: int, end: int, per_node: int, nodes: int, sharding: Sharding = Sharding.NONE, *,
-                    span: int | None = None) -> float:
+                    span: int | None = None, factor: float | None = None) -> float:
         """Gradient synchronisation of layers ``[start, end)`` over ``per_node`` replicas on each of
         ``nodes`` servers (``sim.cost.comm.gradient_sync``, the engine's layout): each of the t
         gradient groups has ``per_node × c`` devices per server, and the t groups' cross-server
         flows share the servers' NICs. The phases' seconds are linear in the bytes, so they are
         worked out once per shape and scaled; on a fabric NCCL's algorithm depends on the size, and
         the tiers crossed on the ``span`` of consecutive servers the group lies in (default ``nodes``:
-        ``sim.cost.fabric_comm.nominal_crossing``)."""
+        ``sim.cost.fabric_comm.nominal_crossing``). ``factor``: bytes moved per parameter byte (default
+        the gradients', ``grad_factor``; 1 for ZeRO-1/2's all-gather of the 16-bit parameters)."""
+        factor = self.grad_factor if factor is None else factor
         members = per_node * self.context_parallel
         if members * nodes <= 1:
             return 0.0
         flat = sharding is Sharding.FULL and self.fsdp.path == "flat"
         sharding = reduced_as(sharding, self.fsdp)  # all-reduced under reduce_scatter false (sim.cost.zero3)
         if self._experts[-1]:  # an MoE layout: the experts reduce over their own groups (expert_costs)
-            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL)
+            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL, factor)
             found = self._allreduce.get(key)
             if found is None:
-                found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding)
+                found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding, factor)
             return found
         if flat:  # one ring over the group (sim.cost.zero3)
             n, link = members * nodes, self.cluster.inter_node if nodes > 1 else self.cluster.intra_node
-            nbytes, halves = self.param_bytes(start, end) * self.grad_factor, 1 if sharding is Sharding.FULL else 2
+            nbytes, halves = self.param_bytes(start, end) * factor, 1 if sharding is Sharding.FULL else 2
             return collective_s(ring_bytes(n, nbytes, halves=halves), ring_steps(n, halves=halves), link)
         measured = self.cluster.intra_node.collectives is not None and nodes == 1  # measured: per-unit calls
         if measured or (self.cluster.fabric is not None and nodes > 1):  # NCCL's algorithm depends on the size
             flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
             crossing = None if measured else nominal_crossing(self.cluster, span or nodes)
-            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * self.grad_factor, sharding,
+            phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * factor, sharding,
                                    self.cluster, units=end - start, flows_per_nic=None if measured else flows,
                                    crossing=crossing)
             return sum(p.seconds for p in phases)
@@ -328,7 +370,7 @@ class CostTables(OverlapPricing, ExpertPricing):
             phases = gradient_sync([members] * nodes, 1.0, sharding, self.cluster, flows_per_nic=flows)
             cached = self._allreduce[key] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
                                              sum(p.latency_s for p in phases))
-        return self.param_bytes(start, end) * self.grad_factor * cached[0] + cached[1]
+        return self.param_bytes(start, end) * factor * cached[0] + cached[1]
 
     def optimizer_s(self, start: int, end: int, data_parallel: int = 1, sharding: Sharding = Sharding.NONE) -> float:
         """Optimizer step of layers ``[start, end)`` (``sim.cost.compute.stage_optimizer_step_s``):

@@ -91,11 +91,13 @@ class ExpertPricing:
                                    data_parallel=data_parallel * self.context_parallel,
                                    expert_data_parallel=self.expert_data_parallel(data_parallel), sharding=sharding)
 
-    def moe_reduce_s(self, start: int, end: int, members: int, nodes: int, sharding: Sharding) -> float:
+    def moe_reduce_s(self, start: int, end: int, members: int, nodes: int, sharding: Sharding,
+                     factor: float | None = None) -> float:
         """Gradient synchronisation of an MoE stage: the dense gradients over ``members`` devices a
         server on ``nodes`` servers, the experts' over their expert-data-parallel groups
-        (``members·t/e`` a server), phase by phase the slower of the two (``sim.engine.collectives``)."""
-        factor = self.grad_factor
+        (``members·t/e`` a server), phase by phase the slower of the two (``sim.engine.collectives``);
+        ``factor``: bytes per parameter byte (default the gradients', ``grad_factor``)."""
+        factor = self.grad_factor if factor is None else factor
         experts = self.expert_bytes(start, end)
         flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
         dense = gradient_sync([members] * nodes, (self.param_bytes(start, end) - experts) * factor, sharding,

@@ -79,22 +79,26 @@ class OverlapPricing:
         overhead) runs beside the context ring and FSDP's gather, the gather pipelined unit by
         unit (``plan.fsdp.unit_layers``; none in the backward without ``reshard_after_forward``)
         and the tensor-parallel collectives in t chunks under ``plan.overlap.tensor_parallel``
-        (``sim.cost.overlap.beside_action_s``), else after the compute on its stream.
+        (``sim.cost.overlap.beside_action_s``), else after the compute on its stream, but for the
+        backward's column-parallel ones under ``plan.overlap.column_backward``, beside it uncut.
         ``first_gather``: ``(alone seconds, buckets)`` of a collective the forward also runs beside
         it, the stage's first forward's parameter all-gather (:meth:`param_gather_s`)."""
         if end <= start:
             return _IDLE, _IDLE
         recompute = Recompute.of(recompute)
         f, b, overhead = self.own_compute_s(start, end, samples, recompute)
-        tp_f = tp_b = 0.0
+        tp_f = tp_b = column_b = 0.0
         if self._tp is not None and samples:
             tp_f, tp_b = self.tensor_parallel_s(start, end, samples)
-            tp_b += tp_f if recompute is Recompute.FULL else 0.0
+            tp_b += self.recomputed_tensor_parallel_s(start, end, samples) if recompute is Recompute.FULL else 0.0
+            column_b = self.tensor_parallel_beside_s(start, end, samples)
         beside_f, beside_b = [], []
         if self.context_parallel > 1 and samples:
             cp_f, cp_b = self.context_ring_s(start, end, samples)
             beside_f.append((cp_f, 0))
             beside_b.append((cp_b, 0))
+        if column_b > 0:  # plan.overlap.column_backward: beside the backward's compute, uncut (engine's TA)
+            beside_b.append((column_b, 0))
         block_f = block_b = 0.0  # gathers that hold the compute stream (plan.fsdp.prefetch false)
         if sharding is Sharding.FULL and data_parallel > 1:
             gather = (self.gather_s(start, end, data_parallel), unit_count(end - start, self.fsdp.unit_layers))
@@ -126,17 +130,19 @@ class OverlapPricing:
             again = self._op_again(samples)
         overhead = action_overhead_s(self.cluster.device, samples, end - start)  # as stage_time_s
         f = fwd[end] - fwd[start]
-        b = bwd[end] - bwd[start] + recompute_extra_s(recompute, f, again[end] - again[start])
+        redo = self.recomputed_forward_s(start, end, samples) if recompute is Recompute.FULL else f
+        b = bwd[end] - bwd[start] + recompute_extra_s(recompute, redo, again[end] - again[start])
         return f, b, overhead
 
     def param_gather_s(self, start: int, end: int, per_node: int, nodes: int) -> tuple[float, int]:
         """``(alone seconds, buckets)`` of ZeRO-1/2's parameter all-gather of layers ``[start, end)``
         that ``plan.overlap.param_gather`` runs beside the stage's first forward (``(0, 0)``
-        without the flag): the reduce-scatter's bytes and layout, as the engine's gather
-        (``sim.engine.compile``), in the gradient buckets (Megatron-LM's buckets hold both)."""
+        without the flag): the reduce-scatter's layout with the parameters' bytes (not the
+        gradients': Megatron-Core gathers the 16-bit ``param_data``), as the engine's gather
+        (``sim.engine.compile._gather_flows``), in the gradient buckets (Megatron-LM's buckets hold both)."""
         if not self.overlap.param_gather:
             return 0.0, 0
-        seconds = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL)
+        seconds = self.allreduce_s(start, end, per_node, nodes, Sharding.FULL, factor=1.0)
         return seconds, bucket_count(self.param_bytes(start, end) * self.grad_factor, self.overlap.bucket_bytes)
 
     def first_forward_extra_s(self, start: int, end: int, samples: int, recompute: Recompute | bool = Recompute.NONE,

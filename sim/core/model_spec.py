@@ -178,6 +178,14 @@ class ModelSpec:
     """Where the micro-batches' weight gradients are summed (``sim.cost.optimizer``):
     ``fused`` in the weight-gradient product (Megatron-LM's gradient-accumulation fusion), or
     ``separate``, an element-wise add per micro-batch after the first (autograd's ``AccumulateGrad``)."""
+    recompute_blocks_only: bool = False
+    """Under full recompute only the transformer blocks (layers with ``checkpoint_bytes``) are
+    checkpointed and run again; the other layers (embedding, head, loss) keep their stash and run
+    once (Megatron-LM's ``ParallelTransformer._checkpointed_forward``). False: a stage's other
+    layers are one checkpointed segment, run again too (Chen et al. 2016, §3)."""
+    grad_passes: tuple[str, ...] = ()
+    """Element-wise passes over the gradients around the step (``sim.cost.optimizer.GRAD_PASSES``:
+    ``zero``, ``divide``, ``unscale``, ``norm``, Megatron-LM's), in the step's time; empty: none."""
     tied_layers: tuple[int, int] | None = None
     """(embedding, reader) layer indices of the token table's two users: a head tied to the
     embedding, or an untied model's ``mtp`` layer (``sim.models.mtp``); None: the embedding alone."""
@@ -232,6 +240,12 @@ class ModelSpec:
             raise SpecError("optimizer.grad_dtype", f"unknown dtype {self.grad_dtype!r}; valid: {', '.join(sorted(DTYPE_BYTES))}")
         if self.grad_accumulation not in ("fused", "separate"):  # sim.cost.optimizer.GRAD_ACCUMULATION_MODES
             raise SpecError("optimizer.grad_accumulation", f"unknown mode {self.grad_accumulation!r}; valid: fused, separate")
+        if not isinstance(self.recompute_blocks_only, bool):
+            raise SpecError("recompute_blocks_only", f"must be true or false, got {self.recompute_blocks_only!r}")
+        unknown = sorted(set(self.grad_passes) - {"zero", "divide", "unscale", "norm"})  # sim.cost.optimizer.GRAD_PASSES
+        if unknown or len(set(self.grad_passes)) != len(self.grad_passes):
+            raise SpecError("optimizer.grad_passes", f"got {list(self.grad_passes)!r}; each at most once of: zero, divide, "
+                                                     "unscale, norm")
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")

@@ -21,6 +21,10 @@ scenario; a ``stack`` sets them as that stack does):
   next forward (Megatron-LM's ``--overlap-param-gather``);
 * ``tensor_parallel`` — the tensor-parallel all-gathers and reduce-scatters run beside the
   GEMMs that consume or produce them (Megatron-LM's ``--tp-comm-overlap``, torch's AsyncTP);
+* ``column_backward`` — a column-parallel linear's backward collectives (its input gradient's
+  all-reduce, or reduce-scatter and the second all-gather of its input under sequence
+  parallelism) run beside its input- and weight-gradient products (Megatron-LM 2022's
+  ``LinearWithGradAccumulationAndAsyncCommunication``, ``sim.cost.tensor_comm``);
 * ``expert_all_to_all`` — an MoE block's token dispatch and combine run on the communication
   stream while compute runs (DeepSeek-V3's DualPipe pairs a forward chunk's all-to-all with
   another micro-batch's backward compute, DeepSeek-AI 2024, arXiv 2412.19437v2, §3.2.1;
@@ -94,6 +98,10 @@ class OverlapSpec:
     ``sim.cost.comm.pipeline_gather_s``); false: the split is sent and the gather not charged."""
     expert_all_to_all: bool = False
     """The experts' dispatch and combine all-to-alls run beside the compute (``sim.engine.ops``)."""
+    column_backward: bool = False
+    """A column-parallel linear's backward collectives run beside its products, the row-parallel
+    ones' still blocking (``sim.cost.tensor_comm``: Megatron-LM at cfd2e21, megatron/mpu/layers.py,
+    ``async_op=True``); false: all of the backward's block the compute stream after it."""
     communication_sms: int = 0
     """SMs the overlapped all-to-all's kernels hold (DeepSeek-V3 §3.2.2: 20 of the H800's 132),
     dedicated to them while the MoE blocks beside them compute (DualPipe's SM ratio, §3.2.1), which
@@ -102,7 +110,7 @@ class OverlapSpec:
 
     def __post_init__(self) -> None:
         for key in ("grad_reduce", "param_gather", "tensor_parallel", "reduce_after_flush", "paired_exchange",
-                    "pipeline_gather", "expert_all_to_all"):
+                    "pipeline_gather", "expert_all_to_all", "column_backward"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(key, f"must be true or false, got {getattr(self, key)!r}")
         c = self.communication_sms
@@ -122,6 +130,8 @@ class OverlapSpec:
             extra["paired_exchange"] = True
         if self.pipeline_gather:
             extra["pipeline_gather"] = True
+        if self.column_backward:  # absent at its default, as reduce_after_flush
+            extra["column_backward"] = True
         return {"grad_reduce": self.grad_reduce, "param_gather": self.param_gather,
                 "tensor_parallel": self.tensor_parallel, "bucket_size": f"{self.bucket_bytes:.17g}B",  # read back by parse_bytes
                 **extra}

@@ -38,10 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sim.core.parallelism import BlockShape, Recompute, Sharding
+from sim.core.parallelism import Sharding
 from sim.cost.fabric_comm import fabric_across
 from sim.cost.links import busiest_nic_flows
 from sim.cost.measured_comm import measured_sync_terms, measured_terms
+from sim.cost.tensor_comm import TensorParallelCollective, tensor_parallel_collectives
 
 if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
@@ -231,15 +232,17 @@ def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: 
                                   flows_per_nic=flows_per_nic, crossing=crossing, scatter=sharding is Sharding.FULL)
 
 
-def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str,
-                                    samples: int = 1) -> tuple[float, int]:
+def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str | tuple[str, ...],
+                                    samples: int = 1, *, beside: bool | None = None) -> tuple[float, int]:
     """Bytes one device sends and ring steps of ``layers``' tensor-parallel collectives in ``phase``
-    (``forward`` or ``backward``) on ``samples`` samples (``LayerSpec.tp_collectives``, from
-    ``tensor_parallel_collectives``; a full recompute adds the forward's to the backward)."""
+    (``sim.cost.tensor_comm.PHASES``, one or several) on ``samples`` samples (``LayerSpec.tp_collectives``;
+    a full recompute adds the forward's to the backward); ``beside`` True or False: only those that
+    are, or are not, marked to run beside a column-parallel linear's backward."""
+    phases = (phase,) if isinstance(phase, str) else phase
     nbytes, steps = 0.0, 0
     for layer in layers:
         for c in layer.tp_collectives:
-            if c.phase == phase:
+            if c.phase in phases and (beside is None or c.beside is beside):
                 halves = HALVES[c.kind]
                 nbytes += ring_bytes(tensor_parallel, c.bytes * samples, halves=halves)
                 steps += ring_steps(tensor_parallel, halves=halves)
@@ -336,43 +339,6 @@ def point_to_point_s(nbytes: float, link: LinkSpec, *, flows_per_port: int = 1) 
     """Seconds of one point-to-point send of ``nbytes`` alone: latency plus bytes at the port's
     full bandwidth, shared by ``flows_per_port`` flows (the alpha-beta model; ``LinkSpec``)."""
     return link.latency_s + nbytes * flows_per_port / link.bandwidth_bytes_per_s
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TensorParallelCollective:
-    """One collective over a tensor-parallel group, per block and sample."""
-
-    kind: str
-    """``all-reduce``, ``all-gather`` or ``reduce-scatter``."""
-    phase: str
-    """``forward``, ``backward`` or ``recompute`` (the forward a full recompute runs again)."""
-    bytes: float
-    """The full activation each rank contributes or receives: e·s·h per sample (all-gather and
-    reduce-scatter: the gathered size; each rank holds 1/t of it)."""
-
-
-def tensor_parallel_collectives(shape: BlockShape, *, tensor_parallel: int, sequence_parallel: bool = False,
-                                recompute: Recompute = Recompute.NONE) -> tuple[TensorParallelCollective, ...]:
-    """The collectives of one block for one sample over a tensor-parallel group (none if t = 1).
-
-    Megatron-LM (Shoeybi et al. 2019, §3, Figure 3): operator g all-reduces the output of the
-    attention's output projection and of the MLP's second linear in the forward (2 all-reduces),
-    operator f all-reduces the input gradients of the QKV projection and the MLP's first linear
-    in the backward (2 more). Sequence parallelism (Korthikanti et al. §4.2.2, Figure 5) turns
-    each all-reduce into an all-gather before the column-parallel linear and a reduce-scatter
-    after the row-parallel one (same bytes on the wire); the backward does the conjugates. A
-    fully recomputed forward repeats the forward's collectives inside the backward.
-    """
-    if tensor_parallel <= 1:
-        return ()
-    nbytes = float(shape.element_bytes * shape.seq_len * shape.hidden)
-    forward = ("all-gather", "reduce-scatter") * 2 if sequence_parallel else ("all-reduce",) * 2
-    backward = ("all-gather", "reduce-scatter") * 2 if sequence_parallel else ("all-reduce",) * 2
-    result = [TensorParallelCollective(kind=k, phase="forward", bytes=nbytes) for k in forward]
-    if recompute is Recompute.FULL:
-        result += [TensorParallelCollective(kind=k, phase="recompute", bytes=nbytes) for k in forward]
-    result += [TensorParallelCollective(kind=k, phase="backward", bytes=nbytes) for k in backward]
-    return tuple(result)
 
 
 def tied_allreduce_s(model: ModelSpec, start: int, end: int, link: LinkSpec | None) -> float:

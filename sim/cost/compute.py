@@ -238,15 +238,18 @@ def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: fl
     devices of the gradient group updates only its 1/d partition (Rajbhandari et al. 2020, §5.1);
     the launches stay those of every tensor, as each device steps its slice of each. With FSDP2's
     fp32 shards (``fp32_shards`` under ``full``) the step runs on fp32 weights: no master copy
-    written back into 16-bit ones.
+    written back into 16-bit ones. The model's ``grad_passes`` run over the gradients of the same
+    share (``sim.cost.optimizer.grad_pass_kernels``).
     """
     stepped = param_bytes if sharding is Sharding.NONE else param_bytes / data_parallel
     factor = master_shard_factor(model.dtype) if fp32_shards and sharding is Sharding.FULL else 0.0
     if factor:
         return optimizer_step_s(device, model.optimizer, "fp32", stepped * factor, tensors,
-                                implementation=model.optimizer_implementation, grad_dtype="fp32")
+                                implementation=model.optimizer_implementation, grad_dtype="fp32",
+                                grad_passes=model.grad_passes)
     return optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
-                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype)
+                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype,
+                            grad_passes=model.grad_passes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,17 +270,19 @@ def stage_time_s(model: ModelSpec, device: DeviceSpec, start: int, end: int, sam
     times (``layer_times_s``) summed in order, what ``recompute`` adds to the backward
     (``recompute_extra_s``) and each action's overhead (``action_overhead_s``). The planner's
     tables sum the same per-layer terms with prefix sums."""
-    fwd_s = bwd_s = wgrad_s = again_s = 0.0
+    fwd_s = bwd_s = wgrad_s = again_s = blocks_s = 0.0
     for layer in model.layers[start:end]:
         layer_fwd, layer_bwd, layer_wgrad = layer_times_s(layer, device, model.dtype, samples)
         fwd_s += layer_fwd
         bwd_s += layer_bwd
         wgrad_s += layer_wgrad
+        blocks_s += layer_fwd if layer.checkpoint_bytes is not None else 0.0
         if recompute is Recompute.SELECTIVE:
             again_s += attention_core_s(layer, device, model.dtype, samples)
         elif recompute is Recompute.SELECTIVE_OP:
             again_s += op_recompute_s(layer, device, model.dtype, samples)
-    bwd_s += recompute_extra_s(recompute, fwd_s, again_s)
+    # full recompute runs the stage's forward again, or only its blocks' (model.recompute_blocks_only)
+    bwd_s += recompute_extra_s(recompute, blocks_s if model.recompute_blocks_only else fwd_s, again_s)
     overhead = action_overhead_s(device, samples, end - start)
     return StageTime(fwd_s=fwd_s + overhead, bwd_s=bwd_s + overhead, wgrad_s=wgrad_s)
 

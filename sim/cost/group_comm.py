@@ -77,14 +77,18 @@ def is_hierarchical(members_per_node: Sequence[int]) -> bool:
     return len(members_per_node) > 1 and max(members_per_node) > 1
 
 
-def tensor_parallel_volumes(layers: Sequence[LayerSpec], phase: str, samples: int = 1) -> dict[str, tuple[float, int]]:
-    """``layers``' tensor-parallel collectives in ``phase`` (``forward`` or ``backward``) on
-    ``samples`` samples, by kind: (bytes each collective gathers or reduces, summed; count)
-    (``LayerSpec.tp_collectives``; Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2)."""
+def tensor_parallel_volumes(layers: Sequence[LayerSpec], phase: str | tuple[str, ...], samples: int = 1, *,
+                            beside: bool | None = None) -> dict[str, tuple[float, int]]:
+    """``layers``' tensor-parallel collectives in ``phase`` (``sim.cost.tensor_comm.PHASES``, one or
+    several) on ``samples`` samples, by kind: (bytes each collective gathers or reduces, summed; count)
+    (``LayerSpec.tp_collectives``; Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2);
+    ``beside`` True or False: only those that are, or are not, marked to run beside a column-parallel
+    linear's backward (``sim.cost.comm.tensor_parallel_bytes_and_steps``)."""
+    phases = (phase,) if isinstance(phase, str) else phase
     volumes: dict[str, tuple[float, int]] = {}
     for layer in layers:
         for c in layer.tp_collectives:
-            if c.phase == phase:
+            if c.phase in phases and (beside is None or c.beside is beside):
                 nbytes, count = volumes.get(c.kind, (0.0, 0))
                 volumes[c.kind] = (nbytes + c.bytes * samples, count + 1)
     return volumes

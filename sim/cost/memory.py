@@ -40,15 +40,9 @@ __all__ = ["ActivationBytes", "HeldBytes", "StateBytes", "accumulates_unsharded"
            "static_bytes", "sum_state_bytes", "unit_peak_bytes"]
 
 
-def block_activation_bytes(
-    shape: BlockShape,
-    *,
-    tensor_parallel: int = 1,
-    context_parallel: int = 1,
-    sequence_parallel: bool = False,
-    recompute: Recompute = Recompute.NONE,
-    attention: str = "unfused",
-) -> float:
+def block_activation_bytes(shape: BlockShape, *, tensor_parallel: int = 1, context_parallel: int = 1,
+                           sequence_parallel: bool = False, recompute: Recompute = Recompute.NONE,
+                           attention: str = "unfused") -> float:
     """Bytes one block stashes per sample on one device, its attention run ``attention``
     (``sim.core.specs.ATTENTION_KERNELS``).
 
@@ -278,19 +272,25 @@ def stage_activation_bytes(model: ModelSpec, start: int, end: int, samples: int,
     the same terms with prefix sums). Full recompute keeps each segment's checkpoint and rebuilds
     one segment at a time in the backward, so it holds the checkpoints plus the largest segment.
     A layer's backward workspace (``LayerSpec.backward_workspace_bytes``) comes on top of what its
-    backward rebuilt; the layers' backwards run one at a time, so the stage holds the largest."""
-    stash = checkpoints = rebuilt = segment = workspace = 0.0
+    backward rebuilt; the layers' backwards run one at a time, so the stage holds the largest. With
+    ``model.recompute_blocks_only`` full recompute checkpoints the blocks alone: the other layers keep their stash."""
+    stash = checkpoints = rebuilt = segment = workspace = blocks_kept = blocks_rebuilt = 0.0
     for k, layer in enumerate(model.layers[start:end], start=start):
         stash += layer_stash_bytes(layer, recompute) * samples
         checkpoints += checkpoint_bytes(model, k, first=k == start) * samples
         held = layer.backward_workspace_bytes * samples
         workspace = max(workspace, held)
-        if layer.checkpoint_bytes is not None:  # a block is a segment of its own
+        block = layer.checkpoint_bytes is not None
+        blocks_kept += (layer.checkpoint_bytes if block else layer.stash_bytes) * samples
+        blocks_rebuilt = max(blocks_rebuilt, layer.stash_bytes * samples + held if block else held)
+        if block:  # a block is a segment of its own
             rebuilt, segment = max(rebuilt, segment, layer.stash_bytes * samples + held), 0.0
         else:  # a run of other layers grows one segment
             segment += layer.stash_bytes * samples
             rebuilt = max(rebuilt, segment + held)
     if recompute is Recompute.FULL:
+        if model.recompute_blocks_only:
+            return ActivationBytes(stash_bytes=blocks_kept, rebuilt_bytes=blocks_rebuilt)
         return ActivationBytes(stash_bytes=checkpoints, rebuilt_bytes=rebuilt)
     if recompute is Recompute.SELECTIVE_OP:  # a block's backward rebuilds the rest of its stash at once
         again = max((layer.stash_bytes - op_sac_stash_bytes(layer) for layer in model.layers[start:end]

@@ -43,6 +43,19 @@ theirs, taken in one of two places:
   ``--use-contiguous-buffers-in-ddp`` leaves the fp16 ``.grad`` to autograd, and with them its
   hook runs ``param.main_grad.add_(param.grad.data)``; the fused GEMM did not exist yet.
 
+**Passes over the gradients around the step** (``model.optimizer.grad_passes``), element-wise
+work a framework runs on every gradient besides the update itself, each a pass in the gradients'
+dtype (``GRAD_PASSES``). Megatron-LM's iteration (NVIDIA/Megatron-LM at cfd2e21, 2022-04-28, the
+code of Korthikanti et al. 2022's runs; defaults ``--DDP-impl local``, contiguous buffers,
+``--clip-grad 1.0``) runs four: ``zero``, ``train_step`` zeroes the fp32 gradient buffer first
+(``DistributedDataParallel.zero_grad_buffer``: ``MemoryBuffer.zero()``, a write); ``divide``,
+``allreduce_gradients`` divides it by the data-parallel size before its all-reduce, at any size,
+one too (``buffer_.data /= mpu.get_data_parallel_world_size()``: read, write; megatron/model/
+distributed.py); ``unscale``, an fp16 run's ``_unscale_main_grads_and_check_for_nan``
+(``torch._amp_foreach_non_finite_check_and_unscale_``: read, write; megatron/optimizer/optimizer.py);
+``norm``, ``clip_grad_norm_fp32``'s ``amp_C.multi_tensor_l2norm`` (read; megatron/optimizer/
+clip_grads.py; the scale after it runs only when the norm exceeds the clip, not counted).
+
 Per accumulated parameter one add moves ``2·g + d`` bytes (``accumulation_bytes``): the sum read
 and written in the gradients' dtype g, the new gradient read in the parameters' d (6 bytes for
 fp16 throughout, 10 for an fp32 ``main_grad`` of fp16 weights). It runs m − 1 times in an
@@ -58,7 +71,7 @@ import math
 
 from sim.core.specs import DTYPE_BYTES, DeviceSpec
 
-__all__ = ["FUSED_PASSES", "GRAD_ACCUMULATION_MODES", "accumulation_bytes", "accumulation_s", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
+__all__ = ["FUSED_PASSES", "GRAD_ACCUMULATION_MODES", "GRAD_PASSES", "grad_pass_kernels", "accumulation_bytes", "accumulation_s", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
            "multi_tensor_launches", "optimizer_step_kernels", "optimizer_step_s"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
@@ -85,6 +98,21 @@ MULTI_TENSOR_BLOCK_ELEMENTS = 320 * 65_536
 65 536 elements."""
 
 
+GRAD_PASSES = {"zero": 1, "divide": 2, "unscale": 2, "norm": 1}
+"""A pass over the gradients around the step (the module docstring) -> its reads and writes of
+every gradient element: zeroing the buffer writes it, dividing and unscaling read and write it,
+the L2 norm reads it."""
+
+
+def grad_pass_kernels(passes: tuple[str, ...], elements: float, grad_width: int, tensors: int) -> tuple[float, int]:
+    """(bytes moved, kernel launches) of ``passes`` (``GRAD_PASSES``' names) over ``elements``
+    gradients of ``grad_width`` bytes in ``tensors`` tensors: ``zero`` and ``divide`` one launch on
+    the contiguous buffer, ``unscale`` and ``norm`` one multi-tensor operation (one tensor list)."""
+    nbytes = sum(GRAD_PASSES[name] for name in passes) * grad_width * elements
+    launches = sum(1 if name in ("zero", "divide") else multi_tensor_launches(tensors, elements, 1) for name in passes)
+    return nbytes, launches
+
+
 def multi_tensor_launches(tensors: int, elements: float, depth: int) -> int:
     """Launches of one multi-tensor operation over ``tensors`` tensors of ``elements`` in all
     with ``depth`` tensor lists: each launch takes at most ``MULTI_TENSOR_MAX_TENSORS[depth]``
@@ -96,9 +124,11 @@ def multi_tensor_launches(tensors: int, elements: float, depth: int) -> int:
 
 
 def optimizer_step_kernels(optimizer: str, dtype: str, param_bytes: float, tensors: int = 1, *,
-                           implementation: str = "for-loop", grad_dtype: str | None = None) -> tuple[float, int]:
+                           implementation: str = "for-loop", grad_dtype: str | None = None,
+                           grad_passes: tuple[str, ...] = ()) -> tuple[float, int]:
     """(bytes moved, kernel launches) of one optimizer step over ``tensors`` parameter tensors
-    of ``param_bytes`` bytes in all (see the module doc for each implementation's counts)."""
+    of ``param_bytes`` bytes in all (see the module doc for each implementation's counts), with
+    ``grad_passes`` over their gradients (``grad_pass_kernels``)."""
     width = DTYPE_BYTES[dtype]
     elements = param_bytes / width
     if implementation == "fused":
@@ -113,11 +143,15 @@ def optimizer_step_kernels(optimizer: str, dtype: str, param_bytes: float, tenso
         copies = 1 if DTYPE_BYTES[grad_dtype or dtype] == 4 else 2  # master weights back (and gradients in)
         nbytes += copies * (width + 4.0) * elements
         launches += copies * (tensors if implementation == "for-loop" else multi_tensor_launches(tensors, elements, 2))
+    if grad_passes:
+        extra_bytes, extra_launches = grad_pass_kernels(grad_passes, elements, DTYPE_BYTES[grad_dtype or dtype], tensors)
+        nbytes, launches = nbytes + extra_bytes, launches + extra_launches
     return nbytes, launches
 
 
 def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes: float, tensors: int, *,
-                     implementation: str = "for-loop", grad_dtype: str | None = None) -> float:
+                     implementation: str = "for-loop", grad_dtype: str | None = None,
+                     grad_passes: tuple[str, ...] = ()) -> float:
     """One optimizer step over ``tensors`` parameter tensors of ``param_bytes`` bytes in all.
 
     Memory-bound (``optimizer_step_kernels``' bytes over the achieved memory bandwidth) or
@@ -127,8 +161,8 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
     """
     if param_bytes <= 0:
         return 0.0
-    nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors,
-                                              implementation=implementation, grad_dtype=grad_dtype)
+    nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors, implementation=implementation,
+                                              grad_dtype=grad_dtype, grad_passes=grad_passes)
     memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     return max(memory_s, launches * device.kernel_issue_s) + launches * device.kernel_overhead_s
 

@@ -136,7 +136,7 @@ class Symmetry:
 def group_members(plan, g_flows) -> list[tuple[tuple, tuple[int, ...]]]:
     """``((name, stage), devices)`` of every per-action collective group that has flows."""
     groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups,
-                 "PG": plan.gradient_groups, "EP": plan.expert_groups}
+                 "PG": plan.gradient_groups, "EP": plan.expert_groups, "TA": plan.tensor_groups}
     labels = sorted({(label[0], label[1]) for _, _, label, _ in g_flows})
     return [((name, s), group) for name, s in labels for group in groups_of[name](s)]
 

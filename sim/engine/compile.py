@@ -95,7 +95,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                                            scatter_only=_every_microbatch(plan, training.num_microbatches) or gathered)
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
     if gathered:
-        g_flows, g_latency = g_flows + _gather_flows(ar_flows), {**g_latency, **_gather_latency(ar_latency)}
+        g_flows = g_flows + _gather_flows(ar_flows, 1.0 / model.grad_bytes_per_param_byte)
+        g_latency = {**g_latency, **_gather_latency(ar_latency)}
     p2p = p2p_flows(plan, model, training.microbatch_size)
     flows = p2p + ar_flows + g_flows
     nic_ids = sorted({cluster.nic_of(d) for d in devices})
@@ -203,10 +204,17 @@ def _param_gather(plan) -> bool:
     return plan.overlap.param_gather and plan.sharding in (Sharding.OPTIMIZER, Sharding.GRADIENTS)
 
 
-def _gather_flows(ar_flows: list) -> list:
-    """The parameter all-gather's flows: the reduce-scatter's (same bytes and layout, as
-    ZeRO-2's final all-gather), labelled ``("PG", stage, "F", phase)`` for the first forward."""
-    return [(src, dst, ("PG", label[1], "F", label[2]), nbytes) for src, dst, label, nbytes in ar_flows]
+def _gather_flows(ar_flows: list, param_bytes_per_grad_byte: float) -> list:
+    """The parameter all-gather's flows: the reduce-scatter's layout (as ZeRO-2's final all-gather),
+    labelled ``("PG", stage, "F", phase)`` for the first forward, each carrying the parameters'
+    bytes, ``param_bytes_per_grad_byte`` of the gradients' (1/2 for fp32 gradients of a 16-bit
+    model). Megatron-Core gathers the 16-bit parameters, not the gradients it reduced: the
+    distributed optimizer's ``_all_gather_base`` runs on a bucket's ``param_data``, allocated in
+    ``param_dtype`` (the model's; ``grad_data`` is in ``grad_dtype``, fp32 under bf16:
+    megatron/core/optimizer/distrib_optimizer.py ``_dispatch_gather_model_params`` and
+    megatron/core/distributed/param_and_grad_buffer.py ``ParamAndGradBuffer`` at core_r0.8.0)."""
+    return [(src, dst, ("PG", label[1], "F", label[2]), nbytes * param_bytes_per_grad_byte)
+            for src, dst, label, nbytes in ar_flows]
 
 
 def _gather_latency(ar_latency: dict) -> dict:

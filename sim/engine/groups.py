@@ -74,11 +74,12 @@ from sim.engine.workload import Collective, FlowKind
 
 __all__ = ["GROUP_LABELS", "OVERLAPPED", "build_group_collectives", "group_flows"]
 
-GROUP_LABELS = ("TP", "CP", "FS", "PG", "EP")
+GROUP_LABELS = ("TP", "CP", "FS", "PG", "EP", "TA")
 """Labels of group flows: tensor parallelism, the context-parallel ring, FSDP's gathers, and
 ZeRO-1/2's parameter all-gather beside a stage's first forward (``plan.overlap.param_gather``,
-flows made by ``sim.engine.compile``), and the experts' all-to-alls."""
-OVERLAPPED = frozenset({"CP", "FS", "PG"})
+flows made by ``sim.engine.compile``), the experts' all-to-alls, and the tensor-parallel
+collectives beside a backward's column-parallel products (``plan.overlap.column_backward``)."""
+OVERLAPPED = frozenset({"CP", "FS", "PG", "TA"})
 """Group collectives that run beside the compute (the others block it)."""
 
 
@@ -118,36 +119,53 @@ def _spanning(servers: list[list[int]], label: tuple, volumes, cluster, flows: l
 
 
 def _tensor_parallel(layers, group, s: int, samples: int, full: bool, cluster, flows: list, latency: dict,
-                     memo: dict) -> None:
+                     memo: dict, column: bool = False, again=None) -> None:
     """One tensor-parallel group's forward and backward collectives: the flat ring on one
     server (or one member per server), else hierarchical. ``memo`` holds what is the same for
     every group of the stage with the same samples, size and link (their bytes, steps and costs
-    depend on the layers, not on which devices): computed once per stage, not once per group."""
+    depend on the layers, not on which devices): computed once per stage, not once per group.
+    ``column`` (``plan.overlap.column_backward``): the backward's column-parallel collectives
+    (``TensorParallelCollective.beside``, and sequence parallelism's second gathers) leave the
+    blocking ``TP`` backward for a ``TA`` collective beside the backward's compute. ``again``: the
+    layers a full recompute runs again (``model.recompute_blocks_only``: the blocks), None: all."""
     servers = by_server(cluster, group)
+    again = layers if again is None else again
+    beside = False if column else None
     if is_hierarchical([len(g) for g in servers]):
         key = ("volumes", samples)
         if key not in memo:
             fwd = tensor_parallel_volumes(layers, "forward", samples)
-            bwd = tensor_parallel_volumes(layers, "backward", samples)
+            bwd = tensor_parallel_volumes(layers, "backward", samples, beside=beside)
             if full:  # the recomputed forward repeats the forward's collectives inside the backward
-                bwd = add_volumes(bwd, fwd)
-            memo[key] = fwd, bwd
-        fwd, bwd = memo[key]
+                bwd = add_volumes(bwd, fwd if again is layers else tensor_parallel_volumes(again, "forward", samples))
+            async_ = tensor_parallel_volumes(layers, ("backward", "regather"), samples, beside=True) if column else {}
+            memo[key] = fwd, bwd, async_
+        fwd, bwd, async_ = memo[key]
         _spanning(servers, ("TP", s, "F"), fwd, cluster, flows, latency)
         _spanning(servers, ("TP", s, "B"), bwd, cluster, flows, latency)
+        if async_:
+            _spanning(servers, ("TA", s, "B"), async_, cluster, flows, latency)
         return
     t, link = len(group), group_link(cluster, group)
     key = ("flat", samples, t, link is cluster.intra_node)
     if key not in memo:
         fwd, fwd_steps = tensor_parallel_bytes_and_steps(layers, t, "forward", samples)
-        bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples)
+        bwd, bwd_steps = tensor_parallel_bytes_and_steps(layers, t, "backward", samples, beside=beside)
         if full:  # the recomputed forward repeats the forward's collectives inside the backward
-            bwd, bwd_steps = bwd + fwd, bwd_steps + fwd_steps
+            redo, redo_steps = (fwd, fwd_steps) if again is layers else \
+                tensor_parallel_bytes_and_steps(again, t, "forward", samples)
+            bwd, bwd_steps = bwd + redo, bwd_steps + redo_steps
+        async_ = tensor_parallel_bytes_and_steps(layers, t, ("backward", "regather"), samples, beside=True) \
+            if column else (0.0, 0)
         memo[key] = (tensor_parallel_cost(fwd, fwd_steps, link, cluster),
-                     tensor_parallel_cost(bwd, bwd_steps, link, cluster))
-    forward, backward = memo[key]
+                     tensor_parallel_cost(bwd, bwd_steps, link, cluster),
+                     tensor_parallel_cost(*async_, link, cluster) if async_[0] > 0 else None)
+    forward, backward, beside_cost = memo[key]
     flows += _ring(group, ("TP", s, "F"), forward.flow_bytes) + _ring(group, ("TP", s, "B"), backward.flow_bytes)
     latency[("TP", s, "F")], latency[("TP", s, "B")] = forward.latency_s, backward.latency_s
+    if beside_cost is not None:
+        flows += _ring(group, ("TA", s, "B"), beside_cost.flow_bytes)
+        latency[("TA", s, "B")] = beside_cost.latency_s
 
 
 def _expert_all_to_all(groups, s: int, a2a_bytes: float, samples: int, full: bool, cluster, flows: list,
@@ -184,11 +202,13 @@ def group_flows(plan, model, cluster, samples: dict[int, dict[int, tuple[int, in
     full = plan.recompute is Recompute.FULL
     for s, stage in enumerate(plan.stages):
         layers = model.layers[stage.layers[0]:stage.layers[1]]
+        again = [layer for layer in layers if layer.checkpoint_bytes is not None] if model.recompute_blocks_only else None
         if t > 1:
             memo: dict = {}
             for group in plan.tensor_groups(s):
                 start, end = samples[s][group[0]]
-                _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency, memo)
+                _tensor_parallel(layers, group, s, end - start, full, cluster, flows, latency, memo,
+                                 plan.overlap.column_backward, again)
         if c > 1:
             ring = sum(layer.cp_ring_bytes for layer in layers)
             rings = sum(1 for layer in layers if layer.cp_ring_bytes > 0)  # each attention layer its own ring
@@ -245,7 +265,7 @@ def build_group_collectives(kinds: list[FlowKind], class_of, plan, latency: dict
     collectives and a map ``(label, class) -> collective index`` for the compiler's ops.
     """
     groups_of = {"TP": plan.tensor_groups, "CP": plan.context_groups, "FS": plan.gradient_groups,
-                 "PG": plan.gradient_groups, "EP": plan.expert_groups}
+                 "PG": plan.gradient_groups, "EP": plan.expert_groups, "TA": plan.tensor_groups}
     by_label: dict[tuple, list[FlowKind]] = defaultdict(list)  # by collective: a phase number dropped
     for k in kinds:
         if k.label[0] in GROUP_LABELS:

@@ -250,7 +250,7 @@ def _with_groups(action, fields: dict, group_slot: dict, held: HeldBytes, pipeli
         return [fields]
     phase = "F" if kind is ActionKind.F else "B"
     before, after, found_groups = [], [], []
-    for name in ("FS", "CP", "TP", "EP"):
+    for name in ("FS", "CP", "TA", "TP", "EP"):
         found = group_slot.get((name, action.stage, phase))
         if found is None:
             continue

@@ -25,7 +25,7 @@ from sim.engine.workload import GROUP, REDUCE, SEND
 
 __all__ = ["BUSIEST", "KIND_OF", "LabelTraffic", "fabric_traffic", "label_executions", "label_traffic"]
 
-KIND_OF = {"F": "PP", "B": "PP", "AR": "DP", "FS": "DP", "PG": "DP", "TP": "TP", "CP": "CP", "EP": "EP"}
+KIND_OF = {"F": "PP", "B": "PP", "AR": "DP", "FS": "DP", "PG": "DP", "TP": "TP", "TA": "TP", "CP": "CP", "EP": "EP"}
 """The parallel group kind that sends each flow label: pipeline sends, the gradient reduction and
 FSDP's or ZeRO's gathers (data parallelism), tensor, context and expert parallelism."""
 

@@ -39,7 +39,7 @@ from sim.core.model_spec import ModelSpec
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, OPTIMIZER_IMPLEMENTATIONS, OPTIMIZER_STATES
 from sim.core.userfiles import PROFILE_MAX_BYTES
 from sim.cost.kernels import KERNEL_MODES
-from sim.cost.optimizer import GRAD_ACCUMULATION_MODES
+from sim.cost.optimizer import GRAD_ACCUMULATION_MODES, GRAD_PASSES
 from sim.input.profiles import load_profile
 from sim.input.strict import StrictReader, join_key, show_text
 from sim.models import MODEL_PRESETS, PRESET_PARAMS, build_model
@@ -61,13 +61,16 @@ def read_model(reader: StrictReader, data: Any, *, default_implementation: str =
     if ("profile" in data) == ("preset" in data):
         raise reader.fail("model", "give either 'profile' (a measured profile file) or 'preset' (gpt, bert, vgg, mlp)")
     optimizer = _optimizer(reader, data.get("optimizer"), default_implementation)
+    blocks_only = reader.boolean(data, "model", "recompute_blocks_only", False)
+    data = {key: value for key, value in data.items() if key != "recompute_blocks_only"}
     # the name alone goes on to the model's reader; none (a mapping without one) is the model's default
     data = {**data, "optimizer": optimizer["name"]} if optimizer["name"] is not None \
         else {key: value for key, value in data.items() if key != "optimizer"}
     model = _profiled(reader, data) if "profile" in data else _generated(reader, data, default_attention)
     model = replace(model, optimizer_implementation=optimizer["implementation"], grad_dtype=optimizer["grad_dtype"],
                     moment_dtype=optimizer["moment_dtype"],
-                    grad_accumulation=optimizer["grad_accumulation"])
+                    grad_accumulation=optimizer["grad_accumulation"], grad_passes=optimizer["grad_passes"],
+                    recompute_blocks_only=blocks_only)
     return model if "name" not in data else replace(model, name=reader.string(data, "model", "name"))
 
 
@@ -80,10 +83,13 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
     ``--set model.optimizer.implementation=fused`` works on a file that names no optimizer."""
     if value is None or isinstance(value, str):
         return {"name": value, "implementation": default_implementation, "grad_dtype": None, "moment_dtype": None,
-                "grad_accumulation": "fused"}
+                "grad_accumulation": "fused", "grad_passes": ()}
     data = reader.mapping(value, "model.optimizer")
     reader.keys(data, "model.optimizer", allowed={"name", "implementation", "grad_dtype", "moment_dtype",
-                                                 "grad_accumulation"})
+                                                 "grad_accumulation", "grad_passes"})
+    passes = data.get("grad_passes", [])
+    if not isinstance(passes, list) or not all(isinstance(name, str) and name in GRAD_PASSES for name in passes):
+        raise reader.fail("model.optimizer.grad_passes", f"got {passes!r}; give a list of {', '.join(GRAD_PASSES)}")
     return {
         "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
@@ -94,6 +100,7 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
         if "moment_dtype" in data else None,
         "grad_accumulation": reader.string(data, "model.optimizer", "grad_accumulation", "fused",
                                            choices=set(GRAD_ACCUMULATION_MODES)),
+        "grad_passes": tuple(passes),
     }
 
 

@@ -200,7 +200,7 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
     data = reader.mapping(value, key)
     reader.keys(data, key, allowed={"grad_reduce", "param_gather", "tensor_parallel", "bucket_size",
                                        "expert_all_to_all", "communication_sms", "reduce_after_flush",
-                                       "paired_exchange", "pipeline_gather"})
+                                       "paired_exchange", "pipeline_gather", "column_backward"})
     return reader.build(key, OverlapSpec,
                         grad_reduce=reader.boolean(data, key, "grad_reduce", False),
                         param_gather=reader.boolean(data, key, "param_gather", False),
@@ -208,6 +208,7 @@ def read_overlap(reader: StrictReader, value: Any) -> OverlapSpec:
                         reduce_after_flush=reader.boolean(data, key, "reduce_after_flush", False),
                         paired_exchange=reader.boolean(data, key, "paired_exchange", False),
                         pipeline_gather=reader.boolean(data, key, "pipeline_gather", False),
+                        column_backward=reader.boolean(data, key, "column_backward", False),
                         expert_all_to_all=reader.boolean(data, key, "expert_all_to_all", False),
                         communication_sms=reader.integer(data, key, "communication_sms", 0, minimum=0,
                                                          maximum=100_000),

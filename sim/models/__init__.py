@@ -113,7 +113,8 @@ def shard_model(model: ModelSpec, shard: Shard) -> ModelSpec:
     # what the scenario set beside the generator's parameters (sim.input.model) carries over
     return replace(built, optimizer_implementation=model.optimizer_implementation,
                    grad_dtype=model.grad_dtype, moment_dtype=model.moment_dtype,
-                   grad_accumulation=model.grad_accumulation)
+                   grad_accumulation=model.grad_accumulation, grad_passes=model.grad_passes,
+                   recompute_blocks_only=model.recompute_blocks_only)
 
 
 def model_flop_per_sample(model: ModelSpec) -> float:

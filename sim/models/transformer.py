@@ -37,10 +37,10 @@ from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.parallelism import Recompute, Shard
 from sim.core.specs import ATTENTION_KERNELS, DTYPE_BYTES, FP8
 from sim.cost import kernels as K
-from sim.cost.comm import TensorParallelCollective as C
-from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.cost.reserved import eager_logits_cached_bytes
+from sim.cost.tensor_comm import TensorParallelCollective as C
+from sim.cost.tensor_comm import tensor_parallel_collectives
 from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
 from sim.models.mla import mla_block
 from sim.models.moe import check_experts, moe_block, strip_mlp
@@ -177,17 +177,21 @@ def _edge_collectives(s: int, h: int, d: int, shard: Shard, *, head: bool) -> tu
     """Megatron's vocabulary-parallel embedding all-reduces its output in the forward (a
     reduce-scatter with sequence parallelism, whose backward all-gathers); the head's input
     goes through operator f (all-reduce of its gradient in the backward; with sequence
-    parallelism an all-gather forward and a reduce-scatter backward). The cross-entropy's
+    parallelism an all-gather forward and a reduce-scatter backward). The head's logits are a
+    column-parallel product (``parallel_lm_logits``, megatron/model/language_model.py at cfd2e21), so
+    its backward collective runs beside its weight gradient as a block's column linears' do, its
+    input gathered again under sequence parallelism (``sim.cost.tensor_comm``). The cross-entropy's
     s-sized reductions are left out."""
     if shard.tensor <= 1:
         return ()
     nbytes = float(d * s / shard.context * h)
     if shard.sequence_parallel:
-        kinds = (("all-gather", "forward"), ("reduce-scatter", "backward")) if head else \
-            (("reduce-scatter", "forward"), ("all-gather", "backward"))
+        kinds = (("all-gather", "forward", False), ("reduce-scatter", "backward", True),
+                 ("all-gather", "regather", True)) if head else \
+            (("reduce-scatter", "forward", False), ("all-gather", "backward", False))
     else:
-        kinds = (("all-reduce", "backward"),) if head else (("all-reduce", "forward"),)
-    return tuple(C(kind=kind, phase=phase, bytes=nbytes) for kind, phase in kinds)
+        kinds = (("all-reduce", "backward", True),) if head else (("all-reduce", "forward", False),)
+    return tuple(C(kind=kind, phase=phase, bytes=nbytes, beside=beside) for kind, phase, beside in kinds)
 
 
 def _embedding(s: int, h: int, vocab: int, d: int, arch: _Arch, shard: Shard, *, bert: bool) -> LayerSpec:

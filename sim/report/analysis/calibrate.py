@@ -166,7 +166,8 @@ def row_scenario(base: Scenario, run: MeasuredRun, *, source: str = "<csv>") -> 
                             tied_embeddings=_base_value(base, "tied_embeddings", True), attention=attention)
         model = replace(model, optimizer_implementation=base.model.optimizer_implementation,
                         grad_dtype=base.model.grad_dtype, moment_dtype=base.model.moment_dtype,
-                        grad_accumulation=base.model.grad_accumulation)
+                        grad_accumulation=base.model.grad_accumulation, grad_passes=base.model.grad_passes,
+                        recompute_blocks_only=base.model.recompute_blocks_only)
         training = TrainingSpec(global_batch_size=run.global_batch_size, microbatch_size=run.microbatch_size * run.dp)
     except DappleError as exc:
         raise DappleError(f"{where}: {exc}") from None

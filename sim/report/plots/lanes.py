@@ -20,6 +20,7 @@ __all__ = ["COMMUNICATION_KINDS", "OTHER_KIND", "communication_lanes", "kind_of_
 
 COMMUNICATION_KINDS: dict[str, tuple[str, str, str]] = {
     "TP": ("#1f6f8b", "#b9dbe6", "tensor-parallel"),
+    "TA": ("#4682b4", "#c6dbef", "tensor-parallel beside the backward"),
     "CP": ("#2e8b57", "#bfe3cd", "context-parallel ring"),
     "FS": ("#b8860b", "#f0dca8", "FSDP gather"),
     "PG": ("#8b4513", "#e6c9b3", "ZeRO-1/2 param gather"),
@@ -36,7 +37,7 @@ OTHER_KIND = ("0.3", "0.8", "other collective")
 
 def kind_of_op(workload, cls, op) -> str:
     """The collective kind of a REDUCE or GROUP op: ``REDUCE``, or its group collective's label
-    (``TP``, ``CP``, ``FS``, ``PG``, ``EP``)."""
+    (``TP``, ``TA``, ``CP``, ``FS``, ``PG``, ``EP``)."""
     if op.code == REDUCE:
         return "REDUCE"
     collective = workload.group_collectives[cls.groups[op.collective]]
