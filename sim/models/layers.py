@@ -17,7 +17,7 @@ from sim.core.model_spec import LayerSpec, ModelPreset, ModelSpec
 from sim.cost import kernels as K
 from sim.models.params import describe
 
-__all__ = ["LOSS_BYTES", "MASK_BYTES", "TOKEN_ID_BYTES", "chain", "classifier", "linear", "matmul_layer"]
+__all__ = ["LOSS_BYTES", "MASK_BYTES", "TOKEN_ID_BYTES", "chain", "classifier", "fused_rotary", "linear", "matmul_layer"]
 
 TOKEN_ID_BYTES = 8
 """Bytes per token id: ``torch.long``, the index dtype of ``nn.Embedding``."""
@@ -89,3 +89,12 @@ def classifier(name: str, n_in: int, num_classes: int, d: int) -> LayerSpec:
         d=d,
         kernels=K.classifier_loss(n_in, num_classes, d),
     )
+
+
+def fused_rotary(kernels: tuple, tokens: float, q_width: float, k_width: float, d: int) -> tuple:
+    """``kernels`` with Megatron-Core's rotary embedding after the QKV product (NVIDIA/Megatron-LM at core_v0.9.0,
+    ``attention.py``: ``apply_rotary_pos_emb`` on the query and the key, TE's ``fused_apply_rotary_pos_emb`` under
+    ``apply_rope_fusion``, on unless ``--no-rope-fusion``): each reads and writes its tensor, and so its backward."""
+    rope = tuple(K.KernelSpec(name=f"rope_{x}", bytes=2 * d * tokens * w, bwd_bytes=2 * d * tokens * w)
+                 for x, w in (("q", q_width), ("k", k_width)))
+    return kernels[:2] + rope + kernels[2:]  # after ln1 and qkv

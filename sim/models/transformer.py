@@ -41,7 +41,7 @@ from sim.cost.memory import BlockShape, block_activation_bytes
 from sim.cost.reserved import eager_logits_cached_bytes
 from sim.cost.tensor_comm import TensorParallelCollective as C
 from sim.cost.tensor_comm import tensor_parallel_collectives
-from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, matmul_layer
+from sim.models.layers import LOSS_BYTES, MASK_BYTES, TOKEN_ID_BYTES, chain, fused_rotary, matmul_layer
 from sim.models.mla import mla_block
 from sim.models.moe import check_experts, moe_block, strip_mlp
 from sim.models.mtp import merge_layers, mtp_projection, with_mtp
@@ -131,7 +131,7 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
         tensors=tensors,
     )
     if kernels == "fused" and not arch.position_table and mla is None:  # Llama's rotary embeddings
-        layer = replace(layer, kernels=_fused_rotary(layer.kernels, s / c, h / t, h_kv / t, d))
+        layer = replace(layer, kernels=fused_rotary(layer.kernels, s / c, h / t, h_kv / t, d))
     ring = (c - 1) * 2 * d * (s / c) * h_kv / t if c > 1 else 0.0  # K and V blocks, c − 1 steps
     layer = replace(layer, selective_stash_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.SELECTIVE),
                  checkpoint_bytes=block_activation_bytes(shape, **degrees, recompute=Recompute.FULL),
@@ -142,15 +142,6 @@ def _transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, 
         return layer
     return mla_block(layer, mla, shard, seq_len=s, hidden=h, heads=shape.heads, kv_heads=shape.kv_heads or shape.heads,
                      d=d, bias=arch.bias, attention=attention, causal=arch.causal)
-
-
-def _fused_rotary(kernels: tuple, tokens: float, q_width: float, k_width: float, d: int) -> tuple:
-    """``kernels`` with Megatron-Core's rotary embedding after the QKV product (NVIDIA/Megatron-LM at core_v0.9.0,
-    ``attention.py``: ``apply_rotary_pos_emb`` on the query and the key, TE's ``fused_apply_rotary_pos_emb`` under
-    ``apply_rope_fusion``, on unless ``--no-rope-fusion``): each reads and writes its tensor, and so its backward."""
-    rope = tuple(K.KernelSpec(name=f"rope_{x}", bytes=2 * d * tokens * w, bwd_bytes=2 * d * tokens * w)
-                 for x, w in (("q", q_width), ("k", k_width)))
-    return kernels[:2] + rope + kernels[2:]  # after ln1 and qkv
 
 
 def _moe_transformer_block(name: str, shape: BlockShape, arch: _Arch, shard: Shard, attention: str, kernels: str,
