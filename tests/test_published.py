@@ -269,7 +269,7 @@ def test_the_moe_rows_count_flops_as_megatron_core_does():
 
 
 def test_the_moe_rows_errors_as_docs_moe_md_records_them():
-    # nothing fitted: Mixtral +13.5% (v0.9) and +21.3% (v0.8) with Megatron-Core's fp32 gradients and
+    # nothing fitted: Mixtral +14.4% (v0.9) and +22.2% (v0.8) with Megatron-Core's fp32 gradients and
     # buckets (stack: megatron-core), v0.9's unfused router and permutation kernels (experts.permute:
     # unfused), the fast path's ports shared as processor sharing, the interleaved schedule's
     # parameter all-gathers a chunk ahead (+12.0% and +19.7% before: each chunk waited), the fused
@@ -283,7 +283,7 @@ def test_the_moe_rows_errors_as_docs_moe_md_records_them():
             if (r.metric == "megatron_tflops_per_gpu" and "moe/README.md" in r.source)
             or r.scenario.name == "deepseek2024_v3_2048.yaml"]
     errors = [round(r.error, 3) for r in run_suite(tuple(rows))]
-    assert errors == [pytest.approx(0.135, abs=0.01), pytest.approx(0.213, abs=0.01), pytest.approx(0.168, abs=0.03)]
+    assert errors == [pytest.approx(0.144, abs=0.01), pytest.approx(0.222, abs=0.01), pytest.approx(0.161, abs=0.03)]
 
 
 def test_the_deepseek_v3_row_is_180k_gpu_hours_per_trillion_tokens():
