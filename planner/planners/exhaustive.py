@@ -64,14 +64,16 @@ def _allreduce_floor_s(tables: CostTables, start: int, end: int, devices, shardi
     """The gradient synchronisation of ``sim.cost.comm.gradient_sync`` as the engine lays it out
     (the widest server sets the ring inside, the smallest each GPU's shard across) with every
     flow at its link's full collective bandwidth: each cross-server flow a NIC of its own."""
-    cluster, grad = tables.cluster, tables.param_bytes(start, end) * tables.model.grad_bytes_per_param_byte
+    cluster, params = tables.cluster, tables.param_bytes(start, end)
+    grad = params * tables.model.grad_bytes_per_param_byte
     if len(devices) < 2:
         return 0.0
     per_node: dict[int, int] = {}
     for d in devices:
         per_node[cluster.node_of(d)] = per_node.get(cluster.node_of(d), 0) + 1
     counts = [per_node[n] for n in sorted(per_node)]
-    return sum(phase.seconds for phase in gradient_sync(counts, grad, sharding, cluster, flows_per_nic=1))
+    return sum(phase.seconds for phase in gradient_sync(counts, grad, sharding, cluster, flows_per_nic=1,
+                                                           param_bytes=params))
 
 
 def _surely_over(tables: CostTables, candidate: Candidate, capacity: float) -> bool:

@@ -338,7 +338,8 @@ class CostTables(OverlapPricing, ExpertPricing):
         worked out once per shape and scaled; on a fabric NCCL's algorithm depends on the size, and
         the tiers crossed on the ``span`` of consecutive servers the group lies in (default ``nodes``:
         ``sim.cost.fabric_comm.nominal_crossing``). ``factor``: bytes moved per parameter byte (default
-        the gradients', ``grad_factor``; 1 for ZeRO-1/2's all-gather of the 16-bit parameters)."""
+        the gradients', ``grad_factor``; 1 for ZeRO-1/2's all-gather of the 16-bit parameters); under
+        ``optimizer``/``gradients`` the sync's all-gather moves the parameters' bytes, not ``factor``'s."""
         factor = self.grad_factor if factor is None else factor
         members = per_node * self.context_parallel
         if members * nodes <= 1:
@@ -346,7 +347,7 @@ class CostTables(OverlapPricing, ExpertPricing):
         flat = sharding is Sharding.FULL and self.fsdp.path == "flat"
         sharding = reduced_as(sharding, self.fsdp)  # all-reduced under reduce_scatter false (sim.cost.zero3)
         if self._experts[-1]:  # an MoE layout: the experts reduce over their own groups (expert_costs)
-            key = ("moe", start, end, members, nodes, sharding is Sharding.FULL, factor)
+            key = ("moe", start, end, members, nodes, sharding, factor)
             found = self._allreduce.get(key)
             if found is None:
                 found = self._allreduce[key] = self.moe_reduce_s(start, end, members, nodes, sharding, factor)
@@ -361,13 +362,16 @@ class CostTables(OverlapPricing, ExpertPricing):
             crossing = None if measured else nominal_crossing(self.cluster, span or nodes)
             phases = gradient_sync([members] * nodes, self.param_bytes(start, end) * factor, sharding,
                                    self.cluster, units=end - start, flows_per_nic=None if measured else flows,
-                                   crossing=crossing)
+                                   crossing=crossing, param_bytes=self.param_bytes(start, end))
             return sum(p.seconds for p in phases)
-        key = (members, nodes, sharding is Sharding.FULL)  # what the layout depends on (gradient_sync_bytes)
+        # ZeRO-1/2 all-gathers the parameters' bytes, 1/factor of a gradient byte (gradient_sync_bytes)
+        gather = 1.0 / factor if sharding in ZERO_GATHERED else 1.0
+        key = (members, nodes, sharding is Sharding.FULL, gather)  # what the layout depends on
         cached = self._allreduce.get(key)
         if cached is None:
             flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
-            phases = gradient_sync([members] * nodes, 1.0, sharding, self.cluster, flows_per_nic=flows)
+            phases = gradient_sync([members] * nodes, 1.0, sharding, self.cluster, flows_per_nic=flows,
+                                   param_bytes=gather)
             cached = self._allreduce[key] = (sum(p.flow_bytes / p.rate_bytes_per_s for p in phases),
                                              sum(p.latency_s for p in phases))
         return self.param_bytes(start, end) * factor * cached[0] + cached[1]

@@ -100,8 +100,9 @@ class ExpertPricing:
         factor = self.grad_factor if factor is None else factor
         experts = self.expert_bytes(start, end)
         flows = busiest_nic_flows(self.cluster, members * self.tensor_parallel)
-        dense = gradient_sync([members] * nodes, (self.param_bytes(start, end) - experts) * factor, sharding,
-                              self.cluster, flows_per_nic=flows)
+        dense_bytes = self.param_bytes(start, end) - experts  # ZeRO-1/2 all-gathers these bytes
+        dense = gradient_sync([members] * nodes, dense_bytes * factor, sharding, self.cluster, flows_per_nic=flows,
+                              param_bytes=dense_bytes)
         times: dict[int, tuple[float, float]] = {}
         for number, phase in zip(_phase_numbers(dense), dense):
             times[number] = (phase.flow_bytes / phase.rate_bytes_per_s, phase.latency_s)
@@ -109,7 +110,8 @@ class ExpertPricing:
         if experts and per_node * nodes > 1:
             spread = [per_node] * nodes if per_node else [1] * (members * self.tensor_parallel * nodes
                                                                 // self.expert_parallel)
-            phases = gradient_sync(spread, experts * factor, sharding, self.cluster, flows_per_nic=flows)
+            phases = gradient_sync(spread, experts * factor, sharding, self.cluster, flows_per_nic=flows,
+                                   param_bytes=experts)
             for number, phase in zip(_phase_numbers(phases), phases):
                 alone = phase.flow_bytes / phase.rate_bytes_per_s
                 if number in times:  # both groups' flows leave every port of the phase, sharing it as

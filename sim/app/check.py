@@ -75,7 +75,7 @@ def gradient_algorithms(scenario: Scenario) -> tuple[str, ...]:
         if len(servers) < 2:
             continue
         dense = model.stage_param_bytes(*stage.layers) - model.expert_param_bytes(*stage.layers)
-        nbytes = gradient_sync_bytes(dense * model.grad_bytes_per_param_byte, plan.sharding)
+        nbytes = gradient_sync_bytes(dense * model.grad_bytes_per_param_byte, plan.sharding, param_bytes=dense)
         # ZeRO-3's reduce-scatter: laid out as an all-reduce of half, run by NCCL as a reduce-scatter of all
         kind, nbytes = ("reduce-scatter", 2 * nbytes) if plan.sharding is Sharding.FULL else ("all-reduce", nbytes)
         choice = across_choice([len(g) for g in servers], nbytes, cluster, kind=kind,

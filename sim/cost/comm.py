@@ -204,32 +204,46 @@ def hierarchical_allreduce_s(grad_bytes: float, per_node: int, nodes: int, clust
     return sum(phase.seconds for phase in hierarchical_allreduce([per_node] * nodes, grad_bytes, cluster))
 
 
-def gradient_sync_bytes(grad_bytes: float, sharding: Sharding) -> float:
+def gradient_sync_bytes(grad_bytes: float, sharding: Sharding, *, param_bytes: float | None = None) -> float:
     """Bytes of the all-reduce layout a stage's gradient synchronisation runs under ``sharding``.
 
-    ``none``: the all-reduce of the gradients; ``optimizer``/``gradients`` (ZeRO-1/2, Megatron's
-    distributed optimizer; Rajbhandari et al. 2020, §5.1–5.2): a reduce-scatter of the gradients
-    and an all-gather of the updated parameters of the same bytes, the all-reduce's traffic
-    and steps; ``full`` (ZeRO-3/FSDP, §5.3): only the reduce-scatter is left (the parameters
-    are gathered per action, ``fsdp_gather``), laid out as an all-reduce of half the bytes.
+    ``none``: the all-reduce of the ``grad_bytes`` gradients; ``optimizer``/``gradients``
+    (ZeRO-1/2, Megatron's distributed optimizer; Rajbhandari et al. 2020, §5.1–5.2): a
+    reduce-scatter of the g gradient bytes, then an all-gather of the p bytes of the updated
+    parameters (``param_bytes``, default g). They differ when the gradients keep another dtype:
+    Megatron-Core reduce-scatters ``grad_data`` in ``grad_dtype`` (fp32 under bf16) and gathers
+    ``param_data`` in ``param_dtype`` (megatron/core/distributed/param_and_grad_buffer.py,
+    megatron/core/optimizer/distrib_optimizer.py ``_dispatch_gather_model_params`` at
+    core_r0.8.0); DeepSpeed ZeRO-1/2 gathers the 16-bit partitions. On a ring of n a device
+    sends (n−1)/n·g + (n−1)/n·p = 2(n−1)/n·(g + p)/2 bytes in 2(n−1) steps: the all-reduce of
+    (g + p)/2 bytes, its traffic and steps (g itself where p = g). ``full`` (ZeRO-3/FSDP,
+    §5.3): only the reduce-scatter is left (the parameters are gathered per action,
+    ``fsdp_gather``), laid out as an all-reduce of half the bytes.
     """
-    return grad_bytes * 0.5 if sharding is Sharding.FULL else grad_bytes
+    if sharding is Sharding.FULL:
+        return grad_bytes * 0.5
+    if sharding is Sharding.NONE or param_bytes is None:
+        return grad_bytes
+    return 0.5 * (grad_bytes + param_bytes)
 
 
 def gradient_sync(members_per_node: Sequence[int], grad_bytes: float, sharding: Sharding, cluster: ClusterSpec, *,
-                  flows_per_nic: int | None = None, units: int = 1, crossing=None) -> tuple[CommCost, ...]:
+                  flows_per_nic: int | None = None, units: int = 1, crossing=None,
+                  param_bytes: float | None = None) -> tuple[CommCost, ...]:
     """The phases of a stage's gradient synchronisation: ``hierarchical_allreduce`` of
-    ``gradient_sync_bytes`` (``crossing``: its cross-server ring's, on a fabric). On one server whose
-    link has measured collectives, one phase of what the runtime calls (``measured_sync_terms``)."""
+    ``gradient_sync_bytes`` (``crossing``: its cross-server ring's, on a fabric; ``param_bytes``:
+    the bytes ZeRO-1/2 all-gathers, default ``grad_bytes``). On one server whose link has
+    measured collectives, one phase of what the runtime calls (``measured_sync_terms``)."""
     link, members = cluster.intra_node, members_per_node[0]
-    terms = measured_sync_terms(link.collectives, members, grad_bytes, sharding, units=units) \
-        if len(members_per_node) == 1 and members > 1 else None
+    terms = measured_sync_terms(link.collectives, members, grad_bytes, sharding, units=units,
+                                param_bytes=param_bytes) if len(members_per_node) == 1 and members > 1 else None
     if terms is not None:
         return (CommCost(bytes_per_device=ring_bytes(members, grad_bytes), flow_bytes=terms[1] * link.bandwidth_bytes_per_s,
                          steps=ring_steps(members), link=link, across_servers=False,
                          rate_bytes_per_s=link.bandwidth_bytes_per_s, measured_latency_s=terms[0]),)
-    return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding), cluster,
-                                  flows_per_nic=flows_per_nic, crossing=crossing, scatter=sharding is Sharding.FULL)
+    return hierarchical_allreduce(members_per_node, gradient_sync_bytes(grad_bytes, sharding, param_bytes=param_bytes),
+                                  cluster, flows_per_nic=flows_per_nic, crossing=crossing,
+                                  scatter=sharding is Sharding.FULL)
 
 
 def tensor_parallel_bytes_and_steps(layers: Sequence[LayerSpec], tensor_parallel: int, phase: str | tuple[str, ...],

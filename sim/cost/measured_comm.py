@@ -28,7 +28,7 @@ from sim.core.parallelism import Sharding
 if TYPE_CHECKING:
     from sim.core.measured_collectives import MeasuredCollectives
 
-__all__ = ["RING_KINDS", "SYNC_CALLS", "measured_ring_terms", "measured_sync_terms", "measured_terms"]
+__all__ = ["PARAM_KINDS", "RING_KINDS", "SYNC_CALLS", "measured_ring_terms", "measured_sync_terms", "measured_terms"]
 
 RING_KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 """Kinds whose fit is scaled to other group sizes as a ring's steps and bytes scale."""
@@ -78,15 +78,20 @@ after the forward), one all-gather per unit for the forward (``full``'s gathers 
 action: ``sim.cost.comm.fsdp_gather``). A step of several micro-batches under ``gradients``
 gathers once per micro-batch; this counts one (a lower bound)."""
 
+PARAM_KINDS = ("all-gather", "broadcast")
+"""The kinds of ``SYNC_CALLS`` that move the updated parameters (their bytes, not the gradients')."""
+
 
 def measured_sync_terms(measured: MeasuredCollectives | None, members: int, grad_bytes: float, sharding: Sharding, *,
-                        units: int = 1) -> tuple[float, float] | None:
+                        units: int = 1, param_bytes: float | None = None) -> tuple[float, float] | None:
     """(latency seconds, byte seconds) of a stage's gradient synchronisation over ``members``:
-    ``SYNC_CALLS[sharding]`` back to back over ``grad_bytes`` each (``units`` calls for the
-    per-unit kinds; ``measured_terms``); None where nothing or not every kind was measured."""
+    ``SYNC_CALLS[sharding]`` back to back, each over ``grad_bytes`` or, for the calls that move
+    the updated parameters (``PARAM_KINDS``), ``param_bytes`` (default ``grad_bytes``) (``units``
+    calls for the per-unit kinds; ``measured_terms``); None where nothing or not every kind was measured."""
     latency = byte_s = 0.0
     for kind, per_unit, fsdp in SYNC_CALLS[sharding]:
-        terms = measured_terms(measured, kind, members, grad_bytes, calls=units if per_unit else 1, fsdp=fsdp)
+        nbytes = param_bytes if kind in PARAM_KINDS and param_bytes is not None else grad_bytes
+        terms = measured_terms(measured, kind, members, nbytes, calls=units if per_unit else 1, fsdp=fsdp)
         if terms is None:
             return None
         latency, byte_s = latency + terms[0], byte_s + terms[1]

@@ -63,7 +63,8 @@ def allreduce_flows(plan, model, cluster, *,
     sharding = reduced_as(sharding, plan.fsdp)  # DeepSpeed v0.3 all-reduces (plan.fsdp.reduce_scatter false)
     for s, stage in enumerate(plan.stages):
         experts = model.expert_param_bytes(*stage.layers)
-        grad_bytes = (model.stage_param_bytes(*stage.layers) - experts) * model.grad_bytes_per_param_byte
+        dense_bytes = model.stage_param_bytes(*stage.layers) - experts  # ZeRO-1/2 all-gathers these bytes
+        grad_bytes = dense_bytes * model.grad_bytes_per_param_byte
         units = stage.layers[1] - stage.layers[0]  # FSDP2 units: one per layer (runtime.model.sharding)
         for group in plan.gradient_groups(s):
             if len(group) < 2:
@@ -72,7 +73,7 @@ def allreduce_flows(plan, model, cluster, *,
                 kind = "reduce-scatter" if sharding is Sharding.FULL else "all-reduce"
                 _flat_ring(s, group, kind, grad_bytes, cluster, flows, latency)  # the whole gradient
                 continue
-            _group_allreduce(s, group, grad_bytes, sharding, units, cluster, flows, latency)
+            _group_allreduce(s, group, (grad_bytes, dense_bytes), sharding, units, cluster, flows, latency)
         if experts and len(plan.gradient_groups(s)[0]) > 1:
             # the routed experts' gradients over their expert-data-parallel groups (``sim.cost.experts``),
             # in the same reduction's phases: each phase as slow as its slower group's
@@ -80,7 +81,7 @@ def allreduce_flows(plan, model, cluster, *,
             expert_bytes = experts * model.grad_bytes_per_param_byte
             for group in plan.expert_data_groups(s):
                 if len(group) > 1:
-                    _group_allreduce(s, group, expert_bytes, sharding, units, cluster, flows, latency)
+                    _group_allreduce(s, group, (expert_bytes, experts), sharding, units, cluster, flows, latency)
             latency.update({key: max(value, dense.get(key, 0.0)) for key, value in latency.items()})
     return flows, latency
 
@@ -89,11 +90,13 @@ _PHASE_NUMBERS = {(True, False): (0,), (False, True): (1,), (True, True): (0, 1,
 """The phase labels of ``hierarchical_allreduce``'s phases, by (a ring inside a server, a ring across)."""
 
 
-def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding, units: int, cluster, flows: list,
-                     latency: dict) -> None:
+def _group_allreduce(s: int, group, stage_bytes: tuple[float, float], sharding: Sharding, units: int, cluster,
+                     flows: list, latency: dict) -> None:
     """One gradient group's ring (one server) or hierarchical (several) all-reduce of
-    ``gradient_sync``'s phases (``units``: the stage's FSDP units, for measured collectives)."""
-    grad_bytes = gradient_sync_bytes(stage_grad_bytes, sharding)
+    ``gradient_sync``'s phases (``stage_bytes``: the stage's gradient bytes and the parameter bytes
+    ZeRO-1/2 all-gathers; ``units``: the stage's FSDP units, for measured collectives)."""
+    stage_grad_bytes, param_bytes = stage_bytes
+    grad_bytes = gradient_sync_bytes(stage_grad_bytes, sharding, param_bytes=param_bytes)
     by_node, per_node = defaultdict(list), cluster.devices_per_node
     for d in sorted(group):
         by_node[d // per_node].append(d)  # ``ClusterSpec.node_of``, inline: once per device of every group
@@ -102,7 +105,7 @@ def _group_allreduce(s: int, group, stage_grad_bytes: float, sharding: Sharding,
     # on a fabric the servers' ring (each server's first member to the next's) crosses the tiers it climbs
     crossing = group_crossing(cluster, [g[0] for g in groups]) if cluster.fabric is not None and k > 1 else None
     phases = gradient_sync([len(g) for g in groups], stage_grad_bytes, sharding, cluster, units=units,
-                           crossing=crossing)
+                           crossing=crossing, param_bytes=param_bytes)
     # the cross-server phase's bytes per GPU of the smallest server (NCCL's algorithm's on a fabric)
     across = phases[-2 if widest > 1 else -1].flow_bytes * min(len(g) for g in groups) \
         if crossing is not None else None

@@ -1,0 +1,94 @@
+"""ZeRO-1/2's gradient synchronisation without ``plan.overlap.param_gather``: a reduce-scatter of
+the g gradient bytes, then an all-gather of the p bytes of the updated parameters (Rajbhandari et
+al. 2020, §5.1–5.2; Megatron-Core core_r0.8.0 reduce-scatters ``grad_data`` in ``grad_dtype`` and
+gathers ``param_data`` in ``param_dtype``). On a ring that is an all-reduce of (g + p)/2 bytes
+(``sim.cost.comm.gradient_sync_bytes``): with fp32 gradients of a bf16 model, 3/4 of the bytes the
+simulator charged before (an all-reduce of g); with bf16 gradients nothing changes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.search.costs import CostTables
+from planner.search.ranking import analytic_score
+from planner.search.space import Candidate, to_scenario
+from sim.core.parallelism import Sharding
+from sim.cost.comm import gradient_sync, gradient_sync_bytes
+from sim.engine.compile import compile_workload
+from sim.engine.run import run_scenario
+from sim.input.scenario import parse_scenario
+
+TEXT = """
+name: zero-sync-bytes
+cluster: {preset: dgx-h100, nodes: NODES}
+model: {preset: gpt, layers: 4, hidden: 512, heads: 8, seq_len: 256, vocab: 1024, dtype: bf16,
+        optimizer: {name: adam, grad_dtype: GRAD}}
+training: {global_batch_size: 32, microbatch_size: 2}
+plan: {schedule: 1f1b, tensor_parallel: 1, pipeline_parallel: 1, data_parallel: DP, sharding: SHARDING}
+"""
+
+
+def _scenario(grad_dtype: str, sharding: str = "optimizer", nodes: int = 2):
+    text = TEXT.replace("GRAD", grad_dtype).replace("SHARDING", sharding)
+    text = text.replace("NODES", str(nodes)).replace("DP", str(8 * nodes))
+    return parse_scenario(text, source="zero-sync-bytes.yaml")
+
+
+def _ar_bytes(scenario) -> float:
+    return sum(k.bytes for k in compile_workload(scenario).kinds if k.label[0] == "AR")
+
+
+def test_the_layout_is_an_allreduce_of_the_mean_bytes():
+    """(g + p)/2 under ZeRO-1/2, g itself where p = g or p is not given; ``none`` all-reduces the
+    gradients, ``full`` keeps only the reduce-scatter (half the layout)."""
+    g, p = 4.0e9, 2.0e9
+    for sharding in (Sharding.OPTIMIZER, Sharding.GRADIENTS):
+        assert gradient_sync_bytes(g, sharding, param_bytes=p) == 3.0e9
+        assert gradient_sync_bytes(g, sharding, param_bytes=g) == g
+        assert gradient_sync_bytes(g, sharding) == g
+    assert gradient_sync_bytes(g, Sharding.NONE, param_bytes=p) == g
+    assert gradient_sync_bytes(g, Sharding.FULL, param_bytes=p) == g / 2
+
+
+def test_one_ring_is_a_reduce_scatter_of_g_then_an_all_gather_of_p():
+    """On one server of n = 8: (n−1)/n·g + (n−1)/n·p bytes at the link's collective bandwidth,
+    plus 2(n−1) link latencies (a reduce-scatter's n−1 steps, an all-gather's n−1)."""
+    cluster = _scenario("fp32", nodes=1).cluster
+    link, n, g, p = cluster.intra_node, 8, 4.0e9, 2.0e9
+    rate = link.bandwidth_bytes_per_s * link.collective_efficiency
+    expected = (n - 1) / n * g / rate + (n - 1) / n * p / rate + 2 * (n - 1) * link.latency_s
+    (phase,) = gradient_sync([n], g, Sharding.OPTIMIZER, cluster, param_bytes=p)
+    assert phase.seconds == pytest.approx(expected, rel=1e-12)
+    (unsharded,) = gradient_sync([n], g, Sharding.NONE, cluster, param_bytes=p)
+    assert unsharded.seconds == pytest.approx(2 * (n - 1) / n * g / rate + 2 * (n - 1) * link.latency_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_engine_moves_the_parameters_bytes(nodes):
+    """fp32 gradients of a bf16 model (g = 2p): ZeRO-1's flows carry (2p + p)/2 = 1.5 times the
+    bf16-gradient model's bytes, not twice (the all-reduce of the gradients keeps its 2)."""
+    bf16, fp32 = _ar_bytes(_scenario("bf16", nodes=nodes)), _ar_bytes(_scenario("fp32", nodes=nodes))
+    assert fp32 == pytest.approx(1.5 * bf16, rel=1e-12)
+    plain = _ar_bytes(_scenario("fp32", "none", nodes=nodes))
+    assert plain == pytest.approx(2 * _ar_bytes(_scenario("bf16", "none", nodes=nodes)), rel=1e-12)
+    assert plain == pytest.approx(2 * bf16, rel=1e-12)  # ZeRO-1's layout with bf16 gradients is DDP's
+
+
+@pytest.mark.parametrize("sharding", [Sharding.OPTIMIZER, Sharding.GRADIENTS])
+def test_the_planner_prices_what_the_engine_replays(sharding):
+    """The planner's one-stage estimate (exact for one stage) is the fast path's replay of ZeRO-1/2
+    with fp32 gradients over two servers."""
+    base = dataclasses.replace(_scenario("fp32", sharding.value), plan=None)
+    candidate = Candidate(bounds=(0, base.model.num_layers), replicas=(16,), microbatch_size=2, sharding=sharding)
+    planned = to_scenario(base, candidate)
+    tables = CostTables(base)
+    assert analytic_score(tables, base, candidate)[0] == pytest.approx(
+        run_scenario(planned, engine="fast").summarize().iteration_time_s, rel=1e-9)
+    layers = base.model.num_layers
+    # the same steps and latencies; the bytes (2 + 1)/2 per parameter byte, midway between DDP's
+    # fp32 all-reduce (2) and the bf16-gradient model's (1)
+    ddp_s, zero_s = tables.allreduce_s(0, layers, 8, 2), tables.allreduce_s(0, layers, 8, 2, sharding)
+    bf16 = CostTables(dataclasses.replace(_scenario("bf16", sharding.value), plan=None))
+    assert zero_s == pytest.approx((ddp_s + bf16.allreduce_s(0, layers, 8, 2, sharding)) / 2, rel=1e-12)
