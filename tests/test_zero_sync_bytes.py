@@ -92,3 +92,43 @@ def test_the_planner_prices_what_the_engine_replays(sharding):
     ddp_s, zero_s = tables.allreduce_s(0, layers, 8, 2), tables.allreduce_s(0, layers, 8, 2, sharding)
     bf16 = CostTables(dataclasses.replace(_scenario("bf16", sharding.value), plan=None))
     assert zero_s == pytest.approx((ddp_s + bf16.allreduce_s(0, layers, 8, 2, sharding)) / 2, rel=1e-12)
+
+
+EVERY = TEXT.replace("microbatch_size: 2", "microbatch_size: 1")
+
+
+def _every(grad_dtype: str, nodes: int = 1):
+    """ZeRO-2 reducing every micro-batch (``plan.fsdp.reduce_every_microbatch``, the default) over
+    8 GPUs a server: 32 / (8·nodes) micro-batches of one sample."""
+    text = EVERY.replace("GRAD", grad_dtype).replace("SHARDING", "gradients")
+    return parse_scenario(text.replace("NODES", str(nodes)).replace("DP", str(8 * nodes)), source="every.yaml")
+
+
+def _collective_bytes(workload, collective) -> float:
+    return sum(workload.kinds[k].bytes for members, _ in collective.phases for k in members)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_zero2s_final_gather_moves_the_parameters_bytes(nodes):
+    """After the last micro-batch's reduce-scatter of the fp32 gradients, ZeRO-2 all-gathers the
+    bf16 parameters: a collective of its own with half the reduce-scatter's bytes, which the bf16-
+    gradient model's reduce-scatter collective runs again (the same bytes)."""
+    fp32, bf16 = compile_workload(_every("fp32", nodes)), compile_workload(_every("bf16", nodes))
+    assert len(bf16.collectives) == 1 and len(fp32.collectives) == 2
+    scatter, gather = fp32.collectives
+    assert (scatter.stage, gather.stage, gather.index) == (0, 0, 1)
+    assert _collective_bytes(fp32, gather) == pytest.approx(0.5 * _collective_bytes(fp32, scatter), rel=1e-12)
+    assert _collective_bytes(fp32, gather) == pytest.approx(_collective_bytes(bf16, bf16.collectives[0]), rel=1e-12)
+    reduces = [op for op in fp32.classes[0].ops if op.code == 3]  # REDUCE: a reduce-scatter each, then the gather
+    assert [op.collective for op in reduces] == [0] * fp32.num_microbatches + [1]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_planner_prices_zero2s_final_gather_as_the_replay(nodes):
+    """One stage: the planner's estimate is the fast path's replay with fp32 gradients."""
+    base = dataclasses.replace(_every("fp32", nodes), plan=None)
+    candidate = Candidate(bounds=(0, base.model.num_layers), replicas=(8 * nodes,), microbatch_size=1,
+                          sharding=Sharding.GRADIENTS)
+    planned = to_scenario(base, candidate)
+    assert analytic_score(CostTables(base), base, candidate)[0] == pytest.approx(
+        run_scenario(planned, engine="fast").summarize().iteration_time_s, rel=1e-9)

@@ -204,7 +204,9 @@ class OverlapPricing:
             first = queued_reductions_end_s(first, reduce_s, forward.total_s + backward.total_s, num_microbatches)
         tail = max(0.0, first - backward.total_s)
         if every and not gathered and sharding is Sharding.GRADIENTS:
-            tail += reduce_s  # ZeRO-2's all-gather after the last reduce-scatter, on the same stream
+            # ZeRO-2's all-gather of the updated (16-bit) parameters after the last reduce-scatter, on the
+            # same stream: the reduce-scatter's layout with the parameters' bytes (sim.engine.collectives)
+            tail += self.allreduce_s(start, end, per_node, nodes, Sharding.FULL, span=span, factor=1.0)
         return tail
 
     def _action(self, compute_s: float, tp_s: float, beside: list, ep_s: float = 0.0, block_s: float = 0.0) -> Action:

@@ -44,7 +44,7 @@ from sim.cost.tiers import group_crossing
 from sim.cost.zero3 import reduced_as
 from sim.engine.workload import Collective, FlowKind
 
-__all__ = ["allreduce_flows", "build_collectives"]
+__all__ = ["FINAL_GATHER_PHASE", "allreduce_flows", "build_collectives", "with_final_gather"]
 
 
 def allreduce_flows(plan, model, cluster, *,
@@ -147,25 +147,62 @@ def _flat_ring(s: int, group, kind: str, grad_bytes: float, cluster, flows: list
     flows += [(d, ring[(i + 1) % len(ring)], ("AR", s, 1), cost.flow_bytes) for i, d in enumerate(ring)]
 
 
-def build_collectives(plan, model, kinds: list[FlowKind], class_of, latency: dict[tuple, float]) -> list[Collective]:
-    """One :class:`Collective` per stage with replicas: its phases' flow kinds, in phase order."""
-    result = []
+FINAL_GATHER_PHASE = 3
+"""The first phase number of ZeRO-2's final all-gather where it is a collective of its own
+(``with_final_gather``): phases 3, 4, 5 stand for the reduce-scatter's 0, 1, 2."""
+
+
+def with_final_gather(ar_flows: list, ar_latency: dict, param_bytes_per_grad_byte: float) -> tuple[list, dict]:
+    """The reduction's flows and latencies with ZeRO-2's all-gather of the updated parameters after
+    the last micro-batch's reduce-scatter (``plan.fsdp.reduce_every_microbatch``) as a collective of
+    its own, where it moves other bytes than the reduce-scatter (``param_bytes_per_grad_byte`` > 0;
+    0: unchanged, the reduce-scatter's collective runs it again): the reduce-scatter's layout,
+    ports and latencies (labels ``("AR", stage, 3 + phase)``), each flow ``param_bytes_per_grad_byte``
+    of its bytes (1/2 for fp32 gradients of a 16-bit model: DeepSpeed's ZeRO-2 gathers the 16-bit
+    partitions, Rajbhandari et al. 2020, §5.2; ``sim.cost.comm.gradient_sync_bytes``)."""
+    if not param_bytes_per_grad_byte:
+        return ar_flows, ar_latency
+    flows = [(src, dst, ("AR", label[1], FINAL_GATHER_PHASE + label[2]), nbytes * param_bytes_per_grad_byte)
+             for src, dst, label, nbytes in ar_flows]
+    latency = {(s, FINAL_GATHER_PHASE + phase): value for (s, phase), value in ar_latency.items()}
+    return ar_flows + flows, {**ar_latency, **latency}
+
+
+def build_collectives(plan, model, kinds: list[FlowKind], class_of,
+                      latency: dict[tuple, float]) -> tuple[list[Collective], list[Collective]]:
+    """One :class:`Collective` per stage with replicas: its phases' flow kinds, in phase order; and
+    after them, indexed on, ZeRO-2's final all-gathers where they are collectives of their own
+    (``with_final_gather``: phases from ``FINAL_GATHER_PHASE`` on), for the stages that have one."""
     by_label: dict[tuple, list[int]] = defaultdict(list)  # one pass over the kinds, not one per phase
     for k in kinds:
         if k.label[0] == "AR":
             by_label[k.label].append(k.index)
+    reductions = _stage_collectives(plan, model, class_of, latency, by_label, 0, 0)
+    return reductions, _stage_collectives(plan, model, class_of, latency, by_label, FINAL_GATHER_PHASE,
+                                          len(reductions))
+
+
+def _stage_collectives(plan, model, class_of, latency: dict, by_label: dict, first_phase: int,
+                       first_index: int) -> list[Collective]:
+    """The collectives of phases ``first_phase`` to ``first_phase + 2``, indexed from ``first_index``;
+    a stage without such flows has none beyond the reductions (``first_phase`` 0)."""
+    result = []
+    if first_phase and not any(label[2] >= first_phase for label in by_label):
+        return result
     for s, stage in enumerate(plan.stages):
         if len(plan.gradient_groups(s)[0]) < 2:
             continue
         phases = []
-        for phase in (0, 1, 2):
+        for phase in range(first_phase, first_phase + 3):
             members = tuple(by_label.get(("AR", s, phase), ()))
             if members:
                 phases.append((members, latency[(s, phase)]))
+        if first_phase and not phases:
+            continue
         participants = tuple(sorted({class_of[d] for d in stage.devices}))
         result.append(
             Collective(
-                index=len(result),
+                index=first_index + len(result),
                 stage=s,
                 participants=participants,
                 phases=tuple(phases),

@@ -42,7 +42,7 @@ from sim.cost.memory import sum_state_bytes
 from sim.cost.overlap import bucket_count, communication_sms_slowdown, unit_count
 from sim.cost.split import sample_ranges
 from sim.engine.classes import Symmetry, group_members
-from sim.engine.collectives import allreduce_flows, build_collectives
+from sim.engine.collectives import allreduce_flows, build_collectives, with_final_gather
 from sim.engine.fault_view import FaultView
 from sim.engine.flows import (
     PortTable,
@@ -93,6 +93,8 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     gathered = _param_gather(plan)
     ar_flows, ar_latency = allreduce_flows(plan, model, cluster,
                                            scatter_only=_every_microbatch(plan, training.num_microbatches) or gathered)
+    final = _final_gather_ratio(plan, model, training.num_microbatches)  # ZeRO-2's own final all-gather
+    ar_flows, ar_latency = with_final_gather(ar_flows, ar_latency, final)
     g_flows, g_latency = group_flows(plan, model, cluster, samples)
     if gathered:
         g_flows = g_flows + _gather_flows(ar_flows, 1.0 / model.grad_bytes_per_param_byte)
@@ -127,7 +129,7 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
     ports = PortTable(cluster, class_of, card_of, devices, nic_ids, split, each_uplink=not symmetric)
     kinds = flow_kinds(table, rates, class_of, ports, by_rate=not contention, by_path=optimistic,
                        gather=_pipeline_gather(plan, cluster, p2p))
-    collectives = build_collectives(plan, model, kinds, class_of, ar_latency)
+    collectives, finals = build_collectives(plan, model, kinds, class_of, ar_latency)
     group_colls, group_of = build_group_collectives(kinds, class_of, plan, g_latency)
     group_keys = defaultdict(list)
     for (label, cls), index in group_of.items():
@@ -138,13 +140,13 @@ def compile_workload(scenario: Scenario, *, symmetric: bool = True, contention: 
                        by_class=kinds_by_class(kinds), faults=faults, rank_texts={}, shared_ops={},
                        pipelining=_pipelining(plan, model, kinds, collectives, group_colls, training.num_microbatches,
                                               slowdown=cluster.device.overlap_slowdown, device=cluster.device,
-                                              samples=samples),
+                                              samples=samples, finals=finals),
                        held=held_by_stage(resolved))
     members = defaultdict(list)
     for d in devices:
         members[class_of[d]].append(d)
     classes = tuple(_device_class(index, tuple(members[index]), context) for index in range(len(members)))
-    return _workload(scenario, resolved, classes=classes, kinds=kinds, ports=ports, collectives=collectives,
+    return _workload(scenario, resolved, classes=classes, kinds=kinds, ports=ports, collectives=collectives + finals,
                      group_collectives=group_colls, contention=contention or not symmetric, optimistic=optimistic,
                      traffic=label_traffic(table, cluster, faults) if cluster.fabric is not None else None)
 
@@ -192,6 +194,17 @@ def _every_microbatch(plan, num_microbatches: int) -> bool:
             and plan.sharding in (Sharding.GRADIENTS, Sharding.FULL))
 
 
+def _final_gather_ratio(plan, model, num_microbatches: int) -> float:
+    """Parameter bytes per gradient byte of ZeRO-2's final all-gather where it is a collective of
+    its own (``sim.engine.collectives.with_final_gather``): after a reduce-scatter every
+    micro-batch, with gradients in another dtype than the parameters; 0 where the
+    reduce-scatter's collective runs it (the same bytes) or there is none."""
+    final = (_every_microbatch(plan, num_microbatches) and plan.sharding is Sharding.GRADIENTS
+             and not _param_gather(plan))
+    ratio = 1.0 / model.grad_bytes_per_param_byte
+    return ratio if final and ratio != 1.0 else 0.0
+
+
 def _param_gather(plan) -> bool:
     """Whether ZeRO-1/2's all-gather of the updated parameters runs beside each stage's first
     forward (``plan.overlap.param_gather``: Megatron-LM's ``--overlap-param-gather`` with its
@@ -223,7 +236,7 @@ def _gather_latency(ar_latency: dict) -> dict:
 
 
 def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, num_microbatches: int, *,
-                slowdown: float, device, samples: dict) -> Pipelining:
+                slowdown: float, device, samples: dict, finals: list = ()) -> Pipelining:
     """How the plan pipelines its collectives with its compute (``sim.engine.ops.Pipelining``);
     ``slowdown``: the device's ``overlap_slowdown``, which needs every group collective's alone time;
     ``device``: its SMs, which ``plan.overlap.communication_sms`` shares out, and the MoE blocks'
@@ -256,6 +269,7 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
                       final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
+                      final_gather_of={c.stage: c.index for c in finals},
                       gather_buckets=buckets_of if gathered else {},
                       gather_ahead=gathered and plan.schedule == "interleaved" and plan.custom_schedule is None,
                       expert_overlap=plan.overlap.expert_all_to_all, overlap_slowdown=slowdown,

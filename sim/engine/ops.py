@@ -59,6 +59,10 @@ class Pipelining:
     final_gather: bool = False
     """With ``every_microbatch``: the end keeps a REDUCE op, ZeRO-2's all-gather of the updated
     parameters (``sharding: gradients``); ZeRO-3 has none (``full``)."""
+    final_gather_of: dict = field(default_factory=dict)
+    """Stage -> index in ``Workload.collectives`` of its final all-gather where it moves other bytes
+    than its reduce-scatter (fp32 gradients: ``sim.engine.collectives.final_gather_flows``);
+    absent: the REDUCE op runs the reduce-scatter's collective again."""
     gather_buckets: dict = field(default_factory=dict)
     """Stage -> buckets of ZeRO-1/2's parameter all-gather (``plan.overlap.param_gather``), which
     runs beside the stage's first forward as a ``("PG", stage, "F")`` GROUP op, pipelined bucket
@@ -177,7 +181,7 @@ def _with_reductions(ops: list[Op], pipelining: Pipelining) -> list[Op]:
             s = op.stage
             if pipelining.every_microbatch:
                 if pipelining.final_gather:  # ZeRO-2's all-gather of the updated parameters, not bucketed
-                    out.append(op)
+                    out.append(op._replace(collective=pipelining.final_gather_of.get(s, op.collective)))
                 continue
             if s in pipelining.reductions and s in last and op.collective >= 0:
                 buckets, tail_s = pipelining.reductions[s]
