@@ -14,10 +14,13 @@ import pytest
 from planner.search.costs import CostTables
 from planner.search.ranking import analytic_score
 from planner.search.space import Candidate, to_scenario
+from sim.core.measured_collectives import CollectiveFit, MeasuredCollectives
 from sim.core.parallelism import Sharding
 from sim.cost.comm import gradient_sync, gradient_sync_bytes
+from sim.cost.measured_comm import measured_sync_terms
 from sim.engine.compile import compile_workload
 from sim.engine.run import run_scenario
+from sim.engine.workload import REDUCE
 from sim.input.scenario import parse_scenario
 
 TEXT = """
@@ -119,7 +122,7 @@ def test_zero2s_final_gather_moves_the_parameters_bytes(nodes):
     assert (scatter.stage, gather.stage, gather.index) == (0, 0, 1)
     assert _collective_bytes(fp32, gather) == pytest.approx(0.5 * _collective_bytes(fp32, scatter), rel=1e-12)
     assert _collective_bytes(fp32, gather) == pytest.approx(_collective_bytes(bf16, bf16.collectives[0]), rel=1e-12)
-    reduces = [op for op in fp32.classes[0].ops if op.code == 3]  # REDUCE: a reduce-scatter each, then the gather
+    reduces = [op for op in fp32.classes[0].ops if op.code == REDUCE]  # a reduce-scatter each, then the gather
     assert [op.collective for op in reduces] == [0] * fp32.num_microbatches + [1]
 
 
@@ -132,3 +135,50 @@ def test_the_planner_prices_zero2s_final_gather_as_the_replay(nodes):
     planned = to_scenario(base, candidate)
     assert analytic_score(CostTables(base), base, candidate)[0] == pytest.approx(
         run_scenario(planned, engine="fast").summarize().iteration_time_s, rel=1e-9)
+
+
+MOE = """
+name: moe-zero1-fp32
+cluster: {preset: dgx-h100, nodes: NODES}
+model: {preset: llama, layers: 2, hidden: 64, heads: 4, kv_heads: 2, seq_len: 32, vocab: 128, dtype: bf16,
+        experts: {count: 8, top_k: 2, ffn_hidden: 128}, optimizer: {name: adam, grad_dtype: GRAD}}
+training: {global_batch_size: BATCH, microbatch_size: BATCH}
+plan: {schedule: gpipe, pipeline_parallel: 1, data_parallel: DP, expert_parallel: 4, sharding: optimizer}
+"""
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_an_moe_stages_sync_is_priced_as_the_fast_path_replays_it(nodes):
+    """Dense and expert groups each reduce-scatter fp32 gradients and all-gather bf16 parameters:
+    the planner's table (``moe_reduce_s``) is the fast path's REDUCE op, and its byte term 3/4 of
+    the same model's DDP all-reduce of the fp32 gradients (the same latencies)."""
+    text = MOE.replace("NODES", str(nodes)).replace("BATCH", str(8 * nodes)).replace("DP", str(8 * nodes))
+    scenario = parse_scenario(text.replace("GRAD", "fp32"), source="moe-zero1-fp32.yaml")
+    tables = CostTables(scenario, expert_parallel=4)
+    layers = tables.num_layers
+    result = run_scenario(scenario, engine="fast", contention=False)
+    reduce = [times[1] - times[0] for cls, rec in zip(result.workload.classes, result.records)
+              for op, times in zip(cls.ops, rec.op_times) if op.code == REDUCE]
+    expected = tables.allreduce_s(0, layers, 8, nodes, Sharding.OPTIMIZER)
+    assert reduce == pytest.approx([expected] * len(reduce), rel=1e-9)
+    bf16 = CostTables(parse_scenario(text.replace("GRAD", "bf16"), source="x.yaml"), expert_parallel=4)
+    ddp, half = tables.allreduce_s(0, layers, 8, nodes), bf16.allreduce_s(0, layers, 8, nodes, Sharding.OPTIMIZER)
+    assert expected == pytest.approx((ddp + half) / 2, rel=1e-9)
+
+
+def test_measured_calls_move_the_parameters_bytes_where_they_gather():
+    """On a link with measured collectives over 2 ranks: ZeRO-1 is the all-reduce of g then the
+    broadcasts of p, FSDP2's ZeRO-2 a reduce-scatter of g then an all-gather of p (the fits' own
+    group size: ``latency + bytes / bandwidth`` each, FSDP2's per-call overhead on its calls)."""
+    fits = (CollectiveFit(kind="all-gather", ranks=2, latency_s=1e-3, bandwidth_bytes_per_s=1e9),
+            CollectiveFit(kind="all-reduce", ranks=2, latency_s=2e-4, bandwidth_bytes_per_s=2e9),
+            CollectiveFit(kind="broadcast", ranks=2, latency_s=1e-4, bandwidth_bytes_per_s=4e9),
+            CollectiveFit(kind="reduce-scatter", ranks=2, latency_s=1e-3, bandwidth_bytes_per_s=1e9))
+    measured = MeasuredCollectives(fits=fits, fsdp_call_overhead_s=5e-4)
+    g, p = 4e6, 2e6
+    assert measured_sync_terms(measured, 2, g, Sharding.OPTIMIZER, param_bytes=p) == pytest.approx(
+        (2e-4 + 1e-4, g / 2e9 + p / 4e9), rel=1e-12)
+    assert measured_sync_terms(measured, 2, g, Sharding.GRADIENTS, param_bytes=p) == pytest.approx(
+        (2 * (1e-3 + 5e-4), g / 1e9 + p / 1e9), rel=1e-12)
+    assert measured_sync_terms(measured, 2, g, Sharding.GRADIENTS) == pytest.approx(
+        (2 * (1e-3 + 5e-4), 2 * g / 1e9), rel=1e-12)
