@@ -13,7 +13,11 @@ counts and ring steps of ``sim.cost.comm`` (the closed forms the planners use to
 With tensor parallelism each tensor rank's devices (over the replicas and context ranks,
 ``PlanSpec.gradient_groups``) reduce their share; the groups run side by side in the same
 phases. With ``sharding: optimizer`` or ``gradients`` the all-reduce becomes a reduce-scatter
-and an all-gather of the same bytes (Megatron's distributed optimizer, ZeRO-1/2); with
+of the gradients and an all-gather of the parameters (Megatron's distributed optimizer,
+ZeRO-1/2), laid out as the all-reduce of the mean of their bytes (``gradient_sync_bytes``: less
+than the gradients' where they are fp32 under 16-bit parameters; ZeRO-2's final all-gather
+after a reduce-scatter every micro-batch is then a collective of its own, phases 3 to 5,
+``with_final_gather``); with
 ``full`` only the reduce-scatter is left (the parameters are gathered per action,
 ``sim.engine.groups``), and with ``plan.fsdp.reduce_scatter: false`` that is an all-reduce again
 (DeepSpeed v0.3's default); with ``plan.fsdp.path: flat`` a reduce-scatter (ZeRO-3's, or ZeRO-2's
