@@ -14,6 +14,20 @@ first, as ``sim.engine.run.run_scenario`` does). Engines: ``simpy`` (with conten
 its ratio to a reference run in the same process (the shipped 2,048-GPU scenario on the fast
 path), since the machine is shared and noisy. Times are printed, never asserted.
 
+The straggler row with contention replays 1,040 classes (16 stages x 64, plus one a stage for the
+15 untouched expert groups of 64), and that is the coarsest exact partition, not a refinement gone
+too far. Each all-to-all is replayed as ring flows inside a server and rail flows to the same rank
+on the next server (``sim.engine.groups._expert_all_to_all``): over an expert group of 8 servers
+a directed 8 x 8 torus, whose only symmetries are its translations. None but the identity keeps
+the straggler in place, so every peer sits differently with respect to it (the straggler's late
+flows load its ring and rail neighbours' ports, and theirs load the next ones'), and down the
+pipeline the replica chains carry the mark into each stage's group; colour refinement finds
+exactly these classes, the coarsest equitable partition. Dropping the all-to-alls' flows from the
+optimistic refinement, as it drops the gradient rings, gives 32 classes at 2,048 GPUs but changes
+the replay (device 0's out-of-memory instant 0.694 s -> 0.926 s) and deadlocks a 64-GPU version
+of the case, which the replay's sibling check does not catch (``tests/test_moe_straggler_classes.py``).
+What is left to cut is the cost of each class's flows in the port-sharing model, not their count.
+
     python benchmarks/moe_bench.py [--gpus 2048 16384] [--regimes symmetric straggler] [--engines simpy fast]
 """
 
