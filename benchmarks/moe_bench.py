@@ -26,7 +26,13 @@ exactly these classes, the coarsest equitable partition. Dropping the all-to-all
 optimistic refinement, as it drops the gradient rings, gives 32 classes at 2,048 GPUs but changes
 the replay (device 0's out-of-memory instant 0.694 s -> 0.926 s) and deadlocks a 64-GPU version
 of the case, which the replay's sibling check does not catch (``tests/test_moe_straggler_classes.py``).
-What is left to cut is the cost of each class's flows in the port-sharing model, not their count.
+The replay's per-device summaries (busy, idle, peaks and their instants) of the peers do coincide
+on this case: 34 distinct among 2,048 devices at 2,048 GPUs (the untouched groups, the
+straggler's chain device and its group's other members in the first and last stages; the
+untouched groups and the straggler's whole group in the others). A merge by the contention-free
+rules (``refine_behaviour``: 48 classes) might then hold here, but it would need a check the
+replay lacks (that every merged flow's rate history equals its peers'); without one it is not
+made. What is left to cut is each class's flows' cost in the port-sharing model, not their count.
 
     python benchmarks/moe_bench.py [--gpus 2048 16384] [--regimes symmetric straggler] [--engines simpy fast]
 """
