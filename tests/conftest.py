@@ -3,6 +3,7 @@ the runs that several test files read (each launched once per session: a launch 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
 BAD_SCENARIOS = Path(__file__).resolve().parent / "scenarios" / "bad"
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -6,21 +6,13 @@ says it is (no wall-clock time is asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from conftest import REPO
+from conftest import REPO, load_benchmark
 from sim.engine.compile import _replica_samples
 from sim.engine.groups import by_server, group_flows
 from sim.input.scenario import load_scenario
 
 DEEPSEEK = REPO / "scenarios" / "deepseek_v3_h800_ep64.yaml"
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("moe_bench", REPO / "benchmarks" / "moe_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_expert_all_to_all_flows_are_two_per_member_not_n_squared():
@@ -38,7 +30,7 @@ def test_expert_all_to_all_flows_are_two_per_member_not_n_squared():
 
 
 def test_the_benchmark_case_is_16384_gpus_with_ep_64_across_8_servers():
-    scenario = _bench().case(16384, "symmetric")
+    scenario = load_benchmark("moe_bench").case(16384, "symmetric")
     plan = scenario.plan
     assert scenario.cluster.num_devices == 16384 and plan.num_stages == 16 and plan.num_replicas(0) == 1024
     assert plan.expert_parallel == 64 and scenario.training.num_microbatches == 64

@@ -8,12 +8,11 @@ it (topo.cc: mbps / 8000 = 50 GB/s). Latencies in µs below, as NCCL writes them
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
 from sim.core.errors import DappleError, SpecError
 from sim.cost.nccl import (
     InterTier,
@@ -27,7 +26,6 @@ from sim.cost.nccl import (
 )
 from sim.input.scenario import parse_scenario
 
-REPO = Path(__file__).resolve().parents[1]
 US = 1e-6
 GIB = 2**30
 H100_NVLINK = 18 * 20.6e9
@@ -180,9 +178,7 @@ plan: {pipeline_parallel: 1, data_parallel: 128}
 
 
 def test_the_crossover_benchmark_prints_its_tables():
-    spec = importlib.util.spec_from_file_location("nccl_crossover", REPO / "benchmarks" / "nccl_crossover.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("nccl_crossover")
     lines = bench.crossover_table([16])
     h100 = next(line for line in lines if line.split()[:1] == ["16"])
     assert h100.split()[1:3] == ["2.7", "GiB"]  # NCCL_CROSSOVER_BYTES[16] = 2.91e9 B = 2.7 GiB

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from conftest import REPO
+from conftest import load_benchmark
 
-_SPEC = importlib.util.spec_from_file_location("validate_kinds", REPO / "benchmarks" / "validate_kinds.py")
-validate_kinds = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(validate_kinds)
+validate_kinds = load_benchmark("validate_kinds")
 
 
 def test_every_kind_by_default_and_a_chosen_few():
