@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.core.parallelism import Recompute, Sharding
-from sim.cost.comm import tensor_parallel_collectives
 from sim.cost.memory import BlockShape, block_activation_bytes, model_state_bytes
+from sim.cost.tensor_comm import tensor_parallel_collectives
 
 # GPT-3 175B's block (Brown et al. 2020, Table 2.1): s = 2048, h = 12288, a = 96
 S, H, A = 2048, 12288, 96

@@ -42,17 +42,16 @@ from sim.core.parallelism import Sharding
 from sim.cost.fabric_comm import fabric_across
 from sim.cost.links import busiest_nic_flows
 from sim.cost.measured_comm import measured_sync_terms, measured_terms
-from sim.cost.tensor_comm import TensorParallelCollective, tensor_parallel_collectives
 
 if TYPE_CHECKING:
     from sim.core.model_spec import LayerSpec, ModelSpec
     from sim.core.specs import ClusterSpec, LinkSpec
 
-__all__ = ["HALVES", "CommCost", "TensorParallelCollective", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s",
+__all__ = ["HALVES", "CommCost", "all_to_all", "all_to_all_s", "node_limited_fraction", "collective_s",
            "cross_server_flow_bytes", "fsdp_gather", "gradient_sync",
            "gradient_sync_bytes", "hierarchical_allreduce", "hierarchical_allreduce_s", "inside_halves",
            "pipeline_gather_s", "point_to_point_s", "ring_bytes", "ring_collective", "ring_flow_bytes", "ring_s", "ring_steps",
-           "tensor_parallel_bytes_and_steps", "tensor_parallel_collectives", "tensor_parallel_cost", "tied_allreduce_s"]
+           "tensor_parallel_bytes_and_steps", "tensor_parallel_cost", "tied_allreduce_s"]
 
 HALVES = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1}
 """Ring halves each collective kind takes: an all-reduce is a reduce-scatter then an all-gather

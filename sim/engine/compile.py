@@ -199,10 +199,14 @@ def _final_gather_ratio(plan, model, num_microbatches: int) -> float:
     its own (``sim.engine.collectives.with_final_gather``): after a reduce-scatter every
     micro-batch, with gradients in another dtype than the parameters; 0 where the
     reduce-scatter's collective runs it (the same bytes) or there is none."""
-    final = (_every_microbatch(plan, num_microbatches) and plan.sharding is Sharding.GRADIENTS
-             and not _param_gather(plan))
     ratio = 1.0 / model.grad_bytes_per_param_byte
-    return ratio if final and ratio != 1.0 else 0.0
+    return ratio if _final_gather(plan, num_microbatches) and ratio != 1.0 else 0.0
+
+
+def _final_gather(plan, num_microbatches: int) -> bool:
+    """Whether ZeRO-2 ends with an all-gather of the updated parameters after reduce-scattering
+    every micro-batch's gradients (ZeRO-3 has none; ``param_gather`` moves it beside the next forward)."""
+    return _every_microbatch(plan, num_microbatches) and plan.sharding is Sharding.GRADIENTS and not _param_gather(plan)
 
 
 def _param_gather(plan) -> bool:
@@ -268,7 +272,7 @@ def _pipelining(plan, model, kinds: list, collectives: list, group_colls: list, 
     return Pipelining(group_s=group_s, units=units, tp_chunks=tp_chunks,
                       reshard_after_forward=plan.fsdp.reshard_after_forward, reductions=reductions,
                       every_microbatch=every, collective_of={c.stage: c.index for c in collectives},
-                      final_gather=every and plan.sharding is Sharding.GRADIENTS and not gathered,
+                      final_gather=_final_gather(plan, num_microbatches),
                       final_gather_of={c.stage: c.index for c in finals},
                       gather_buckets=buckets_of if gathered else {},
                       gather_ahead=gathered and plan.schedule == "interleaved" and plan.custom_schedule is None,

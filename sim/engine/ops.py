@@ -61,7 +61,7 @@ class Pipelining:
     parameters (``sharding: gradients``); ZeRO-3 has none (``full``)."""
     final_gather_of: dict = field(default_factory=dict)
     """Stage -> index in ``Workload.collectives`` of its final all-gather where it moves other bytes
-    than its reduce-scatter (fp32 gradients: ``sim.engine.collectives.final_gather_flows``);
+    than its reduce-scatter (fp32 gradients: ``sim.engine.collectives.with_final_gather``);
     absent: the REDUCE op runs the reduce-scatter's collective again."""
     gather_buckets: dict = field(default_factory=dict)
     """Stage -> buckets of ZeRO-1/2's parameter all-gather (``plan.overlap.param_gather``), which

@@ -47,8 +47,8 @@ from dataclasses import replace
 from sim.core.errors import SpecError
 from sim.core.model_spec import LayerSpec, ModelSpec
 from sim.core.plan import PlanSpec
-from sim.cost.comm import TensorParallelCollective
 from sim.cost.kernels import KernelSpec
+from sim.cost.tensor_comm import TensorParallelCollective
 
 __all__ = ["check_mtp_stage", "merge_layers", "mtp_projection", "mtp_projection_collectives", "table_on_one_device",
            "with_mtp"]
