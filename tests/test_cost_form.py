@@ -31,13 +31,17 @@ DEVICE = parse_scenario(BASE).cluster.device
 
 def test_a_kernel_takes_the_larger_of_its_device_time_and_its_issue_time_not_their_sum():
     issue = DEVICE.kernel_issue_s
-    assert issue == pytest.approx(10e-6) and DEVICE.kernel_overhead_s == 0  # the GPU presets
+    gap = DEVICE.kernel_overhead_s
+    assert issue == pytest.approx(10e-6) and gap == pytest.approx(2e-6)  # the GPU presets
     bw = DEVICE.memory_bandwidth_bytes_per_s * DEVICE.memory_efficiency
-    assert kernel_time_s(0.0, 1000.0, DEVICE, "fp16") == pytest.approx(issue)  # tiny: issue-bound
-    assert kernel_time_s(0.0, 1e9, DEVICE, "fp16") == pytest.approx(1e9 / bw)  # large: nothing added
-    # a host that runs kernels itself pays an overhead on top of whichever bound holds
-    cpu = replace(DEVICE, kernel_overhead_s=3e-6)
-    assert kernel_time_s(0.0, 1000.0, cpu, "fp16") == pytest.approx(issue + 3e-6)
+    assert kernel_time_s(0.0, 1000.0, DEVICE, "fp16") == pytest.approx(issue)  # tiny: issue-bound, the gap hidden
+    assert kernel_time_s(0.0, 1e9, DEVICE, "fp16") == pytest.approx(1e9 / bw + gap)  # large: its work and the gap
+    # between the two: the device's work plus its gap, once they outlast the issue
+    work = 9e-6 * bw
+    assert kernel_time_s(0.0, work, DEVICE, "fp16") == pytest.approx(9e-6 + gap)
+    # a host that runs kernels itself (no issue floor) pays its overhead on every kernel
+    cpu = replace(DEVICE, kernel_overhead_s=3e-6, kernel_issue_s=0.0)
+    assert kernel_time_s(0.0, 1000.0, cpu, "fp16") == pytest.approx(1000.0 / bw + 3e-6)
 
 
 def test_a_layer_of_tiny_kernels_costs_its_kernel_count_times_the_issue_time_whatever_its_size():
@@ -51,6 +55,21 @@ def test_a_layer_of_tiny_kernels_costs_its_kernel_count_times_the_issue_time_wha
     half = layer_times_s(build_model("gpt", layers=1, hidden=32, heads=4, seq_len=8, vocab=128).layers[1],
                          DEVICE, "fp16", 1)[0]
     assert half == pytest.approx(fwd)  # half the width: the same floor
+
+
+def test_a_layer_of_long_kernels_pays_one_launch_gap_per_kernel():
+    """Every kernel that outlasts the host's issue time is followed by the device's launch gap
+    (``kernel_overhead``, 2 µs on the GPU presets): a block's forward is its kernels' work plus
+    one gap each, its backward one per kernel it runs (each product twice)."""
+    model = build_model("gpt", layers=1, hidden=2048, heads=16, seq_len=2048, vocab=1024)
+    block = model.layers[1]
+    nogap = replace(DEVICE, kernel_overhead_s=0.0)
+    fwd, bwd, _ = layer_times_s(block, DEVICE, "fp16", 8)
+    fwd0, bwd0, _ = layer_times_s(block, nogap, "fp16", 8)
+    assert all(kernel_time_s(k.flop * 8, k.bytes * 8, nogap, "fp16") > DEVICE.kernel_issue_s for k in block.kernels)
+    products = sum(1 for k in block.kernels if k.flop > 0)
+    assert fwd - fwd0 == pytest.approx(len(block.kernels) * 2e-6, rel=1e-9)
+    assert bwd - bwd0 == pytest.approx((len(block.kernels) + products) * 2e-6, rel=1e-9)
 
 
 def test_the_attention_dropout_is_a_kernel_of_gpt_and_of_what_selective_recompute_reruns():
@@ -94,12 +113,15 @@ def test_a_multi_tensor_launch_takes_at_most_its_tensors_and_blocks():
 def test_the_step_is_memory_bound_or_issue_bound_whichever_is_longer():
     bw = DEVICE.memory_bandwidth_bytes_per_s * DEVICE.memory_efficiency
     big = 4e9  # a billion fp32 parameters in 400 tensors
-    assert optimizer_step_s(DEVICE, "adam", "fp32", big, 400, implementation="fused") == pytest.approx(28e9 / bw)
+    launches = optimizer_step_kernels("adam", "fp32", big, 400, implementation="fused")[1]
+    assert optimizer_step_s(DEVICE, "adam", "fp32", big, 400, implementation="fused") == pytest.approx(
+        28e9 / bw + launches * DEVICE.kernel_overhead_s)
     # 400 tensors of 10 parameters: 3 200 for-loop launches of 10 µs dwarf the bytes
     assert optimizer_step_s(DEVICE, "adam", "fp32", 16e3, 400, implementation="for-loop") == pytest.approx(
         8 * 400 * DEVICE.kernel_issue_s)
-    fused = optimizer_step_s(DEVICE, "adam", "fp16", big / 2, 400, implementation="fused")
-    loop = optimizer_step_s(DEVICE, "adam", "fp16", big / 2, 400, implementation="for-loop")
+    nogap = replace(DEVICE, kernel_overhead_s=0.0)  # the bytes alone
+    fused = optimizer_step_s(nogap, "adam", "fp16", big / 2, 400, implementation="fused")
+    loop = optimizer_step_s(nogap, "adam", "fp16", big / 2, 400, implementation="for-loop")
     assert 2.0 < loop / fused < 2.2  # (72 + 12) / (28 + 12) bytes per element
 
 

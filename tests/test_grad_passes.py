@@ -16,7 +16,7 @@ from sim.cost.optimizer import optimizer_step_kernels
 from sim.input.scenario import parse_scenario
 
 SCENARIO = """
-cluster: {preset: a100-nvlink-8, nodes: 1}
+cluster: {preset: a100-nvlink-8, nodes: 1, device: {kernel_overhead: 0s}}  # bytes alone, no launch gaps
 model: {preset: gpt, layers: 4, hidden: 2048, heads: 16, seq_len: 1024, vocab: 8192, dtype: fp16,
         optimizer: {name: adam, implementation: fused, grad_dtype: fp32PASSES}}
 training: {global_batch_size: 8, microbatch_size: 8}

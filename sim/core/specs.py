@@ -133,8 +133,10 @@ class DeviceSpec:
     """Size of a matrix product's dimension at which it loses half its efficiency to tiling
     (D of ``sim.cost.kernels``); 0: no size effect."""
     kernel_overhead_s: float = 0.0
-    """Fixed cost of every kernel added to its time, seconds: where the host runs the kernel
-    itself (a CPU, whose dispatcher and kernel share a thread) nothing overlaps it. 0 on GPUs."""
+    """Device time every kernel adds beyond its work, seconds: on a GPU the idle gap between two
+    back-to-back kernels of a stream (2 µs on the A100 and H100-class presets, measured:
+    ``sim.input.presets.KERNEL_GAP``), on a CPU the dispatcher's work in the kernel's own thread.
+    A kernel takes ``max(work + kernel_overhead, kernel_issue)`` (``sim.cost.compute.kernel_time_s``)."""
     kernel_issue_s: float = 0.0
     """Seconds the host (framework and driver) takes to issue one kernel to the device, which
     runs it asynchronously: a kernel takes at least this long, however little work it has

@@ -73,8 +73,11 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
     (the framework's and the driver's work per launch, about 5 to 25 µs per PyTorch operator),
     so the device runs ahead of it only while kernels last longer than that: a kernel takes
     ``max(device time, kernel_issue_s)``, not their sum, and a layer of tiny kernels costs its
-    kernel count times the issue time whatever its size. ``kernel_overhead_s`` is added on top
-    where nothing overlaps it (a CPU runs its kernels in the thread that issues them).
+    kernel count times the issue time whatever its size. ``kernel_overhead_s`` is device time
+    each kernel adds beyond its work: on a GPU the idle gap before the next kernel of the stream
+    starts, on a CPU the dispatcher's work in the kernel's own thread; a kernel takes
+    ``max(device time + kernel_overhead_s, kernel_issue_s)`` (the host's issue hides the gap
+    when it is the slower of the two).
     ``efficiency`` replaces the matrix efficiency (and its size dependence) with a measured rate.
     """
     compute = 0.0
@@ -88,7 +91,7 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
                 efficiency /= 1.0 + half / size
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
-    return max(compute, memory, device.kernel_issue_s) + device.kernel_overhead_s
+    return max(max(compute, memory) + device.kernel_overhead_s, device.kernel_issue_s)
 
 
 def fused_attention_s(kernel: KernelSpec, device: DeviceSpec, dtype: str, samples: int) -> tuple[float, float]:

@@ -156,7 +156,8 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
 
     Memory-bound (``optimizer_step_kernels``' bytes over the achieved memory bandwidth) or
     issue-bound (its launches × ``kernel_issue_s``), whichever is longer, as
-    ``sim.cost.compute.kernel_time_s`` takes each kernel; plus ``kernel_overhead_s`` per launch. Only the
+    ``sim.cost.compute.kernel_time_s`` takes each kernel, the device time with ``kernel_overhead_s``
+    per launch. Only the
     tensors' number and total size are known, so the launches are taken as equal in size.
     """
     if param_bytes <= 0:
@@ -164,7 +165,7 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
     nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors, implementation=implementation,
                                               grad_dtype=grad_dtype, grad_passes=grad_passes)
     memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
-    return max(memory_s, launches * device.kernel_issue_s) + launches * device.kernel_overhead_s
+    return max(memory_s + launches * device.kernel_overhead_s, launches * device.kernel_issue_s)
 
 
 GRAD_ACCUMULATION_MODES = ("fused", "separate")
@@ -188,6 +189,6 @@ def accumulation_s(device: DeviceSpec, param_bytes: float, dtype: str, grad_dtyp
     if num_microbatches <= 1 or param_bytes <= 0:
         return 0.0
     nbytes = accumulation_bytes(param_bytes, dtype, grad_dtype)
-    one = max(nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency),
-              tensors * device.kernel_issue_s) + tensors * device.kernel_overhead_s
+    one = max(nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+              + tensors * device.kernel_overhead_s, tensors * device.kernel_issue_s)
     return one * (num_microbatches - 1) / num_microbatches

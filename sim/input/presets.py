@@ -11,16 +11,16 @@ A100 SXM 80GB: NVIDIA A100 datasheet (312 bf16, 19.5 fp32, 2039 GB/s);
 H100 SXM: NVIDIA H100 datasheet (989 bf16, 67 fp32, 3.35 TB/s);
 H200 SXM: NVIDIA H200 datasheet (989 bf16, 67 fp32, 4.8 TB/s, 141 GB).
 Kernel-model defaults (``sim.cost.kernels``: matrix efficiency e_max, the dimension D at which a
-product loses half of it to tiling, launch overhead, achieved share of memory bandwidth) are
-starting points of the usual size: fit them to your own runs with ``dapple-sim calibrate``. One of
-them is tied to a measurement: the H100 SXM's bf16 e_max is the A100's times the two devices'
-measured ratio (``MAMF_BF16``, ``mamf_efficiency``): the largest matmul rate each reaches, by the
-same benchmark, with the size curve divided out. That ratio is 0.934, so the H100 prices its
-products at 0.75 x 0.934 = 0.70 where the A100 prices them at 0.75: the Hopper rows' bias is not
-the H100's matrix rate relative to the A100's.
+product loses half of it to tiling, launch gap, achieved share of memory bandwidth) are starting
+points: fit them to your runs with ``dapple-sim calibrate``. Two are measured: the launch gap
+(below), and the H100 SXM's bf16 e_max, the A100's times the two devices' measured ratio
+(``MAMF_BF16``, ``mamf_efficiency``): the largest matmul rate each reaches, by the same benchmark,
+with the size curve and each timing's launch gap divided out. That ratio is 0.943, so the H100
+prices its products at 0.75 x 0.943 = 0.71 where the A100 prices them at 0.75.
 The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
 it depends on the framework and the host, not the device.
-Kernels run asynchronously on a GPU, so a launch adds no ``kernel_overhead`` of its own; the
+Kernels run asynchronously on a GPU, hiding the host's launch work while they outlast it, but the
+device idles between two back-to-back kernels of a stream: ``kernel_overhead``, ``KERNEL_GAP``. The
 host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.cost.compute.kernel_time_s``):
 10 µs, a PyTorch operator's CPU-side work from Python to ``cudaLaunchKernel`` (the CUDA API's
 overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead"; a
@@ -133,10 +133,20 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from sim.core.units import parse_time
 from sim.cost.reserved import reserved_memory_bytes
 
 __all__ = ["A100_EFFICIENCY", "CUTLASS36_H800_FP8_TFLOPS", "DEEPGEMM_H800_FP8_TFLOPS", "DEEPGEMM_SPEEDUPS", "DEVICE_PRESETS",
-           "CLUSTER_PRESETS", "H100_EFFICIENCY", "H100_FP8_EFFICIENCY", "MAMF_BF16", "mamf_efficiency", "OVERLAP_SLOWDOWN", "measured_fp8_efficiency"]
+           "CLUSTER_PRESETS", "H100_EFFICIENCY", "H100_FP8_EFFICIENCY", "KERNEL_GAP", "MAMF_BF16", "mamf_efficiency", "OVERLAP_SLOWDOWN", "measured_fp8_efficiency"]
+
+KERNEL_GAP = "2us"
+"""The A100 and H100-class presets' ``kernel_overhead``: the device's idle time between two
+back-to-back kernels of one stream (the front end starting the next as the last drains), measured
+in DeepSeek's H800 training profile (deepseek-ai/profile-data ``train.json`` at 4496024: of the
+compute stream's 926 gaps between consecutive kernels, 905 are under 20 µs, median 2 µs, mean
+2.02 µs, at the trace's 1 µs resolution). No A100 training trace was found to read; the same
+launch path is taken to cost the same there. The V100 keeps 0: its shipped scenarios replay layers
+profiled whole (DAPPLE's profiles), gaps included."""
 
 OVERLAP_SLOWDOWN = 0.189
 """Compute's slowdown beside an overlapped collective on the A100 and H100 presets: "overlapping
@@ -184,40 +194,47 @@ def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float
 
 H100_FP8_EFFICIENCY = round(measured_fp8_efficiency(), 3)
 """The H100-class presets' ``fp8_efficiency``: DeepGEMM's H800 rates (``measured_fp8_efficiency``),
-0.613, against the bf16 products' e_max 0.7 (``H100_EFFICIENCY``)."""
+0.613, against the bf16 products' e_max 0.71 (``H100_EFFICIENCY``)."""
 
 
-MAMF_BF16: Mapping[str, tuple[float, float, int, int]] = MappingProxyType({
-    "A100-80GB": (271.2, 312.0, 1024, 10240),
-    "H100-80GB": (794.5, 989.0, 2048, 2048),
+MAMF_BF16: Mapping[str, tuple[float, float, int, int, int]] = MappingProxyType({
+    "A100-80GB": (271.2, 312.0, 1024, 10240, 5120),
+    "H100-80GB": (794.5, 989.0, 2048, 2048, 13312),
 })
-"""Device -> ``(MAMF TFLOP/s, dense bf16 peak TFLOP/s, M, N of the best shape)``: the Maximum
+"""Device -> ``(MAMF TFLOP/s, dense bf16 peak TFLOP/s, M, N, K of the best shape)``: the Maximum
 Achievable Matmul FLOPS, bf16 ``torch.mm`` over a brute-force sweep of shapes, the mean of 100
 iterations after 50 warm-up at each (S. Bekman, "Machine Learning Engineering Open Book",
 stas00/ml-engineering ``compute/accelerator/README.md`` at b9e2972, "Maximum Achievable Matmul FLOPS
 comparison table", BF16: "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 | 2.6.0+cu126" and
 "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 | 2.7.0+cu126"; benchmark
-``compute/accelerator/benchmarks/mamf-finder.py``). One benchmark on both devices, so their ratio
-is a measurement even though each figure is the best shape's, not a training run's."""
+``compute/accelerator/benchmarks/mamf-finder.py``, which times each ``torch.mm`` alone between two
+CUDA events after clearing the L2, so each time holds one launch gap). One benchmark on both
+devices, so their ratio is a measurement even though each figure is the best shape's, not a
+training run's."""
 
 
-def mamf_efficiency(device: str, *, half_dim: float) -> float:
+def mamf_efficiency(device: str, *, half_dim: float, gap_s: float = 0.0) -> float:
     """The matrix efficiency e_max that ``sim.cost.compute.kernel_time_s`` would need to price
-    ``device``'s MAMF shape (``MAMF_BF16``) at its measured rate: the rate over the peak with the
-    size curve ``(1 + D/M)(1 + D/N)`` divided out (D: the preset's ``matmul_half_dim``)."""
-    rate, peak, m, n = MAMF_BF16[device]
-    return rate / peak * (1.0 + half_dim / m) * (1.0 + half_dim / n)
+    ``device``'s MAMF shape (``MAMF_BF16``) at its measured rate: the product's FLOPs over the
+    peak times its measured time less the one launch gap ``gap_s`` it holds (the preset's
+    ``kernel_overhead``, which ``kernel_time_s`` adds back), with the size curve
+    ``(1 + D/M)(1 + D/N)`` divided out (D: the preset's ``matmul_half_dim``)."""
+    rate, peak, m, n, k = MAMF_BF16[device]
+    flop = 2.0 * m * n * k
+    work_s = flop / (rate * 1e12) - gap_s
+    return flop / (peak * 1e12 * work_s) * (1.0 + half_dim / m) * (1.0 + half_dim / n)
 
 
 A100_EFFICIENCY = 0.75
 """The A100 preset's bf16 e_max: a starting point (module docstring), which the A100 rows
 (Korthikanti et al. 2022 Table 5, Narayanan et al. 2021 Table 1) are replayed with."""
 
-H100_EFFICIENCY = round(A100_EFFICIENCY * mamf_efficiency("H100-80GB", half_dim=64)
-                        / mamf_efficiency("A100-80GB", half_dim=48), 2)
+H100_EFFICIENCY = round(A100_EFFICIENCY * mamf_efficiency("H100-80GB", half_dim=64, gap_s=parse_time(KERNEL_GAP))
+                        / mamf_efficiency("A100-80GB", half_dim=48, gap_s=parse_time(KERNEL_GAP)), 2)
 """The H100-class presets' bf16 e_max: the A100's scaled by the measured MAMF ratio
-(``mamf_efficiency``: 0.854 against 0.914, 0.934), 0.701, to two places 0.70. Both presets
-price their products at 0.82 of what the MAMF benchmark measures at its best shape."""
+(``mamf_efficiency`` with each measured time's 2 µs launch gap taken out: 0.867 against 0.919,
+0.943), 0.707, to two places 0.71. Both presets price their products at 0.82 of what the MAMF
+benchmark measures at its best shape (the A100 0.817, the H100 0.821)."""
 
 
 def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
@@ -234,7 +251,7 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "memory_bandwidth": "3350GB/s",
         "efficiency": H100_EFFICIENCY,
         "matmul_half_dim": 64,
-        "kernel_overhead": "0s",
+        "kernel_overhead": KERNEL_GAP,
         "kernel_issue": "10us",
         "memory_efficiency": 0.8,
         "action_overhead": "0s",
@@ -280,7 +297,7 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "memory_bandwidth": "2039GB/s",
             "efficiency": A100_EFFICIENCY,
             "matmul_half_dim": 48,
-            "kernel_overhead": "0s",
+            "kernel_overhead": KERNEL_GAP,
             "kernel_issue": "10us",
             "memory_efficiency": 0.8,
             "action_overhead": "0s",
