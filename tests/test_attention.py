@@ -1,4 +1,4 @@
-"""Attention kernels: ``model.attention: flash | sdpa | unfused``.
+"""Attention kernels: ``model.attention: flash | sdpa | cudnn | unfused``.
 
 The contract (``sim.cost.kernels``, ``sim.cost.compute.fused_attention_s``,
 ``sim.cost.memory.block_activation_bytes``): a fused kernel does the same model FLOPs as the
@@ -27,7 +27,8 @@ BANDWIDTH = 3.0e12
 GPU = DeviceSpec(name="gpu", memory_bytes=80e9, peak_flop_per_s=PEAK, peak_fp32_flop_per_s=PEAK / 16,
                  memory_bandwidth_bytes_per_s=BANDWIDTH, efficiency=0.7, matmul_half_dim=64,
                  kernel_issue_s=10e-6, memory_efficiency=0.8, attention_efficiency=0.6,
-                 attention_backward_efficiency=0.5, sdpa_efficiency=0.3, sdpa_backward_efficiency=0.25)
+                 attention_backward_efficiency=0.5, sdpa_efficiency=0.3, sdpa_backward_efficiency=0.25,
+                 cudnn_efficiency=0.4, cudnn_backward_efficiency=0.45)
 GPT = dict(layers=2, hidden=2048, heads=16, seq_len=4096, vocab=1024, dtype="bf16")
 
 
@@ -48,6 +49,10 @@ def test_a_flash_block_runs_one_fused_kernel_at_the_measured_rate():
     assert bwd == pytest.approx(2.5 * samples * 4 * s * s * h / 2 / (PEAK * 0.5))  # scores recomputed
     sdpa_fwd, sdpa_bwd = fused_attention_s(_kernel(_block("sdpa"), "attention"), GPU, "bf16", samples)
     assert (sdpa_fwd, sdpa_bwd) == pytest.approx((fwd * 0.6 / 0.3, bwd * 0.5 / 0.25))
+    cudnn = _kernel(_block("cudnn"), "attention")
+    assert (cudnn.flop, cudnn.bytes) == (flash.flop, flash.bytes)  # the same fused kernel, at its own rate
+    cudnn_fwd, cudnn_bwd = fused_attention_s(cudnn, GPU, "bf16", samples)
+    assert (cudnn_fwd, cudnn_bwd) == pytest.approx((fwd * 0.6 / 0.4, bwd * 0.5 / 0.45))
 
 
 def test_the_block_swaps_four_kernels_for_one_and_keeps_its_model_flops():
@@ -136,7 +141,7 @@ def test_an_unknown_kernel_is_one_line_naming_the_key_and_the_choices(tmp_path, 
     assert main(["check", path]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert "model.attention: unknown value 'fast'" in err and "valid: flash, sdpa, unfused" in err
+    assert "model.attention: unknown value 'fast'" in err and "valid: cudnn, flash, sdpa, unfused" in err
 
 
 def test_a_profile_with_attention_is_refused(tmp_path, capsys):
@@ -178,6 +183,15 @@ def test_the_presets_efficiencies_are_the_papers_measurements():
     # FlashAttention-3 Fig. 5(d) / Fig. 6 and their FlashAttention-2 bars, head dim 128, 4k, over 989 TFLOP/s
     assert h100.attention_efficiencies("flash") == pytest.approx((579 / 989, 542 / 989), abs=5e-4)
     assert h100.attention_efficiencies("sdpa") == pytest.approx((319 / 989, 310 / 989), abs=5e-4)
+    # the same figures' cuDNN bars (Transformer Engine's fused attention on Hopper): 518 and 499
+    assert h100.attention_efficiencies("cudnn") == pytest.approx((518 / 989, 499 / 989), abs=5e-4)
     a100 = parse_scenario(SCENARIO.format(extra="").replace("dgx-h100", "a100-nvlink-8")).cluster.device
     # FlashAttention-2 Fig. 4(d): forward + backward, causal, head dim 128, 4k, over 312 TFLOP/s
     assert a100.attention_efficiencies("flash") == pytest.approx((173 / 312, 173 / 312), abs=5e-4)
+    # Transformer Engine runs FlashAttention-2 on Ampere: the A100's cudnn is its flash
+    assert a100.attention_efficiencies("cudnn") == a100.attention_efficiencies("flash")
+
+
+def test_megatron_core_runs_transformer_engines_attention():
+    text = SCENARIO.format(extra="").replace("cluster:", "stack: megatron-core\ncluster:", 1)
+    assert parse_scenario(text).model.attention == "cudnn"

@@ -144,7 +144,8 @@ def test_the_snippet_calibrate_writes_has_the_fitted_keys_and_loads_back(tmp_pat
     out = tmp_path / "params.yaml"
     assert main(["calibrate", str(base), "--fit", str(tmp_path / "fit.csv"), "--json", "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["not_constrained"] == ["sdpa_efficiency", "sdpa_backward_efficiency"]
+    assert report["not_constrained"] == ["sdpa_efficiency", "sdpa_backward_efficiency", "cudnn_efficiency",
+                                         "cudnn_backward_efficiency"]
     device = yaml.safe_load(out.read_text())["cluster"]["device"]
     assert {"attention_efficiency", "attention_backward_efficiency", "memory_reserved"} <= set(device)
     loaded = parse_scenario(FLASH_TEXT, source="x", overrides={
@@ -155,7 +156,7 @@ def test_the_snippet_calibrate_writes_has_the_fitted_keys_and_loads_back(tmp_pat
 
 
 @pytest.mark.parametrize(("cells", "message"), [
-    ("fast,", "fit.csv:2: attention: 'fast' is not one of flash, sdpa, unfused"),
+    ("fast,", "fit.csv:2: attention: 'fast' is not one of flash, sdpa, cudnn, unfused"),
     ("flash,lots", "fit.csv:2: peak_memory_bytes: 'lots' is not a number"),
     ("flash,-5", "fit.csv:2: peak_memory_bytes: '-5' must be a positive number of bytes"),
 ])

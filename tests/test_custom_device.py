@@ -34,7 +34,8 @@ plan:
 
 ALL_DEFAULTS = ["peak_fp32_flops", "memory_bandwidth", "efficiency", "matmul_half_dim", "memory_efficiency",
                 "kernel_overhead", "kernel_issue", "action_overhead", "memory_reserved", "default_attention",
-                "attention_efficiency", "attention_backward_efficiency", "sdpa_efficiency", "sdpa_backward_efficiency"]
+                "attention_efficiency", "attention_backward_efficiency", "sdpa_efficiency", "sdpa_backward_efficiency",
+                "cudnn_efficiency", "cudnn_backward_efficiency"]
 
 
 def _scenario(device: str = HELD_OUT, model: str = PROFILE_MODEL, plan: str = PROFILE_PLAN) -> str:

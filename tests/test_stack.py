@@ -130,7 +130,7 @@ def test_an_unknown_stack_is_one_line_and_exit_2(tmp_path, capsys, value):
 def test_every_stack_but_none_sets_its_attention_kernel_with_a_source():
     for name in sorted(set(STACKS) - {"none"}):
         kernels = [v for v in STACKS[name] if v.key == "model.attention"]
-        assert len(kernels) == 1 and kernels[0].value in {"flash", "sdpa", "unfused"} and kernels[0].source
+        assert len(kernels) == 1 and kernels[0].value in {"flash", "sdpa", "cudnn", "unfused"} and kernels[0].source
         assert _scenario(name, "none").model.attention == kernels[0].value
 
 

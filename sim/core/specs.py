@@ -58,12 +58,14 @@ element-wise operation (torch's ``foreach=True``, its default on CUDA); ``for-lo
 operation once per tensor (torch's single-tensor path, its default on CPUs)."""
 
 
-ATTENTION_KERNELS = ("flash", "sdpa", "unfused")
+ATTENTION_KERNELS = ("flash", "sdpa", "cudnn", "unfused")
 """How a generated transformer's attention runs (``model.attention``; ``sim.cost.kernels``): ``flash``,
 one fused kernel (FlashAttention-2 on Ampere, FlashAttention-3 on Hopper) at the device's
 ``attention_efficiency``; ``sdpa``, ``torch.nn.functional.scaled_dot_product_attention``'s flash
-backend (FlashAttention-2 on every GPU) at ``sdpa_efficiency``; ``unfused``, Megatron-LM's
-separate score, softmax, dropout and value kernels with their s×s tensors in memory."""
+backend (FlashAttention-2 on every GPU) at ``sdpa_efficiency``; ``cudnn``, Transformer Engine's
+``DotProductAttention`` as Megatron-Core runs it: cuDNN's fused flash attention on Hopper (TE prefers
+it to FlashAttention there), FlashAttention-2 on Ampere, at ``cudnn_efficiency``; ``unfused``,
+Megatron-LM's separate score, softmax, dropout and value kernels with their s×s tensors in memory."""
 
 
 def optimizer_state_factor(optimizer: str, dtype: str, moment_dtype: str | None = None) -> float:
@@ -162,6 +164,11 @@ class DeviceSpec:
     """Fraction of peak an ``sdpa`` attention forward reaches (torch's FlashAttention-2 backend), in (0, 1]."""
     sdpa_backward_efficiency: float = 0.554
     """The same for an ``sdpa`` attention backward, in (0, 1]."""
+    cudnn_efficiency: float = 0.554
+    """Fraction of peak a ``cudnn`` attention forward reaches (Transformer Engine's fused attention:
+    cuDNN's on Hopper, FlashAttention-2 on Ampere), in (0, 1]."""
+    cudnn_backward_efficiency: float = 0.554
+    """The same for a ``cudnn`` attention backward, in (0, 1]."""
     peak_fp8_flop_per_s: float | None = None
     """Dense FP8 (E4M3 tensor core) peak, FLOP/s, at which the matrix products a model runs in FP8
     (``model.gemm_dtype: fp8``, ``sim.models.precision``) are priced; None: the device has no FP8
@@ -204,7 +211,7 @@ class DeviceSpec:
         if not 0 <= self.overlap_slowdown <= 1:
             raise SpecError("overlap_slowdown", f"must be in [0, 1], got {self.overlap_slowdown!r}")
         for key in ("attention_efficiency", "attention_backward_efficiency", "sdpa_efficiency",
-                    "sdpa_backward_efficiency"):
+                    "sdpa_backward_efficiency", "cudnn_efficiency", "cudnn_backward_efficiency"):
             positive(key, getattr(self, key))
             if getattr(self, key) > 1:
                 raise SpecError(key, f"must be in (0, 1], got {getattr(self, key)!r}")
@@ -231,9 +238,11 @@ class DeviceSpec:
         return self.memory_bytes - self.memory_reserved_bytes
 
     def attention_efficiencies(self, kernel: str) -> tuple[float, float]:
-        """(forward, backward) fraction of peak the fused attention ``kernel`` (flash or sdpa) reaches."""
+        """(forward, backward) fraction of peak the fused attention ``kernel`` (flash, sdpa or cudnn) reaches."""
         if kernel == "sdpa":
             return self.sdpa_efficiency, self.sdpa_backward_efficiency
+        if kernel == "cudnn":
+            return self.cudnn_efficiency, self.cudnn_backward_efficiency
         return self.attention_efficiency, self.attention_backward_efficiency
 
     def matrix_efficiency_for(self, dtype: str) -> float:

@@ -38,7 +38,7 @@ residual add, layer norm, MLP up, GeLU, MLP down, residual add. Attention runs a
 
 * ``unfused``: attention scores, softmax, attention dropout (GPT, BERT) and attention over
   values, four kernels whose s×s scores and probabilities go through device memory;
-* ``flash`` and ``sdpa``: one fused kernel (``fused_attention``; Dao et al. 2022,
+* ``flash``, ``sdpa`` and ``cudnn``: one fused kernel (``fused_attention``; Dao et al. 2022,
   "FlashAttention", §3.1; Dao 2023, "FlashAttention-2", §3.1). It computes the scores block by
   block in on-chip memory, so what it moves is linear in s: it reads Q, K and V and writes the
   output O and the softmax's row log-sum-exp (one fp32 per query and head). Its backward reads
@@ -46,7 +46,7 @@ residual add, layer norm, MLP up, GeLU, MLP down, residual add. Attention runs a
   products where the forward has two, 2.5 times its FLOPs (``FUSED_BACKWARD_FLOP_RATIO``). Under a
   causal mask it skips the blocks above the diagonal, about half the work
   (``CAUSAL_WORK_FRACTION``). Its rate is measured, not a roofline of its parts: the device's
-  ``attention_efficiency`` (``sdpa_efficiency`` for ``sdpa``), ``sim.cost.compute.fused_attention_s``.
+  ``attention_efficiency`` (``sdpa_efficiency`` for ``sdpa``, ``cudnn_efficiency`` for ``cudnn``), ``sim.cost.compute.fused_attention_s``.
   The K and V blocks it re-reads for every block of queries (FlashAttention, Theorem 2) are
   left out: they come from L2 and the kernel is compute-bound at these sizes.
 

@@ -71,7 +71,8 @@ _CLUSTER_KEYS = {"preset", "name", "nodes", "devices_per_node", "device", "intra
 _DEVICE_KEYS = {"name", "memory", "peak_flops", "peak_fp32_flops", "memory_bandwidth", "efficiency",
                 "matmul_half_dim", "kernel_overhead", "kernel_issue", "memory_efficiency", "action_overhead",
                 "memory_reserved", "default_attention", "attention_efficiency", "attention_backward_efficiency",
-                "sdpa_efficiency", "sdpa_backward_efficiency", "overlap_slowdown", "power_w", "idle_power_w",
+                "sdpa_efficiency", "sdpa_backward_efficiency", "cudnn_efficiency", "cudnn_backward_efficiency",
+                "overlap_slowdown", "power_w", "idle_power_w",
                 "peak_fp8_flops", "sm_count", "fp8_efficiency"}
 _LINK_KEYS = {"bandwidth", "latency", "name", "send_overhead", "send_bandwidth", "recv_overhead",
               "collective_efficiency", "collectives"}
@@ -95,6 +96,8 @@ DEVICE_NUMBER_RANGES: Mapping[str, tuple[float, float, bool]] = MappingProxyType
     "attention_backward_efficiency": (0.01, 1.0, False),
     "sdpa_efficiency": (0.01, 1.0, False),
     "sdpa_backward_efficiency": (0.01, 1.0, False),
+    "cudnn_efficiency": (0.01, 1.0, False),
+    "cudnn_backward_efficiency": (0.01, 1.0, False),
 })
 """``cluster.device`` plain number -> (low, high, low excluded): efficiency and
 memory_efficiency and the four attention efficiencies in [0.01, 1] (the range ``dapple-sim calibrate`` fits them in; at a
@@ -132,6 +135,8 @@ CUSTOM_DEVICE_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "attention_backward_efficiency": _REFERENCE["attention_backward_efficiency"],
         "sdpa_efficiency": _REFERENCE["sdpa_efficiency"],
         "sdpa_backward_efficiency": _REFERENCE["sdpa_backward_efficiency"],
+        "cudnn_efficiency": _REFERENCE["cudnn_efficiency"],
+        "cudnn_backward_efficiency": _REFERENCE["cudnn_backward_efficiency"],
     }
 )
 """``cluster.device`` key -> what a custom device that leaves it out gets.

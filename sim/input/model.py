@@ -10,7 +10,7 @@ batch size it was measured at) or generated from a handful of shape parameters b
 A generated model keeps the generator's name and resolved parameters
 (``ModelSpec.preset``), which is what the runtime builds as torch modules. ``name:``
 renames either kind for display. A generated transformer (gpt, bert, llama) also says how its
-attention runs, ``attention: flash | sdpa | unfused`` (``sim.core.specs.ATTENTION_KERNELS``),
+attention runs, ``attention: flash | sdpa | cudnn | unfused`` (``sim.core.specs.ATTENTION_KERNELS``),
 by default the device's ``default_attention``; a measured profile's times already include its
 attention, so it takes no such key. ``kernels: fused | eager`` (``sim.cost.kernels.KERNEL_MODES``,
 default ``fused``) says how a generated transformer's element-wise work runs (``eager``: Llama only).

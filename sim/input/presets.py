@@ -17,14 +17,12 @@ points: fit them to your runs with ``dapple-sim calibrate``. Two are measured: t
 (``MAMF_BF16``, ``mamf_efficiency``): the largest matmul rate each reaches, by the same benchmark,
 with the size curve and each timing's launch gap divided out. That ratio is 0.943, so the H100
 prices its products at 0.75 x 0.943 = 0.71 where the A100 prices them at 0.75.
-The framework's fixed cost per stage forward or backward (``action_overhead``) is left at 0:
-it depends on the framework and the host, not the device.
+The framework's fixed cost per stage forward or backward (``action_overhead``) is 0 (the host's).
 Kernels run asynchronously on a GPU, hiding the host's launch work while they outlast it, but the
 device idles between two back-to-back kernels of a stream: ``kernel_overhead``, ``KERNEL_GAP``. The
 host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.cost.compute.kernel_time_s``):
 10 µs, a PyTorch operator's CPU-side work from Python to ``cudaLaunchKernel`` (the CUDA API's
-overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead"; a
-framework adds microseconds of dispatch per operator on top).
+overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead").
 Intra-node ``collective_efficiency``: NCCL's bus bandwidth over the port's figure (nccl-tests'
 ``all_reduce_perf``): 8 A100 on NVSwitch reach about 230 GB/s of 300 GB/s at 1 GiB (0.77); H100
 and H200 NVSwitch servers about 75–80% (0.78). The V100 servers' and every network link's are
@@ -32,9 +30,8 @@ left at 1.0: no measurement is cited for them. A preset gives every key, so a
 scenario on one takes none of the custom-device defaults (``sim.input.cluster``).
 NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
 NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
-DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 per server with NVLink and
-25 Gb/s Ethernet between servers; config B, 1 V100 per server with 25 Gb/s Ethernet.
-DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s InfiniBand ports per node.
+DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 a server with NVLink, 25 Gb/s Ethernet
+between servers; config B, 1 V100 a server. DGX H100: 8 H100 on NVSwitch, 8 ConnectX-7 400 Gb/s ports.
 Fabrics (``cluster.fabric``, ``sim.core.fabric``):
 ``dgx-superpod-h100``: NVIDIA DGX SuperPOD reference architecture with DGX H100 systems (RA-11333-001,
 "Network Fabrics", read from docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-h100):
@@ -91,41 +88,38 @@ H100 and H200 ``flash`` (FlashAttention-3): Shah et al. 2024, "FlashAttention-3"
 0.585; Figure 6, backward, head dim 128, 4k: 542 TFLOP/s, 0.548;
 H100 and H200 ``sdpa`` (torch's flash backend is FlashAttention-2, ``torch.nn.functional.
 scaled_dot_product_attention``'s documentation): the same figures' FlashAttention-2 bars, 319
-TFLOP/s forward (0.323) and 310 backward (0.313).
-The H200 is the H100's chip with more memory (same 989 TFLOP/s); its values are the H100's.
-The V100's are the A100's, standing in where no FlashAttention measurement exists.
+TFLOP/s forward (0.323) and 310 backward (0.313); ``cudnn`` (Transformer Engine on sm90 prefers
+cuDNN's fused attention, ``attention.py`` at v1.9 and v1.11: "Disabling FlashAttention to give
+FusedAttention preference on Hopper+"): their cuDNN bars, 518 (0.524) and 499 (0.505). On the A100
+TE runs FlashAttention-2: its ``cudnn`` is its ``flash``.
+The H200's values are the H100's (the same chip, 989 TFLOP/s); the V100's the A100's, standing in
+where no FlashAttention measurement exists.
 
-Board power (``power_w``, what ``sim.cost.energy`` counts at full load) is each datasheet's
-maximum TDP, as NVIDIA's datasheets give it; the copies read: H100-80GB 700 W (the Llama 3.1
-model card, meta-llama/llama-models ``models/llama3_1/MODEL_CARD.md`` at 1b28708: "H100-80GB
-(TDP of 700W)"), A100 SXM4 400 W (techpowerup.com's A100 SXM4 page: "rated at 400 W maximum";
-glennklockwood.com/garden/processors/A100: "400 W maximum"), V100 SXM2 300 W (hwupgrade.it on
-the V100 PCIe launch: 300 W for the SXM2 module against 250 W for the PCIe card), H200 SXM
-700 W (openmetal.io on the H200: "H200 SXM5 ... runs at 700W TDP"). Idle power (``idle_power_w``) is left unset: no measurement of
-these boards at idle was found in a copy we could read, so a preset device is counted at its
-TDP the whole run (an upper bound) unless the scenario gives one. No preset sets a price, a
-host power or a PUE (``sim.input.run_section``).
+Board power (``power_w``, what ``sim.cost.energy`` counts at full load) is each datasheet's maximum
+TDP: H100-80GB 700 W (meta-llama/llama-models ``models/llama3_1/MODEL_CARD.md`` at 1b28708: "H100-80GB
+(TDP of 700W)"), A100 SXM4 400 W (techpowerup.com's A100 SXM4 page: "rated at 400 W maximum"), V100
+SXM2 300 W (hwupgrade.it: 300 W for the SXM2 module, 250 W for the PCIe card), H200 SXM 700 W
+(openmetal.io: "H200 SXM5 ... runs at 700W TDP"). ``idle_power_w`` is unset (no idle measurement of
+these boards was found), so a preset device counts its TDP the whole run (an upper bound). No preset
+sets a price, a host power or a PUE (``sim.input.run_section``).
 
-``overlap_slowdown``: compute beside an overlapped collective (FSDP's gathers, the context ring,
-chunked tensor parallelism) runs that much longer (``sim.cost.overlap.contended_s``), the NCCL
-kernels holding SMs of their own (an ``ncclAllGather`` beside a GEMM on a 132-SM H100 launches 24
-blocks: forums.developer.nvidia.com, "Compute-Communication Overlap Causes Severe GEMM Performance
-Degradation because of Tail Effect"): ``OVERLAP_SLOWDOWN``, a measured average over A100 and H100
-among others, on both; 0 on the V100, which no such measurement covers.
+``overlap_slowdown``: compute beside an overlapped collective (FSDP's gathers, the context ring, chunked
+tensor parallelism) runs that much longer (``sim.cost.overlap.contended_s``), NCCL's kernels holding SMs
+(an ``ncclAllGather`` beside a GEMM on a 132-SM H100 launches 24 blocks: forums.developer.nvidia.com,
+"Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect"):
+``OVERLAP_SLOWDOWN``, measured over A100 and H100 among others; 0 on the V100 (no measurement).
 
 ``sm_count``: the H100 SXM5's 132 SMs of the full GH100's 144 (NVIDIA H100 Tensor Core GPU
-Architecture whitepaper; glennklockwood.com/garden/processors/h100: "132 SMs (2 per TPC)"; the
-H800 and the H200 are the same part), which
-``plan.overlap.communication_sms`` shares out (``sim.cost.overlap.communication_sms_slowdown``);
-unset (0) on the V100 and A100, which no shipped plan shares.
+Architecture whitepaper; glennklockwood.com/garden/processors/h100: "132 SMs (2 per TPC)"; the H800
+and H200 the same part), which ``plan.overlap.communication_sms`` shares out
+(``sim.cost.overlap.communication_sms_slowdown``); unset (0) on the V100 and A100.
 
 ``fp8_efficiency``: the H100-class presets' FP8 products at ``H100_FP8_EFFICIENCY``, DeepGEMM's
 measured H800 FP8 GEMM rates at DeepSeek-V3's shapes (``DEEPGEMM_H800_FP8_TFLOPS``) as one e_max;
 their bf16 products keep ``efficiency``. The H800's FP8 tensor cores are the H100 SXM's.
 
-``memory_reserved``: the CUDA context, PyTorch's cuBLASLt workspace (32 MiB on Hopper, 4 MiB on
-A100, 1 MiB on V100), one NCCL communicator's ring buffers and the allocator's fragmentation
-(``sim.cost.reserved.reserved_memory_bytes``, where each number is cited).
+``memory_reserved``: the CUDA context, cuBLASLt's workspace (32 MiB Hopper, 4 MiB A100, 1 MiB V100),
+NCCL's ring buffers and fragmentation (``sim.cost.reserved.reserved_memory_bytes`` cites each).
 """
 
 from __future__ import annotations
@@ -260,6 +254,8 @@ _H100_SXM: Mapping[str, Any] = MappingProxyType({
         "attention_backward_efficiency": 0.548,
         "sdpa_efficiency": 0.323,
         "sdpa_backward_efficiency": 0.313,
+        "cudnn_efficiency": 0.524,
+        "cudnn_backward_efficiency": 0.505,
         "overlap_slowdown": OVERLAP_SLOWDOWN,
         "sm_count": 132,
         "fp8_efficiency": H100_FP8_EFFICIENCY,
@@ -286,6 +282,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "cudnn_efficiency": 0.554,
+            "cudnn_backward_efficiency": 0.554,
             "overlap_slowdown": 0.0,
             "power_w": "300W",
         },
@@ -306,6 +304,8 @@ DEVICE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "attention_backward_efficiency": 0.554,
             "sdpa_efficiency": 0.554,
             "sdpa_backward_efficiency": 0.554,
+            "cudnn_efficiency": 0.554,
+            "cudnn_backward_efficiency": 0.554,
             "overlap_slowdown": OVERLAP_SLOWDOWN,
             "power_w": "400W",
         },

@@ -107,8 +107,10 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "the default)"),
     ),
     "megatron-core": (
-        _v("model.attention", "flash", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
-           "fused (Transformer Engine's cuDNN fused attention)"),
+        _v("model.attention", "cudnn", f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: --attention-backend "
+           "fused (Transformer Engine's DotProductAttention, which on Hopper prefers cuDNN's fused attention: "
+           "NVIDIA/TransformerEngine transformer_engine/pytorch/attention.py at v1.9 and v1.11, 'Disabling "
+           "FlashAttention to give FusedAttention preference on Hopper+')"),
         _v("model.kernels", "fused", f"{_MEGATRON}: Transformer Engine's fused RMSNorm, SwiGLU, rotary and "
            "bias-dropout-add kernels (megatron/core/fusions)"),
         _v("plan.overlap.grad_reduce", True, f"{_MEGATRON} examples/llama/train_llama3_8b_h100_fp8.sh: "

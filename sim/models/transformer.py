@@ -19,7 +19,7 @@ embedding and head (Shoeybi et al. 2019, §3), sequence parallelism (Korthikanti
 the vocabulary padded as Megatron-LM pads it, to a multiple of ``vocab_divisible_by`` × t
 (``sim.models.vocab``): ``vocab`` below is that padded size.
 
-A block's attention runs as ``attention`` says (``flash``, ``sdpa`` or ``unfused``,
+A block's attention runs as ``attention`` says (``flash``, ``sdpa``, ``cudnn`` or ``unfused``,
 ``sim.core.specs.ATTENTION_KERNELS``): its kernels (``sim.cost.kernels.transformer_block``) and its
 stash (``block_activation_bytes``) follow; its parameters and FLOPs do not depend on it.
 ``mla`` (``sim.core.mla.MlaSpec``) gives the blocks multi-head latent attention instead

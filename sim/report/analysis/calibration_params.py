@@ -96,6 +96,8 @@ FIT_PARAMETERS: tuple[FitParameter, ...] = (
     _share("attention_backward_efficiency", (0.5, 0.9)),
     _share("sdpa_efficiency", (0.5, 0.9)),
     _share("sdpa_backward_efficiency", (0.5, 0.9)),
+    _share("cudnn_efficiency", (0.5, 0.9)),
+    _share("cudnn_backward_efficiency", (0.5, 0.9)),
 )
 """Every parameter fitted by least squares, in the order the fit lays them out."""
 
@@ -103,7 +105,8 @@ PARAMS = tuple(p.name for p in FIT_PARAMETERS[:7])
 """The parameters every fit frees: ``DeviceSpec`` fields, and the intra-node ``LinkSpec``'s ``collective_efficiency``."""
 
 ATTENTION_PARAMS = {"flash": ("attention_efficiency", "attention_backward_efficiency"),
-                    "sdpa": ("sdpa_efficiency", "sdpa_backward_efficiency")}
+                    "sdpa": ("sdpa_efficiency", "sdpa_backward_efficiency"),
+                    "cudnn": ("cudnn_efficiency", "cudnn_backward_efficiency")}
 """Fused attention kernel -> the (forward, backward) efficiencies a run with it constrains."""
 
 MEMORY_RESERVED = "memory_reserved_bytes"

@@ -9,7 +9,7 @@ them, or any framework's logs), one CSV row per run::
 columns say more about a run where the user knows it (a missing column or an empty cell:
 not given):
 
-* ``attention`` — the attention kernel the run used, ``flash``, ``sdpa`` or ``unfused``
+* ``attention`` — the attention kernel the run used, ``flash``, ``sdpa``, ``cudnn`` or ``unfused``
   (``sim.core.specs.ATTENTION_KERNELS``); not given: the base scenario's model's;
 * ``peak_memory_bytes`` — the most device memory the training process held on its busiest
   device, in bytes, everything included: what ``nvidia-smi`` shows for the process at its
