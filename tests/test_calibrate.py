@@ -51,7 +51,7 @@ def test_kernel_time_is_a_roofline_with_size_dependent_efficiency():
     D = device.matmul_half_dim
     gap = device.kernel_overhead_s
     assert gap == 2e-6  # a GPU preset: the launch gap after each kernel; the host's issue time is a floor
-    assert big == pytest.approx(2 * 8192**3 / (peak * device.efficiency) * (1 + D / 8192) ** 2 + gap)
+    assert big == pytest.approx(2 * 8192**3 / (peak * device.efficiency) * (1 + D / 8192) ** 3 + gap)  # M, N, K
     # an element-wise kernel is bound by memory bandwidth
     assert kernel_time_s(0.0, 1e9, device, "bf16") == pytest.approx(1e9 / (bw * device.memory_efficiency) + gap)
     # per FLOP, a product with a small dimension is slower than a large one

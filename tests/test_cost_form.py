@@ -57,6 +57,21 @@ def test_a_layer_of_tiny_kernels_costs_its_kernel_count_times_the_issue_time_wha
     assert half == pytest.approx(fwd)  # half the width: the same floor
 
 
+def test_a_short_reduction_dimension_costs_efficiency_as_m_and_n_do():
+    """Each output tile pays a fixed prologue and epilogue that only its K mainloop amortizes: at the
+    same M and N a product of reduction dimension K runs at (1 + D/K) less than the curve's limit."""
+    nogap = replace(DEVICE, kernel_overhead_s=0.0)
+    d, peak = nogap.matmul_half_dim, nogap.peak_flop_per_s * nogap.efficiency
+    m = n = 8192
+    for k in (512, 2048, 16384):
+        flop = 2.0 * m * n * k
+        assert kernel_time_s(flop, 0.0, nogap, "fp16", (m, n, k)) == pytest.approx(
+            flop / peak * (1 + d / m) * (1 + d / n) * (1 + d / k), rel=1e-12)
+    short = kernel_time_s(2.0 * m * n * 512, 0.0, nogap, "fp16", (m, n, 512)) / 512
+    long = kernel_time_s(2.0 * m * n * 16384, 0.0, nogap, "fp16", (m, n, 16384)) / 16384
+    assert short / long == pytest.approx((1 + d / 512) / (1 + d / 16384), rel=1e-12)
+
+
 def test_a_layer_of_long_kernels_pays_one_launch_gap_per_kernel():
     """Every kernel that outlasts the host's issue time is followed by the device's launch gap
     (``kernel_overhead``, 2 µs on the GPU presets): a block's forward is its kernels' work plus

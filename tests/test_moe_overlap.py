@@ -31,7 +31,7 @@ def test_exposed_beside_closed_form():
     assert exposed_beside_s(1.0, 3.0) == 0.0
 
 
-@pytest.mark.parametrize("hidden, seq_len, nodes", [(1024, 2048, 1), (256, 8192, 8)])
+@pytest.mark.parametrize("hidden, seq_len, nodes", [(1024, 2048, 1), (512, 8192, 8)])
 @pytest.mark.parametrize("engine", ["simpy", "fast"])
 def test_overlap_hides_min_of_all_to_all_and_compute(engine, hidden, seq_len, nodes):
     blocking, hidden_a2a = _scenario("{}", hidden=hidden, seq_len=seq_len, nodes=nodes), \

@@ -87,7 +87,7 @@ def kernel_time_s(flop: float, nbytes: float, device: DeviceSpec, dtype: str,
         efficiency = device.matrix_efficiency_for(dtype)
         half = device.matmul_half_dim
         if dims is not None and half > 0:
-            for size in dims[:2]:  # output tiles span M and N; a small K shows as memory-bound
+            for size in dims:  # output tiles span M and N; each tile's prologue and epilogue, K's mainloop
                 efficiency /= 1.0 + half / size
         compute = flop / (device.peak_flop_per_s_for(dtype) * efficiency)
     memory = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)

@@ -1,30 +1,30 @@
 """Kernels: what a generated layer launches on the device, so its time can depend on its size.
 
-"FLOPs divided by peak times one efficiency" misses three things measured pipelines show:
-small matrix products run far below peak, element-wise work (layer norms, softmax, GeLU,
-residual adds) is bound by memory bandwidth, and no kernel runs faster than the host can
-issue it. So a generated layer lists its forward kernels, each with, per sample, its FLOPs
-and the bytes it reads and writes, plus the bytes it reads once per call (its weights). The
-cost model (``sim.cost.compute.kernel_time_s``) turns a kernel on ``n`` samples into
+"FLOPs divided by peak times one efficiency" misses what measured pipelines show: small matrix
+products run far below peak, element-wise work (norms, softmax, GeLU, residual adds) is bound by
+memory bandwidth, no kernel runs faster than the host can issue it. So a generated layer lists
+its forward kernels, each with, per sample, its FLOPs and the bytes it reads and writes, plus
+the bytes it reads once per call (its weights); ``sim.cost.compute.kernel_time_s`` prices one on n samples:
 
-    t = max( n·flop / (peak · eff(n·flop)),  (n·bytes + fixed_bytes) / (bandwidth · mem_eff),  issue ) + overhead,
+    t = max( max( n·flop / (peak · eff),  (n·bytes + fixed_bytes) / (bandwidth · mem_eff) ) + gap,  issue ),
 
-the roofline bound (Williams, Waterman & Patterson, CACM 2009), floored by the host's time to
-issue the kernel (the device runs kernels asynchronously, so it waits for a kernel only if the
-host has not issued it yet), with a matrix efficiency that rises with the product's dimensions
-and saturates:
+the roofline bound (Williams, Waterman & Patterson, CACM 2009) and the device's launch gap, floored
+by the host's time to issue the kernel (the device waits for a kernel only if the host has not
+issued it yet), with a matrix efficiency that rises with the product's dimensions and saturates:
 
-    eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N)),
+    eff(M, N, K) = e_max / ((1 + D/M) · (1 + D/N) · (1 + D/K)),
 
-each output dimension reaching half of its share when it equals the device's ``matmul_half_dim``
-D. Its form models tile and wave quantisation: a GEMM's output is computed in tiles of roughly D
-along M and N, and the parts of tiles beyond a small dimension are wasted work (NVIDIA,
-"Matrix Multiplication Background User's Guide", sections on tile and wave quantisation);
-a hyperbolic saturation per dimension is the simplest curve with that limit, and unlike an
-efficiency that depends on the FLOP count alone (which only adds a constant per call, the
-same as a launch overhead) it can be told apart from the overhead by a fit. ``e_max``, D,
-the overhead and ``mem_eff`` are device parameters (``sim.core.specs.DeviceSpec``) that
-``dapple-sim calibrate`` fits to measured runs.
+each dimension reaching half of its share at the device's ``matmul_half_dim`` D. Along M and N it
+models tile and wave quantisation: the output is computed in tiles of roughly D, and the parts of
+tiles beyond a small dimension are wasted (NVIDIA, "Matrix Multiplication Background User's Guide",
+tile and wave quantisation); along K, each tile's fixed prologue and epilogue, which only its K
+mainloop amortizes: DeepGEMM's measured H800 GEMMs at M = 4096 fall from 1358 TFLOP/s at K = 16384
+to 590 at K = 512 (``sim.input.presets.DEEPGEMM_H800_FP8_TFLOPS``), far above the memory roofline,
+and the H100's best MAMF shape is 2048 × 2048 with K = 13312 (``MAMF_BF16``). K takes the same D
+(fitted alone, DeepGEMM's rows put it near 660 for FP8: D is the conservative end). A hyperbolic
+saturation per dimension is the simplest curve with that limit, and unlike an efficiency of the
+FLOP count alone (a constant per call, like a launch gap) a fit can tell it apart. ``e_max``, D, the
+gap and ``mem_eff`` are ``sim.core.specs.DeviceSpec`` parameters ``dapple-sim calibrate`` fits to runs.
 
 A backward runs every matrix product twice (the input gradient and, for a layer with
 weights, the weight gradient; attention's products without weights have two input

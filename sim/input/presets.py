@@ -15,8 +15,8 @@ product loses half of it to tiling, launch gap, achieved share of memory bandwid
 points: fit them to your runs with ``dapple-sim calibrate``. Two are measured: the launch gap
 (below), and the H100 SXM's bf16 e_max, the A100's times the two devices' measured ratio
 (``MAMF_BF16``, ``mamf_efficiency``): the largest matmul rate each reaches, by the same benchmark,
-with the size curve and each timing's launch gap divided out. That ratio is 0.943, so the H100
-prices its products at 0.75 x 0.943 = 0.71 where the A100 prices them at 0.75.
+with the size curve and each timing's launch gap divided out. That ratio is 0.939, so the H100
+prices its products at 0.75 x 0.939 = 0.70 where the A100 prices them at 0.75.
 The framework's fixed cost per stage forward or backward (``action_overhead``) is 0 (the host's).
 Kernels run asynchronously on a GPU, hiding the host's launch work while they outlast it, but the
 device idles between two back-to-back kernels of a stream: ``kernel_overhead``, ``KERNEL_GAP``. The
@@ -25,9 +25,8 @@ host's ``kernel_issue`` time per kernel is the floor of a kernel's time (``sim.c
 overhead is "on the order of 10 μs per kernel launch", Modal's GPU glossary, "overhead").
 Intra-node ``collective_efficiency``: NCCL's bus bandwidth over the port's figure (nccl-tests'
 ``all_reduce_perf``): 8 A100 on NVSwitch reach about 230 GB/s of 300 GB/s at 1 GiB (0.77); H100
-and H200 NVSwitch servers about 75–80% (0.78). The V100 servers' and every network link's are
-left at 1.0: no measurement is cited for them. A preset gives every key, so a
-scenario on one takes none of the custom-device defaults (``sim.input.cluster``).
+and H200 NVSwitch servers about 75–80% (0.78); the V100 servers' and every network link's 1.0 (no
+measurement cited). A preset gives every key: a scenario on one takes no custom-device default.
 NVLink bandwidths are per GPU and per direction: V100 6 × 25 GB/s NVLink2, A100 12 × 25 GB/s
 NVLink3, H100/H200 18 × 25 GB/s NVLink4 (through NVSwitch).
 DAPPLE's set-ups (Fan et al., PPoPP'21, §6.1): config A, 8 V100 a server with NVLink, 25 Gb/s Ethernet
@@ -172,23 +171,24 @@ CUTLASS36_H800_FP8_TFLOPS = tuple((g, m, n, k, rate / speedup)
 """DeepSeek's own FP8 GEMMs before DeepGEMM, at the same shapes: each DeepGEMM rate over its speedup.
 DeepSeek-V3 was trained (its report, arXiv 2412.19437, December 2024) before DeepGEMM's release
 (February 2025), so its products ran at these rates, not DeepGEMM's: the published DeepSeek-V3
-scenario's ``fp8_efficiency`` is ``measured_fp8_efficiency`` of these rows, 0.527."""
+scenario's ``fp8_efficiency`` is ``measured_fp8_efficiency`` of these rows, 0.538."""
 
 
 def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float = 1979.0,
                             half_dim: float = 64.0) -> float:
     """The FP8 matrix efficiency e_max that prices ``rows`` (``DEEPGEMM_H800_FP8_TFLOPS``), run one
     after another, in the time they took: each row's rate over the FP8 peak with the size curve
-    ``(1 + D/M)(1 + D/N)`` of ``sim.cost.compute.kernel_time_s`` divided out (D: the preset's
+    ``(1 + D/M)(1 + D/N)(1 + D/K)`` of ``sim.cost.compute.kernel_time_s`` divided out (D: the preset's
     ``matmul_half_dim``), their FLOP-weighted harmonic mean ``ΣF / Σ(F/e)``."""
     flop = [2.0 * g * m * n * k for g, m, n, k, _ in rows]
-    eff = [rate / peak_tflops * (1 + half_dim / m) * (1 + half_dim / n) for _, m, n, _k, rate in rows]
+    eff = [rate / peak_tflops * (1 + half_dim / m) * (1 + half_dim / n) * (1 + half_dim / k)
+           for _, m, n, k, rate in rows]
     return sum(flop) / sum(f / e for f, e in zip(flop, eff))
 
 
 H100_FP8_EFFICIENCY = round(measured_fp8_efficiency(), 3)
 """The H100-class presets' ``fp8_efficiency``: DeepGEMM's H800 rates (``measured_fp8_efficiency``),
-0.613, against the bf16 products' e_max 0.71 (``H100_EFFICIENCY``)."""
+0.626, against the bf16 products' e_max 0.70 (``H100_EFFICIENCY``)."""
 
 
 MAMF_BF16: Mapping[str, tuple[float, float, int, int, int]] = MappingProxyType({
@@ -212,11 +212,11 @@ def mamf_efficiency(device: str, *, half_dim: float, gap_s: float = 0.0) -> floa
     ``device``'s MAMF shape (``MAMF_BF16``) at its measured rate: the product's FLOPs over the
     peak times its measured time less the one launch gap ``gap_s`` it holds (the preset's
     ``kernel_overhead``, which ``kernel_time_s`` adds back), with the size curve
-    ``(1 + D/M)(1 + D/N)`` divided out (D: the preset's ``matmul_half_dim``)."""
+    ``(1 + D/M)(1 + D/N)(1 + D/K)`` divided out (D: the preset's ``matmul_half_dim``)."""
     rate, peak, m, n, k = MAMF_BF16[device]
     flop = 2.0 * m * n * k
     work_s = flop / (rate * 1e12) - gap_s
-    return flop / (peak * 1e12 * work_s) * (1.0 + half_dim / m) * (1.0 + half_dim / n)
+    return flop / (peak * 1e12 * work_s) * (1.0 + half_dim / m) * (1.0 + half_dim / n) * (1.0 + half_dim / k)
 
 
 A100_EFFICIENCY = 0.75
@@ -226,9 +226,9 @@ A100_EFFICIENCY = 0.75
 H100_EFFICIENCY = round(A100_EFFICIENCY * mamf_efficiency("H100-80GB", half_dim=64, gap_s=parse_time(KERNEL_GAP))
                         / mamf_efficiency("A100-80GB", half_dim=48, gap_s=parse_time(KERNEL_GAP)), 2)
 """The H100-class presets' bf16 e_max: the A100's scaled by the measured MAMF ratio
-(``mamf_efficiency`` with each measured time's 2 µs launch gap taken out: 0.867 against 0.919,
-0.943), 0.707, to two places 0.71. Both presets price their products at 0.82 of what the MAMF
-benchmark measures at its best shape (the A100 0.817, the H100 0.821)."""
+(``mamf_efficiency`` with each measured time's 2 µs launch gap and the three dimensions' size curve
+taken out: 0.871 against 0.927, 0.939), 0.704, to two places 0.70. Both presets price their products
+at about 0.81 of what the MAMF benchmark measures at its best shape (the A100 0.809, the H100 0.807)."""
 
 
 def _reserved(memory_bytes: float, cublas_workspace_bytes: float) -> str:
