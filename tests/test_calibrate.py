@@ -78,7 +78,7 @@ def test_optimizer_step_is_memory_bound_passes_plus_a_launch_per_kernel_and_tens
         (20 * 4 + 2 * 6) * elements / bw + (9 + 2) * 10 * 5e-6)
     assert optimizer_step_s(device, "sgd", "fp32", 0.0, 0) == 0.0
     from sim.core.specs import OPTIMIZER_STATES
-    from sim.cost.compute import OPTIMIZER_KERNELS
+    from sim.cost.optimizer import OPTIMIZER_KERNELS
 
     assert set(OPTIMIZER_KERNELS) == set(OPTIMIZER_STATES)  # every optimizer a scenario accepts has a step cost
     # a GPT block steps 12 tensors (four linear layers' and two layer norms' weights and biases)

@@ -48,6 +48,24 @@ def test_pass_counts_and_launches():
     assert launches - plain_launches == 1 + 1  # the buffer's one zero_, one multi-tensor l2norm launch
 
 
+def test_under_zero1_the_buffers_passes_run_over_the_whole_buffer_and_the_norm_over_the_shard():
+    """Megatron-Core's distributed optimizer keeps the DDP gradient buffer whole: it zeroes it, scales
+    and NaN-checks every bucket before the reduce-scatter (4 + 8 + 4 bytes per fp32 gradient), while
+    the clipping norm reads only the device's 1/d shard of main gradients (4/d bytes)."""
+    def step(passes: str, d: int) -> tuple[float, float, float]:
+        text = SCENARIO.replace("PASSES", passes).replace("data_parallel: 1}", f"data_parallel: {d}, sharding: optimizer}}")
+        scenario = parse_scenario(text)
+        cost, device = scenario.resolved.stage_costs[0], scenario.cluster.device
+        return cost.optimizer_s, cost.param_bytes / 2, device.memory_bandwidth_bytes_per_s * device.memory_efficiency
+    plain_s, params, rate = step("", 8)
+    megatron_s, _, _ = step(", grad_passes: [zero, divide, nan_check, norm]", 8)
+    assert megatron_s - plain_s == pytest.approx((1 + 2 + 1) * 4 * params / rate + 4 * params / 8 / rate, rel=1e-9)
+    # the same passes without sharding all run over the (whole) buffer
+    unsharded_plain, _, _ = _step_s("")
+    unsharded, _, _ = _step_s(", grad_passes: [zero, divide, nan_check, norm]")
+    assert unsharded - unsharded_plain == pytest.approx((1 + 2 + 1 + 1) * 4 * params / rate, rel=1e-9)
+
+
 def test_an_unknown_pass_is_refused_by_name():
     with pytest.raises(DappleError, match="grad_passes"):
         parse_scenario(SCENARIO.replace("PASSES", ", grad_passes: [zero, clip]"))

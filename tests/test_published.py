@@ -269,7 +269,7 @@ def test_the_moe_rows_count_flops_as_megatron_core_does():
 
 
 def test_the_moe_rows_errors_as_docs_moe_md_records_them():
-    # nothing fitted: Mixtral +12.6% (v0.9) and +20.3% (v0.8) with Megatron-Core's fp32 gradients and
+    # nothing fitted: Mixtral +12.1% (v0.9) and +19.8% (v0.8) with Megatron-Core's fp32 gradients and
     # buckets (stack: megatron-core), v0.9's unfused router and permutation kernels (experts.permute:
     # unfused), the fast path's ports shared as processor sharing, the interleaved schedule's
     # parameter all-gathers a chunk ahead (+12.0% and +19.7% before: each chunk waited), the fused
@@ -281,12 +281,13 @@ def test_the_moe_rows_errors_as_docs_moe_md_records_them():
     # embeddings and query/key copies; every kernel followed by the presets' 2 µs launch gap, the H100's e_max
     # 0.71 once the MAMF timings' own gap is taken out (both +0.8 points on Mixtral, -0.4 on DeepSeek-V3);
     # Mixtral's attention at cuDNN's rate, which Transformer Engine runs on Hopper (-0.5 points); K in the
-    # products' size curve (-2.1 points on Mixtral; DeepSeek-V3's FP8 e_max derived with it, +0.1)
+    # products' size curve (-2.1 points on Mixtral; DeepSeek-V3's FP8 e_max derived with it, +0.1); Megatron-Core's
+    # passes over its whole gradient buffer (zero, divide, NaN check) and the clipping norm (-0.5)
     rows = [r for r in read_suite(DEFAULT_SUITE)
             if (r.metric == "megatron_tflops_per_gpu" and "moe/README.md" in r.source)
             or r.scenario.name == "deepseek2024_v3_2048.yaml"]
     errors = [round(r.error, 3) for r in run_suite(tuple(rows))]
-    assert errors == [pytest.approx(0.126, abs=0.01), pytest.approx(0.203, abs=0.01), pytest.approx(0.160, abs=0.03)]
+    assert errors == [pytest.approx(0.121, abs=0.01), pytest.approx(0.198, abs=0.01), pytest.approx(0.160, abs=0.03)]
 
 
 def test_the_deepseek_v3_row_is_180k_gpu_hours_per_trillion_tokens():

@@ -390,7 +390,7 @@ class CostTables(OverlapPricing, ExpertPricing):
         stepped = self.stepped_bytes(start, end, data_parallel, sharding)
         return stage_optimizer_step_s(self.model, self.cluster.device, stepped,
                                       tensors, data_parallel=data_parallel * self.context_parallel, sharding=sharding,
-                                      fp32_shards=self.fsdp.fp32_shards)
+                                      fp32_shards=self.fsdp.fp32_shards, buffer_bytes=self.param_bytes(start, end))
 
     @staticmethod
     def slice_of(microbatch_size: int, replicas: int) -> int:

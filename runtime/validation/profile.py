@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from runtime.model.config import RunnableScenario
-from sim.cost.compute import optimizer_step_kernels
+from sim.cost.optimizer import optimizer_step_kernels
 from sim.cost.split import split_samples
 
 __all__ = ["CACHE_FLUSH_BYTES", "CPU_IDLE_S", "measure_action_overhead", "measure_optimizer", "profile_slice"]

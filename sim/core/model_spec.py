@@ -242,10 +242,10 @@ class ModelSpec:
             raise SpecError("optimizer.grad_accumulation", f"unknown mode {self.grad_accumulation!r}; valid: fused, separate")
         if not isinstance(self.recompute_blocks_only, bool):
             raise SpecError("recompute_blocks_only", f"must be true or false, got {self.recompute_blocks_only!r}")
-        unknown = sorted(set(self.grad_passes) - {"zero", "divide", "unscale", "norm"})  # sim.cost.optimizer.GRAD_PASSES
+        unknown = sorted(set(self.grad_passes) - {"zero", "divide", "unscale", "norm", "nan_check"})  # GRAD_PASSES
         if unknown or len(set(self.grad_passes)) != len(self.grad_passes):
             raise SpecError("optimizer.grad_passes", f"got {list(self.grad_passes)!r}; each at most once of: zero, divide, "
-                                                     "unscale, norm")
+                                                     "unscale, norm, nan_check")
         non_negative("tied_bytes", self.tied_bytes)
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise SpecError("attention", f"unknown kernel {self.attention!r}; valid: {', '.join(ATTENTION_KERNELS)}")

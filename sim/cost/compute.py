@@ -40,15 +40,15 @@ from dataclasses import dataclass
 
 from sim.core.model_spec import ModelSpec
 from sim.core.parallelism import Recompute, Sharding
-from sim.core.specs import FP8, DeviceSpec, LinkSpec
+from sim.core.specs import DTYPE_BYTES, FP8, DeviceSpec, LinkSpec
 from sim.cost.comm import tied_allreduce_s
 from sim.cost.experts import moe_state_bytes, stepped_param_bytes
 from sim.cost.kernels import ATTENTION_CORE, FUSED_BACKWARD_FLOP_RATIO, KernelSpec
 from sim.cost.memory import StateBytes, master_shard_factor, stage_activation_bytes
-from sim.cost.optimizer import OPTIMIZER_KERNELS, accumulation_s, optimizer_step_kernels, optimizer_step_s
+from sim.cost.optimizer import BUFFER_PASSES, accumulation_s, buffer_passes_s, optimizer_step_s
 
-__all__ = ["OPTIMIZER_KERNELS", "StageCost", "StageTime", "action_overhead_s", "all_to_all_share", "attention_core_s", "fused_attention_s", "kernel_forward_s",
-           "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_kernels", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
+__all__ = ["StageCost", "StageTime", "action_overhead_s", "all_to_all_share", "attention_core_s", "fused_attention_s", "kernel_forward_s",
+           "kernel_time_s", "layer_times_s", "op_recompute_s", "optimizer_step_s", "overlapped_pair_s", "recompute_extra_s",
            "stage_cost", "stage_optimizer_step_s", "stage_time_s", "tied_copy_tensors"]
 
 
@@ -233,7 +233,7 @@ def _accumulation_s(model: ModelSpec, device: DeviceSpec, params: float, tensors
 
 def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: float, tensors: int, *,
                            data_parallel: int = 1, sharding: Sharding = Sharding.NONE,
-                           fp32_shards: bool = False) -> float:
+                           fp32_shards: bool = False, buffer_bytes: float | None = None) -> float:
     """One device's optimizer step over a stage's ``param_bytes`` in ``tensors`` tensors
     (``sim.cost.optimizer.optimizer_step_s`` with the model's optimizer, dtype and implementation).
 
@@ -242,7 +242,8 @@ def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: fl
     the launches stay those of every tensor, as each device steps its slice of each. With FSDP2's
     fp32 shards (``fp32_shards`` under ``full``) the step runs on fp32 weights: no master copy
     written back into 16-bit ones. The model's ``grad_passes`` run over the gradients of the same
-    share (``sim.cost.optimizer.grad_pass_kernels``).
+    share (``sim.cost.optimizer.grad_pass_kernels``); under ZeRO-1 the ``BUFFER_PASSES`` run over the
+    whole unsharded buffer of ``buffer_bytes`` (the device's parameters; None: ``param_bytes``).
     """
     stepped = param_bytes if sharding is Sharding.NONE else param_bytes / data_parallel
     factor = master_shard_factor(model.dtype) if fp32_shards and sharding is Sharding.FULL else 0.0
@@ -250,9 +251,14 @@ def stage_optimizer_step_s(model: ModelSpec, device: DeviceSpec, param_bytes: fl
         return optimizer_step_s(device, model.optimizer, "fp32", stepped * factor, tensors,
                                 implementation=model.optimizer_implementation, grad_dtype="fp32",
                                 grad_passes=model.grad_passes)
-    return optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
-                            implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype,
-                            grad_passes=model.grad_passes)
+    passes, buffer_s = model.grad_passes, 0.0
+    if sharding is Sharding.OPTIMIZER:  # Megatron-Core's distributed optimizer: the DDP buffer stays whole
+        buffer_s = buffer_passes_s(device, passes, (param_bytes if buffer_bytes is None else buffer_bytes)
+                                   / DTYPE_BYTES[model.dtype], DTYPE_BYTES[model.grad_dtype or model.dtype])
+        passes = tuple(p for p in passes if p not in BUFFER_PASSES)
+    return buffer_s + optimizer_step_s(device, model.optimizer, model.dtype, stepped, tensors,
+                                       implementation=model.optimizer_implementation, grad_dtype=model.grad_dtype,
+                                       grad_passes=passes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -373,7 +379,7 @@ def stage_cost(
     stepped = stepped_param_bytes(params, experts, data_parallel=data_parallel, expert_data_parallel=edp,
                                   sharding=sharding)
     step_s = stage_optimizer_step_s(model, device, stepped, tensors, data_parallel=data_parallel, sharding=sharding,
-                                    fp32_shards=fp32_shards)
+                                    fp32_shards=fp32_shards, buffer_bytes=params)
     tied_s = tied_allreduce_s(model, start, end, tied_link)
     add_s = _accumulation_s(model, device, params, tensors, data_parallel=data_parallel, sharding=sharding,
                             accumulate_unsharded=accumulate_unsharded, num_microbatches=num_microbatches)

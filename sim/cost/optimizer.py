@@ -55,6 +55,8 @@ distributed.py); ``unscale``, an fp16 run's ``_unscale_main_grads_and_check_for_
 (``torch._amp_foreach_non_finite_check_and_unscale_``: read, write; megatron/optimizer/optimizer.py);
 ``norm``, ``clip_grad_norm_fp32``'s ``amp_C.multi_tensor_l2norm`` (read; megatron/optimizer/
 clip_grads.py; the scale after it runs only when the norm exceeds the clip, not counted).
+Megatron-Core (core_r0.8.0, core_v0.9.0) adds ``nan_check`` (``GRAD_PASSES``) and, under its
+distributed optimizer, runs the buffer's passes over the whole unsharded buffer (``BUFFER_PASSES``).
 
 Per accumulated parameter one add moves ``2·g + d`` bytes (``accumulation_bytes``): the sum read
 and written in the gradients' dtype g, the new gradient read in the parameters' d (6 bytes for
@@ -71,7 +73,7 @@ import math
 
 from sim.core.specs import DTYPE_BYTES, DeviceSpec
 
-__all__ = ["FUSED_PASSES", "GRAD_ACCUMULATION_MODES", "GRAD_PASSES", "grad_pass_kernels", "accumulation_bytes", "accumulation_s", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
+__all__ = ["BUFFER_PASSES", "FUSED_PASSES", "GRAD_ACCUMULATION_MODES", "GRAD_PASSES", "grad_pass_kernels", "accumulation_bytes", "accumulation_s", "MULTI_TENSOR_BLOCK_ELEMENTS", "MULTI_TENSOR_MAX_TENSORS", "OPTIMIZER_KERNELS",
            "multi_tensor_launches", "optimizer_step_kernels", "optimizer_step_s"]
 
 OPTIMIZER_KERNELS = {"sgd": (1, 3), "momentum": (3, 8), "adam": (8, 18), "adamw": (9, 20)}
@@ -98,10 +100,19 @@ MULTI_TENSOR_BLOCK_ELEMENTS = 320 * 65_536
 65 536 elements."""
 
 
-GRAD_PASSES = {"zero": 1, "divide": 2, "unscale": 2, "norm": 1}
+GRAD_PASSES = {"zero": 1, "divide": 2, "unscale": 2, "norm": 1, "nan_check": 1}
 """A pass over the gradients around the step (the module docstring) -> its reads and writes of
 every gradient element: zeroing the buffer writes it, dividing and unscaling read and write it,
-the L2 norm reads it."""
+the L2 norm reads it, and so does Megatron-Core's NaN check of each bucket before its collective
+(``check_for_nan_in_grad``: ``grad_data.norm(p=2)``; megatron/core/distributed/
+param_and_grad_buffer.py at core_r0.8.0 and core_v0.9.0, on by default:
+``--no-check-for-nan-in-loss-and-grad`` is store_false)."""
+
+BUFFER_PASSES = frozenset({"zero", "divide", "nan_check"})
+"""The passes that run over a device's whole gradient buffer even when the optimizer's state is
+sharded (ZeRO-1): Megatron-Core's distributed optimizer keeps the DDP buffer unsharded, zeroes
+it (``zero_grad_buffer``), scales and NaN-checks each bucket before its reduce-scatter
+(``start_grad_sync``); ``unscale`` and ``norm`` run on the optimizer's shard of main gradients."""
 
 
 def grad_pass_kernels(passes: tuple[str, ...], elements: float, grad_width: int, tensors: int) -> tuple[float, int]:
@@ -109,7 +120,7 @@ def grad_pass_kernels(passes: tuple[str, ...], elements: float, grad_width: int,
     gradients of ``grad_width`` bytes in ``tensors`` tensors: ``zero`` and ``divide`` one launch on
     the contiguous buffer, ``unscale`` and ``norm`` one multi-tensor operation (one tensor list)."""
     nbytes = sum(GRAD_PASSES[name] for name in passes) * grad_width * elements
-    launches = sum(1 if name in ("zero", "divide") else multi_tensor_launches(tensors, elements, 1) for name in passes)
+    launches = sum(1 if name in BUFFER_PASSES else multi_tensor_launches(tensors, elements, 1) for name in passes)
     return nbytes, launches
 
 
@@ -164,6 +175,17 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
         return 0.0
     nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors, implementation=implementation,
                                               grad_dtype=grad_dtype, grad_passes=grad_passes)
+    memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
+    return max(memory_s + launches * device.kernel_overhead_s, launches * device.kernel_issue_s)
+
+
+def buffer_passes_s(device: DeviceSpec, passes: tuple[str, ...], elements: float, grad_width: int) -> float:
+    """Seconds of the ``BUFFER_PASSES`` among ``passes`` over a whole buffer of ``elements``
+    gradients of ``grad_width`` bytes: memory-bound, one launch each (its gap added), no less than
+    their launches' issue time (``sim.cost.compute.kernel_time_s``'s rule)."""
+    nbytes, launches = grad_pass_kernels(tuple(p for p in passes if p in BUFFER_PASSES), elements, grad_width, 1)
+    if not launches:
+        return 0.0
     memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     return max(memory_s + launches * device.kernel_overhead_s, launches * device.kernel_issue_s)
 

@@ -126,6 +126,11 @@ STACKS: Mapping[str, tuple[StackValue, ...]] = MappingProxyType({
            "Engine/apex FusedAdam"),
         _v("model.optimizer.grad_dtype", "fp32", f"{_MEGATRON} megatron/training/arguments.py: bf16 sets "
            "accumulate_allreduce_grads_in_fp32 (main_grads_dtype fp32)"),
+        _v("model.optimizer.grad_passes", ["zero", "divide", "nan_check", "norm"], f"{_MEGATRON} at core_r0.8.0 and "
+           "core_v0.9.0: train_step's zero_grad_buffer (zero); param_and_grad_buffer.py start_grad_sync scales each "
+           "bucket by 1/dp (average_in_collective False: divide) and NaN-checks it first (grad_data.norm, "
+           "check_for_nan_in_grad from --no-check-for-nan-in-loss-and-grad, store_false: nan_check); --clip-grad 1.0's "
+           "norm of the distributed optimizer's main grads (norm)"),
         _v("model.vocab_divisible_by", 128, _MEGATRON_VOCAB + " (the recipe does not pass the flag)"),
     ),
     "deepspeed": (
