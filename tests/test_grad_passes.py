@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.app.cli import main
 from sim.core.errors import DappleError
 from sim.cost.optimizer import optimizer_step_kernels
 from sim.input.scenario import parse_scenario
@@ -69,3 +70,12 @@ def test_under_zero1_the_buffers_passes_run_over_the_whole_buffer_and_the_norm_o
 def test_an_unknown_pass_is_refused_by_name():
     with pytest.raises(DappleError, match="grad_passes"):
         parse_scenario(SCENARIO.replace("PASSES", ", grad_passes: [zero, clip]"))
+
+
+def test_a_pass_named_twice_is_one_line_naming_the_file_and_key(tmp_path, capsys):
+    path = tmp_path / "twice.yaml"
+    path.write_text(SCENARIO.replace("PASSES", ", grad_passes: [nan_check, nan_check]"))
+    assert main(["check", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "twice.yaml: model.optimizer.grad_passes" in err and "at most once" in err

@@ -90,6 +90,8 @@ def _optimizer(reader: StrictReader, value: Any, default_implementation: str) ->
     passes = data.get("grad_passes", [])
     if not isinstance(passes, list) or not all(isinstance(name, str) and name in GRAD_PASSES for name in passes):
         raise reader.fail("model.optimizer.grad_passes", f"got {passes!r}; give a list of {', '.join(GRAD_PASSES)}")
+    if len(set(passes)) != len(passes):
+        raise reader.fail("model.optimizer.grad_passes", f"got {passes!r}; name each pass at most once")
     return {
         "name": reader.string(data, "model.optimizer", "name", choices=OPTIMIZER_STATES) if "name" in data else None,
         "implementation": reader.string(data, "model.optimizer", "implementation", default_implementation,
