@@ -45,11 +45,11 @@ FAMILIES = {
 }
 """Runs of one pipeline at several data-parallel degrees (Table 2's PTD rows)."""
 SAME_WORK = ("narayanan2021_t1_530b", "narayanan2021_t2_530b_2240_ptd")
+"""Table 1's 529.6B row and Table 2's 2,240-GPU row: the same pipeline and m = 280."""
 PAPER_PAIRS = (("narayanan2021_t1_1t", "korthikanti2022_1t_full"),
                ("narayanan2021_t1_530b", "korthikanti2022_530b_full"),
                ("narayanan2021_t2_530b_2240_ptd", "korthikanti2022_530b_full"))
 """(SC21 run, Korthikanti et al. 2022 run) of the same pipeline and micro-batches per replica."""
-"""Table 1's 529.6B row and Table 2's 2,240-GPU row: the same pipeline and m = 280."""
 HALF_UNIT = 0.5e12
 """Half of the unit the tables round to (whole teraFLOP/s per GPU), FLOP/s."""
 
@@ -82,7 +82,8 @@ def _row(stem: str, overrides: dict[str, str], published: dict[str, float]) -> d
     gpus = scenario.cluster.num_devices
     rate = published[stem]
     return {"m": summary.num_microbatches, "virtual": summary.num_stages, "gpus": gpus,
-            "pipeline": summary.parallelism.pipeline,
+            "pipeline": summary.parallelism.pipeline, "replicas": scenario.plan.num_replicas(0),
+            "hidden": values["hidden"],
             "predicted": summary.iteration_time_s, "measured": measured_time_s(flops, rate, gpus),
             "band": measured_time_s(flops, rate - HALF_UNIT, gpus) - measured_time_s(flops, rate + HALF_UNIT, gpus)}
 
@@ -132,10 +133,9 @@ def table1(overrides: dict[str, str]) -> list[str]:
     lines = ["Table 1: row, d, hidden, steps m·v, gap, gap per step"]
     for stem in sorted(published, key=_size):
         r = _row(stem, overrides, published)
-        scenario = load_scenario(ROOT / "scenarios" / "published" / f"{stem}.yaml", overrides=overrides)
         steps = r["m"] * r["virtual"] // r["pipeline"]
         gap = r["measured"] - r["predicted"]
-        lines.append(f"  {stem}: d {scenario.plan.num_replicas(0)}, h {scenario.model.preset.values['hidden']}, "
+        lines.append(f"  {stem}: d {r['replicas']}, h {r['hidden']}, "
                      f"steps {steps}, gap {gap:+.2f} s ({gap / r['predicted']:+.1%}), "
                      f"{gap / steps * 1e3:+.1f} ms per step")
     return lines

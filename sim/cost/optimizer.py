@@ -175,6 +175,13 @@ def optimizer_step_s(device: DeviceSpec, optimizer: str, dtype: str, param_bytes
         return 0.0
     nbytes, launches = optimizer_step_kernels(optimizer, dtype, param_bytes, tensors, implementation=implementation,
                                               grad_dtype=grad_dtype, grad_passes=grad_passes)
+    return _launched_s(device, nbytes, launches)
+
+
+def _launched_s(device: DeviceSpec, nbytes: float, launches: int) -> float:
+    """Seconds of ``launches`` memory-bound kernels moving ``nbytes`` in all: their bytes over the
+    achieved bandwidth plus a launch gap each, no less than their issue time
+    (``sim.cost.compute.kernel_time_s``'s rule)."""
     memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
     return max(memory_s + launches * device.kernel_overhead_s, launches * device.kernel_issue_s)
 
@@ -184,10 +191,7 @@ def buffer_passes_s(device: DeviceSpec, passes: tuple[str, ...], elements: float
     gradients of ``grad_width`` bytes: memory-bound, one launch each (its gap added), no less than
     their launches' issue time (``sim.cost.compute.kernel_time_s``'s rule)."""
     nbytes, launches = grad_pass_kernels(tuple(p for p in passes if p in BUFFER_PASSES), elements, grad_width, 1)
-    if not launches:
-        return 0.0
-    memory_s = nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
-    return max(memory_s + launches * device.kernel_overhead_s, launches * device.kernel_issue_s)
+    return _launched_s(device, nbytes, launches) if launches else 0.0
 
 
 GRAD_ACCUMULATION_MODES = ("fused", "separate")
@@ -210,7 +214,5 @@ def accumulation_s(device: DeviceSpec, param_bytes: float, dtype: str, grad_dtyp
     parameter tensor (autograd runs one ``AccumulateGrad`` per tensor)."""
     if num_microbatches <= 1 or param_bytes <= 0:
         return 0.0
-    nbytes = accumulation_bytes(param_bytes, dtype, grad_dtype)
-    one = max(nbytes / (device.memory_bandwidth_bytes_per_s * device.memory_efficiency)
-              + tensors * device.kernel_overhead_s, tensors * device.kernel_issue_s)
+    one = _launched_s(device, accumulation_bytes(param_bytes, dtype, grad_dtype), tensors)
     return one * (num_microbatches - 1) / num_microbatches

@@ -156,9 +156,9 @@ DEEPGEMM_H800_FP8_TFLOPS: tuple[tuple[int, int, int, int, float], ...] = (
 )
 """``(groups, M, N, K, TFLOP/s)``: DeepGEMM's measured FP8 GEMMs on the H800 at DeepSeek-V3's shapes
 (deepseek-ai/DeepGEMM, README.md at a6d97a1c1b48a7a9d7994d0e155ee6f11d0a3f07, 2025-02-25, its first
-release, "Performance": the M = 4096 rows of "Normal GEMMs for dense models" and the 8192-row
-groups of "Grouped GEMMs for MoE models (contiguous layout)"; fine-grained 1×128 and 128×128
-scaling with CUDA-core promotion, DeepSeek-V3 §3.3.2). The smaller-M rows are decoding shapes."""
+release, "Performance": the M = 4096 rows of "Normal GEMMs for dense models" and the 8192-row groups
+of "Grouped GEMMs for MoE models (contiguous layout)"; 1×128 and 128×128 scaling, DeepSeek-V3 §3.3.2;
+the smaller-M rows, decoding shapes, left out)."""
 
 
 DEEPGEMM_SPEEDUPS: tuple[float, ...] = (1.1, 1.0, 1.0, 1.2, 1.1, 1.1, 1.2, 1.2)
@@ -169,20 +169,22 @@ implementation based on CUTLASS 3.6" (deepseek-ai/DeepGEMM README at a6d97a1, "P
 CUTLASS36_H800_FP8_TFLOPS = tuple((g, m, n, k, rate / speedup)
                                   for (g, m, n, k, rate), speedup in zip(DEEPGEMM_H800_FP8_TFLOPS, DEEPGEMM_SPEEDUPS))
 """DeepSeek's own FP8 GEMMs before DeepGEMM, at the same shapes: each DeepGEMM rate over its speedup.
-DeepSeek-V3 was trained (its report, arXiv 2412.19437, December 2024) before DeepGEMM's release
-(February 2025), so its products ran at these rates, not DeepGEMM's: the published DeepSeek-V3
-scenario's ``fp8_efficiency`` is ``measured_fp8_efficiency`` of these rows, 0.538."""
+DeepSeek-V3 (arXiv 2412.19437, December 2024) predates DeepGEMM (February 2025), so its products ran
+at these rates: the published scenario's ``fp8_efficiency`` is their ``measured_fp8_efficiency``, 0.538."""
+
+
+def _size_curve(half_dim: float, m: float, n: float, k: float) -> float:
+    """``(1 + D/M)(1 + D/N)(1 + D/K)`` (D: ``matmul_half_dim``), by which ``kernel_time_s`` divides e_max."""
+    return (1.0 + half_dim / m) * (1.0 + half_dim / n) * (1.0 + half_dim / k)
 
 
 def measured_fp8_efficiency(rows=DEEPGEMM_H800_FP8_TFLOPS, *, peak_tflops: float = 1979.0,
                             half_dim: float = 64.0) -> float:
     """The FP8 matrix efficiency e_max that prices ``rows`` (``DEEPGEMM_H800_FP8_TFLOPS``), run one
-    after another, in the time they took: each row's rate over the FP8 peak with the size curve
-    ``(1 + D/M)(1 + D/N)(1 + D/K)`` of ``sim.cost.compute.kernel_time_s`` divided out (D: the preset's
-    ``matmul_half_dim``), their FLOP-weighted harmonic mean ``ΣF / Σ(F/e)``."""
+    after another, in the time they took: each row's rate over the FP8 peak with ``_size_curve``
+    divided out, their FLOP-weighted harmonic mean ``ΣF / Σ(F/e)``."""
     flop = [2.0 * g * m * n * k for g, m, n, k, _ in rows]
-    eff = [rate / peak_tflops * (1 + half_dim / m) * (1 + half_dim / n) * (1 + half_dim / k)
-           for _, m, n, k, rate in rows]
+    eff = [rate / peak_tflops * _size_curve(half_dim, m, n, k) for _, m, n, k, rate in rows]
     return sum(flop) / sum(f / e for f, e in zip(flop, eff))
 
 
@@ -202,21 +204,19 @@ stas00/ml-engineering ``compute/accelerator/README.md`` at b9e2972, "Maximum Ach
 comparison table", BF16: "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 | 2.6.0+cu126" and
 "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 | 2.7.0+cu126"; benchmark
 ``compute/accelerator/benchmarks/mamf-finder.py``, which times each ``torch.mm`` alone between two
-CUDA events after clearing the L2, so each time holds one launch gap). One benchmark on both
-devices, so their ratio is a measurement even though each figure is the best shape's, not a
-training run's."""
+CUDA events after clearing the L2, so each time holds one launch gap). One benchmark on both devices:
+their ratio is a measurement, though each figure is the best shape's, not a training run's."""
 
 
 def mamf_efficiency(device: str, *, half_dim: float, gap_s: float = 0.0) -> float:
     """The matrix efficiency e_max that ``sim.cost.compute.kernel_time_s`` would need to price
     ``device``'s MAMF shape (``MAMF_BF16``) at its measured rate: the product's FLOPs over the
     peak times its measured time less the one launch gap ``gap_s`` it holds (the preset's
-    ``kernel_overhead``, which ``kernel_time_s`` adds back), with the size curve
-    ``(1 + D/M)(1 + D/N)(1 + D/K)`` divided out (D: the preset's ``matmul_half_dim``)."""
+    ``kernel_overhead``, which ``kernel_time_s`` adds back), with ``_size_curve`` divided out."""
     rate, peak, m, n, k = MAMF_BF16[device]
     flop = 2.0 * m * n * k
     work_s = flop / (rate * 1e12) - gap_s
-    return flop / (peak * 1e12 * work_s) * (1.0 + half_dim / m) * (1.0 + half_dim / n) * (1.0 + half_dim / k)
+    return flop / (peak * 1e12 * work_s) * _size_curve(half_dim, m, n, k)
 
 
 A100_EFFICIENCY = 0.75
